@@ -1,0 +1,351 @@
+//! Central's configuration: a TOML file, overridden by `OUTBOX_CENTRAL_*` environment variables
+//! (nested keys joined by `__`, e.g. `OUTBOX_CENTRAL_SMTP__HOST`), overridden by command-line
+//! flags. Unknown keys are errors, and every validation message names the key, so a typo fails
+//! start-up instead of silently running with a default. Defaults are documented in
+//! `deploy/central-outbox.toml`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::channel::{
+    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
+};
+use crate::domain::{ListName, NotificationType};
+use crate::dispatcher::DispatcherSettings;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// gRPC listen address.
+    pub listen_addr: SocketAddr,
+    /// `sqlite://PATH` (the embedded default).
+    pub database: String,
+    /// Lease holder name; defaults to a random id per process.
+    pub node_id: Option<String>,
+    pub dispatcher: DispatcherConfig,
+    /// The email channel; written to the database at start-up when present.
+    pub smtp: Option<SmtpConfig>,
+    /// Notification lists; each is written to the database at start-up (replacing one of the
+    /// same name). Lists not named here are left as they are.
+    pub lists: Vec<ListConfig>,
+    #[serde(with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    pub log: LogConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen_addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            database: "sqlite://var/central.db".into(),
+            node_id: None,
+            dispatcher: DispatcherConfig::default(),
+            smtp: None,
+            lists: Vec::new(),
+            shutdown_timeout: Duration::from_secs(10),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatcherConfig {
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    #[serde(with = "humantime_serde")]
+    pub claim_timeout: Duration,
+}
+
+impl Default for DispatcherConfig {
+    fn default() -> Self {
+        Self {
+            poll_interval: Duration::from_secs(1),
+            lease_ttl: Duration::from_secs(15),
+            claim_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SmtpConfig {
+    pub host: String,
+    #[serde(default = "default_smtp_port")]
+    pub port: u16,
+    /// `none`, `starttls` or `tls`.
+    #[serde(default = "default_tls")]
+    pub tls: String,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub password: Option<String>,
+    pub from_address: String,
+    #[serde(default = "default_max_retries")]
+    pub max_retries: i64,
+    #[serde(default = "default_retry_delay", with = "humantime_serde")]
+    pub retry_delay: Duration,
+    #[serde(default = "default_max_connections")]
+    pub max_concurrent_connections: u32,
+    #[serde(default = "default_smtp_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+fn default_smtp_port() -> u16 {
+    25
+}
+fn default_tls() -> String {
+    "starttls".into()
+}
+fn default_max_retries() -> i64 {
+    10
+}
+fn default_retry_delay() -> Duration {
+    Duration::from_secs(60)
+}
+fn default_max_connections() -> u32 {
+    4
+}
+fn default_smtp_timeout() -> Duration {
+    Duration::from_secs(30)
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListConfig {
+    pub name: String,
+    /// `email` (the default) or `webhook`.
+    #[serde(default = "default_list_type", rename = "type")]
+    pub kind: String,
+    pub recipients: Vec<String>,
+}
+
+fn default_list_type() -> String {
+    "email".into()
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    pub format: String,
+    /// A tracing `EnvFilter` directive; `RUST_LOG` wins when set.
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: "text".into(),
+            filter: "info".into(),
+        }
+    }
+}
+
+/// Command-line values that override the file and the environment.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub database: Option<String>,
+}
+
+/// Where the central store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    Sqlite(PathBuf),
+}
+
+/// A checked configuration, in domain types.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub listen_addr: SocketAddr,
+    pub database: DatabaseUrl,
+    pub dispatcher: DispatcherSettings,
+    pub smtp: Option<SmtpSettings>,
+    pub lists: Vec<NotificationList>,
+    pub shutdown_timeout: Duration,
+}
+
+impl Config {
+    /// Reads the file (if any), then the environment, then `overrides`.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> anyhow::Result<Self> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        if let Some(path) = path {
+            if !path.exists() {
+                bail!("config file {} does not exist", path.display());
+            }
+            figment = figment.merge(Toml::file(path));
+        }
+        figment
+            .merge(Env::prefixed("OUTBOX_CENTRAL_").split("__"))
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .context("invalid configuration")
+    }
+
+    /// Checks every value and converts to domain types; errors name the key.
+    pub fn validate(&self) -> anyhow::Result<Settings> {
+        let database = parse_database(&self.database)?;
+        let d = &self.dispatcher;
+        if d.poll_interval.is_zero() {
+            bail!("dispatcher.poll_interval: must be positive");
+        }
+        if d.lease_ttl < Duration::from_secs(1) {
+            bail!("dispatcher.lease_ttl: must be at least 1s");
+        }
+        if d.claim_timeout < Duration::from_secs(2) {
+            bail!("dispatcher.claim_timeout: must be at least 2s");
+        }
+        let node_id = match &self.node_id {
+            Some(id) if id.trim().is_empty() => bail!("node_id: must not be empty"),
+            Some(id) => id.clone(),
+            None => format!("central-{}", uuid::Uuid::new_v4().simple()),
+        };
+        let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
+        let lists = self
+            .lists
+            .iter()
+            .enumerate()
+            .map(|(i, list)| list_settings(i, list))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Settings {
+            listen_addr: self.listen_addr,
+            database,
+            dispatcher: DispatcherSettings {
+                node_id,
+                poll_interval: d.poll_interval,
+                lease_ttl: d.lease_ttl,
+                claim_timeout: d.claim_timeout,
+                drain_timeout: self.shutdown_timeout,
+            },
+            smtp,
+            lists,
+            shutdown_timeout: self.shutdown_timeout,
+        })
+    }
+}
+
+fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
+    match url.split_once("://") {
+        Some(("sqlite", path)) if !path.is_empty() => Ok(DatabaseUrl::Sqlite(PathBuf::from(path))),
+        Some(("sqlite", _)) => bail!("database: sqlite:// needs a file path, e.g. sqlite://var/central.db"),
+        Some((scheme, _)) => bail!(
+            "database: the {scheme:?} backend is not available in this build; use sqlite://PATH"
+        ),
+        None => bail!("database: {url:?} is not a URL; use sqlite://PATH"),
+    }
+}
+
+fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
+    if c.host.trim().is_empty() {
+        bail!("smtp.host: must not be empty");
+    }
+    if c.port == 0 {
+        bail!("smtp.port: must be between 1 and 65535");
+    }
+    let tls = TlsMode::parse(&c.tls)
+        .with_context(|| format!("smtp.tls: {:?} is not one of none, starttls, tls", c.tls))?;
+    let auth = match (&c.username, &c.password) {
+        (None, None) => SmtpAuth::None,
+        (Some(username), Some(password)) => SmtpAuth::Password {
+            username: username.clone(),
+            password: Secret::new(password.clone()),
+        },
+        _ => bail!("smtp.username and smtp.password: set both or neither"),
+    };
+    let from_address = EmailAddress::parse(&c.from_address, "from_address")
+        .map_err(|e| anyhow::anyhow!("smtp.{e}"))?;
+    if c.max_concurrent_connections == 0 || c.max_concurrent_connections > 256 {
+        bail!("smtp.max_concurrent_connections: must be between 1 and 256");
+    }
+    if c.timeout.is_zero() {
+        bail!("smtp.timeout: must be positive");
+    }
+    Ok(SmtpSettings {
+        host: c.host.clone(),
+        port: c.port,
+        tls,
+        auth,
+        from_address,
+        // Non-positive retry settings are clamped with a warning by the retry policy, as the
+        // seeds specify, rather than refused here.
+        max_retries: c.max_retries,
+        retry_delay: c.retry_delay,
+        max_concurrent_connections: c.max_concurrent_connections,
+        timeout: c.timeout,
+    })
+}
+
+fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
+    let key = format!("lists[{index}]");
+    let name = ListName::parse(c.name.clone()).map_err(|e| anyhow::anyhow!("{key}.{e}"))?;
+    let kind = match c.kind.as_str() {
+        "email" => NotificationType::Email,
+        "webhook" => NotificationType::Webhook,
+        other => bail!("{key}.type: {other:?} is not one of email, webhook"),
+    };
+    let recipients = c
+        .recipients
+        .iter()
+        .enumerate()
+        .map(|(j, address)| {
+            EmailAddress::parse(address, "recipients")
+                .map_err(|e| anyhow::anyhow!("{key}.recipients[{j}]: {}", e.problem))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(NotificationList {
+        name,
+        kind,
+        recipients,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn from_toml(text: &str) -> anyhow::Result<Settings> {
+        let config: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(text))
+            .extract()?;
+        config.validate()
+    }
+
+    #[test]
+    fn defaults_are_valid() {
+        let settings = from_toml("").unwrap();
+        assert_eq!(
+            settings.database,
+            DatabaseUrl::Sqlite(PathBuf::from("var/central.db"))
+        );
+        assert_eq!(settings.dispatcher.poll_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let err = from_toml("listen_adr = '1.2.3.4:5'").unwrap_err();
+        assert!(format!("{err:#}").contains("listen_adr"), "{err:#}");
+        let err = from_toml("[smtp]\nhost = 'h'\nfrom_address = 'nope'").unwrap_err();
+        assert!(err.to_string().starts_with("smtp.from_address"), "{err}");
+        let err = from_toml("[[lists]]\nname = 'ops'\nrecipients = ['a@x.test', 'bad']")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("lists[0].recipients[1]"), "{err}");
+        let err = from_toml("database = 'mssql://db'").unwrap_err();
+        assert!(err.to_string().starts_with("database:"), "{err}");
+        let err = from_toml("[dispatcher]\npoll_interval = '0s'").unwrap_err();
+        assert!(err.to_string().starts_with("dispatcher.poll_interval"), "{err}");
+        let err = from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'")
+            .unwrap_err();
+        assert!(err.to_string().starts_with("smtp.tls"), "{err}");
+    }
+}

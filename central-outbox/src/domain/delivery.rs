@@ -1,0 +1,70 @@
+//! What a delivery attempt can end in, as adapters report it and as attempt rows record it.
+
+use std::fmt;
+
+/// Why an attempt failed, and so what happens next: a transient failure is retried after the
+/// retry delay, a permanent one parks the notification for an operator.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    #[error("{0}")]
+    Transient(String),
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl DeliveryError {
+    pub fn transient(message: impl Into<String>) -> Self {
+        Self::Transient(message.into())
+    }
+
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::Permanent(message.into())
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Transient(m) | Self::Permanent(m) => m,
+        }
+    }
+}
+
+/// A successful delivery: who it went to, snapshotted into the row for audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub resolved_targets: Vec<String>,
+}
+
+/// The outcome column of an attempt row. `InFlight` is written before the adapter is called and
+/// stays if the attempt never finished (crash, lease loss): a possible duplicate, made visible.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    InFlight,
+    Delivered,
+    TransientFailure,
+    PermanentFailure,
+}
+
+impl AttemptOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "InFlight",
+            Self::Delivered => "Delivered",
+            Self::TransientFailure => "TransientFailure",
+            Self::PermanentFailure => "PermanentFailure",
+        }
+    }
+
+    pub fn of(result: &Result<Delivered, DeliveryError>) -> Self {
+        match result {
+            Ok(_) => Self::Delivered,
+            Err(DeliveryError::Transient(_)) => Self::TransientFailure,
+            Err(DeliveryError::Permanent(_)) => Self::PermanentFailure,
+        }
+    }
+}
+
+impl fmt::Display for AttemptOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}

@@ -1,0 +1,76 @@
+//! The notification status lifecycle (DESIGN §5):
+//!
+//! ```text
+//! ingest -> Pending -> [attempt] -> Delivered
+//!                         |-> transient failure -> Retrying -> [attempt] ...
+//!                         |-> permanent failure, or retries exhausted -> Parked
+//! Parked --Retry--> Pending      Parked --Discard--> Discarded
+//! ```
+
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Status {
+    Pending,
+    Retrying,
+    Delivered,
+    Parked,
+    Discarded,
+}
+
+impl Status {
+    pub const ALL: [Status; 5] = [
+        Self::Pending,
+        Self::Retrying,
+        Self::Delivered,
+        Self::Parked,
+        Self::Discarded,
+    ];
+
+    /// The stable name stored in databases and shown to operators.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "Pending",
+            Self::Retrying => "Retrying",
+            Self::Delivered => "Delivered",
+            Self::Parked => "Parked",
+            Self::Discarded => "Discarded",
+        }
+    }
+
+    pub fn from_db(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// The dispatcher may still attempt delivery.
+    pub fn is_due_candidate(self) -> bool {
+        matches!(self, Self::Pending | Self::Retrying)
+    }
+
+    /// No further delivery happens without an operator (Parked) or ever (Delivered, Discarded).
+    pub fn is_terminal(self) -> bool {
+        !self.is_due_candidate()
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip_and_terminality() {
+        for status in Status::ALL {
+            assert_eq!(Status::from_db(status.as_str()), Some(status));
+        }
+        assert!(Status::Parked.is_terminal());
+        assert!(Status::Delivered.is_terminal());
+        assert!(!Status::Retrying.is_terminal());
+        assert_eq!(Status::from_db("pending"), None);
+    }
+}

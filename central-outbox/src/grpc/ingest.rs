@@ -1,0 +1,201 @@
+//! `NotificationIngest`: how notifications enter central. Every ack is sent only after the row
+//! it acknowledges is committed, so a site may delete its copy the moment it sees the ack.
+//!
+//! The stream path batches: whatever submits have already arrived (up to [`MAX_STREAM_BATCH`])
+//! go to the store as one insert job, and up to [`MAX_BATCHES_IN_FLIGHT`] such jobs per stream
+//! run at once, which lets the store's group commit fold them into few fsyncs. Acks therefore
+//! come back in any order, as the contract allows.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures_util::FutureExt;
+use outbox_proto::v1::notification_ingest_server::NotificationIngest;
+use outbox_proto::v1::{NotificationSubmit, NotificationSubmitAck};
+use tokio::sync::{Notify, Semaphore, mpsc};
+use tokio::task::JoinSet;
+use tokio_stream::Stream;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{convert, invalid_argument, store_status};
+use crate::store::{NewNotification, OutboxStore};
+
+/// Most submits inserted by one store job. Large enough to amortise the job overhead, small
+/// enough that one batch's acks are not held back for long.
+pub const MAX_STREAM_BATCH: usize = 256;
+/// Insert jobs one stream may have queued at the store. With the batch size this bounds the
+/// memory one stream can pin (4 x 256 maximal submits, about 280 MiB worst case, a few MiB
+/// typical) and keeps one busy site from monopolising the writer.
+pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
+/// Acks buffered towards a slow reader before the stream stops reading new submits.
+const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_IN_FLIGHT;
+
+pub struct IngestService<S> {
+    store: Arc<S>,
+    /// Woken after each commit so the dispatcher on this node starts delivering at once.
+    dispatcher_wake: Arc<Notify>,
+    /// Cancelled at shutdown: open streams end so the server can stop.
+    shutdown: CancellationToken,
+}
+
+impl<S> IngestService<S> {
+    pub fn new(store: Arc<S>, dispatcher_wake: Arc<Notify>, shutdown: CancellationToken) -> Self {
+        Self {
+            store,
+            dispatcher_wake,
+            shutdown,
+        }
+    }
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<NotificationSubmitAck, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl<S: OutboxStore> NotificationIngest for IngestService<S> {
+    async fn submit_notification(
+        &self,
+        request: Request<NotificationSubmit>,
+    ) -> Result<Response<NotificationSubmitAck>, Status> {
+        let msg = request.into_inner();
+        let id = msg.notification_id.clone();
+        let submission = convert::submission(msg).map_err(invalid_argument)?;
+        let outcomes = self
+            .store
+            .submit(vec![NewNotification::new(submission)])
+            .await
+            .map_err(store_status)?;
+        self.dispatcher_wake.notify_one();
+        let outcome = outcomes
+            .into_iter()
+            .next()
+            .ok_or_else(|| Status::internal("the store returned no outcome"))?;
+        Ok(Response::new(convert::ack(id, outcome)))
+    }
+
+    type SubmitNotificationsStream = AckStream;
+
+    async fn submit_notifications(
+        &self,
+        request: Request<Streaming<NotificationSubmit>>,
+    ) -> Result<Response<Self::SubmitNotificationsStream>, Status> {
+        let (acks, ack_stream) = mpsc::channel(ACK_BUFFER);
+        let session = StreamSession {
+            store: Arc::clone(&self.store),
+            dispatcher_wake: Arc::clone(&self.dispatcher_wake),
+            acks,
+        };
+        tokio::spawn(session.run(request.into_inner(), self.shutdown.clone()));
+        Ok(Response::new(Box::pin(ReceiverStream::new(ack_stream))))
+    }
+}
+
+/// One client's submit stream.
+struct StreamSession<S> {
+    store: Arc<S>,
+    dispatcher_wake: Arc<Notify>,
+    acks: mpsc::Sender<Result<NotificationSubmitAck, Status>>,
+}
+
+impl<S: OutboxStore> StreamSession<S> {
+    async fn run(self, mut inbound: Streaming<NotificationSubmit>, shutdown: CancellationToken) {
+        let slots = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
+        let mut inserts = JoinSet::new();
+        let this = Arc::new(self);
+        loop {
+            let first = tokio::select! {
+                () = shutdown.cancelled() => {
+                    let _ = this.acks.send(Err(Status::unavailable("central is shutting down"))).await;
+                    break;
+                }
+                next = inbound.message() => next,
+            };
+            let first = match first {
+                Ok(Some(msg)) => msg,
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::debug!(%status, "submit stream ended by the client");
+                    break;
+                }
+            };
+            let (batch, ended) = take_ready(&mut inbound, first);
+            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                break;
+            };
+            let session = Arc::clone(&this);
+            inserts.spawn(async move {
+                let _slot = slot;
+                session.insert(batch).await
+            });
+            // Reap finished inserts so the set does not grow with the stream's lifetime.
+            while let Some(done) = inserts.try_join_next() {
+                if !matches!(done, Ok(true)) {
+                    return;
+                }
+            }
+            if ended {
+                break;
+            }
+        }
+        // Answer everything already received before closing the ack stream.
+        while inserts.join_next().await.is_some() {}
+    }
+
+    /// Validates and inserts one batch, sending one ack per submit. Returns false when the stream
+    /// must end (store failure, or the client stopped reading acks).
+    async fn insert(&self, batch: Vec<NotificationSubmit>) -> bool {
+        let mut valid_ids = Vec::with_capacity(batch.len());
+        let mut valid = Vec::with_capacity(batch.len());
+        for msg in batch {
+            let id = msg.notification_id.clone();
+            match convert::submission(msg) {
+                Ok(submission) => {
+                    valid_ids.push(id);
+                    valid.push(NewNotification::new(submission));
+                }
+                Err(e) => {
+                    if self.acks.send(Ok(convert::rejected(id, e.to_string()))).await.is_err() {
+                        return false;
+                    }
+                }
+            }
+        }
+        if valid.is_empty() {
+            return true;
+        }
+        match self.store.submit(valid).await {
+            Ok(outcomes) => {
+                self.dispatcher_wake.notify_one();
+                for (id, outcome) in valid_ids.into_iter().zip(outcomes) {
+                    if self.acks.send(Ok(convert::ack(id, outcome))).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+            Err(e) => {
+                // Unacked submits are resent by the client when it reconnects.
+                let _ = self.acks.send(Err(store_status(e))).await;
+                false
+            }
+        }
+    }
+}
+
+/// Takes `first` plus every submit that has already arrived, up to [`MAX_STREAM_BATCH`], without
+/// waiting. Returns the batch and whether the stream ended (cleanly or not) meanwhile.
+fn take_ready(
+    inbound: &mut Streaming<NotificationSubmit>,
+    first: NotificationSubmit,
+) -> (Vec<NotificationSubmit>, bool) {
+    let mut batch = vec![first];
+    while batch.len() < MAX_STREAM_BATCH {
+        match inbound.message().now_or_never() {
+            Some(Ok(Some(msg))) => batch.push(msg),
+            Some(Ok(None) | Err(_)) => return (batch, true),
+            None => break,
+        }
+    }
+    (batch, false)
+}

@@ -1,0 +1,143 @@
+//! central-outbox: accepts notifications from sites over gRPC, stores each exactly once in the
+//! `Notifications` table, and (on the node holding the dispatcher lease) delivers them by email
+//! with retry, parking and a per-attempt audit trail.
+//!
+//! [`run`] is the whole service: tests start it in-process on a port-0 listener, `main` starts it
+//! from the command line. Dependencies point inward: `grpc` and `store` know `domain`; `domain`
+//! knows neither.
+
+pub mod config;
+pub mod delivery;
+pub mod dispatcher;
+pub mod domain;
+pub mod grpc;
+pub mod store;
+pub mod telemetry;
+
+use std::sync::Arc;
+
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
+use outbox_proto::v1::notification_ingest_server::NotificationIngestServer;
+use outbox_proto::v1::notification_outbox_server::NotificationOutboxServer;
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+
+use crate::config::{DatabaseUrl, Settings};
+use crate::dispatcher::Dispatcher;
+use crate::grpc::admin::OutboxService;
+use crate::grpc::ingest::IngestService;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{OutboxStore, StoreError};
+
+/// Why the service stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot open the store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot build server reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+/// gRPC service names reported by the health service, besides the overall "" entry.
+const SERVICE_NAMES: [&str; 2] = ["outbox.v1.NotificationIngest", "outbox.v1.NotificationOutbox"];
+
+/// Runs central until `shutdown` is cancelled: opens the store, applies the configured channel
+/// and lists, starts the dispatcher and serves gRPC on `listener`.
+pub async fn run(
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    match &settings.database {
+        DatabaseUrl::Sqlite(path) => {
+            let store = SqliteStore::open(path, group_commit::Durability::Full)?;
+            serve(Arc::new(store), settings, listener, shutdown).await
+        }
+    }
+}
+
+async fn serve<S: OutboxStore>(
+    store: Arc<S>,
+    settings: Settings,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    if let Some(smtp) = settings.smtp.clone() {
+        store.put_smtp_settings(smtp).await?;
+    }
+    for list in settings.lists.iter().cloned() {
+        store.upsert_list(list).await?;
+    }
+
+    let wake = Arc::new(Notify::new());
+    let dispatcher = Dispatcher::new(Arc::clone(&store), settings.dispatcher.clone(), Arc::clone(&wake));
+    let dispatcher_stop = CancellationToken::new();
+    let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for name in std::iter::once("").chain(SERVICE_NAMES) {
+        health.set_service_status(name, ServingStatus::Serving).await;
+    }
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    let streams_stop = CancellationToken::new();
+    let ingest = IngestService::new(Arc::clone(&store), wake, streams_stop.clone());
+    let outbox = OutboxService::new(Arc::clone(&store));
+    let local_addr = listener.local_addr().ok();
+    tracing::info!(addr = ?local_addr, "central-outbox serving");
+
+    let server = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            NotificationIngestServer::new(ingest).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .add_service(
+            NotificationOutboxServer::new(outbox).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), {
+            let shutdown = shutdown.clone();
+            let health = health.clone();
+            async move {
+                shutdown.cancelled().await;
+                tracing::info!("shutting down: health NOT_SERVING, closing streams");
+                for name in std::iter::once("").chain(SERVICE_NAMES) {
+                    health.set_service_status(name, ServingStatus::NotServing).await;
+                }
+                // Long-lived submit streams would hold the server open forever: end them.
+                streams_stop.cancel();
+            }
+        });
+
+    // The server stops accepting at shutdown and waits for open calls; bound that wait.
+    let served = tokio::select! {
+        served = server => served,
+        () = async {
+            shutdown.cancelled().await;
+            tokio::time::sleep(settings.shutdown_timeout).await;
+        } => {
+            tracing::warn!("gRPC calls did not finish within the shutdown timeout");
+            Ok(())
+        }
+    };
+    dispatcher_stop.cancel();
+    if let Err(e) = dispatcher_task.await {
+        tracing::error!(error = %e, "dispatcher task failed");
+    }
+    served?;
+    tracing::info!("central-outbox stopped");
+    Ok(())
+}

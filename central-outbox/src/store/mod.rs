@@ -1,0 +1,173 @@
+//! The central store: one trait, [`OutboxStore`], and one module per backend. Everything the
+//! services persist goes through it, in domain types; backends hold the SQL.
+//!
+//! Contract every backend keeps (checked by the shared conformance tests):
+//! - `submit` commits before it returns; an id is stored at most once; a resubmit with the same
+//!   content hash is `Duplicate`, with another hash `Conflict`, and the stored row is unchanged.
+//! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
+//!   InFlight attempt row in the same transaction.
+//! - `record_outcome` applies only if the row is still claimed under the given epoch and that
+//!   epoch still holds the dispatcher lease; otherwise it changes nothing and returns false.
+
+pub mod sqlite;
+
+use std::future::Future;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::channel::{NotificationList, SmtpSettings};
+use crate::domain::delivery::AttemptOutcome;
+use crate::domain::retry::Transition;
+use crate::domain::status::Status;
+use crate::domain::{
+    ContentHash, ListName, NotificationContent, NotificationId, NotificationType, Submission,
+};
+
+/// A store operation failed. None of these are the caller's fault; the request may be retried.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum StoreError {
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl From<group_commit::Error> for StoreError {
+    fn from(e: group_commit::Error) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Unavailable(e.to_string())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// A validated submission with its content hash, ready to insert.
+#[derive(Debug, Clone)]
+pub struct NewNotification {
+    pub submission: Submission,
+    pub hash: ContentHash,
+}
+
+impl NewNotification {
+    pub fn new(submission: Submission) -> Self {
+        let hash = ContentHash::of(&submission.content);
+        Self { submission, hash }
+    }
+}
+
+/// What an idempotent insert did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InsertOutcome {
+    Accepted,
+    Duplicate,
+    /// The id exists with other content; nothing was changed.
+    Conflict,
+}
+
+/// A notification's current state, as status queries show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationState {
+    pub id: NotificationId,
+    pub status: Status,
+    pub kind: NotificationType,
+    pub list_name: String,
+    pub source_site_id: String,
+    pub retry_count: u32,
+    pub last_error: Option<String>,
+    pub site_enqueued_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub last_attempt_at: Option<DateTime<Utc>>,
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// The fencing token: the lease epoch a dispatcher holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct LeaseEpoch(pub i64);
+
+/// A row handed to the dispatcher for one delivery attempt.
+#[derive(Debug, Clone)]
+pub struct ClaimedNotification {
+    pub row_id: i64,
+    pub id: NotificationId,
+    pub content: NotificationContent,
+    pub retry_count: u32,
+    pub attempt_no: u32,
+    pub epoch: LeaseEpoch,
+}
+
+/// The end of one attempt, to be recorded under the claim's epoch.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub row_id: i64,
+    pub id: NotificationId,
+    pub attempt_no: u32,
+    pub epoch: LeaseEpoch,
+    pub outcome: AttemptOutcome,
+    pub error: Option<String>,
+    pub duration: Duration,
+    pub transition: Transition,
+}
+
+/// The central store. Methods return `Send` futures so the services can run them on any worker.
+pub trait OutboxStore: Send + Sync + 'static {
+    /// Idempotently inserts each notification; one outcome per input, in order. Returns only
+    /// after the accepted rows are committed.
+    fn submit(
+        &self,
+        batch: Vec<NewNotification>,
+    ) -> impl Future<Output = Result<Vec<InsertOutcome>>> + Send;
+
+    /// The current state of one notification, if stored.
+    fn state(
+        &self,
+        id: NotificationId,
+    ) -> impl Future<Output = Result<Option<NotificationState>>> + Send;
+
+    /// Takes or renews the named lease for `holder` for `ttl`. Returns the epoch held, or `None`
+    /// if another holder's lease has not expired. The epoch increases whenever the holder changes
+    /// or a lapsed lease is re-taken.
+    fn acquire_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<LeaseEpoch>>> + Send;
+
+    /// Claims up to `limit` due rows (oldest due first) for `claim_timeout` under `epoch`, writing
+    /// an InFlight attempt row for each. Claims nothing if `epoch` does not hold the lease.
+    fn claim_due(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        limit: usize,
+        claim_timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
+
+    /// Applies an attempt's outcome if its claim still stands (see the module contract). Returns
+    /// whether it was applied.
+    fn record_outcome(
+        &self,
+        lease: &'static str,
+        record: AttemptRecord,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The named list, if configured.
+    fn list(&self, name: &ListName)
+    -> impl Future<Output = Result<Option<NotificationList>>> + Send;
+
+    /// Creates or replaces a list and its recipients.
+    fn upsert_list(&self, list: NotificationList) -> impl Future<Output = Result<()>> + Send;
+
+    /// The email channel's settings, if configured.
+    fn smtp_settings(&self) -> impl Future<Output = Result<Option<SmtpSettings>>> + Send;
+
+    /// Creates or replaces the email channel's settings.
+    fn put_smtp_settings(&self, settings: SmtpSettings) -> impl Future<Output = Result<()>> + Send;
+}

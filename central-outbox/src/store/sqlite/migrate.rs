@@ -1,0 +1,85 @@
+//! Versioned schema migrations for the SQLite backend, embedded from `migrations/sqlite/` at
+//! build time. They run in one IMMEDIATE transaction, which takes SQLite's write lock first, so
+//! two replicas opening the same file at once apply each migration exactly once.
+
+use rusqlite::{Connection, TransactionBehavior};
+
+struct Migration {
+    version: i64,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in order. Append only: an applied migration is never edited.
+const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial",
+    sql: include_str!("../../../../migrations/sqlite/0001_initial.sql"),
+}];
+
+/// Brings the schema up to date. Fails if the database was migrated by a newer binary.
+pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
+    let txn = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    txn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS SchemaMigrations (
+             Version   INTEGER PRIMARY KEY,
+             Name      TEXT    NOT NULL,
+             AppliedAt INTEGER NOT NULL
+         )",
+    )?;
+    let current: i64 = txn.query_row(
+        "SELECT COALESCE(MAX(Version), 0) FROM SchemaMigrations",
+        [],
+        |row| row.get(0),
+    )?;
+    let known = MIGRATIONS.last().map_or(0, |m| m.version);
+    if current > known {
+        return Err(group_commit::Error::TaskFailed(format!(
+            "the database schema is at version {current}, newer than this binary knows ({known}); \
+             upgrade central-outbox"
+        )));
+    }
+    for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+        tracing::info!(version = migration.version, name = migration.name, "applying migration");
+        txn.execute_batch(migration.sql)?;
+        txn.execute(
+            "INSERT INTO SchemaMigrations (Version, Name, AppliedAt) VALUES (?1, ?2, ?3)",
+            rusqlite::params![
+                migration.version,
+                migration.name,
+                chrono::Utc::now().timestamp_millis()
+            ],
+        )?;
+    }
+    txn.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn applying_twice_is_a_no_op() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        apply(&mut conn).unwrap();
+        apply(&mut conn).unwrap();
+        let versions: i64 = conn
+            .query_row("SELECT COUNT(*) FROM SchemaMigrations", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(versions, MIGRATIONS.len() as i64);
+    }
+
+    #[test]
+    fn refuses_a_newer_schema() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        apply(&mut conn).unwrap();
+        conn.execute(
+            "INSERT INTO SchemaMigrations VALUES (999, 'future', 0)",
+            [],
+        )
+        .unwrap();
+        let err = apply(&mut conn).unwrap_err();
+        assert!(err.to_string().contains("version 999"));
+    }
+}

@@ -1,0 +1,20 @@
+//! The `outbox.v1` contract shared by the site-forwarder, central-outbox and their clients:
+//! generated protobuf types and tonic stubs, the descriptor set for server reflection, the wire
+//! limits, and the content rules a notification must satisfy.
+//!
+//! The content rules live here, beside the contract, because both ends enforce them: a forwarder
+//! refuses at `Send` what central would reject, so nothing unforwardable is ever buffered.
+
+pub mod content;
+pub mod limits;
+pub mod time;
+
+/// Generated messages and services of package `outbox.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    tonic::include_proto!("outbox.v1");
+}
+
+/// Encoded `FileDescriptorSet` of the contract, for tonic-reflection.
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/outbox_descriptor.bin"));
