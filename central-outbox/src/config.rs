@@ -13,11 +13,11 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::dispatcher::DispatcherSettings;
 use crate::domain::channel::{
     EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
 };
 use crate::domain::{ListName, NotificationType};
-use crate::dispatcher::DispatcherSettings;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -238,7 +238,9 @@ impl Config {
 fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
     match url.split_once("://") {
         Some(("sqlite", path)) if !path.is_empty() => Ok(DatabaseUrl::Sqlite(PathBuf::from(path))),
-        Some(("sqlite", _)) => bail!("database: sqlite:// needs a file path, e.g. sqlite://var/central.db"),
+        Some(("sqlite", _)) => {
+            bail!("database: sqlite:// needs a file path, e.g. sqlite://var/central.db")
+        }
         Some((scheme, _)) => bail!(
             "database: the {scheme:?} backend is not available in this build; use sqlite://PATH"
         ),
@@ -337,15 +339,21 @@ mod tests {
         assert!(format!("{err:#}").contains("listen_adr"), "{err:#}");
         let err = from_toml("[smtp]\nhost = 'h'\nfrom_address = 'nope'").unwrap_err();
         assert!(err.to_string().starts_with("smtp.from_address"), "{err}");
-        let err = from_toml("[[lists]]\nname = 'ops'\nrecipients = ['a@x.test', 'bad']")
-            .unwrap_err();
-        assert!(err.to_string().starts_with("lists[0].recipients[1]"), "{err}");
+        let err =
+            from_toml("[[lists]]\nname = 'ops'\nrecipients = ['a@x.test', 'bad']").unwrap_err();
+        assert!(
+            err.to_string().starts_with("lists[0].recipients[1]"),
+            "{err}"
+        );
         let err = from_toml("database = 'mssql://db'").unwrap_err();
         assert!(err.to_string().starts_with("database:"), "{err}");
         let err = from_toml("[dispatcher]\npoll_interval = '0s'").unwrap_err();
-        assert!(err.to_string().starts_with("dispatcher.poll_interval"), "{err}");
-        let err = from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'")
-            .unwrap_err();
+        assert!(
+            err.to_string().starts_with("dispatcher.poll_interval"),
+            "{err}"
+        );
+        let err =
+            from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'").unwrap_err();
         assert!(err.to_string().starts_with("smtp.tls"), "{err}");
     }
 }

@@ -19,10 +19,10 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::delivery::EmailAdapter;
+use crate::domain::NotificationType;
 use crate::domain::channel::SmtpSettings;
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::retry::RetryPolicy;
-use crate::domain::NotificationType;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
 
 /// Name of the lease whose holder dispatches.
@@ -114,7 +114,11 @@ impl<S: OutboxStore> Dispatcher<S> {
     pub async fn renew_lease(&mut self) {
         let held = self
             .store
-            .acquire_lease(DISPATCHER_LEASE, &self.settings.node_id, self.settings.lease_ttl)
+            .acquire_lease(
+                DISPATCHER_LEASE,
+                &self.settings.node_id,
+                self.settings.lease_ttl,
+            )
             .await;
         let now = match held {
             Ok(epoch) => epoch,
@@ -126,7 +130,11 @@ impl<S: OutboxStore> Dispatcher<S> {
         match (self.lease, now) {
             (None, Some(epoch)) => tracing::info!(epoch = epoch.0, "became the dispatcher"),
             (Some(old), Some(new)) if old != new => {
-                tracing::warn!(old = old.0, new = new.0, "dispatcher lease re-taken with a new epoch")
+                tracing::warn!(
+                    old = old.0,
+                    new = new.0,
+                    "dispatcher lease re-taken with a new epoch"
+                )
             }
             (Some(old), None) => tracing::warn!(epoch = old.0, "lost the dispatcher lease"),
             _ => {}
@@ -276,8 +284,6 @@ impl<S: OutboxStore> Attempt<S> {
                 n.content.kind
             )));
         }
-        self.email
-            .deliver(channel, n.id, &n.content, &list)
-            .await
+        self.email.deliver(channel, n.id, &n.content, &list).await
     }
 }

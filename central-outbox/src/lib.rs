@@ -44,7 +44,10 @@ pub enum RunError {
 }
 
 /// gRPC service names reported by the health service, besides the overall "" entry.
-const SERVICE_NAMES: [&str; 2] = ["outbox.v1.NotificationIngest", "outbox.v1.NotificationOutbox"];
+const SERVICE_NAMES: [&str; 2] = [
+    "outbox.v1.NotificationIngest",
+    "outbox.v1.NotificationOutbox",
+];
 
 /// Runs central until `shutdown` is cancelled: opens the store, applies the configured channel
 /// and lists, starts the dispatcher and serves gRPC on `listener`.
@@ -75,13 +78,19 @@ async fn serve<S: OutboxStore>(
     }
 
     let wake = Arc::new(Notify::new());
-    let dispatcher = Dispatcher::new(Arc::clone(&store), settings.dispatcher.clone(), Arc::clone(&wake));
+    let dispatcher = Dispatcher::new(
+        Arc::clone(&store),
+        settings.dispatcher.clone(),
+        Arc::clone(&wake),
+    );
     let dispatcher_stop = CancellationToken::new();
     let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in std::iter::once("").chain(SERVICE_NAMES) {
-        health.set_service_status(name, ServingStatus::Serving).await;
+        health
+            .set_service_status(name, ServingStatus::Serving)
+            .await;
     }
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
@@ -115,7 +124,9 @@ async fn serve<S: OutboxStore>(
                 shutdown.cancelled().await;
                 tracing::info!("shutting down: health NOT_SERVING, closing streams");
                 for name in std::iter::once("").chain(SERVICE_NAMES) {
-                    health.set_service_status(name, ServingStatus::NotServing).await;
+                    health
+                        .set_service_status(name, ServingStatus::NotServing)
+                        .await;
                 }
                 // Long-lived submit streams would hold the server open forever: end them.
                 streams_stop.cancel();

@@ -9,7 +9,10 @@ use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Central notification outbox: ingest, store and deliver notifications")]
+#[command(
+    version,
+    about = "Central notification outbox: ingest, store and deliver notifications"
+)]
 struct Args {
     /// TOML configuration file (see deploy/central-outbox.toml).
     #[arg(long, short)]

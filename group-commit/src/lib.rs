@@ -375,6 +375,10 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(keys, vec![1, 3], "the failed job's first insert was rolled back");
+        assert_eq!(
+            keys,
+            vec![1, 3],
+            "the failed job's first insert was rolled back"
+        );
     }
 }

@@ -402,7 +402,10 @@ mod tests {
 
     #[test]
     fn empty_values_are_rejected() {
-        assert_eq!(ListName::parse(String::new()).unwrap_err().field, "list_name");
+        assert_eq!(
+            ListName::parse(String::new()).unwrap_err().field,
+            "list_name"
+        );
         assert_eq!(Subject::parse(String::new()).unwrap_err().field, "subject");
         assert_eq!(Body::parse(String::new()).unwrap_err().field, "body");
         assert_eq!(
@@ -438,7 +441,8 @@ mod tests {
 
     #[test]
     fn script_origin_checks_optional_uuids() {
-        let err = ScriptOrigin::parse(String::new(), String::new(), Some("nope"), None).unwrap_err();
+        let err =
+            ScriptOrigin::parse(String::new(), String::new(), Some("nope"), None).unwrap_err();
         assert_eq!(err.field, "origin_execution_id");
         let ok = ScriptOrigin::parse("i1".into(), "s.py".into(), Some(""), None).unwrap();
         assert_eq!(ok.origin_execution_id, None);

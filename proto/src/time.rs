@@ -31,6 +31,12 @@ mod tests {
 
     #[test]
     fn rejects_negative_nanos() {
-        assert_eq!(from_timestamp(&Timestamp { seconds: 0, nanos: -1 }), None);
+        assert_eq!(
+            from_timestamp(&Timestamp {
+                seconds: 0,
+                nanos: -1
+            }),
+            None
+        );
     }
 }

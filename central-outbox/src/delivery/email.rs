@@ -84,9 +84,8 @@ impl EmailAdapter {
 
 fn build_transport(s: &SmtpSettings) -> Result<Transport, DeliveryError> {
     let tls_parameters = || {
-        TlsParameters::new(s.host.clone()).map_err(|e| {
-            DeliveryError::permanent(format!("cannot set up TLS for {}: {e}", s.host))
-        })
+        TlsParameters::new(s.host.clone())
+            .map_err(|e| DeliveryError::permanent(format!("cannot set up TLS for {}: {e}", s.host)))
     };
     let tls = match s.tls {
         TlsMode::None => Tls::None,
@@ -116,7 +115,10 @@ fn build_message(
     list: &NotificationList,
 ) -> Result<Message, DeliveryError> {
     let from: Mailbox = s.from_address.as_str().parse().map_err(|e| {
-        DeliveryError::permanent(format!("from_address {:?} is invalid: {e}", s.from_address.as_str()))
+        DeliveryError::permanent(format!(
+            "from_address {:?} is invalid: {e}",
+            s.from_address.as_str()
+        ))
     })?;
     let mut builder = Message::builder()
         .from(from)
@@ -125,7 +127,10 @@ fn build_message(
         .header(ContentType::TEXT_PLAIN);
     for recipient in &list.recipients {
         let mailbox: Mailbox = recipient.as_str().parse().map_err(|e| {
-            DeliveryError::permanent(format!("recipient {:?} is invalid: {e}", recipient.as_str()))
+            DeliveryError::permanent(format!(
+                "recipient {:?} is invalid: {e}",
+                recipient.as_str()
+            ))
         })?;
         builder = builder.bcc(mailbox);
     }

@@ -17,7 +17,9 @@ const MAX_ADDRESS_LEN: usize = 254;
 
 impl EmailAddress {
     pub fn parse(text: &str, field: &'static str) -> Result<Self, ContentError> {
-        let bad = |why: &str| ContentError::new(field, format!("{text:?} is not an email address: {why}"));
+        let bad = |why: &str| {
+            ContentError::new(field, format!("{text:?} is not an email address: {why}"))
+        };
         if text.len() > MAX_ADDRESS_LEN {
             return Err(ContentError::new(
                 field,
@@ -119,7 +121,10 @@ impl TlsMode {
 pub enum SmtpAuth {
     None,
     /// PLAIN or LOGIN, whichever the server offers.
-    Password { username: String, password: Secret },
+    Password {
+        username: String,
+        password: Secret,
+    },
 }
 
 /// Everything the email adapter needs to reach the relay, plus the channel's delivery policy.
@@ -146,12 +151,22 @@ mod tests {
     #[test]
     fn addresses_are_checked_and_name_the_field() {
         assert!(EmailAddress::parse("ops@example.test", "recipients").is_ok());
-        for bad in ["", "no-at", "@x.test", "a@", "a b@x.test", "a@x..test", "a@x.test\r\nBcc: y"] {
+        for bad in [
+            "",
+            "no-at",
+            "@x.test",
+            "a@",
+            "a b@x.test",
+            "a@x..test",
+            "a@x.test\r\nBcc: y",
+        ] {
             let err = EmailAddress::parse(bad, "recipients").unwrap_err();
             assert_eq!(err.field, "recipients", "{bad:?}");
         }
         assert_eq!(
-            EmailAddress::parse("ops@plant.example.test", "f").unwrap().domain(),
+            EmailAddress::parse("ops@plant.example.test", "f")
+                .unwrap()
+                .domain(),
             "plant.example.test"
         );
     }

@@ -9,7 +9,7 @@ pub mod status;
 
 pub use outbox_proto::content::{
     Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,
-    Provenance, SiteId, Submission, Subject, TypeData,
+    Provenance, SiteId, Subject, Submission, TypeData,
 };
 
 use sha2::{Digest, Sha256};

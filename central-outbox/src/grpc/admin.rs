@@ -31,7 +31,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
             .map_err(invalid_argument)?;
         match self.store.state(id).await.map_err(store_status)? {
             Some(state) => Ok(Response::new(convert::state_view(state))),
-            None => Err(Status::not_found(format!("notification {id} is not known to central"))),
+            None => Err(Status::not_found(format!(
+                "notification {id} is not known to central"
+            ))),
         }
     }
 }

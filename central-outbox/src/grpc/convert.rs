@@ -7,8 +7,8 @@ use outbox_proto::v1;
 
 use crate::domain::status::Status;
 use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
-    Subject, TypeData,
+    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
+    Submission, TypeData,
 };
 use crate::store::{InsertOutcome, NotificationState};
 
@@ -151,7 +151,10 @@ mod tests {
     #[test]
     fn each_bad_field_is_named() {
         let cases: Vec<(&str, Box<dyn Fn(&mut v1::NotificationSubmit)>)> = vec![
-            ("notification_id", Box::new(|m| m.notification_id = "x".into())),
+            (
+                "notification_id",
+                Box::new(|m| m.notification_id = "x".into()),
+            ),
             ("type", Box::new(|m| m.r#type = 99)),
             ("type", Box::new(|m| m.r#type = 0)),
             ("list_name", Box::new(|m| m.list_name.clear())),

@@ -155,7 +155,12 @@ impl<S: OutboxStore> StreamSession<S> {
                     valid.push(NewNotification::new(submission));
                 }
                 Err(e) => {
-                    if self.acks.send(Ok(convert::rejected(id, e.to_string()))).await.is_err() {
+                    if self
+                        .acks
+                        .send(Ok(convert::rejected(id, e.to_string())))
+                        .await
+                        .is_err()
+                    {
                         return false;
                     }
                 }

@@ -159,8 +159,10 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<bool>> + Send;
 
     /// The named list, if configured.
-    fn list(&self, name: &ListName)
-    -> impl Future<Output = Result<Option<NotificationList>>> + Send;
+    fn list(
+        &self,
+        name: &ListName,
+    ) -> impl Future<Output = Result<Option<NotificationList>>> + Send;
 
     /// Creates or replaces a list and its recipients.
     fn upsert_list(&self, list: NotificationList) -> impl Future<Output = Result<()>> + Send;

@@ -40,7 +40,11 @@ pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
         )));
     }
     for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
-        tracing::info!(version = migration.version, name = migration.name, "applying migration");
+        tracing::info!(
+            version = migration.version,
+            name = migration.name,
+            "applying migration"
+        );
         txn.execute_batch(migration.sql)?;
         txn.execute(
             "INSERT INTO SchemaMigrations (Version, Name, AppliedAt) VALUES (?1, ?2, ?3)",
@@ -74,11 +78,8 @@ mod tests {
     fn refuses_a_newer_schema() {
         let mut conn = Connection::open_in_memory().unwrap();
         apply(&mut conn).unwrap();
-        conn.execute(
-            "INSERT INTO SchemaMigrations VALUES (999, 'future', 0)",
-            [],
-        )
-        .unwrap();
+        conn.execute("INSERT INTO SchemaMigrations VALUES (999, 'future', 0)", [])
+            .unwrap();
         let err = apply(&mut conn).unwrap_err();
         assert!(err.to_string().contains("version 999"));
     }

@@ -314,7 +314,11 @@ fn claim(
                      SET Status = 'Parked', LastError = ?2, ResolvedAt = ?3,
                          ClaimedUntil = NULL, ClaimEpoch = NULL
                      WHERE Id = ?1",
-                    params![row.row_id, format!("stored row is invalid: {problem}"), now_ms],
+                    params![
+                        row.row_id,
+                        format!("stored row is invalid: {problem}"),
+                        now_ms
+                    ],
                 )?;
             }
         }
@@ -514,11 +518,7 @@ fn select_smtp_settings(conn: &Connection) -> Result<Option<SmtpSettings>> {
     }))
 }
 
-fn replace_smtp_settings(
-    conn: &Connection,
-    s: &SmtpSettings,
-    now: DateTime<Utc>,
-) -> Result<()> {
+fn replace_smtp_settings(conn: &Connection, s: &SmtpSettings, now: DateTime<Utc>) -> Result<()> {
     let (username, password) = match &s.auth {
         SmtpAuth::None => (None, None),
         SmtpAuth::Password { username, password } => {

@@ -1,0 +1,578 @@
+//! The durable store-and-forward buffer: a SQLite file (WAL, `synchronous=FULL`) written through
+//! `group_commit`, so concurrent `Send`s share one transaction and one fsync.
+//!
+//! Invariants:
+//! - [`Buffer::enqueue`] returns only after the row is committed: an id handed to a script is
+//!   never lost, whatever happens to the process afterwards.
+//! - A row leaves `buffered` only in [`Buffer::settle`]: deleted because central acked it, or
+//!   moved (in the same job, so it is never in neither table) to `rejected` with the reason.
+//! - `seq` is AUTOINCREMENT, so it is never reused even after the newest row is deleted. The
+//!   forwarder's cursor depends on that: without it, a row enqueued after the buffer drained could
+//!   get the seq of an already-sent row and be skipped.
+//! - Reads use the read-only pool and see the last commit; they never block the writer.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::{DateTime, Utc};
+use group_commit::{Database, Durability, Options};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use tokio::sync::Notify;
+
+use crate::domain::{
+    Body, BufferStats, BufferedNotification, ContentError, ListName, LocalStatus,
+    NotificationContent, NotificationId, NotificationType, SiteId, Subject, TypeData,
+};
+
+/// Why a buffer operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BufferError {
+    #[error("site buffer: {0}")]
+    Database(#[from] group_commit::Error),
+    #[error("site buffer holds invalid data: {0}")]
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for BufferError {
+    fn from(e: rusqlite::Error) -> Self {
+        Self::Database(e.into())
+    }
+}
+
+pub type Result<T, E = BufferError> = std::result::Result<T, E>;
+
+pub use crate::domain::Seq;
+
+/// Schema version this binary writes, kept in `PRAGMA user_version`.
+const SCHEMA_VERSION: i64 = 1;
+
+/// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
+/// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
+const SCHEMA_V1: &str = "
+CREATE TABLE buffered (
+    seq                        INTEGER PRIMARY KEY AUTOINCREMENT,
+    notification_id            TEXT NOT NULL UNIQUE,
+    type                       TEXT NOT NULL,
+    list_name                  TEXT NOT NULL,
+    subject                    TEXT NOT NULL,
+    body                       TEXT NOT NULL,
+    type_data                  TEXT NOT NULL,
+    source_site_id             TEXT NOT NULL,
+    source_instance_id         TEXT NOT NULL,
+    source_script              TEXT NOT NULL,
+    origin_execution_id        TEXT,
+    origin_parent_execution_id TEXT,
+    enqueued_at                INTEGER NOT NULL
+);
+CREATE TABLE rejected (
+    seq                        INTEGER PRIMARY KEY,
+    notification_id            TEXT NOT NULL UNIQUE,
+    type                       TEXT NOT NULL,
+    list_name                  TEXT NOT NULL,
+    subject                    TEXT NOT NULL,
+    body                       TEXT NOT NULL,
+    type_data                  TEXT NOT NULL,
+    source_site_id             TEXT NOT NULL,
+    source_instance_id         TEXT NOT NULL,
+    source_script              TEXT NOT NULL,
+    origin_execution_id        TEXT,
+    origin_parent_execution_id TEXT,
+    enqueued_at                INTEGER NOT NULL,
+    reason                     TEXT NOT NULL,
+    rejected_at                INTEGER NOT NULL
+);
+";
+
+/// Column list shared by the SELECTs that decode a row with [`decode_row`].
+const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, subject, body, type_data, \
+     source_site_id, source_instance_id, source_script, origin_execution_id, \
+     origin_parent_execution_id, enqueued_at";
+
+/// Read connections. The forwarder holds at most one read at a time and `GetStatus` /
+/// `GetBufferStats` are light, so a few are plenty.
+const READERS: usize = 4;
+
+/// A batch of buffered rows, oldest first, as read for forwarding.
+#[derive(Debug, Default)]
+pub struct Page {
+    pub rows: Vec<(Seq, BufferedNotification)>,
+    /// Rows that no longer pass the content rules (written by an older binary with looser rules,
+    /// or edited by hand): `(seq, notification_id as stored, problem)`. They can never be
+    /// forwarded, so the forwarder moves them to `rejected` instead of letting them block.
+    pub unreadable: Vec<(Seq, String, String)>,
+}
+
+impl Page {
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() && self.unreadable.is_empty()
+    }
+
+    /// The highest seq in the page (readable or not), where the next read continues from.
+    pub fn last_seq(&self) -> Option<Seq> {
+        let rows = self.rows.iter().map(|(seq, _)| *seq);
+        let unreadable = self.unreadable.iter().map(|(seq, _, _)| *seq);
+        rows.chain(unreadable).max()
+    }
+}
+
+/// The site's buffer. Cheap to clone; all clones share the writer, the readers and the wake-up.
+#[derive(Clone, Debug)]
+pub struct Buffer {
+    db: Database,
+    /// Signalled after each committed enqueue so the forwarder wakes without polling.
+    /// `notify_one` stores a permit when nobody waits, so a wake-up is never lost.
+    enqueued: Arc<Notify>,
+}
+
+impl Buffer {
+    /// Opens (creating if needed) the buffer file and brings its schema up to date. Blocking:
+    /// call it from a blocking context or at start-up.
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut options = Options::new(path);
+        // Every acked Send must survive power loss, not just a process crash.
+        options.durability = Durability::Full;
+        options.readers = READERS;
+        let db = Database::open(&options, migrate)?;
+        Ok(Self {
+            db,
+            enqueued: Arc::new(Notify::new()),
+        })
+    }
+
+    /// Fires after each committed enqueue.
+    pub fn enqueued(&self) -> &Arc<Notify> {
+        &self.enqueued
+    }
+
+    /// Stores a notification durably; returns once it is committed.
+    pub async fn enqueue(&self, notification: BufferedNotification) -> Result<Seq> {
+        let seq = self
+            .db
+            .write(move |conn| insert_buffered(conn, &notification))
+            .await?;
+        self.enqueued.notify_one();
+        Ok(seq)
+    }
+
+    /// Up to `limit` rows with a seq greater than `after`, oldest first.
+    pub async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        self.db
+            .read(move |conn| select_after(conn, after, limit))
+            .await
+    }
+
+    /// Deletes acked rows and moves rejected rows to `rejected`, all in one write job (one
+    /// savepoint in the next group commit). Seqs no longer buffered are skipped: a row may be
+    /// acked twice when it was resent after a reconnect. Returns how many rows left `buffered`.
+    pub async fn settle(&self, acked: Vec<Seq>, rejected: Vec<(Seq, String)>) -> Result<usize> {
+        if acked.is_empty() && rejected.is_empty() {
+            return Ok(0);
+        }
+        let now = Utc::now().timestamp_millis();
+        self.db
+            .write(move |conn| {
+                let mut settled = 0;
+                for (seq, reason) in &rejected {
+                    settled += move_to_rejected(conn, *seq, reason, now)?;
+                }
+                for seq in &acked {
+                    settled += delete_buffered(conn, *seq)?;
+                }
+                Ok(settled)
+            })
+            .await
+    }
+
+    /// Deletes acked rows (see [`Self::settle`]).
+    pub async fn remove(&self, acked: Vec<Seq>) -> Result<usize> {
+        self.settle(acked, Vec::new()).await
+    }
+
+    /// Moves one row to `rejected` with the reason (see [`Self::settle`]).
+    pub async fn reject(&self, seq: Seq, reason: String) -> Result<bool> {
+        Ok(self.settle(Vec::new(), vec![(seq, reason)]).await? > 0)
+    }
+
+    /// Whether the notification is still waiting in the buffer.
+    pub async fn contains(&self, id: NotificationId) -> Result<bool> {
+        Ok(matches!(
+            self.local_status(id).await?,
+            LocalStatus::Buffered { .. }
+        ))
+    }
+
+    /// Where the notification stands locally: buffered, rejected, or not here.
+    pub async fn local_status(&self, id: NotificationId) -> Result<LocalStatus> {
+        self.db.read(move |conn| select_status(conn, id)).await
+    }
+
+    pub async fn stats(&self) -> Result<BufferStats> {
+        self.db.read(select_stats).await
+    }
+}
+
+/// Runs on the write connection before the writer starts: creates or upgrades the schema.
+fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
+    let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
+    if version > SCHEMA_VERSION {
+        return Err(group_commit::Error::TaskFailed(format!(
+            "the buffer's schema version {version} is newer than this binary supports \
+             ({SCHEMA_VERSION}); run a newer site-forwarder"
+        )));
+    }
+    if version < 1 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V1)?;
+        txn.pragma_update(None, "user_version", 1)?;
+        txn.commit()?;
+    }
+    Ok(())
+}
+
+fn insert_buffered(conn: &Connection, n: &BufferedNotification) -> Result<Seq> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO buffered (notification_id, type, list_name, subject, body, type_data,
+             source_site_id, source_instance_id, source_script, origin_execution_id,
+             origin_parent_execution_id, enqueued_at)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+    )?;
+    let p = &n.provenance;
+    stmt.execute(params![
+        n.id.to_string(),
+        n.content.kind.as_str(),
+        n.content.list_name.as_str(),
+        n.content.subject.as_str(),
+        n.content.body.as_str(),
+        n.content.type_data.as_str(),
+        p.source_site_id.as_str(),
+        p.source_instance_id,
+        p.source_script,
+        p.origin_execution_id.map(|u| u.hyphenated().to_string()),
+        p.origin_parent_execution_id
+            .map(|u| u.hyphenated().to_string()),
+        p.site_enqueued_at.timestamp_millis(),
+    ])?;
+    Ok(Seq(conn.last_insert_rowid()))
+}
+
+fn select_after(conn: &Connection, after: Seq, limit: i64) -> Result<Page> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {ROW_COLUMNS} FROM buffered WHERE seq > ?1 ORDER BY seq LIMIT ?2"
+    ))?;
+    let mut rows = stmt.query(params![after.0, limit])?;
+    let mut page = Page::default();
+    while let Some(row) = rows.next()? {
+        let seq = Seq(row.get(0)?);
+        match decode_row(row)? {
+            Ok(n) => page.rows.push((seq, n)),
+            Err(problem) => {
+                let id: String = row.get(1)?;
+                page.unreadable.push((seq, id, problem.to_string()));
+            }
+        }
+    }
+    Ok(page)
+}
+
+/// Rebuilds a notification from a row selected with [`ROW_COLUMNS`], re-checking every content
+/// rule. The outer error is SQLite's, the inner one names the column that broke a rule.
+fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, ContentError>> {
+    let id: String = row.get(1)?;
+    let kind: String = row.get(2)?;
+    let list_name: String = row.get(3)?;
+    let subject: String = row.get(4)?;
+    let body: String = row.get(5)?;
+    let type_data: String = row.get(6)?;
+    let site: String = row.get(7)?;
+    let source_instance_id: String = row.get(8)?;
+    let source_script: String = row.get(9)?;
+    let origin: Option<String> = row.get(10)?;
+    let parent: Option<String> = row.get(11)?;
+    let enqueued_ms: i64 = row.get(12)?;
+    Ok((|| {
+        let kind = NotificationType::from_db(&kind)
+            .ok_or_else(|| ContentError::new("type", format!("{kind:?} is not a known type")))?;
+        let site_enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
+            .ok_or_else(|| ContentError::new("site_enqueued_at", "is out of range"))?;
+        let origin = crate::domain::ScriptOrigin::parse(
+            source_instance_id,
+            source_script,
+            origin.as_deref(),
+            parent.as_deref(),
+        )?;
+        Ok(BufferedNotification {
+            id: NotificationId::parse(&id, "notification_id")?,
+            content: NotificationContent {
+                kind,
+                list_name: ListName::parse(list_name)?,
+                subject: Subject::parse(subject)?,
+                body: Body::parse(body)?,
+                type_data: TypeData::parse(type_data)?,
+            },
+            provenance: origin.at_site(SiteId::parse(site)?, site_enqueued_at),
+        })
+    })())
+}
+
+/// Copies the row to `rejected` and deletes it; 0 if it is no longer buffered.
+fn move_to_rejected(conn: &Connection, seq: Seq, reason: &str, now_ms: i64) -> Result<usize> {
+    let mut copy = conn.prepare_cached(&format!(
+        "INSERT OR REPLACE INTO rejected ({ROW_COLUMNS}, reason, rejected_at)
+         SELECT {ROW_COLUMNS}, ?2, ?3 FROM buffered WHERE seq = ?1"
+    ))?;
+    let copied = copy.execute(params![seq.0, reason, now_ms])?;
+    if copied == 0 {
+        return Ok(0);
+    }
+    delete_buffered(conn, seq)
+}
+
+fn delete_buffered(conn: &Connection, seq: Seq) -> Result<usize> {
+    let mut stmt = conn.prepare_cached("DELETE FROM buffered WHERE seq = ?1")?;
+    Ok(stmt.execute([seq.0])?)
+}
+
+fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
+    let id = id.to_string();
+    let mut buffered = conn.prepare_cached(
+        "SELECT type, list_name, enqueued_at FROM buffered WHERE notification_id = ?1",
+    )?;
+    let row = buffered
+        .query_row([&id], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?;
+    if let Some((kind, list_name, enqueued_ms)) = row {
+        let kind = NotificationType::from_db(&kind)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown type {kind:?}")))?;
+        let enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: enqueued_at out of range")))?;
+        return Ok(LocalStatus::Buffered {
+            kind,
+            list_name,
+            enqueued_at,
+        });
+    }
+    let mut rejected =
+        conn.prepare_cached("SELECT reason FROM rejected WHERE notification_id = ?1")?;
+    let reason: Option<String> = rejected.query_row([&id], |r| r.get(0)).optional()?;
+    Ok(match reason {
+        Some(reason) => LocalStatus::Rejected { reason },
+        None => LocalStatus::NotHere,
+    })
+}
+
+fn select_stats(conn: &Connection) -> Result<BufferStats> {
+    // COUNT(*) walks the table, which stays cheap even for a week-long outage's worth of rows;
+    // the oldest row is the lowest seq, found through the primary key.
+    let depth: i64 = conn.query_row("SELECT COUNT(*) FROM buffered", [], |r| r.get(0))?;
+    let oldest: Option<i64> = conn
+        .query_row(
+            "SELECT enqueued_at FROM buffered ORDER BY seq LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let rejected: i64 = conn.query_row("SELECT COUNT(*) FROM rejected", [], |r| r.get(0))?;
+    Ok(BufferStats {
+        depth: u64::try_from(depth).unwrap_or(0),
+        oldest_enqueued_at: oldest.and_then(DateTime::from_timestamp_millis),
+        rejected: u64::try_from(rejected).unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::ScriptOrigin;
+    use uuid::Uuid;
+
+    fn notification(subject: &str) -> BufferedNotification {
+        BufferedNotification::new(
+            NotificationContent {
+                kind: NotificationType::Email,
+                list_name: ListName::parse("ops".into()).unwrap(),
+                subject: Subject::parse(subject.into()).unwrap(),
+                body: Body::parse("Level 97%".into()).unwrap(),
+                type_data: TypeData::empty(),
+            },
+            ScriptOrigin::parse(
+                "node-1".into(),
+                "tank.py".into(),
+                Some(&Uuid::new_v4().to_string()),
+                None,
+            )
+            .unwrap(),
+            SiteId::parse("site-a".into()).unwrap(),
+            Utc::now(),
+        )
+    }
+
+    fn open(dir: &tempfile::TempDir) -> Buffer {
+        Buffer::open(&dir.path().join("buffer.db")).unwrap()
+    }
+
+    #[tokio::test]
+    async fn enqueued_rows_read_back_oldest_first_and_identical() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let first = notification("first");
+        let second = notification("second");
+        let s1 = buffer.enqueue(first.clone()).await.unwrap();
+        let s2 = buffer.enqueue(second.clone()).await.unwrap();
+        assert!(s1 < s2);
+
+        let page = buffer.next_after(Seq::START, 10).await.unwrap();
+        assert_eq!(page.rows, vec![(s1, first.clone()), (s2, second.clone())]);
+        assert!(page.unreadable.is_empty());
+        assert_eq!(page.last_seq(), Some(s2));
+
+        let page = buffer.next_after(s1, 10).await.unwrap();
+        assert_eq!(page.rows, vec![(s2, second)]);
+        let page = buffer.next_after(Seq::START, 1).await.unwrap();
+        assert_eq!(page.rows, vec![(s1, first)]);
+        assert!(buffer.next_after(s2, 10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn remove_deletes_only_the_acked_rows_and_tolerates_repeats() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let a = notification("a");
+        let b = notification("b");
+        let sa = buffer.enqueue(a.clone()).await.unwrap();
+        let sb = buffer.enqueue(b.clone()).await.unwrap();
+        assert_eq!(buffer.remove(vec![sa]).await.unwrap(), 1);
+        assert_eq!(
+            buffer.remove(vec![sa]).await.unwrap(),
+            0,
+            "second ack is a no-op"
+        );
+        assert!(!buffer.contains(a.id).await.unwrap());
+        assert!(buffer.contains(b.id).await.unwrap());
+        assert_eq!(buffer.stats().await.unwrap().depth, 1);
+        let _ = sb;
+    }
+
+    #[tokio::test]
+    async fn seqs_are_never_reused_after_the_buffer_drains() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let s1 = buffer.enqueue(notification("a")).await.unwrap();
+        buffer.remove(vec![s1]).await.unwrap();
+        let s2 = buffer.enqueue(notification("b")).await.unwrap();
+        assert!(s2 > s1, "a cursor at {s1:?} must still see the new row");
+        assert_eq!(buffer.next_after(s1, 10).await.unwrap().rows.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn reject_moves_the_row_with_its_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let n = notification("bad");
+        let seq = buffer.enqueue(n.clone()).await.unwrap();
+        assert!(buffer.reject(seq, "conflict".into()).await.unwrap());
+        assert!(!buffer.reject(seq, "again".into()).await.unwrap());
+        assert_eq!(
+            buffer.local_status(n.id).await.unwrap(),
+            LocalStatus::Rejected {
+                reason: "conflict".into()
+            }
+        );
+        let stats = buffer.stats().await.unwrap();
+        assert_eq!((stats.depth, stats.rejected), (0, 1));
+        assert_eq!(stats.oldest_enqueued_at, None);
+        assert!(buffer.next_after(Seq::START, 10).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn status_and_stats_describe_buffered_rows() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let n = notification("s");
+        buffer.enqueue(n.clone()).await.unwrap();
+        buffer.enqueue(notification("t")).await.unwrap();
+        assert_eq!(
+            buffer.local_status(n.id).await.unwrap(),
+            LocalStatus::Buffered {
+                kind: NotificationType::Email,
+                list_name: "ops".into(),
+                enqueued_at: n.enqueued_at(),
+            }
+        );
+        assert_eq!(
+            buffer
+                .local_status(NotificationId::generate())
+                .await
+                .unwrap(),
+            LocalStatus::NotHere
+        );
+        let stats = buffer.stats().await.unwrap();
+        assert_eq!(stats.depth, 2);
+        assert_eq!(stats.oldest_enqueued_at, Some(n.enqueued_at()));
+        assert_eq!(stats.rejected, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_enqueues_are_all_committed_and_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..300 {
+            let buffer = buffer.clone();
+            tasks.spawn(async move { buffer.enqueue(notification(&format!("n{i}"))).await });
+        }
+        let mut seqs = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            seqs.push(done.unwrap().unwrap());
+        }
+        seqs.sort();
+        seqs.dedup();
+        assert_eq!(seqs.len(), 300);
+        drop(buffer);
+
+        let reopened = open(&dir);
+        assert_eq!(reopened.stats().await.unwrap().depth, 300);
+        let page = reopened.next_after(Seq::START, 1000).await.unwrap();
+        let read: Vec<Seq> = page.rows.iter().map(|(s, _)| *s).collect();
+        assert_eq!(read, seqs, "oldest first, nothing missing");
+    }
+
+    #[tokio::test]
+    async fn enqueue_wakes_a_waiting_forwarder() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let wake = Arc::clone(buffer.enqueued());
+        buffer.enqueue(notification("x")).await.unwrap();
+        // The permit was stored although nobody was waiting yet.
+        wake.notified().await;
+    }
+
+    #[tokio::test]
+    async fn rows_breaking_the_rules_are_reported_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let good = buffer.enqueue(notification("good")).await.unwrap();
+        let bad = buffer.enqueue(notification("bad")).await.unwrap();
+        buffer
+            .db
+            .write(move |c| {
+                c.execute("UPDATE buffered SET subject = '' WHERE seq = ?1", [bad.0])
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        let page = buffer.next_after(Seq::START, 10).await.unwrap();
+        assert_eq!(page.rows.len(), 1);
+        assert_eq!(page.rows[0].0, good);
+        assert_eq!(page.unreadable.len(), 1);
+        assert_eq!(page.unreadable[0].0, bad);
+        assert!(page.unreadable[0].2.starts_with("subject:"));
+        assert_eq!(page.last_seq(), Some(bad));
+    }
+}

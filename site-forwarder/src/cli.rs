@@ -1,0 +1,209 @@
+//! Client side of the `site-forwarder` binary: `send`, `status` and `stats` against a running
+//! forwarder's local `SiteNotify` API, and the plain-text rendering of their answers. Output is
+//! meant for scripts as much as for people: `send` prints only the id; every failure is one line
+//! on stderr carrying the gRPC status message, with a non-zero exit.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use chrono::SecondsFormat;
+use outbox_proto::time::from_timestamp;
+use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_proto::v1::{
+    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
+    NotificationStatusView, NotificationType, SendRequest,
+};
+use tonic::transport::{Channel, Endpoint};
+
+/// Default address of the local API, matching the server's default `listen_addr`.
+pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50052";
+/// The forwarder is local: if it does not accept a connection within this, it is not running.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound on one call. `Send` waits for an fsync and `GetStatus` may ask central (which the
+/// forwarder bounds by its own `request_timeout`, 10 s by default), so this leaves headroom.
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    #[error("cannot reach the site-forwarder at {addr}: {detail}")]
+    Connect { addr: String, detail: String },
+    #[error("{} ({:?})", .0.message(), .0.code())]
+    Rpc(tonic::Status),
+}
+
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+/// Notification type as given on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum TypeArg {
+    #[default]
+    Email,
+    Webhook,
+}
+
+/// What `site-forwarder send` sends.
+#[derive(Debug, Clone, Default)]
+pub struct SendArgs {
+    pub list: String,
+    pub subject: String,
+    pub body: String,
+    pub kind: TypeArg,
+    pub type_data: String,
+    pub script: String,
+    pub instance: String,
+    pub execution_id: Option<String>,
+    pub parent_execution_id: Option<String>,
+}
+
+async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
+    let failed = |detail: String| CliError::Connect {
+        addr: addr.to_owned(),
+        detail,
+    };
+    let endpoint = Endpoint::from_shared(addr.to_owned())
+        .map_err(|e| failed(e.to_string()))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(CALL_TIMEOUT);
+    let channel = endpoint.connect().await.map_err(|e| {
+        // The transport error's own text is terse ("transport error"); its source says why.
+        let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
+        failed(detail)
+    })?;
+    Ok(SiteNotifyClient::new(channel))
+}
+
+/// Sends one notification; returns its id.
+pub async fn send(addr: &str, args: SendArgs) -> Result<String> {
+    let mut client = connect(addr).await?;
+    let kind = match args.kind {
+        TypeArg::Email => NotificationType::Email,
+        TypeArg::Webhook => NotificationType::Webhook,
+    };
+    let request = SendRequest {
+        r#type: kind.into(),
+        list_name: args.list,
+        subject: args.subject,
+        body: args.body,
+        type_data: args.type_data,
+        source_instance_id: args.instance,
+        source_script: args.script,
+        origin_execution_id: args.execution_id,
+        origin_parent_execution_id: args.parent_execution_id,
+    };
+    let response = client.send(request).await.map_err(CliError::Rpc)?;
+    Ok(response.into_inner().notification_id)
+}
+
+pub async fn status(addr: &str, id: String) -> Result<NotificationStatusView> {
+    let mut client = connect(addr).await?;
+    let request = GetNotificationStatusRequest {
+        notification_id: id,
+    };
+    let view = client.get_status(request).await.map_err(CliError::Rpc)?;
+    Ok(view.into_inner())
+}
+
+pub async fn stats(addr: &str) -> Result<BufferStats> {
+    let mut client = connect(addr).await?;
+    let stats = client
+        .get_buffer_stats(GetBufferStatsRequest {})
+        .await
+        .map_err(CliError::Rpc)?;
+    Ok(stats.into_inner())
+}
+
+pub fn status_name(status: i32) -> &'static str {
+    match NotificationStatus::try_from(status) {
+        Ok(NotificationStatus::Pending) => "Pending",
+        Ok(NotificationStatus::Retrying) => "Retrying",
+        Ok(NotificationStatus::Delivered) => "Delivered",
+        Ok(NotificationStatus::Parked) => "Parked",
+        Ok(NotificationStatus::Discarded) => "Discarded",
+        Ok(NotificationStatus::Forwarding) => "Forwarding",
+        Ok(NotificationStatus::Unspecified) | Err(_) => "Unknown",
+    }
+}
+
+fn type_name(kind: i32) -> &'static str {
+    match NotificationType::try_from(kind) {
+        Ok(NotificationType::Email) => "Email",
+        Ok(NotificationType::Webhook) => "Webhook",
+        Ok(NotificationType::Unspecified) | Err(_) => "Unknown",
+    }
+}
+
+fn time(ts: Option<&prost_types::Timestamp>) -> Option<String> {
+    ts.and_then(from_timestamp)
+        .map(|at| at.to_rfc3339_opts(SecondsFormat::Millis, true))
+}
+
+/// The status name on the first line (what scripts check), then `key: value` lines; unset
+/// values are left out.
+pub fn format_status(view: &NotificationStatusView) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}", status_name(view.status));
+    let _ = writeln!(out, "id: {}", view.notification_id);
+    let _ = writeln!(out, "type: {}", type_name(view.r#type));
+    let _ = writeln!(out, "list: {}", view.list_name);
+    let _ = writeln!(out, "site: {}", view.source_site_id);
+    let _ = writeln!(out, "retry_count: {}", view.retry_count);
+    if !view.last_error.is_empty() {
+        let _ = writeln!(out, "last_error: {}", view.last_error);
+    }
+    for (key, value) in [
+        ("site_enqueued_at", &view.site_enqueued_at),
+        ("created_at", &view.created_at),
+        ("last_attempt_at", &view.last_attempt_at),
+        ("next_attempt_at", &view.next_attempt_at),
+        ("delivered_at", &view.delivered_at),
+    ] {
+        if let Some(at) = time(value.as_ref()) {
+            let _ = writeln!(out, "{key}: {at}");
+        }
+    }
+    out
+}
+
+pub fn format_stats(stats: &BufferStats) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "depth: {}", stats.depth);
+    let _ = writeln!(out, "in_flight: {}", stats.in_flight);
+    let _ = writeln!(out, "rejected: {}", stats.rejected);
+    let _ = writeln!(out, "central_reachable: {}", stats.central_reachable);
+    if let Some(at) = time(stats.oldest_enqueued_at.as_ref()) {
+        let _ = writeln!(out, "oldest_enqueued_at: {at}");
+        let _ = writeln!(out, "oldest_age_seconds: {:.3}", stats.oldest_age_seconds);
+    }
+    match time(stats.last_forward_at.as_ref()) {
+        Some(at) => {
+            let _ = writeln!(out, "last_forward_at: {at}");
+        }
+        None => {
+            let _ = writeln!(out, "last_forward_at: never");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_starts_with_the_name_and_skips_unset_values() {
+        let view = NotificationStatusView {
+            notification_id: "id-1".into(),
+            status: NotificationStatus::Retrying.into(),
+            r#type: NotificationType::Email.into(),
+            list_name: "ops".into(),
+            retry_count: 2,
+            last_error: "smtp 451".into(),
+            ..Default::default()
+        };
+        let text = format_status(&view);
+        assert!(text.starts_with("Retrying\n"), "{text}");
+        assert!(text.contains("retry_count: 2\n"));
+        assert!(text.contains("last_error: smtp 451\n"));
+        assert!(!text.contains("delivered_at"));
+    }
+}

@@ -1,0 +1,313 @@
+//! The forwarder's configuration: a TOML file, then environment variables `OUTBOX_SITE_*`
+//! (nested keys with `__`, e.g. `OUTBOX_SITE_LOG__FORMAT=json`), then command-line flags, each
+//! layer overriding the one before. Every key has a default except `site_id`; unknown keys are
+//! errors, and every error names the key, so a typo never silently falls back to a default.
+//! `deploy/site-forwarder.toml` documents each key.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+use crate::domain::SiteId;
+
+/// Prefix of the environment variables read by [`Config::load`].
+pub const ENV_PREFIX: &str = "OUTBOX_SITE_";
+
+/// Largest allowed `forward_window`. Each unacked submit pins only its id locally, but central
+/// holds up to this many decoded submits for the stream; 65536 maximal ones would already be
+/// far beyond what central's per-stream batching admits at once.
+pub const MAX_FORWARD_WINDOW: usize = 65_536;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// This site's id, stamped on every notification (`source_site_id`). Required.
+    pub site_id: String,
+    /// Where the local `SiteNotify` API listens. Loopback by default: only local scripts send.
+    #[serde(default = "default_listen_addr")]
+    pub listen_addr: SocketAddr,
+    /// The SQLite buffer file (created with its directory if missing).
+    #[serde(default = "default_buffer_path")]
+    pub buffer_path: PathBuf,
+    /// Central's gRPC endpoint, `http://host:port`. (This build has no TLS: put the link inside a
+    /// VPN or a TLS-terminating proxy.)
+    #[serde(default = "default_central_url")]
+    pub central_url: String,
+    /// Fixed pause between reconnect attempts while central is unreachable. Fixed rather than
+    /// exponential: one forwarder per site makes one attempt per interval, which central easily
+    /// absorbs, and a returning link is noticed within one interval.
+    #[serde(default = "default_five_seconds", with = "humantime_serde")]
+    pub forward_retry_interval: Duration,
+    /// Submits sent on the stream and not yet acked. 512 keeps a high-latency link busy (at
+    /// 100 ms round trip that is ~5000 notifications/s) while bounding what is resent after a
+    /// broken stream and what central must hold for this site at once.
+    #[serde(default = "default_forward_window")]
+    pub forward_window: usize,
+    /// Limit on establishing a connection to central.
+    #[serde(default = "default_five_seconds", with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// Limit on one request/response round trip to central (`GetStatus` pass-through).
+    #[serde(default = "default_request_timeout", with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// At shutdown, how long open client connections may take to finish before they are dropped.
+    #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
+    pub shutdown_timeout: Duration,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` (human-readable) or `json` (one object per line).
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A `tracing_subscriber::EnvFilter` directive, e.g. `info` or `site_forwarder=debug,info`.
+    #[serde(default = "default_log_filter")]
+    pub filter: String,
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::default(),
+            filter: default_log_filter(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// Values from command-line flags; each one set overrides the file and the environment.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Overrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub site_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen_addr: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub buffer_path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub central_url: Option<String>,
+}
+
+fn default_listen_addr() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 50052))
+}
+fn default_buffer_path() -> PathBuf {
+    PathBuf::from("var/site-buffer.db")
+}
+fn default_central_url() -> String {
+    "http://127.0.0.1:50051".into()
+}
+fn default_five_seconds() -> Duration {
+    Duration::from_secs(5)
+}
+fn default_forward_window() -> usize {
+    512
+}
+fn default_request_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_shutdown_timeout() -> Duration {
+    Duration::from_secs(10)
+}
+fn default_log_filter() -> String {
+    "info".into()
+}
+
+impl Config {
+    /// Every default, for tests and embedding.
+    pub fn new(site_id: impl Into<String>) -> Config {
+        Config {
+            site_id: site_id.into(),
+            listen_addr: default_listen_addr(),
+            buffer_path: default_buffer_path(),
+            central_url: default_central_url(),
+            forward_retry_interval: default_five_seconds(),
+            forward_window: default_forward_window(),
+            connect_timeout: default_five_seconds(),
+            request_timeout: default_request_timeout(),
+            shutdown_timeout: default_shutdown_timeout(),
+            log: LogConfig::default(),
+        }
+    }
+
+    /// Reads the file at `path` (if given; it must exist), then `OUTBOX_SITE_*` variables, then
+    /// `overrides`, and validates the result.
+    pub fn load(path: Option<&Path>, overrides: Overrides) -> anyhow::Result<Config> {
+        Self::load_from(path, Env::prefixed(ENV_PREFIX).split("__"), overrides)
+    }
+
+    fn load_from(path: Option<&Path>, env: Env, overrides: Overrides) -> anyhow::Result<Config> {
+        let mut figment = Figment::new();
+        if let Some(path) = path {
+            // figment skips a missing file silently; a named file that is missing is a mistake.
+            if !path.is_file() {
+                bail!("config file {} does not exist", path.display());
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let config: Config = figment
+            .merge(env)
+            .merge(Serialized::defaults(overrides))
+            .extract()
+            .map_err(|e| anyhow::anyhow!(describe_figment_error(e)))
+            .context("invalid configuration")?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks what serde cannot; each message starts with the key.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        SiteId::parse(self.site_id.clone())
+            .map_err(|e| anyhow::anyhow!("site_id: {}", e.problem))?;
+        if !(1..=MAX_FORWARD_WINDOW).contains(&self.forward_window) {
+            bail!("forward_window: must be between 1 and {MAX_FORWARD_WINDOW}");
+        }
+        check_central_url(&self.central_url)?;
+        for (key, value) in [
+            ("forward_retry_interval", self.forward_retry_interval),
+            ("connect_timeout", self.connect_timeout),
+            ("request_timeout", self.request_timeout),
+        ] {
+            if value.is_zero() {
+                bail!("{key}: must be greater than zero");
+            }
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.log.filter)
+            .map_err(|e| anyhow::anyhow!("log.filter: {e}"))?;
+        Ok(())
+    }
+}
+
+fn check_central_url(url: &str) -> anyhow::Result<()> {
+    let uri: tonic::transport::Uri = url
+        .parse()
+        .map_err(|e| anyhow::anyhow!("central_url: {url:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") if uri.host().is_some() => Ok(()),
+        Some("https") => bail!(
+            "central_url: https is not supported by this build (no TLS); use http:// through a \
+             VPN or a TLS-terminating proxy"
+        ),
+        _ => bail!("central_url: {url:?} must be an http:// URL with a host and port"),
+    }
+}
+
+/// Figment's messages already name the key and where its value came from; join them into one.
+fn describe_figment_error(error: figment::Error) -> String {
+    error
+        .into_iter()
+        .map(|e| e.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn no_env() -> Env {
+        Env::prefixed("OUTBOX_SITE_TEST_UNUSED_PREFIX_")
+    }
+
+    fn write(dir: &tempfile::TempDir, text: &str) -> PathBuf {
+        let path = dir.path().join("site.toml");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn defaults_fill_everything_but_site_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(&dir, "site_id = \"site-a\"\n");
+        let config = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap();
+        assert_eq!(config.site_id, "site-a");
+        assert_eq!(config.listen_addr, "127.0.0.1:50052".parse().unwrap());
+        assert_eq!(config.buffer_path, PathBuf::from("var/site-buffer.db"));
+        assert_eq!(config.central_url, "http://127.0.0.1:50051");
+        assert_eq!(config.forward_retry_interval, Duration::from_secs(5));
+        assert_eq!(config.forward_window, 512);
+        assert_eq!(config.request_timeout, Duration::from_secs(10));
+        assert_eq!(config.log.format, LogFormat::Text);
+        assert_eq!(config.log.filter, "info");
+    }
+
+    #[test]
+    fn file_values_and_overrides_apply_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            &dir,
+            "site_id = \"site-a\"\nforward_retry_interval = \"250ms\"\n\
+             central_url = \"http://central:1\"\n[log]\nformat = \"json\"\n",
+        );
+        let overrides = Overrides {
+            central_url: Some("http://central.example:50051".into()),
+            ..Overrides::default()
+        };
+        let config = Config::load_from(Some(&path), no_env(), overrides).unwrap();
+        assert_eq!(config.forward_retry_interval, Duration::from_millis(250));
+        assert_eq!(config.central_url, "http://central.example:50051");
+        assert_eq!(config.log.format, LogFormat::Json);
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = [
+            ("site_id = \"a\"\nforward_window = 0\n", "forward_window"),
+            (
+                "site_id = \"a\"\nforward_window = 70000\n",
+                "forward_window",
+            ),
+            ("site_id = \"a b\"\n", "site_id"),
+            ("forward_window = 5\n", "site_id"),
+            ("site_id = \"a\"\nlisten_adr = \"x\"\n", "listen_adr"),
+            (
+                "site_id = \"a\"\nconnect_timeout = \"soon\"\n",
+                "connect_timeout",
+            ),
+            (
+                "site_id = \"a\"\ncentral_url = \"central:1\"\n",
+                "central_url",
+            ),
+            ("site_id = \"a\"\n[log]\nformat = \"xml\"\n", "format"),
+        ];
+        for (text, key) in cases {
+            let path = write(&dir, text);
+            let err = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap_err();
+            let full = format!("{err:#}");
+            assert!(full.contains(key), "{text:?}: {full}");
+        }
+        let err = Config::load_from(Some(&path_of_missing(&dir)), no_env(), Overrides::default())
+            .unwrap_err();
+        assert!(err.to_string().contains("does not exist"));
+    }
+
+    #[test]
+    fn window_message_is_exact() {
+        let mut config = Config::new("site-a");
+        config.forward_window = 0;
+        assert_eq!(
+            config.validate().unwrap_err().to_string(),
+            "forward_window: must be between 1 and 65536"
+        );
+        assert!(Config::new("site-a").validate().is_ok());
+    }
+
+    fn path_of_missing(dir: &tempfile::TempDir) -> PathBuf {
+        dir.path().join("missing.toml")
+    }
+}

@@ -1,0 +1,512 @@
+//! Forwards the buffer to central over one long-lived `SubmitNotifications` stream.
+//!
+//! Oldest first, at most `forward_window` submits unacked (tracked by [`ForwardWindow`]); the
+//! window is refilled as acks arrive or when an enqueue wakes the forwarder. Acks may come in any
+//! order; whatever acks are ready together are settled in one buffer write job.
+//!
+//! Invariants:
+//! - A row is deleted only after central acked it ACCEPTED or DUPLICATE, i.e. after central
+//!   committed it. A REJECTED row moves to the local `rejected` table: it would be rejected again,
+//!   so it is never retried and never holds up the rows behind it.
+//! - After any break (connect failure, stream error or end, a stalled stream, a buffer write
+//!   failure) the forwarder waits the fixed `forward_retry_interval`, reconnects and resends
+//!   everything still buffered from the oldest row. Rows acked just before the break may be sent
+//!   twice; central answers DUPLICATE and nothing is stored twice.
+//! - Every wait also watches the shutdown token, so shutdown stops sending at once.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
+use outbox_proto::v1::{NotificationSubmit, NotificationSubmitAck, SubmitOutcome};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::Streaming;
+use tonic::transport::Endpoint;
+
+use crate::buffer::{Buffer, BufferError, Page};
+use crate::config::Config;
+use crate::domain::{NotificationId, Seq};
+use crate::grpc::convert;
+
+/// HTTP/2 PING interval on the connection to central. Without it a peer that vanished (cable
+/// pulled, VM frozen) looks like a quiet stream until TCP gives up, which can take many minutes.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+/// How long a PING may go unanswered before the connection counts as dead.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest time the stream may have submits outstanding without a single ack before it is
+/// abandoned and reopened. Central acks each batch right after its commit, normally within
+/// milliseconds; a minute of silence means a stuck stream, not a slow disk.
+const STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Rows read from the buffer per refill query. Small enough that one read holds little memory
+/// (rows can be up to ~280 KiB each), large enough that refilling a whole window takes a few
+/// queries.
+const PAGE_ROWS: usize = 128;
+/// Most acks settled in one buffer write job; bounds the job's duration in the writer.
+const MAX_ACK_BATCH: usize = 1024;
+
+/// Why a forwarding session ended (the forwarder then reconnects after the retry interval).
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError {
+    #[error("central_url {url:?} is not usable: {source}")]
+    BadUrl {
+        url: String,
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect: {0}")]
+    Connect(tonic::transport::Error),
+    #[error("central did not open the submit stream: {0}")]
+    Open(tonic::Status),
+    #[error("central did not answer the stream request within {0:?}")]
+    OpenTimeout(Duration),
+    #[error("the submit stream broke: {0}")]
+    Stream(tonic::Status),
+    #[error("central closed the submit stream")]
+    Closed,
+    #[error("no ack from central for {0:?} with submits outstanding")]
+    Stalled(Duration),
+    #[error(transparent)]
+    Buffer(#[from] BufferError),
+}
+
+pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
+
+/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive.
+/// No per-request timeout here: the submit stream lives for as long as the link does.
+pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
+    let endpoint = Endpoint::from_shared(config.central_url.clone()).map_err(|source| {
+        ForwardError::BadUrl {
+            url: config.central_url.clone(),
+            source,
+        }
+    })?;
+    Ok(endpoint
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true))
+}
+
+/// The forwarder's live figures, shared with `GetBufferStats`. Atomics: written by the forwarder
+/// task only, read by any request, and no reader needs two of them to be consistent.
+#[derive(Debug, Default)]
+pub struct ForwardState {
+    central_reachable: AtomicBool,
+    in_flight: AtomicU64,
+    /// Unix milliseconds of the last ACCEPTED/DUPLICATE ack; 0 = none since start.
+    last_forward_at_ms: AtomicI64,
+}
+
+/// A copy of [`ForwardState`] at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForwardSnapshot {
+    pub central_reachable: bool,
+    pub in_flight: u64,
+    pub last_forward_at: Option<DateTime<Utc>>,
+}
+
+impl ForwardState {
+    pub fn snapshot(&self) -> ForwardSnapshot {
+        let last = self.last_forward_at_ms.load(Ordering::Relaxed);
+        ForwardSnapshot {
+            central_reachable: self.central_reachable.load(Ordering::Relaxed),
+            in_flight: self.in_flight.load(Ordering::Relaxed),
+            last_forward_at: (last != 0)
+                .then(|| DateTime::from_timestamp_millis(last))
+                .flatten(),
+        }
+    }
+
+    fn set_reachable(&self, reachable: bool) -> bool {
+        self.central_reachable.swap(reachable, Ordering::Relaxed)
+    }
+
+    fn set_in_flight(&self, n: usize) {
+        self.in_flight
+            .store(u64::try_from(n).unwrap_or(u64::MAX), Ordering::Relaxed);
+    }
+
+    fn forwarded_at(&self, at: DateTime<Utc>) {
+        self.last_forward_at_ms
+            .store(at.timestamp_millis(), Ordering::Relaxed);
+    }
+}
+
+/// The submits sent on the current stream and not yet acked, and how far the stream has read
+/// the buffer. The cursor only moves forward within a stream; [`Self::restart`] rewinds it for
+/// the next stream, which is how "resend everything still buffered" happens.
+#[derive(Debug)]
+pub struct ForwardWindow {
+    capacity: usize,
+    unacked: HashMap<NotificationId, Seq>,
+    cursor: Seq,
+}
+
+impl ForwardWindow {
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            capacity: capacity.max(1),
+            unacked: HashMap::with_capacity(capacity.max(1)),
+            cursor: Seq::START,
+        }
+    }
+
+    /// How many more submits may be sent now.
+    pub fn free(&self) -> usize {
+        self.capacity.saturating_sub(self.unacked.len())
+    }
+
+    pub fn len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.unacked.is_empty()
+    }
+
+    /// The last buffer row handed to this stream (sent or skipped).
+    pub fn cursor(&self) -> Seq {
+        self.cursor
+    }
+
+    /// Records a submit put on the stream.
+    pub fn sent(&mut self, id: NotificationId, seq: Seq) {
+        self.unacked.insert(id, seq);
+        self.skip_to(seq);
+    }
+
+    /// Moves the cursor past a row that is not sent (e.g. unreadable).
+    pub fn skip_to(&mut self, seq: Seq) {
+        self.cursor = self.cursor.max(seq);
+    }
+
+    /// Takes the ack for `id` off the window; `None` if it is not in flight on this stream.
+    pub fn acked(&mut self, id: &NotificationId) -> Option<Seq> {
+        self.unacked.remove(id)
+    }
+
+    /// Forgets the stream: nothing in flight, next read from the oldest row.
+    pub fn restart(&mut self) {
+        self.unacked.clear();
+        self.cursor = Seq::START;
+    }
+}
+
+/// The forwarding task. Build with [`Forwarder::new`], run with [`Forwarder::run`].
+#[derive(Debug)]
+pub struct Forwarder {
+    buffer: Buffer,
+    endpoint: Endpoint,
+    central_url: String,
+    retry_interval: Duration,
+    open_timeout: Duration,
+    window_size: usize,
+    state: Arc<ForwardState>,
+}
+
+/// What one batch of acks asks of the buffer.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Settlement {
+    pub acked: Vec<Seq>,
+    pub rejected: Vec<(Seq, String)>,
+}
+
+impl Forwarder {
+    pub fn new(buffer: Buffer, config: &Config, state: Arc<ForwardState>) -> Result<Self> {
+        Ok(Self {
+            buffer,
+            endpoint: central_endpoint(config)?,
+            central_url: config.central_url.clone(),
+            retry_interval: config.forward_retry_interval,
+            open_timeout: config.request_timeout,
+            window_size: config.forward_window,
+            state,
+        })
+    }
+
+    /// Forwards until `shutdown` is cancelled, reconnecting after every break.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let mut window = ForwardWindow::new(self.window_size);
+        // Whether the last failure was already reported as a warning.
+        let mut reported = false;
+        loop {
+            window.restart();
+            let outcome = self.session(&mut window, &shutdown).await;
+            let was_reachable = self.state.set_reachable(false);
+            self.state.set_in_flight(0);
+            match outcome {
+                Ok(()) => return,
+                // The first failure (at start or after being connected) is worth a warning;
+                // repeats during a long outage would flood the log, so they go to debug.
+                Err(error) if was_reachable || !reported => {
+                    reported = true;
+                    tracing::warn!(
+                        central = %self.central_url, %error, retry_in = ?self.retry_interval,
+                        "cannot forward to central; will reconnect"
+                    );
+                }
+                Err(error) => tracing::debug!(
+                    central = %self.central_url, %error, retry_in = ?self.retry_interval,
+                    "central still unreachable"
+                ),
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(self.retry_interval) => {}
+            }
+        }
+    }
+
+    /// One stream's life: connect, open, then send and settle until it breaks. `Ok` only when
+    /// shutdown was requested.
+    async fn session(
+        &self,
+        window: &mut ForwardWindow,
+        shutdown: &CancellationToken,
+    ) -> Result<()> {
+        let channel = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            connected = self.endpoint.connect() => connected.map_err(ForwardError::Connect)?,
+        };
+        let mut client = NotificationIngestClient::new(channel);
+        // Capacity = window: at most `window` submits are unacked, so sends never wait here.
+        let (submits, outbound) = mpsc::channel(self.window_size.max(1));
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            opened = tokio::time::timeout(
+                self.open_timeout,
+                client.submit_notifications(ReceiverStream::new(outbound)),
+            ) => opened,
+        };
+        let mut acks = opened
+            .map_err(|_| ForwardError::OpenTimeout(self.open_timeout))?
+            .map_err(ForwardError::Open)?
+            .into_inner();
+        self.state.set_reachable(true);
+        tracing::info!(central = %self.central_url, "forwarding stream to central is open");
+
+        let wake = Arc::clone(self.buffer.enqueued());
+        // When the stream last made progress; only meaningful while submits are outstanding.
+        let mut last_progress = Instant::now();
+        loop {
+            if window.is_empty() {
+                last_progress = Instant::now();
+            }
+            self.fill(window, &submits).await?;
+            self.state.set_in_flight(window.len());
+            let stall_at = last_progress + STALL_TIMEOUT;
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return Ok(()),
+                first = acks.next() => {
+                    let (batch, end) = take_ready(&mut acks, first);
+                    let settlement = apply_acks(window, batch);
+                    self.settle(settlement).await?;
+                    self.state.set_in_flight(window.len());
+                    last_progress = Instant::now();
+                    if let Some(end) = end {
+                        return Err(end);
+                    }
+                }
+                () = wake.notified(), if window.free() > 0 => {}
+                () = tokio::time::sleep_until(stall_at), if !window.is_empty() => {
+                    return Err(ForwardError::Stalled(STALL_TIMEOUT));
+                }
+            }
+        }
+    }
+
+    /// Sends buffered rows after the cursor until the window is full or the buffer has no more.
+    async fn fill(
+        &self,
+        window: &mut ForwardWindow,
+        submits: &mpsc::Sender<NotificationSubmit>,
+    ) -> Result<()> {
+        while window.free() > 0 {
+            let limit = window.free().min(PAGE_ROWS);
+            let page = self.buffer.next_after(window.cursor(), limit).await?;
+            if page.is_empty() {
+                return Ok(());
+            }
+            self.reject_unreadable(window, &page).await?;
+            for (seq, notification) in page.rows {
+                submits
+                    .send(convert::submit(&notification))
+                    .await
+                    .map_err(|_| ForwardError::Closed)?;
+                window.sent(notification.id, seq);
+            }
+        }
+        Ok(())
+    }
+
+    /// Rows that fail the content rules can never be accepted; set them aside like a rejection.
+    async fn reject_unreadable(&self, window: &mut ForwardWindow, page: &Page) -> Result<()> {
+        if page.unreadable.is_empty() {
+            return Ok(());
+        }
+        let mut rejected = Vec::with_capacity(page.unreadable.len());
+        for (seq, id, problem) in &page.unreadable {
+            tracing::warn!(
+                notification_id = %id, %problem,
+                "buffered notification breaks the content rules; moved to the rejected table"
+            );
+            rejected.push((*seq, format!("invalid in the site buffer: {problem}")));
+            window.skip_to(*seq);
+        }
+        self.buffer.settle(Vec::new(), rejected).await?;
+        Ok(())
+    }
+
+    async fn settle(&self, settlement: Settlement) -> Result<()> {
+        let forwarded = !settlement.acked.is_empty();
+        self.buffer
+            .settle(settlement.acked, settlement.rejected)
+            .await?;
+        if forwarded {
+            self.state.forwarded_at(Utc::now());
+        }
+        Ok(())
+    }
+}
+
+type AckItem = Option<std::result::Result<NotificationSubmitAck, tonic::Status>>;
+
+/// The first ack plus every further ack already received, so a burst of acks is settled by one
+/// write job. The second value is set when the stream ended or broke after those acks.
+fn take_ready(
+    acks: &mut Streaming<NotificationSubmitAck>,
+    first: AckItem,
+) -> (Vec<NotificationSubmitAck>, Option<ForwardError>) {
+    let mut batch = Vec::new();
+    let mut next = Some(first);
+    while let Some(item) = next {
+        match item {
+            Some(Ok(ack)) => batch.push(ack),
+            Some(Err(status)) => return (batch, Some(ForwardError::Stream(status))),
+            None => return (batch, Some(ForwardError::Closed)),
+        }
+        if batch.len() >= MAX_ACK_BATCH {
+            break;
+        }
+        // `now_or_never` polls once: an ack not yet here waits for the next round.
+        next = acks.next().now_or_never();
+    }
+    (batch, None)
+}
+
+/// Matches acks to the window and decides what happens to each row.
+pub fn apply_acks(window: &mut ForwardWindow, acks: Vec<NotificationSubmitAck>) -> Settlement {
+    let mut settlement = Settlement::default();
+    for ack in acks {
+        let seq = NotificationId::parse(&ack.notification_id, "notification_id")
+            .ok()
+            .and_then(|id| window.acked(&id));
+        let Some(seq) = seq else {
+            tracing::warn!(
+                notification_id = %ack.notification_id,
+                "central acked a notification that is not in flight on this stream; ignored"
+            );
+            continue;
+        };
+        match SubmitOutcome::try_from(ack.outcome) {
+            Ok(SubmitOutcome::Accepted | SubmitOutcome::Duplicate) => settlement.acked.push(seq),
+            Ok(SubmitOutcome::Rejected) => {
+                let reason = if ack.reason.is_empty() {
+                    "no reason given".to_owned()
+                } else {
+                    ack.reason
+                };
+                tracing::warn!(
+                    notification_id = %ack.notification_id, %reason,
+                    "central rejected a notification; moved to the local rejected table"
+                );
+                settlement.rejected.push((seq, reason));
+            }
+            Ok(SubmitOutcome::Unspecified) | Err(_) => {
+                // Not an ack we understand: keep the row; it is resent on the next stream.
+                tracing::warn!(
+                    notification_id = %ack.notification_id, outcome = ack.outcome,
+                    "ack with an unknown outcome; the notification stays buffered"
+                );
+            }
+        }
+    }
+    settlement
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(id: &NotificationId, outcome: SubmitOutcome, reason: &str) -> NotificationSubmitAck {
+        NotificationSubmitAck {
+            notification_id: id.to_string(),
+            outcome: outcome.into(),
+            reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn window_bounds_in_flight_and_moves_the_cursor_forward() {
+        let mut window = ForwardWindow::new(2);
+        let (a, b) = (NotificationId::generate(), NotificationId::generate());
+        assert_eq!(window.free(), 2);
+        window.sent(a, Seq(5));
+        window.sent(b, Seq(9));
+        assert_eq!((window.free(), window.cursor()), (0, Seq(9)));
+        assert_eq!(window.acked(&a), Some(Seq(5)));
+        assert_eq!(window.acked(&a), None, "an ack counts once");
+        assert_eq!((window.free(), window.cursor()), (1, Seq(9)));
+        window.skip_to(Seq(3));
+        assert_eq!(
+            window.cursor(),
+            Seq(9),
+            "the cursor never moves back within a stream"
+        );
+        window.restart();
+        assert_eq!((window.free(), window.cursor()), (2, Seq::START));
+    }
+
+    #[test]
+    fn acks_become_deletes_rejections_or_nothing() {
+        let mut window = ForwardWindow::new(8);
+        let ids: Vec<_> = (0..5).map(|_| NotificationId::generate()).collect();
+        for (i, id) in ids.iter().enumerate() {
+            window.sent(*id, Seq(i as i64 + 1));
+        }
+        let stranger = NotificationId::generate();
+        let settlement = apply_acks(
+            &mut window,
+            vec![
+                ack(&ids[2], SubmitOutcome::Duplicate, ""),
+                ack(&ids[0], SubmitOutcome::Accepted, ""),
+                ack(&ids[1], SubmitOutcome::Rejected, "conflict"),
+                ack(&ids[3], SubmitOutcome::Unspecified, ""),
+                ack(&stranger, SubmitOutcome::Accepted, ""),
+                NotificationSubmitAck {
+                    notification_id: "garbage".into(),
+                    outcome: SubmitOutcome::Accepted.into(),
+                    reason: String::new(),
+                },
+            ],
+        );
+        assert_eq!(
+            settlement,
+            Settlement {
+                acked: vec![Seq(3), Seq(1)],
+                rejected: vec![(Seq(2), "conflict".into())],
+            }
+        );
+        // ids[4] was never acked and stays in flight; ids[3] left the window but stays buffered.
+        assert_eq!(window.len(), 1);
+    }
+}

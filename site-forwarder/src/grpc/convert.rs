@@ -1,0 +1,190 @@
+//! Proto <-> domain conversions for the forwarder. Every field of a `Send` is checked here,
+//! through the content types' constructors, before anything reaches the buffer; the first bad
+//! field is named in the error.
+
+use chrono::{DateTime, Utc};
+use outbox_proto::time::to_timestamp;
+use outbox_proto::v1;
+
+use crate::domain::{
+    Body, BufferedNotification, ContentError, ListName, NotificationContent, NotificationId,
+    NotificationType, ScriptOrigin, SiteId, Subject, TypeData,
+};
+
+/// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
+/// does not know are rejected rather than guessed.
+pub fn send_type(value: i32) -> Result<NotificationType, ContentError> {
+    match v1::NotificationType::try_from(value) {
+        Ok(v1::NotificationType::Unspecified | v1::NotificationType::Email) => {
+            Ok(NotificationType::Email)
+        }
+        Ok(v1::NotificationType::Webhook) => Ok(NotificationType::Webhook),
+        Err(_) => Err(ContentError::new(
+            "type",
+            format!("{value} is not a known notification type"),
+        )),
+    }
+}
+
+pub fn type_to_proto(kind: NotificationType) -> v1::NotificationType {
+    match kind {
+        NotificationType::Email => v1::NotificationType::Email,
+        NotificationType::Webhook => v1::NotificationType::Webhook,
+    }
+}
+
+/// Validates a `Send` into a new notification with a fresh id, stamped with `site` and `now`.
+pub fn send_request(
+    msg: v1::SendRequest,
+    site: &SiteId,
+    now: DateTime<Utc>,
+) -> Result<BufferedNotification, ContentError> {
+    let content = NotificationContent {
+        kind: send_type(msg.r#type)?,
+        list_name: ListName::parse(msg.list_name)?,
+        subject: Subject::parse(msg.subject)?,
+        body: Body::parse(msg.body)?,
+        type_data: TypeData::parse(msg.type_data)?,
+    };
+    let origin = ScriptOrigin::parse(
+        msg.source_instance_id,
+        msg.source_script,
+        msg.origin_execution_id.as_deref(),
+        msg.origin_parent_execution_id.as_deref(),
+    )?;
+    Ok(BufferedNotification::new(
+        content,
+        origin,
+        site.clone(),
+        now,
+    ))
+}
+
+/// The submit for a buffered notification. Built from the stored row every time, so a resend
+/// after a reconnect is identical to the first send.
+pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
+    let p = &n.provenance;
+    v1::NotificationSubmit {
+        notification_id: n.id.to_string(),
+        r#type: type_to_proto(n.content.kind).into(),
+        list_name: n.content.list_name.as_str().to_owned(),
+        subject: n.content.subject.as_str().to_owned(),
+        body: n.content.body.as_str().to_owned(),
+        type_data: n.content.type_data.as_str().to_owned(),
+        source_site_id: p.source_site_id.as_str().to_owned(),
+        source_instance_id: p.source_instance_id.clone(),
+        source_script: p.source_script.clone(),
+        site_enqueued_at: Some(to_timestamp(p.site_enqueued_at)),
+        origin_execution_id: p.origin_execution_id.map(|u| u.hyphenated().to_string()),
+        origin_parent_execution_id: p
+            .origin_parent_execution_id
+            .map(|u| u.hyphenated().to_string()),
+    }
+}
+
+/// The status view of a notification still in the local buffer.
+pub fn forwarding_view(
+    id: NotificationId,
+    site: &SiteId,
+    kind: NotificationType,
+    list_name: String,
+    enqueued_at: DateTime<Utc>,
+) -> v1::NotificationStatusView {
+    v1::NotificationStatusView {
+        notification_id: id.to_string(),
+        status: v1::NotificationStatus::Forwarding.into(),
+        r#type: type_to_proto(kind).into(),
+        list_name,
+        source_site_id: site.as_str().to_owned(),
+        site_enqueued_at: Some(to_timestamp(enqueued_at)),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn valid() -> v1::SendRequest {
+        v1::SendRequest {
+            r#type: v1::NotificationType::Unspecified.into(),
+            list_name: "ops".into(),
+            subject: "Tank 4 high level".into(),
+            body: "Level 97%".into(),
+            type_data: String::new(),
+            source_instance_id: "node-1".into(),
+            source_script: "tank.py".into(),
+            origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
+            origin_parent_execution_id: None,
+        }
+    }
+
+    fn site() -> SiteId {
+        SiteId::parse("site-a".into()).unwrap()
+    }
+
+    #[test]
+    fn unspecified_type_means_email_and_fields_are_kept() {
+        let now = Utc::now();
+        let msg = valid();
+        let origin = msg.origin_execution_id.clone();
+        let n = send_request(msg, &site(), now).unwrap();
+        assert_eq!(n.content.kind, NotificationType::Email);
+        assert_eq!(n.content.subject.as_str(), "Tank 4 high level");
+        assert_eq!(n.provenance.source_site_id.as_str(), "site-a");
+        assert_eq!(n.enqueued_at().timestamp_millis(), now.timestamp_millis());
+
+        let submit = submit(&n);
+        assert_eq!(submit.notification_id, n.id.to_string());
+        assert_eq!(submit.r#type, i32::from(v1::NotificationType::Email));
+        assert_eq!(submit.source_site_id, "site-a");
+        assert_eq!(submit.origin_execution_id, origin);
+        assert_eq!(submit.origin_parent_execution_id, None);
+    }
+
+    #[test]
+    fn each_bad_field_is_named() {
+        type Breaker = Box<dyn Fn(&mut v1::SendRequest)>;
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("type", Box::new(|m| m.r#type = 99)),
+            ("list_name", Box::new(|m| m.list_name.clear())),
+            ("list_name", Box::new(|m| m.list_name = "l".repeat(129))),
+            ("subject", Box::new(|m| m.subject.clear())),
+            (
+                "subject",
+                Box::new(|m| m.subject = "a\r\nBcc: x@example.com".into()),
+            ),
+            ("subject", Box::new(|m| m.subject = "s".repeat(501))),
+            ("body", Box::new(|m| m.body.clear())),
+            ("body", Box::new(|m| m.body = "b".repeat(256 * 1024 + 1))),
+            ("type_data", Box::new(|m| m.type_data = "[1]".into())),
+            (
+                "source_script",
+                Box::new(|m| m.source_script = "a\nb".into()),
+            ),
+            (
+                "origin_execution_id",
+                Box::new(|m| m.origin_execution_id = Some("nope".into())),
+            ),
+            (
+                "origin_parent_execution_id",
+                Box::new(|m| m.origin_parent_execution_id = Some("nope".into())),
+            ),
+        ];
+        for (field, break_it) in cases {
+            let mut msg = valid();
+            break_it(&mut msg);
+            let err = send_request(msg, &site(), Utc::now()).unwrap_err();
+            assert_eq!(err.field, field);
+            assert!(err.to_string().starts_with(&format!("{field}: ")), "{err}");
+        }
+    }
+
+    #[test]
+    fn webhook_is_kept() {
+        let mut msg = valid();
+        msg.r#type = v1::NotificationType::Webhook.into();
+        let n = send_request(msg, &site(), Utc::now()).unwrap();
+        assert_eq!(n.content.kind, NotificationType::Webhook);
+    }
+}

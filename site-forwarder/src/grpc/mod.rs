@@ -1,0 +1,33 @@
+//! The gRPC edge of the forwarder: the local `SiteNotify` service, the proto <-> domain
+//! conversions, and the one mapping from the forwarder's errors to `tonic::Status`. Handlers stay
+//! thin: validate, call the buffer (or central), answer.
+
+pub mod convert;
+pub mod site_notify;
+
+use tonic::Status;
+
+use crate::buffer::BufferError;
+use crate::domain::ContentError;
+
+/// Bad input: the message names the field and the rule (`subject: must not be empty`).
+pub fn invalid_argument(e: ContentError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// The one mapping from buffer failures to gRPC codes. UNAVAILABLE tells the script to retry:
+/// nothing was stored.
+pub fn buffer_status(e: BufferError) -> Status {
+    match e {
+        BufferError::Database(detail) => {
+            tracing::error!(%detail, "site buffer unavailable");
+            Status::unavailable(format!(
+                "the site buffer is unavailable, nothing was stored; retry later ({detail})"
+            ))
+        }
+        BufferError::Corrupt(detail) => {
+            tracing::error!(%detail, "invalid data in the site buffer");
+            Status::internal(format!("the site buffer holds invalid data: {detail}"))
+        }
+    }
+}

@@ -1,0 +1,161 @@
+//! `SiteNotify`: the local API site scripts call. `Send` answers with an id only after the
+//! notification is committed to the buffer, so an id in a script's hand is never lost.
+//! `GetStatus` answers from the buffer while the notification is there and otherwise asks central,
+//! with a bounded wait; `GetBufferStats` reports the buffer and the forwarder.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use outbox_proto::time::to_timestamp;
+use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
+use outbox_proto::v1::site_notify_server::SiteNotify;
+use outbox_proto::v1::{
+    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatusView,
+    SendRequest, SendResponse,
+};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request, Response, Status};
+
+use super::{buffer_status, convert, invalid_argument};
+use crate::buffer::Buffer;
+use crate::domain::{LocalStatus, NotificationId, SiteId};
+use crate::forwarder::ForwardState;
+
+/// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
+/// it as needed) and a bounded wait per call.
+#[derive(Debug, Clone)]
+pub struct CentralStatus {
+    client: NotificationOutboxClient<Channel>,
+    url: String,
+    timeout: Duration,
+}
+
+impl CentralStatus {
+    pub fn new(endpoint: &Endpoint, url: String, timeout: Duration) -> Self {
+        Self {
+            client: NotificationOutboxClient::new(endpoint.connect_lazy()),
+            url,
+            timeout,
+        }
+    }
+
+    fn unreachable(&self, detail: impl std::fmt::Display) -> Status {
+        Status::unavailable(format!(
+            "central outbox at {} is unreachable: {detail}",
+            self.url
+        ))
+    }
+
+    /// Central's answer, passed through; transport failures and timeouts become UNAVAILABLE
+    /// with a message naming central.
+    async fn status(&self, id: NotificationId) -> Result<NotificationStatusView, Status> {
+        let mut request = Request::new(GetNotificationStatusRequest {
+            notification_id: id.to_string(),
+        });
+        // Tells central the deadline too, so it stops working on an answer nobody awaits.
+        request.set_timeout(self.timeout);
+        let mut client = self.client.clone();
+        match tokio::time::timeout(self.timeout, client.get_notification_status(request)).await {
+            Err(_) => Err(self.unreachable(format!("no answer within {:?}", self.timeout))),
+            Ok(Ok(view)) => Ok(view.into_inner()),
+            // Connection refused/reset, DNS failure and the like surface as these codes.
+            Ok(Err(status))
+                if matches!(
+                    status.code(),
+                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
+                ) =>
+            {
+                Err(self.unreachable(status.message()))
+            }
+            // Central's own answer (NOT_FOUND, INVALID_ARGUMENT, ...): code and message only,
+            // not central's response metadata.
+            Ok(Err(status)) => Err(Status::new(status.code(), status.message())),
+        }
+    }
+}
+
+pub struct SiteNotifyService {
+    site: SiteId,
+    buffer: Buffer,
+    forwarding: Arc<ForwardState>,
+    central: CentralStatus,
+}
+
+impl SiteNotifyService {
+    pub fn new(
+        site: SiteId,
+        buffer: Buffer,
+        forwarding: Arc<ForwardState>,
+        central: CentralStatus,
+    ) -> Self {
+        Self {
+            site,
+            buffer,
+            forwarding,
+            central,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl SiteNotify for SiteNotifyService {
+    async fn send(&self, request: Request<SendRequest>) -> Result<Response<SendResponse>, Status> {
+        let notification = convert::send_request(request.into_inner(), &self.site, Utc::now())
+            .map_err(invalid_argument)?;
+        let id = notification.id;
+        self.buffer
+            .enqueue(notification)
+            .await
+            .map_err(buffer_status)?;
+        tracing::debug!(notification_id = %id, "notification buffered");
+        Ok(Response::new(SendResponse {
+            notification_id: id.to_string(),
+        }))
+    }
+
+    async fn get_status(
+        &self,
+        request: Request<GetNotificationStatusRequest>,
+    ) -> Result<Response<NotificationStatusView>, Status> {
+        let id = NotificationId::parse(&request.get_ref().notification_id, "notification_id")
+            .map_err(invalid_argument)?;
+        match self.buffer.local_status(id).await.map_err(buffer_status)? {
+            LocalStatus::Buffered {
+                kind,
+                list_name,
+                enqueued_at,
+            } => Ok(Response::new(convert::forwarding_view(
+                id,
+                &self.site,
+                kind,
+                list_name,
+                enqueued_at,
+            ))),
+            LocalStatus::Rejected { reason } => Err(Status::failed_precondition(format!(
+                "rejected by central: {reason}"
+            ))),
+            LocalStatus::NotHere => self.central.status(id).await.map(Response::new),
+        }
+    }
+
+    async fn get_buffer_stats(
+        &self,
+        _request: Request<GetBufferStatsRequest>,
+    ) -> Result<Response<BufferStats>, Status> {
+        let stats = self.buffer.stats().await.map_err(buffer_status)?;
+        let forwarding = self.forwarding.snapshot();
+        let oldest_age_seconds = stats.oldest_enqueued_at.map_or(0.0, |at| {
+            (Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0
+        });
+        Ok(Response::new(BufferStats {
+            depth: stats.depth,
+            oldest_enqueued_at: stats.oldest_enqueued_at.map(to_timestamp),
+            oldest_age_seconds,
+            last_forward_at: forwarding.last_forward_at.map(to_timestamp),
+            central_reachable: forwarding.central_reachable,
+            rejected: stats.rejected,
+            in_flight: forwarding.in_flight,
+        }))
+    }
+}

@@ -1,0 +1,171 @@
+//! The site-forwarder: a site script's `Send` is committed to a local SQLite buffer and answered
+//! with an id; a forwarder task streams the buffer to central and deletes each row only after
+//! central acked it. Central may be away for days: the buffer grows and drains when it returns.
+//!
+//! [`run`] is the whole service, so tests start it in-process on port 0; `main.rs` only parses
+//! the command line, sets up tracing and calls it (or the client commands in [`cli`]).
+//!
+//! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
+//! [`forwarder`] (the stream to central), [`grpc`] (the local API and conversions), [`config`].
+
+pub mod buffer;
+pub mod cli;
+pub mod config;
+pub mod domain;
+pub mod forwarder;
+pub mod grpc;
+
+#[cfg(test)]
+mod service_tests;
+
+use std::sync::Arc;
+
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
+use outbox_proto::v1::site_notify_server::SiteNotifyServer;
+use tokio::net::TcpListener;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Server;
+use tonic_health::ServingStatus;
+
+use crate::buffer::{Buffer, BufferError};
+use crate::config::Config;
+use crate::domain::SiteId;
+use crate::forwarder::{ForwardError, ForwardState, Forwarder};
+use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
+
+/// Why the service could not start or stopped abnormally.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("cannot open the buffer at {path}: {source}")]
+    Buffer {
+        path: std::path::PathBuf,
+        source: BufferError,
+    },
+    #[error("cannot start: {0}")]
+    Startup(String),
+    #[error("server reflection: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+    #[error("gRPC server failed: {0}")]
+    Serve(#[from] tonic::transport::Error),
+}
+
+impl From<ForwardError> for RunError {
+    fn from(e: ForwardError) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
+/// Runs the site-forwarder on `listener` until `shutdown` is cancelled: opens the buffer, starts
+/// the forwarder, serves `SiteNotify`, health and reflection. On shutdown health turns
+/// NOT_SERVING, new connections stop, open ones get `shutdown_timeout` to finish, the forwarder
+/// stops sending, and `Ok(())` is returned.
+pub async fn run(
+    config: Config,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    config
+        .validate()
+        .map_err(|e| RunError::Config(format!("{e:#}")))?;
+    let site = SiteId::parse(config.site_id.clone())
+        .map_err(|e| RunError::Config(format!("site_id: {}", e.problem)))?;
+
+    let path = config.buffer_path.clone();
+    let buffer = tokio::task::spawn_blocking(move || Buffer::open(&path))
+        .await
+        .map_err(|e| RunError::Startup(format!("opening the buffer panicked: {e}")))?
+        .map_err(|source| RunError::Buffer {
+            path: config.buffer_path.clone(),
+            source,
+        })?;
+
+    let state = Arc::new(ForwardState::default());
+    let endpoint = forwarder::central_endpoint(&config)?;
+    let forwarder = Forwarder::new(buffer.clone(), &config, Arc::clone(&state))?;
+    let central = CentralStatus::new(
+        &endpoint,
+        config.central_url.clone(),
+        config.request_timeout,
+    );
+    let service = SiteNotifyService::new(site.clone(), buffer, state, central);
+
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<SiteNotifyServer<SiteNotifyService>>()
+        .await;
+    let reflection_v1 = reflection().build_v1()?;
+    let reflection_v1alpha = reflection().build_v1alpha()?;
+
+    // A child token: stopping the forwarder after a server failure must not cancel the caller's.
+    let stop_forwarding = shutdown.child_token();
+    let forwarding = tokio::spawn(forwarder.run(stop_forwarding.clone()));
+
+    let local_addr = listener.local_addr().ok();
+    // Nagle would hold back small responses waiting for the client's delayed ACK.
+    let incoming = TcpListenerStream::new(listener).map(|conn| {
+        conn.inspect(|stream| {
+            let _ = stream.set_nodelay(true);
+        })
+    });
+    let stopping = {
+        let shutdown = shutdown.clone();
+        let health = health.clone();
+        async move {
+            shutdown.cancelled().await;
+            health
+                .set_not_serving::<SiteNotifyServer<SiteNotifyService>>()
+                .await;
+            health
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            tracing::info!("shutting down: no new connections, draining open requests");
+        }
+    };
+    tracing::info!(
+        addr = ?local_addr, site = %site, central = %config.central_url,
+        "site-forwarder serving"
+    );
+    let serve = Server::builder()
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(
+            SiteNotifyServer::new(service).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+        )
+        .serve_with_incoming_shutdown(incoming, stopping);
+
+    // Graceful shutdown waits for open requests and streams; a client holding one open (a
+    // health Watch, say) must not keep the process alive past the shutdown timeout.
+    let grace = async {
+        shutdown.cancelled().await;
+        tokio::time::sleep(config.shutdown_timeout).await;
+    };
+    let served = tokio::select! {
+        served = serve => served,
+        () = grace => {
+            tracing::warn!(timeout = ?config.shutdown_timeout, "connections still open at the shutdown timeout; closing them");
+            Ok(())
+        }
+    };
+    // The server may have failed on its own; the forwarder must stop either way.
+    stop_forwarding.cancel();
+    match tokio::time::timeout(config.shutdown_timeout, forwarding).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "the forwarder task failed"),
+        Err(_) => tracing::warn!("the forwarder did not stop within the shutdown timeout"),
+    }
+    served?;
+    tracing::info!("site-forwarder stopped");
+    Ok(())
+}
+
+/// Reflection over the outbox contract and the health service, so `grpcurl list` works.
+fn reflection() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+}

@@ -1,0 +1,188 @@
+//! The `site-forwarder` binary: `serve` runs the service; `send`, `status` and `stats` are small
+//! clients of a running one. Only parsing, tracing set-up and signal handling live here.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use site_forwarder::cli::{self, DEFAULT_ADDR, SendArgs, TypeArg};
+use site_forwarder::config::{Config, LogConfig, LogFormat, Overrides};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "site-forwarder",
+    version,
+    about = "Site store-and-forward notification buffer"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the forwarder: local SiteNotify API, durable buffer, stream to central.
+    Serve(ServeArgs),
+    /// Send one notification through a running forwarder; prints its id.
+    Send(SendCommand),
+    /// Show where a notification is.
+    Status {
+        /// The notification id returned by `send`.
+        id: String,
+        #[arg(long, default_value = DEFAULT_ADDR)]
+        addr: String,
+    },
+    /// Show the buffer's depth and the link to central.
+    Stats {
+        #[arg(long, default_value = DEFAULT_ADDR)]
+        addr: String,
+    },
+}
+
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// TOML configuration file (see deploy/site-forwarder.toml).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Overrides `listen_addr`.
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Overrides `site_id`.
+    #[arg(long)]
+    site_id: Option<String>,
+    /// Overrides `buffer_path`.
+    #[arg(long)]
+    buffer: Option<PathBuf>,
+    /// Overrides `central_url`.
+    #[arg(long)]
+    central: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct SendCommand {
+    #[arg(long)]
+    list: String,
+    #[arg(long)]
+    subject: String,
+    #[arg(long)]
+    body: String,
+    #[arg(long = "type", value_enum, default_value_t = TypeArg::Email)]
+    kind: TypeArg,
+    /// Channel-specific JSON object.
+    #[arg(long, default_value = "")]
+    type_data: String,
+    /// Name of the sending script (`source_script`).
+    #[arg(long, default_value = "")]
+    script: String,
+    /// Sending instance (`source_instance_id`).
+    #[arg(long, default_value = "")]
+    instance: String,
+    #[arg(long, default_value = DEFAULT_ADDR)]
+    addr: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Serve(args) => serve(args).await,
+        Command::Send(args) => send(args).await,
+        Command::Status { id, addr } => cli::status(&addr, id)
+            .await
+            .map(|view| print!("{}", cli::format_status(&view)))
+            .map_err(Into::into),
+        Command::Stats { addr } => cli::stats(&addr)
+            .await
+            .map(|stats| print!("{}", cli::format_stats(&stats)))
+            .map_err(Into::into),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("site-forwarder: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let overrides = Overrides {
+        site_id: args.site_id,
+        listen_addr: args.listen,
+        buffer_path: args.buffer,
+        central_url: args.central,
+    };
+    let config = Config::load(args.config.as_deref(), overrides)?;
+    init_tracing(&config.log)?;
+    let listener = tokio::net::TcpListener::bind(config.listen_addr)
+        .await
+        .with_context(|| format!("listen_addr: cannot listen on {}", config.listen_addr))?;
+    let addr = listener.local_addr()?;
+    // On stdout so a supervisor or test that asked for port 0 can read the real address; logs go
+    // to stderr.
+    println!("site-forwarder listening on {addr}");
+
+    let shutdown = CancellationToken::new();
+    let on_signal = shutdown.clone();
+    tokio::spawn(async move {
+        match stop_signal().await {
+            Ok(signal) => tracing::info!(signal, "stop requested"),
+            Err(e) => tracing::error!(error = %e, "cannot watch for stop signals; stopping"),
+        }
+        on_signal.cancel();
+    });
+    site_forwarder::run(config, listener, shutdown).await?;
+    Ok(())
+}
+
+async fn send(args: SendCommand) -> anyhow::Result<()> {
+    let request = SendArgs {
+        list: args.list,
+        subject: args.subject,
+        body: args.body,
+        kind: args.kind,
+        type_data: args.type_data,
+        script: args.script,
+        instance: args.instance,
+        execution_id: None,
+        parent_execution_id: None,
+    };
+    let id = cli::send(&args.addr, request).await?;
+    println!("{id}");
+    Ok(())
+}
+
+fn init_tracing(log: &LogConfig) -> anyhow::Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&log.filter)
+        .map_err(|e| anyhow::anyhow!("log.filter: {e}"))?;
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match log.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    }
+    .map_err(|e| anyhow::anyhow!("cannot set up logging: {e}"))
+}
+
+/// Resolves on SIGTERM or SIGINT with the signal's name.
+async fn stop_signal() -> std::io::Result<&'static str> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = signal(SignalKind::terminate())?;
+        let mut int = signal(SignalKind::interrupt())?;
+        tokio::select! {
+            _ = term.recv() => Ok("SIGTERM"),
+            _ = int.recv() => Ok("SIGINT"),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await?;
+        Ok("ctrl-c")
+    }
+}

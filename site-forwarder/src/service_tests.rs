@@ -1,0 +1,337 @@
+//! In-process tests of [`crate::run`] against a fake central: a small `NotificationIngest` +
+//! `NotificationOutbox` server that records submits and answers as told. They check the
+//! forwarder's side of the contract (delete only on ack, reject aside, resend after a broken
+//! stream, UNAVAILABLE when central is away); the real central is exercised by the workspace's
+//! end-to-end tests.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use outbox_proto::v1::notification_ingest_server::{NotificationIngest, NotificationIngestServer};
+use outbox_proto::v1::notification_outbox_server::{NotificationOutbox, NotificationOutboxServer};
+use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_proto::v1::{
+    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
+    NotificationStatusView, NotificationSubmit, NotificationSubmitAck, SendRequest, SubmitOutcome,
+};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_stream::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::config::Config;
+
+/// Central as far as the forwarder can tell: stores submits by id, rejects subjects containing
+/// "reject", and can break its first stream after one submit.
+#[derive(Clone, Default)]
+struct FakeCentral {
+    stored: Arc<Mutex<HashMap<String, NotificationSubmit>>>,
+    submits_seen: Arc<Mutex<Vec<String>>>,
+    break_first_stream: Arc<AtomicBool>,
+}
+
+impl FakeCentral {
+    fn ack(&self, msg: NotificationSubmit) -> NotificationSubmitAck {
+        self.submits_seen
+            .lock()
+            .unwrap()
+            .push(msg.notification_id.clone());
+        let id = msg.notification_id.clone();
+        if msg.subject.contains("reject") {
+            return NotificationSubmitAck {
+                notification_id: id,
+                outcome: SubmitOutcome::Rejected.into(),
+                reason: "list_name: no such list".into(),
+            };
+        }
+        let mut stored = self.stored.lock().unwrap();
+        let outcome = if stored.insert(id.clone(), msg).is_some() {
+            SubmitOutcome::Duplicate
+        } else {
+            SubmitOutcome::Accepted
+        };
+        NotificationSubmitAck {
+            notification_id: id,
+            outcome: outcome.into(),
+            reason: String::new(),
+        }
+    }
+
+    fn stored_ids(&self) -> Vec<String> {
+        let mut ids: Vec<_> = self.stored.lock().unwrap().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+}
+
+type AckStream = Pin<Box<dyn Stream<Item = Result<NotificationSubmitAck, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl NotificationIngest for FakeCentral {
+    async fn submit_notification(
+        &self,
+        request: Request<NotificationSubmit>,
+    ) -> Result<Response<NotificationSubmitAck>, Status> {
+        Ok(Response::new(self.ack(request.into_inner())))
+    }
+
+    type SubmitNotificationsStream = AckStream;
+
+    async fn submit_notifications(
+        &self,
+        request: Request<Streaming<NotificationSubmit>>,
+    ) -> Result<Response<AckStream>, Status> {
+        let (tx, rx) = mpsc::channel(1024);
+        let central = self.clone();
+        let mut inbound = request.into_inner();
+        let break_after_one = central.break_first_stream.swap(false, Ordering::SeqCst);
+        tokio::spawn(async move {
+            while let Some(Ok(msg)) = inbound.next().await {
+                if break_after_one {
+                    // Received but never acked: the forwarder must resend it.
+                    central.submits_seen.lock().unwrap().push(msg.notification_id);
+                    let _ = tx.send(Err(Status::unavailable("central restarting"))).await;
+                    return;
+                }
+                if tx.send(Ok(central.ack(msg))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
+
+#[tonic::async_trait]
+impl NotificationOutbox for FakeCentral {
+    async fn get_notification_status(
+        &self,
+        request: Request<GetNotificationStatusRequest>,
+    ) -> Result<Response<NotificationStatusView>, Status> {
+        let id = request.into_inner().notification_id;
+        match self.stored.lock().unwrap().get(&id) {
+            Some(msg) => Ok(Response::new(NotificationStatusView {
+                notification_id: id,
+                status: NotificationStatus::Pending.into(),
+                list_name: msg.list_name.clone(),
+                ..Default::default()
+            })),
+            None => Err(Status::not_found(format!("notification {id} not found"))),
+        }
+    }
+}
+
+async fn start_central(central: FakeCentral, listener: TcpListener, stop: CancellationToken) {
+    let server = tonic::transport::Server::builder()
+        .add_service(NotificationIngestServer::new(central.clone()))
+        .add_service(NotificationOutboxServer::new(central))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned());
+    tokio::spawn(server);
+}
+
+struct Site {
+    client: SiteNotifyClient<Channel>,
+    stop: CancellationToken,
+    done: tokio::task::JoinHandle<Result<(), crate::RunError>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_site(central: SocketAddr) -> Site {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = Config::new("site-a");
+    config.buffer_path = dir.path().join("buffer.db");
+    config.central_url = format!("http://{central}");
+    config.forward_retry_interval = Duration::from_millis(50);
+    config.connect_timeout = Duration::from_secs(2);
+    config.request_timeout = Duration::from_secs(2);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let done = tokio::spawn(crate::run(config, listener, stop.clone()));
+    let client = SiteNotifyClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    Site {
+        client,
+        stop,
+        done,
+        _dir: dir,
+    }
+}
+
+fn send_request(subject: &str) -> SendRequest {
+    SendRequest {
+        list_name: "ops".into(),
+        subject: subject.into(),
+        body: "Level 97%".into(),
+        source_script: "tank.py".into(),
+        ..Default::default()
+    }
+}
+
+impl Site {
+    async fn send(&mut self, subject: &str) -> String {
+        self.client
+            .send(send_request(subject))
+            .await
+            .unwrap()
+            .into_inner()
+            .notification_id
+    }
+
+    async fn stats(&mut self) -> BufferStats {
+        self.client
+            .get_buffer_stats(GetBufferStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn status(&mut self, id: &str) -> Result<NotificationStatusView, Status> {
+        self.client
+            .get_status(GetNotificationStatusRequest {
+                notification_id: id.into(),
+            })
+            .await
+            .map(Response::into_inner)
+    }
+
+    /// Polls the stats until `done` holds, failing after a generous deadline.
+    async fn wait_for(&mut self, what: &str, done: impl Fn(&BufferStats) -> bool) -> BufferStats {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let stats = self.stats().await;
+            if done(&stats) {
+                return stats;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {stats:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn shut_down(self) {
+        self.stop.cancel();
+        let stopped = tokio::time::timeout(Duration::from_secs(10), self.done).await;
+        assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forwards_deletes_on_ack_and_sets_rejections_aside() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central = FakeCentral::default();
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let mut site = start_site(central_addr).await;
+
+    let a = site.send("first").await;
+    let b = site.send("second").await;
+    let bad = site.send("please reject").await;
+    let stats = site
+        .wait_for("the buffer to drain", |s| s.depth == 0 && s.rejected == 1)
+        .await;
+    assert!(stats.central_reachable);
+    assert!(stats.last_forward_at.is_some());
+    let mut expected = vec![a.clone(), b];
+    expected.sort();
+    assert_eq!(central.stored_ids(), expected);
+    let stored = central.stored.lock().unwrap().get(&a).cloned().unwrap();
+    assert_eq!(stored.source_site_id, "site-a");
+    assert_eq!(stored.source_script, "tank.py");
+    assert!(stored.site_enqueued_at.is_some());
+
+    // Forwarded: central answers. Rejected: the local reason. Unknown: central's NOT_FOUND.
+    let view = site.status(&a).await.unwrap();
+    assert_eq!(view.status, i32::from(NotificationStatus::Pending));
+    let err = site.status(&bad).await.unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(err.message(), "rejected by central: list_name: no such list");
+    let unknown = crate::domain::NotificationId::generate().to_string();
+    assert_eq!(site.status(&unknown).await.unwrap_err().code(), Code::NotFound);
+    let err = site.status("not-a-uuid").await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(err.message().starts_with("notification_id:"));
+
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
+    // Reserve a port for central, then leave it closed.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut site = start_site(central_addr).await;
+
+    let first = site.send("first").await;
+    let forwarding = site.status(&first).await.unwrap();
+    assert_eq!(forwarding.status, i32::from(NotificationStatus::Forwarding));
+    assert_eq!(forwarding.list_name, "ops");
+    assert_eq!(forwarding.source_site_id, "site-a");
+    let unknown = crate::domain::NotificationId::generate().to_string();
+    let err = site.status(&unknown).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(
+        err.message()
+            .starts_with(&format!("central outbox at http://{central_addr} is unreachable")),
+        "{}",
+        err.message()
+    );
+    let second = site.send("second").await;
+    let stats = site.stats().await;
+    assert_eq!(stats.depth, 2);
+    assert!(!stats.central_reachable);
+    assert!(stats.oldest_enqueued_at.is_some());
+
+    // Central comes back, but its first stream breaks after one unacked submit.
+    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let central = FakeCentral::default();
+    central.break_first_stream.store(true, Ordering::SeqCst);
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+
+    site.wait_for("the buffer to drain", |s| s.depth == 0).await;
+    let mut expected = vec![first.clone(), second];
+    expected.sort();
+    assert_eq!(central.stored_ids(), expected);
+    let seen = central.submits_seen.lock().unwrap().clone();
+    assert!(
+        seen.iter().filter(|id| **id == first).count() >= 2,
+        "the unacked submit was resent: {seen:?}"
+    );
+
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_rejects_bad_input_and_buffers_nothing() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut site = start_site(central_addr).await;
+
+    let mut bad_subject = send_request("x");
+    bad_subject.subject = "hi\r\nBcc: victim@example.com".into();
+    let mut bad_type = send_request("x");
+    bad_type.r#type = 42;
+    for (request, field) in [(bad_subject, "subject"), (bad_type, "type")] {
+        let err = site.client.send(request).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().starts_with(&format!("{field}: ")), "{err:?}");
+    }
+    assert_eq!(site.stats().await.depth, 0);
+    site.shut_down().await;
+}

@@ -1,0 +1,359 @@
+//! Starting the pieces and looking at what they did: central and the site-forwarder in-process or
+//! as processes, a gRPC client for each, and read-only SQL on their database files.
+//!
+//! Waiting is always for a condition with a deadline ([`eventually`]), never a fixed delay.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use central_outbox::config::{Config as CentralConfig, ListConfig, SmtpConfig};
+use chrono::Utc;
+use outbox_proto::time::to_timestamp;
+use outbox_proto::v1;
+use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
+use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
+use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_tests::smtp_sink::SmtpSink;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+/// Generous upper bound for anything a test waits for; a healthy run takes a fraction of it.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+
+/// The list every test notification goes to, and its members.
+pub const LIST: &str = "ops";
+pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
+
+/// Polls `check` until it returns `Some`, or panics with `what` after [`DEADLINE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(20));
+    loop {
+        tick.tick().await;
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out waiting for: {what}"
+        );
+    }
+}
+
+/// A port that was free a moment ago, for a server that must come back on the same address.
+pub async fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Waits until the server at `addr` reports SERVING on `grpc.health.v1.Health`. A bound port
+/// accepts TCP connections before the service is ready (its store may still be migrating), so
+/// only the health answer means "ready".
+pub async fn wait_until_serving(addr: SocketAddr) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    eventually(&format!("{addr} reports SERVING"), || async move {
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect()
+            .await
+            .ok()?;
+        let status = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()?
+            .into_inner()
+            .status();
+        (status == ServingStatus::Serving).then_some(())
+    })
+    .await;
+}
+
+pub async fn channel(addr: SocketAddr) -> Channel {
+    Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// Central configuration for tests: SQLite under `dir`, email to `smtp`, list [`LIST`], quick
+/// retries and polls so tests do not wait on production intervals.
+pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
+    let mut config = CentralConfig {
+        database: format!("sqlite://{}", dir.join("central.db").display()),
+        ..CentralConfig::default()
+    };
+    config.dispatcher.poll_interval = Duration::from_millis(200);
+    config.dispatcher.lease_ttl = Duration::from_secs(3);
+    config.dispatcher.claim_timeout = Duration::from_secs(10);
+    config.shutdown_timeout = Duration::from_secs(5);
+    config.smtp = smtp.map(|addr| SmtpConfig {
+        host: addr.ip().to_string(),
+        port: addr.port(),
+        tls: "none".into(),
+        username: None,
+        password: None,
+        from_address: "outbox@plant.example.test".into(),
+        max_retries: 5,
+        retry_delay: Duration::from_millis(300),
+        max_concurrent_connections: 4,
+        timeout: Duration::from_secs(5),
+    });
+    config.lists = vec![ListConfig {
+        name: LIST.into(),
+        kind: "email".into(),
+        recipients: RECIPIENTS.iter().map(|r| r.to_string()).collect(),
+    }];
+    config
+}
+
+/// Central running in this process.
+pub struct Central {
+    pub addr: SocketAddr,
+    pub db: PathBuf,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Central {
+    pub async fn start(config: CentralConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start_on(config, listener).await
+    }
+
+    pub async fn start_on(config: CentralConfig, listener: TcpListener) -> Self {
+        let settings = config.validate().unwrap();
+        let db = match &settings.database {
+            central_outbox::config::DatabaseUrl::Sqlite(path) => path.clone(),
+        };
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            central_outbox::run(settings, listener, token)
+                .await
+                .unwrap();
+        });
+        let central = Self {
+            addr,
+            db,
+            stop,
+            task,
+        };
+        central.wait_until_serving().await;
+        central
+    }
+
+    async fn wait_until_serving(&self) {
+        wait_until_serving(self.addr).await;
+    }
+
+    pub async fn ingest(&self) -> NotificationIngestClient<Channel> {
+        NotificationIngestClient::new(channel(self.addr).await)
+    }
+
+    pub async fn outbox(&self) -> NotificationOutboxClient<Channel> {
+        NotificationOutboxClient::new(channel(self.addr).await)
+    }
+
+    /// Stops central the way SIGTERM would and waits until it has.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// The site-forwarder running in this process.
+pub struct Site {
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Site {
+    pub async fn start(dir: &Path, central: SocketAddr) -> Self {
+        let mut config = site_forwarder::config::Config::new("site-a");
+        config.buffer_path = dir.join("site-a.db");
+        config.central_url = format!("http://{central}");
+        config.forward_retry_interval = Duration::from_millis(100);
+        config.connect_timeout = Duration::from_secs(2);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            site_forwarder::run(config, listener, token).await.unwrap();
+        });
+        wait_until_serving(addr).await;
+        Self { addr, stop, task }
+    }
+
+    pub async fn client(&self) -> SiteNotifyClient<Channel> {
+        SiteNotifyClient::new(channel(self.addr).await)
+    }
+
+    /// Notifications still in the site's buffer.
+    pub async fn depth(&self) -> u64 {
+        let mut client = self.client().await;
+        client
+            .get_buffer_stats(v1::GetBufferStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .depth
+    }
+
+    pub async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+pub fn send_request(subject: &str, body: &str) -> v1::SendRequest {
+    v1::SendRequest {
+        r#type: v1::NotificationType::Email.into(),
+        list_name: LIST.into(),
+        subject: subject.into(),
+        body: body.into(),
+        type_data: String::new(),
+        source_instance_id: "tank-farm-1".into(),
+        source_script: "level_alarm.py".into(),
+        origin_execution_id: None,
+        origin_parent_execution_id: None,
+    }
+}
+
+/// A valid submit with a fresh id, as a site would send it.
+pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
+    v1::NotificationSubmit {
+        notification_id: uuid::Uuid::now_v7().to_string(),
+        r#type: v1::NotificationType::Email.into(),
+        list_name: LIST.into(),
+        subject: subject.into(),
+        body: body.into(),
+        type_data: String::new(),
+        source_site_id: "site-a".into(),
+        source_instance_id: "tank-farm-1".into(),
+        source_script: "level_alarm.py".into(),
+        site_enqueued_at: Some(to_timestamp(Utc::now())),
+        origin_execution_id: None,
+        origin_parent_execution_id: None,
+    }
+}
+
+/// Read-only SQL against a service's database file, as an auditor would look at it.
+pub struct Db(rusqlite::Connection);
+
+impl Db {
+    pub fn open(path: &Path) -> Self {
+        let conn =
+            rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+                .unwrap();
+        conn.busy_timeout(Duration::from_secs(5)).unwrap();
+        Self(conn)
+    }
+
+    pub fn count(&self, sql: &str) -> i64 {
+        self.0.query_row(sql, [], |r| r.get(0)).unwrap()
+    }
+
+    pub fn strings(&self, sql: &str) -> Vec<String> {
+        let mut stmt = self.0.prepare(sql).unwrap();
+        stmt.query_map([], |r| r.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
+    /// (Status, RetryCount, LastError) of one notification.
+    pub fn row(&self, id: &str) -> Option<(String, i64, Option<String>)> {
+        use rusqlite::OptionalExtension;
+        self.0
+            .query_row(
+                "SELECT Status, RetryCount, LastError FROM Notifications WHERE NotificationId = ?1",
+                [id],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()
+            .unwrap()
+    }
+
+    /// (AttemptNo, Outcome, Error) of every attempt of one notification, oldest first.
+    pub fn attempts(&self, id: &str) -> Vec<(i64, String, Option<String>)> {
+        let mut stmt = self
+            .0
+            .prepare(
+                "SELECT AttemptNo, Outcome, Error FROM NotificationAttempts
+                 WHERE NotificationId = ?1 ORDER BY AttemptNo",
+            )
+            .unwrap();
+        stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+}
+
+/// Waits until the notification reaches `status` in central's table.
+pub async fn wait_for_status(db: &Path, id: &str, status: &str) -> (String, i64, Option<String>) {
+    let db = Db::open(db);
+    let want = status.to_owned();
+    eventually(&format!("{id} reaches {status}"), || {
+        let row = db.row(id);
+        let want = want.clone();
+        async move { row.filter(|(s, _, _)| *s == want) }
+    })
+    .await
+}
+
+/// Starts an SMTP sink that accepts everything.
+pub async fn smtp_sink() -> SmtpSink {
+    SmtpSink::start().await.unwrap()
+}
+
+/// The workspace's built binary `name` (built by `make test` before the tests run).
+pub fn binary(name: &str) -> PathBuf {
+    // This test binary lives in target/<profile>/deps/; the service binaries one level up.
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(Path::parent).unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+        path.display()
+    );
+    path
+}
+
+/// A service running as a real child process, killed when dropped.
+pub struct Process(pub tokio::process::Child);
+
+impl Process {
+    pub fn spawn(binary: &Path, args: &[&str]) -> Self {
+        let child = tokio::process::Command::new(binary)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        Self(child)
+    }
+
+    /// SIGKILL: no chance to flush, close or say goodbye.
+    pub async fn kill9(mut self) {
+        self.0.kill().await.unwrap();
+    }
+}
