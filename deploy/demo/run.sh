@@ -38,7 +38,7 @@ done
 echo "== waiting for delivery"
 for id in "${ids[@]}"; do
   for _ in $(seq 1 100); do
-    status=$("$bin/site-forwarder" status --addr "$site_addr" "$id" 2>&1 || true)
+    status=$("$bin/site-forwarder" status --addr "$site_addr" "$id" 2>&1 | head -n1 || true)
     case "$status" in Delivered*) break ;; esac
     sleep 0.1
   done

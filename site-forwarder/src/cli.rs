@@ -64,11 +64,10 @@ async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
         .map_err(|e| failed(e.to_string()))?
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(CALL_TIMEOUT);
-    let channel = endpoint.connect().await.map_err(|e| {
-        // The transport error's own text is terse ("transport error"); its source says why.
-        let detail = std::error::Error::source(&e).map_or_else(|| e.to_string(), |s| s.to_string());
-        failed(detail)
-    })?;
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| failed(crate::forwarder::error_chain(&e)))?;
     Ok(SiteNotifyClient::new(channel))
 }
 

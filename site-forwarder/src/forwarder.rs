@@ -61,7 +61,7 @@ pub enum ForwardError {
         source: tonic::transport::Error,
     },
     #[error("cannot connect: {0}")]
-    Connect(tonic::transport::Error),
+    Connect(String),
     #[error("central did not open the submit stream: {0}")]
     Open(tonic::Status),
     #[error("central did not answer the stream request within {0:?}")]
@@ -274,7 +274,8 @@ impl Forwarder {
     ) -> Result<()> {
         let channel = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
-            connected = self.endpoint.connect() => connected.map_err(ForwardError::Connect)?,
+            connected = self.endpoint.connect() => connected
+                .map_err(|e| ForwardError::Connect(error_chain(&e)))?,
         };
         let mut client = NotificationIngestClient::new(channel);
         // Capacity = window: at most `window` submits are unacked, so sends never wait here.
@@ -376,6 +377,22 @@ impl Forwarder {
         }
         Ok(())
     }
+}
+
+/// An error and its sources on one line: tonic's own text ("transport error") hides the cause
+/// ("Connection refused") in its source.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
 }
 
 type AckItem = Option<std::result::Result<NotificationSubmitAck, tonic::Status>>;

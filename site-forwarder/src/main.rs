@@ -160,6 +160,7 @@ fn init_tracing(log: &LogConfig) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("log.filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match log.format {
         LogFormat::Text => builder.try_init(),

@@ -96,8 +96,14 @@ impl NotificationIngest for FakeCentral {
             while let Some(Ok(msg)) = inbound.next().await {
                 if break_after_one {
                     // Received but never acked: the forwarder must resend it.
-                    central.submits_seen.lock().unwrap().push(msg.notification_id);
-                    let _ = tx.send(Err(Status::unavailable("central restarting"))).await;
+                    central
+                        .submits_seen
+                        .lock()
+                        .unwrap()
+                        .push(msg.notification_id);
+                    let _ = tx
+                        .send(Err(Status::unavailable("central restarting")))
+                        .await;
                     return;
                 }
                 if tx.send(Ok(central.ack(msg))).await.is_err() {
@@ -137,6 +143,7 @@ async fn start_central(central: FakeCentral, listener: TcpListener, stop: Cancel
 }
 
 struct Site {
+    addr: SocketAddr,
     client: SiteNotifyClient<Channel>,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<Result<(), crate::RunError>>,
@@ -159,6 +166,7 @@ async fn start_site(central: SocketAddr) -> Site {
         .await
         .unwrap();
     Site {
+        addr,
         client,
         stop,
         done,
@@ -256,9 +264,15 @@ async fn forwards_deletes_on_ack_and_sets_rejections_aside() {
     assert_eq!(view.status, i32::from(NotificationStatus::Pending));
     let err = site.status(&bad).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
-    assert_eq!(err.message(), "rejected by central: list_name: no such list");
+    assert_eq!(
+        err.message(),
+        "rejected by central: list_name: no such list"
+    );
     let unknown = crate::domain::NotificationId::generate().to_string();
-    assert_eq!(site.status(&unknown).await.unwrap_err().code(), Code::NotFound);
+    assert_eq!(
+        site.status(&unknown).await.unwrap_err().code(),
+        Code::NotFound
+    );
     let err = site.status("not-a-uuid").await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(err.message().starts_with("notification_id:"));
@@ -284,8 +298,9 @@ async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
     let err = site.status(&unknown).await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     assert!(
-        err.message()
-            .starts_with(&format!("central outbox at http://{central_addr} is unreachable")),
+        err.message().starts_with(&format!(
+            "central outbox at http://{central_addr} is unreachable"
+        )),
         "{}",
         err.message()
     );
@@ -333,5 +348,62 @@ async fn send_rejects_bad_input_and_buffers_nothing() {
         assert!(err.message().starts_with(&format!("{field}: ")), "{err:?}");
     }
     assert_eq!(site.stats().await.depth, 0);
+    site.shut_down().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_reflection_are_served() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    use tonic_reflection::pb::v1::ServerReflectionRequest;
+    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
+    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
+    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    drop(listener);
+    let site = start_site(central_addr).await;
+    let channel = Channel::from_shared(format!("http://{}", site.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+
+    let mut health = HealthClient::new(channel.clone());
+    for service in ["", "outbox.v1.SiteNotify"] {
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            answer.status,
+            i32::from(ServingStatus::Serving),
+            "{service:?}"
+        );
+    }
+
+    let mut reflection = ServerReflectionClient::new(channel);
+    let request = ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(MessageRequest::ListServices(String::new())),
+    };
+    let mut answers = reflection
+        .server_reflection_info(tokio_stream::once(request))
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(MessageResponse::ListServicesResponse(list)) =
+        answers.next().await.unwrap().unwrap().message_response
+    else {
+        panic!("expected a service list");
+    };
+    let names: Vec<_> = list.service.into_iter().map(|s| s.name).collect();
+    for expected in ["outbox.v1.SiteNotify", "grpc.health.v1.Health"] {
+        assert!(names.iter().any(|n| n == expected), "{names:?}");
+    }
     site.shut_down().await;
 }

@@ -150,22 +150,19 @@ mod tests {
 
     #[test]
     fn each_bad_field_is_named() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut v1::NotificationSubmit)>)> = vec![
-            (
-                "notification_id",
-                Box::new(|m| m.notification_id = "x".into()),
-            ),
-            ("type", Box::new(|m| m.r#type = 99)),
-            ("type", Box::new(|m| m.r#type = 0)),
-            ("list_name", Box::new(|m| m.list_name.clear())),
-            ("subject", Box::new(|m| m.subject = "a\nb".into())),
-            ("body", Box::new(|m| m.body.clear())),
-            ("source_site_id", Box::new(|m| m.source_site_id.clear())),
-            ("site_enqueued_at", Box::new(|m| m.site_enqueued_at = None)),
-            (
-                "origin_execution_id",
-                Box::new(|m| m.origin_execution_id = Some("nope".into())),
-            ),
+        type Breaker = fn(&mut v1::NotificationSubmit);
+        let cases: Vec<(&str, Breaker)> = vec![
+            ("notification_id", |m| m.notification_id = "x".into()),
+            ("type", |m| m.r#type = 99),
+            ("type", |m| m.r#type = 0),
+            ("list_name", |m| m.list_name.clear()),
+            ("subject", |m| m.subject = "a\nb".into()),
+            ("body", |m| m.body.clear()),
+            ("source_site_id", |m| m.source_site_id.clear()),
+            ("site_enqueued_at", |m| m.site_enqueued_at = None),
+            ("origin_execution_id", |m| {
+                m.origin_execution_id = Some("nope".into())
+            }),
         ];
         for (field, break_it) in cases {
             let mut msg = valid();

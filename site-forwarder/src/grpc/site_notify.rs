@@ -20,7 +20,7 @@ use tonic::{Code, Request, Response, Status};
 use super::{buffer_status, convert, invalid_argument};
 use crate::buffer::Buffer;
 use crate::domain::{LocalStatus, NotificationId, SiteId};
-use crate::forwarder::ForwardState;
+use crate::forwarder::{ForwardState, error_chain};
 
 /// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
 /// it as needed) and a bounded wait per call.
@@ -66,7 +66,15 @@ impl CentralStatus {
                     Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
                 ) =>
             {
-                Err(self.unreachable(status.message()))
+                let mut detail = status.message().to_owned();
+                // The message is terse ("tcp connect error"); the source says why.
+                if let Some(source) = std::error::Error::source(&status) {
+                    let cause = error_chain(source);
+                    if !detail.contains(&cause) {
+                        detail = format!("{detail}: {cause}");
+                    }
+                }
+                Err(self.unreachable(detail))
             }
             // Central's own answer (NOT_FOUND, INVALID_ARGUMENT, ...): code and message only,
             // not central's response metadata.

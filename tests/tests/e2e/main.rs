@@ -2,6 +2,10 @@
 //! as real processes where a crash is the point), real SQLite files, a real SMTP server and real
 //! gRPC clients. One test binary for the whole workspace keeps link time down.
 
+// The harness functions are not #[test] fns, so clippy's allow-unwrap-in-tests does not reach
+// them; a failed set-up step must fail the test loudly anyway.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod harness;
 
 mod crash;
