@@ -259,6 +259,25 @@ pub struct NotificationContent {
     pub type_data: TypeData,
 }
 
+impl NotificationContent {
+    /// Checks each content field; the error names the first bad one.
+    pub fn parse(
+        kind: NotificationType,
+        list_name: String,
+        subject: String,
+        body: String,
+        type_data: String,
+    ) -> Result<Self> {
+        Ok(Self {
+            kind,
+            list_name: ListName::parse(list_name)?,
+            subject: Subject::parse(subject)?,
+            body: Body::parse(body)?,
+            type_data: TypeData::parse(type_data)?,
+        })
+    }
+}
+
 /// Where a notification came from; used for audit and per-site KPIs, never for delivery.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Provenance {

@@ -6,10 +6,7 @@ use outbox_proto::time::{from_timestamp, to_timestamp};
 use outbox_proto::v1;
 
 use crate::domain::status::Status;
-use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
-    Submission, TypeData,
-};
+use crate::domain::{NotificationContent, NotificationId, NotificationType, SiteId, Submission};
 use crate::store::{InsertOutcome, NotificationState};
 
 /// Checks a proto enum value for the `type` field. UNSPECIFIED and unknown values are rejected.
@@ -39,13 +36,8 @@ pub fn notification_type_to_proto(kind: NotificationType) -> v1::NotificationTyp
 pub fn submission(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
     let id = NotificationId::parse(&msg.notification_id, "notification_id")?;
     let kind = notification_type(msg.r#type)?;
-    let content = NotificationContent {
-        kind,
-        list_name: ListName::parse(msg.list_name)?,
-        subject: Subject::parse(msg.subject)?,
-        body: Body::parse(msg.body)?,
-        type_data: TypeData::parse(msg.type_data)?,
-    };
+    let content =
+        NotificationContent::parse(kind, msg.list_name, msg.subject, msg.body, msg.type_data)?;
     let site = SiteId::parse(msg.source_site_id)?;
     let enqueued_at = msg
         .site_enqueued_at

@@ -7,8 +7,8 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::{
-    Body, BufferedNotification, ContentError, ListName, NotificationContent, NotificationId,
-    NotificationType, ScriptOrigin, SiteId, Subject, TypeData,
+    BufferedNotification, ContentError, NotificationContent, NotificationId, NotificationType,
+    ScriptOrigin, SiteId,
 };
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
@@ -39,13 +39,13 @@ pub fn send_request(
     site: &SiteId,
     now: DateTime<Utc>,
 ) -> Result<BufferedNotification, ContentError> {
-    let content = NotificationContent {
-        kind: send_type(msg.r#type)?,
-        list_name: ListName::parse(msg.list_name)?,
-        subject: Subject::parse(msg.subject)?,
-        body: Body::parse(msg.body)?,
-        type_data: TypeData::parse(msg.type_data)?,
-    };
+    let content = NotificationContent::parse(
+        send_type(msg.r#type)?,
+        msg.list_name,
+        msg.subject,
+        msg.body,
+        msg.type_data,
+    )?;
     let origin = ScriptOrigin::parse(
         msg.source_instance_id,
         msg.source_script,
