@@ -4,6 +4,7 @@
 
 pub mod channel;
 pub mod delivery;
+pub mod kpi;
 pub mod retry;
 pub mod status;
 

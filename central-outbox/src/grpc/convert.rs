@@ -111,6 +111,7 @@ pub fn state_view(state: NotificationState) -> v1::NotificationStatusView {
         next_attempt_at: state.next_attempt_at.map(to_timestamp),
         delivered_at: state.delivered_at.map(to_timestamp),
         site_enqueued_at: Some(to_timestamp(state.site_enqueued_at)),
+        ..Default::default()
     }
 }
 
