@@ -14,16 +14,20 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::dispatcher::DispatcherSettings;
+use crate::domain::kpi::KpiSettings;
+use crate::purge::PurgeSettings;
 use crate::domain::channel::{
     EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
 };
-use crate::domain::{ListName, NotificationType};
+use crate::domain::NotificationType;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
     /// gRPC listen address.
     pub listen_addr: SocketAddr,
+    /// Prometheus `/metrics` HTTP address; unset (the default) serves no metrics.
+    pub metrics_listen: Option<SocketAddr>,
     /// `sqlite://PATH` (the embedded default).
     pub database: String,
     /// Lease holder name; defaults to a random id per process.
@@ -34,6 +38,8 @@ pub struct Config {
     /// Notification lists; each is written to the database at start-up (replacing one of the
     /// same name). Lists not named here are left as they are.
     pub lists: Vec<ListConfig>,
+    pub kpis: KpiConfig,
+    pub retention: RetentionConfig,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
     pub log: LogConfig,
@@ -43,11 +49,14 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             listen_addr: SocketAddr::from(([127, 0, 0, 1], 50051)),
+            metrics_listen: None,
             database: "sqlite://var/central.db".into(),
             node_id: None,
             dispatcher: DispatcherConfig::default(),
             smtp: None,
             lists: Vec::new(),
+            kpis: KpiConfig::default(),
+            retention: RetentionConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
             log: LogConfig::default(),
         }
@@ -71,6 +80,52 @@ impl Default for DispatcherConfig {
             poll_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(15),
             claim_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// How the KPIs (GetKpis and `/metrics`) are computed. Display only: nothing here changes what
+/// the dispatcher does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KpiConfig {
+    /// A Pending/Retrying notification older than this counts as stuck.
+    #[serde(with = "humantime_serde")]
+    pub stuck_age_threshold: Duration,
+    /// The trailing window of the "delivered recently" figure.
+    #[serde(with = "humantime_serde")]
+    pub delivered_kpi_window: Duration,
+}
+
+impl Default for KpiConfig {
+    fn default() -> Self {
+        Self {
+            stuck_age_threshold: Duration::from_secs(10 * 60),
+            delivered_kpi_window: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The purge of old terminal notifications.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetentionConfig {
+    /// Delivered, Parked and Discarded rows resolved longer ago than this are deleted.
+    #[serde(with = "humantime_serde")]
+    pub terminal_retention: Duration,
+    /// How often the purge runs (on the dispatcher lease holder only).
+    #[serde(with = "humantime_serde")]
+    pub purge_interval: Duration,
+    /// Rows deleted per transaction, so a large purge never holds the write lock for long.
+    pub purge_batch_size: u32,
+}
+
+impl Default for RetentionConfig {
+    fn default() -> Self {
+        Self {
+            terminal_retention: Duration::from_secs(365 * 24 * 3600),
+            purge_interval: Duration::from_secs(24 * 3600),
+            purge_batch_size: 1000,
         }
     }
 }
@@ -169,10 +224,13 @@ pub enum DatabaseUrl {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub listen_addr: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
     pub database: DatabaseUrl,
     pub dispatcher: DispatcherSettings,
     pub smtp: Option<SmtpSettings>,
     pub lists: Vec<NotificationList>,
+    pub kpis: KpiSettings,
+    pub purge: PurgeSettings,
     pub shutdown_timeout: Duration,
 }
 
@@ -211,6 +269,23 @@ impl Config {
             Some(id) => id.clone(),
             None => format!("central-{}", uuid::Uuid::new_v4().simple()),
         };
+        let k = &self.kpis;
+        if k.stuck_age_threshold.is_zero() {
+            bail!("kpis.stuck_age_threshold: must be positive");
+        }
+        if k.delivered_kpi_window.is_zero() {
+            bail!("kpis.delivered_kpi_window: must be positive");
+        }
+        let r = &self.retention;
+        if r.terminal_retention.is_zero() {
+            bail!("retention.terminal_retention: must be positive");
+        }
+        if r.purge_interval < Duration::from_secs(1) {
+            bail!("retention.purge_interval: must be at least 1s");
+        }
+        if !(1..=100_000).contains(&r.purge_batch_size) {
+            bail!("retention.purge_batch_size: must be between 1 and 100000");
+        }
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
         let lists = self
             .lists
@@ -220,6 +295,7 @@ impl Config {
             .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(Settings {
             listen_addr: self.listen_addr,
+            metrics_listen: self.metrics_listen,
             database,
             dispatcher: DispatcherSettings {
                 node_id,
@@ -230,6 +306,15 @@ impl Config {
             },
             smtp,
             lists,
+            kpis: KpiSettings {
+                stuck_age_threshold: k.stuck_age_threshold,
+                delivered_window: k.delivered_kpi_window,
+            },
+            purge: PurgeSettings {
+                terminal_retention: r.terminal_retention,
+                interval: r.purge_interval,
+                batch_size: r.purge_batch_size,
+            },
             shutdown_timeout: self.shutdown_timeout,
         })
     }
@@ -249,12 +334,6 @@ fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
 }
 
 fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
-    if c.host.trim().is_empty() {
-        bail!("smtp.host: must not be empty");
-    }
-    if c.port == 0 {
-        bail!("smtp.port: must be between 1 and 65535");
-    }
     let tls = TlsMode::parse(&c.tls)
         .with_context(|| format!("smtp.tls: {:?} is not one of none, starttls, tls", c.tls))?;
     let auth = match (&c.username, &c.password) {
@@ -267,49 +346,29 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
     };
     let from_address = EmailAddress::parse(&c.from_address, "from_address")
         .map_err(|e| anyhow::anyhow!("smtp.{e}"))?;
-    if c.max_concurrent_connections == 0 || c.max_concurrent_connections > 256 {
-        bail!("smtp.max_concurrent_connections: must be between 1 and 256");
-    }
-    if c.timeout.is_zero() {
-        bail!("smtp.timeout: must be positive");
-    }
-    Ok(SmtpSettings {
+    SmtpSettings {
         host: c.host.clone(),
         port: c.port,
         tls,
         auth,
         from_address,
-        // Non-positive retry settings are clamped with a warning by the retry policy, as the
-        // seeds specify, rather than refused here.
         max_retries: c.max_retries,
         retry_delay: c.retry_delay,
         max_concurrent_connections: c.max_concurrent_connections,
         timeout: c.timeout,
-    })
+    }
+    .check()
+    .map_err(|e| anyhow::anyhow!("smtp.{e}"))
 }
 
 fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
-    let key = format!("lists[{index}]");
-    let name = ListName::parse(c.name.clone()).map_err(|e| anyhow::anyhow!("{key}.{e}"))?;
     let kind = match c.kind.as_str() {
         "email" => NotificationType::Email,
         "webhook" => NotificationType::Webhook,
-        other => bail!("{key}.type: {other:?} is not one of email, webhook"),
+        other => bail!("lists[{index}].type: {other:?} is not one of email, webhook"),
     };
-    let recipients = c
-        .recipients
-        .iter()
-        .enumerate()
-        .map(|(j, address)| {
-            EmailAddress::parse(address, "recipients")
-                .map_err(|e| anyhow::anyhow!("{key}.recipients[{j}]: {}", e.problem))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    Ok(NotificationList {
-        name,
-        kind,
-        recipients,
-    })
+    NotificationList::parse(c.name.clone(), kind, &c.recipients)
+        .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
 }
 
 #[cfg(test)]
@@ -342,7 +401,8 @@ mod tests {
         let err =
             from_toml("[[lists]]\nname = 'ops'\nrecipients = ['a@x.test', 'bad']").unwrap_err();
         assert!(
-            err.to_string().starts_with("lists[0].recipients[1]"),
+            err.to_string()
+                .starts_with("lists[0].recipients: entry 2: \"bad\""),
             "{err}"
         );
         let err = from_toml("database = 'mssql://db'").unwrap_err();

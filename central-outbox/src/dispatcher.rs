@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -60,6 +60,8 @@ pub struct Dispatcher<S> {
     settings: DispatcherSettings,
     wake: Arc<Notify>,
     lease: Option<LeaseEpoch>,
+    /// Publishes `lease` to whoever works only on the leader (the purge) or reports it (metrics).
+    lease_watch: watch::Sender<Option<LeaseEpoch>>,
     /// Settings of the last sweep, to log clamping warnings once per change, not per attempt.
     channel: Option<SmtpSettings>,
     in_flight: JoinSet<()>,
@@ -73,9 +75,15 @@ impl<S: OutboxStore> Dispatcher<S> {
             settings,
             wake,
             lease: None,
+            lease_watch: watch::Sender::new(None),
             channel: None,
             in_flight: JoinSet::new(),
         }
+    }
+
+    /// The lease epoch this node holds, `None` while it is not the dispatcher.
+    pub fn lease_watch(&self) -> watch::Receiver<Option<LeaseEpoch>> {
+        self.lease_watch.subscribe()
     }
 
     /// Runs until `shutdown` is cancelled, then drains.
@@ -107,6 +115,7 @@ impl<S: OutboxStore> Dispatcher<S> {
                 tracing::error!(error = %e, "dispatch sweep failed");
             }
         }
+        self.lease_watch.send_replace(None);
         self.drain().await;
     }
 
@@ -140,6 +149,11 @@ impl<S: OutboxStore> Dispatcher<S> {
             _ => {}
         }
         self.lease = now;
+        self.lease_watch.send_if_modified(|held| {
+            let changed = *held != now;
+            *held = now;
+            changed
+        });
     }
 
     /// One sweep: claim up to the number of free delivery slots and start their deliveries.
@@ -147,7 +161,7 @@ impl<S: OutboxStore> Dispatcher<S> {
         let Some(epoch) = self.lease else {
             return Ok(SweepOutcome::NotLeader);
         };
-        let channel = self.store.smtp_settings().await?;
+        let channel = self.store.smtp_settings().await?.map(|s| s.value);
         self.note_channel_change(channel.as_ref());
         let slots = channel
             .as_ref()
@@ -275,7 +289,8 @@ impl<S: OutboxStore> Attempt<S> {
                     "unknown notification list {:?}",
                     n.content.list_name.as_str()
                 ))
-            })?;
+            })?
+            .value;
         if list.kind != n.content.kind {
             return Err(DeliveryError::permanent(format!(
                 "notification list {:?} is a {} list, not {}",

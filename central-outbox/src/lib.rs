@@ -11,6 +11,8 @@ pub mod delivery;
 pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
+pub mod purge;
+pub mod metrics;
 pub mod store;
 pub mod telemetry;
 
@@ -84,6 +86,12 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
     );
     let dispatcher_stop = CancellationToken::new();
+    let purge_task = tokio::spawn(purge::run(
+        Arc::clone(&store),
+        settings.purge,
+        dispatcher.lease_watch(),
+        dispatcher_stop.clone(),
+    ));
     let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
 
     let (health, health_service) = tonic_health::server::health_reporter();
@@ -102,8 +110,8 @@ async fn serve<S: OutboxStore>(
         .build_v1alpha()?;
 
     let streams_stop = CancellationToken::new();
-    let ingest = IngestService::new(Arc::clone(&store), wake, streams_stop.clone());
-    let outbox = OutboxService::new(Arc::clone(&store));
+    let ingest = IngestService::new(Arc::clone(&store), Arc::clone(&wake), streams_stop.clone());
+    let outbox = OutboxService::new(Arc::clone(&store), settings.kpis, Arc::clone(&wake));
     let local_addr = listener.local_addr().ok();
     tracing::info!(addr = ?local_addr, "central-outbox serving");
 
@@ -147,6 +155,9 @@ async fn serve<S: OutboxStore>(
     dispatcher_stop.cancel();
     if let Err(e) = dispatcher_task.await {
         tracing::error!(error = %e, "dispatcher task failed");
+    }
+    if let Err(e) = purge_task.await {
+        tracing::error!(error = %e, "purge task failed");
     }
     served?;
     tracing::info!("central-outbox stopped");

@@ -1,5 +1,5 @@
-//! Conversions between `google.protobuf.Timestamp` and `chrono::DateTime<Utc>`, the one time
-//! type the services use inside.
+//! Conversions between the protobuf well-known time types and the types the services use
+//! inside: `Timestamp` <-> `chrono::DateTime<Utc>`, `Duration` <-> `std::time::Duration`.
 
 use chrono::{DateTime, Utc};
 use prost_types::Timestamp;
@@ -19,6 +19,21 @@ pub fn from_timestamp(ts: &Timestamp) -> Option<DateTime<Utc>> {
     DateTime::from_timestamp(ts.seconds, nanos)
 }
 
+/// Encodes a span as a protobuf duration (saturating at the protobuf maximum).
+pub fn to_duration(span: std::time::Duration) -> prost_types::Duration {
+    prost_types::Duration {
+        seconds: i64::try_from(span.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(span.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+/// Decodes a protobuf duration; `None` if it is negative or its nanos are invalid.
+pub fn from_duration(d: &prost_types::Duration) -> Option<std::time::Duration> {
+    let seconds = u64::try_from(d.seconds).ok()?;
+    let nanos = u32::try_from(d.nanos).ok().filter(|n| *n < 1_000_000_000)?;
+    Some(std::time::Duration::new(seconds, nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -35,6 +50,19 @@ mod tests {
             from_timestamp(&Timestamp {
                 seconds: 0,
                 nanos: -1
+            }),
+            None
+        );
+    }
+
+    #[test]
+    fn durations_round_trip_and_negative_ones_are_refused() {
+        let span = std::time::Duration::new(90, 5);
+        assert_eq!(from_duration(&to_duration(span)), Some(span));
+        assert_eq!(
+            from_duration(&prost_types::Duration {
+                seconds: -1,
+                nanos: 0
             }),
             None
         );

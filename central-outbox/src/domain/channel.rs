@@ -65,6 +65,61 @@ pub struct NotificationList {
     pub recipients: Vec<EmailAddress>,
 }
 
+/// Most recipients one list may have: a list is a team, not a mailing campaign, and every
+/// address goes into one message's BCC.
+pub const MAX_LIST_RECIPIENTS: usize = 1000;
+
+impl NotificationList {
+    /// Checks a list as an operator or the config file gives it. Errors name `name`, `type` or
+    /// `recipients` (with the entry's position).
+    pub fn parse(
+        name: String,
+        kind: NotificationType,
+        recipients: &[String],
+    ) -> Result<Self, ContentError> {
+        let name = ListName::parse(name)?;
+        if kind != NotificationType::Email {
+            return Err(ContentError::new(
+                "type",
+                "only email lists can be configured in this version",
+            ));
+        }
+        if recipients.is_empty() {
+            return Err(ContentError::new("recipients", "at least one is required"));
+        }
+        if recipients.len() > MAX_LIST_RECIPIENTS {
+            return Err(ContentError::new(
+                "recipients",
+                format!(
+                    "{} given, at most {MAX_LIST_RECIPIENTS} allowed",
+                    recipients.len()
+                ),
+            ));
+        }
+        let recipients = recipients
+            .iter()
+            .enumerate()
+            .map(|(i, address)| {
+                EmailAddress::parse(address, "recipients").map_err(|e| {
+                    ContentError::new("recipients", format!("entry {}: {}", i + 1, e.problem))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            name,
+            kind,
+            recipients,
+        })
+    }
+}
+
+/// A stored configuration value and when it was last written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored<T> {
+    pub value: T,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
 /// A credential that must never be shown: `Debug` and `Display` print a placeholder.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret(String);
@@ -142,6 +197,47 @@ pub struct SmtpSettings {
     pub max_concurrent_connections: u32,
     /// Per-command and connect timeout.
     pub timeout: Duration,
+}
+
+/// Most SMTP sessions one channel may open at once.
+pub const MAX_SMTP_CONNECTIONS: u32 = 256;
+
+impl SmtpSettings {
+    /// Checks the values no delivery could work without; errors name the field. Retry settings
+    /// are not refused: [`super::retry::RetryPolicy::clamped`] makes non-positive ones safe, as
+    /// the seeds specify.
+    pub fn check(self) -> Result<Self, ContentError> {
+        if self.host.trim().is_empty() {
+            return Err(ContentError::new("host", "must not be empty"));
+        }
+        if self.host.len() > 253 || self.host.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ContentError::new("host", "is not a host name or address"));
+        }
+        if self.port == 0 {
+            return Err(ContentError::new("port", "must be between 1 and 65535"));
+        }
+        if let SmtpAuth::Password { username, password } = &self.auth {
+            if username.trim().is_empty() || username.len() > 256 {
+                return Err(ContentError::new("username", "must be 1 to 256 characters"));
+            }
+            if password.expose().is_empty() {
+                return Err(ContentError::new("password", "must not be empty"));
+            }
+        }
+        if self.max_concurrent_connections == 0
+            || self.max_concurrent_connections > MAX_SMTP_CONNECTIONS
+        {
+            return Err(ContentError::new(
+                "max_concurrent_connections",
+                format!("must be between 1 and {MAX_SMTP_CONNECTIONS}"),
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err(ContentError::new("timeout", "must be positive"));
+        }
+        Ok(self)
+    }
 }
 
 #[cfg(test)]

@@ -54,6 +54,17 @@ impl AttemptOutcome {
         }
     }
 
+    pub fn from_db(text: &str) -> Option<Self> {
+        [
+            Self::InFlight,
+            Self::Delivered,
+            Self::TransientFailure,
+            Self::PermanentFailure,
+        ]
+        .into_iter()
+        .find(|o| o.as_str() == text)
+    }
+
     pub fn of(result: &Result<Delivered, DeliveryError>) -> Self {
         match result {
             Ok(_) => Self::Delivered,

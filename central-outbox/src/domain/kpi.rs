@@ -45,3 +45,35 @@ pub struct Kpis {
     /// Sorted by site id.
     pub sites: Vec<(String, KpiValues)>,
 }
+
+/// The configured KPI definitions (`[kpis]` in the config file).
+#[derive(Debug, Clone, Copy)]
+pub struct KpiSettings {
+    pub stuck_age_threshold: Duration,
+    pub delivered_window: Duration,
+}
+
+impl KpiSettings {
+    pub fn at(self, now: DateTime<Utc>) -> KpiParams {
+        KpiParams {
+            now,
+            stuck_age_threshold: self.stuck_age_threshold,
+            delivered_window: self.delivered_window,
+        }
+    }
+
+    /// Whether a row of this status and creation time counts as stuck at `now`.
+    pub fn is_stuck(
+        self,
+        status: super::status::Status,
+        created_at: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> bool {
+        status.is_due_candidate() && stuck_cutoff(now, self.stuck_age_threshold) > created_at
+    }
+}
+
+/// Rows created before this instant are stuck (if still live).
+pub fn stuck_cutoff(now: DateTime<Utc>, threshold: Duration) -> DateTime<Utc> {
+    now - chrono::Duration::from_std(threshold).unwrap_or(chrono::Duration::MAX)
+}

@@ -4,7 +4,9 @@
 
 pub mod channel;
 pub mod delivery;
+pub mod history;
 pub mod kpi;
+pub mod query;
 pub mod retry;
 pub mod status;
 

@@ -1,137 +1,426 @@
-//! `NotificationOutbox`: the admin API for UI backends, outboxctl and grpcurl. This issue serves
-//! `GetNotificationStatus`; the rest of the service follows.
+//! `NotificationOutbox`: the admin API for UI backends, outboxctl and grpcurl. Handlers validate
+//! (through `admin_convert`), call the store once, and answer; operator actions take their actor
+//! from the `x-outbox-actor` header.
 
 use std::sync::Arc;
 
+use chrono::Utc;
+use outbox_proto::time::{to_duration, to_timestamp};
 use outbox_proto::v1::notification_outbox_server::NotificationOutbox;
 use outbox_proto::v1::{self, GetNotificationStatusRequest, NotificationStatusView};
+use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
-use super::{convert, invalid_argument, store_status};
-use crate::domain::NotificationId;
-use crate::store::OutboxStore;
+use super::{admin_convert, convert, invalid_argument, store_status};
+use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
+use crate::domain::kpi::{KpiSettings, stuck_cutoff};
+use crate::domain::query::{Cursor, PageRequest};
+use crate::domain::{ContentError, ListName, NotificationId};
+use crate::store::{NotificationState, OutboxStore};
+
+/// The request header naming who performs an operator action.
+pub const ACTOR_HEADER: &str = "x-outbox-actor";
+
+/// Most notifications one bulk call may name or change.
+pub const MAX_BULK: usize = 1000;
 
 pub struct OutboxService<S> {
     store: Arc<S>,
+    kpis: KpiSettings,
+    /// Wakes the dispatcher when a retry makes rows due.
+    wake: Arc<Notify>,
 }
 
 impl<S> OutboxService<S> {
-    pub fn new(store: Arc<S>) -> Self {
-        Self { store }
+    pub fn new(store: Arc<S>, kpis: KpiSettings, wake: Arc<Notify>) -> Self {
+        Self { store, kpis, wake }
+    }
+
+    fn view(&self, state: NotificationState) -> NotificationStatusView {
+        let stuck = self
+            .kpis
+            .is_stuck(state.status, state.created_at, Utc::now());
+        convert::state_view(state, stuck)
+    }
+
+    fn stuck_before(&self) -> chrono::DateTime<Utc> {
+        stuck_cutoff(Utc::now(), self.kpis.stuck_age_threshold)
+    }
+}
+
+fn actor<T>(request: &Request<T>) -> Actor {
+    request
+        .metadata()
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(Actor::unknown, Actor::new)
+}
+
+fn not_found(id: NotificationId) -> Status {
+    Status::not_found(format!("notification {id} is not known to central"))
+}
+
+fn refusal_reason(action: OperatorAction, refusal: ActionRefusal) -> String {
+    match refusal {
+        ActionRefusal::NotFound => "not found".into(),
+        ActionRefusal::WrongStatus(status) => format!(
+            "status is {}; only PARKED notifications can be {}",
+            status.as_str().to_uppercase(),
+            action.verb()
+        ),
+    }
+}
+
+fn parse_id(text: &str, field: &'static str) -> Result<NotificationId, Status> {
+    NotificationId::parse(text, field).map_err(invalid_argument)
+}
+
+impl<S: OutboxStore> OutboxService<S> {
+    async fn act_on_one(
+        &self,
+        action: OperatorAction,
+        id: &str,
+        actor: Actor,
+    ) -> Result<Response<NotificationStatusView>, Status> {
+        let id = parse_id(id, "notification_id")?;
+        let mut results = self
+            .store
+            .act_on_ids(action, vec![id], actor.clone())
+            .await
+            .map_err(store_status)?;
+        match results.pop() {
+            Some(Ok(state)) => {
+                tracing::info!(%id, actor = actor.as_str(), "notification {}", action.verb());
+                if action == OperatorAction::Retry {
+                    self.wake.notify_one();
+                }
+                Ok(Response::new(self.view(state)))
+            }
+            Some(Err(ActionRefusal::NotFound)) | None => Err(not_found(id)),
+            Some(Err(refusal @ ActionRefusal::WrongStatus(_))) => Err(Status::failed_precondition(
+                format!("notification {id}: {}", refusal_reason(action, refusal)),
+            )),
+        }
+    }
+
+    async fn act_in_bulk(
+        &self,
+        action: OperatorAction,
+        request: Request<v1::BulkActionRequest>,
+    ) -> Result<Response<v1::BulkActionResponse>, Status> {
+        let actor = actor(&request);
+        let msg = request.into_inner();
+        let limit = match msg.limit as usize {
+            0 => MAX_BULK,
+            n => n.min(MAX_BULK),
+        };
+        let response = match msg.selector {
+            None => {
+                return Err(invalid_argument(ContentError::new(
+                    "selector",
+                    "set ids or filter",
+                )));
+            }
+            Some(v1::bulk_action_request::Selector::Ids(ids)) => {
+                let given = ids.notification_ids;
+                if given.is_empty() {
+                    return Err(invalid_argument(ContentError::new(
+                        "ids.notification_ids",
+                        "must name at least one notification",
+                    )));
+                }
+                if given.len() > MAX_BULK {
+                    return Err(invalid_argument(ContentError::new(
+                        "ids.notification_ids",
+                        format!("{} given, at most {MAX_BULK} per call", given.len()),
+                    )));
+                }
+                let parsed = given
+                    .iter()
+                    .map(|id| parse_id(id, "ids.notification_ids"))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let results = self
+                    .store
+                    .act_on_ids(action, parsed.clone(), actor.clone())
+                    .await
+                    .map_err(store_status)?;
+                let mut response = v1::BulkActionResponse::default();
+                for (id, result) in parsed.into_iter().zip(results) {
+                    match result {
+                        Ok(_) => response.changed_ids.push(id.to_string()),
+                        Err(refusal) => response.skipped.push(v1::SkippedNotification {
+                            notification_id: id.to_string(),
+                            reason: refusal_reason(action, refusal),
+                        }),
+                    }
+                }
+                response
+            }
+            Some(v1::bulk_action_request::Selector::Filter(filter)) => {
+                let filter = admin_convert::action_filter(filter, self.stuck_before())
+                    .map_err(invalid_argument)?;
+                let report = self
+                    .store
+                    .act_on_filter(action, filter, limit, actor.clone())
+                    .await
+                    .map_err(store_status)?;
+                v1::BulkActionResponse {
+                    changed_ids: report.changed.iter().map(ToString::to_string).collect(),
+                    more_matching: report.more_matching,
+                    ..Default::default()
+                }
+            }
+        };
+        let changed = response.changed_ids.len();
+        tracing::info!(
+            changed,
+            skipped = response.skipped.len(),
+            actor = actor.as_str(),
+            "bulk: notifications {}",
+            action.verb()
+        );
+        if action == OperatorAction::Retry && changed > 0 {
+            self.wake.notify_one();
+        }
+        Ok(Response::new(v1::BulkActionResponse {
+            changed: u32::try_from(changed).unwrap_or(u32::MAX),
+            ..response
+        }))
     }
 }
 
 #[tonic::async_trait]
 impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
+    async fn query_notifications(
+        &self,
+        request: Request<v1::QueryNotificationsRequest>,
+    ) -> Result<Response<v1::QueryNotificationsResponse>, Status> {
+        let msg = request.into_inner();
+        let filter =
+            admin_convert::filter(msg.filter, self.stuck_before()).map_err(invalid_argument)?;
+        let after = if msg.page_token.is_empty() {
+            None
+        } else {
+            Some(Cursor::parse_token(&msg.page_token).map_err(invalid_argument)?)
+        };
+        let page = self
+            .store
+            .query(PageRequest {
+                filter,
+                after,
+                size: PageRequest::page_size(msg.page_size),
+            })
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(v1::QueryNotificationsResponse {
+            notifications: page.rows.into_iter().map(|s| self.view(s)).collect(),
+            next_page_token: page.next.map(Cursor::token).unwrap_or_default(),
+        }))
+    }
+
     async fn get_notification_status(
         &self,
         request: Request<GetNotificationStatusRequest>,
     ) -> Result<Response<NotificationStatusView>, Status> {
-        let id = NotificationId::parse(&request.into_inner().notification_id, "notification_id")
-            .map_err(invalid_argument)?;
+        let id = parse_id(&request.into_inner().notification_id, "notification_id")?;
         match self.store.state(id).await.map_err(store_status)? {
-            Some(state) => Ok(Response::new(convert::state_view(state))),
-            None => Err(Status::not_found(format!(
-                "notification {id} is not known to central"
-            ))),
+            Some(state) => Ok(Response::new(self.view(state))),
+            None => Err(not_found(id)),
         }
-    }
-
-    async fn query_notifications(
-        &self,
-        _request: Request<v1::QueryNotificationsRequest>,
-    ) -> Result<Response<v1::QueryNotificationsResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
     }
 
     async fn get_notification_detail(
         &self,
-        _request: Request<v1::GetNotificationDetailRequest>,
+        request: Request<v1::GetNotificationDetailRequest>,
     ) -> Result<Response<v1::NotificationDetail>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let id = parse_id(&request.into_inner().notification_id, "notification_id")?;
+        let detail = self
+            .store
+            .detail(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| not_found(id))?;
+        let stuck = self
+            .kpis
+            .is_stuck(detail.state.status, detail.state.created_at, Utc::now());
+        Ok(Response::new(admin_convert::detail_view(detail, stuck)))
     }
 
     async fn retry_notification(
         &self,
-        _request: Request<v1::RetryNotificationRequest>,
-    ) -> Result<Response<v1::NotificationStatusView>, Status> {
-        Err(Status::unimplemented("not yet"))
+        request: Request<v1::RetryNotificationRequest>,
+    ) -> Result<Response<NotificationStatusView>, Status> {
+        let actor = actor(&request);
+        let id = request.into_inner().notification_id;
+        self.act_on_one(OperatorAction::Retry, &id, actor).await
     }
 
     async fn discard_notification(
         &self,
-        _request: Request<v1::DiscardNotificationRequest>,
-    ) -> Result<Response<v1::NotificationStatusView>, Status> {
-        Err(Status::unimplemented("not yet"))
+        request: Request<v1::DiscardNotificationRequest>,
+    ) -> Result<Response<NotificationStatusView>, Status> {
+        let actor = actor(&request);
+        let id = request.into_inner().notification_id;
+        self.act_on_one(OperatorAction::Discard, &id, actor).await
     }
 
     async fn retry_notifications(
         &self,
-        _request: Request<v1::BulkActionRequest>,
+        request: Request<v1::BulkActionRequest>,
     ) -> Result<Response<v1::BulkActionResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        self.act_in_bulk(OperatorAction::Retry, request).await
     }
 
     async fn discard_notifications(
         &self,
-        _request: Request<v1::BulkActionRequest>,
+        request: Request<v1::BulkActionRequest>,
     ) -> Result<Response<v1::BulkActionResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        self.act_in_bulk(OperatorAction::Discard, request).await
     }
 
     async fn get_kpis(
         &self,
         _request: Request<v1::GetKpisRequest>,
     ) -> Result<Response<v1::GetKpisResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let now = Utc::now();
+        let kpis = self
+            .store
+            .kpis(self.kpis.at(now))
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(v1::GetKpisResponse {
+            global: Some(admin_convert::kpi_values(&kpis.global)),
+            sites: kpis
+                .sites
+                .iter()
+                .map(|(site, values)| v1::SiteKpis {
+                    source_site_id: site.clone(),
+                    kpis: Some(admin_convert::kpi_values(values)),
+                })
+                .collect(),
+            computed_at: Some(to_timestamp(now)),
+            stuck_age_threshold: Some(to_duration(self.kpis.stuck_age_threshold)),
+            delivered_kpi_window: Some(to_duration(self.kpis.delivered_window)),
+        }))
     }
 
     async fn list_notification_lists(
         &self,
         _request: Request<v1::ListNotificationListsRequest>,
     ) -> Result<Response<v1::ListNotificationListsResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let lists = self.store.lists().await.map_err(store_status)?;
+        Ok(Response::new(v1::ListNotificationListsResponse {
+            lists: lists.into_iter().map(admin_convert::list_view).collect(),
+        }))
     }
 
     async fn get_notification_list(
         &self,
-        _request: Request<v1::GetNotificationListRequest>,
+        request: Request<v1::GetNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
+        let list = self
+            .store
+            .list(&name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| no_such_list(&name))?;
+        Ok(Response::new(admin_convert::list_view(list)))
     }
 
     async fn upsert_notification_list(
         &self,
-        _request: Request<v1::UpsertNotificationListRequest>,
+        request: Request<v1::UpsertNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let actor = actor(&request);
+        let list =
+            admin_convert::list_from_proto(request.into_inner().list).map_err(invalid_argument)?;
+        let name = list.name.clone();
+        self.store.upsert_list(list).await.map_err(store_status)?;
+        tracing::info!(list = name.as_str(), actor = actor.as_str(), "list saved");
+        let stored = self
+            .store
+            .list(&name)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::aborted("the list was deleted concurrently"))?;
+        Ok(Response::new(admin_convert::list_view(stored)))
     }
 
     async fn delete_notification_list(
         &self,
-        _request: Request<v1::DeleteNotificationListRequest>,
+        request: Request<v1::DeleteNotificationListRequest>,
     ) -> Result<Response<v1::DeleteNotificationListResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let actor = actor(&request);
+        let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
+        if !self.store.delete_list(&name).await.map_err(store_status)? {
+            return Err(no_such_list(&name));
+        }
+        tracing::info!(list = name.as_str(), actor = actor.as_str(), "list deleted");
+        Ok(Response::new(v1::DeleteNotificationListResponse {}))
     }
 
     async fn get_smtp_config(
         &self,
         _request: Request<v1::GetSmtpConfigRequest>,
     ) -> Result<Response<v1::SmtpConfig>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let stored = self
+            .store
+            .smtp_settings()
+            .await
+            .map_err(store_status)?
+            .ok_or_else(no_smtp_config)?;
+        Ok(Response::new(admin_convert::smtp_view(stored)))
     }
 
     async fn upsert_smtp_config(
         &self,
-        _request: Request<v1::UpsertSmtpConfigRequest>,
+        request: Request<v1::UpsertSmtpConfigRequest>,
     ) -> Result<Response<v1::SmtpConfig>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let actor = actor(&request);
+        let current = self.store.smtp_settings().await.map_err(store_status)?;
+        let settings = admin_convert::smtp_from_proto(
+            request.into_inner(),
+            current.as_ref().map(|c| &c.value),
+        )
+        .map_err(invalid_argument)?;
+        // Logged without the auth part: the password must never reach a log line.
+        tracing::info!(
+            host = settings.host,
+            port = settings.port,
+            actor = actor.as_str(),
+            "SMTP settings saved"
+        );
+        self.store
+            .put_smtp_settings(settings)
+            .await
+            .map_err(store_status)?;
+        let stored = self
+            .store
+            .smtp_settings()
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::aborted("the SMTP settings were deleted concurrently"))?;
+        Ok(Response::new(admin_convert::smtp_view(stored)))
     }
 
     async fn delete_smtp_config(
         &self,
-        _request: Request<v1::DeleteSmtpConfigRequest>,
+        request: Request<v1::DeleteSmtpConfigRequest>,
     ) -> Result<Response<v1::DeleteSmtpConfigResponse>, Status> {
-        Err(Status::unimplemented("not yet"))
+        let actor = actor(&request);
+        if !self.store.delete_smtp_settings().await.map_err(store_status)? {
+            return Err(no_smtp_config());
+        }
+        tracing::info!(actor = actor.as_str(), "SMTP settings deleted");
+        Ok(Response::new(v1::DeleteSmtpConfigResponse {}))
     }
+}
+
+fn no_such_list(name: &ListName) -> Status {
+    Status::not_found(format!("there is no notification list {:?}", name.as_str()))
+}
+
+fn no_smtp_config() -> Status {
+    Status::not_found("no SMTP configuration is stored")
 }

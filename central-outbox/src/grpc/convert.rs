@@ -97,7 +97,9 @@ pub fn status_to_proto(status: Status) -> v1::NotificationStatus {
     }
 }
 
-pub fn state_view(state: NotificationState) -> v1::NotificationStatusView {
+/// The status view of a row; `stuck` is the caller's judgement (it depends on the configured
+/// threshold and the time of the answer).
+pub fn state_view(state: NotificationState, stuck: bool) -> v1::NotificationStatusView {
     v1::NotificationStatusView {
         notification_id: state.id.to_string(),
         status: status_to_proto(state.status).into(),
@@ -111,7 +113,9 @@ pub fn state_view(state: NotificationState) -> v1::NotificationStatusView {
         next_attempt_at: state.next_attempt_at.map(to_timestamp),
         delivered_at: state.delivered_at.map(to_timestamp),
         site_enqueued_at: Some(to_timestamp(state.site_enqueued_at)),
-        ..Default::default()
+        subject: state.subject,
+        resolved_at: state.resolved_at.map(to_timestamp),
+        stuck,
     }
 }
 

@@ -2,6 +2,7 @@
 //! to `tonic::Status` in one place. Handlers stay thin: validate, call the store, answer.
 
 pub mod admin;
+pub mod admin_convert;
 pub mod convert;
 pub mod ingest;
 

@@ -8,6 +8,10 @@
 //!   InFlight attempt row in the same transaction.
 //! - `record_outcome` applies only if the row is still claimed under the given epoch and that
 //!   epoch still holds the dispatcher lease; otherwise it changes nothing and returns false.
+//! - `query` pages newest first by (CreatedAt, row id) with a keyset cursor, so concurrent inserts
+//!   never make a row appear twice or not at all in pages after the first.
+//! - Operator actions change only Parked rows, and write a history entry in the same transaction.
+//! - `purge_terminal` deletes only terminal rows resolved before the cutoff, with their history.
 
 pub mod sqlite;
 
@@ -16,8 +20,11 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::channel::{NotificationList, SmtpSettings};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::delivery::AttemptOutcome;
+use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, OperatorAction};
+use crate::domain::kpi::{KpiParams, Kpis};
+use crate::domain::query::{Cursor, NotificationFilter, PageRequest};
 use crate::domain::retry::Transition;
 use crate::domain::status::Status;
 use crate::domain::{
@@ -70,13 +77,16 @@ pub enum InsertOutcome {
     Conflict,
 }
 
-/// A notification's current state, as status queries show it.
+/// A notification's current state, as status queries and lists show it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotificationState {
+    /// The store's insertion-ordered key: the tie-breaker of the newest-first order.
+    pub row_id: i64,
     pub id: NotificationId,
     pub status: Status,
     pub kind: NotificationType,
     pub list_name: String,
+    pub subject: String,
     pub source_site_id: String,
     pub retry_count: u32,
     pub last_error: Option<String>,
@@ -85,6 +95,57 @@ pub struct NotificationState {
     pub last_attempt_at: Option<DateTime<Utc>>,
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub delivered_at: Option<DateTime<Utc>>,
+    pub resolved_at: Option<DateTime<Utc>>,
+}
+
+impl NotificationState {
+    /// This row's position in the newest-first order.
+    pub fn cursor(&self) -> Cursor {
+        Cursor {
+            created_at: self.created_at,
+            row_id: self.row_id,
+        }
+    }
+}
+
+/// Everything stored about one notification, with its history oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotificationDetail {
+    pub state: NotificationState,
+    pub body: String,
+    pub type_data: String,
+    pub source_instance_id: String,
+    pub source_script: String,
+    pub origin_execution_id: Option<String>,
+    pub origin_parent_execution_id: Option<String>,
+    pub resolved_targets: Option<String>,
+    pub history: Vec<HistoryEntry>,
+}
+
+/// One page of a query.
+#[derive(Debug, Clone, Default)]
+pub struct Page {
+    pub rows: Vec<NotificationState>,
+    /// Where the next page starts; `None` on the last page.
+    pub next: Option<Cursor>,
+}
+
+/// The result of an operator action on one notification: its new state, or why it was left.
+pub type ActionResult = std::result::Result<NotificationState, ActionRefusal>;
+
+/// What a bulk action by filter did.
+#[derive(Debug, Clone, Default)]
+pub struct FilterActionReport {
+    pub changed: Vec<NotificationId>,
+    /// More Parked rows match than the call's limit.
+    pub more_matching: bool,
+}
+
+/// What one purge batch deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeReport {
+    pub notifications: u64,
+    pub history_entries: u64,
 }
 
 /// The fencing token: the lease epoch a dispatcher holds.
@@ -158,18 +219,66 @@ pub trait OutboxStore: Send + Sync + 'static {
         record: AttemptRecord,
     ) -> impl Future<Output = Result<bool>> + Send;
 
+    /// One page of notifications matching the filter, newest first.
+    fn query(&self, page: PageRequest) -> impl Future<Output = Result<Page>> + Send;
+
+    /// The row with its full history, if stored.
+    fn detail(
+        &self,
+        id: NotificationId,
+    ) -> impl Future<Output = Result<Option<NotificationDetail>>> + Send;
+
+    /// Applies `action` to each id (each must be Parked), recording `actor` in its history. One
+    /// result per id, in order; all in one transaction.
+    fn act_on_ids(
+        &self,
+        action: OperatorAction,
+        ids: Vec<NotificationId>,
+        actor: Actor,
+    ) -> impl Future<Output = Result<Vec<ActionResult>>> + Send;
+
+    /// Applies `action` to the oldest `limit` Parked rows matching `filter` (its statuses are
+    /// ignored: only Parked rows are acted on).
+    fn act_on_filter(
+        &self,
+        action: OperatorAction,
+        filter: NotificationFilter,
+        limit: usize,
+        actor: Actor,
+    ) -> impl Future<Output = Result<FilterActionReport>> + Send;
+
+    /// The KPIs at `params.now`.
+    fn kpis(&self, params: KpiParams) -> impl Future<Output = Result<Kpis>> + Send;
+
+    /// Deletes up to `batch` terminal rows resolved before `resolved_before`, with their
+    /// history. Call again until it deletes fewer than `batch`.
+    fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> impl Future<Output = Result<PurgeReport>> + Send;
+
     /// The named list, if configured.
     fn list(
         &self,
         name: &ListName,
-    ) -> impl Future<Output = Result<Option<NotificationList>>> + Send;
+    ) -> impl Future<Output = Result<Option<Stored<NotificationList>>>> + Send;
+
+    /// Every list, by name.
+    fn lists(&self) -> impl Future<Output = Result<Vec<Stored<NotificationList>>>> + Send;
 
     /// Creates or replaces a list and its recipients.
     fn upsert_list(&self, list: NotificationList) -> impl Future<Output = Result<()>> + Send;
 
+    /// Deletes a list; false if there was none.
+    fn delete_list(&self, name: &ListName) -> impl Future<Output = Result<bool>> + Send;
+
     /// The email channel's settings, if configured.
-    fn smtp_settings(&self) -> impl Future<Output = Result<Option<SmtpSettings>>> + Send;
+    fn smtp_settings(&self) -> impl Future<Output = Result<Option<Stored<SmtpSettings>>>> + Send;
 
     /// Creates or replaces the email channel's settings.
     fn put_smtp_settings(&self, settings: SmtpSettings) -> impl Future<Output = Result<()>> + Send;
+
+    /// Removes the email channel's settings; false if there were none.
+    fn delete_smtp_settings(&self) -> impl Future<Output = Result<bool>> + Send;
 }

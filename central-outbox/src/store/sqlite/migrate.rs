@@ -11,11 +11,18 @@ struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration is never edited.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    sql: include_str!("../../../../migrations/sqlite/0001_initial.sql"),
-}];
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        sql: include_str!("../../../../migrations/sqlite/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "admin",
+        sql: include_str!("../../../../migrations/sqlite/0002_admin.sql"),
+    },
+];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
 pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {

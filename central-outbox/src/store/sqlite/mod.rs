@@ -6,6 +6,8 @@
 //! atomic without row-lock hints; the lease and claim-epoch conditions in the statements are what
 //! fence a deposed dispatcher. The database's clock is this process's clock.
 
+mod admin;
+mod channel;
 mod migrate;
 
 use std::path::Path;
@@ -17,19 +19,18 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use uuid::Uuid;
 
 use super::{
-    AttemptRecord, ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification,
-    NotificationState, OutboxStore, Result, StoreError,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
+    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
+    PurgeReport, Result, StoreError,
 };
-use crate::domain::channel::{
-    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
-};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::history::{Actor, OperatorAction};
+use crate::domain::kpi::{KpiParams, Kpis};
+use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
 use crate::domain::{
     Body, ListName, NotificationContent, NotificationId, NotificationType, Subject, TypeData,
 };
-
-/// The channel key of the email settings row in `ChannelConfig`.
-const EMAIL_CHANNEL: &str = "email";
 
 /// Central store on a SQLite file.
 #[derive(Debug, Clone)]
@@ -71,7 +72,7 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
-        self.db.read(move |conn| select_state(conn, id)).await
+        self.db.read(move |conn| admin::select_state(conn, id)).await
     }
 
     async fn acquire_lease(
@@ -107,25 +108,89 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
-    async fn list(&self, name: &ListName) -> Result<Option<NotificationList>> {
+    async fn query(&self, page: PageRequest) -> Result<Page> {
+        self.db.read(move |conn| admin::query(conn, &page)).await
+    }
+
+    async fn detail(&self, id: NotificationId) -> Result<Option<NotificationDetail>> {
+        self.db.read(move |conn| admin::detail(conn, id)).await
+    }
+
+    async fn act_on_ids(
+        &self,
+        action: OperatorAction,
+        ids: Vec<NotificationId>,
+        actor: Actor,
+    ) -> Result<Vec<ActionResult>> {
+        self.db
+            .write(move |conn| admin::act_on_ids(conn, action, &ids, &actor, Utc::now()))
+            .await
+    }
+
+    async fn act_on_filter(
+        &self,
+        action: OperatorAction,
+        filter: NotificationFilter,
+        limit: usize,
+        actor: Actor,
+    ) -> Result<FilterActionReport> {
+        self.db
+            .write(move |conn| {
+                admin::act_on_filter(conn, action, &filter, limit, &actor, Utc::now())
+            })
+            .await
+    }
+
+    async fn kpis(&self, params: KpiParams) -> Result<Kpis> {
+        self.db.read(move |conn| admin::kpis(conn, &params)).await
+    }
+
+    async fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport> {
+        self.db
+            .write(move |conn| admin::purge_terminal(conn, resolved_before, batch))
+            .await
+    }
+
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
         let name = name.clone();
-        self.db.read(move |conn| select_list(conn, name)).await
+        self.db
+            .read(move |conn| channel::select_list(conn, &name))
+            .await
+    }
+
+    async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
+        self.db.read(channel::select_lists).await
     }
 
     async fn upsert_list(&self, list: NotificationList) -> Result<()> {
         self.db
-            .write(move |conn| replace_list(conn, &list, Utc::now()))
+            .write(move |conn| channel::replace_list(conn, &list, Utc::now()))
             .await
     }
 
-    async fn smtp_settings(&self) -> Result<Option<SmtpSettings>> {
-        self.db.read(select_smtp_settings).await
+    async fn delete_list(&self, name: &ListName) -> Result<bool> {
+        let name = name.clone();
+        self.db
+            .write(move |conn| channel::delete_list(conn, &name))
+            .await
+    }
+
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        self.db.read(channel::select_smtp_settings).await
     }
 
     async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
         self.db
-            .write(move |conn| replace_smtp_settings(conn, &settings, Utc::now()))
+            .write(move |conn| channel::replace_smtp_settings(conn, &settings, Utc::now()))
             .await
+    }
+
+    async fn delete_smtp_settings(&self) -> Result<bool> {
+        self.db.write(channel::delete_smtp_settings).await
     }
 }
 
@@ -180,50 +245,6 @@ fn insert_idempotently(
         outcomes.push(outcome);
     }
     Ok(outcomes)
-}
-
-fn select_state(conn: &Connection, id: NotificationId) -> Result<Option<NotificationState>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT Status, Type, ListName, SourceSiteId, RetryCount, LastError, SiteEnqueuedAt,
-                CreatedAt, LastAttemptAt, NextAttemptAt, DeliveredAt
-         FROM Notifications WHERE NotificationId = ?1",
-    )?;
-    let row = stmt
-        .query_row([id.to_string()], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, String>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, String>(3)?,
-                row.get::<_, u32>(4)?,
-                row.get::<_, Option<String>>(5)?,
-                row.get::<_, i64>(6)?,
-                row.get::<_, i64>(7)?,
-                row.get::<_, Option<i64>>(8)?,
-                row.get::<_, Option<i64>>(9)?,
-                row.get::<_, Option<i64>>(10)?,
-            ))
-        })
-        .optional()?;
-    let Some((status, kind, list, site, retries, error, enqueued, created, last, next, delivered)) =
-        row
-    else {
-        return Ok(None);
-    };
-    Ok(Some(NotificationState {
-        id,
-        status: Status::from_db(&status).ok_or_else(|| corrupt(format!("status {status:?}")))?,
-        kind: NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("type {kind:?}")))?,
-        list_name: list,
-        source_site_id: site,
-        retry_count: retries,
-        last_error: error,
-        site_enqueued_at: at_ms(enqueued),
-        created_at: at_ms(created),
-        last_attempt_at: last.map(at_ms),
-        next_attempt_at: next.map(at_ms),
-        delivered_at: delivered.map(at_ms),
-    }))
 }
 
 /// Takes the lease if it is free, expired, or already ours; bumps the epoch unless we are
@@ -387,7 +408,12 @@ fn apply_outcome(
 ) -> Result<bool> {
     let now_ms = ms(now);
     let t = &record.transition;
-    let delivered_at = (t.status == Status::Delivered).then_some(now_ms);
+    // DeliveredAt equals ResolvedAt for a delivery, so either can date it.
+    let delivered_at = if t.status == Status::Delivered {
+        t.resolved_at.map(ms)
+    } else {
+        None
+    };
     let mut update = conn.prepare_cached(
         "UPDATE Notifications
          SET Status = ?1, RetryCount = ?2, LastError = COALESCE(?3, LastError),
@@ -428,128 +454,3 @@ fn apply_outcome(
     Ok(true)
 }
 
-fn select_list(conn: &Connection, name: ListName) -> Result<Option<NotificationList>> {
-    let kind: Option<String> = conn
-        .prepare_cached("SELECT Type FROM NotificationLists WHERE Name = ?1")?
-        .query_row([name.as_str()], |row| row.get(0))
-        .optional()?;
-    let Some(kind) = kind else {
-        return Ok(None);
-    };
-    let kind =
-        NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
-    let mut stmt = conn.prepare_cached(
-        "SELECT Address FROM NotificationListRecipients WHERE ListName = ?1 ORDER BY Address",
-    )?;
-    let recipients = stmt
-        .query_map([name.as_str()], |row| row.get::<_, String>(0))?
-        .map(|address| {
-            let address = address?;
-            EmailAddress::parse(&address, "recipients").map_err(corrupt)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(Some(NotificationList {
-        name,
-        kind,
-        recipients,
-    }))
-}
-
-fn replace_list(conn: &Connection, list: &NotificationList, now: DateTime<Utc>) -> Result<()> {
-    conn.prepare_cached(
-        "INSERT INTO NotificationLists (Name, Type, UpdatedAt) VALUES (?1, ?2, ?3)
-         ON CONFLICT (Name) DO UPDATE SET Type = excluded.Type, UpdatedAt = excluded.UpdatedAt",
-    )?
-    .execute(params![list.name.as_str(), list.kind.as_str(), ms(now)])?;
-    conn.prepare_cached("DELETE FROM NotificationListRecipients WHERE ListName = ?1")?
-        .execute([list.name.as_str()])?;
-    let mut insert = conn.prepare_cached(
-        "INSERT OR IGNORE INTO NotificationListRecipients (ListName, Address) VALUES (?1, ?2)",
-    )?;
-    for recipient in &list.recipients {
-        insert.execute([list.name.as_str(), recipient.as_str()])?;
-    }
-    Ok(())
-}
-
-fn select_smtp_settings(conn: &Connection) -> Result<Option<SmtpSettings>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT Host, Port, TlsMode, Username, Password, FromAddress, MaxRetries, RetryDelayMs,
-                MaxConcurrentConnections, TimeoutMs
-         FROM ChannelConfig WHERE Channel = ?1",
-    )?;
-    let row = stmt
-        .query_row([EMAIL_CHANNEL], |row| {
-            Ok((
-                row.get::<_, String>(0)?,
-                row.get::<_, u16>(1)?,
-                row.get::<_, String>(2)?,
-                row.get::<_, Option<String>>(3)?,
-                row.get::<_, Option<String>>(4)?,
-                row.get::<_, String>(5)?,
-                row.get::<_, i64>(6)?,
-                row.get::<_, i64>(7)?,
-                row.get::<_, u32>(8)?,
-                row.get::<_, i64>(9)?,
-            ))
-        })
-        .optional()?;
-    let Some((host, port, tls, user, password, from, retries, delay, conns, timeout)) = row else {
-        return Ok(None);
-    };
-    let auth = match (user, password) {
-        (Some(username), Some(password)) => SmtpAuth::Password {
-            username,
-            password: Secret::new(password),
-        },
-        _ => SmtpAuth::None,
-    };
-    let millis = |v: i64| Duration::from_millis(u64::try_from(v).unwrap_or(0));
-    Ok(Some(SmtpSettings {
-        host,
-        port,
-        tls: TlsMode::parse(&tls).ok_or_else(|| corrupt(format!("TLS mode {tls:?}")))?,
-        auth,
-        from_address: EmailAddress::parse(&from, "from_address").map_err(corrupt)?,
-        max_retries: retries,
-        retry_delay: millis(delay),
-        max_concurrent_connections: conns,
-        timeout: millis(timeout),
-    }))
-}
-
-fn replace_smtp_settings(conn: &Connection, s: &SmtpSettings, now: DateTime<Utc>) -> Result<()> {
-    let (username, password) = match &s.auth {
-        SmtpAuth::None => (None, None),
-        SmtpAuth::Password { username, password } => {
-            (Some(username.as_str()), Some(password.expose()))
-        }
-    };
-    conn.prepare_cached(
-        "INSERT INTO ChannelConfig (Channel, Host, Port, TlsMode, Username, Password, FromAddress,
-             MaxRetries, RetryDelayMs, MaxConcurrentConnections, TimeoutMs, UpdatedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
-         ON CONFLICT (Channel) DO UPDATE SET
-             Host = excluded.Host, Port = excluded.Port, TlsMode = excluded.TlsMode,
-             Username = excluded.Username, Password = excluded.Password,
-             FromAddress = excluded.FromAddress, MaxRetries = excluded.MaxRetries,
-             RetryDelayMs = excluded.RetryDelayMs,
-             MaxConcurrentConnections = excluded.MaxConcurrentConnections,
-             TimeoutMs = excluded.TimeoutMs, UpdatedAt = excluded.UpdatedAt",
-    )?
-    .execute(params![
-        EMAIL_CHANNEL,
-        s.host,
-        s.port,
-        s.tls.as_str(),
-        username,
-        password,
-        s.from_address.as_str(),
-        s.max_retries,
-        duration_ms(s.retry_delay),
-        s.max_concurrent_connections,
-        duration_ms(s.timeout),
-        ms(now),
-    ])?;
-    Ok(())
-}

@@ -1,0 +1,121 @@
+//! A notification's audit history: every delivery attempt and every operator action, in the
+//! order they happened, and the operator actions themselves (DESIGN §4, §5).
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::delivery::AttemptOutcome;
+use super::status::Status;
+
+/// What an operator can do to a Parked notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OperatorAction {
+    /// Parked → Pending, RetryCount 0, NextAttemptAt and LastError cleared.
+    Retry,
+    /// Parked → Discarded; the row is kept for the audit record.
+    Discard,
+}
+
+impl OperatorAction {
+    /// The status an action applies to. Only Parked rows can be retried or discarded: anything
+    /// else is still being worked on or already final.
+    pub const FROM: Status = Status::Parked;
+
+    pub fn target(self) -> Status {
+        match self {
+            Self::Retry => Status::Pending,
+            Self::Discard => Status::Discarded,
+        }
+    }
+
+    /// The history entry's stored name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Retry => "OperatorRetry",
+            Self::Discard => "OperatorDiscard",
+        }
+    }
+
+    pub fn verb(self) -> &'static str {
+        match self {
+            Self::Retry => "retried",
+            Self::Discard => "discarded",
+        }
+    }
+}
+
+/// Who asked for an operator action, as the request said (free text, bounded).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor(String);
+
+impl Actor {
+    /// Longest actor name kept; longer ones are cut (it is an audit label, not an identity).
+    pub const MAX_CHARS: usize = 128;
+
+    pub fn new(name: &str) -> Self {
+        let name: String = name
+            .trim()
+            .chars()
+            .filter(|c| !c.is_control())
+            .take(Self::MAX_CHARS)
+            .collect();
+        if name.is_empty() {
+            Self::unknown()
+        } else {
+            Self(name)
+        }
+    }
+
+    pub fn unknown() -> Self {
+        Self("unknown".into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// What one history entry records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HistoryEvent {
+    Attempt {
+        outcome: AttemptOutcome,
+        /// Unset while InFlight.
+        duration: Option<Duration>,
+        lease_epoch: i64,
+    },
+    Operator {
+        action: OperatorAction,
+        actor: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HistoryEntry {
+    /// 1, 2, 3, ... in the order written.
+    pub sequence: u32,
+    pub at: DateTime<Utc>,
+    pub error: Option<String>,
+    pub event: HistoryEvent,
+}
+
+/// Why an operator action did not change a notification.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ActionRefusal {
+    NotFound,
+    /// The notification is in this status, not Parked.
+    WrongStatus(Status),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn actor_names_are_bounded_and_never_empty() {
+        assert_eq!(Actor::new("  ").as_str(), "unknown");
+        assert_eq!(Actor::new("ann\r\n").as_str(), "ann");
+        assert_eq!(Actor::new(&"x".repeat(500)).as_str().len(), Actor::MAX_CHARS);
+    }
+}

@@ -1,0 +1,84 @@
+//! The retention purge: deletes terminal notifications (Delivered, Parked, Discarded) resolved
+//! longer ago than `terminal_retention`, with their history, in bounded batches so the write lock
+//! is never held for long. Live rows are never touched: the store's statement only selects
+//! terminal statuses.
+//!
+//! It runs on the dispatcher lease holder only (one replica does the work, the others skip it),
+//! once on becoming leader and then every `purge_interval`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{LeaseEpoch, OutboxStore, PurgeReport, StoreError};
+
+/// `[retention]` in the config file.
+#[derive(Debug, Clone, Copy)]
+pub struct PurgeSettings {
+    pub terminal_retention: Duration,
+    pub interval: Duration,
+    pub batch_size: u32,
+}
+
+/// Runs until `shutdown`: waits for leadership, purges, sleeps `interval`, again.
+pub async fn run<S: OutboxStore>(
+    store: Arc<S>,
+    settings: PurgeSettings,
+    mut lease: watch::Receiver<Option<LeaseEpoch>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            held = lease.wait_for(Option::is_some) => {
+                if held.is_err() {
+                    // The dispatcher is gone, so this node will never lead again.
+                    return;
+                }
+            }
+        }
+        match purge_once(store.as_ref(), settings, &shutdown).await {
+            Ok(report) if report.notifications > 0 => tracing::info!(
+                notifications = report.notifications,
+                history_entries = report.history_entries,
+                retention = %humantime::format_duration(settings.terminal_retention),
+                "purged terminal notifications past retention"
+            ),
+            Ok(_) => tracing::debug!("purge: nothing past retention"),
+            Err(e) => tracing::error!(error = %e, "purge failed; retrying next interval"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(settings.interval) => {}
+        }
+    }
+}
+
+/// Deletes batches until one comes back short (or shutdown). Returns the totals.
+pub async fn purge_once<S: OutboxStore>(
+    store: &S,
+    settings: PurgeSettings,
+    shutdown: &CancellationToken,
+) -> Result<PurgeReport, StoreError> {
+    let retention = chrono::Duration::from_std(settings.terminal_retention)
+        .unwrap_or(chrono::Duration::MAX);
+    // One cutoff for the whole pass, so it ends even while rows keep resolving.
+    let cutoff = Utc::now()
+        .checked_sub_signed(retention)
+        .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
+    let mut total = PurgeReport::default();
+    while !shutdown.is_cancelled() {
+        let batch = store
+            .purge_terminal(cutoff, settings.batch_size)
+            .await?;
+        total.notifications += batch.notifications;
+        total.history_entries += batch.history_entries;
+        if batch.notifications < u64::from(settings.batch_size) {
+            break;
+        }
+    }
+    Ok(total)
+}
