@@ -1,0 +1,542 @@
+//! Central's Prometheus metrics: what ingest and the dispatcher count as they go, and the KPI
+//! figures, rendered as OpenMetrics text for the `/metrics` endpoint (see the `metrics-endpoint`
+//! crate).
+//!
+//! Counters and the histogram are updated where the work happens (ingest, each finished
+//! attempt); the lease and KPI gauges are set from outside, the KPIs from the same store query as
+//! the `GetKpis` RPC, so both surfaces agree. Series for the outcomes known up front exist from the
+//! start at 0, so `rate()` sees the first increment. Label values are the names the database and
+//! the admin API already use (`Email`, `TransientFailure`), so a series and the attempt rows it
+//! counts read the same.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::domain::NotificationType;
+use crate::domain::delivery::AttemptOutcome;
+use crate::domain::kpi::{KpiValues, Kpis};
+use crate::store::InsertOutcome;
+
+/// Upper bounds, in seconds, of the delivery duration buckets. A send to a relay on the LAN takes
+/// a few milliseconds; a TLS handshake or a slow relay over a WAN, seconds; the SMTP timeout
+/// (30 s by default, per operation) bounds the tail, so 60 s closes the range.
+const DELIVERY_BUCKETS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
+];
+
+/// Outcomes a finished attempt can have (`InFlight` is what an unfinished one leaves behind).
+const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
+    AttemptOutcome::Delivered,
+    AttemptOutcome::TransientFailure,
+    AttemptOutcome::PermanentFailure,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct IngestLabels {
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AttemptLabels {
+    channel: &'static str,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ChannelLabels {
+    channel: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SiteLabels {
+    site: String,
+}
+
+type SecondsGauge = Gauge<f64, AtomicU64>;
+
+/// The global KPI gauges.
+#[derive(Debug, Default)]
+struct KpiGauges {
+    queue_depth: Gauge,
+    stuck: Gauge,
+    parked: Gauge,
+    delivered_recently: Gauge,
+    oldest_pending_age: SecondsGauge,
+    oldest_retry_wait_age: SecondsGauge,
+}
+
+/// The same figures per source site.
+#[derive(Debug, Default)]
+struct SiteKpiGauges {
+    queue_depth: Family<SiteLabels, Gauge>,
+    stuck: Family<SiteLabels, Gauge>,
+    parked: Family<SiteLabels, Gauge>,
+    delivered_recently: Family<SiteLabels, Gauge>,
+    oldest_pending_age: Family<SiteLabels, SecondsGauge>,
+    oldest_retry_wait_age: Family<SiteLabels, SecondsGauge>,
+}
+
+/// Every metric central exports. Share it with an `Arc`; every method takes `&self`.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    ingest: Family<IngestLabels, Counter>,
+    attempts: Family<AttemptLabels, Counter>,
+    durations: Family<ChannelLabels, Histogram, fn() -> Histogram>,
+    leader: Gauge,
+    lease_epoch: Gauge,
+    kpis: KpiGauges,
+    site_kpis: SiteKpiGauges,
+    /// Held while the KPI gauges are rewritten and while the registry is encoded, so a scrape
+    /// never sees the per-site families cleared and not yet refilled.
+    kpi_update: Mutex<()>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let ingest = Family::<IngestLabels, Counter>::default();
+        registry.register(
+            "outbox_ingest",
+            "Submits answered by ingest, by outcome (accepted: new row; duplicate: same id and \
+             content; conflict: same id, other content; invalid: failed validation)",
+            ingest.clone(),
+        );
+        for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
+            ingest.get_or_create_owned(&IngestLabels { outcome });
+        }
+
+        let attempts = Family::<AttemptLabels, Counter>::default();
+        registry.register(
+            "outbox_delivery_attempts",
+            "Finished delivery attempts, by channel and outcome",
+            attempts.clone(),
+        );
+        let durations: Family<ChannelLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(DELIVERY_BUCKETS));
+        registry.register_with_unit(
+            "outbox_delivery_duration",
+            "Time from handing a notification to the channel's adapter to its outcome",
+            Unit::Seconds,
+            durations.clone(),
+        );
+        // Email is the only adapter so far; its series start at zero.
+        let channel = NotificationType::Email.as_str();
+        durations.get_or_create_owned(&ChannelLabels { channel });
+        for outcome in FINISHED_OUTCOMES {
+            attempts.get_or_create_owned(&AttemptLabels {
+                channel,
+                outcome: outcome.as_str(),
+            });
+        }
+
+        let leader = Gauge::default();
+        registry.register(
+            "outbox_dispatcher_leader",
+            "1 while this node holds the dispatcher lease, else 0",
+            leader.clone(),
+        );
+        let lease_epoch = Gauge::default();
+        registry.register(
+            "outbox_dispatcher_lease_epoch",
+            "Epoch (fencing token) of the dispatcher lease as this node last saw it; 0 if unknown",
+            lease_epoch.clone(),
+        );
+
+        let kpis = KpiGauges::default();
+        let site_kpis = SiteKpiGauges::default();
+        register_kpis(&mut registry, &kpis, &site_kpis);
+
+        Self {
+            registry,
+            ingest,
+            attempts,
+            durations,
+            leader,
+            lease_epoch,
+            kpis,
+            site_kpis,
+            kpi_update: Mutex::new(()),
+        }
+    }
+
+    /// Counts one submit stored (or found) by the store.
+    pub fn ingested(&self, outcome: InsertOutcome) {
+        let outcome = match outcome {
+            InsertOutcome::Accepted => "accepted",
+            InsertOutcome::Duplicate => "duplicate",
+            InsertOutcome::Conflict => "conflict",
+        };
+        self.ingest.get_or_create(&IngestLabels { outcome }).inc();
+    }
+
+    /// Counts one submit rejected before it reached the store.
+    pub fn ingest_rejected_invalid(&self) {
+        self.ingest
+            .get_or_create(&IngestLabels { outcome: "invalid" })
+            .inc();
+    }
+
+    /// Counts one attempt that reached an outcome, and how long the adapter took.
+    pub fn attempt_finished(
+        &self,
+        channel: NotificationType,
+        outcome: AttemptOutcome,
+        duration: Duration,
+    ) {
+        let channel = channel.as_str();
+        self.attempts
+            .get_or_create(&AttemptLabels {
+                channel,
+                outcome: outcome.as_str(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(&ChannelLabels { channel })
+            .observe(duration.as_secs_f64());
+    }
+
+    /// Whether this node holds the dispatcher lease, and its epoch if known.
+    pub fn set_lease(&self, held: bool, epoch: Option<i64>) {
+        self.leader.set(i64::from(held));
+        self.lease_epoch.set(epoch.unwrap_or(0));
+    }
+
+    /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.
+    pub fn set_kpis(&self, kpis: &Kpis) {
+        let _update = self
+            .kpi_update
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let global = &self.kpis;
+        let values = &kpis.global;
+        global.queue_depth.set(count(values.queue_depth));
+        global.stuck.set(count(values.stuck_count));
+        global.parked.set(count(values.parked_count));
+        global
+            .delivered_recently
+            .set(count(values.delivered_recently));
+        global
+            .oldest_pending_age
+            .set(seconds(values.oldest_pending_age));
+        global
+            .oldest_retry_wait_age
+            .set(seconds(values.oldest_retry_wait_age));
+
+        let sites = &self.site_kpis;
+        sites.queue_depth.clear();
+        sites.stuck.clear();
+        sites.parked.clear();
+        sites.delivered_recently.clear();
+        sites.oldest_pending_age.clear();
+        sites.oldest_retry_wait_age.clear();
+        for (site, values) in &kpis.sites {
+            let KpiValues {
+                queue_depth,
+                stuck_count,
+                parked_count,
+                delivered_recently,
+                oldest_pending_age,
+                oldest_retry_wait_age,
+            } = values;
+            let labels = SiteLabels { site: site.clone() };
+            sites
+                .queue_depth
+                .get_or_create(&labels)
+                .set(count(*queue_depth));
+            sites.stuck.get_or_create(&labels).set(count(*stuck_count));
+            sites
+                .parked
+                .get_or_create(&labels)
+                .set(count(*parked_count));
+            sites
+                .delivered_recently
+                .get_or_create(&labels)
+                .set(count(*delivered_recently));
+            sites
+                .oldest_pending_age
+                .get_or_create(&labels)
+                .set(seconds(*oldest_pending_age));
+            sites
+                .oldest_retry_wait_age
+                .get_or_create(&labels)
+                .set(seconds(*oldest_retry_wait_age));
+        }
+    }
+
+    /// Every metric in the OpenMetrics text format (ending in `# EOF`).
+    pub fn render(&self) -> String {
+        let _update = self
+            .kpi_update
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut text = String::new();
+        // Writing to a String cannot fail; an encoder error would be a bug in a metric.
+        if let Err(error) = encode(&mut text, &self.registry) {
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
+    }
+}
+
+fn register_kpis(registry: &mut Registry, global: &KpiGauges, sites: &SiteKpiGauges) {
+    registry.register(
+        "outbox_queue_depth",
+        "Notifications waiting for delivery (Pending + Retrying)",
+        global.queue_depth.clone(),
+    );
+    registry.register(
+        "outbox_stuck",
+        "Pending or Retrying notifications older than the stuck threshold",
+        global.stuck.clone(),
+    );
+    registry.register(
+        "outbox_parked",
+        "Parked notifications, waiting for an operator's Retry or Discard",
+        global.parked.clone(),
+    );
+    registry.register(
+        "outbox_delivered_recently",
+        "Notifications delivered within the KPI window",
+        global.delivered_recently.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_oldest_pending_age",
+        "Age of the oldest notification due for the dispatcher now; 0 if none",
+        Unit::Seconds,
+        global.oldest_pending_age.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_oldest_retry_wait_age",
+        "Age of the oldest Retrying notification still waiting out its retry delay; 0 if none",
+        Unit::Seconds,
+        global.oldest_retry_wait_age.clone(),
+    );
+    registry.register(
+        "outbox_site_queue_depth",
+        "outbox_queue_depth for one source site",
+        sites.queue_depth.clone(),
+    );
+    registry.register(
+        "outbox_site_stuck",
+        "outbox_stuck for one source site",
+        sites.stuck.clone(),
+    );
+    registry.register(
+        "outbox_site_parked",
+        "outbox_parked for one source site",
+        sites.parked.clone(),
+    );
+    registry.register(
+        "outbox_site_delivered_recently",
+        "outbox_delivered_recently for one source site",
+        sites.delivered_recently.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_site_oldest_pending_age",
+        "outbox_oldest_pending_age_seconds for one source site",
+        Unit::Seconds,
+        sites.oldest_pending_age.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_site_oldest_retry_wait_age",
+        "outbox_oldest_retry_wait_age_seconds for one source site",
+        Unit::Seconds,
+        sites.oldest_retry_wait_age.clone(),
+    );
+}
+
+/// A count as a gauge value (gauges are i64; no table holds 2^63 rows).
+fn count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// An optional age as gauge seconds, 0 when there is nothing to measure.
+fn seconds(age: Option<Duration>) -> f64 {
+    age.map_or(0.0, |age| age.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_endpoint::sample;
+
+    use super::*;
+
+    fn values(queue_depth: u64, pending_age: Option<u64>) -> KpiValues {
+        KpiValues {
+            queue_depth,
+            stuck_count: 1,
+            parked_count: 2,
+            delivered_recently: 3,
+            oldest_pending_age: pending_age.map(Duration::from_secs),
+            oldest_retry_wait_age: None,
+        }
+    }
+
+    #[test]
+    fn known_series_start_at_zero_and_render_ends_in_eof() {
+        let text = Metrics::new().render();
+        assert!(text.ends_with("# EOF\n"), "{text}");
+        for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
+            let series = format!("outbox_ingest_total{{outcome=\"{outcome}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
+        }
+        let series = "outbox_delivery_attempts_total{channel=\"Email\",outcome=\"Delivered\"}";
+        assert_eq!(sample(&text, series), Some(0.0), "{text}");
+        assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
+        assert!(text.contains("# UNIT outbox_oldest_pending_age_seconds seconds\n"));
+        assert!(!text.contains("outbox_site_queue_depth{"), "no sites yet");
+    }
+
+    #[test]
+    fn ingest_outcomes_are_counted() {
+        let metrics = Metrics::new();
+        metrics.ingested(InsertOutcome::Accepted);
+        metrics.ingested(InsertOutcome::Accepted);
+        metrics.ingested(InsertOutcome::Duplicate);
+        metrics.ingested(InsertOutcome::Conflict);
+        metrics.ingest_rejected_invalid();
+        let text = metrics.render();
+        for (outcome, n) in [
+            ("accepted", 2.0),
+            ("duplicate", 1.0),
+            ("conflict", 1.0),
+            ("invalid", 1.0),
+        ] {
+            let series = format!("outbox_ingest_total{{outcome=\"{outcome}\"}}");
+            assert_eq!(sample(&text, &series), Some(n), "{series}\n{text}");
+        }
+    }
+
+    #[test]
+    fn attempts_are_counted_and_timed_per_channel() {
+        let metrics = Metrics::new();
+        let email = NotificationType::Email;
+        metrics.attempt_finished(email, AttemptOutcome::Delivered, Duration::from_millis(3));
+        metrics.attempt_finished(
+            email,
+            AttemptOutcome::TransientFailure,
+            Duration::from_secs(2),
+        );
+        metrics.attempt_finished(email, AttemptOutcome::Delivered, Duration::from_secs(90));
+        let text = metrics.render();
+        let attempts = |outcome: &str| {
+            let series = format!(
+                "outbox_delivery_attempts_total{{channel=\"Email\",outcome=\"{outcome}\"}}"
+            );
+            sample(&text, &series)
+        };
+        assert_eq!(attempts("Delivered"), Some(2.0), "{text}");
+        assert_eq!(attempts("TransientFailure"), Some(1.0));
+        assert_eq!(attempts("PermanentFailure"), Some(0.0));
+
+        let histogram = "outbox_delivery_duration_seconds";
+        assert!(
+            text.contains(&format!("# TYPE {histogram} histogram\n")),
+            "{text}"
+        );
+        let bucket = |le: &str| {
+            sample(
+                &text,
+                &format!("{histogram}_bucket{{le=\"{le}\",channel=\"Email\"}}"),
+            )
+        };
+        assert_eq!(bucket("0.005"), Some(1.0), "{text}");
+        assert_eq!(bucket("1.0"), Some(1.0));
+        assert_eq!(bucket("2.5"), Some(2.0));
+        assert_eq!(bucket("60.0"), Some(2.0));
+        assert_eq!(bucket("+Inf"), Some(3.0));
+        let count = sample(&text, &format!("{histogram}_count{{channel=\"Email\"}}"));
+        assert_eq!(count, Some(3.0));
+        let sum = sample(&text, &format!("{histogram}_sum{{channel=\"Email\"}}")).unwrap();
+        assert!((sum - 92.003).abs() < 1e-9, "{sum}");
+    }
+
+    #[test]
+    fn lease_gauges_follow_the_last_call() {
+        let metrics = Metrics::new();
+        metrics.set_lease(true, Some(7));
+        let text = metrics.render();
+        assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(1.0));
+        assert_eq!(sample(&text, "outbox_dispatcher_lease_epoch"), Some(7.0));
+        metrics.set_lease(false, None);
+        let text = metrics.render();
+        assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_dispatcher_lease_epoch"), Some(0.0));
+    }
+
+    #[test]
+    fn kpis_replace_the_gauges_and_vanished_sites_disappear() {
+        let metrics = Metrics::new();
+        metrics.set_kpis(&Kpis {
+            global: KpiValues {
+                oldest_retry_wait_age: Some(Duration::from_millis(1500)),
+                ..values(10, Some(42))
+            },
+            sites: vec![
+                ("site-a".into(), values(4, Some(42))),
+                ("site-b".into(), values(6, None)),
+            ],
+        });
+        let text = metrics.render();
+        for (series, value) in [
+            ("outbox_queue_depth", 10.0),
+            ("outbox_stuck", 1.0),
+            ("outbox_parked", 2.0),
+            ("outbox_delivered_recently", 3.0),
+            ("outbox_oldest_pending_age_seconds", 42.0),
+            ("outbox_oldest_retry_wait_age_seconds", 1.5),
+            ("outbox_site_queue_depth{site=\"site-a\"}", 4.0),
+            ("outbox_site_queue_depth{site=\"site-b\"}", 6.0),
+            ("outbox_site_stuck{site=\"site-b\"}", 1.0),
+            ("outbox_site_parked{site=\"site-b\"}", 2.0),
+            ("outbox_site_delivered_recently{site=\"site-b\"}", 3.0),
+            (
+                "outbox_site_oldest_pending_age_seconds{site=\"site-a\"}",
+                42.0,
+            ),
+            (
+                "outbox_site_oldest_pending_age_seconds{site=\"site-b\"}",
+                0.0,
+            ),
+            (
+                "outbox_site_oldest_retry_wait_age_seconds{site=\"site-a\"}",
+                0.0,
+            ),
+        ] {
+            assert_eq!(sample(&text, series), Some(value), "{series}\n{text}");
+        }
+
+        metrics.set_kpis(&Kpis {
+            global: values(4, None),
+            sites: vec![("site-a".into(), values(4, None))],
+        });
+        let text = metrics.render();
+        assert_eq!(sample(&text, "outbox_queue_depth"), Some(4.0));
+        assert_eq!(
+            sample(&text, "outbox_oldest_pending_age_seconds"),
+            Some(0.0)
+        );
+        assert_eq!(
+            sample(&text, "outbox_site_queue_depth{site=\"site-a\"}"),
+            Some(4.0)
+        );
+        assert!(!text.contains("site-b"), "{text}");
+    }
+}

@@ -57,6 +57,9 @@ pub struct Config {
     /// At shutdown, how long open client connections may take to finish before they are dropped.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// Where to serve Prometheus metrics over HTTP (`GET /metrics`). Off when absent.
+    #[serde(default)]
+    pub metrics_listen: Option<SocketAddr>,
     #[serde(default)]
     pub log: LogConfig,
 }
@@ -140,6 +143,7 @@ impl Config {
             connect_timeout: default_five_seconds(),
             request_timeout: default_request_timeout(),
             shutdown_timeout: default_shutdown_timeout(),
+            metrics_listen: None,
             log: LogConfig::default(),
         }
     }
@@ -177,6 +181,12 @@ impl Config {
             bail!("forward_window: must be between 1 and {MAX_FORWARD_WINDOW}");
         }
         check_central_url(&self.central_url)?;
+        if self.metrics_listen == Some(self.listen_addr) {
+            bail!(
+                "metrics_listen: must differ from listen_addr ({})",
+                self.listen_addr
+            );
+        }
         for (key, value) in [
             ("forward_retry_interval", self.forward_retry_interval),
             ("connect_timeout", self.connect_timeout),
@@ -243,6 +253,21 @@ mod tests {
         assert_eq!(config.request_timeout, Duration::from_secs(10));
         assert_eq!(config.log.format, LogFormat::Text);
         assert_eq!(config.log.filter, "info");
+        assert_eq!(config.metrics_listen, None, "metrics are off by default");
+    }
+
+    #[test]
+    fn metrics_listen_turns_metrics_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = write(
+            &dir,
+            "site_id = \"a\"\nmetrics_listen = \"127.0.0.1:9102\"\n",
+        );
+        let config = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap();
+        assert_eq!(
+            config.metrics_listen,
+            Some("127.0.0.1:9102".parse().unwrap())
+        );
     }
 
     #[test]
@@ -284,6 +309,14 @@ mod tests {
                 "central_url",
             ),
             ("site_id = \"a\"\n[log]\nformat = \"xml\"\n", "format"),
+            (
+                "site_id = \"a\"\nmetrics_listen = \"9102\"\n",
+                "metrics_listen",
+            ),
+            (
+                "site_id = \"a\"\nmetrics_listen = \"127.0.0.1:50052\"\n",
+                "metrics_listen",
+            ),
         ];
         for (text, key) in cases {
             let path = write(&dir, text);

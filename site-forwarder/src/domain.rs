@@ -81,3 +81,13 @@ pub struct BufferStats {
     /// Rows central rejected, kept for inspection.
     pub rejected: u64,
 }
+
+impl BufferStats {
+    /// Seconds since the oldest waiting row was enqueued, 0 when the buffer is empty (or the
+    /// clock went back). `GetBufferStats` and `/metrics` both report this figure.
+    pub fn oldest_age_seconds(&self, now: DateTime<Utc>) -> f64 {
+        self.oldest_enqueued_at.map_or(0.0, |at| {
+            (now - at).num_milliseconds().max(0) as f64 / 1000.0
+        })
+    }
+}

@@ -35,6 +35,7 @@ use crate::buffer::{Buffer, BufferError, Page};
 use crate::config::Config;
 use crate::domain::{NotificationId, Seq};
 use crate::grpc::convert;
+use crate::metrics::SiteMetrics;
 
 /// HTTP/2 PING interval on the connection to central. Without it a peer that vanished (cable
 /// pulled, VM frozen) looks like a quiet stream until TCP gives up, which can take many minutes.
@@ -95,8 +96,8 @@ pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
         .keep_alive_while_idle(true))
 }
 
-/// The forwarder's live figures, shared with `GetBufferStats`. Atomics: written by the forwarder
-/// task only, read by any request, and no reader needs two of them to be consistent.
+/// The forwarder's live figures, shared with `GetBufferStats` and `/metrics`. Atomics: written by
+/// the forwarder task only, read by any request, and no reader needs two of them to be consistent.
 #[derive(Debug, Default)]
 pub struct ForwardState {
     central_reachable: AtomicBool,
@@ -210,17 +211,26 @@ pub struct Forwarder {
     open_timeout: Duration,
     window_size: usize,
     state: Arc<ForwardState>,
+    metrics: Arc<SiteMetrics>,
 }
 
 /// What one batch of acks asks of the buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Settlement {
+    /// Rows central acked ACCEPTED or DUPLICATE: delete them.
     pub acked: Vec<Seq>,
+    /// How many of `acked` were DUPLICATE (for the forwarded counter).
+    pub duplicates: usize,
     pub rejected: Vec<(Seq, String)>,
 }
 
 impl Forwarder {
-    pub fn new(buffer: Buffer, config: &Config, state: Arc<ForwardState>) -> Result<Self> {
+    pub fn new(
+        buffer: Buffer,
+        config: &Config,
+        state: Arc<ForwardState>,
+        metrics: Arc<SiteMetrics>,
+    ) -> Result<Self> {
         Ok(Self {
             buffer,
             endpoint: central_endpoint(config)?,
@@ -229,6 +239,7 @@ impl Forwarder {
             open_timeout: config.request_timeout,
             window_size: config.forward_window,
             state,
+            metrics,
         })
     }
 
@@ -368,13 +379,21 @@ impl Forwarder {
     }
 
     async fn settle(&self, settlement: Settlement) -> Result<()> {
-        let forwarded = !settlement.acked.is_empty();
+        let acked = settlement.acked.len();
+        let rejected = settlement.rejected.len();
         self.buffer
             .settle(settlement.acked, settlement.rejected)
             .await?;
-        if forwarded {
+        if acked > 0 {
             self.state.forwarded_at(Utc::now());
         }
+        // Counted once the buffer (and the stamp above) reflect the acks, so the counters never
+        // run ahead of them.
+        self.metrics.forwarded(
+            acked.saturating_sub(settlement.duplicates),
+            settlement.duplicates,
+            rejected,
+        );
         Ok(())
     }
 }
@@ -435,7 +454,11 @@ pub fn apply_acks(window: &mut ForwardWindow, acks: Vec<NotificationSubmitAck>) 
             continue;
         };
         match SubmitOutcome::try_from(ack.outcome) {
-            Ok(SubmitOutcome::Accepted | SubmitOutcome::Duplicate) => settlement.acked.push(seq),
+            Ok(SubmitOutcome::Accepted) => settlement.acked.push(seq),
+            Ok(SubmitOutcome::Duplicate) => {
+                settlement.acked.push(seq);
+                settlement.duplicates += 1;
+            }
             Ok(SubmitOutcome::Rejected) => {
                 let reason = if ack.reason.is_empty() {
                     "no reason given".to_owned()
@@ -520,6 +543,7 @@ mod tests {
             settlement,
             Settlement {
                 acked: vec![Seq(3), Seq(1)],
+                duplicates: 1,
                 rejected: vec![(Seq(2), "conflict".into())],
             }
         );

@@ -6,7 +6,8 @@
 //! the command line, sets up tracing and calls it (or the client commands in [`cli`]).
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
-//! [`forwarder`] (the stream to central), [`grpc`] (the local API and conversions), [`config`].
+//! [`forwarder`] (the stream to central), [`grpc`] (the local API and conversions), [`metrics`]
+//! (Prometheus, served on `metrics_listen` when set), [`config`].
 
 pub mod buffer;
 pub mod cli;
@@ -14,6 +15,7 @@ pub mod config;
 pub mod domain;
 pub mod forwarder;
 pub mod grpc;
+pub mod metrics;
 
 #[cfg(test)]
 mod service_tests;
@@ -34,6 +36,7 @@ use crate::config::Config;
 use crate::domain::SiteId;
 use crate::forwarder::{ForwardError, ForwardState, Forwarder};
 use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
+use crate::metrics::SiteMetrics;
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +50,11 @@ pub enum RunError {
     },
     #[error("cannot start: {0}")]
     Startup(String),
+    #[error("metrics_listen: cannot listen on {addr}: {source}")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("server reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -73,6 +81,14 @@ pub async fn run(
         .map_err(|e| RunError::Config(format!("{e:#}")))?;
     let site = SiteId::parse(config.site_id.clone())
         .map_err(|e| RunError::Config(format!("site_id: {}", e.problem)))?;
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::MetricsListen { addr, source })?,
+        ),
+        None => None,
+    };
 
     let path = config.buffer_path.clone();
     let buffer = tokio::task::spawn_blocking(move || Buffer::open(&path))
@@ -84,14 +100,21 @@ pub async fn run(
         })?;
 
     let state = Arc::new(ForwardState::default());
+    let metrics = Arc::new(SiteMetrics::new());
     let endpoint = forwarder::central_endpoint(&config)?;
-    let forwarder = Forwarder::new(buffer.clone(), &config, Arc::clone(&state))?;
+    let forwarder = Forwarder::new(
+        buffer.clone(),
+        &config,
+        Arc::clone(&state),
+        Arc::clone(&metrics),
+    )?;
     let central = CentralStatus::new(
         &endpoint,
         config.central_url.clone(),
         config.request_timeout,
     );
-    let service = SiteNotifyService::new(site.clone(), buffer, state, central);
+    let scraper = Arc::clone(&metrics).scraper(buffer.clone(), Arc::clone(&state));
+    let service = SiteNotifyService::new(site.clone(), buffer, state, central, metrics);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -103,6 +126,18 @@ pub async fn run(
     // A child token: stopping the forwarder after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
     let forwarding = tokio::spawn(forwarder.run(stop_forwarding.clone()));
+    // Same reason for a child token; the endpoint lives exactly as long as the gRPC server.
+    let stop_metrics = shutdown.child_token();
+    let metrics_serving = metrics_listener.map(|listener| {
+        let addr = listener.local_addr().ok();
+        tracing::info!(addr = ?addr, "serving Prometheus metrics on /metrics");
+        let serving = metrics_endpoint::serve(listener, scraper, stop_metrics.clone());
+        tokio::spawn(async move {
+            if let Err(error) = serving.await {
+                tracing::error!(%error, "the metrics endpoint failed; the service goes on");
+            }
+        })
+    });
 
     let local_addr = listener.local_addr().ok();
     // Nagle would hold back small responses waiting for the client's delayed ACK.
@@ -151,8 +186,15 @@ pub async fn run(
             Ok(())
         }
     };
-    // The server may have failed on its own; the forwarder must stop either way.
+    // The server may have failed on its own; the forwarder must stop either way. The metrics
+    // endpoint stops too and bounds its own wait for open scrapes.
     stop_forwarding.cancel();
+    stop_metrics.cancel();
+    if let Some(serving) = metrics_serving
+        && let Err(e) = serving.await
+    {
+        tracing::error!(error = %e, "the metrics endpoint task failed");
+    }
     match tokio::time::timeout(config.shutdown_timeout, forwarding).await {
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "the forwarder task failed"),

@@ -15,7 +15,7 @@ use outbox_proto::v1::notification_ingest_server::{NotificationIngest, Notificat
 use outbox_proto::v1::notification_outbox_server::{NotificationOutbox, NotificationOutboxServer};
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
+    self, BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
     NotificationStatusView, NotificationSubmit, NotificationSubmitAck, SendRequest, SubmitOutcome,
 };
 use tokio::net::TcpListener;
@@ -132,6 +132,110 @@ impl NotificationOutbox for FakeCentral {
             None => Err(Status::not_found(format!("notification {id} not found"))),
         }
     }
+
+    // The admin RPCs: the forwarder never calls them.
+
+    async fn query_notifications(
+        &self,
+        _: Request<v1::QueryNotificationsRequest>,
+    ) -> Result<Response<v1::QueryNotificationsResponse>, Status> {
+        not_called()
+    }
+
+    async fn get_notification_detail(
+        &self,
+        _: Request<v1::GetNotificationDetailRequest>,
+    ) -> Result<Response<v1::NotificationDetail>, Status> {
+        not_called()
+    }
+
+    async fn retry_notification(
+        &self,
+        _: Request<v1::RetryNotificationRequest>,
+    ) -> Result<Response<v1::NotificationStatusView>, Status> {
+        not_called()
+    }
+
+    async fn discard_notification(
+        &self,
+        _: Request<v1::DiscardNotificationRequest>,
+    ) -> Result<Response<v1::NotificationStatusView>, Status> {
+        not_called()
+    }
+
+    async fn retry_notifications(
+        &self,
+        _: Request<v1::BulkActionRequest>,
+    ) -> Result<Response<v1::BulkActionResponse>, Status> {
+        not_called()
+    }
+
+    async fn discard_notifications(
+        &self,
+        _: Request<v1::BulkActionRequest>,
+    ) -> Result<Response<v1::BulkActionResponse>, Status> {
+        not_called()
+    }
+
+    async fn get_kpis(
+        &self,
+        _: Request<v1::GetKpisRequest>,
+    ) -> Result<Response<v1::GetKpisResponse>, Status> {
+        not_called()
+    }
+
+    async fn list_notification_lists(
+        &self,
+        _: Request<v1::ListNotificationListsRequest>,
+    ) -> Result<Response<v1::ListNotificationListsResponse>, Status> {
+        not_called()
+    }
+
+    async fn get_notification_list(
+        &self,
+        _: Request<v1::GetNotificationListRequest>,
+    ) -> Result<Response<v1::NotificationList>, Status> {
+        not_called()
+    }
+
+    async fn upsert_notification_list(
+        &self,
+        _: Request<v1::UpsertNotificationListRequest>,
+    ) -> Result<Response<v1::NotificationList>, Status> {
+        not_called()
+    }
+
+    async fn delete_notification_list(
+        &self,
+        _: Request<v1::DeleteNotificationListRequest>,
+    ) -> Result<Response<v1::DeleteNotificationListResponse>, Status> {
+        not_called()
+    }
+
+    async fn get_smtp_config(
+        &self,
+        _: Request<v1::GetSmtpConfigRequest>,
+    ) -> Result<Response<v1::SmtpConfig>, Status> {
+        not_called()
+    }
+
+    async fn upsert_smtp_config(
+        &self,
+        _: Request<v1::UpsertSmtpConfigRequest>,
+    ) -> Result<Response<v1::SmtpConfig>, Status> {
+        not_called()
+    }
+
+    async fn delete_smtp_config(
+        &self,
+        _: Request<v1::DeleteSmtpConfigRequest>,
+    ) -> Result<Response<v1::DeleteSmtpConfigResponse>, Status> {
+        not_called()
+    }
+}
+
+fn not_called<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("not part of the fake central"))
 }
 
 async fn start_central(central: FakeCentral, listener: TcpListener, stop: CancellationToken) {
@@ -151,6 +255,11 @@ struct Site {
 }
 
 async fn start_site(central: SocketAddr) -> Site {
+    start_site_with(central, |_| {}).await
+}
+
+/// Like [`start_site`], with `configure` applied to the test config first.
+async fn start_site_with(central: SocketAddr, configure: impl FnOnce(&mut Config)) -> Site {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::new("site-a");
     config.buffer_path = dir.path().join("buffer.db");
@@ -158,6 +267,7 @@ async fn start_site(central: SocketAddr) -> Site {
     config.forward_retry_interval = Duration::from_millis(50);
     config.connect_timeout = Duration::from_secs(2);
     config.request_timeout = Duration::from_secs(2);
+    configure(&mut config);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -246,11 +356,13 @@ async fn forwards_deletes_on_ack_and_sets_rejections_aside() {
     let a = site.send("first").await;
     let b = site.send("second").await;
     let bad = site.send("please reject").await;
+    // last_forward_at is stamped just after the buffer commit the depth shows: wait for both.
     let stats = site
-        .wait_for("the buffer to drain", |s| s.depth == 0 && s.rejected == 1)
+        .wait_for("the buffer to drain", |s| {
+            s.depth == 0 && s.rejected == 1 && s.last_forward_at.is_some()
+        })
         .await;
     assert!(stats.central_reachable);
-    assert!(stats.last_forward_at.is_some());
     let mut expected = vec![a.clone(), b];
     expected.sort();
     assert_eq!(central.stored_ids(), expected);
@@ -406,4 +518,114 @@ async fn health_and_reflection_are_served() {
         assert!(names.iter().any(|n| n == expected), "{names:?}");
     }
     site.shut_down().await;
+}
+
+/// An address nothing listens on (bound, then released), for central or the metrics endpoint.
+async fn unused_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    listener.local_addr().unwrap()
+}
+
+/// Scrapes `/metrics` and checks the answer is OpenMetrics text.
+async fn scrape(addr: SocketAddr) -> String {
+    let reply = metrics_endpoint::get(addr, "/metrics").await.unwrap();
+    assert_eq!(reply.status, 200, "{reply:?}");
+    assert_eq!(
+        reply.content_type.as_deref(),
+        Some(metrics_endpoint::CONTENT_TYPE)
+    );
+    assert!(reply.body.ends_with("# EOF\n"), "{}", reply.body);
+    reply.body
+}
+
+fn forwarded(text: &str, outcome: &str) -> Option<f64> {
+    let series = format!("outbox_site_forwarded_total{{outcome=\"{outcome}\"}}");
+    metrics_endpoint::sample(text, &series)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_mirror_the_buffer_while_central_is_away() {
+    let central_addr = unused_addr().await;
+    let metrics_addr = unused_addr().await;
+    let mut site = start_site_with(central_addr, |config| {
+        config.metrics_listen = Some(metrics_addr);
+    })
+    .await;
+
+    for subject in ["one", "two", "three"] {
+        site.send(subject).await;
+    }
+    let stats = site.stats().await;
+    assert_eq!(stats.depth, 3);
+    let text = scrape(metrics_addr).await;
+    let sample = |series: &str| metrics_endpoint::sample(&text, series);
+    assert_eq!(sample("outbox_site_buffer_depth"), Some(stats.depth as f64));
+    assert_eq!(sample("outbox_site_central_reachable"), Some(0.0));
+    assert_eq!(sample("outbox_site_in_flight"), Some(0.0));
+    assert_eq!(sample("outbox_site_sends_accepted_total"), Some(3.0));
+    assert_eq!(sample("outbox_site_buffer_rejected"), Some(0.0));
+    assert_eq!(
+        sample("outbox_site_last_forward_timestamp_seconds"),
+        Some(0.0)
+    );
+    assert!(sample("outbox_site_buffer_oldest_age_seconds").is_some());
+    assert_eq!(forwarded(&text, "accepted"), Some(0.0));
+
+    let other = metrics_endpoint::get(metrics_addr, "/").await.unwrap();
+    assert_eq!(other.status, 404);
+    site.shut_down().await;
+    assert!(
+        metrics_endpoint::get(metrics_addr, "/metrics")
+            .await
+            .is_err(),
+        "the endpoint stops with the service"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_what_central_acked() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central_stop = CancellationToken::new();
+    start_central(FakeCentral::default(), listener, central_stop.clone()).await;
+    let metrics_addr = unused_addr().await;
+    let mut site = start_site_with(central_addr, |config| {
+        config.metrics_listen = Some(metrics_addr);
+    })
+    .await;
+
+    for subject in ["first", "second", "please reject"] {
+        site.send(subject).await;
+    }
+    // The counters move right after the buffer commit: poll the endpoint itself.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let text = loop {
+        let text = scrape(metrics_addr).await;
+        if forwarded(&text, "accepted") == Some(2.0) && forwarded(&text, "rejected") == Some(1.0) {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for the acks to be counted:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let sample = |series: &str| metrics_endpoint::sample(&text, series);
+    assert_eq!(forwarded(&text, "duplicate"), Some(0.0));
+    assert_eq!(sample("outbox_site_buffer_depth"), Some(0.0));
+    assert_eq!(sample("outbox_site_buffer_rejected"), Some(1.0));
+    assert_eq!(sample("outbox_site_buffer_oldest_age_seconds"), Some(0.0));
+    assert_eq!(sample("outbox_site_central_reachable"), Some(1.0));
+    assert_eq!(sample("outbox_site_sends_accepted_total"), Some(3.0));
+    let last = sample("outbox_site_last_forward_timestamp_seconds").unwrap();
+    let stats = site.stats().await;
+    let last_forward_at = stats.last_forward_at.unwrap();
+    assert_eq!(
+        (last * 1000.0).round() as i64,
+        last_forward_at.seconds * 1000 + i64::from(last_forward_at.nanos / 1_000_000),
+        "the same instant GetBufferStats reports"
+    );
+
+    site.shut_down().await;
+    central_stop.cancel();
 }

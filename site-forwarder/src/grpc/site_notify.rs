@@ -21,6 +21,7 @@ use super::{buffer_status, convert, invalid_argument};
 use crate::buffer::Buffer;
 use crate::domain::{LocalStatus, NotificationId, SiteId};
 use crate::forwarder::{ForwardState, error_chain};
+use crate::metrics::SiteMetrics;
 
 /// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
 /// it as needed) and a bounded wait per call.
@@ -88,6 +89,7 @@ pub struct SiteNotifyService {
     buffer: Buffer,
     forwarding: Arc<ForwardState>,
     central: CentralStatus,
+    metrics: Arc<SiteMetrics>,
 }
 
 impl SiteNotifyService {
@@ -96,12 +98,14 @@ impl SiteNotifyService {
         buffer: Buffer,
         forwarding: Arc<ForwardState>,
         central: CentralStatus,
+        metrics: Arc<SiteMetrics>,
     ) -> Self {
         Self {
             site,
             buffer,
             forwarding,
             central,
+            metrics,
         }
     }
 }
@@ -116,6 +120,7 @@ impl SiteNotify for SiteNotifyService {
             .enqueue(notification)
             .await
             .map_err(buffer_status)?;
+        self.metrics.send_accepted();
         tracing::debug!(notification_id = %id, "notification buffered");
         Ok(Response::new(SendResponse {
             notification_id: id.to_string(),
@@ -153,9 +158,7 @@ impl SiteNotify for SiteNotifyService {
     ) -> Result<Response<BufferStats>, Status> {
         let stats = self.buffer.stats().await.map_err(buffer_status)?;
         let forwarding = self.forwarding.snapshot();
-        let oldest_age_seconds = stats.oldest_enqueued_at.map_or(0.0, |at| {
-            (Utc::now() - at).num_milliseconds().max(0) as f64 / 1000.0
-        });
+        let oldest_age_seconds = stats.oldest_age_seconds(Utc::now());
         Ok(Response::new(BufferStats {
             depth: stats.depth,
             oldest_enqueued_at: stats.oldest_enqueued_at.map(to_timestamp),

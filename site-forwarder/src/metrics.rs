@@ -1,0 +1,237 @@
+//! The forwarder's Prometheus metrics, served on `metrics_listen` by the `metrics-endpoint`
+//! crate.
+//!
+//! Counters (Sends committed, acks settled) are counted where the work happens, after the buffer
+//! commit, so they never run ahead of the buffer. Every gauge is read at scrape time from the
+//! same sources as `GetBufferStats` (the buffer's stats query and the forwarder's
+//! [`ForwardState`]), so the two surfaces cannot drift apart.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use chrono::Utc;
+use futures_util::FutureExt;
+use futures_util::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::buffer::Buffer;
+use crate::forwarder::ForwardState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    outcome: &'static str,
+}
+
+const ACCEPTED: OutcomeLabels = OutcomeLabels {
+    outcome: "accepted",
+};
+const DUPLICATE: OutcomeLabels = OutcomeLabels {
+    outcome: "duplicate",
+};
+const REJECTED: OutcomeLabels = OutcomeLabels {
+    outcome: "rejected",
+};
+
+type SecondsGauge = Gauge<f64, AtomicU64>;
+
+/// Every metric the forwarder exports. Shared by the `SiteNotify` service (Sends), the forwarder
+/// (acks) and the scrape handler (everything else).
+#[derive(Debug)]
+pub struct SiteMetrics {
+    registry: Registry,
+    sends_accepted: Counter,
+    forwarded: Family<OutcomeLabels, Counter>,
+    buffer_depth: Gauge,
+    buffer_rejected: Gauge,
+    oldest_age: SecondsGauge,
+    central_reachable: Gauge,
+    in_flight: Gauge,
+    last_forward: SecondsGauge,
+    /// Held from setting the gauges to encoding them, so concurrent scrapes each render the
+    /// figures of one moment.
+    scrape: Mutex<()>,
+}
+
+impl Default for SiteMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SiteMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let sends_accepted = Counter::default();
+        registry.register(
+            "outbox_site_sends_accepted",
+            "Send calls answered with an id, i.e. committed to the buffer",
+            sends_accepted.clone(),
+        );
+        let forwarded = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "outbox_site_forwarded",
+            "Notifications acked by central and settled in the buffer, by ack outcome \
+             (accepted, duplicate: deleted from the buffer; rejected: moved to the rejected table)",
+            forwarded.clone(),
+        );
+        for labels in [ACCEPTED, DUPLICATE, REJECTED] {
+            // Present at 0 from the start, so rate() sees the first ack.
+            forwarded.get_or_create_owned(&labels);
+        }
+        let buffer_depth = Gauge::default();
+        registry.register(
+            "outbox_site_buffer_depth",
+            "Notifications in the buffer waiting for central's ack",
+            buffer_depth.clone(),
+        );
+        let buffer_rejected = Gauge::default();
+        registry.register(
+            "outbox_site_buffer_rejected",
+            "Notifications central rejected, kept in the local rejected table",
+            buffer_rejected.clone(),
+        );
+        let oldest_age = SecondsGauge::default();
+        registry.register_with_unit(
+            "outbox_site_buffer_oldest_age",
+            "Age of the oldest notification in the buffer; 0 when it is empty",
+            Unit::Seconds,
+            oldest_age.clone(),
+        );
+        let central_reachable = Gauge::default();
+        registry.register(
+            "outbox_site_central_reachable",
+            "1 while the forwarding stream to central is open, else 0",
+            central_reachable.clone(),
+        );
+        let in_flight = Gauge::default();
+        registry.register(
+            "outbox_site_in_flight",
+            "Submits sent on the stream and not yet acked by central",
+            in_flight.clone(),
+        );
+        let last_forward = SecondsGauge::default();
+        registry.register_with_unit(
+            "outbox_site_last_forward_timestamp",
+            "Unix time of the last accepted or duplicate ack; 0 if none since start",
+            Unit::Seconds,
+            last_forward.clone(),
+        );
+        Self {
+            registry,
+            sends_accepted,
+            forwarded,
+            buffer_depth,
+            buffer_rejected,
+            oldest_age,
+            central_reachable,
+            in_flight,
+            last_forward,
+            scrape: Mutex::new(()),
+        }
+    }
+
+    /// Counts one Send committed to the buffer.
+    pub fn send_accepted(&self) {
+        self.sends_accepted.inc();
+    }
+
+    /// Counts acks whose settlement the buffer has committed.
+    pub fn forwarded(&self, accepted: usize, duplicate: usize, rejected: usize) {
+        for (labels, n) in [
+            (ACCEPTED, accepted),
+            (DUPLICATE, duplicate),
+            (REJECTED, rejected),
+        ] {
+            if n > 0 {
+                self.forwarded
+                    .get_or_create(&labels)
+                    .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
+            }
+        }
+    }
+
+    /// Reads the buffer and the forwarder's state now and renders every metric as OpenMetrics
+    /// text. If the buffer cannot be read, its gauges keep their last values (and a warning is
+    /// logged); the rest is still current.
+    pub async fn render(&self, buffer: &Buffer, forwarding: &ForwardState) -> String {
+        let stats = buffer.stats().await;
+        let forward = forwarding.snapshot();
+        let now = Utc::now();
+        let _scrape = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
+        match stats {
+            Ok(stats) => {
+                self.buffer_depth.set(gauge_count(stats.depth));
+                self.buffer_rejected.set(gauge_count(stats.rejected));
+                self.oldest_age.set(stats.oldest_age_seconds(now));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "metrics: cannot read the buffer; its gauges are stale");
+            }
+        }
+        self.central_reachable
+            .set(i64::from(forward.central_reachable));
+        self.in_flight.set(gauge_count(forward.in_flight));
+        self.last_forward.set(
+            forward
+                .last_forward_at
+                .map_or(0.0, |at| at.timestamp_millis() as f64 / 1000.0),
+        );
+        let mut text = String::new();
+        // Writing to a String cannot fail; an encoder error would be a bug in a metric.
+        if let Err(error) = encode(&mut text, &self.registry) {
+            tracing::error!(%error, "cannot encode the metrics");
+        }
+        text
+    }
+
+    /// The `render` function [`metrics_endpoint::serve`] calls on each scrape.
+    pub fn scraper(
+        self: Arc<Self>,
+        buffer: Buffer,
+        forwarding: Arc<ForwardState>,
+    ) -> impl Fn() -> BoxFuture<'static, String> + Clone + Send + Sync + 'static {
+        move || {
+            let (metrics, buffer, forwarding) =
+                (Arc::clone(&self), buffer.clone(), Arc::clone(&forwarding));
+            async move { metrics.render(&buffer, &forwarding).await }.boxed()
+        }
+    }
+}
+
+/// A count as a gauge value (gauges are i64).
+fn gauge_count(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use metrics_endpoint::sample;
+
+    use super::*;
+
+    #[test]
+    fn counters_start_at_zero_and_count_by_outcome() {
+        let metrics = SiteMetrics::new();
+        metrics.send_accepted();
+        metrics.send_accepted();
+        metrics.forwarded(3, 1, 0);
+        metrics.forwarded(0, 0, 2);
+        let mut text = String::new();
+        encode(&mut text, &metrics.registry).unwrap();
+        assert_eq!(sample(&text, "outbox_site_sends_accepted_total"), Some(2.0));
+        for (outcome, n) in [("accepted", 3.0), ("duplicate", 1.0), ("rejected", 2.0)] {
+            let series = format!("outbox_site_forwarded_total{{outcome=\"{outcome}\"}}");
+            assert_eq!(sample(&text, &series), Some(n), "{series}\n{text}");
+        }
+        assert!(
+            text.contains("# UNIT outbox_site_buffer_oldest_age_seconds seconds\n"),
+            "{text}"
+        );
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
