@@ -1,0 +1,209 @@
+//! Building a store's contents through the trait: submissions, and delivery outcomes driven the
+//! way the dispatcher drives them (lease, claim, record), so every row reaches its status by the
+//! real path.
+
+use std::time::Duration;
+
+use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+use central_outbox::domain::retry::RetryPolicy;
+use central_outbox::domain::status::Status;
+use central_outbox::domain::history::{Actor, OperatorAction};
+use central_outbox::domain::{
+    NotificationContent, NotificationId, NotificationType, SiteId, Submission,
+};
+use outbox_proto::content::ScriptOrigin;
+use central_outbox::store::{
+    AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState,
+    OutboxStore,
+};
+use chrono::{DateTime, Utc};
+
+pub const LEASE: &str = "dispatcher";
+
+/// What the test decides about one notification before it exists.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    pub site: &'static str,
+    pub list: &'static str,
+    pub kind: NotificationType,
+    pub subject: String,
+    /// Where delivery should leave it.
+    pub end: End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    Pending,
+    /// A transient failure whose next attempt is this far from the attempt (negative: overdue).
+    Retrying(i64),
+    Delivered,
+    Parked,
+    /// Parked, then discarded by an operator.
+    Discarded,
+}
+
+impl Spec {
+    pub fn new(site: &'static str, list: &'static str, subject: &str, end: End) -> Self {
+        Self {
+            site,
+            list,
+            kind: NotificationType::Email,
+            subject: subject.to_owned(),
+            end,
+        }
+    }
+
+    pub fn webhook(mut self) -> Self {
+        self.kind = NotificationType::Webhook;
+        self
+    }
+
+    pub fn status(&self) -> Status {
+        match self.end {
+            End::Pending => Status::Pending,
+            End::Retrying(_) => Status::Retrying,
+            End::Delivered => Status::Delivered,
+            End::Parked => Status::Parked,
+            End::Discarded => Status::Discarded,
+        }
+    }
+}
+
+pub fn submission(spec: &Spec) -> NewNotification {
+    let content = NotificationContent::parse(
+        spec.kind,
+        spec.list.to_owned(),
+        spec.subject.clone(),
+        format!("body of {}", spec.subject),
+        String::new(),
+    )
+    .expect("valid content");
+    let origin = ScriptOrigin::parse(
+        "node-1".into(),
+        "seed.py".into(),
+        None,
+        None,
+    )
+    .expect("valid origin");
+    NewNotification::new(Submission {
+        id: NotificationId::generate(),
+        content,
+        provenance: origin.at_site(SiteId::parse(spec.site.into()).expect("site"), Utc::now()),
+    })
+}
+
+/// A seeded row: the spec it was built from and its id.
+#[derive(Debug, Clone)]
+pub struct Seeded {
+    pub spec: Spec,
+    pub id: NotificationId,
+}
+
+/// Takes the dispatcher lease for a test "node".
+pub async fn lease<S: OutboxStore>(store: &S) -> LeaseEpoch {
+    store
+        .acquire_lease(LEASE, "conformance", Duration::from_secs(600))
+        .await
+        .expect("lease")
+        .expect("the lease is free")
+}
+
+/// Inserts the specs and drives each to its end status through the dispatcher's path. Call it
+/// once per store: its claim must see only the rows it just submitted. Rows that should stay
+/// Pending are submitted last, after the claim, so they are created after the others.
+pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
+    let (pending, attempted): (Vec<&Spec>, Vec<&Spec>) =
+        specs.iter().partition(|s| s.end == End::Pending);
+    let mut seeded = submit(store, &attempted).await;
+    if !seeded.is_empty() {
+        let epoch = lease(store).await;
+        let claimed = store
+            .claim_due(LEASE, epoch, seeded.len(), Duration::from_secs(60))
+            .await
+            .expect("claim");
+        assert_eq!(claimed.len(), seeded.len(), "the seeded rows must be the only due rows");
+        for claim in &claimed {
+            let row = seeded.iter().find(|s| s.id == claim.id).expect("claimed a seeded row");
+            record(store, claim, row.spec.end).await;
+        }
+        let discard: Vec<NotificationId> = seeded
+            .iter()
+            .filter(|s| s.spec.end == End::Discarded)
+            .map(|s| s.id)
+            .collect();
+        if !discard.is_empty() {
+            let results = store
+                .act_on_ids(OperatorAction::Discard, discard, Actor::new("seeder"))
+                .await
+                .expect("discard");
+            assert!(results.iter().all(Result::is_ok));
+        }
+    }
+    seeded.extend(submit(store, &pending).await);
+    seeded
+}
+
+async fn submit<S: OutboxStore>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
+    if specs.is_empty() {
+        return Vec::new();
+    }
+    let batch: Vec<NewNotification> = specs.iter().map(|s| submission(s)).collect();
+    let ids: Vec<NotificationId> = batch.iter().map(|n| n.submission.id).collect();
+    store.submit(batch).await.expect("submit");
+    specs
+        .iter()
+        .zip(ids)
+        .map(|(spec, id)| Seeded {
+            spec: (*spec).clone(),
+            id,
+        })
+        .collect()
+}
+
+async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end: End) {
+    let now = Utc::now();
+    let (result, at): (Result<Delivered, DeliveryError>, DateTime<Utc>) = match end {
+        End::Delivered => (
+            Ok(Delivered {
+                resolved_targets: vec!["a@plant.test".into()],
+            }),
+            now,
+        ),
+        End::Parked | End::Discarded => (Err(DeliveryError::permanent("550 no such user")), now),
+        End::Retrying(offset_secs) => (
+            Err(DeliveryError::transient("451 try again later")),
+            // The policy schedules `delay` (1 s) after the attempt; shifting the attempt's
+            // instant puts the next attempt where the spec wants it.
+            now + chrono::Duration::seconds(offset_secs) - chrono::Duration::seconds(1),
+        ),
+        End::Pending => unreachable!("pending rows are not recorded"),
+    };
+    let policy = RetryPolicy::clamped(5, Duration::from_secs(1)).0;
+    let transition = policy.transition(claim.retry_count, &result, at);
+    let applied = store
+        .record_outcome(
+            LEASE,
+            AttemptRecord {
+                row_id: claim.row_id,
+                id: claim.id,
+                attempt_no: claim.attempt_no,
+                epoch: claim.epoch,
+                outcome: AttemptOutcome::of(&result),
+                error: result.as_ref().err().map(|e| e.message().to_owned()),
+                duration: Duration::from_millis(12),
+                transition,
+            },
+        )
+        .await
+        .expect("record");
+    assert!(applied, "the seeding claim still holds");
+}
+
+/// The current state of every seeded row.
+pub async fn states<S: OutboxStore>(store: &S, seeded: &[Seeded]) -> Vec<NotificationState> {
+    let mut states = Vec::with_capacity(seeded.len());
+    for s in seeded {
+        states.push(store.state(s.id).await.expect("state").expect("stored"));
+    }
+    states
+}
