@@ -23,6 +23,7 @@ use crate::domain::NotificationType;
 use crate::domain::channel::SmtpSettings;
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::retry::RetryPolicy;
+use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
 
 /// Name of the lease whose holder dispatches.
@@ -56,6 +57,7 @@ pub enum SweepOutcome {
 
 pub struct Dispatcher<S> {
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     email: Arc<EmailAdapter>,
     settings: DispatcherSettings,
     wake: Arc<Notify>,
@@ -68,9 +70,15 @@ pub struct Dispatcher<S> {
 }
 
 impl<S: OutboxStore> Dispatcher<S> {
-    pub fn new(store: Arc<S>, settings: DispatcherSettings, wake: Arc<Notify>) -> Self {
+    pub fn new(
+        store: Arc<S>,
+        metrics: Arc<Metrics>,
+        settings: DispatcherSettings,
+        wake: Arc<Notify>,
+    ) -> Self {
         Self {
             store,
+            metrics,
             email: Arc::new(EmailAdapter::new()),
             settings,
             wake,
@@ -149,6 +157,7 @@ impl<S: OutboxStore> Dispatcher<S> {
             _ => {}
         }
         self.lease = now;
+        self.metrics.set_lease(now.is_some(), now.map(|e| e.0));
         self.lease_watch.send_if_modified(|held| {
             let changed = *held != now;
             *held = now;
@@ -180,6 +189,7 @@ impl<S: OutboxStore> Dispatcher<S> {
         for notification in claimed {
             let attempt = Attempt {
                 store: Arc::clone(&self.store),
+                metrics: Arc::clone(&self.metrics),
                 email: Arc::clone(&self.email),
                 channel: channel.clone(),
                 timeout: attempt_timeout,
@@ -224,6 +234,7 @@ impl<S: OutboxStore> Dispatcher<S> {
 /// One delivery attempt of one claimed row, run as its own task.
 struct Attempt<S> {
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     email: Arc<EmailAdapter>,
     channel: Option<SmtpSettings>,
     timeout: Duration,
@@ -255,6 +266,8 @@ impl<S: OutboxStore> Attempt<S> {
             transition,
         };
         let status = record.transition.status;
+        self.metrics
+            .attempt_finished(notification.content.kind, record.outcome, record.duration);
         match self.store.record_outcome(DISPATCHER_LEASE, record).await {
             Ok(true) => tracing::debug!(id = %notification.id, %status, "attempt recorded"),
             Ok(false) => tracing::warn!(

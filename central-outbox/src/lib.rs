@@ -29,6 +29,9 @@ use tonic_health::ServingStatus;
 
 use crate::config::{DatabaseUrl, Settings};
 use crate::dispatcher::Dispatcher;
+use crate::domain::kpi::KpiSettings;
+use crate::metrics::Metrics;
+use futures_util::future::BoxFuture;
 use crate::grpc::admin::OutboxService;
 use crate::grpc::ingest::IngestService;
 use crate::store::sqlite::SqliteStore;
@@ -39,6 +42,11 @@ use crate::store::{OutboxStore, StoreError};
 pub enum RunError {
     #[error("cannot open the store: {0}")]
     Store(#[from] StoreError),
+    #[error("metrics_listen: cannot listen on {addr}: {source}")]
+    MetricsListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot build server reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -58,20 +66,70 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
+    // Bound first, so a taken metrics port fails start-up before anything else happens.
+    let metrics_listener = match settings.metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::MetricsListen { addr, source })?,
+        ),
+        None => None,
+    };
+    let listeners = Listeners {
+        grpc: listener,
+        metrics: metrics_listener,
+    };
     match &settings.database {
         DatabaseUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, group_commit::Durability::Full)?;
-            serve(Arc::new(store), settings, listener, shutdown).await
+            serve(Arc::new(store), settings, listeners, shutdown).await
         }
     }
+}
+
+struct Listeners {
+    grpc: TcpListener,
+    metrics: Option<TcpListener>,
+}
+
+/// Serves `/metrics` until `shutdown`. KPIs and the lease are read at scrape time, so the
+/// gauges always agree with what GetKpis answers at that moment.
+fn spawn_metrics<S: OutboxStore>(
+    listener: TcpListener,
+    store: Arc<S>,
+    metrics: Arc<Metrics>,
+    kpis: KpiSettings,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let render = move || -> BoxFuture<'static, String> {
+        let store = Arc::clone(&store);
+        let metrics = Arc::clone(&metrics);
+        Box::pin(async move {
+            match store.kpis(kpis.at(chrono::Utc::now())).await {
+                Ok(figures) => metrics.set_kpis(&figures),
+                // The scrape still answers (counters are valid); the KPI gauges keep their last
+                // values, and the error is in the log.
+                Err(e) => tracing::warn!(error = %e, "metrics: cannot compute KPIs"),
+            }
+            metrics.render()
+        })
+    };
+    tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+    tokio::spawn(async move {
+        if let Err(e) = metrics_endpoint::serve(listener, render, shutdown).await {
+            tracing::error!(error = %e, "metrics endpoint failed");
+        }
+    })
 }
 
 async fn serve<S: OutboxStore>(
     store: Arc<S>,
     settings: Settings,
-    listener: TcpListener,
+    listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
+    let listener = listeners.grpc;
+    let metrics = Arc::new(Metrics::new());
     if let Some(smtp) = settings.smtp.clone() {
         store.put_smtp_settings(smtp).await?;
     }
@@ -82,6 +140,7 @@ async fn serve<S: OutboxStore>(
     let wake = Arc::new(Notify::new());
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
+        Arc::clone(&metrics),
         settings.dispatcher.clone(),
         Arc::clone(&wake),
     );
@@ -93,6 +152,15 @@ async fn serve<S: OutboxStore>(
         dispatcher_stop.clone(),
     ));
     let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
+    let metrics_task = listeners.metrics.map(|listener| {
+        spawn_metrics(
+            listener,
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+            settings.kpis,
+            shutdown.clone(),
+        )
+    });
 
     let (health, health_service) = tonic_health::server::health_reporter();
     for name in std::iter::once("").chain(SERVICE_NAMES) {
@@ -110,7 +178,12 @@ async fn serve<S: OutboxStore>(
         .build_v1alpha()?;
 
     let streams_stop = CancellationToken::new();
-    let ingest = IngestService::new(Arc::clone(&store), Arc::clone(&wake), streams_stop.clone());
+    let ingest = IngestService::new(
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+        Arc::clone(&wake),
+        streams_stop.clone(),
+    );
     let outbox = OutboxService::new(Arc::clone(&store), settings.kpis, Arc::clone(&wake));
     let local_addr = listener.local_addr().ok();
     tracing::info!(addr = ?local_addr, "central-outbox serving");
@@ -158,6 +231,11 @@ async fn serve<S: OutboxStore>(
     }
     if let Err(e) = purge_task.await {
         tracing::error!(error = %e, "purge task failed");
+    }
+    if let Some(task) = metrics_task {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "metrics task failed");
+        }
     }
     served?;
     tracing::info!("central-outbox stopped");

@@ -328,33 +328,33 @@ fn register_kpis(registry: &mut Registry, global: &KpiGauges, sites: &SiteKpiGau
         global.oldest_retry_wait_age.clone(),
     );
     registry.register(
-        "outbox_site_queue_depth",
+        "outbox_by_site_queue_depth",
         "outbox_queue_depth for one source site",
         sites.queue_depth.clone(),
     );
     registry.register(
-        "outbox_site_stuck",
+        "outbox_by_site_stuck",
         "outbox_stuck for one source site",
         sites.stuck.clone(),
     );
     registry.register(
-        "outbox_site_parked",
+        "outbox_by_site_parked",
         "outbox_parked for one source site",
         sites.parked.clone(),
     );
     registry.register(
-        "outbox_site_delivered_recently",
+        "outbox_by_site_delivered_recently",
         "outbox_delivered_recently for one source site",
         sites.delivered_recently.clone(),
     );
     registry.register_with_unit(
-        "outbox_site_oldest_pending_age",
+        "outbox_by_site_oldest_pending_age",
         "outbox_oldest_pending_age_seconds for one source site",
         Unit::Seconds,
         sites.oldest_pending_age.clone(),
     );
     registry.register_with_unit(
-        "outbox_site_oldest_retry_wait_age",
+        "outbox_by_site_oldest_retry_wait_age",
         "outbox_oldest_retry_wait_age_seconds for one source site",
         Unit::Seconds,
         sites.oldest_retry_wait_age.clone(),
@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
         assert!(text.contains("# UNIT outbox_oldest_pending_age_seconds seconds\n"));
-        assert!(!text.contains("outbox_site_queue_depth{"), "no sites yet");
+        assert!(!text.contains("outbox_by_site_queue_depth{"), "no sites yet");
     }
 
     #[test]
@@ -502,21 +502,21 @@ mod tests {
             ("outbox_delivered_recently", 3.0),
             ("outbox_oldest_pending_age_seconds", 42.0),
             ("outbox_oldest_retry_wait_age_seconds", 1.5),
-            ("outbox_site_queue_depth{site=\"site-a\"}", 4.0),
-            ("outbox_site_queue_depth{site=\"site-b\"}", 6.0),
-            ("outbox_site_stuck{site=\"site-b\"}", 1.0),
-            ("outbox_site_parked{site=\"site-b\"}", 2.0),
-            ("outbox_site_delivered_recently{site=\"site-b\"}", 3.0),
+            ("outbox_by_site_queue_depth{site=\"site-a\"}", 4.0),
+            ("outbox_by_site_queue_depth{site=\"site-b\"}", 6.0),
+            ("outbox_by_site_stuck{site=\"site-b\"}", 1.0),
+            ("outbox_by_site_parked{site=\"site-b\"}", 2.0),
+            ("outbox_by_site_delivered_recently{site=\"site-b\"}", 3.0),
             (
-                "outbox_site_oldest_pending_age_seconds{site=\"site-a\"}",
+                "outbox_by_site_oldest_pending_age_seconds{site=\"site-a\"}",
                 42.0,
             ),
             (
-                "outbox_site_oldest_pending_age_seconds{site=\"site-b\"}",
+                "outbox_by_site_oldest_pending_age_seconds{site=\"site-b\"}",
                 0.0,
             ),
             (
-                "outbox_site_oldest_retry_wait_age_seconds{site=\"site-a\"}",
+                "outbox_by_site_oldest_retry_wait_age_seconds{site=\"site-a\"}",
                 0.0,
             ),
         ] {
@@ -534,7 +534,7 @@ mod tests {
             Some(0.0)
         );
         assert_eq!(
-            sample(&text, "outbox_site_queue_depth{site=\"site-a\"}"),
+            sample(&text, "outbox_by_site_queue_depth{site=\"site-a\"}"),
             Some(4.0)
         );
         assert!(!text.contains("site-b"), "{text}");

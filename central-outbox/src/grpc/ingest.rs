@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, invalid_argument, store_status};
+use crate::metrics::Metrics;
 use crate::store::{NewNotification, OutboxStore};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
@@ -34,6 +35,7 @@ const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_IN_FLIGHT;
 
 pub struct IngestService<S> {
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     /// Woken after each commit so the dispatcher on this node starts delivering at once.
     dispatcher_wake: Arc<Notify>,
     /// Cancelled at shutdown: open streams end so the server can stop.
@@ -41,9 +43,15 @@ pub struct IngestService<S> {
 }
 
 impl<S> IngestService<S> {
-    pub fn new(store: Arc<S>, dispatcher_wake: Arc<Notify>, shutdown: CancellationToken) -> Self {
+    pub fn new(
+        store: Arc<S>,
+        metrics: Arc<Metrics>,
+        dispatcher_wake: Arc<Notify>,
+        shutdown: CancellationToken,
+    ) -> Self {
         Self {
             store,
+            metrics,
             dispatcher_wake,
             shutdown,
         }
@@ -60,7 +68,10 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
     ) -> Result<Response<NotificationSubmitAck>, Status> {
         let msg = request.into_inner();
         let id = msg.notification_id.clone();
-        let submission = convert::submission(msg).map_err(invalid_argument)?;
+        let submission = convert::submission(msg).map_err(|e| {
+            self.metrics.ingest_rejected_invalid();
+            invalid_argument(e)
+        })?;
         let outcomes = self
             .store
             .submit(vec![NewNotification::new(submission)])
@@ -71,6 +82,7 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
             .into_iter()
             .next()
             .ok_or_else(|| Status::internal("the store returned no outcome"))?;
+        self.metrics.ingested(outcome);
         Ok(Response::new(convert::ack(id, outcome)))
     }
 
@@ -83,6 +95,7 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
         let (acks, ack_stream) = mpsc::channel(ACK_BUFFER);
         let session = StreamSession {
             store: Arc::clone(&self.store),
+            metrics: Arc::clone(&self.metrics),
             dispatcher_wake: Arc::clone(&self.dispatcher_wake),
             acks,
         };
@@ -94,6 +107,7 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
 /// One client's submit stream.
 struct StreamSession<S> {
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     dispatcher_wake: Arc<Notify>,
     acks: mpsc::Sender<Result<NotificationSubmitAck, Status>>,
 }
@@ -155,6 +169,7 @@ impl<S: OutboxStore> StreamSession<S> {
                     valid.push(NewNotification::new(submission));
                 }
                 Err(e) => {
+                    self.metrics.ingest_rejected_invalid();
                     if self
                         .acks
                         .send(Ok(convert::rejected(id, e.to_string())))
@@ -173,6 +188,7 @@ impl<S: OutboxStore> StreamSession<S> {
             Ok(outcomes) => {
                 self.dispatcher_wake.notify_one();
                 for (id, outcome) in valid_ids.into_iter().zip(outcomes) {
+                    self.metrics.ingested(outcome);
                     if self.acks.send(Ok(convert::ack(id, outcome))).await.is_err() {
                         return false;
                     }

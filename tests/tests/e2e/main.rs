@@ -8,6 +8,7 @@
 
 mod harness;
 
+mod admin;
 mod crash;
 mod delivery;
 mod forwarding;

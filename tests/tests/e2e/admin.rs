@@ -1,0 +1,368 @@
+//! The admin API against a running central: operator Retry and Discard leading to real delivery
+//! (or not), their history, the errors every other status gets, the retention purge as the
+//! service runs it, and `/metrics` agreeing with GetKpis.
+
+use std::time::Duration;
+
+use outbox_proto::v1;
+use outbox_tests::smtp_sink::Behaviour;
+use tonic::Code;
+
+use crate::harness::{
+    Central, Db, central_config, eventually, free_addr, smtp_sink, submit, wait_for_status,
+};
+
+/// A request carrying the operator's name, as outboxctl and UI backends send it.
+fn as_operator<T>(message: T, who: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("x-outbox-actor", who.parse().unwrap());
+    request
+}
+
+async fn ingest_one(central: &Central, subject: &str) -> String {
+    let msg = submit(subject, "body");
+    let id = msg.notification_id.clone();
+    central.ingest().await.submit_notification(msg).await.unwrap();
+    id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_of_a_parked_notification_delivers_it_and_discard_keeps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.set_behaviour(Behaviour::RejectRcpt {
+        code: 550,
+        text: "5.1.1 mailbox unavailable".into(),
+    });
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    let retried = ingest_one(&central, "Tank 4 high level").await;
+    let discarded = ingest_one(&central, "Tank 5 high level").await;
+    for id in [&retried, &discarded] {
+        let (_, _, error) = wait_for_status(&central.db, id, "Parked").await;
+        assert!(error.unwrap().contains("550"), "the reply is kept in LastError");
+    }
+    assert!(sink.messages().is_empty());
+
+    // The relay is fixed; an operator retries one and discards the other.
+    sink.set_behaviour(Behaviour::Accept);
+    let mut outbox = central.outbox().await;
+    let view = outbox
+        .retry_notification(as_operator(
+            v1::RetryNotificationRequest {
+                notification_id: retried.clone(),
+            },
+            "ann",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(view.status(), v1::NotificationStatus::Pending);
+    assert_eq!(view.retry_count, 0);
+    assert_eq!(view.last_error, "");
+    assert_eq!(view.next_attempt_at, None);
+    let view = outbox
+        .discard_notification(as_operator(
+            v1::DiscardNotificationRequest {
+                notification_id: discarded.clone(),
+            },
+            "bob",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(view.status(), v1::NotificationStatus::Discarded);
+
+    wait_for_status(&central.db, &retried, "Delivered").await;
+    let mail = sink.wait_for_messages(1, Duration::from_secs(30)).await;
+    assert_eq!(mail.len(), 1);
+    assert_eq!(mail[0].subject().as_deref(), Some("Tank 4 high level"));
+
+    // The history tells the story, oldest first, with who acted.
+    let detail = outbox
+        .get_notification_detail(v1::GetNotificationDetailRequest {
+            notification_id: retried.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let story: Vec<(v1::HistoryEntryKind, v1::AttemptOutcome, String)> = detail
+        .history
+        .iter()
+        .map(|e| (e.kind(), e.outcome(), e.actor.clone()))
+        .collect();
+    use v1::AttemptOutcome as O;
+    use v1::HistoryEntryKind as K;
+    assert_eq!(
+        story,
+        vec![
+            (K::DeliveryAttempt, O::PermanentFailure, String::new()),
+            (K::OperatorRetry, O::Unspecified, "ann".into()),
+            (K::DeliveryAttempt, O::Delivered, String::new()),
+        ]
+    );
+    assert!(detail.history[0].error.contains("550"));
+    assert_eq!(detail.body, "body");
+    assert!(detail.resolved_targets.contains("alice@plant.example.test"));
+    let detail = outbox
+        .get_notification_detail(v1::GetNotificationDetailRequest {
+            notification_id: discarded.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let last = detail.history.last().unwrap();
+    assert_eq!((last.kind(), last.actor.as_str()), (K::OperatorDiscard, "bob"));
+
+    // From any status but Parked both actions are refused with FAILED_PRECONDITION naming the
+    // status, and change nothing.
+    for (id, status) in [(&retried, "DELIVERED"), (&discarded, "DISCARDED")] {
+        let before = Db::open(&central.db).attempts(id).len();
+        let retry = outbox
+            .retry_notification(v1::RetryNotificationRequest {
+                notification_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(retry.code(), Code::FailedPrecondition);
+        assert!(retry.message().contains(status), "{}", retry.message());
+        let discard = outbox
+            .discard_notification(v1::DiscardNotificationRequest {
+                notification_id: id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(discard.code(), Code::FailedPrecondition);
+        assert_eq!(Db::open(&central.db).attempts(id).len(), before);
+    }
+    let unknown = outbox
+        .retry_notification(v1::RetryNotificationRequest {
+            notification_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+    let invalid = outbox
+        .discard_notification(v1::DiscardNotificationRequest {
+            notification_id: "tank-4".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(invalid.code(), Code::InvalidArgument);
+    assert!(invalid.message().starts_with("notification_id"));
+    assert_eq!(sink.messages().len(), 1, "the discarded one was never sent");
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bulk_retry_by_filter_and_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.set_behaviour(Behaviour::RejectMail {
+        code: 554,
+        text: "5.7.1 relay denied".into(),
+    });
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(ingest_one(&central, &format!("Pump {i} tripped")).await);
+    }
+    let other = ingest_one(&central, "Tank overflow").await;
+    for id in ids.iter().chain([&other]) {
+        wait_for_status(&central.db, id, "Parked").await;
+    }
+    sink.set_behaviour(Behaviour::Accept);
+    let mut outbox = central.outbox().await;
+
+    let response = outbox
+        .retry_notifications(as_operator(
+            v1::BulkActionRequest {
+                selector: Some(v1::bulk_action_request::Selector::Filter(
+                    v1::NotificationFilter {
+                        subject_contains: "pump".into(),
+                        ..Default::default()
+                    },
+                )),
+                limit: 0,
+            },
+            "ann",
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.changed, 5);
+    assert!(!response.more_matching);
+    let mut changed = response.changed_ids.clone();
+    changed.sort();
+    let mut expected = ids.clone();
+    expected.sort();
+    assert_eq!(changed, expected);
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    assert_eq!(Db::open(&central.db).row(&other).unwrap().0, "Parked");
+
+    // By ids: the delivered ones are skipped with the reason, the parked one is discarded.
+    let response = outbox
+        .discard_notifications(v1::BulkActionRequest {
+            selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
+                notification_ids: vec![ids[0].clone(), other.clone()],
+            })),
+            limit: 0,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(response.changed_ids, vec![other.clone()]);
+    assert_eq!(response.skipped.len(), 1);
+    assert_eq!(response.skipped[0].notification_id, ids[0]);
+    assert!(response.skipped[0].reason.contains("DELIVERED"));
+
+    // Bad requests name the field and change nothing.
+    type Case = (v1::BulkActionRequest, &'static str);
+    let cases: Vec<Case> = vec![
+        (
+            v1::BulkActionRequest {
+                selector: None,
+                limit: 0,
+            },
+            "selector",
+        ),
+        (
+            v1::BulkActionRequest {
+                selector: Some(v1::bulk_action_request::Selector::Filter(
+                    v1::NotificationFilter {
+                        statuses: vec![v1::NotificationStatus::Delivered.into()],
+                        ..Default::default()
+                    },
+                )),
+                limit: 0,
+            },
+            "filter.statuses",
+        ),
+        (
+            v1::BulkActionRequest {
+                selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
+                    notification_ids: vec![ids[1].clone(), "nope".into()],
+                })),
+                limit: 0,
+            },
+            "ids.notification_ids",
+        ),
+        (
+            v1::BulkActionRequest {
+                selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
+                    notification_ids: vec![ids[1].clone(); 1001],
+                })),
+                limit: 0,
+            },
+            "ids.notification_ids",
+        ),
+    ];
+    for (request, field) in cases {
+        let status = outbox.retry_notifications(request).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(status.message().starts_with(field), "{}", status.message());
+    }
+    let query = outbox
+        .query_notifications(v1::QueryNotificationsRequest {
+            page_token: "garbage".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(query.message().starts_with("page_token"));
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_queue_depth_matches_get_kpis() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    // Transient failures with a long retry delay keep rows in the queue while the test looks.
+    sink.set_behaviour(Behaviour::RejectMail {
+        code: 451,
+        text: "4.3.0 try again later".into(),
+    });
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    if let Some(smtp) = config.smtp.as_mut() {
+        smtp.retry_delay = Duration::from_secs(3600);
+    }
+    let metrics_addr = free_addr().await;
+    config.metrics_listen = Some(metrics_addr);
+    let central = Central::start(config).await;
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(ingest_one(&central, &format!("Feeder {i} overload")).await);
+    }
+    for id in &ids {
+        wait_for_status(&central.db, id, "Retrying").await;
+    }
+
+    let kpis = central
+        .outbox()
+        .await
+        .get_kpis(v1::GetKpisRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let global = kpis.global.unwrap();
+    assert_eq!(global.queue_depth, 4);
+    assert!(global.oldest_retry_wait_age_seconds.is_some());
+    assert_eq!(global.oldest_pending_age_seconds, None);
+    assert_eq!(kpis.sites.len(), 1);
+    assert_eq!(kpis.sites[0].source_site_id, "site-a");
+
+    let scrape = metrics_endpoint::get(metrics_addr, "/metrics").await.unwrap();
+    assert_eq!(scrape.status, 200);
+    let sample = |series: &str| metrics_endpoint::sample(&scrape.body, series);
+    assert_eq!(sample("outbox_queue_depth"), Some(global.queue_depth as f64));
+    assert_eq!(sample("outbox_parked"), Some(global.parked_count as f64));
+    assert_eq!(
+        sample("outbox_by_site_queue_depth{site=\"site-a\"}"),
+        Some(4.0)
+    );
+    assert_eq!(sample("outbox_ingest_total{outcome=\"accepted\"}"), Some(4.0));
+    assert_eq!(sample("outbox_dispatcher_leader"), Some(1.0));
+    let transient = sample(
+        "outbox_delivery_attempts_total{channel=\"Email\",outcome=\"TransientFailure\"}",
+    );
+    assert_eq!(transient, Some(4.0));
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let config = central_config(dir.path(), Some(sink.addr()));
+    let central = Central::start(config.clone()).await;
+    let delivered = ingest_one(&central, "Delivered long ago").await;
+    wait_for_status(&central.db, &delivered, "Delivered").await;
+    sink.set_behaviour(Behaviour::RejectMail {
+        code: 451,
+        text: "4.3.0 try again later".into(),
+    });
+    let live = ingest_one(&central, "Still retrying").await;
+    wait_for_status(&central.db, &live, "Retrying").await;
+    central.stop().await;
+
+    // Restart with a retention shorter than the delivered row's age: the new leader purges once.
+    let mut config = config;
+    config.retention.terminal_retention = Duration::from_millis(1);
+    if let Some(smtp) = config.smtp.as_mut() {
+        smtp.retry_delay = Duration::from_secs(3600);
+    }
+    let central = Central::start(config).await;
+    let db = Db::open(&central.db);
+    eventually("the delivered row is purged", || {
+        let gone = db.row(&delivered).is_none();
+        async move { gone.then_some(()) }
+    })
+    .await;
+    assert!(db.attempts(&delivered).is_empty(), "its history went with it");
+    assert_eq!(db.row(&live).unwrap().0, "Retrying", "live rows are never purged");
+    assert!(!db.attempts(&live).is_empty());
+    central.stop().await;
+}
