@@ -14,12 +14,12 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::dispatcher::DispatcherSettings;
-use crate::domain::kpi::KpiSettings;
-use crate::purge::PurgeSettings;
+use crate::domain::NotificationType;
 use crate::domain::channel::{
     EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
 };
-use crate::domain::NotificationType;
+use crate::domain::kpi::KpiSettings;
+use crate::purge::PurgeSettings;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]

@@ -11,8 +11,8 @@ pub mod delivery;
 pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
-pub mod purge;
 pub mod metrics;
+pub mod purge;
 pub mod store;
 pub mod telemetry;
 
@@ -30,12 +30,12 @@ use tonic_health::ServingStatus;
 use crate::config::{DatabaseUrl, Settings};
 use crate::dispatcher::Dispatcher;
 use crate::domain::kpi::KpiSettings;
-use crate::metrics::Metrics;
-use futures_util::future::BoxFuture;
 use crate::grpc::admin::OutboxService;
 use crate::grpc::ingest::IngestService;
+use crate::metrics::Metrics;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{OutboxStore, StoreError};
+use futures_util::future::BoxFuture;
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -232,10 +232,10 @@ async fn serve<S: OutboxStore>(
     if let Err(e) = purge_task.await {
         tracing::error!(error = %e, "purge task failed");
     }
-    if let Some(task) = metrics_task {
-        if let Err(e) = task.await {
-            tracing::error!(error = %e, "metrics task failed");
-        }
+    if let Some(task) = metrics_task
+        && let Err(e) = task.await
+    {
+        tracing::error!(error = %e, "metrics task failed");
     }
     served?;
     tracing::info!("central-outbox stopped");

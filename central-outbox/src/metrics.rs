@@ -401,7 +401,10 @@ mod tests {
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
         assert!(text.contains("# UNIT outbox_oldest_pending_age_seconds seconds\n"));
-        assert!(!text.contains("outbox_by_site_queue_depth{"), "no sites yet");
+        assert!(
+            !text.contains("outbox_by_site_queue_depth{"),
+            "no sites yet"
+        );
     }
 
     #[test]

@@ -63,17 +63,15 @@ pub async fn purge_once<S: OutboxStore>(
     settings: PurgeSettings,
     shutdown: &CancellationToken,
 ) -> Result<PurgeReport, StoreError> {
-    let retention = chrono::Duration::from_std(settings.terminal_retention)
-        .unwrap_or(chrono::Duration::MAX);
+    let retention =
+        chrono::Duration::from_std(settings.terminal_retention).unwrap_or(chrono::Duration::MAX);
     // One cutoff for the whole pass, so it ends even while rows keep resolving.
     let cutoff = Utc::now()
         .checked_sub_signed(retention)
         .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
     let mut total = PurgeReport::default();
     while !shutdown.is_cancelled() {
-        let batch = store
-            .purge_terminal(cutoff, settings.batch_size)
-            .await?;
+        let batch = store.purge_terminal(cutoff, settings.batch_size).await?;
         total.notifications += batch.notifications;
         total.history_entries += batch.history_entries;
         if batch.notifications < u64::from(settings.batch_size) {

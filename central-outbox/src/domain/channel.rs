@@ -210,7 +210,11 @@ impl SmtpSettings {
         if self.host.trim().is_empty() {
             return Err(ContentError::new("host", "must not be empty"));
         }
-        if self.host.len() > 253 || self.host.chars().any(|c| c.is_whitespace() || c.is_control())
+        if self.host.len() > 253
+            || self
+                .host
+                .chars()
+                .any(|c| c.is_whitespace() || c.is_control())
         {
             return Err(ContentError::new("host", "is not a host name or address"));
         }

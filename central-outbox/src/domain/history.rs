@@ -116,6 +116,9 @@ mod tests {
     fn actor_names_are_bounded_and_never_empty() {
         assert_eq!(Actor::new("  ").as_str(), "unknown");
         assert_eq!(Actor::new("ann\r\n").as_str(), "ann");
-        assert_eq!(Actor::new(&"x".repeat(500)).as_str().len(), Actor::MAX_CHARS);
+        assert_eq!(
+            Actor::new(&"x".repeat(500)).as_str().len(),
+            Actor::MAX_CHARS
+        );
     }
 }

@@ -33,21 +33,21 @@ pub struct NotificationFilter {
 impl NotificationFilter {
     /// Checks the combination; the single fields were checked as they were converted.
     pub fn check(self) -> Result<Self, ContentError> {
-        if let (Some(from), Some(to)) = (self.created_from, self.created_to) {
-            if from >= to {
-                return Err(ContentError::new(
-                    "filter.created_from",
-                    "must be earlier than filter.created_to",
-                ));
-            }
+        if let (Some(from), Some(to)) = (self.created_from, self.created_to)
+            && from >= to
+        {
+            return Err(ContentError::new(
+                "filter.created_from",
+                "must be earlier than filter.created_to",
+            ));
         }
-        if let Some(keyword) = &self.subject_contains {
-            if keyword.chars().count() > MAX_KEYWORD_CHARS {
-                return Err(ContentError::new(
-                    "filter.subject_contains",
-                    format!("longer than {MAX_KEYWORD_CHARS} characters"),
-                ));
-            }
+        if let Some(keyword) = &self.subject_contains
+            && keyword.chars().count() > MAX_KEYWORD_CHARS
+        {
+            return Err(ContentError::new(
+                "filter.subject_contains",
+                format!("longer than {MAX_KEYWORD_CHARS} characters"),
+            ));
         }
         Ok(self)
     }

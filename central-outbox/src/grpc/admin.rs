@@ -409,7 +409,12 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         request: Request<v1::DeleteSmtpConfigRequest>,
     ) -> Result<Response<v1::DeleteSmtpConfigResponse>, Status> {
         let actor = actor(&request);
-        if !self.store.delete_smtp_settings().await.map_err(store_status)? {
+        if !self
+            .store
+            .delete_smtp_settings()
+            .await
+            .map_err(store_status)?
+        {
             return Err(no_smtp_config());
         }
         tracing::info!(actor = actor.as_str(), "SMTP settings deleted");

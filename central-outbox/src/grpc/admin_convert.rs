@@ -46,7 +46,10 @@ pub fn status_from_proto(value: i32, field: &'static str) -> Result<Status, Cont
 }
 
 /// A type a caller may filter on or configure; UNSPECIFIED is `None`.
-fn optional_type(value: i32, field: &'static str) -> Result<Option<NotificationType>, ContentError> {
+fn optional_type(
+    value: i32,
+    field: &'static str,
+) -> Result<Option<NotificationType>, ContentError> {
     match v1::NotificationType::try_from(value) {
         Ok(v1::NotificationType::Unspecified) => Ok(None),
         Ok(v1::NotificationType::Email) => Ok(Some(NotificationType::Email)),
@@ -72,8 +75,10 @@ fn optional_time(
     ts: Option<prost_types::Timestamp>,
     field: &'static str,
 ) -> Result<Option<DateTime<Utc>>, ContentError> {
-    ts.map(|ts| from_timestamp(&ts).ok_or_else(|| ContentError::new(field, "is not a valid timestamp")))
-        .transpose()
+    ts.map(|ts| {
+        from_timestamp(&ts).ok_or_else(|| ContentError::new(field, "is not a valid timestamp"))
+    })
+    .transpose()
 }
 
 /// Checks a filter. `stuck_before` is the instant before which a live row counts as stuck (now
@@ -207,7 +212,9 @@ pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
 }
 
 /// Checks a list to store. An unset type means EMAIL, as it does for `Send`.
-pub fn list_from_proto(msg: Option<v1::NotificationList>) -> Result<NotificationList, ContentError> {
+pub fn list_from_proto(
+    msg: Option<v1::NotificationList>,
+) -> Result<NotificationList, ContentError> {
     let msg = msg.ok_or_else(|| ContentError::new("list", "is required"))?;
     let kind = optional_type(msg.r#type, "list.type")?.unwrap_or(NotificationType::Email);
     NotificationList::parse(msg.name, kind, &msg.recipients).map_err(|e| {
@@ -378,7 +385,9 @@ mod tests {
             ..keep
         };
         assert_eq!(
-            smtp_from_proto(other_user, Some(&stored)).unwrap_err().field,
+            smtp_from_proto(other_user, Some(&stored))
+                .unwrap_err()
+                .field,
             "password"
         );
     }
@@ -414,12 +423,18 @@ mod tests {
             statuses: vec![v1::NotificationStatus::Forwarding.into()],
             ..Default::default()
         };
-        assert_eq!(filter(Some(bad_status), now).unwrap_err().field, "filter.statuses");
+        assert_eq!(
+            filter(Some(bad_status), now).unwrap_err().field,
+            "filter.statuses"
+        );
         let bad_type = v1::NotificationFilter {
             r#type: 42,
             ..Default::default()
         };
-        assert_eq!(filter(Some(bad_type), now).unwrap_err().field, "filter.type");
+        assert_eq!(
+            filter(Some(bad_type), now).unwrap_err().field,
+            "filter.type"
+        );
         let delivered = v1::NotificationFilter {
             statuses: vec![v1::NotificationStatus::Delivered.into()],
             ..Default::default()

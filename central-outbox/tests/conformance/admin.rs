@@ -7,9 +7,7 @@ use std::time::Duration;
 use central_outbox::domain::channel::{
     EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
 };
-use central_outbox::domain::history::{
-    ActionRefusal, Actor, HistoryEvent, OperatorAction,
-};
+use central_outbox::domain::history::{ActionRefusal, Actor, HistoryEvent, OperatorAction};
 use central_outbox::domain::kpi::{KpiParams, KpiValues};
 use central_outbox::domain::query::{Cursor, NotificationFilter, PageRequest};
 use central_outbox::domain::status::Status;
@@ -98,7 +96,11 @@ pub async fn query_filters_match_exactly<S: OutboxStore>(store: &S) {
 
     type Expect = Box<dyn Fn(&Seeded, &NotificationState) -> bool>;
     let cases: Vec<(&str, NotificationFilter, Expect)> = vec![
-        ("no filter", NotificationFilter::default(), Box::new(|_, _| true)),
+        (
+            "no filter",
+            NotificationFilter::default(),
+            Box::new(|_, _| true),
+        ),
         (
             "statuses parked+retrying",
             NotificationFilter {
@@ -214,7 +216,7 @@ pub async fn query_filters_match_exactly<S: OutboxStore>(store: &S) {
             .filter(|(s, st)| expect(s, st))
             .map(|(_, st)| (st.created_at, st.row_id, st.id))
             .collect();
-        expected.sort_by(|a, b| (b.0, b.1).cmp(&(a.0, a.1)));
+        expected.sort_by_key(|e| std::cmp::Reverse((e.0, e.1)));
         let expected: Vec<NotificationId> = expected.into_iter().map(|e| e.2).collect();
         for page_size in [3, 500] {
             let got = ids(&query_all(store, &filter, page_size).await);
@@ -281,7 +283,10 @@ where
     let unique: HashSet<NotificationId> = seen.iter().map(|s| s.id).collect();
     assert_eq!(unique.len(), seen.len(), "a row appeared twice");
     let missing = before.difference(&unique).count();
-    assert_eq!(missing, 0, "{missing} rows present before paging were skipped");
+    assert_eq!(
+        missing, 0,
+        "{missing} rows present before paging were skipped"
+    );
 }
 
 pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
@@ -346,12 +351,22 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
         .await
         .unwrap();
     let claimed_ids: Vec<NotificationId> = claimed.iter().map(|c| c.id).collect();
-    assert!(claimed_ids.contains(&id("parked one")), "a retried row is due again");
-    assert!(!claimed_ids.contains(&id("parked two")), "a parked row is not due");
+    assert!(
+        claimed_ids.contains(&id("parked one")),
+        "a retried row is due again"
+    );
+    assert!(
+        !claimed_ids.contains(&id("parked two")),
+        "a parked row is not due"
+    );
 
     // Discard: Parked -> Discarded, kept.
     let discarded = store
-        .act_on_ids(OperatorAction::Discard, vec![id("parked two")], Actor::new("bob"))
+        .act_on_ids(
+            OperatorAction::Discard,
+            vec![id("parked two")],
+            Actor::new("bob"),
+        )
         .await
         .unwrap()
         .pop()
@@ -363,12 +378,20 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
 
     // Each history is in order: the failed attempt, the operator action (with who), and for the
     // retried row the new InFlight attempt.
-    let history = store.detail(id("parked one")).await.unwrap().unwrap().history;
+    let history = store
+        .detail(id("parked one"))
+        .await
+        .unwrap()
+        .unwrap()
+        .history;
     let sequence: Vec<u32> = history.iter().map(|e| e.sequence).collect();
     assert_eq!(sequence, vec![1, 2, 3]);
     assert!(matches!(
         history[0].event,
-        HistoryEvent::Attempt { outcome: central_outbox::domain::delivery::AttemptOutcome::PermanentFailure, .. }
+        HistoryEvent::Attempt {
+            outcome: central_outbox::domain::delivery::AttemptOutcome::PermanentFailure,
+            ..
+        }
     ));
     assert_eq!(history[0].error.as_deref(), Some("550 no such user"));
     assert_eq!(
@@ -380,9 +403,17 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
     );
     assert!(matches!(
         history[2].event,
-        HistoryEvent::Attempt { outcome: central_outbox::domain::delivery::AttemptOutcome::InFlight, .. }
+        HistoryEvent::Attempt {
+            outcome: central_outbox::domain::delivery::AttemptOutcome::InFlight,
+            ..
+        }
     ));
-    let history = store.detail(id("parked two")).await.unwrap().unwrap().history;
+    let history = store
+        .detail(id("parked two"))
+        .await
+        .unwrap()
+        .unwrap()
+        .history;
     assert_eq!(
         history.last().map(|e| &e.event),
         Some(&HistoryEvent::Operator {
@@ -401,7 +432,10 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
         .await
         .unwrap();
     assert_eq!(
-        results.iter().map(|r| r.as_ref().err().copied()).collect::<Vec<_>>(),
+        results
+            .iter()
+            .map(|r| r.as_ref().err().copied())
+            .collect::<Vec<_>>(),
         vec![
             Some(ActionRefusal::WrongStatus(Status::Delivered)),
             Some(ActionRefusal::WrongStatus(Status::Discarded)),
@@ -413,14 +447,34 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
 pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxStore>(store: &S) {
     let mut specs = Vec::new();
     for i in 0..5 {
-        specs.push(Spec::new("north", "ops", &format!("north parked {i}"), End::Parked));
+        specs.push(Spec::new(
+            "north",
+            "ops",
+            &format!("north parked {i}"),
+            End::Parked,
+        ));
     }
     for i in 0..3 {
-        specs.push(Spec::new("south", "ops", &format!("south parked {i}"), End::Parked));
+        specs.push(Spec::new(
+            "south",
+            "ops",
+            &format!("south parked {i}"),
+            End::Parked,
+        ));
     }
     specs.push(Spec::new("north", "ops", "north delivered", End::Delivered));
-    specs.push(Spec::new("north", "ops", "north retrying", End::Retrying(3600)));
-    specs.push(Spec::new("north", "maintenance", "north other list", End::Parked));
+    specs.push(Spec::new(
+        "north",
+        "ops",
+        "north retrying",
+        End::Retrying(3600),
+    ));
+    specs.push(Spec::new(
+        "north",
+        "maintenance",
+        "north other list",
+        End::Parked,
+    ));
     let seeded = seed::seed(store, &specs).await;
     let filter = NotificationFilter {
         source_site_id: Some("north".into()),
@@ -453,7 +507,11 @@ pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxSt
         let state = store.state(s.id).await.unwrap().unwrap();
         let targeted = s.spec.site == "north" && s.spec.list == "ops" && s.spec.end == End::Parked;
         assert_eq!(changed.contains(&s.id), targeted, "{}", s.spec.subject);
-        let expected = if targeted { Status::Pending } else { s.spec.status() };
+        let expected = if targeted {
+            Status::Pending
+        } else {
+            s.spec.status()
+        };
         assert_eq!(state.status, expected, "{}", s.spec.subject);
     }
 }
@@ -464,9 +522,8 @@ fn expected_kpis(rows: &[&NotificationState], p: &KpiParams) -> KpiValues {
     let stuck_before = p.now - chrono::Duration::from_std(p.stuck_age_threshold).unwrap();
     let delivered_since = p.now - chrono::Duration::from_std(p.delivered_window).unwrap();
     let live = |s: &&&NotificationState| matches!(s.status, Status::Pending | Status::Retrying);
-    let age = |created: Option<DateTime<Utc>>| {
-        created.map(|c| (p.now - c).to_std().unwrap_or_default())
-    };
+    let age =
+        |created: Option<DateTime<Utc>>| created.map(|c| (p.now - c).to_std().unwrap_or_default());
     KpiValues {
         queue_depth: rows.iter().filter(live).count() as u64,
         stuck_count: rows
@@ -511,7 +568,12 @@ pub async fn kpis_match_an_independent_count<S: OutboxStore>(store: &S) {
     let specs: Vec<Spec> = (0..36)
         .map(|i| {
             let site = ["north", "south", "east"][i % 3];
-            Spec::new(site, "ops", &format!("kpi row {i}"), ends[(i / 3) % ends.len()])
+            Spec::new(
+                site,
+                "ops",
+                &format!("kpi row {i}"),
+                ends[(i / 3) % ends.len()],
+            )
         })
         .collect();
     let seeded = seed::seed(store, &specs).await;
@@ -543,7 +605,11 @@ pub async fn kpis_match_an_independent_count<S: OutboxStore>(store: &S) {
     for params in views {
         let kpis = store.kpis(params).await.unwrap();
         let all: Vec<&NotificationState> = states.iter().collect();
-        assert_eq!(kpis.global, expected_kpis(&all, &params), "global at {params:?}");
+        assert_eq!(
+            kpis.global,
+            expected_kpis(&all, &params),
+            "global at {params:?}"
+        );
         let mut expected_sites = Vec::new();
         for site in ["east", "north", "south"] {
             let rows: Vec<&NotificationState> =
@@ -586,7 +652,11 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
     assert_eq!(names, ["ops", "shift"]);
     let stored = store.list(&ops.name).await.unwrap().unwrap().value;
     assert_eq!(
-        stored.recipients.iter().map(EmailAddress::as_str).collect::<Vec<_>>(),
+        stored
+            .recipients
+            .iter()
+            .map(EmailAddress::as_str)
+            .collect::<Vec<_>>(),
         ["a@plant.test", "b@plant.test"]
     );
 
@@ -598,12 +668,21 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
     )
     .unwrap();
     store.upsert_list(replaced.clone()).await.unwrap();
-    assert_eq!(store.list(&ops.name).await.unwrap().unwrap().value, replaced);
+    assert_eq!(
+        store.list(&ops.name).await.unwrap().unwrap().value,
+        replaced
+    );
 
     assert!(store.delete_list(&ops.name).await.unwrap());
     assert!(!store.delete_list(&ops.name).await.unwrap());
     assert!(store.list(&ops.name).await.unwrap().is_none());
-    assert!(store.list(&ListName::parse("shift".into()).unwrap()).await.unwrap().is_some());
+    assert!(
+        store
+            .list(&ListName::parse("shift".into()).unwrap())
+            .await
+            .unwrap()
+            .is_some()
+    );
 
     assert!(store.smtp_settings().await.unwrap().is_none());
     let settings = SmtpSettings {
@@ -621,7 +700,10 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
         timeout: Duration::from_secs(20),
     };
     store.put_smtp_settings(settings.clone()).await.unwrap();
-    assert_eq!(store.smtp_settings().await.unwrap().unwrap().value, settings);
+    assert_eq!(
+        store.smtp_settings().await.unwrap().unwrap().value,
+        settings
+    );
     assert!(store.delete_smtp_settings().await.unwrap());
     assert!(!store.delete_smtp_settings().await.unwrap());
     assert!(store.smtp_settings().await.unwrap().is_none());

@@ -5,6 +5,10 @@
 //! Each behaviour seeds its own store through the trait, so it knows independently what the
 //! store should answer, and compares.
 
+// Helpers are not #[test] fns, so clippy's allow-unwrap-in-tests does not reach them; a failed
+// set-up step must fail the test loudly anyway.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod seed;
 
 mod admin;
@@ -23,8 +27,11 @@ pub struct Fixture<S> {
 /// SQLite on a real file in a fresh temporary directory, with durable commits as in production.
 pub fn sqlite() -> Fixture<SqliteStore> {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(&dir.path().join("central.db"), group_commit::Durability::Full)
-        .expect("open SQLite store");
+    let store = SqliteStore::open(
+        &dir.path().join("central.db"),
+        group_commit::Durability::Full,
+    )
+    .expect("open SQLite store");
     Fixture {
         store,
         _keep: Box::new(dir),
@@ -57,7 +64,10 @@ macro_rules! backend {
                 };
             }
 
-            behaviour!(query_filters_match_exactly, admin::query_filters_match_exactly);
+            behaviour!(
+                query_filters_match_exactly,
+                admin::query_filters_match_exactly
+            );
             behaviour!(
                 pagination_neither_skips_nor_repeats_under_inserts,
                 admin::pagination_neither_skips_nor_repeats_under_inserts
@@ -70,8 +80,14 @@ macro_rules! backend {
                 bulk_by_filter_changes_exactly_the_matching_parked_rows,
                 admin::bulk_by_filter_changes_exactly_the_matching_parked_rows
             );
-            behaviour!(kpis_match_an_independent_count, admin::kpis_match_an_independent_count);
-            behaviour!(lists_and_smtp_settings_round_trip, admin::lists_and_smtp_settings_round_trip);
+            behaviour!(
+                kpis_match_an_independent_count,
+                admin::kpis_match_an_independent_count
+            );
+            behaviour!(
+                lists_and_smtp_settings_round_trip,
+                admin::lists_and_smtp_settings_round_trip
+            );
             behaviour!(
                 purge_removes_only_terminal_rows_past_retention,
                 purge::purge_removes_only_terminal_rows_past_retention

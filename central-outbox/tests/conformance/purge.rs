@@ -17,7 +17,14 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
         End::Discarded,
     ];
     let specs: Vec<Spec> = (0..30)
-        .map(|i| Spec::new("north", "ops", &format!("purge row {i}"), ends[i % ends.len()]))
+        .map(|i| {
+            Spec::new(
+                "north",
+                "ops",
+                &format!("purge row {i}"),
+                ends[i % ends.len()],
+            )
+        })
         .collect();
     let seeded = seed::seed(store, &specs).await;
 

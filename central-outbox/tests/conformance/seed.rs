@@ -5,18 +5,17 @@
 use std::time::Duration;
 
 use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+use central_outbox::domain::history::{Actor, OperatorAction};
 use central_outbox::domain::retry::RetryPolicy;
 use central_outbox::domain::status::Status;
-use central_outbox::domain::history::{Actor, OperatorAction};
 use central_outbox::domain::{
     NotificationContent, NotificationId, NotificationType, SiteId, Submission,
 };
-use outbox_proto::content::ScriptOrigin;
 use central_outbox::store::{
-    AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState,
-    OutboxStore,
+    AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState, OutboxStore,
 };
 use chrono::{DateTime, Utc};
+use outbox_proto::content::ScriptOrigin;
 
 pub const LEASE: &str = "dispatcher";
 
@@ -78,13 +77,8 @@ pub fn submission(spec: &Spec) -> NewNotification {
         String::new(),
     )
     .expect("valid content");
-    let origin = ScriptOrigin::parse(
-        "node-1".into(),
-        "seed.py".into(),
-        None,
-        None,
-    )
-    .expect("valid origin");
+    let origin =
+        ScriptOrigin::parse("node-1".into(), "seed.py".into(), None, None).expect("valid origin");
     NewNotification::new(Submission {
         id: NotificationId::generate(),
         content,
@@ -121,9 +115,16 @@ pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
             .claim_due(LEASE, epoch, seeded.len(), Duration::from_secs(60))
             .await
             .expect("claim");
-        assert_eq!(claimed.len(), seeded.len(), "the seeded rows must be the only due rows");
+        assert_eq!(
+            claimed.len(),
+            seeded.len(),
+            "the seeded rows must be the only due rows"
+        );
         for claim in &claimed {
-            let row = seeded.iter().find(|s| s.id == claim.id).expect("claimed a seeded row");
+            let row = seeded
+                .iter()
+                .find(|s| s.id == claim.id)
+                .expect("claimed a seeded row");
             record(store, claim, row.spec.end).await;
         }
         let discard: Vec<NotificationId> = seeded

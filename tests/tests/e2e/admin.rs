@@ -24,7 +24,12 @@ fn as_operator<T>(message: T, who: &str) -> tonic::Request<T> {
 async fn ingest_one(central: &Central, subject: &str) -> String {
     let msg = submit(subject, "body");
     let id = msg.notification_id.clone();
-    central.ingest().await.submit_notification(msg).await.unwrap();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
     id
 }
 
@@ -41,7 +46,10 @@ async fn retry_of_a_parked_notification_delivers_it_and_discard_keeps_it() {
     let discarded = ingest_one(&central, "Tank 5 high level").await;
     for id in [&retried, &discarded] {
         let (_, _, error) = wait_for_status(&central.db, id, "Parked").await;
-        assert!(error.unwrap().contains("550"), "the reply is kept in LastError");
+        assert!(
+            error.unwrap().contains("550"),
+            "the reply is kept in LastError"
+        );
     }
     assert!(sink.messages().is_empty());
 
@@ -113,7 +121,10 @@ async fn retry_of_a_parked_notification_delivers_it_and_discard_keeps_it() {
         .unwrap()
         .into_inner();
     let last = detail.history.last().unwrap();
-    assert_eq!((last.kind(), last.actor.as_str()), (K::OperatorDiscard, "bob"));
+    assert_eq!(
+        (last.kind(), last.actor.as_str()),
+        (K::OperatorDiscard, "bob")
+    );
 
     // From any status but Parked both actions are refused with FAILED_PRECONDITION naming the
     // status, and change nothing.
@@ -206,9 +217,11 @@ async fn bulk_retry_by_filter_and_bad_requests() {
     // By ids: the delivered ones are skipped with the reason, the parked one is discarded.
     let response = outbox
         .discard_notifications(v1::BulkActionRequest {
-            selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
-                notification_ids: vec![ids[0].clone(), other.clone()],
-            })),
+            selector: Some(v1::bulk_action_request::Selector::Ids(
+                v1::NotificationIds {
+                    notification_ids: vec![ids[0].clone(), other.clone()],
+                },
+            )),
             limit: 0,
         })
         .await
@@ -243,18 +256,22 @@ async fn bulk_retry_by_filter_and_bad_requests() {
         ),
         (
             v1::BulkActionRequest {
-                selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
-                    notification_ids: vec![ids[1].clone(), "nope".into()],
-                })),
+                selector: Some(v1::bulk_action_request::Selector::Ids(
+                    v1::NotificationIds {
+                        notification_ids: vec![ids[1].clone(), "nope".into()],
+                    },
+                )),
                 limit: 0,
             },
             "ids.notification_ids",
         ),
         (
             v1::BulkActionRequest {
-                selector: Some(v1::bulk_action_request::Selector::Ids(v1::NotificationIds {
-                    notification_ids: vec![ids[1].clone(); 1001],
-                })),
+                selector: Some(v1::bulk_action_request::Selector::Ids(
+                    v1::NotificationIds {
+                        notification_ids: vec![ids[1].clone(); 1001],
+                    },
+                )),
                 limit: 0,
             },
             "ids.notification_ids",
@@ -314,20 +331,27 @@ async fn metrics_queue_depth_matches_get_kpis() {
     assert_eq!(kpis.sites.len(), 1);
     assert_eq!(kpis.sites[0].source_site_id, "site-a");
 
-    let scrape = metrics_endpoint::get(metrics_addr, "/metrics").await.unwrap();
+    let scrape = metrics_endpoint::get(metrics_addr, "/metrics")
+        .await
+        .unwrap();
     assert_eq!(scrape.status, 200);
     let sample = |series: &str| metrics_endpoint::sample(&scrape.body, series);
-    assert_eq!(sample("outbox_queue_depth"), Some(global.queue_depth as f64));
+    assert_eq!(
+        sample("outbox_queue_depth"),
+        Some(global.queue_depth as f64)
+    );
     assert_eq!(sample("outbox_parked"), Some(global.parked_count as f64));
     assert_eq!(
         sample("outbox_by_site_queue_depth{site=\"site-a\"}"),
         Some(4.0)
     );
-    assert_eq!(sample("outbox_ingest_total{outcome=\"accepted\"}"), Some(4.0));
-    assert_eq!(sample("outbox_dispatcher_leader"), Some(1.0));
-    let transient = sample(
-        "outbox_delivery_attempts_total{channel=\"Email\",outcome=\"TransientFailure\"}",
+    assert_eq!(
+        sample("outbox_ingest_total{outcome=\"accepted\"}"),
+        Some(4.0)
     );
+    assert_eq!(sample("outbox_dispatcher_leader"), Some(1.0));
+    let transient =
+        sample("outbox_delivery_attempts_total{channel=\"Email\",outcome=\"TransientFailure\"}");
     assert_eq!(transient, Some(4.0));
     central.stop().await;
 }
@@ -361,8 +385,15 @@ async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
         async move { gone.then_some(()) }
     })
     .await;
-    assert!(db.attempts(&delivered).is_empty(), "its history went with it");
-    assert_eq!(db.row(&live).unwrap().0, "Retrying", "live rows are never purged");
+    assert!(
+        db.attempts(&delivered).is_empty(),
+        "its history went with it"
+    );
+    assert_eq!(
+        db.row(&live).unwrap().0,
+        "Retrying",
+        "live rows are never purged"
+    );
     assert!(!db.attempts(&live).is_empty());
     central.stop().await;
 }

@@ -10,9 +10,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 use super::{at_ms, corrupt, ms};
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
-use crate::domain::history::{
-    ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction,
-};
+use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
@@ -156,7 +154,7 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
 /// `>=` and `<` keep their meaning against the stored values.
 fn ms_ceil(at: DateTime<Utc>) -> i64 {
     let millis = ms(at);
-    if at.timestamp_subsec_nanos() % 1_000_000 == 0 {
+    if at.timestamp_subsec_nanos().is_multiple_of(1_000_000) {
         millis
     } else {
         millis.saturating_add(1)
@@ -179,7 +177,9 @@ pub(super) fn query(conn: &Connection, page: &PageRequest) -> Result<Page> {
         ));
     }
     // One row more than the page tells whether there is a next page.
-    args.push(Value::Integer(i64::try_from(page.size).unwrap_or(i64::MAX) + 1));
+    args.push(Value::Integer(
+        i64::try_from(page.size).unwrap_or(i64::MAX) + 1,
+    ));
     sql.push_str(&format!(
         " ORDER BY CreatedAt DESC, Id DESC LIMIT ?{}",
         args.len()
@@ -347,8 +347,12 @@ fn act(
         action.as_str(),
         actor.as_str()
     ])?;
-    let state = select_state(conn, id)?
-        .ok_or_else(|| corrupt(format!("notification {id} vanished while being {}", action.verb())))?;
+    let state = select_state(conn, id)?.ok_or_else(|| {
+        corrupt(format!(
+            "notification {id} vanished while being {}",
+            action.verb()
+        ))
+    })?;
     Ok(Ok(state))
 }
 
@@ -359,7 +363,9 @@ pub(super) fn act_on_ids(
     actor: &Actor,
     now: DateTime<Utc>,
 ) -> Result<Vec<ActionResult>> {
-    ids.iter().map(|&id| act(conn, action, id, actor, now)).collect()
+    ids.iter()
+        .map(|&id| act(conn, action, id, actor, now))
+        .collect()
 }
 
 pub(super) fn act_on_filter(

@@ -72,7 +72,9 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
-        self.db.read(move |conn| admin::select_state(conn, id)).await
+        self.db
+            .read(move |conn| admin::select_state(conn, id))
+            .await
     }
 
     async fn acquire_lease(
@@ -453,4 +455,3 @@ fn apply_outcome(
     ])?;
     Ok(true)
 }
-
