@@ -416,4 +416,43 @@ mod tests {
             from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'").unwrap_err();
         assert!(err.to_string().starts_with("smtp.tls"), "{err}");
     }
+
+    #[test]
+    fn the_example_file_is_valid_and_states_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/central-outbox.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let example = from_toml(&text).unwrap();
+        let defaults = from_toml("").unwrap();
+        assert_eq!(
+            example.kpis.stuck_age_threshold,
+            defaults.kpis.stuck_age_threshold
+        );
+        assert_eq!(
+            example.kpis.delivered_window,
+            defaults.kpis.delivered_window
+        );
+        assert_eq!(
+            example.purge.terminal_retention,
+            Duration::from_secs(365 * 24 * 3600)
+        );
+        assert_eq!(example.purge.interval, defaults.purge.interval);
+        assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
+        assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
+    }
+
+    #[test]
+    fn kpi_and_retention_keys_are_checked() {
+        let err = from_toml("[kpis]\nstuck_age_threshold = '0s'").unwrap_err();
+        assert!(
+            err.to_string().starts_with("kpis.stuck_age_threshold"),
+            "{err}"
+        );
+        let err = from_toml("[retention]\npurge_batch_size = 0").unwrap_err();
+        assert!(
+            err.to_string().starts_with("retention.purge_batch_size"),
+            "{err}"
+        );
+        let err = from_toml("metrics_listen = 'nowhere'").unwrap_err();
+        assert!(format!("{err:#}").contains("metrics_listen"), "{err:#}");
+    }
 }
