@@ -13,3 +13,4 @@ mod crash;
 mod delivery;
 mod forwarding;
 mod ingest;
+mod operations;

@@ -1,0 +1,302 @@
+//! The command line: every flag and subcommand `outboxctl` accepts, as clap derive types.
+//!
+//! Parsing only checks shapes (a status name is a status, a duration is a duration); what the
+//! values mean for a request is decided in `filter` and `commands`. Secrets never arrive as flag
+//! values: the SMTP password comes from stdin or the environment, because argv is visible to every
+//! user through `ps` and lands in shell history.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use outbox_proto::v1;
+
+use crate::filter::{TimeBound, parse_status, parse_time_bound};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "outboxctl",
+    version,
+    about = "Operate the central notification outbox: find, inspect, retry and discard \
+             notifications, read KPIs, manage notification lists and the SMTP channel",
+    after_help = "Exit status: 0 on success, 2 for usage errors, 1 for anything else \
+                  (the error is one line on stderr)."
+)]
+pub struct Cli {
+    /// Central's gRPC address.
+    #[arg(
+        long,
+        env = "OUTBOX_ADDR",
+        default_value = "http://127.0.0.1:50051",
+        global = true
+    )]
+    pub addr: String,
+    /// Print one JSON document on stdout instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Who is acting, recorded in the audit history of retries and discards (sent as the
+    /// `x-outbox-actor` header). Defaults to $USER.
+    #[arg(long, env = "USER", global = true)]
+    pub actor: Option<String>,
+    /// Connect and per-call timeout, e.g. 10s or 1m. Give it before the subcommand: after
+    /// `smtp set`, --timeout is the SMTP session timeout.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Notifications matching a filter, newest first.
+    List(ListArgs),
+    /// One notification in full: status, content, provenance and its attempt history.
+    Show {
+        /// Notification id (UUID).
+        id: String,
+    },
+    /// The status of one notification.
+    Status {
+        /// Notification id (UUID).
+        id: String,
+    },
+    /// Move Parked notifications back to Pending, by id or by filter.
+    Retry(ActionArgs),
+    /// Move Parked notifications to Discarded (rows are kept), by id or by filter.
+    Discard(ActionArgs),
+    /// Delivery health: queue depth, stuck, parked, recent deliveries; globally and per site.
+    Kpis,
+    /// Notification lists: the names scripts send to and their recipients.
+    #[command(subcommand)]
+    Lists(ListsCommand),
+    /// The email channel's SMTP settings.
+    #[command(subcommand)]
+    Smtp(SmtpCommand),
+}
+
+/// Which notifications: the filter flags shared by `list` and the bulk forms of retry/discard.
+#[derive(Debug, Args, Default)]
+pub struct SelectArgs {
+    /// Only this delivery channel.
+    #[arg(long = "type", value_enum)]
+    pub kind: Option<ChannelArg>,
+    /// Only notifications from this source site.
+    #[arg(long)]
+    pub site: Option<String>,
+    /// Only notifications sent to this notification list.
+    #[arg(long)]
+    pub list: Option<String>,
+    /// Created at or after: RFC 3339 (2026-11-21T10:00:00Z) or an age such as 1h (now - 1h).
+    #[arg(long, value_parser = parse_time_bound)]
+    pub since: Option<TimeBound>,
+    /// Created before: RFC 3339 or an age such as 30m (now - 30m).
+    #[arg(long, value_parser = parse_time_bound)]
+    pub until: Option<TimeBound>,
+    /// Only subjects containing KEYWORD (case-insensitive).
+    #[arg(long, value_name = "KEYWORD")]
+    pub subject: Option<String>,
+}
+
+impl SelectArgs {
+    /// Whether any filter flag was given (the bulk forms need `--all-parked` for them).
+    pub fn is_set(&self) -> bool {
+        self.kind.is_some()
+            || self.site.is_some()
+            || self.list.is_some()
+            || self.since.is_some()
+            || self.until.is_some()
+            || self.subject.is_some()
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only these statuses (repeatable): pending, retrying, delivered, parked, discarded.
+    #[arg(long, value_parser = parse_status)]
+    pub status: Vec<v1::NotificationStatus>,
+    /// Only Pending/Retrying notifications older than central's stuck threshold.
+    #[arg(long)]
+    pub stuck: bool,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// Show at most N rows in total, following page tokens as needed.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    pub limit: u32,
+    /// Rows fetched per call (central caps it at 500).
+    #[arg(long, default_value_t = 100, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub page_size: u32,
+    /// Continue from the `next_page_token` of an earlier `list --json`.
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ActionArgs {
+    /// Notification ids: one acts singly (errors if it is not Parked), several act in bulk
+    /// (ids that are not Parked are reported as skipped).
+    // Not `required`: with neither ids nor --all-parked, `commands` explains both ways in one
+    // line, which clap's "<IDS> missing" does not.
+    #[arg(conflicts_with = "all_parked")]
+    pub ids: Vec<String>,
+    /// Act on every Parked notification matching the filter flags, oldest first.
+    #[arg(long)]
+    pub all_parked: bool,
+    #[command(flatten)]
+    pub select: SelectArgs,
+    /// Do not ask for confirmation (required when stdin is not a terminal).
+    #[arg(long, short = 'y')]
+    pub yes: bool,
+    /// Rows acted on per call when selecting by filter (central caps it at 1000).
+    #[arg(long, default_value_t = 1000, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub batch_size: u32,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ListsCommand {
+    /// All notification lists, by name.
+    Ls,
+    /// One list and its recipients.
+    Show { name: String },
+    /// Create or replace a list (its recipients are replaced as a whole).
+    Set {
+        name: String,
+        #[arg(long = "type", value_enum, default_value_t = ChannelArg::Email)]
+        kind: ChannelArg,
+        /// A recipient address (repeatable; at least one for email lists).
+        #[arg(long = "recipient", value_name = "ADDRESS", required = true)]
+        recipients: Vec<String>,
+    },
+    /// Delete a list. Notifications already sent to it park at delivery.
+    Rm { name: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SmtpCommand {
+    /// The SMTP settings central delivers with (the password is never shown).
+    Show,
+    /// Replace the SMTP settings. The password is read from stdin (--password-stdin) or
+    /// $OUTBOX_SMTP_PASSWORD; without either, a stored password is kept.
+    Set(SmtpSetArgs),
+    /// Delete the SMTP settings: email notifications park until they are set again.
+    Rm,
+}
+
+#[derive(Debug, Args)]
+pub struct SmtpSetArgs {
+    #[arg(long)]
+    pub host: String,
+    #[arg(long)]
+    pub port: u16,
+    #[arg(long, value_enum)]
+    pub tls: TlsArg,
+    /// Envelope and header sender address.
+    #[arg(long = "from", value_name = "ADDRESS")]
+    pub from_address: String,
+    /// User name for AUTH; omit for no authentication (a stored password is then dropped).
+    #[arg(long)]
+    pub username: Option<String>,
+    /// Read the password from the first line of stdin.
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+    /// Attempts before a transiently failing notification is parked (central's default: 10).
+    #[arg(long, value_name = "N")]
+    pub max_retries: Option<u32>,
+    /// Delay between attempts, e.g. 1m (central's default: 1m).
+    #[arg(long, value_parser = parse_duration)]
+    pub retry_delay: Option<Duration>,
+    /// Parallel SMTP sessions (central's default: 4).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// Per-session timeout, e.g. 30s (central's default: 30s).
+    #[arg(long = "timeout", id = "session_timeout", value_parser = parse_duration)]
+    pub session_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ChannelArg {
+    Email,
+    Webhook,
+}
+
+impl ChannelArg {
+    pub fn proto(self) -> v1::NotificationType {
+        match self {
+            Self::Email => v1::NotificationType::Email,
+            Self::Webhook => v1::NotificationType::Webhook,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsArg {
+    None,
+    Starttls,
+    Tls,
+}
+
+impl TlsArg {
+    pub fn proto(self) -> v1::SmtpTlsMode {
+        match self {
+            Self::None => v1::SmtpTlsMode::None,
+            Self::Starttls => v1::SmtpTlsMode::Starttls,
+            Self::Tls => v1::SmtpTlsMode::Tls,
+        }
+    }
+}
+
+/// `10s`, `1m`, `1h 30m`: humantime's syntax, the same as the services' config files.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (expected a duration such as 30s, 5m or 1h)"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_timeout_and_smtp_session_timeout_are_distinct() {
+        let cli = Cli::try_parse_from([
+            "outboxctl",
+            "--timeout",
+            "3s",
+            "smtp",
+            "set",
+            "--host",
+            "relay",
+            "--port",
+            "587",
+            "--tls",
+            "starttls",
+            "--from",
+            "a@b.test",
+            "--timeout",
+            "45s",
+        ])
+        .unwrap();
+        assert_eq!(cli.timeout, Duration::from_secs(3));
+        let Command::Smtp(SmtpCommand::Set(set)) = cli.command else {
+            panic!("not smtp set");
+        };
+        assert_eq!(set.session_timeout, Some(Duration::from_secs(45)));
+    }
+
+    #[test]
+    fn json_is_accepted_after_the_subcommand() {
+        let cli = Cli::try_parse_from(["outboxctl", "kpis", "--json"]).unwrap();
+        assert!(cli.json);
+    }
+
+    #[test]
+    fn retry_takes_ids_or_all_parked_but_not_both() {
+        assert!(Cli::try_parse_from(["outboxctl", "retry", "x", "--all-parked"]).is_err());
+        assert!(Cli::try_parse_from(["outboxctl", "retry", "--all-parked", "--site", "a"]).is_ok());
+    }
+}

@@ -1,0 +1,322 @@
+//! Output for people: aligned tables for collections, `key  value` blocks for one thing.
+//! Instants are RFC 3339 UTC to the second with a humanised age beside them where "how long
+//! ago" is the question an operator is asking.
+
+use chrono::{DateTime, Utc};
+use outbox_proto::v1;
+
+use super::table::{Table, truncate};
+use super::{
+    age, age_since, channel_name, duration_human, history_kind_name, outcome_name, status_name,
+    time_human, tls_name,
+};
+use crate::commands::Report;
+
+/// Subjects and errors are free text; past this many characters a table row becomes unreadable.
+/// `show` prints them in full.
+const MAX_CELL: usize = 60;
+
+pub fn render(report: &Report, now: DateTime<Utc>) -> String {
+    match report {
+        Report::Notifications {
+            rows,
+            next_page_token,
+        } => notifications(rows, next_page_token, now),
+        Report::Status(view) => key_values(&status_fields(view, now)),
+        Report::Detail(detail) => detail_text(detail, now),
+        Report::Acted { action, view } => format!(
+            "{} {} (now {})\n",
+            action.past(),
+            view.notification_id,
+            status_name(view.status)
+        ),
+        Report::Bulk { action, result } => bulk(action.past(), result),
+        Report::Kpis(kpis) => kpi_text(kpis),
+        Report::Lists(lists) => list_table(lists),
+        Report::List(list) => list_text(list),
+        Report::ListDeleted(name) => format!("deleted list {name}\n"),
+        Report::Smtp(config) => smtp_text(config),
+        Report::SmtpDeleted => "deleted the SMTP configuration: email notifications park until \
+                                it is set again\n"
+            .to_owned(),
+    }
+}
+
+fn notifications(rows: &[v1::NotificationStatusView], next: &str, now: DateTime<Utc>) -> String {
+    if rows.is_empty() {
+        return "no notifications match\n".to_owned();
+    }
+    let mut table = Table::new(&[
+        "ID", "STATUS", "TYPE", "SITE", "LIST", "RETRIES", "AGE", "SUBJECT",
+    ]);
+    for v in rows {
+        table.row(vec![
+            v.notification_id.clone(),
+            status_cell(v),
+            channel_name(v.r#type),
+            v.source_site_id.clone(),
+            v.list_name.clone(),
+            v.retry_count.to_string(),
+            age_since(now, v.created_at.as_ref()),
+            truncate(&v.subject, MAX_CELL),
+        ]);
+    }
+    let mut out = table.render();
+    if !next.is_empty() {
+        out.push_str(&format!(
+            "more notifications match: raise --limit, or continue with --page-token {next}\n"
+        ));
+    }
+    out
+}
+
+/// "pending (stuck)": the stuck badge belongs with the status it qualifies.
+fn status_cell(v: &v1::NotificationStatusView) -> String {
+    let status = status_name(v.status);
+    if v.stuck {
+        format!("{status} (stuck)")
+    } else {
+        status
+    }
+}
+
+fn with_age(ts: Option<&prost_types::Timestamp>, now: DateTime<Utc>) -> String {
+    match ts {
+        Some(_) => format!("{} ({} ago)", time_human(ts), age_since(now, ts)),
+        None => "-".to_owned(),
+    }
+}
+
+fn or_dash(text: &str) -> String {
+    if text.is_empty() {
+        "-".to_owned()
+    } else {
+        text.to_owned()
+    }
+}
+
+fn status_fields(
+    v: &v1::NotificationStatusView,
+    now: DateTime<Utc>,
+) -> Vec<(&'static str, String)> {
+    vec![
+        ("notification", v.notification_id.clone()),
+        ("status", status_cell(v)),
+        ("type", channel_name(v.r#type)),
+        ("list", v.list_name.clone()),
+        ("site", v.source_site_id.clone()),
+        ("subject", v.subject.clone()),
+        ("retries", v.retry_count.to_string()),
+        ("last error", or_dash(&v.last_error)),
+        ("created", with_age(v.created_at.as_ref(), now)),
+        ("site enqueued", time_human(v.site_enqueued_at.as_ref())),
+        ("last attempt", with_age(v.last_attempt_at.as_ref(), now)),
+        ("next attempt", time_human(v.next_attempt_at.as_ref())),
+        ("delivered", time_human(v.delivered_at.as_ref())),
+        ("resolved", time_human(v.resolved_at.as_ref())),
+    ]
+}
+
+fn key_values(fields: &[(&str, String)]) -> String {
+    let width = fields.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for (key, value) in fields {
+        // Multi-line values (a body) are indented under their key so the block stays readable.
+        let indent = " ".repeat(width + 2);
+        let value = value.replace('\n', &format!("\n{indent}"));
+        out.push_str(&format!("{key:<width$}  {value}\n"));
+    }
+    out
+}
+
+fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
+    let mut fields = d
+        .notification
+        .as_ref()
+        .map(|v| status_fields(v, now))
+        .unwrap_or_default();
+    fields.push(("body", d.body.clone()));
+    if !d.type_data.is_empty() {
+        fields.push(("type data", d.type_data.clone()));
+    }
+    fields.push(("source instance", or_dash(&d.source_instance_id)));
+    fields.push(("source script", or_dash(&d.source_script)));
+    if !d.origin_execution_id.is_empty() {
+        fields.push(("execution", d.origin_execution_id.clone()));
+    }
+    if !d.origin_parent_execution_id.is_empty() {
+        fields.push(("parent execution", d.origin_parent_execution_id.clone()));
+    }
+    fields.push(("resolved targets", or_dash(&d.resolved_targets)));
+    let mut out = key_values(&fields);
+    out.push_str("\nhistory:\n");
+    if d.history.is_empty() {
+        out.push_str("  (no attempts yet)\n");
+        return out;
+    }
+    let mut table = Table::new(&["#", "AT", "KIND", "OUTCOME", "TOOK", "BY", "ERROR"]);
+    for h in &d.history {
+        let by = if h.actor.is_empty() {
+            format!("lease {}", h.lease_epoch)
+        } else {
+            h.actor.clone()
+        };
+        table.row(vec![
+            h.sequence.to_string(),
+            time_human(h.at.as_ref()),
+            history_kind_name(h.kind),
+            outcome_name(h.outcome).unwrap_or_else(|| "-".to_owned()),
+            h.duration_ms
+                .map_or_else(|| "-".to_owned(), |ms| format!("{ms}ms")),
+            by,
+            truncate(&or_dash(&h.error), MAX_CELL),
+        ]);
+    }
+    out.push_str(&table.render());
+    out
+}
+
+fn bulk(past: &str, r: &v1::BulkActionResponse) -> String {
+    let noun = if r.changed == 1 {
+        "notification"
+    } else {
+        "notifications"
+    };
+    let mut out = format!("{past} {} {noun}\n", r.changed);
+    if !r.skipped.is_empty() {
+        out.push_str(&format!("skipped {}:\n", r.skipped.len()));
+        let mut table = Table::new(&["ID", "REASON"]);
+        for s in &r.skipped {
+            table.row(vec![s.notification_id.clone(), s.reason.clone()]);
+        }
+        out.push_str(&table.render());
+    }
+    if r.more_matching {
+        out.push_str(
+            "more parked notifications still match (rows retried by this run may have failed \
+             and parked again): check them with `outboxctl list --status parked`\n",
+        );
+    }
+    out
+}
+
+fn kpi_text(r: &v1::GetKpisResponse) -> String {
+    let mut out = format!(
+        "computed {}; stuck means waiting longer than {}; delivered counts the last {}\n\n",
+        time_human(r.computed_at.as_ref()),
+        duration_human(r.stuck_age_threshold.as_ref()),
+        duration_human(r.delivered_kpi_window.as_ref()),
+    );
+    let mut table = Table::new(&[
+        "SITE",
+        "QUEUE",
+        "STUCK",
+        "PARKED",
+        "DELIVERED",
+        "OLDEST PENDING",
+        "OLDEST RETRY WAIT",
+    ]);
+    let row = |scope: &str, k: Option<&v1::KpiValues>| {
+        let k = k.copied().unwrap_or_default();
+        let opt_age = |s: Option<f64>| s.map_or_else(|| "-".to_owned(), age);
+        vec![
+            scope.to_owned(),
+            k.queue_depth.to_string(),
+            k.stuck_count.to_string(),
+            k.parked_count.to_string(),
+            k.delivered_recently.to_string(),
+            opt_age(k.oldest_pending_age_seconds),
+            opt_age(k.oldest_retry_wait_age_seconds),
+        ]
+    };
+    table.row(row("(all)", r.global.as_ref()));
+    for site in &r.sites {
+        table.row(row(&site.source_site_id, site.kpis.as_ref()));
+    }
+    out.push_str(&table.render());
+    out
+}
+
+fn list_table(lists: &[v1::NotificationList]) -> String {
+    if lists.is_empty() {
+        return "no notification lists\n".to_owned();
+    }
+    let mut table = Table::new(&["NAME", "TYPE", "UPDATED", "RECIPIENTS"]);
+    for l in lists {
+        table.row(vec![
+            l.name.clone(),
+            channel_name(l.r#type),
+            time_human(l.updated_at.as_ref()),
+            truncate(&l.recipients.join(", "), MAX_CELL),
+        ]);
+    }
+    table.render()
+}
+
+fn list_text(l: &v1::NotificationList) -> String {
+    key_values(&[
+        ("name", l.name.clone()),
+        ("type", channel_name(l.r#type)),
+        ("updated", time_human(l.updated_at.as_ref())),
+        ("recipients", l.recipients.join("\n")),
+    ])
+}
+
+fn smtp_text(c: &v1::SmtpConfig) -> String {
+    key_values(&[
+        ("host", c.host.clone()),
+        ("port", c.port.to_string()),
+        ("tls", tls_name(c.tls_mode)),
+        ("username", or_dash(&c.username)),
+        (
+            "password",
+            if c.password_set { "set" } else { "not set" }.to_owned(),
+        ),
+        ("from", c.from_address.clone()),
+        ("max retries", c.max_retries.to_string()),
+        ("retry delay", duration_human(c.retry_delay.as_ref())),
+        ("max connections", c.max_concurrent_connections.to_string()),
+        ("timeout", duration_human(c.timeout.as_ref())),
+        ("updated", time_human(c.updated_at.as_ref())),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notification_table_marks_stuck_rows_and_offers_the_next_page() {
+        let now = "2026-11-21T10:05:00Z".parse::<DateTime<Utc>>().unwrap();
+        let row = v1::NotificationStatusView {
+            notification_id: "0190-a".into(),
+            status: v1::NotificationStatus::Pending.into(),
+            r#type: v1::NotificationType::Email.into(),
+            list_name: "ops".into(),
+            source_site_id: "site-a".into(),
+            subject: "Tank 4 high level".into(),
+            created_at: Some(prost_types::Timestamp {
+                seconds: now.timestamp() - 192,
+                nanos: 0,
+            }),
+            stuck: true,
+            ..Default::default()
+        };
+        let text = notifications(&[row], "tok", now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].starts_with("ID "), "{text}");
+        assert!(lines[1].contains("pending (stuck)"), "{text}");
+        assert!(lines[1].contains("3m 12s"), "{text}");
+        assert!(lines[2].contains("--page-token tok"), "{text}");
+    }
+
+    #[test]
+    fn smtp_block_says_whether_a_password_is_set() {
+        let text = smtp_text(&v1::SmtpConfig {
+            host: "relay".into(),
+            password_set: true,
+            ..Default::default()
+        });
+        assert!(text.contains("password         set"), "{text}");
+    }
+}

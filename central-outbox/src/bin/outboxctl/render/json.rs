@@ -1,0 +1,189 @@
+//! `--json`: one JSON document per command on stdout, for scripts.
+//!
+//! The shape is a stable interface: field names are the proto field names (snake_case), enum
+//! values their short lower-case names (`"parked"`), instants RFC 3339 UTC strings, durations
+//! proto3 JSON strings (`"60s"`), counts plain numbers. Unset timestamps and optional figures are
+//! `null` rather than absent, so a script can index every field without checking first. There is
+//! no password field anywhere: central never returns one.
+
+use outbox_proto::v1;
+use serde_json::{Value, json};
+
+use super::{
+    channel_name, duration_json, history_kind_name, outcome_name, status_name, time_json, tls_name,
+};
+use crate::commands::Report;
+
+pub fn render(report: &Report) -> Value {
+    match report {
+        Report::Notifications {
+            rows,
+            next_page_token,
+        } => json!({
+            "notifications": rows.iter().map(status_view).collect::<Vec<_>>(),
+            "next_page_token": next_page_token,
+        }),
+        Report::Status(view) => status_view(view),
+        Report::Detail(detail) => notification_detail(detail),
+        Report::Acted { view, .. } => status_view(view),
+        Report::Bulk { result, .. } => bulk(result),
+        Report::Kpis(kpis) => kpi_response(kpis),
+        Report::Lists(lists) => json!({
+            "lists": lists.iter().map(notification_list).collect::<Vec<_>>(),
+        }),
+        Report::List(list) => notification_list(list),
+        Report::ListDeleted(name) => json!({ "name": name, "deleted": true }),
+        Report::Smtp(config) => smtp_config(config),
+        Report::SmtpDeleted => json!({ "deleted": true }),
+    }
+}
+
+pub fn status_view(v: &v1::NotificationStatusView) -> Value {
+    json!({
+        "notification_id": v.notification_id,
+        "status": status_name(v.status),
+        "type": channel_name(v.r#type),
+        "list_name": v.list_name,
+        "source_site_id": v.source_site_id,
+        "subject": v.subject,
+        "retry_count": v.retry_count,
+        "last_error": v.last_error,
+        "stuck": v.stuck,
+        "created_at": time_json(v.created_at.as_ref()),
+        "site_enqueued_at": time_json(v.site_enqueued_at.as_ref()),
+        "last_attempt_at": time_json(v.last_attempt_at.as_ref()),
+        "next_attempt_at": time_json(v.next_attempt_at.as_ref()),
+        "delivered_at": time_json(v.delivered_at.as_ref()),
+        "resolved_at": time_json(v.resolved_at.as_ref()),
+    })
+}
+
+fn notification_detail(d: &v1::NotificationDetail) -> Value {
+    json!({
+        "notification": d.notification.as_ref().map(status_view),
+        "body": d.body,
+        "type_data": d.type_data,
+        "source_instance_id": d.source_instance_id,
+        "source_script": d.source_script,
+        "origin_execution_id": d.origin_execution_id,
+        "origin_parent_execution_id": d.origin_parent_execution_id,
+        "resolved_targets": d.resolved_targets,
+        "history": d.history.iter().map(history_entry).collect::<Vec<_>>(),
+    })
+}
+
+fn history_entry(h: &v1::HistoryEntry) -> Value {
+    json!({
+        "sequence": h.sequence,
+        "kind": history_kind_name(h.kind),
+        "outcome": outcome_name(h.outcome),
+        "at": time_json(h.at.as_ref()),
+        "duration_ms": h.duration_ms,
+        "error": h.error,
+        "lease_epoch": h.lease_epoch,
+        "actor": h.actor,
+    })
+}
+
+fn bulk(r: &v1::BulkActionResponse) -> Value {
+    json!({
+        "changed": r.changed,
+        "changed_ids": r.changed_ids,
+        "skipped": r.skipped.iter().map(|s| json!({
+            "notification_id": s.notification_id,
+            "reason": s.reason,
+        })).collect::<Vec<_>>(),
+        "more_matching": r.more_matching,
+    })
+}
+
+fn kpi_values(k: Option<&v1::KpiValues>) -> Value {
+    let k = k.copied().unwrap_or_default();
+    json!({
+        "queue_depth": k.queue_depth,
+        "stuck_count": k.stuck_count,
+        "parked_count": k.parked_count,
+        "delivered_recently": k.delivered_recently,
+        "oldest_pending_age_seconds": k.oldest_pending_age_seconds,
+        "oldest_retry_wait_age_seconds": k.oldest_retry_wait_age_seconds,
+    })
+}
+
+fn kpi_response(r: &v1::GetKpisResponse) -> Value {
+    json!({
+        "global": kpi_values(r.global.as_ref()),
+        "sites": r.sites.iter().map(|s| json!({
+            "source_site_id": s.source_site_id,
+            "kpis": kpi_values(s.kpis.as_ref()),
+        })).collect::<Vec<_>>(),
+        "computed_at": time_json(r.computed_at.as_ref()),
+        "stuck_age_threshold": duration_json(r.stuck_age_threshold.as_ref()),
+        "delivered_kpi_window": duration_json(r.delivered_kpi_window.as_ref()),
+    })
+}
+
+fn notification_list(l: &v1::NotificationList) -> Value {
+    json!({
+        "name": l.name,
+        "type": channel_name(l.r#type),
+        "recipients": l.recipients,
+        "updated_at": time_json(l.updated_at.as_ref()),
+    })
+}
+
+fn smtp_config(c: &v1::SmtpConfig) -> Value {
+    json!({
+        "host": c.host,
+        "port": c.port,
+        "tls_mode": tls_name(c.tls_mode),
+        "username": c.username,
+        "password_set": c.password_set,
+        "from_address": c.from_address,
+        "max_retries": c.max_retries,
+        "retry_delay": duration_json(c.retry_delay.as_ref()),
+        "max_concurrent_connections": c.max_concurrent_connections,
+        "timeout": duration_json(c.timeout.as_ref()),
+        "updated_at": time_json(c.updated_at.as_ref()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn status_view_uses_proto_names_and_short_enums() {
+        let view = v1::NotificationStatusView {
+            notification_id: "0190".into(),
+            status: v1::NotificationStatus::Parked.into(),
+            r#type: v1::NotificationType::Email.into(),
+            list_name: "ops".into(),
+            retry_count: 3,
+            created_at: Some(prost_types::Timestamp {
+                seconds: 1_795_255_200,
+                nanos: 0,
+            }),
+            ..Default::default()
+        };
+        let value = status_view(&view);
+        assert_eq!(value["status"], "parked");
+        assert_eq!(value["type"], "email");
+        assert_eq!(value["retry_count"], 3);
+        assert_eq!(value["created_at"], "2026-11-21T10:00:00Z");
+        assert_eq!(value["delivered_at"], Value::Null);
+    }
+
+    #[test]
+    fn smtp_config_has_no_password_field() {
+        let value = smtp_config(&v1::SmtpConfig {
+            host: "relay".into(),
+            username: "u".into(),
+            password_set: true,
+            tls_mode: v1::SmtpTlsMode::Tls.into(),
+            ..Default::default()
+        });
+        assert_eq!(value["password_set"], true);
+        assert_eq!(value["tls_mode"], "tls");
+        assert!(value.get("password").is_none());
+    }
+}

@@ -1,0 +1,211 @@
+//! Turns a [`Report`](crate::commands::Report) into what the operator sees: aligned tables and
+//! `key: value` blocks for people ([`human`]), or one JSON document for scripts ([`json`]).
+//!
+//! Both forms share the vocabulary defined here, so they never disagree: enum values by their
+//! short lower-case names (`parked`, `delivery_attempt`, `starttls`), instants in RFC 3339 UTC.
+
+pub mod human;
+pub mod json;
+pub mod table;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use outbox_proto::time::from_timestamp;
+use outbox_proto::v1;
+
+/// `NOTIFICATION_STATUS_PARKED` -> `parked`. A value this build does not know (a newer central)
+/// shows as `unknown_<n>` rather than failing the whole command.
+fn short_name(full: Option<&str>, prefix: &str, value: i32) -> String {
+    match full {
+        Some(full) => full
+            .strip_prefix(prefix)
+            .unwrap_or(full)
+            .to_ascii_lowercase(),
+        None => format!("unknown_{value}"),
+    }
+}
+
+pub fn status_name(value: i32) -> String {
+    let full = v1::NotificationStatus::try_from(value).ok();
+    short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "NOTIFICATION_STATUS_",
+        value,
+    )
+}
+
+pub fn channel_name(value: i32) -> String {
+    let full = v1::NotificationType::try_from(value).ok();
+    short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "NOTIFICATION_TYPE_",
+        value,
+    )
+}
+
+pub fn history_kind_name(value: i32) -> String {
+    let full = v1::HistoryEntryKind::try_from(value).ok();
+    short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "HISTORY_ENTRY_KIND_",
+        value,
+    )
+}
+
+/// `None` for UNSPECIFIED: operator actions have no outcome.
+pub fn outcome_name(value: i32) -> Option<String> {
+    if value == i32::from(v1::AttemptOutcome::Unspecified) {
+        return None;
+    }
+    let full = v1::AttemptOutcome::try_from(value).ok();
+    Some(short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "ATTEMPT_OUTCOME_",
+        value,
+    ))
+}
+
+pub fn tls_name(value: i32) -> String {
+    let full = v1::SmtpTlsMode::try_from(value).ok();
+    short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "SMTP_TLS_MODE_",
+        value,
+    )
+}
+
+fn instant(ts: Option<&prost_types::Timestamp>) -> Option<DateTime<Utc>> {
+    ts.and_then(from_timestamp)
+}
+
+/// RFC 3339 UTC to the second, for tables; `-` when unset.
+pub fn time_human(ts: Option<&prost_types::Timestamp>) -> String {
+    instant(ts).map_or_else(
+        || "-".to_owned(),
+        |at| at.to_rfc3339_opts(SecondsFormat::Secs, true),
+    )
+}
+
+/// RFC 3339 UTC with as many fractional digits as needed (proto3 JSON's form), for JSON.
+pub fn time_json(ts: Option<&prost_types::Timestamp>) -> Option<String> {
+    instant(ts).map(|at| at.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+}
+
+/// "3m 12s", "2h 5m", "4d 1h": two units are plenty to judge how old something is.
+pub fn age(seconds: f64) -> String {
+    if !seconds.is_finite() || seconds < 0.0 {
+        return "0s".to_owned();
+    }
+    // Whole seconds: sub-second precision means nothing for an age shown to a person. The cast
+    // saturates for absurd values, which is fine for display.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let s = seconds as u64;
+    let (d, h, m, sec) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    match (d, h, m) {
+        (0, 0, 0) => format!("{sec}s"),
+        (0, 0, _) => format!("{m}m {sec}s"),
+        (0, _, _) => format!("{h}h {m}m"),
+        _ => format!("{d}d {h}h"),
+    }
+}
+
+/// How long ago `ts` was, humanised; `-` when unset.
+pub fn age_since(now: DateTime<Utc>, ts: Option<&prost_types::Timestamp>) -> String {
+    instant(ts).map_or_else(
+        || "-".to_owned(),
+        |at| {
+            let millis = now.signed_duration_since(at).num_milliseconds();
+            // i64 milliseconds to f64 seconds: exact far beyond any real age.
+            #[allow(clippy::cast_precision_loss)]
+            age(millis as f64 / 1000.0)
+        },
+    )
+}
+
+fn std_duration(d: Option<&prost_types::Duration>) -> Option<std::time::Duration> {
+    let d = d?;
+    let seconds = u64::try_from(d.seconds).ok()?;
+    let nanos = u32::try_from(d.nanos).ok()?;
+    Some(std::time::Duration::new(seconds, nanos))
+}
+
+/// `1m`, `300ms`, `1h 30m`: humantime's syntax, the one the flags take; `-` when unset.
+pub fn duration_human(d: Option<&prost_types::Duration>) -> String {
+    std_duration(d).map_or_else(
+        || "-".to_owned(),
+        |d| humantime::format_duration(d).to_string(),
+    )
+}
+
+/// `60s`, `0.300s`: proto3 JSON's form for a Duration, which grpcurl prints too.
+pub fn duration_json(d: Option<&prost_types::Duration>) -> Option<String> {
+    std_duration(d).map(|d| {
+        if d.subsec_nanos() == 0 {
+            format!("{}s", d.as_secs())
+        } else if d.subsec_nanos().is_multiple_of(1_000_000) {
+            format!("{}.{:03}s", d.as_secs(), d.subsec_millis())
+        } else {
+            format!("{}.{:09}s", d.as_secs(), d.subsec_nanos())
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enum_values_have_short_lower_case_names() {
+        assert_eq!(status_name(v1::NotificationStatus::Parked.into()), "parked");
+        assert_eq!(channel_name(v1::NotificationType::Email.into()), "email");
+        assert_eq!(
+            history_kind_name(v1::HistoryEntryKind::OperatorRetry.into()),
+            "operator_retry"
+        );
+        assert_eq!(
+            outcome_name(v1::AttemptOutcome::TransientFailure.into()).as_deref(),
+            Some("transient_failure")
+        );
+        assert_eq!(outcome_name(0), None);
+        assert_eq!(tls_name(v1::SmtpTlsMode::Starttls.into()), "starttls");
+        assert_eq!(status_name(99), "unknown_99");
+    }
+
+    #[test]
+    fn ages_use_two_units() {
+        assert_eq!(age(0.4), "0s");
+        assert_eq!(age(59.0), "59s");
+        assert_eq!(age(192.0), "3m 12s");
+        assert_eq!(age(7_500.0), "2h 5m");
+        assert_eq!(age(4.0 * 86_400.0 + 3_700.0), "4d 1h");
+        assert_eq!(age(-5.0), "0s");
+    }
+
+    #[test]
+    fn instants_are_rfc3339_utc() {
+        let ts = prost_types::Timestamp {
+            seconds: 1_795_255_200,
+            nanos: 250_000_000,
+        };
+        assert_eq!(time_human(Some(&ts)), "2026-11-21T10:00:00Z");
+        assert_eq!(
+            time_json(Some(&ts)).as_deref(),
+            Some("2026-11-21T10:00:00.250Z")
+        );
+        assert_eq!(time_human(None), "-");
+    }
+
+    #[test]
+    fn durations_match_the_flag_syntax_and_proto3_json() {
+        let d = prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        };
+        assert_eq!(duration_human(Some(&d)), "1m");
+        assert_eq!(duration_json(Some(&d)).as_deref(), Some("60s"));
+        let d = prost_types::Duration {
+            seconds: 0,
+            nanos: 300_000_000,
+        };
+        assert_eq!(duration_json(Some(&d)).as_deref(), Some("0.300s"));
+    }
+}
