@@ -5,6 +5,7 @@
 //!
 //! grpcurl is installed by `make tools` (which `make test` runs) into target/tools/venv, or found
 //! through `OUTBOX_GRPCURL`. Its absence fails the test: a silently skipped check is no check.
+//! The confirmation prompt needs a terminal; util-linux `script` provides a pseudo-terminal.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -678,6 +679,71 @@ async fn outboxctl_retries_and_discards_singly_by_ids_and_by_filter() {
     assert_eq!(kpis["global"]["delivered_recently"], 6, "{kpis}");
     let human = outboxctl(addr, &["discard", "--all-parked", "--yes"]).await;
     assert_eq!(human.text(), "discarded 0 notifications\n");
+    central.stop().await;
+}
+
+/// Runs outboxctl on a pseudo-terminal (util-linux `script`), typing `typed` at it: the only way
+/// to see the confirmation prompt an operator sees.
+async fn outboxctl_on_a_terminal(addr: SocketAddr, args: &str, typed: &str) -> Run {
+    let command = format!(
+        "{} --addr http://{addr} {args}",
+        binary("outboxctl").display()
+    );
+    // -e: exit with outboxctl's status; -q: no "Script started" banner; /dev/null: no log file.
+    run(
+        Path::new("script"),
+        &["-qec", &command, "/dev/null"],
+        &[],
+        Some(typed),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn bulk_by_filter_asks_for_confirmation_on_a_terminal() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = rejecting_sink().await;
+    let central = start_central(dir.path(), &sink).await;
+    let addr = central.addr;
+    let parked = [
+        send(&central, "site-b", LIST, "Pump 2 tripped").await,
+        send(&central, "site-b", LIST, "Pump 3 tripped").await,
+    ];
+    let other = send(&central, "site-a", LIST, "Tank 4 high level").await;
+    for id in parked.iter().chain([&other]) {
+        wait_for_status(&central.db, id, "Parked").await;
+    }
+    sink.set_behaviour(Behaviour::Accept);
+
+    let declined = outboxctl_on_a_terminal(addr, "retry --all-parked --site site-b", "n\n").await;
+    assert_eq!(declined.code, Some(1), "{}", declined.stdout);
+    assert!(
+        declined
+            .stdout
+            .contains("Retry 2 parked notifications with site site-b? [y/N]"),
+        "the prompt counts what matches: {}",
+        declined.stdout
+    );
+    assert!(declined.stdout.contains("aborted: nothing was changed"));
+    for id in &parked {
+        assert_eq!(status_of(&central.db, id), "Parked");
+    }
+
+    let confirmed = outboxctl_on_a_terminal(addr, "retry --all-parked --site site-b", "y\n").await;
+    assert_eq!(confirmed.code, Some(0), "{}", confirmed.stdout);
+    assert!(
+        confirmed.stdout.contains("retried 2 notifications"),
+        "{}",
+        confirmed.stdout
+    );
+    for id in &parked {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    assert_eq!(
+        status_of(&central.db, &other),
+        "Parked",
+        "site-a was not selected"
+    );
     central.stop().await;
 }
 
