@@ -5,7 +5,7 @@ CARGO ?= cargo
 
 all: build
 
-## Build every binary (central-outbox, site-forwarder, smtp-sink).
+## Build every binary (central-outbox, outboxctl, site-forwarder, smtp-sink).
 build:
 	$(CARGO) build --workspace --bins
 
