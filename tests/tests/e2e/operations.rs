@@ -463,6 +463,19 @@ async fn outboxctl_lists_filters_pages_and_shows_notifications() {
     assert_eq!(ids(&rest["notifications"]), owned(&[&delivered]));
     assert_eq!(rest["next_page_token"], "");
 
+    let all_pages = outboxctl(
+        addr,
+        &["list", "--json", "--limit", "0", "--page-size", "1"],
+    )
+    .await
+    .json();
+    assert_eq!(
+        ids(&all_pages["notifications"]),
+        owned(&newest_first),
+        "--limit 0: every page"
+    );
+    assert_eq!(all_pages["next_page_token"], "");
+
     // The table: a header and one line per notification, newest first.
     let table = outboxctl(addr, &["list"]).await;
     let lines: Vec<&str> = table.text().lines().collect();

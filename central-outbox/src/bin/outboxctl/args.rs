@@ -118,7 +118,7 @@ pub struct ListArgs {
     pub stuck: bool,
     #[command(flatten)]
     pub select: SelectArgs,
-    /// Show at most N rows in total, following page tokens as needed.
+    /// Show at most N rows in total (0: all), following page tokens as needed.
     #[arg(long, default_value_t = 50, value_name = "N")]
     pub limit: u32,
     /// Rows fetched per call (central caps it at 500).

@@ -108,7 +108,10 @@ impl Session {
     async fn list(&mut self, args: ListArgs) -> Result<Report> {
         let filter = filter::build(&args.select, &args.status, args.stuck, Utc::now())
             .map_err(CliError::Usage)?;
-        let wanted = usize::try_from(args.limit).unwrap_or(usize::MAX);
+        let wanted = match args.limit {
+            0 => usize::MAX,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
         let mut rows = Vec::new();
         let mut page_token = args.page_token.unwrap_or_default();
         loop {
