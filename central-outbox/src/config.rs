@@ -16,9 +16,12 @@ use serde::{Deserialize, Serialize};
 use crate::dispatcher::DispatcherSettings;
 use crate::domain::NotificationType;
 use crate::domain::channel::{
-    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
+    DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
+    Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings,
 };
 use crate::domain::kpi::KpiSettings;
+use crate::domain::retry::Backoff;
+use crate::domain::webhook::WebhookFormat;
 use crate::purge::PurgeSettings;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -35,6 +38,8 @@ pub struct Config {
     pub dispatcher: DispatcherConfig,
     /// The email channel; written to the database at start-up when present.
     pub smtp: Option<SmtpConfig>,
+    /// The webhook channel's pacing and retries.
+    pub webhook: WebhookConfig,
     /// Notification lists; each is written to the database at start-up (replacing one of the
     /// same name). Lists not named here are left as they are.
     pub lists: Vec<ListConfig>,
@@ -54,6 +59,7 @@ impl Default for Config {
             node_id: None,
             dispatcher: DispatcherConfig::default(),
             smtp: None,
+            webhook: WebhookConfig::default(),
             lists: Vec::new(),
             kpis: KpiConfig::default(),
             retention: RetentionConfig::default(),
@@ -70,6 +76,9 @@ pub struct DispatcherConfig {
     pub poll_interval: Duration,
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
+    /// Unset: a third of `lease_ttl`.
+    #[serde(default, with = "humantime_serde")]
+    pub renew_interval: Option<Duration>,
     #[serde(with = "humantime_serde")]
     pub claim_timeout: Duration,
 }
@@ -79,6 +88,7 @@ impl Default for DispatcherConfig {
         Self {
             poll_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(15),
+            renew_interval: None,
             claim_timeout: Duration::from_secs(120),
         }
     }
@@ -141,17 +151,71 @@ pub struct SmtpConfig {
     pub tls: String,
     #[serde(default)]
     pub username: Option<String>,
+    /// PLAIN/LOGIN password; leave unset when `oauth` is set (XOAUTH2).
     #[serde(default)]
     pub password: Option<String>,
+    /// XOAUTH2 through an OAuth2 client-credentials grant, instead of a password.
+    #[serde(default)]
+    pub oauth: Option<OAuthConfig>,
     pub from_address: String,
     #[serde(default = "default_max_retries")]
     pub max_retries: i64,
     #[serde(default = "default_retry_delay", with = "humantime_serde")]
     pub retry_delay: Duration,
+    /// `fixed` or `exponential` (full jitter, capped at `max_retry_delay`).
+    #[serde(default = "default_backoff")]
+    pub backoff: String,
+    #[serde(default = "default_max_retry_delay", with = "humantime_serde")]
+    pub max_retry_delay: Duration,
     #[serde(default = "default_max_connections")]
     pub max_concurrent_connections: u32,
+    /// Deliveries per second on average; unset means no limit.
+    #[serde(default)]
+    pub rate_limit_per_second: Option<f64>,
+    /// Deliveries allowed at once above the average; default: one second's worth.
+    #[serde(default)]
+    pub rate_limit_burst: Option<u32>,
+    /// Connect and per-command timeout.
     #[serde(default = "default_smtp_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Longest one whole delivery may take.
+    #[serde(default = "default_overall_timeout", with = "humantime_serde")]
+    pub overall_timeout: Duration,
+}
+
+impl SmtpConfig {
+    /// A relay at `host:port` sending as `from_address`, every other key at its default.
+    pub fn new(host: impl Into<String>, port: u16, from_address: impl Into<String>) -> Self {
+        Self {
+            host: host.into(),
+            port,
+            tls: default_tls(),
+            username: None,
+            password: None,
+            oauth: None,
+            from_address: from_address.into(),
+            max_retries: default_max_retries(),
+            retry_delay: default_retry_delay(),
+            backoff: default_backoff(),
+            max_retry_delay: default_max_retry_delay(),
+            max_concurrent_connections: default_max_connections(),
+            rate_limit_per_second: None,
+            rate_limit_burst: None,
+            timeout: default_smtp_timeout(),
+            overall_timeout: default_overall_timeout(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OAuthConfig {
+    pub token_url: String,
+    pub client_id: String,
+    /// Better given as OUTBOX_CENTRAL_SMTP__OAUTH__CLIENT_SECRET.
+    pub client_secret: String,
+    #[serde(default)]
+    pub scope: String,
 }
 
 fn default_smtp_port() -> u16 {
@@ -166,11 +230,53 @@ fn default_max_retries() -> i64 {
 fn default_retry_delay() -> Duration {
     Duration::from_secs(60)
 }
+fn default_backoff() -> String {
+    "fixed".into()
+}
+fn default_max_retry_delay() -> Duration {
+    Duration::from_secs(3600)
+}
 fn default_max_connections() -> u32 {
     4
 }
 fn default_smtp_timeout() -> Duration {
     Duration::from_secs(30)
+}
+fn default_overall_timeout() -> Duration {
+    Duration::from_secs(120)
+}
+
+/// The webhook channel. Lists (with their endpoints) are configured like email lists.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WebhookConfig {
+    /// Longest one POST may take.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub max_retries: i64,
+    #[serde(with = "humantime_serde")]
+    pub retry_delay: Duration,
+    pub backoff: String,
+    #[serde(with = "humantime_serde")]
+    pub max_retry_delay: Duration,
+    pub max_concurrent_connections: u32,
+    pub rate_limit_per_second: Option<f64>,
+    pub rate_limit_burst: Option<u32>,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            timeout: Duration::from_secs(10),
+            max_retries: default_max_retries(),
+            retry_delay: default_retry_delay(),
+            backoff: "exponential".into(),
+            max_retry_delay: default_max_retry_delay(),
+            max_concurrent_connections: 8,
+            rate_limit_per_second: None,
+            rate_limit_burst: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -180,11 +286,48 @@ pub struct ListConfig {
     /// `email` (the default) or `webhook`.
     #[serde(default = "default_list_type", rename = "type")]
     pub kind: String,
+    /// Email lists: the addresses.
+    #[serde(default)]
     pub recipients: Vec<String>,
+    /// Webhook lists: the endpoint URLs (https, or http to loopback).
+    #[serde(default)]
+    pub endpoints: Vec<String>,
+    /// Webhook lists: `generic` (default), `teams` or `slack`.
+    #[serde(default)]
+    pub webhook_format: Option<String>,
+    /// Webhook lists: HMAC-SHA256 signing key (at least 16 characters).
+    #[serde(default)]
+    pub webhook_secret: Option<String>,
 }
 
 fn default_list_type() -> String {
     "email".into()
+}
+
+impl ListConfig {
+    /// An email list.
+    pub fn email(name: impl Into<String>, recipients: Vec<String>) -> Self {
+        Self {
+            name: name.into(),
+            kind: default_list_type(),
+            recipients,
+            endpoints: Vec::new(),
+            webhook_format: None,
+            webhook_secret: None,
+        }
+    }
+
+    /// A webhook list posting in `format` (generic, teams or slack).
+    pub fn webhook(name: impl Into<String>, endpoints: Vec<String>, format: &str) -> Self {
+        Self {
+            name: name.into(),
+            kind: "webhook".into(),
+            recipients: Vec::new(),
+            endpoints,
+            webhook_format: Some(format.into()),
+            webhook_secret: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -228,6 +371,7 @@ pub struct Settings {
     pub database: DatabaseUrl,
     pub dispatcher: DispatcherSettings,
     pub smtp: Option<SmtpSettings>,
+    pub webhook: WebhookSettings,
     pub lists: Vec<NotificationList>,
     pub kpis: KpiSettings,
     pub purge: PurgeSettings,
@@ -261,6 +405,10 @@ impl Config {
         if d.lease_ttl < Duration::from_secs(1) {
             bail!("dispatcher.lease_ttl: must be at least 1s");
         }
+        let renew_interval = d.renew_interval.unwrap_or(d.lease_ttl / 3);
+        if renew_interval.is_zero() || renew_interval * 2 > d.lease_ttl {
+            bail!("dispatcher.renew_interval: must be positive and at most half of lease_ttl");
+        }
         if d.claim_timeout < Duration::from_secs(2) {
             bail!("dispatcher.claim_timeout: must be at least 2s");
         }
@@ -287,6 +435,7 @@ impl Config {
             bail!("retention.purge_batch_size: must be between 1 and 100000");
         }
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
+        let webhook = webhook_settings(&self.webhook)?;
         let lists = self
             .lists
             .iter()
@@ -301,10 +450,12 @@ impl Config {
                 node_id,
                 poll_interval: d.poll_interval,
                 lease_ttl: d.lease_ttl,
+                renew_interval,
                 claim_timeout: d.claim_timeout,
                 drain_timeout: self.shutdown_timeout,
             },
             smtp,
+            webhook,
             lists,
             kpis: KpiSettings {
                 stuck_age_threshold: k.stuck_age_threshold,
@@ -333,32 +484,114 @@ fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
     }
 }
 
+/// The pacing and retry keys both channels share, as one struct for one conversion.
+struct PolicyKeys<'a> {
+    section: &'static str,
+    max_retries: i64,
+    retry_delay: Duration,
+    backoff: &'a str,
+    max_retry_delay: Duration,
+    max_concurrent_connections: u32,
+    rate_limit_per_second: Option<f64>,
+    rate_limit_burst: Option<u32>,
+}
+
+fn delivery_policy(k: PolicyKeys<'_>) -> anyhow::Result<DeliveryPolicy> {
+    let section = k.section;
+    let backoff = match k.backoff {
+        "fixed" => Backoff::Fixed,
+        "exponential" => Backoff::Exponential {
+            cap: k.max_retry_delay,
+        },
+        other => bail!("{section}.backoff: {other:?} is not one of fixed, exponential"),
+    };
+    let rate_limit = match (k.rate_limit_per_second, k.rate_limit_burst) {
+        (None, None) => None,
+        (None, Some(_)) => bail!("{section}.rate_limit_burst: set rate_limit_per_second too"),
+        (Some(per_second), burst) => Some(RateLimit {
+            per_second,
+            // One second's worth by default, and at least one.
+            burst: burst
+                .unwrap_or_else(|| per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        }),
+    };
+    Ok(DeliveryPolicy {
+        // Non-positive retry settings are clamped with a warning by the retry policy, as the
+        // seeds specify, rather than refused here.
+        max_retries: k.max_retries,
+        retry_delay: k.retry_delay,
+        backoff,
+        max_concurrent_connections: k.max_concurrent_connections,
+        rate_limit,
+    })
+}
+
 fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
     let tls = TlsMode::parse(&c.tls)
         .with_context(|| format!("smtp.tls: {:?} is not one of none, starttls, tls", c.tls))?;
-    let auth = match (&c.username, &c.password) {
-        (None, None) => SmtpAuth::None,
-        (Some(username), Some(password)) => SmtpAuth::Password {
+    let auth = match (&c.username, &c.password, &c.oauth) {
+        (None, None, None) => SmtpAuth::None,
+        (Some(username), Some(password), None) => SmtpAuth::Password {
             username: username.clone(),
             password: Secret::new(password.clone()),
         },
-        _ => bail!("smtp.username and smtp.password: set both or neither"),
+        (Some(username), None, Some(oauth)) => SmtpAuth::XOAuth2 {
+            username: username.clone(),
+            oauth: OAuthClientCredentials {
+                token_url: oauth.token_url.clone(),
+                client_id: oauth.client_id.clone(),
+                client_secret: Secret::new(oauth.client_secret.clone()),
+                scope: oauth.scope.clone(),
+            },
+        },
+        (_, Some(_), Some(_)) => bail!("smtp.password and smtp.oauth: set one, not both"),
+        _ => {
+            bail!("smtp.username: set it with smtp.password (PLAIN/LOGIN) or smtp.oauth (XOAUTH2)")
+        }
     };
     let from_address = EmailAddress::parse(&c.from_address, "from_address")
         .map_err(|e| anyhow::anyhow!("smtp.{e}"))?;
+    let policy = delivery_policy(PolicyKeys {
+        section: "smtp",
+        max_retries: c.max_retries,
+        retry_delay: c.retry_delay,
+        backoff: &c.backoff,
+        max_retry_delay: c.max_retry_delay,
+        max_concurrent_connections: c.max_concurrent_connections,
+        rate_limit_per_second: c.rate_limit_per_second,
+        rate_limit_burst: c.rate_limit_burst,
+    })?;
     SmtpSettings {
         host: c.host.clone(),
         port: c.port,
         tls,
         auth,
         from_address,
-        max_retries: c.max_retries,
-        retry_delay: c.retry_delay,
-        max_concurrent_connections: c.max_concurrent_connections,
         timeout: c.timeout,
+        overall_timeout: c.overall_timeout,
+        policy,
     }
     .check()
     .map_err(|e| anyhow::anyhow!("smtp.{e}"))
+}
+
+fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
+    let policy = delivery_policy(PolicyKeys {
+        section: "webhook",
+        max_retries: c.max_retries,
+        retry_delay: c.retry_delay,
+        backoff: &c.backoff,
+        max_retry_delay: c.max_retry_delay,
+        max_concurrent_connections: c.max_concurrent_connections,
+        rate_limit_per_second: c.rate_limit_per_second,
+        rate_limit_burst: c.rate_limit_burst,
+    })?;
+    WebhookSettings {
+        timeout: c.timeout,
+        policy,
+    }
+    .check()
+    .map_err(|e| anyhow::anyhow!("webhook.{e}"))
 }
 
 fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
@@ -367,8 +600,24 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         "webhook" => NotificationType::Webhook,
         other => bail!("lists[{index}].type: {other:?} is not one of email, webhook"),
     };
-    NotificationList::parse(c.name.clone(), kind, &c.recipients)
-        .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
+    let webhook_format = c
+        .webhook_format
+        .as_deref()
+        .map(|f| {
+            WebhookFormat::parse(f).with_context(|| {
+                format!("lists[{index}].webhook_format: {f:?} is not one of generic, teams, slack")
+            })
+        })
+        .transpose()?;
+    NotificationList::parse(ListInput {
+        name: c.name.clone(),
+        kind: Some(kind),
+        recipients: c.recipients.clone(),
+        endpoints: c.endpoints.clone(),
+        webhook_format,
+        webhook_secret: c.webhook_secret.clone(),
+    })
+    .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
 }
 
 #[cfg(test)]

@@ -2,13 +2,18 @@
 //! delivers each through its channel's adapter, recording every attempt.
 //!
 //! One loop, woken by whichever comes first: ingest (a new row), a finished delivery (a free
-//! slot), the poll interval (retries coming due, rows other replicas ingested) or lease renewal.
-//! Each wake runs one sweep, [`Dispatcher::dispatch_once`]: claim as many rows as there are free
-//! delivery slots, start one task per row. Sweeps never overlap because only this loop runs them.
-//! A delivery task never fails the loop: its outcome, whatever it is, is recorded on its own row.
+//! slot), the poll interval (retries coming due, rows other replicas ingested), a rate-limit
+//! token coming due, or lease renewal. Each wake runs one sweep, [`Dispatcher::dispatch_once`]:
+//! for each channel, claim as many rows as it has free delivery slots and rate-limit tokens,
+//! start one task per row. Sweeps never overlap because only this loop runs them. A delivery task
+//! never fails the loop: its outcome, whatever it is, is recorded on its own row.
 //!
-//! On shutdown no new claims are made; in-flight deliveries get `drain_timeout` to finish, after
-//! which they are aborted and their rows, still claimed, become due again when the claim expires.
+//! The lease (DESIGN §5): renewed every `renew_interval`. A failed or refused renewal stops new
+//! claims at once; if the lease runs out (its TTL passes without a successful renewal) in-flight
+//! deliveries are aborted, because their outcomes could no longer be recorded and a successor
+//! may already be delivering the same rows. On shutdown no new claims are made, in-flight
+//! deliveries get `drain_timeout`, and the lease is released so a successor takes over at once;
+//! rows still claimed become due again when their claim expires.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,11 +23,12 @@ use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::delivery::EmailAdapter;
+use crate::delivery::Adapters;
 use crate::domain::NotificationType;
-use crate::domain::channel::SmtpSettings;
+use crate::domain::channel::{DeliveryPolicy, ListTargets, SmtpSettings, WebhookSettings};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
-use crate::domain::retry::RetryPolicy;
+use crate::domain::rate::TokenBucket;
+use crate::domain::retry::{Backoff, RetryPolicy};
 use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
 
@@ -36,8 +42,10 @@ pub struct DispatcherSettings {
     pub node_id: String,
     /// Longest a due row waits when nothing wakes the dispatcher.
     pub poll_interval: Duration,
-    /// How long a lease lasts without renewal; renewed every third of it.
+    /// How long a lease lasts without renewal.
     pub lease_ttl: Duration,
+    /// How often the lease is renewed (well under `lease_ttl`).
+    pub renew_interval: Duration,
     /// How long a claimed row stays claimed; after it the row is due again (at-least-once).
     pub claim_timeout: Duration,
     /// How long in-flight deliveries may run after shutdown begins.
@@ -49,42 +57,98 @@ pub struct DispatcherSettings {
 pub enum SweepOutcome {
     /// This node does not hold the lease.
     NotLeader,
-    /// Every delivery slot is busy.
-    NoFreeSlot,
-    /// Claimed and started this many deliveries (0: nothing was due).
+    /// Claimed and started this many deliveries (0: nothing was due, or no slot or token free).
     Started(usize),
+}
+
+/// The channels, in the order a sweep serves them.
+const CHANNELS: [NotificationType; 2] = [NotificationType::Email, NotificationType::Webhook];
+
+/// One channel's share of the dispatcher: its busy slots and its rate limit.
+#[derive(Debug, Default)]
+struct ChannelState {
+    in_flight: usize,
+    bucket: Option<TokenBucket>,
+}
+
+/// A channel's settings as one sweep read them; each attempt keeps the snapshot it started with.
+#[derive(Debug, Clone)]
+pub enum ChannelSettings {
+    /// `None`: no SMTP configuration is stored (email rows park).
+    Email(Option<SmtpSettings>),
+    Webhook(WebhookSettings),
+}
+
+impl ChannelSettings {
+    /// The pacing and retry policy, or the fallbacks when the channel is not configured (one
+    /// slot, no limit: the rows only need to be parked).
+    fn policy(&self) -> DeliveryPolicy {
+        match self {
+            Self::Email(Some(s)) => s.policy.clone(),
+            Self::Webhook(s) => s.policy.clone(),
+            Self::Email(None) => DeliveryPolicy {
+                max_retries: 0,
+                retry_delay: Duration::ZERO,
+                backoff: Backoff::Fixed,
+                max_concurrent_connections: 1,
+                rate_limit: None,
+            },
+        }
+    }
 }
 
 pub struct Dispatcher<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
-    email: Arc<EmailAdapter>,
+    adapters: Arc<Adapters>,
     settings: DispatcherSettings,
+    webhook: WebhookSettings,
     wake: Arc<Notify>,
     lease: Option<LeaseEpoch>,
+    /// When the lease we last renewed runs out, measured from before the renewal was sent.
+    lease_deadline: Option<tokio::time::Instant>,
     /// Publishes `lease` to whoever works only on the leader (the purge) or reports it (metrics).
     lease_watch: watch::Sender<Option<LeaseEpoch>>,
-    /// Settings of the last sweep, to log clamping warnings once per change, not per attempt.
-    channel: Option<SmtpSettings>,
-    in_flight: JoinSet<()>,
+    channels: [ChannelState; CHANNELS.len()],
+    /// Earliest instant a rate-limited channel gets a token again, if any is waiting for one.
+    throttled_until: Option<tokio::time::Instant>,
+    /// Email settings of the last sweep, to log clamping warnings once per change.
+    warned_for: Option<SmtpSettings>,
+    in_flight: JoinSet<NotificationType>,
+}
+
+fn channel_index(kind: NotificationType) -> usize {
+    match kind {
+        NotificationType::Email => 0,
+        NotificationType::Webhook => 1,
+    }
 }
 
 impl<S: OutboxStore> Dispatcher<S> {
     pub fn new(
         store: Arc<S>,
         metrics: Arc<Metrics>,
+        adapters: Arc<Adapters>,
         settings: DispatcherSettings,
+        webhook: WebhookSettings,
         wake: Arc<Notify>,
     ) -> Self {
+        for warning in webhook.policy.retry_policy().1 {
+            tracing::warn!("webhook configuration: {warning}");
+        }
         Self {
             store,
             metrics,
-            email: Arc::new(EmailAdapter::new()),
+            adapters,
             settings,
+            webhook,
             wake,
             lease: None,
+            lease_deadline: None,
             lease_watch: watch::Sender::new(None),
-            channel: None,
+            channels: Default::default(),
+            throttled_until: None,
+            warned_for: None,
             in_flight: JoinSet::new(),
         }
     }
@@ -94,41 +158,66 @@ impl<S: OutboxStore> Dispatcher<S> {
         self.lease_watch.subscribe()
     }
 
-    /// Runs until `shutdown` is cancelled, then drains.
+    /// Runs until `shutdown` is cancelled, then drains and releases the lease.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let mut poll = tokio::time::interval(self.settings.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renew = tokio::time::interval(self.settings.lease_ttl / 3);
+        let mut renew = tokio::time::interval(self.settings.renew_interval);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let lease_deadline = self.lease_deadline;
+            let throttled_until = self.throttled_until;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
+                () = sleep_until(lease_deadline), if lease_deadline.is_some() => {
+                    self.lease_expired();
+                    continue;
+                }
                 _ = renew.tick() => self.renew_lease().await,
                 Some(finished) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
-                    if let Err(e) = finished {
-                        tracing::error!(error = %e, "a delivery task panicked");
-                    }
+                    self.finished(finished);
                     // Collect every other finished task too, so one sweep fills all free slots.
                     while let Some(finished) = self.in_flight.try_join_next() {
-                        if let Err(e) = finished {
-                            tracing::error!(error = %e, "a delivery task panicked");
-                        }
+                        self.finished(finished);
                     }
                 }
                 () = self.wake.notified() => {}
+                () = sleep_until(throttled_until), if throttled_until.is_some() => {}
                 _ = poll.tick() => {}
             }
             if let Err(e) = self.dispatch_once().await {
                 tracing::error!(error = %e, "dispatch sweep failed");
             }
         }
-        self.lease_watch.send_replace(None);
         self.drain().await;
+        self.release_lease().await;
+    }
+
+    fn finished(&mut self, finished: Result<NotificationType, tokio::task::JoinError>) {
+        match finished {
+            Ok(kind) => {
+                let state = &mut self.channels[channel_index(kind)];
+                state.in_flight = state.in_flight.saturating_sub(1);
+            }
+            // Aborted at lease expiry (counts were reset then) or panicked: a panic loses the
+            // channel it ran on, so recount from the set.
+            Err(e) => {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a delivery task panicked");
+                }
+                if self.in_flight.is_empty() {
+                    for state in &mut self.channels {
+                        state.in_flight = 0;
+                    }
+                }
+            }
+        }
     }
 
     /// Takes or renews the lease; on any failure this node stops claiming at once.
     pub async fn renew_lease(&mut self) {
+        let sent_at = tokio::time::Instant::now();
         let held = self
             .store
             .acquire_lease(
@@ -137,6 +226,7 @@ impl<S: OutboxStore> Dispatcher<S> {
                 self.settings.lease_ttl,
             )
             .await;
+        let refused = matches!(held, Ok(None));
         let now = match held {
             Ok(epoch) => epoch,
             Err(e) => {
@@ -151,64 +241,171 @@ impl<S: OutboxStore> Dispatcher<S> {
                     old = old.0,
                     new = new.0,
                     "dispatcher lease re-taken with a new epoch"
-                )
+                );
+                // Our claims under the old epoch cannot be recorded any more.
+                self.abort_in_flight();
             }
             (Some(old), None) => tracing::warn!(epoch = old.0, "lost the dispatcher lease"),
             _ => {}
         }
-        self.lease = now;
-        self.metrics.set_lease(now.is_some(), now.map(|e| e.0));
+        if now.is_some() {
+            // Judged from before the request: the database's expiry is at least this late.
+            self.lease_deadline = Some(sent_at + self.settings.lease_ttl);
+        } else if refused {
+            // Another node holds it: whatever we still run is already being redone.
+            self.abort_in_flight();
+            self.lease_deadline = None;
+        }
+        self.set_lease(now);
+    }
+
+    fn set_lease(&mut self, lease: Option<LeaseEpoch>) {
+        self.lease = lease;
+        self.metrics.set_lease(lease.is_some(), lease.map(|e| e.0));
         self.lease_watch.send_if_modified(|held| {
-            let changed = *held != now;
-            *held = now;
+            let changed = *held != lease;
+            *held = lease;
             changed
         });
     }
 
-    /// One sweep: claim up to the number of free delivery slots and start their deliveries.
+    /// The lease ran out without a successful renewal.
+    fn lease_expired(&mut self) {
+        tracing::warn!(
+            in_flight = self.in_flight.len(),
+            "dispatcher lease expired without renewal; cancelling in-flight deliveries"
+        );
+        self.abort_in_flight();
+        self.lease_deadline = None;
+        self.set_lease(None);
+    }
+
+    fn abort_in_flight(&mut self) {
+        if !self.in_flight.is_empty() {
+            self.in_flight.abort_all();
+        }
+        for state in &mut self.channels {
+            state.in_flight = 0;
+        }
+    }
+
+    async fn release_lease(&mut self) {
+        let Some(epoch) = self.lease else {
+            return;
+        };
+        match self
+            .store
+            .release_lease(DISPATCHER_LEASE, &self.settings.node_id, epoch)
+            .await
+        {
+            Ok(true) => tracing::info!(epoch = epoch.0, "released the dispatcher lease"),
+            Ok(false) => tracing::debug!("the dispatcher lease had already passed on"),
+            Err(e) => tracing::warn!(error = %e, "cannot release the dispatcher lease; it expires"),
+        }
+        self.set_lease(None);
+    }
+
+    /// One sweep: for each channel, claim up to its free slots and rate-limit tokens and start
+    /// the deliveries.
     pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, StoreError> {
         let Some(epoch) = self.lease else {
             return Ok(SweepOutcome::NotLeader);
         };
-        let channel = self.store.smtp_settings().await?.map(|s| s.value);
-        self.note_channel_change(channel.as_ref());
-        let slots = channel
-            .as_ref()
-            .map_or(1, |s| s.max_concurrent_connections.max(1)) as usize;
-        let free = slots.saturating_sub(self.in_flight.len());
-        if free == 0 {
-            return Ok(SweepOutcome::NoFreeSlot);
-        }
-        let claimed = self
-            .store
-            .claim_due(DISPATCHER_LEASE, epoch, free, self.settings.claim_timeout)
-            .await?;
-        let started = claimed.len();
-        // An attempt may not outlive its claim, or a successor could deliver it concurrently.
-        let attempt_timeout = self.settings.claim_timeout / 2;
-        for notification in claimed {
-            let attempt = Attempt {
-                store: Arc::clone(&self.store),
-                metrics: Arc::clone(&self.metrics),
-                email: Arc::clone(&self.email),
-                channel: channel.clone(),
-                timeout: attempt_timeout,
+        let email = self.store.smtp_settings().await?.map(|s| s.value);
+        self.note_email_settings(email.as_ref());
+        self.throttled_until = None;
+        let mut started = 0;
+        for kind in CHANNELS {
+            let channel = match kind {
+                NotificationType::Email => ChannelSettings::Email(email.clone()),
+                NotificationType::Webhook => ChannelSettings::Webhook(self.webhook.clone()),
             };
-            self.in_flight.spawn(attempt.run(notification));
+            started += self.dispatch_channel(epoch, kind, channel).await?;
         }
         Ok(SweepOutcome::Started(started))
     }
 
-    fn note_channel_change(&mut self, channel: Option<&SmtpSettings>) {
-        if self.channel.as_ref() == channel {
+    async fn dispatch_channel(
+        &mut self,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        channel: ChannelSettings,
+    ) -> Result<usize, StoreError> {
+        let policy = channel.policy();
+        let now = Instant::now();
+        let state = &mut self.channels[channel_index(kind)];
+        // A changed limit starts a fresh bucket; an unchanged one keeps its tokens.
+        match (policy.rate_limit, &state.bucket) {
+            (None, _) => state.bucket = None,
+            (Some(limit), Some(bucket)) if bucket.limit() == limit => {}
+            (Some(limit), _) => state.bucket = Some(TokenBucket::new(limit, now)),
+        }
+        let slots = policy.max_concurrent_connections.max(1) as usize;
+        let mut free = slots.saturating_sub(state.in_flight);
+        if free == 0 {
+            return Ok(0);
+        }
+        if let Some(bucket) = state.bucket.as_mut() {
+            free = free.min(bucket.available(now));
+            if free == 0 {
+                let ready = tokio::time::Instant::now() + bucket.wait_for_one(now);
+                self.throttled_until = Some(self.throttled_until.map_or(ready, |t| t.min(ready)));
+                return Ok(0);
+            }
+        }
+        let claimed = self
+            .store
+            .claim_due(
+                DISPATCHER_LEASE,
+                epoch,
+                kind,
+                free,
+                self.settings.claim_timeout,
+            )
+            .await?;
+        let state = &mut self.channels[channel_index(kind)];
+        if let Some(bucket) = state.bucket.as_mut() {
+            bucket.take(claimed.len(), now);
+        }
+        state.in_flight += claimed.len();
+        let started = claimed.len();
+        let (retry, _) = policy.retry_policy();
+        for notification in claimed {
+            let attempt = Attempt {
+                store: Arc::clone(&self.store),
+                metrics: Arc::clone(&self.metrics),
+                adapters: Arc::clone(&self.adapters),
+                channel: channel.clone(),
+                retry,
+                timeout: self.attempt_timeout(&channel),
+            };
+            self.in_flight.spawn(attempt.run(notification));
+        }
+        Ok(started)
+    }
+
+    /// An attempt may not outlive its claim, or a successor could deliver it concurrently; and
+    /// it is bounded by the channel's own overall timeout.
+    fn attempt_timeout(&self, channel: &ChannelSettings) -> Duration {
+        let claim_bound = self.settings.claim_timeout / 2;
+        match channel {
+            ChannelSettings::Email(Some(s)) => s.overall_timeout.min(claim_bound),
+            // Every endpoint of a list is posted to within one attempt.
+            ChannelSettings::Webhook(s) => s.timeout.saturating_mul(4).min(claim_bound),
+            ChannelSettings::Email(None) => claim_bound,
+        }
+    }
+
+    fn note_email_settings(&mut self, settings: Option<&SmtpSettings>) {
+        if self.warned_for.as_ref() == settings {
             return;
         }
-        if let Some(s) = channel {
-            for warning in RetryPolicy::clamped(s.max_retries, s.retry_delay).1 {
+        if let Some(s) = settings {
+            for warning in s.policy.retry_policy().1 {
                 tracing::warn!("SMTP configuration: {warning}");
             }
         }
-        self.channel = channel.cloned();
+        self.warned_for = settings.cloned();
     }
 
     async fn drain(&mut self) {
@@ -231,17 +428,27 @@ impl<S: OutboxStore> Dispatcher<S> {
     }
 }
 
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
 /// One delivery attempt of one claimed row, run as its own task.
 struct Attempt<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
-    email: Arc<EmailAdapter>,
-    channel: Option<SmtpSettings>,
+    adapters: Arc<Adapters>,
+    channel: ChannelSettings,
+    retry: RetryPolicy,
     timeout: Duration,
 }
 
 impl<S: OutboxStore> Attempt<S> {
-    async fn run(self, notification: ClaimedNotification) {
+    /// Delivers, records, and reports which channel's slot it frees.
+    async fn run(self, notification: ClaimedNotification) -> NotificationType {
+        let kind = notification.content.kind;
         let started = Instant::now();
         let result = match tokio::time::timeout(self.timeout, self.deliver(&notification)).await {
             Ok(result) => result,
@@ -250,11 +457,12 @@ impl<S: OutboxStore> Attempt<S> {
                 self.timeout.as_secs()
             ))),
         };
-        let policy = match &self.channel {
-            Some(s) => RetryPolicy::clamped(s.max_retries, s.retry_delay).0,
-            None => RetryPolicy::clamped(0, Duration::ZERO).0,
-        };
-        let transition = policy.transition(notification.retry_count, &result, Utc::now());
+        let transition = self.retry.transition(
+            notification.retry_count,
+            &result,
+            Utc::now(),
+            fastrand::f64(),
+        );
         let record = AttemptRecord {
             row_id: notification.row_id,
             id: notification.id,
@@ -267,7 +475,7 @@ impl<S: OutboxStore> Attempt<S> {
         };
         let status = record.transition.status;
         self.metrics
-            .attempt_finished(notification.content.kind, record.outcome, record.duration);
+            .attempt_finished(kind, record.outcome, record.duration);
         match self.store.record_outcome(DISPATCHER_LEASE, record).await {
             Ok(true) => tracing::debug!(id = %notification.id, %status, "attempt recorded"),
             Ok(false) => tracing::warn!(
@@ -280,18 +488,10 @@ impl<S: OutboxStore> Attempt<S> {
                 "cannot record the attempt; the row becomes due again after its claim expires"
             ),
         }
+        kind
     }
 
     async fn deliver(&self, n: &ClaimedNotification) -> Result<Delivered, DeliveryError> {
-        if n.content.kind != NotificationType::Email {
-            return Err(DeliveryError::permanent(format!(
-                "no delivery adapter for type {}",
-                n.content.kind
-            )));
-        }
-        let Some(channel) = &self.channel else {
-            return Err(DeliveryError::permanent("no SMTP configuration"));
-        };
         let list = self
             .store
             .list(&n.content.list_name)
@@ -304,14 +504,28 @@ impl<S: OutboxStore> Attempt<S> {
                 ))
             })?
             .value;
-        if list.kind != n.content.kind {
+        if list.kind() != n.content.kind {
             return Err(DeliveryError::permanent(format!(
                 "notification list {:?} is a {} list, not {}",
                 list.name.as_str(),
-                list.kind,
+                list.kind(),
                 n.content.kind
             )));
         }
-        self.email.deliver(channel, n.id, &n.content, &list).await
+        match (&self.channel, &list.targets) {
+            (ChannelSettings::Email(None), _) => {
+                Err(DeliveryError::permanent("no SMTP configuration"))
+            }
+            (ChannelSettings::Email(Some(smtp)), ListTargets::Email(recipients)) => {
+                self.adapters.email(smtp, n, recipients).await
+            }
+            (ChannelSettings::Webhook(settings), ListTargets::Webhook(target)) => {
+                self.adapters.webhook(settings, n, target).await
+            }
+            // The kind check above makes these unreachable; answer sanely anyway.
+            _ => Err(DeliveryError::permanent(
+                "the list's channel does not match the notification's",
+            )),
+        }
     }
 }

@@ -28,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 
 use crate::config::{DatabaseUrl, Settings};
+use crate::delivery::Adapters;
 use crate::dispatcher::Dispatcher;
 use crate::domain::kpi::KpiSettings;
 use crate::grpc::admin::OutboxService;
@@ -47,6 +48,8 @@ pub enum RunError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("cannot set up delivery: {0}")]
+    Delivery(String),
     #[error("cannot build server reflection: {0}")]
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
@@ -138,10 +141,13 @@ async fn serve<S: OutboxStore>(
     }
 
     let wake = Arc::new(Notify::new());
+    let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
+        adapters,
         settings.dispatcher.clone(),
+        settings.webhook.clone(),
         Arc::clone(&wake),
     );
     let dispatcher_stop = CancellationToken::new();

@@ -17,7 +17,7 @@ use lettre::transport::smtp::client::{Tls, TlsParameters};
 use lettre::transport::smtp::{self, PoolConfig};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
-use crate::domain::channel::{NotificationList, SmtpAuth, SmtpSettings, TlsMode};
+use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings, TlsMode};
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::{NotificationContent, NotificationId};
 
@@ -26,9 +26,9 @@ type Transport = AsyncSmtpTransport<Tokio1Executor>;
 /// Sends notifications as email. Cheap to share; clones of the transport share its pool.
 #[derive(Default)]
 pub struct EmailAdapter {
-    /// The transport for the settings last used. Settings rarely change, so a plain mutex around
-    /// a clone-out is enough; it is never held across an await.
-    current: Mutex<Option<(SmtpSettings, Arc<Transport>)>>,
+    /// The transport for the settings (and XOAUTH2 token) last used. They rarely change, so a
+    /// plain mutex around a clone-out is enough; it is never held across an await.
+    current: Mutex<Option<(TransportKey, Arc<Transport>)>>,
 }
 
 impl std::fmt::Debug for EmailAdapter {
@@ -42,47 +42,76 @@ impl EmailAdapter {
         Self::default()
     }
 
-    /// Sends `content` to every member of `list` using `settings`.
+    /// Sends `content` to every recipient using `settings`. `access_token` is the XOAUTH2 bearer
+    /// token when the settings use XOAUTH2 (the caller fetches it; see `delivery::oauth`).
     pub async fn deliver(
         &self,
         settings: &SmtpSettings,
         id: NotificationId,
         content: &NotificationContent,
-        list: &NotificationList,
+        recipients: &[EmailAddress],
+        access_token: Option<&Secret>,
     ) -> Result<Delivered, DeliveryError> {
-        if list.recipients.is_empty() {
-            return Err(DeliveryError::permanent(format!(
-                "notification list {:?} has no recipients",
-                list.name.as_str()
-            )));
+        if recipients.is_empty() {
+            return Err(DeliveryError::permanent(
+                "the notification list has no recipients",
+            ));
         }
-        let message = build_message(settings, id, content, list)?;
-        let transport = self.transport_for(settings)?;
-        match transport.send(message).await {
-            Ok(_) => Ok(Delivered {
-                resolved_targets: list.recipients.iter().map(ToString::to_string).collect(),
+        let message = build_message(settings, id, content, recipients)?;
+        let transport = self.transport_for(settings, access_token)?;
+        // The per-command timeout bounds each step; this bounds the whole session, so a server
+        // trickling replies cannot hold a delivery slot forever.
+        match tokio::time::timeout(settings.overall_timeout, transport.send(message)).await {
+            Ok(Ok(_)) => Ok(Delivered {
+                resolved_targets: recipients.iter().map(ToString::to_string).collect(),
             }),
-            Err(e) => Err(classify(&e)),
+            Ok(Err(e)) => Err(classify(&e, settings)),
+            Err(_) => Err(DeliveryError::transient(format!(
+                "SMTP delivery to {}:{} took longer than {}s",
+                settings.host,
+                settings.port,
+                settings.overall_timeout.as_secs()
+            ))),
         }
     }
 
-    fn transport_for(&self, settings: &SmtpSettings) -> Result<Arc<Transport>, DeliveryError> {
+    fn transport_for(
+        &self,
+        settings: &SmtpSettings,
+        access_token: Option<&Secret>,
+    ) -> Result<Arc<Transport>, DeliveryError> {
+        let key = TransportKey {
+            settings: settings.clone(),
+            access_token: access_token.cloned(),
+        };
         let mut current = self
             .current
             .lock()
             .map_err(|_| DeliveryError::transient("email transport lock poisoned"))?;
         if let Some((used, transport)) = current.as_ref()
-            && used == settings
+            && *used == key
         {
             return Ok(Arc::clone(transport));
         }
-        let transport = Arc::new(build_transport(settings)?);
-        *current = Some((settings.clone(), Arc::clone(&transport)));
+        // New settings or a new token: a new pool, so no connection authenticated the old way
+        // is reused.
+        let transport = Arc::new(build_transport(settings, access_token)?);
+        *current = Some((key, Arc::clone(&transport)));
         Ok(transport)
     }
 }
 
-fn build_transport(s: &SmtpSettings) -> Result<Transport, DeliveryError> {
+/// What a pooled transport was built from.
+#[derive(PartialEq, Eq)]
+struct TransportKey {
+    settings: SmtpSettings,
+    access_token: Option<Secret>,
+}
+
+fn build_transport(
+    s: &SmtpSettings,
+    access_token: Option<&Secret>,
+) -> Result<Transport, DeliveryError> {
     let tls_parameters = || {
         TlsParameters::new(s.host.clone())
             .map_err(|e| DeliveryError::permanent(format!("cannot set up TLS for {}: {e}", s.host)))
@@ -96,14 +125,27 @@ fn build_transport(s: &SmtpSettings) -> Result<Transport, DeliveryError> {
         .port(s.port)
         .tls(tls)
         .timeout(Some(s.timeout))
-        .pool_config(PoolConfig::new().max_size(s.max_concurrent_connections.max(1)));
-    if let SmtpAuth::Password { username, password } = &s.auth {
-        builder = builder
-            .credentials(Credentials::new(
-                username.clone(),
-                password.expose().to_owned(),
-            ))
-            .authentication(vec![Mechanism::Plain, Mechanism::Login]);
+        .pool_config(PoolConfig::new().max_size(s.policy.max_concurrent_connections.max(1)));
+    match &s.auth {
+        SmtpAuth::None => {}
+        SmtpAuth::Password { username, password } => {
+            builder = builder
+                .credentials(Credentials::new(
+                    username.clone(),
+                    password.expose().to_owned(),
+                ))
+                .authentication(vec![Mechanism::Plain, Mechanism::Login]);
+        }
+        SmtpAuth::XOAuth2 { username, .. } => {
+            let token = access_token
+                .ok_or_else(|| DeliveryError::transient("no XOAUTH2 access token was obtained"))?;
+            builder = builder
+                .credentials(Credentials::new(
+                    username.clone(),
+                    token.expose().to_owned(),
+                ))
+                .authentication(vec![Mechanism::Xoauth2]);
+        }
     }
     Ok(builder.build())
 }
@@ -112,7 +154,7 @@ fn build_message(
     s: &SmtpSettings,
     id: NotificationId,
     content: &NotificationContent,
-    list: &NotificationList,
+    recipients: &[EmailAddress],
 ) -> Result<Message, DeliveryError> {
     let from: Mailbox = s.from_address.as_str().parse().map_err(|e| {
         DeliveryError::permanent(format!(
@@ -125,7 +167,7 @@ fn build_message(
         .subject(content.subject.as_str())
         .message_id(Some(format!("<{id}@{}>", s.from_address.domain())))
         .header(ContentType::TEXT_PLAIN);
-    for recipient in &list.recipients {
+    for recipient in recipients {
         let mailbox: Mailbox = recipient.as_str().parse().map_err(|e| {
             DeliveryError::permanent(format!(
                 "recipient {:?} is invalid: {e}",
@@ -141,13 +183,27 @@ fn build_message(
 
 /// Maps a lettre SMTP error to what happens next. Only reply codes decide permanence; anything
 /// without a reply (connect refused, TLS, I/O, timeout) may succeed later.
-fn classify(e: &smtp::Error) -> DeliveryError {
-    let message = describe(e);
+fn classify(e: &smtp::Error, settings: &SmtpSettings) -> DeliveryError {
+    let message = scrub(describe(e), settings);
     if e.is_permanent() {
         DeliveryError::Permanent(message)
     } else {
         DeliveryError::Transient(message)
     }
+}
+
+/// Removes anything secret from an error text: a server may echo what it was sent (an AUTH
+/// line), and that must not reach LastError or a log.
+fn scrub(mut text: String, settings: &SmtpSettings) -> String {
+    let secrets: Vec<&str> = match &settings.auth {
+        SmtpAuth::None => Vec::new(),
+        SmtpAuth::Password { password, .. } => vec![password.expose()],
+        SmtpAuth::XOAuth2 { oauth, .. } => vec![oauth.client_secret.expose()],
+    };
+    for secret in secrets.into_iter().filter(|s| s.len() >= 4) {
+        text = text.replace(secret, "***");
+    }
+    text
 }
 
 /// The error text with its reply code, and without anything lettre might echo from the

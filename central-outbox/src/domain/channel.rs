@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
 
 /// A syntactically plausible mailbox address (`local@domain`). Deliberately simple: the relay is
@@ -57,59 +58,139 @@ impl fmt::Display for EmailAddress {
     }
 }
 
-/// A named set of recipients for one channel type.
+/// Where a list delivers: email recipients or webhook endpoints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListTargets {
+    Email(Vec<EmailAddress>),
+    Webhook(WebhookTarget),
+}
+
+/// A named set of targets for one channel type. Resolved at delivery time, so an edit applies to
+/// every notification not yet delivered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotificationList {
     pub name: ListName,
-    pub kind: NotificationType,
-    pub recipients: Vec<EmailAddress>,
+    pub targets: ListTargets,
 }
 
-/// Most recipients one list may have: a list is a team, not a mailing campaign, and every
-/// address goes into one message's BCC.
+/// Most recipients (or endpoints) one list may have: a list is a team, not a mailing campaign,
+/// and every address goes into one message's BCC.
 pub const MAX_LIST_RECIPIENTS: usize = 1000;
 
+/// A list as an operator or the config file gives it, before checking.
+#[derive(Debug, Clone, Default)]
+pub struct ListInput {
+    pub name: String,
+    pub kind: Option<NotificationType>,
+    pub recipients: Vec<String>,
+    pub endpoints: Vec<String>,
+    pub webhook_format: Option<WebhookFormat>,
+    /// Write-only HMAC key; `None` means "no signature".
+    pub webhook_secret: Option<String>,
+}
+
 impl NotificationList {
-    /// Checks a list as an operator or the config file gives it. Errors name `name`, `type` or
-    /// `recipients` (with the entry's position).
-    pub fn parse(
-        name: String,
-        kind: NotificationType,
-        recipients: &[String],
-    ) -> Result<Self, ContentError> {
-        let name = ListName::parse(name)?;
-        if kind != NotificationType::Email {
-            return Err(ContentError::new(
-                "type",
-                "only email lists can be configured in this version",
-            ));
+    pub fn kind(&self) -> NotificationType {
+        match self.targets {
+            ListTargets::Email(_) => NotificationType::Email,
+            ListTargets::Webhook(_) => NotificationType::Webhook,
         }
-        if recipients.is_empty() {
-            return Err(ContentError::new("recipients", "at least one is required"));
+    }
+
+    /// Recipient addresses or endpoint URLs, as text (what ResolvedTargets snapshots).
+    pub fn target_names(&self) -> Vec<String> {
+        match &self.targets {
+            ListTargets::Email(recipients) => recipients.iter().map(ToString::to_string).collect(),
+            ListTargets::Webhook(target) => {
+                target.endpoints.iter().map(ToString::to_string).collect()
+            }
         }
-        if recipients.len() > MAX_LIST_RECIPIENTS {
-            return Err(ContentError::new(
-                "recipients",
-                format!(
-                    "{} given, at most {MAX_LIST_RECIPIENTS} allowed",
-                    recipients.len()
-                ),
-            ));
-        }
-        let recipients = recipients
-            .iter()
-            .enumerate()
-            .map(|(i, address)| {
-                EmailAddress::parse(address, "recipients").map_err(|e| {
-                    ContentError::new("recipients", format!("entry {}: {}", i + 1, e.problem))
+    }
+
+    /// Checks a list. An unset type means email. Errors name `name`, `recipients`, `endpoints`
+    /// (with the entry's position), `webhook_format` or `webhook_secret`.
+    pub fn parse(input: ListInput) -> Result<Self, ContentError> {
+        let name = ListName::parse(input.name)?;
+        let bounded = |field: &'static str, items: &[String]| {
+            if items.is_empty() {
+                return Err(ContentError::new(field, "at least one is required"));
+            }
+            if items.len() > MAX_LIST_RECIPIENTS {
+                return Err(ContentError::new(
+                    field,
+                    format!(
+                        "{} given, at most {MAX_LIST_RECIPIENTS} allowed",
+                        items.len()
+                    ),
+                ));
+            }
+            Ok(())
+        };
+        let targets = match input.kind.unwrap_or(NotificationType::Email) {
+            NotificationType::Email => {
+                if !input.endpoints.is_empty()
+                    || input.webhook_format.is_some()
+                    || input.webhook_secret.is_some()
+                {
+                    return Err(ContentError::new(
+                        "endpoints",
+                        "webhook settings given for an email list",
+                    ));
+                }
+                bounded("recipients", &input.recipients)?;
+                let recipients = input
+                    .recipients
+                    .iter()
+                    .enumerate()
+                    .map(|(i, address)| {
+                        EmailAddress::parse(address, "recipients").map_err(|e| {
+                            ContentError::new(
+                                "recipients",
+                                format!("entry {}: {}", i + 1, e.problem),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                ListTargets::Email(recipients)
+            }
+            NotificationType::Webhook => {
+                if !input.recipients.is_empty() {
+                    return Err(ContentError::new(
+                        "recipients",
+                        "a webhook list has endpoints, not recipients",
+                    ));
+                }
+                bounded("endpoints", &input.endpoints)?;
+                let endpoints = input
+                    .endpoints
+                    .iter()
+                    .enumerate()
+                    .map(|(i, url)| {
+                        WebhookUrl::parse(url).map_err(|e| {
+                            ContentError::new(
+                                "endpoints",
+                                format!("entry {}: {}", i + 1, e.problem),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let secret = match input.webhook_secret {
+                    Some(secret) if secret.len() < 16 => {
+                        return Err(ContentError::new(
+                            "webhook_secret",
+                            "must be at least 16 characters (it keys an HMAC-SHA256 signature)",
+                        ));
+                    }
+                    secret => secret.map(Secret::new),
+                };
+                ListTargets::Webhook(WebhookTarget {
+                    endpoints,
+                    format: input.webhook_format.unwrap_or(WebhookFormat::Generic),
+                    secret,
                 })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Self {
-            name,
-            kind,
-            recipients,
-        })
+            }
+        };
+        Ok(Self { name, targets })
     }
 }
 
@@ -121,7 +202,7 @@ pub struct Stored<T> {
 }
 
 /// A credential that must never be shown: `Debug` and `Display` print a placeholder.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Secret(String);
 
 impl Secret {
@@ -180,6 +261,86 @@ pub enum SmtpAuth {
         username: String,
         password: Secret,
     },
+    /// XOAUTH2 with an access token from an OAuth2 client-credentials grant, fetched and cached
+    /// until shortly before it expires.
+    XOAuth2 {
+        username: String,
+        oauth: OAuthClientCredentials,
+    },
+}
+
+impl SmtpAuth {
+    pub fn mechanism(&self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Password { .. } => "password",
+            Self::XOAuth2 { .. } => "xoauth2",
+        }
+    }
+}
+
+/// An OAuth2 client-credentials grant (RFC 6749 §4.4) at `token_url`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct OAuthClientCredentials {
+    pub token_url: String,
+    pub client_id: String,
+    pub client_secret: Secret,
+    /// Space-separated scopes; empty for none.
+    pub scope: String,
+}
+
+/// A token bucket: `per_second` deliveries on average, up to `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub per_second: f64,
+    pub burst: u32,
+}
+
+impl Eq for RateLimit {}
+
+/// How a channel paces and retries its deliveries (one per channel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeliveryPolicy {
+    /// Raw configured values; [`super::retry::RetryPolicy::clamped`] makes them safe.
+    pub max_retries: i64,
+    pub retry_delay: Duration,
+    pub backoff: super::retry::Backoff,
+    /// Most deliveries in flight at once (for email: SMTP sessions).
+    pub max_concurrent_connections: u32,
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// Most deliveries one channel may have in flight.
+pub const MAX_CONCURRENT_DELIVERIES: u32 = 256;
+
+impl DeliveryPolicy {
+    /// The retry policy these settings describe, and a warning per clamped value.
+    pub fn retry_policy(&self) -> (super::retry::RetryPolicy, Vec<String>) {
+        super::retry::RetryPolicy::clamped(self.max_retries, self.retry_delay, self.backoff)
+    }
+
+    fn check(&self) -> Result<(), ContentError> {
+        if self.max_concurrent_connections == 0
+            || self.max_concurrent_connections > MAX_CONCURRENT_DELIVERIES
+        {
+            return Err(ContentError::new(
+                "max_concurrent_connections",
+                format!("must be between 1 and {MAX_CONCURRENT_DELIVERIES}"),
+            ));
+        }
+        if let Some(limit) = self.rate_limit {
+            if !(limit.per_second.is_finite() && limit.per_second > 0.0) {
+                return Err(ContentError::new(
+                    "rate_limit_per_second",
+                    "must be a positive number (leave it unset for no limit)",
+                ));
+            }
+            if limit.burst == 0 {
+                return Err(ContentError::new("rate_limit_burst", "must be at least 1"));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Everything the email adapter needs to reach the relay, plus the channel's delivery policy.
@@ -190,17 +351,12 @@ pub struct SmtpSettings {
     pub tls: TlsMode,
     pub auth: SmtpAuth,
     pub from_address: EmailAddress,
-    /// Raw configured values; [`super::retry::RetryPolicy::clamped`] makes them safe.
-    pub max_retries: i64,
-    pub retry_delay: Duration,
-    /// Most SMTP sessions open at once, and so most deliveries in flight.
-    pub max_concurrent_connections: u32,
-    /// Per-command and connect timeout.
+    /// Connect and per-command timeout.
     pub timeout: Duration,
+    /// Longest one whole delivery (connect, auth, the transaction) may take.
+    pub overall_timeout: Duration,
+    pub policy: DeliveryPolicy,
 }
-
-/// Most SMTP sessions one channel may open at once.
-pub const MAX_SMTP_CONNECTIONS: u32 = 256;
 
 impl SmtpSettings {
     /// Checks the values no delivery could work without; errors name the field. Retry settings
@@ -221,25 +377,77 @@ impl SmtpSettings {
         if self.port == 0 {
             return Err(ContentError::new("port", "must be between 1 and 65535"));
         }
-        if let SmtpAuth::Password { username, password } = &self.auth {
-            if username.trim().is_empty() || username.len() > 256 {
-                return Err(ContentError::new("username", "must be 1 to 256 characters"));
+        match &self.auth {
+            SmtpAuth::None => {}
+            SmtpAuth::Password { username, password } => {
+                check_username(username)?;
+                if password.expose().is_empty() {
+                    return Err(ContentError::new("password", "must not be empty"));
+                }
             }
-            if password.expose().is_empty() {
-                return Err(ContentError::new("password", "must not be empty"));
+            SmtpAuth::XOAuth2 { username, oauth } => {
+                check_username(username)?;
+                let url = url::Url::parse(&oauth.token_url).map_err(|e| {
+                    ContentError::new("oauth_token_url", format!("is not a URL: {e}"))
+                })?;
+                if !matches!(url.scheme(), "https" | "http") {
+                    return Err(ContentError::new(
+                        "oauth_token_url",
+                        "must be an https:// (or http:// on loopback) URL",
+                    ));
+                }
+                if url.scheme() == "http" && !super::webhook::is_loopback(&url) {
+                    return Err(ContentError::new(
+                        "oauth_token_url",
+                        "plain http:// is only allowed to a loopback address",
+                    ));
+                }
+                if oauth.client_id.is_empty() {
+                    return Err(ContentError::new("oauth_client_id", "must not be empty"));
+                }
+                if oauth.client_secret.expose().is_empty() {
+                    return Err(ContentError::new(
+                        "oauth_client_secret",
+                        "must not be empty",
+                    ));
+                }
             }
-        }
-        if self.max_concurrent_connections == 0
-            || self.max_concurrent_connections > MAX_SMTP_CONNECTIONS
-        {
-            return Err(ContentError::new(
-                "max_concurrent_connections",
-                format!("must be between 1 and {MAX_SMTP_CONNECTIONS}"),
-            ));
         }
         if self.timeout.is_zero() {
             return Err(ContentError::new("timeout", "must be positive"));
         }
+        if self.overall_timeout < self.timeout {
+            return Err(ContentError::new(
+                "overall_timeout",
+                "must be at least the per-command timeout",
+            ));
+        }
+        self.policy.check()?;
+        Ok(self)
+    }
+}
+
+fn check_username(username: &str) -> Result<(), ContentError> {
+    if username.trim().is_empty() || username.len() > 256 {
+        return Err(ContentError::new("username", "must be 1 to 256 characters"));
+    }
+    Ok(())
+}
+
+/// The webhook channel's settings (from the config file's `[webhook]` section).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// Longest one POST (connect to last byte) may take.
+    pub timeout: Duration,
+    pub policy: DeliveryPolicy,
+}
+
+impl WebhookSettings {
+    pub fn check(self) -> Result<Self, ContentError> {
+        if self.timeout.is_zero() {
+            return Err(ContentError::new("timeout", "must be positive"));
+        }
+        self.policy.check()?;
         Ok(self)
     }
 }

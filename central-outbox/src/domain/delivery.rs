@@ -8,6 +8,13 @@ use std::fmt;
 pub enum DeliveryError {
     #[error("{0}")]
     Transient(String),
+    /// Transient, and the server said when to come back (HTTP 429/503 Retry-After): the next
+    /// attempt is never scheduled sooner.
+    #[error("{message}")]
+    Throttled {
+        message: String,
+        retry_after: std::time::Duration,
+    },
     #[error("{0}")]
     Permanent(String),
 }
@@ -24,6 +31,7 @@ impl DeliveryError {
     pub fn message(&self) -> &str {
         match self {
             Self::Transient(m) | Self::Permanent(m) => m,
+            Self::Throttled { message, .. } => message,
         }
     }
 }
@@ -68,7 +76,9 @@ impl AttemptOutcome {
     pub fn of(result: &Result<Delivered, DeliveryError>) -> Self {
         match result {
             Ok(_) => Self::Delivered,
-            Err(DeliveryError::Transient(_)) => Self::TransientFailure,
+            Err(DeliveryError::Transient(_) | DeliveryError::Throttled { .. }) => {
+                Self::TransientFailure
+            }
             Err(DeliveryError::Permanent(_)) => Self::PermanentFailure,
         }
     }

@@ -7,8 +7,10 @@ pub mod delivery;
 pub mod history;
 pub mod kpi;
 pub mod query;
+pub mod rate;
 pub mod retry;
 pub mod status;
+pub mod webhook;
 
 pub use outbox_proto::content::{
     Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,

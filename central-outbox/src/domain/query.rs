@@ -28,6 +28,8 @@ pub struct NotificationFilter {
     pub stuck_before: Option<DateTime<Utc>>,
     /// Case-insensitive (ASCII) substring of the subject.
     pub subject_contains: Option<String>,
+    /// Only rows resolved (for Parked rows: parked) before this instant.
+    pub resolved_before: Option<DateTime<Utc>>,
 }
 
 impl NotificationFilter {

@@ -1,9 +1,13 @@
 //! The retry policy and the state transition an attempt's result causes.
 //!
-//! Fixed interval, as in the system this replaces: a transient failure increments RetryCount and
-//! schedules the next attempt `delay` later, until RetryCount reaches `max_retries`, which parks
-//! the notification. A permanent failure parks at once. Misconfigured (non-positive) settings are
-//! clamped to safe fallbacks so a typo cannot park everything on the first hiccup.
+//! A transient failure increments RetryCount and schedules the next attempt, until RetryCount
+//! reaches `max_retries`, which parks the notification; a permanent failure parks at once. The
+//! delay is fixed (the default, as in the system this replaces) or exponential with a cap and
+//! full jitter (a random delay between zero and the capped exponential, so retries from many
+//! failures at once spread out instead of hammering a recovering relay together). A server that
+//! says when to come back (HTTP Retry-After) is never retried sooner. Misconfigured
+//! (non-positive) settings are clamped to safe fallbacks so a typo cannot park everything on the
+//! first hiccup.
 
 use std::time::Duration;
 
@@ -17,16 +21,35 @@ pub const FALLBACK_MAX_RETRIES: u32 = 10;
 /// Delay used when the configured value is not positive.
 pub const FALLBACK_RETRY_DELAY: Duration = Duration::from_secs(60);
 
+/// How the delay grows from one retry to the next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backoff {
+    /// Every retry waits the base delay.
+    Fixed,
+    /// Retry n waits a random time in [0, min(cap, base * 2^(n-1))].
+    Exponential { cap: Duration },
+}
+
+impl Backoff {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Fixed => "fixed",
+            Self::Exponential { .. } => "exponential",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
     pub max_retries: u32,
     pub delay: Duration,
+    pub backoff: Backoff,
 }
 
 impl RetryPolicy {
     /// Builds a policy from configured values, clamping non-positive ones. Returns the policy and
     /// a warning per clamped value, for the caller to log.
-    pub fn clamped(max_retries: i64, delay: Duration) -> (Self, Vec<String>) {
+    pub fn clamped(max_retries: i64, delay: Duration, backoff: Backoff) -> (Self, Vec<String>) {
         let mut warnings = Vec::new();
         let max_retries = match u32::try_from(max_retries) {
             Ok(n) if n > 0 => n,
@@ -46,15 +69,50 @@ impl RetryPolicy {
         } else {
             delay
         };
-        (Self { max_retries, delay }, warnings)
+        let backoff = match backoff {
+            Backoff::Exponential { cap } if cap < delay => {
+                warnings.push(format!(
+                    "max_retry_delay ({}ms) is below retry_delay; using retry_delay as the cap",
+                    cap.as_millis()
+                ));
+                Backoff::Exponential { cap: delay }
+            }
+            other => other,
+        };
+        (
+            Self {
+                max_retries,
+                delay,
+                backoff,
+            },
+            warnings,
+        )
+    }
+
+    /// The wait before retry number `retry` (1 for the first retry). `jitter` is a uniform
+    /// random number in [0, 1); it only matters for exponential backoff.
+    pub fn delay_before(&self, retry: u32, jitter: f64) -> Duration {
+        match self.backoff {
+            Backoff::Fixed => self.delay,
+            Backoff::Exponential { cap } => {
+                let doublings = retry.saturating_sub(1).min(31);
+                let ceiling = self
+                    .delay
+                    .checked_mul(1u32 << doublings)
+                    .map_or(cap, |d| d.min(cap));
+                ceiling.mul_f64(jitter.clamp(0.0, 1.0))
+            }
+        }
     }
 
     /// The row's new state after an attempt that started with `retry_count` retries so far.
+    /// `jitter` is a uniform random number in [0, 1) (see [`Self::delay_before`]).
     pub fn transition(
         &self,
         retry_count: u32,
         result: &Result<Delivered, DeliveryError>,
         now: DateTime<Utc>,
+        jitter: f64,
     ) -> Transition {
         match result {
             Ok(delivered) => Transition {
@@ -66,25 +124,28 @@ impl RetryPolicy {
                 resolved_targets: Some(delivered.resolved_targets.join(", ")),
             },
             Err(DeliveryError::Permanent(message)) => Transition::parked(retry_count, message, now),
-            Err(DeliveryError::Transient(message)) => {
+            Err(e @ (DeliveryError::Transient(_) | DeliveryError::Throttled { .. })) => {
+                let message = e.message();
                 let retry_count = retry_count.saturating_add(1);
                 if retry_count >= self.max_retries {
-                    Transition::parked(
+                    return Transition::parked(
                         retry_count,
                         &format!("retries exhausted ({retry_count}): {message}"),
                         now,
-                    )
-                } else {
-                    let delay = chrono::Duration::from_std(self.delay)
-                        .unwrap_or(chrono::Duration::seconds(60));
-                    Transition {
-                        status: Status::Retrying,
-                        retry_count,
-                        next_attempt_at: Some(now + delay),
-                        last_error: Some(message.clone()),
-                        resolved_at: None,
-                        resolved_targets: None,
-                    }
+                    );
+                }
+                let mut delay = self.delay_before(retry_count, jitter);
+                if let DeliveryError::Throttled { retry_after, .. } = e {
+                    delay = delay.max(*retry_after);
+                }
+                let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+                Transition {
+                    status: Status::Retrying,
+                    retry_count,
+                    next_attempt_at: Some(now.checked_add_signed(delay).unwrap_or(now)),
+                    last_error: Some(message.to_owned()),
+                    resolved_at: None,
+                    resolved_targets: None,
                 }
             }
         }
@@ -125,17 +186,18 @@ mod tests {
         RetryPolicy {
             max_retries: max,
             delay: Duration::from_secs(30),
+            backoff: Backoff::Fixed,
         }
     }
 
     #[test]
     fn transient_failures_retry_then_park_when_exhausted() {
         let now = Utc::now();
-        let t = policy(3).transition(0, &Err(DeliveryError::transient("451 later")), now);
+        let t = policy(3).transition(0, &Err(DeliveryError::transient("451 later")), now, 0.5);
         assert_eq!(t.status, Status::Retrying);
         assert_eq!(t.retry_count, 1);
         assert_eq!(t.next_attempt_at, Some(now + chrono::Duration::seconds(30)));
-        let t = policy(3).transition(2, &Err(DeliveryError::transient("451 later")), now);
+        let t = policy(3).transition(2, &Err(DeliveryError::transient("451 later")), now, 0.5);
         assert_eq!(t.status, Status::Parked);
         assert_eq!(t.retry_count, 3);
         assert!(t.last_error.unwrap().contains("retries exhausted"));
@@ -144,14 +206,19 @@ mod tests {
     #[test]
     fn permanent_failure_parks_at_once_and_success_delivers() {
         let now = Utc::now();
-        let t = policy(3).transition(0, &Err(DeliveryError::permanent("550 no such user")), now);
+        let t = policy(3).transition(
+            0,
+            &Err(DeliveryError::permanent("550 no such user")),
+            now,
+            0.5,
+        );
         assert_eq!(t.status, Status::Parked);
         assert_eq!(t.retry_count, 0);
         assert_eq!(t.last_error.as_deref(), Some("550 no such user"));
         let ok = Delivered {
             resolved_targets: vec!["a@x.test".into(), "b@x.test".into()],
         };
-        let t = policy(3).transition(1, &Ok(ok), now);
+        let t = policy(3).transition(1, &Ok(ok), now, 0.5);
         assert_eq!(t.status, Status::Delivered);
         assert_eq!(t.resolved_targets.as_deref(), Some("a@x.test, b@x.test"));
         assert_eq!(t.resolved_at, Some(now));
@@ -159,16 +226,73 @@ mod tests {
 
     #[test]
     fn non_positive_settings_are_clamped_with_warnings() {
-        let (p, warnings) = RetryPolicy::clamped(0, Duration::ZERO);
+        let (p, warnings) = RetryPolicy::clamped(0, Duration::ZERO, Backoff::Fixed);
         assert_eq!(p.max_retries, FALLBACK_MAX_RETRIES);
         assert_eq!(p.delay, FALLBACK_RETRY_DELAY);
         assert_eq!(warnings.len(), 2);
-        let (p, warnings) = RetryPolicy::clamped(-5, Duration::from_secs(5));
+        let (p, warnings) = RetryPolicy::clamped(-5, Duration::from_secs(5), Backoff::Fixed);
         assert_eq!(p.max_retries, FALLBACK_MAX_RETRIES);
         assert_eq!(warnings.len(), 1);
-        let (p, warnings) = RetryPolicy::clamped(4, Duration::from_secs(5));
+        let (p, warnings) = RetryPolicy::clamped(4, Duration::from_secs(5), Backoff::Fixed);
         assert_eq!(p, policy(4).with_delay(Duration::from_secs(5)));
         assert!(warnings.is_empty());
+    }
+
+    #[test]
+    fn exponential_backoff_doubles_up_to_the_cap_with_full_jitter() {
+        let p = RetryPolicy {
+            max_retries: 20,
+            delay: Duration::from_secs(2),
+            backoff: Backoff::Exponential {
+                cap: Duration::from_secs(60),
+            },
+        };
+        // At full jitter the ceiling shows: 2, 4, 8, 16, 32, then capped at 60.
+        let ceilings: Vec<u64> = (1..=7).map(|n| p.delay_before(n, 1.0).as_secs()).collect();
+        assert_eq!(ceilings, [2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(p.delay_before(5, 0.0), Duration::ZERO);
+        assert_eq!(p.delay_before(5, 0.25), Duration::from_secs(8));
+        // Absurd retry numbers stay at the cap instead of overflowing.
+        assert_eq!(p.delay_before(u32::MAX, 1.0), Duration::from_secs(60));
+    }
+
+    #[test]
+    fn a_cap_below_the_base_delay_is_clamped_with_a_warning() {
+        let (p, warnings) = RetryPolicy::clamped(
+            3,
+            Duration::from_secs(10),
+            Backoff::Exponential {
+                cap: Duration::from_secs(1),
+            },
+        );
+        assert_eq!(
+            p.backoff,
+            Backoff::Exponential {
+                cap: Duration::from_secs(10)
+            }
+        );
+        assert_eq!(warnings.len(), 1);
+    }
+
+    #[test]
+    fn retry_after_is_never_undercut() {
+        let now = Utc::now();
+        let throttled = DeliveryError::Throttled {
+            message: "429 Too Many Requests".into(),
+            retry_after: Duration::from_secs(120),
+        };
+        let t = policy(5).transition(0, &Err(throttled), now, 0.5);
+        assert_eq!(t.status, Status::Retrying);
+        assert_eq!(
+            t.next_attempt_at,
+            Some(now + chrono::Duration::seconds(120))
+        );
+        let short = DeliveryError::Throttled {
+            message: "429".into(),
+            retry_after: Duration::from_secs(1),
+        };
+        let t = policy(5).transition(0, &Err(short), now, 0.5);
+        assert_eq!(t.next_attempt_at, Some(now + chrono::Duration::seconds(30)));
     }
 
     impl RetryPolicy {

@@ -157,8 +157,9 @@ impl<S: OutboxStore> OutboxService<S> {
                 response
             }
             Some(v1::bulk_action_request::Selector::Filter(filter)) => {
-                let filter = admin_convert::action_filter(filter, self.stuck_before())
-                    .map_err(invalid_argument)?;
+                let filter =
+                    admin_convert::action_filter(filter, msg.parked_before, self.stuck_before())
+                        .map_err(invalid_argument)?;
                 let report = self
                     .store
                     .act_on_filter(action, filter, limit, actor.clone())
@@ -333,8 +334,13 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         request: Request<v1::UpsertNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
         let actor = actor(&request);
-        let list =
-            admin_convert::list_from_proto(request.into_inner().list).map_err(invalid_argument)?;
+        let msg = request.into_inner().list;
+        let current = match msg.as_ref().map(|l| ListName::parse(l.name.clone())) {
+            Some(Ok(name)) => self.store.list(&name).await.map_err(store_status)?,
+            _ => None,
+        };
+        let list = admin_convert::list_from_proto(msg, current.as_ref().map(|c| &c.value))
+            .map_err(invalid_argument)?;
         let name = list.name.clone();
         self.store.upsert_list(list).await.map_err(store_status)?;
         tracing::info!(list = name.as_str(), actor = actor.as_str(), "list saved");

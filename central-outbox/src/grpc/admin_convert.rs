@@ -10,13 +10,16 @@ use outbox_proto::v1;
 
 use super::convert::{notification_type_to_proto, state_view};
 use crate::domain::channel::{
-    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
+    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::KpiValues;
 use crate::domain::query::NotificationFilter;
+use crate::domain::retry::Backoff;
 use crate::domain::status::Status;
+use crate::domain::webhook::WebhookFormat;
 use crate::domain::{ContentError, NotificationType};
 use crate::store::NotificationDetail;
 
@@ -106,6 +109,7 @@ pub fn filter(
         created_to: optional_time(msg.created_to, "filter.created_to")?,
         stuck_before: msg.stuck_only.then_some(stuck_before),
         subject_contains: (!msg.subject_contains.is_empty()).then_some(msg.subject_contains),
+        resolved_before: None,
     }
     .check()
 }
@@ -114,9 +118,11 @@ pub fn filter(
 /// name no status or exactly PARKED.
 pub fn action_filter(
     msg: v1::NotificationFilter,
+    parked_before: Option<prost_types::Timestamp>,
     stuck_before: DateTime<Utc>,
 ) -> Result<NotificationFilter, ContentError> {
-    let filter = filter(Some(msg), stuck_before)?;
+    let mut filter = filter(Some(msg), stuck_before)?;
+    filter.resolved_before = optional_time(parked_before, "parked_before")?;
     if filter.statuses.iter().any(|s| *s != OperatorAction::FROM) {
         return Err(ContentError::new(
             "filter.statuses",
@@ -198,30 +204,73 @@ pub fn kpi_values(values: &KpiValues) -> v1::KpiValues {
 }
 
 pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
-    v1::NotificationList {
+    let mut view = v1::NotificationList {
         name: list.value.name.as_str().to_owned(),
-        r#type: notification_type_to_proto(list.value.kind).into(),
-        recipients: list
-            .value
-            .recipients
-            .iter()
-            .map(|r| r.as_str().to_owned())
-            .collect(),
+        r#type: notification_type_to_proto(list.value.kind()).into(),
         updated_at: Some(to_timestamp(list.updated_at)),
+        ..Default::default()
+    };
+    match list.value.targets {
+        ListTargets::Email(recipients) => {
+            view.recipients = recipients.iter().map(ToString::to_string).collect();
+        }
+        ListTargets::Webhook(target) => {
+            view.endpoints = target.endpoints.iter().map(ToString::to_string).collect();
+            view.webhook_format = match target.format {
+                WebhookFormat::Generic => v1::WebhookFormat::Generic,
+                WebhookFormat::Teams => v1::WebhookFormat::Teams,
+                WebhookFormat::Slack => v1::WebhookFormat::Slack,
+            }
+            .into();
+            view.webhook_secret_set = target.secret.is_some();
+        }
     }
+    view
 }
 
-/// Checks a list to store. An unset type means EMAIL, as it does for `Send`.
+/// Checks a list to store. An unset type means EMAIL, as it does for `Send`. An unset webhook
+/// secret keeps `current`'s (so an operator can edit endpoints without re-entering it).
 pub fn list_from_proto(
     msg: Option<v1::NotificationList>,
+    current: Option<&NotificationList>,
 ) -> Result<NotificationList, ContentError> {
     let msg = msg.ok_or_else(|| ContentError::new("list", "is required"))?;
-    let kind = optional_type(msg.r#type, "list.type")?.unwrap_or(NotificationType::Email);
-    NotificationList::parse(msg.name, kind, &msg.recipients).map_err(|e| {
+    let kind = optional_type(msg.r#type, "list.type")?;
+    let webhook_format = match v1::WebhookFormat::try_from(msg.webhook_format) {
+        Ok(v1::WebhookFormat::Unspecified) => None,
+        Ok(v1::WebhookFormat::Generic) => Some(WebhookFormat::Generic),
+        Ok(v1::WebhookFormat::Teams) => Some(WebhookFormat::Teams),
+        Ok(v1::WebhookFormat::Slack) => Some(WebhookFormat::Slack),
+        Err(_) => {
+            return Err(ContentError::new(
+                "list.webhook_format",
+                format!("{} is not a known format", msg.webhook_format),
+            ));
+        }
+    };
+    let webhook_secret = match msg.webhook_secret {
+        Some(secret) if secret.is_empty() => None,
+        Some(secret) => Some(secret),
+        None => current.and_then(|list| match &list.targets {
+            ListTargets::Webhook(target) => target.secret.as_ref().map(|s| s.expose().to_owned()),
+            ListTargets::Email(_) => None,
+        }),
+    };
+    let input = ListInput {
+        name: msg.name,
+        kind,
+        recipients: msg.recipients,
+        endpoints: msg.endpoints,
+        webhook_format,
+        webhook_secret,
+    };
+    NotificationList::parse(input).map_err(|e| {
         ContentError::new(
             match e.field {
                 "list_name" | "name" => "list.name",
                 "type" => "list.type",
+                "endpoints" => "list.endpoints",
+                "webhook_secret" => "list.webhook_secret",
                 _ => "list.recipients",
             },
             e.problem,
@@ -231,11 +280,7 @@ pub fn list_from_proto(
 
 pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
     let s = stored.value;
-    let (username, password_set) = match &s.auth {
-        SmtpAuth::None => (String::new(), false),
-        SmtpAuth::Password { username, .. } => (username.clone(), true),
-    };
-    v1::SmtpConfig {
+    let mut view = v1::SmtpConfig {
         host: s.host,
         port: u32::from(s.port),
         tls_mode: match s.tls {
@@ -244,22 +289,53 @@ pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
             TlsMode::Implicit => v1::SmtpTlsMode::Tls,
         }
         .into(),
-        username,
-        password_set,
         from_address: s.from_address.as_str().to_owned(),
-        max_retries: u32::try_from(s.max_retries).unwrap_or(0),
-        retry_delay: Some(to_duration(s.retry_delay)),
-        max_concurrent_connections: s.max_concurrent_connections,
         timeout: Some(to_duration(s.timeout)),
+        overall_timeout: Some(to_duration(s.overall_timeout)),
         updated_at: Some(to_timestamp(stored.updated_at)),
+        ..Default::default()
+    };
+    match s.auth {
+        SmtpAuth::None => view.auth_mechanism = v1::SmtpAuthMechanism::None.into(),
+        SmtpAuth::Password { username, .. } => {
+            view.auth_mechanism = v1::SmtpAuthMechanism::Password.into();
+            view.username = username;
+            view.password_set = true;
+        }
+        SmtpAuth::XOAuth2 { username, oauth } => {
+            view.auth_mechanism = v1::SmtpAuthMechanism::Xoauth2.into();
+            view.username = username;
+            view.oauth_token_url = oauth.token_url;
+            view.oauth_client_id = oauth.client_id;
+            view.oauth_client_secret_set = true;
+            view.oauth_scope = oauth.scope;
+        }
     }
+    let p = s.policy;
+    view.max_retries = u32::try_from(p.max_retries).unwrap_or(0);
+    view.retry_delay = Some(to_duration(p.retry_delay));
+    match p.backoff {
+        Backoff::Fixed => view.backoff = v1::RetryBackoff::Fixed.into(),
+        Backoff::Exponential { cap } => {
+            view.backoff = v1::RetryBackoff::Exponential.into();
+            view.max_retry_delay = Some(to_duration(cap));
+        }
+    }
+    view.max_concurrent_connections = p.max_concurrent_connections;
+    if let Some(limit) = p.rate_limit {
+        view.rate_limit_per_second = Some(limit.per_second);
+        view.rate_limit_burst = limit.burst;
+    }
+    view
 }
 
 /// The defaults an unset (zero) field takes, as the proto documents them.
 const DEFAULT_MAX_RETRIES: u32 = 10;
 const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(60);
+const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
 const DEFAULT_CONNECTIONS: u32 = 4;
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+const DEFAULT_OVERALL_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn duration_or(
     d: Option<prost_types::Duration>,
@@ -276,10 +352,86 @@ fn duration_or(
     }
 }
 
-/// Checks new SMTP settings. An unset password keeps `current`'s, if it has one for the same
-/// username: operators can change the host without re-entering a secret.
+/// The authentication the request asks for. Unset secrets keep `current`'s when the identity
+/// (username, or OAuth client) is unchanged: operators can change the host without re-entering
+/// a secret, but a new identity needs its own.
+fn smtp_auth(
+    msg: &mut v1::UpsertSmtpConfigRequest,
+    current: Option<&SmtpAuth>,
+) -> Result<SmtpAuth, ContentError> {
+    let mechanism = match v1::SmtpAuthMechanism::try_from(msg.auth_mechanism) {
+        Ok(v1::SmtpAuthMechanism::Unspecified) if msg.username.is_empty() => {
+            v1::SmtpAuthMechanism::None
+        }
+        Ok(v1::SmtpAuthMechanism::Unspecified) => v1::SmtpAuthMechanism::Password,
+        Ok(m) => m,
+        Err(_) => {
+            return Err(ContentError::new(
+                "auth_mechanism",
+                format!("{} is not a known mechanism", msg.auth_mechanism),
+            ));
+        }
+    };
+    let username = std::mem::take(&mut msg.username);
+    match mechanism {
+        v1::SmtpAuthMechanism::None | v1::SmtpAuthMechanism::Unspecified => {
+            if !username.is_empty() || msg.password.is_some() {
+                return Err(ContentError::new(
+                    "password",
+                    "username/password given with auth_mechanism NONE",
+                ));
+            }
+            Ok(SmtpAuth::None)
+        }
+        v1::SmtpAuthMechanism::Password => {
+            let password = match (msg.password.take(), current) {
+                (Some(password), _) => Secret::new(password),
+                (
+                    None,
+                    Some(SmtpAuth::Password {
+                        username: u,
+                        password,
+                    }),
+                ) if *u == username => password.clone(),
+                (None, _) => {
+                    return Err(ContentError::new(
+                        "password",
+                        "required when setting a username (or changing it)",
+                    ));
+                }
+            };
+            Ok(SmtpAuth::Password { username, password })
+        }
+        v1::SmtpAuthMechanism::Xoauth2 => {
+            let client_id = std::mem::take(&mut msg.oauth_client_id);
+            let client_secret = match (msg.oauth_client_secret.take(), current) {
+                (Some(secret), _) => Secret::new(secret),
+                (None, Some(SmtpAuth::XOAuth2 { oauth, .. })) if oauth.client_id == client_id => {
+                    oauth.client_secret.clone()
+                }
+                (None, _) => {
+                    return Err(ContentError::new(
+                        "oauth_client_secret",
+                        "required when setting (or changing) the OAuth client",
+                    ));
+                }
+            };
+            Ok(SmtpAuth::XOAuth2 {
+                username,
+                oauth: OAuthClientCredentials {
+                    token_url: std::mem::take(&mut msg.oauth_token_url),
+                    client_id,
+                    client_secret,
+                    scope: std::mem::take(&mut msg.oauth_scope),
+                },
+            })
+        }
+    }
+}
+
+/// Checks new SMTP settings; see [`smtp_auth`] for how stored secrets are kept.
 pub fn smtp_from_proto(
-    msg: v1::UpsertSmtpConfigRequest,
+    mut msg: v1::UpsertSmtpConfigRequest,
     current: Option<&SmtpSettings>,
 ) -> Result<SmtpSettings, ContentError> {
     let port = u16::try_from(msg.port)
@@ -295,52 +447,56 @@ pub fn smtp_from_proto(
             ));
         }
     };
-    let auth = if msg.username.is_empty() {
-        if msg.password.is_some() {
+    let auth = smtp_auth(&mut msg, current.map(|c| &c.auth))?;
+    let retry_delay = duration_or(msg.retry_delay, DEFAULT_RETRY_DELAY, "retry_delay")?;
+    let backoff = match v1::RetryBackoff::try_from(msg.backoff) {
+        Ok(v1::RetryBackoff::Unspecified | v1::RetryBackoff::Fixed) => Backoff::Fixed,
+        Ok(v1::RetryBackoff::Exponential) => Backoff::Exponential {
+            cap: duration_or(
+                msg.max_retry_delay,
+                DEFAULT_MAX_RETRY_DELAY,
+                "max_retry_delay",
+            )?,
+        },
+        Err(_) => {
             return Err(ContentError::new(
-                "password",
-                "given without a username; set username too, or leave both empty",
+                "backoff",
+                format!("{} is not a known backoff", msg.backoff),
             ));
         }
-        SmtpAuth::None
-    } else {
-        let password = match (msg.password, current.map(|c| &c.auth)) {
-            (Some(password), _) => Secret::new(password),
-            (None, Some(SmtpAuth::Password { username, password }))
-                if *username == msg.username =>
-            {
-                password.clone()
-            }
-            (None, _) => {
-                return Err(ContentError::new(
-                    "password",
-                    "required when setting a username (or changing it)",
-                ));
-            }
-        };
-        SmtpAuth::Password {
-            username: msg.username,
-            password,
-        }
     };
-    let max_retries = match msg.max_retries {
-        0 => DEFAULT_MAX_RETRIES,
-        n => n,
-    };
-    let connections = match msg.max_concurrent_connections {
-        0 => DEFAULT_CONNECTIONS,
-        n => n,
-    };
+    let rate_limit = msg.rate_limit_per_second.map(|per_second| RateLimit {
+        per_second,
+        burst: match msg.rate_limit_burst {
+            0 => per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32,
+            n => n,
+        },
+    });
     SmtpSettings {
         host: msg.host,
         port,
         tls,
         auth,
         from_address: EmailAddress::parse(&msg.from_address, "from_address")?,
-        max_retries: i64::from(max_retries),
-        retry_delay: duration_or(msg.retry_delay, DEFAULT_RETRY_DELAY, "retry_delay")?,
-        max_concurrent_connections: connections,
         timeout: duration_or(msg.timeout, DEFAULT_TIMEOUT, "timeout")?,
+        overall_timeout: duration_or(
+            msg.overall_timeout,
+            DEFAULT_OVERALL_TIMEOUT,
+            "overall_timeout",
+        )?,
+        policy: DeliveryPolicy {
+            max_retries: i64::from(match msg.max_retries {
+                0 => DEFAULT_MAX_RETRIES,
+                n => n,
+            }),
+            retry_delay,
+            backoff,
+            max_concurrent_connections: match msg.max_concurrent_connections {
+                0 => DEFAULT_CONNECTIONS,
+                n => n,
+            },
+            rate_limit,
+        },
     }
     .check()
 }
@@ -364,9 +520,11 @@ mod tests {
     #[test]
     fn smtp_defaults_fill_zero_fields() {
         let s = smtp_from_proto(smtp_request(), None).unwrap();
-        assert_eq!(s.max_retries, 10);
-        assert_eq!(s.retry_delay, Duration::from_secs(60));
-        assert_eq!(s.max_concurrent_connections, 4);
+        assert_eq!(s.policy.max_retries, 10);
+        assert_eq!(s.policy.retry_delay, Duration::from_secs(60));
+        assert_eq!(s.policy.max_concurrent_connections, 4);
+        assert_eq!(s.policy.backoff, Backoff::Fixed);
+        assert_eq!(s.policy.rate_limit, None);
         assert_eq!(s.timeout, Duration::from_secs(30));
     }
 
@@ -379,6 +537,7 @@ mod tests {
             ..smtp_request()
         };
         let updated = smtp_from_proto(keep.clone(), Some(&stored)).unwrap();
+        assert_eq!(updated.host, "other.plant.test");
         assert_eq!(updated.auth, stored.auth);
         let other_user = v1::UpsertSmtpConfigRequest {
             username: "someone-else".into(),
@@ -440,25 +599,31 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            action_filter(delivered, now).unwrap_err().field,
+            action_filter(delivered, None, now).unwrap_err().field,
             "filter.statuses"
         );
     }
 
     #[test]
     fn lists_default_to_email_and_name_bad_recipients() {
-        let list = list_from_proto(Some(v1::NotificationList {
-            name: "ops".into(),
-            recipients: vec!["a@plant.test".into()],
-            ..Default::default()
-        }))
+        let list = list_from_proto(
+            Some(v1::NotificationList {
+                name: "ops".into(),
+                recipients: vec!["a@plant.test".into()],
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap();
-        assert_eq!(list.kind, NotificationType::Email);
-        let err = list_from_proto(Some(v1::NotificationList {
-            name: "ops".into(),
-            recipients: vec!["a@plant.test".into(), "bad".into()],
-            ..Default::default()
-        }))
+        assert_eq!(list.kind(), NotificationType::Email);
+        let err = list_from_proto(
+            Some(v1::NotificationList {
+                name: "ops".into(),
+                recipients: vec!["a@plant.test".into(), "bad".into()],
+                ..Default::default()
+            }),
+            None,
+        )
         .unwrap_err();
         assert_eq!(err.field, "list.recipients");
         assert!(err.problem.contains("entry 2"), "{}", err.problem);

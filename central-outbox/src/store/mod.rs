@@ -28,7 +28,8 @@ use crate::domain::query::{Cursor, NotificationFilter, PageRequest};
 use crate::domain::retry::Transition;
 use crate::domain::status::Status;
 use crate::domain::{
-    ContentHash, ListName, NotificationContent, NotificationId, NotificationType, Submission,
+    ContentHash, ListName, NotificationContent, NotificationId, NotificationType, Provenance,
+    Submission,
 };
 
 /// A store operation failed. None of these are the caller's fault; the request may be retried.
@@ -158,6 +159,7 @@ pub struct ClaimedNotification {
     pub row_id: i64,
     pub id: NotificationId,
     pub content: NotificationContent,
+    pub provenance: Provenance,
     pub retry_count: u32,
     pub attempt_no: u32,
     pub epoch: LeaseEpoch,
@@ -201,12 +203,23 @@ pub trait OutboxStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Option<LeaseEpoch>>> + Send;
 
-    /// Claims up to `limit` due rows (oldest due first) for `claim_timeout` under `epoch`, writing
-    /// an InFlight attempt row for each. Claims nothing if `epoch` does not hold the lease.
+    /// Gives the lease up (expires it now) if `holder` still holds it at `epoch`, so a successor
+    /// need not wait for the TTL. Returns whether it was released.
+    fn release_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        epoch: LeaseEpoch,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Claims up to `limit` due rows of one channel (oldest due first) for `claim_timeout` under
+    /// `epoch`, writing an InFlight attempt row for each. Claims nothing if `epoch` does not hold
+    /// the lease.
     fn claim_due(
         &self,
         lease: &'static str,
         epoch: LeaseEpoch,
+        kind: NotificationType,
         limit: usize,
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;

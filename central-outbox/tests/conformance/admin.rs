@@ -5,12 +5,15 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use central_outbox::domain::channel::{
-    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, TlsMode,
+    DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
+    RateLimit, Secret, SmtpAuth, SmtpSettings, TlsMode,
 };
 use central_outbox::domain::history::{ActionRefusal, Actor, HistoryEvent, OperatorAction};
 use central_outbox::domain::kpi::{KpiParams, KpiValues};
 use central_outbox::domain::query::{Cursor, NotificationFilter, PageRequest};
+use central_outbox::domain::retry::Backoff;
 use central_outbox::domain::status::Status;
+use central_outbox::domain::webhook::WebhookFormat;
 use central_outbox::domain::{ListName, NotificationId, NotificationType};
 use central_outbox::store::{NotificationState, OutboxStore};
 use chrono::{DateTime, Utc};
@@ -347,7 +350,13 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
     assert_eq!(retried.resolved_at, None);
     let epoch = seed::lease(store).await;
     let claimed = store
-        .claim_due(seed::LEASE, epoch, 10, Duration::from_secs(60))
+        .claim_due(
+            seed::LEASE,
+            epoch,
+            NotificationType::Email,
+            10,
+            Duration::from_secs(60),
+        )
         .await
         .unwrap();
     let claimed_ids: Vec<NotificationId> = claimed.iter().map(|c| c.id).collect();
@@ -627,21 +636,33 @@ pub async fn kpis_match_an_independent_count<S: OutboxStore>(store: &S) {
     assert!(first.oldest_pending_age.is_some() && first.oldest_retry_wait_age.is_some());
 }
 
+fn email_list(name: &str, recipients: &[&str]) -> NotificationList {
+    NotificationList::parse(ListInput {
+        name: name.into(),
+        recipients: recipients.iter().map(|r| r.to_string()).collect(),
+        ..Default::default()
+    })
+    .unwrap()
+}
+
 pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
-    let ops = NotificationList::parse(
-        "ops".into(),
-        NotificationType::Email,
-        &["b@plant.test".into(), "a@plant.test".into()],
-    )
+    let ops = email_list("ops", &["b@plant.test", "a@plant.test"]);
+    let shift = email_list("shift", &["c@plant.test"]);
+    let hooks = NotificationList::parse(ListInput {
+        name: "hooks".into(),
+        kind: Some(NotificationType::Webhook),
+        endpoints: vec![
+            "https://hooks.plant.test/teams".into(),
+            "http://127.0.0.1:9/local".into(),
+        ],
+        webhook_format: Some(WebhookFormat::Teams),
+        webhook_secret: Some("0123456789abcdef-signing".into()),
+        ..Default::default()
+    })
     .unwrap();
-    let shift = NotificationList::parse(
-        "shift".into(),
-        NotificationType::Email,
-        &["c@plant.test".into()],
-    )
-    .unwrap();
-    store.upsert_list(ops.clone()).await.unwrap();
-    store.upsert_list(shift.clone()).await.unwrap();
+    for list in [&ops, &shift, &hooks] {
+        store.upsert_list(list.clone()).await.unwrap();
+    }
     let names: Vec<String> = store
         .lists()
         .await
@@ -649,24 +670,23 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
         .into_iter()
         .map(|l| l.value.name.as_str().to_owned())
         .collect();
-    assert_eq!(names, ["ops", "shift"]);
+    assert_eq!(names, ["hooks", "ops", "shift"]);
     let stored = store.list(&ops.name).await.unwrap().unwrap().value;
+    assert_eq!(stored.target_names(), ["a@plant.test", "b@plant.test"]);
+    // A webhook list keeps its endpoints, format and secret.
+    let stored = store.list(&hooks.name).await.unwrap().unwrap().value;
+    let ListTargets::Webhook(target) = &stored.targets else {
+        panic!("a webhook list came back as {stored:?}");
+    };
+    assert_eq!(target.format, WebhookFormat::Teams);
     assert_eq!(
-        stored
-            .recipients
-            .iter()
-            .map(EmailAddress::as_str)
-            .collect::<Vec<_>>(),
-        ["a@plant.test", "b@plant.test"]
+        target.secret.as_ref().map(Secret::expose),
+        Some("0123456789abcdef-signing")
     );
+    assert_eq!(stored.target_names().len(), 2);
 
     // Upsert replaces the recipients as a whole.
-    let replaced = NotificationList::parse(
-        "ops".into(),
-        NotificationType::Email,
-        &["z@plant.test".into()],
-    )
-    .unwrap();
+    let replaced = email_list("ops", &["z@plant.test"]);
     store.upsert_list(replaced.clone()).await.unwrap();
     assert_eq!(
         store.list(&ops.name).await.unwrap().unwrap().value,
@@ -685,7 +705,7 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
     );
 
     assert!(store.smtp_settings().await.unwrap().is_none());
-    let settings = SmtpSettings {
+    let password = SmtpSettings {
         host: "relay.plant.test".into(),
         port: 587,
         tls: TlsMode::StartTls,
@@ -694,16 +714,45 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
             password: Secret::new("s3cret".into()),
         },
         from_address: EmailAddress::parse("outbox@plant.test", "from_address").unwrap(),
-        max_retries: 7,
-        retry_delay: Duration::from_secs(90),
-        max_concurrent_connections: 3,
         timeout: Duration::from_secs(20),
+        overall_timeout: Duration::from_secs(90),
+        policy: DeliveryPolicy {
+            max_retries: 7,
+            retry_delay: Duration::from_secs(90),
+            backoff: Backoff::Fixed,
+            max_concurrent_connections: 3,
+            rate_limit: None,
+        },
     };
-    store.put_smtp_settings(settings.clone()).await.unwrap();
-    assert_eq!(
-        store.smtp_settings().await.unwrap().unwrap().value,
-        settings
-    );
+    let xoauth2 = SmtpSettings {
+        auth: SmtpAuth::XOAuth2 {
+            username: "outbox@plant.test".into(),
+            oauth: OAuthClientCredentials {
+                token_url: "https://login.plant.test/token".into(),
+                client_id: "outbox".into(),
+                client_secret: Secret::new("client-s3cret".into()),
+                scope: "https://outlook.office365.com/.default".into(),
+            },
+        },
+        policy: DeliveryPolicy {
+            backoff: Backoff::Exponential {
+                cap: Duration::from_secs(1800),
+            },
+            rate_limit: Some(RateLimit {
+                per_second: 2.5,
+                burst: 5,
+            }),
+            ..password.policy.clone()
+        },
+        ..password.clone()
+    };
+    for settings in [password, xoauth2] {
+        store.put_smtp_settings(settings.clone()).await.unwrap();
+        assert_eq!(
+            store.smtp_settings().await.unwrap().unwrap().value,
+            settings
+        );
+    }
     assert!(store.delete_smtp_settings().await.unwrap());
     assert!(!store.delete_smtp_settings().await.unwrap());
     assert!(store.smtp_settings().await.unwrap().is_none());

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use central_outbox::domain::history::{Actor, OperatorAction};
-use central_outbox::domain::retry::RetryPolicy;
+use central_outbox::domain::retry::{Backoff, RetryPolicy};
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{
     NotificationContent, NotificationId, NotificationType, SiteId, Submission,
@@ -111,10 +111,16 @@ pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
     let mut seeded = submit(store, &attempted).await;
     if !seeded.is_empty() {
         let epoch = lease(store).await;
-        let claimed = store
-            .claim_due(LEASE, epoch, seeded.len(), Duration::from_secs(60))
-            .await
-            .expect("claim");
+        let mut claimed = Vec::new();
+        for kind in [NotificationType::Email, NotificationType::Webhook] {
+            let of_kind = seeded.iter().filter(|s| s.spec.kind == kind).count();
+            claimed.extend(
+                store
+                    .claim_due(LEASE, epoch, kind, of_kind, Duration::from_secs(60))
+                    .await
+                    .expect("claim"),
+            );
+        }
         assert_eq!(
             claimed.len(),
             seeded.len(),
@@ -179,8 +185,8 @@ async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end: End
         ),
         End::Pending => unreachable!("pending rows are not recorded"),
     };
-    let policy = RetryPolicy::clamped(5, Duration::from_secs(1)).0;
-    let transition = policy.transition(claim.retry_count, &result, at);
+    let policy = RetryPolicy::clamped(5, Duration::from_secs(1), Backoff::Fixed).0;
+    let transition = policy.transition(claim.retry_count, &result, at, 0.5);
     let applied = store
         .record_outcome(
             LEASE,

@@ -196,6 +196,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                     },
                 )),
                 limit: 0,
+                parked_before: None,
             },
             "ann",
         ))
@@ -223,6 +224,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 },
             )),
             limit: 0,
+            parked_before: None,
         })
         .await
         .unwrap()
@@ -239,6 +241,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
             v1::BulkActionRequest {
                 selector: None,
                 limit: 0,
+                parked_before: None,
             },
             "selector",
         ),
@@ -251,6 +254,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                     },
                 )),
                 limit: 0,
+                parked_before: None,
             },
             "filter.statuses",
         ),
@@ -262,6 +266,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                     },
                 )),
                 limit: 0,
+                parked_before: None,
             },
             "ids.notification_ids",
         ),
@@ -273,6 +278,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                     },
                 )),
                 limit: 0,
+                parked_before: None,
             },
             "ids.notification_ids",
         ),

@@ -100,22 +100,21 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     config.dispatcher.claim_timeout = Duration::from_secs(10);
     config.shutdown_timeout = Duration::from_secs(5);
     config.smtp = smtp.map(|addr| SmtpConfig {
-        host: addr.ip().to_string(),
-        port: addr.port(),
         tls: "none".into(),
-        username: None,
-        password: None,
-        from_address: "outbox@plant.example.test".into(),
         max_retries: 5,
         retry_delay: Duration::from_millis(300),
-        max_concurrent_connections: 4,
         timeout: Duration::from_secs(5),
+        overall_timeout: Duration::from_secs(5),
+        ..SmtpConfig::new(
+            addr.ip().to_string(),
+            addr.port(),
+            "outbox@plant.example.test",
+        )
     });
-    config.lists = vec![ListConfig {
-        name: LIST.into(),
-        kind: "email".into(),
-        recipients: RECIPIENTS.iter().map(|r| r.to_string()).collect(),
-    }];
+    config.lists = vec![ListConfig::email(
+        LIST,
+        RECIPIENTS.iter().map(|r| r.to_string()).collect(),
+    )];
     config
 }
 

@@ -210,7 +210,7 @@ impl Session {
                 selector: Some(Selector::Ids(v1::NotificationIds {
                     notification_ids: chunk.to_vec(),
                 })),
-                limit: 0,
+                ..Default::default()
             };
             let response = self.bulk(action, request).await?;
             add_up(&mut total, response);
@@ -237,10 +237,13 @@ impl Session {
         }
         let mut total = v1::BulkActionResponse::default();
         let mut seen = HashSet::new();
+        // Rows that park again after this command retried them are not its business.
+        let started = outbox_proto::time::to_timestamp(Utc::now());
         loop {
             let request = v1::BulkActionRequest {
                 selector: Some(Selector::Filter(filter.clone())),
                 limit: args.batch_size,
+                parked_before: Some(started),
             };
             let response = self.bulk(action, request).await?;
             let more = response.more_matching;
@@ -399,7 +402,7 @@ impl Session {
                             name,
                             r#type: kind.proto().into(),
                             recipients,
-                            updated_at: None,
+                            ..Default::default()
                         }),
                     })
                     .await
@@ -561,16 +564,11 @@ fn smtp_request(args: SmtpSetArgs, env: PasswordSource) -> Result<v1::UpsertSmtp
         retry_delay: args.retry_delay.map(proto_duration),
         max_concurrent_connections: args.max_connections.unwrap_or(0),
         timeout: args.session_timeout.map(proto_duration),
+        ..Default::default()
     })
 }
 
-fn proto_duration(d: std::time::Duration) -> prost_types::Duration {
-    prost_types::Duration {
-        seconds: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
-        // Always below 1e9, which fits an i32.
-        nanos: i32::try_from(d.subsec_nanos()).unwrap_or(0),
-    }
-}
+use outbox_proto::time::to_duration as proto_duration;
 
 fn add_up(total: &mut v1::BulkActionResponse, response: v1::BulkActionResponse) {
     total.changed = total.changed.saturating_add(response.changed);

@@ -135,6 +135,9 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
             Value::Integer(ms_ceil(cutoff)),
         );
     }
+    if let Some(before) = filter.resolved_before {
+        arg(sql, " AND ResolvedAt < ?", Value::Integer(ms_ceil(before)));
+    }
     if let Some(keyword) = &filter.subject_contains {
         // SQLite's LIKE folds ASCII case, as the contract says; the keyword's own wildcards are
         // escaped so they match literally.

@@ -5,9 +5,14 @@ use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{at_ms, corrupt, duration_ms, ms};
+use std::time::Duration;
+
 use crate::domain::channel::{
-    EmailAddress, NotificationList, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
+    Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
+use crate::domain::retry::Backoff;
+use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{ListName, NotificationType};
 use crate::store::Result;
 
@@ -18,35 +23,59 @@ pub(super) fn select_list(
     conn: &Connection,
     name: &ListName,
 ) -> Result<Option<Stored<NotificationList>>> {
-    let row: Option<(String, i64)> = conn
-        .prepare_cached("SELECT Type, UpdatedAt FROM NotificationLists WHERE Name = ?1")?
-        .query_row([name.as_str()], |row| Ok((row.get(0)?, row.get(1)?)))
+    type ListRow = (String, Option<String>, Option<String>, i64);
+    let row: Option<ListRow> = conn
+        .prepare_cached(
+            "SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt
+             FROM NotificationLists WHERE Name = ?1",
+        )?
+        .query_row([name.as_str()], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
         .optional()?;
-    let Some((kind, updated_at)) = row else {
+    let Some((kind, format, secret, updated_at)) = row else {
         return Ok(None);
     };
     let kind =
         NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
+    let targets = select_targets(conn, name)?;
+    let targets = match kind {
+        NotificationType::Email => ListTargets::Email(
+            targets
+                .iter()
+                .map(|a| EmailAddress::parse(a, "recipients").map_err(corrupt))
+                .collect::<Result<_>>()?,
+        ),
+        NotificationType::Webhook => ListTargets::Webhook(WebhookTarget {
+            endpoints: targets
+                .iter()
+                .map(|u| WebhookUrl::parse(u).map_err(corrupt))
+                .collect::<Result<_>>()?,
+            format: match format {
+                None => WebhookFormat::Generic,
+                Some(f) => WebhookFormat::parse(&f)
+                    .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
+            },
+            secret: secret.map(Secret::new),
+        }),
+    };
     Ok(Some(Stored {
         value: NotificationList {
             name: name.clone(),
-            kind,
-            recipients: select_recipients(conn, name)?,
+            targets,
         },
         updated_at: at_ms(updated_at),
     }))
 }
 
-fn select_recipients(conn: &Connection, name: &ListName) -> Result<Vec<EmailAddress>> {
+/// A list's recipient addresses or endpoint URLs, in a stable order.
+fn select_targets(conn: &Connection, name: &ListName) -> Result<Vec<String>> {
     let mut stmt = conn.prepare_cached(
         "SELECT Address FROM NotificationListRecipients WHERE ListName = ?1 ORDER BY Address",
     )?;
-    stmt.query_map([name.as_str()], |row| row.get::<_, String>(0))?
-        .map(|address| {
-            let address = address?;
-            EmailAddress::parse(&address, "recipients").map_err(corrupt)
-        })
-        .collect()
+    Ok(stmt
+        .query_map([name.as_str()], |row| row.get::<_, String>(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
 pub(super) fn select_lists(conn: &Connection) -> Result<Vec<Stored<NotificationList>>> {
@@ -69,18 +98,34 @@ pub(super) fn replace_list(
     list: &NotificationList,
     now: DateTime<Utc>,
 ) -> Result<()> {
+    let (format, secret) = match &list.targets {
+        ListTargets::Email(_) => (None, None),
+        ListTargets::Webhook(target) => (
+            Some(target.format.as_str()),
+            target.secret.as_ref().map(Secret::expose),
+        ),
+    };
     conn.prepare_cached(
-        "INSERT INTO NotificationLists (Name, Type, UpdatedAt) VALUES (?1, ?2, ?3)
-         ON CONFLICT (Name) DO UPDATE SET Type = excluded.Type, UpdatedAt = excluded.UpdatedAt",
+        "INSERT INTO NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt)
+         VALUES (?1, ?2, ?3, ?4, ?5)
+         ON CONFLICT (Name) DO UPDATE SET
+             Type = excluded.Type, WebhookFormat = excluded.WebhookFormat,
+             WebhookSecret = excluded.WebhookSecret, UpdatedAt = excluded.UpdatedAt",
     )?
-    .execute(params![list.name.as_str(), list.kind.as_str(), ms(now)])?;
+    .execute(params![
+        list.name.as_str(),
+        list.kind().as_str(),
+        format,
+        secret,
+        ms(now)
+    ])?;
     conn.prepare_cached("DELETE FROM NotificationListRecipients WHERE ListName = ?1")?
         .execute([list.name.as_str()])?;
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO NotificationListRecipients (ListName, Address) VALUES (?1, ?2)",
     )?;
-    for recipient in &list.recipients {
-        insert.execute([list.name.as_str(), recipient.as_str()])?;
+    for target in list.target_names() {
+        insert.execute([list.name.as_str(), target.as_str()])?;
     }
     Ok(())
 }
@@ -95,58 +140,133 @@ pub(super) fn delete_list(conn: &Connection, name: &ListName) -> Result<bool> {
     Ok(deleted > 0)
 }
 
-pub(super) fn select_smtp_settings(conn: &Connection) -> Result<Option<Stored<SmtpSettings>>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT Host, Port, TlsMode, Username, Password, FromAddress, MaxRetries, RetryDelayMs,
-                MaxConcurrentConnections, TimeoutMs, UpdatedAt
-         FROM ChannelConfig WHERE Channel = ?1",
-    )?;
-    let row = stmt
-        .query_row([EMAIL_CHANNEL], |row| {
-            Ok((
-                (
-                    row.get::<_, String>(0)?,
-                    row.get::<_, u16>(1)?,
-                    row.get::<_, String>(2)?,
-                ),
-                (
-                    row.get::<_, Option<String>>(3)?,
-                    row.get::<_, Option<String>>(4)?,
-                ),
-                row.get::<_, String>(5)?,
-                (row.get::<_, i64>(6)?, row.get::<_, i64>(7)?),
-                (row.get::<_, u32>(8)?, row.get::<_, i64>(9)?),
-                row.get::<_, i64>(10)?,
-            ))
+/// The columns [`read_smtp`] reads, in its order.
+const SMTP_COLUMNS: &str = "Host, Port, TlsMode, AuthMechanism, Username, Password, FromAddress,
+    MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs, MaxConcurrentConnections,
+    RateLimitPerSecond, RateLimitBurst, TimeoutMs, OverallTimeoutMs, OAuthTokenUrl, OAuthClientId,
+    OAuthClientSecret, OAuthScope, UpdatedAt";
+
+/// A `ChannelConfig` row as stored.
+struct SmtpRow {
+    host: String,
+    port: u16,
+    tls: String,
+    mechanism: String,
+    username: Option<String>,
+    password: Option<String>,
+    from: String,
+    max_retries: i64,
+    retry_delay_ms: i64,
+    backoff: String,
+    max_retry_delay_ms: Option<i64>,
+    connections: u32,
+    rate_per_second: Option<f64>,
+    rate_burst: Option<u32>,
+    timeout_ms: i64,
+    overall_timeout_ms: Option<i64>,
+    token_url: Option<String>,
+    client_id: Option<String>,
+    client_secret: Option<String>,
+    scope: Option<String>,
+    updated_at: i64,
+}
+
+fn read_smtp(row: &rusqlite::Row<'_>) -> rusqlite::Result<SmtpRow> {
+    Ok(SmtpRow {
+        host: row.get(0)?,
+        port: row.get(1)?,
+        tls: row.get(2)?,
+        mechanism: row.get(3)?,
+        username: row.get(4)?,
+        password: row.get(5)?,
+        from: row.get(6)?,
+        max_retries: row.get(7)?,
+        retry_delay_ms: row.get(8)?,
+        backoff: row.get(9)?,
+        max_retry_delay_ms: row.get(10)?,
+        connections: row.get(11)?,
+        rate_per_second: row.get(12)?,
+        rate_burst: row.get(13)?,
+        timeout_ms: row.get(14)?,
+        overall_timeout_ms: row.get(15)?,
+        token_url: row.get(16)?,
+        client_id: row.get(17)?,
+        client_secret: row.get(18)?,
+        scope: row.get(19)?,
+        updated_at: row.get(20)?,
+    })
+}
+
+fn millis(v: i64) -> Duration {
+    Duration::from_millis(u64::try_from(v).unwrap_or(0))
+}
+
+impl SmtpRow {
+    fn decode(self) -> Result<Stored<SmtpSettings>> {
+        let missing = |column: &str| corrupt(format!("ChannelConfig.{column} is NULL"));
+        let auth = match self.mechanism.as_str() {
+            "none" => SmtpAuth::None,
+            "password" => SmtpAuth::Password {
+                username: self.username.ok_or_else(|| missing("Username"))?,
+                password: Secret::new(self.password.ok_or_else(|| missing("Password"))?),
+            },
+            "xoauth2" => SmtpAuth::XOAuth2 {
+                username: self.username.ok_or_else(|| missing("Username"))?,
+                oauth: OAuthClientCredentials {
+                    token_url: self.token_url.ok_or_else(|| missing("OAuthTokenUrl"))?,
+                    client_id: self.client_id.ok_or_else(|| missing("OAuthClientId"))?,
+                    client_secret: Secret::new(
+                        self.client_secret
+                            .ok_or_else(|| missing("OAuthClientSecret"))?,
+                    ),
+                    scope: self.scope.unwrap_or_default(),
+                },
+            },
+            other => return Err(corrupt(format!("auth mechanism {other:?}"))),
+        };
+        let retry_delay = millis(self.retry_delay_ms);
+        let backoff = match self.backoff.as_str() {
+            "fixed" => Backoff::Fixed,
+            "exponential" => Backoff::Exponential {
+                cap: self.max_retry_delay_ms.map_or(retry_delay, millis),
+            },
+            other => return Err(corrupt(format!("backoff {other:?}"))),
+        };
+        let timeout = millis(self.timeout_ms);
+        Ok(Stored {
+            value: SmtpSettings {
+                host: self.host,
+                port: self.port,
+                tls: TlsMode::parse(&self.tls)
+                    .ok_or_else(|| corrupt(format!("TLS mode {:?}", self.tls)))?,
+                auth,
+                from_address: EmailAddress::parse(&self.from, "from_address").map_err(corrupt)?,
+                timeout,
+                // Rows written before the column existed bound a delivery by four commands' time.
+                overall_timeout: self.overall_timeout_ms.map_or(timeout * 4, millis),
+                policy: DeliveryPolicy {
+                    max_retries: self.max_retries,
+                    retry_delay,
+                    backoff,
+                    max_concurrent_connections: self.connections,
+                    rate_limit: self.rate_per_second.map(|per_second| RateLimit {
+                        per_second,
+                        burst: self.rate_burst.unwrap_or(1),
+                    }),
+                },
+            },
+            updated_at: at_ms(self.updated_at),
         })
-        .optional()?;
-    let Some(((host, port, tls), (user, password), from, (retries, delay), (conns, timeout), at)) =
-        row
-    else {
-        return Ok(None);
-    };
-    let auth = match (user, password) {
-        (Some(username), Some(password)) => SmtpAuth::Password {
-            username,
-            password: Secret::new(password),
-        },
-        _ => SmtpAuth::None,
-    };
-    let millis = |v: i64| std::time::Duration::from_millis(u64::try_from(v).unwrap_or(0));
-    Ok(Some(Stored {
-        value: SmtpSettings {
-            host,
-            port,
-            tls: TlsMode::parse(&tls).ok_or_else(|| corrupt(format!("TLS mode {tls:?}")))?,
-            auth,
-            from_address: EmailAddress::parse(&from, "from_address").map_err(corrupt)?,
-            max_retries: retries,
-            retry_delay: millis(delay),
-            max_concurrent_connections: conns,
-            timeout: millis(timeout),
-        },
-        updated_at: at_ms(at),
-    }))
+    }
+}
+
+pub(super) fn select_smtp_settings(conn: &Connection) -> Result<Option<Stored<SmtpSettings>>> {
+    let sql = format!("SELECT {SMTP_COLUMNS} FROM ChannelConfig WHERE Channel = ?1");
+    conn.prepare_cached(&sql)?
+        .query_row([EMAIL_CHANNEL], read_smtp)
+        .optional()?
+        .map(SmtpRow::decode)
+        .transpose()
 }
 
 pub(super) fn replace_smtp_settings(
@@ -154,36 +274,62 @@ pub(super) fn replace_smtp_settings(
     s: &SmtpSettings,
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let (username, password) = match &s.auth {
-        SmtpAuth::None => (None, None),
+    let (username, password, oauth) = match &s.auth {
+        SmtpAuth::None => (None, None, None),
         SmtpAuth::Password { username, password } => {
-            (Some(username.as_str()), Some(password.expose()))
+            (Some(username.as_str()), Some(password.expose()), None)
         }
+        SmtpAuth::XOAuth2 { username, oauth } => (Some(username.as_str()), None, Some(oauth)),
+    };
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(duration_ms(cap)),
     };
     conn.prepare_cached(
-        "INSERT INTO ChannelConfig (Channel, Host, Port, TlsMode, Username, Password, FromAddress,
-             MaxRetries, RetryDelayMs, MaxConcurrentConnections, TimeoutMs, UpdatedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)
+        "INSERT INTO ChannelConfig (Channel, Host, Port, TlsMode, AuthMechanism, Username,
+             Password, FromAddress, MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs,
+             MaxConcurrentConnections, RateLimitPerSecond, RateLimitBurst, TimeoutMs,
+             OverallTimeoutMs, OAuthTokenUrl, OAuthClientId, OAuthClientSecret, OAuthScope,
+             UpdatedAt)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
+                 ?19, ?20, ?21, ?22)
          ON CONFLICT (Channel) DO UPDATE SET
              Host = excluded.Host, Port = excluded.Port, TlsMode = excluded.TlsMode,
-             Username = excluded.Username, Password = excluded.Password,
-             FromAddress = excluded.FromAddress, MaxRetries = excluded.MaxRetries,
-             RetryDelayMs = excluded.RetryDelayMs,
+             AuthMechanism = excluded.AuthMechanism, Username = excluded.Username,
+             Password = excluded.Password, FromAddress = excluded.FromAddress,
+             MaxRetries = excluded.MaxRetries, RetryDelayMs = excluded.RetryDelayMs,
+             Backoff = excluded.Backoff, MaxRetryDelayMs = excluded.MaxRetryDelayMs,
              MaxConcurrentConnections = excluded.MaxConcurrentConnections,
-             TimeoutMs = excluded.TimeoutMs, UpdatedAt = excluded.UpdatedAt",
+             RateLimitPerSecond = excluded.RateLimitPerSecond,
+             RateLimitBurst = excluded.RateLimitBurst, TimeoutMs = excluded.TimeoutMs,
+             OverallTimeoutMs = excluded.OverallTimeoutMs,
+             OAuthTokenUrl = excluded.OAuthTokenUrl, OAuthClientId = excluded.OAuthClientId,
+             OAuthClientSecret = excluded.OAuthClientSecret, OAuthScope = excluded.OAuthScope,
+             UpdatedAt = excluded.UpdatedAt",
     )?
     .execute(params![
         EMAIL_CHANNEL,
         s.host,
         s.port,
         s.tls.as_str(),
+        s.auth.mechanism(),
         username,
         password,
         s.from_address.as_str(),
-        s.max_retries,
-        duration_ms(s.retry_delay),
-        s.max_concurrent_connections,
+        p.max_retries,
+        duration_ms(p.retry_delay),
+        p.backoff.as_str(),
+        max_retry_delay,
+        p.max_concurrent_connections,
+        p.rate_limit.map(|r| r.per_second),
+        p.rate_limit.map(|r| r.burst),
         duration_ms(s.timeout),
+        duration_ms(s.overall_timeout),
+        oauth.map(|o| o.token_url.as_str()),
+        oauth.map(|o| o.client_id.as_str()),
+        oauth.map(|o| o.client_secret.expose()),
+        oauth.map(|o| o.scope.as_str()),
         ms(now),
     ])?;
     Ok(())

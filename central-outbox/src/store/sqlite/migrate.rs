@@ -22,6 +22,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "admin",
         sql: include_str!("../../../../migrations/sqlite/0002_admin.sql"),
     },
+    Migration {
+        version: 3,
+        name: "channels",
+        sql: include_str!("../../../../migrations/sqlite/0003_channels.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -29,8 +29,10 @@ use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
 use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, Subject, TypeData,
+    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
+    TypeData,
 };
+use outbox_proto::content::ScriptOrigin;
 
 /// Central store on a SQLite file.
 #[derive(Debug, Clone)]
@@ -89,10 +91,31 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
+    async fn release_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        epoch: LeaseEpoch,
+    ) -> Result<bool> {
+        let holder = holder.to_owned();
+        self.db
+            .write(move |conn| {
+                let released = conn
+                    .prepare_cached(
+                        "UPDATE Leases SET ExpiresAt = ?4
+                         WHERE Name = ?1 AND Holder = ?2 AND Epoch = ?3 AND ExpiresAt > ?4",
+                    )?
+                    .execute(params![name, holder, epoch.0, ms(Utc::now())])?;
+                Ok(released > 0)
+            })
+            .await
+    }
+
     async fn claim_due(
         &self,
         lease: &'static str,
         epoch: LeaseEpoch,
+        kind: NotificationType,
         limit: usize,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
@@ -100,7 +123,7 @@ impl OutboxStore for SqliteStore {
             return Ok(Vec::new());
         }
         self.db
-            .write(move |conn| claim(conn, lease, epoch, limit, claim_timeout, Utc::now()))
+            .write(move |conn| claim(conn, lease, epoch, kind, limit, claim_timeout, Utc::now()))
             .await
     }
 
@@ -284,6 +307,7 @@ fn claim(
     conn: &Connection,
     lease: &str,
     epoch: LeaseEpoch,
+    kind: NotificationType,
     limit: usize,
     claim_timeout: Duration,
     now: DateTime<Utc>,
@@ -296,7 +320,7 @@ fn claim(
              AttemptCount = AttemptCount + 1
          WHERE Id IN (
                  SELECT Id FROM Notifications
-                 WHERE Status IN ('Pending', 'Retrying')
+                 WHERE Status IN ('Pending', 'Retrying') AND Type = ?6
                    AND (NextAttemptAt IS NULL OR NextAttemptAt <= ?3)
                    AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?3)
                  ORDER BY NextAttemptAt, Id
@@ -304,13 +328,15 @@ fn claim(
            AND EXISTS (SELECT 1 FROM Leases
                        WHERE Name = ?5 AND Epoch = ?2 AND ExpiresAt > ?3)
          RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
-                   AttemptCount",
+                   AttemptCount, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
+                   OriginParentExecutionId, SiteEnqueuedAt",
     )?;
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let rows = stmt
-        .query_map(params![until, epoch.0, now_ms, limit, lease], |row| {
-            Ok(ClaimedRow::read(row))
-        })?
+        .query_map(
+            params![until, epoch.0, now_ms, limit, lease, kind.as_str()],
+            |row| Ok(ClaimedRow::read(row)),
+        )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
 
     let mut attempt = conn.prepare_cached(
@@ -360,6 +386,12 @@ struct ClaimedRow {
     type_data: String,
     retry_count: u32,
     attempt_no: u32,
+    source_site_id: String,
+    source_instance_id: String,
+    source_script: String,
+    origin_execution_id: Option<String>,
+    origin_parent_execution_id: Option<String>,
+    site_enqueued_at: i64,
 }
 
 impl ClaimedRow {
@@ -374,6 +406,12 @@ impl ClaimedRow {
             type_data: row.get(6)?,
             retry_count: row.get(7)?,
             attempt_no: row.get(8)?,
+            source_site_id: row.get(9)?,
+            source_instance_id: row.get(10)?,
+            source_script: row.get(11)?,
+            origin_execution_id: row.get(12)?,
+            origin_parent_execution_id: row.get(13)?,
+            site_enqueued_at: row.get(14)?,
         })
     }
 
@@ -388,10 +426,19 @@ impl ClaimedRow {
             body: Body::parse(self.body.clone()).map_err(|e| e.to_string())?,
             type_data: TypeData::parse(self.type_data.clone()).map_err(|e| e.to_string())?,
         };
+        let origin = ScriptOrigin::parse(
+            self.source_instance_id.clone(),
+            self.source_script.clone(),
+            self.origin_execution_id.as_deref(),
+            self.origin_parent_execution_id.as_deref(),
+        )
+        .map_err(|e| e.to_string())?;
+        let site = SiteId::parse(self.source_site_id.clone()).map_err(|e| e.to_string())?;
         Ok(ClaimedNotification {
             row_id: self.row_id,
             id: NotificationId::from_uuid(id),
             content,
+            provenance: origin.at_site(site, at_ms(self.site_enqueued_at)),
             retry_count: self.retry_count,
             attempt_no: self.attempt_no,
             epoch,
