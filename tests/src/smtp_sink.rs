@@ -1,28 +1,64 @@
 //! A small, real SMTP server that runs inside a tokio runtime and records every
 //! message it accepts, so integration tests and the demo can check what the
 //! notification outbox actually delivered. It can be told to misbehave
-//! ([`Behaviour`]) to exercise the outbox's retry and parking paths.
+//! ([`Behaviour`], for ever or for the next N transactions), to answer slowly or
+//! not at all until released ([`SmtpSink::set_reply_delay`],
+//! [`SmtpSink::pause_replies`]), and to require authentication
+//! ([`AuthRequirement`]).
 //!
 //! Invariants:
 //! - A message is recorded only after the final "." of DATA was answered with 250;
 //!   refused or dropped transactions are never recorded, only counted.
 //! - Memory per session is bounded: command lines are capped at
-//!   [`MAX_COMMAND_LINE`] bytes, a message at [`MAX_MESSAGE_BYTES`] and an envelope
-//!   at [`MAX_RECIPIENTS`] recipients, whatever the client sends.
+//!   [`MAX_COMMAND_LINE`] bytes (AUTH lines at [`MAX_AUTH_LINE`]), a message at
+//!   [`MAX_MESSAGE_BYTES`] and an envelope at [`MAX_RECIPIENTS`] recipients,
+//!   whatever the client sends.
 //! - Nothing the network does can panic the server: a broken or hostile client ends
 //!   only its own session.
+//! - When authentication is required, no transaction starts before a successful
+//!   AUTH on that session, and every recorded message names the user it was
+//!   authenticated as.
 //! - When the last clone of a [`SmtpSink`] is dropped (or [`SmtpSink::stop`] is
-//!   called) the listener closes and every open session is cut off.
+//!   called) the listener closes and every open session is cut off, including
+//!   sessions waiting on a paused or delayed reply.
 //!
-//! It speaks plain SMTP only (no STARTTLS, no AUTH), which is what the outbox's
-//! lettre transport is configured for in tests.
+//! It speaks plain SMTP only: it never advertises STARTTLS (and answers it with
+//! 500), so a client that requires STARTTLS must fail against it.
+//!
+//! # Authentication (RFC 4954)
+//!
+//! With [`SinkOptions::auth`] set, EHLO advertises `AUTH PLAIN LOGIN XOAUTH2` and
+//! MAIL before a successful AUTH gets `530 5.7.0 Authentication required`.
+//! - PLAIN (RFC 4616): `authzid NUL authcid NUL password`, as an initial response
+//!   or after an empty `334` challenge; a non-empty authzid must equal authcid.
+//! - LOGIN: `334 VXNlcm5hbWU6` ("Username:") and `334 UGFzc3dvcmQ6` ("Password:")
+//!   challenges; a username given as initial response skips the first.
+//! - XOAUTH2 (Google's format): base64 of
+//!   `user=<user>\x01auth=Bearer <token>\x01\x01`. A wrong user or a token the
+//!   [`TokenCheck`] refuses is answered as [`BadTokenReply`] says: by default as
+//!   Gmail does, with a `334` challenge carrying base64 JSON
+//!   (`{"status":"401","schemes":"bearer","scope":"https://mail.google.com/"}`)
+//!   and, after whatever the client sends next (an empty line, by the protocol),
+//!   `535 5.7.8`; or with `535 5.7.8` at once, as Office 365 does. lettre 0.11
+//!   does not answer the error challenge: it fails with a *client* error ("This
+//!   mechanism does not expect a challenge") and drops the connection.
+//!
+//! Success is `235 2.7.0`; wrong credentials `535 5.7.8 Authentication credentials
+//! invalid` (counted by [`SmtpSink::auth_failures`], at the moment the sink decides,
+//! so a client that hangs up on the error challenge is counted too). Undecodable
+//! base64 or a `*` cancel get 501, an unknown mechanism 504, AUTH before EHLO,
+//! during a transaction or after a successful AUTH 503; none of these count as
+//! failures. Authentication survives RSET and a repeated EHLO.
 
+use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
@@ -32,6 +68,10 @@ use tokio::task::JoinHandle;
 /// Longest command line accepted, CRLF included. RFC 5321 allows 512; clients in
 /// the wild send longer parameter lists, so be generous but finite.
 pub const MAX_COMMAND_LINE: usize = 1000;
+/// Longest AUTH command or SASL response line accepted, CRLF included: the limit
+/// RFC 4954 §4 sets, because OAuth2 access tokens (Microsoft's JWTs especially)
+/// are far longer than an ordinary command.
+pub const MAX_AUTH_LINE: usize = 12288;
 /// Largest message accepted (advertised as SIZE); larger ones get 552.
 pub const MAX_MESSAGE_BYTES: usize = 10 * 1024 * 1024;
 /// Most recipients accepted in one transaction; more get 452 (RFC 5321 §4.5.3.1.8).
@@ -45,8 +85,10 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 /// How deep `body_text` descends into nested multiparts before giving up.
 const MAX_MIME_DEPTH: usize = 8;
 
-/// How the sink answers from now on. Read afresh for every command, so a change
-/// also affects sessions that are already open.
+/// How the sink answers from now on ([`SmtpSink::set_behaviour`]) or for the next
+/// N transactions ([`SmtpSink::set_behaviour_for`]). Read afresh at every point
+/// where a fault can fire, so a change also affects sessions that are already
+/// open; a transaction whose RCPT was refused keeps refusing its later RCPTs.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum Behaviour {
     /// Behave like a well-running mail server.
@@ -74,6 +116,91 @@ pub struct ReceivedMail {
     /// conforming client), without the terminating ".\r\n". Bytes that are not
     /// UTF-8 are replaced with U+FFFD.
     pub raw: String,
+    /// The user the session authenticated as (PLAIN/LOGIN username or XOAUTH2
+    /// `user=`), or None when the sink does not require authentication.
+    pub authenticated_as: Option<String>,
+}
+
+/// How a sink is set up; `SinkOptions::default()` is what [`SmtpSink::start`] uses.
+#[derive(Clone, Debug, Default)]
+pub struct SinkOptions {
+    /// When set, EHLO advertises AUTH and every transaction needs a successful
+    /// AUTH on its session first.
+    pub auth: Option<AuthRequirement>,
+}
+
+/// The credentials a sink requires. Whatever the requirement, all three
+/// mechanisms are advertised; one that cannot carry the required credentials
+/// (PLAIN against an XOAuth2 requirement, say) fails as wrong credentials do.
+#[derive(Clone, Debug)]
+pub enum AuthRequirement {
+    /// AUTH PLAIN or AUTH LOGIN with exactly this username and password.
+    Password { username: String, password: String },
+    /// AUTH XOAUTH2 for `username` with a bearer token that `tokens` accepts.
+    XOAuth2 {
+        username: String,
+        tokens: TokenCheck,
+        on_bad_token: BadTokenReply,
+    },
+}
+
+impl AuthRequirement {
+    /// PLAIN/LOGIN with these credentials.
+    pub fn password(username: impl Into<String>, password: impl Into<String>) -> Self {
+        AuthRequirement::Password {
+            username: username.into(),
+            password: password.into(),
+        }
+    }
+
+    /// XOAUTH2 for `username` with any token `tokens` accepts; a bad token is
+    /// answered the way Gmail does ([`BadTokenReply::ErrorChallenge`]).
+    pub fn xoauth2(username: impl Into<String>, tokens: TokenCheck) -> Self {
+        AuthRequirement::XOAuth2 {
+            username: username.into(),
+            tokens,
+            on_bad_token: BadTokenReply::default(),
+        }
+    }
+}
+
+/// How a failed AUTH XOAUTH2 is answered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BadTokenReply {
+    /// Gmail: `334 <base64 JSON error>`, then `535 5.7.8` once the client answers.
+    #[default]
+    ErrorChallenge,
+    /// Office 365: `535 5.7.8` at once.
+    Immediate,
+}
+
+/// Decides whether a bearer token is currently valid. Shared, so the sink can
+/// accept exactly the tokens a test's OAuth2 server issued
+/// (`OAuthServer::token_check`).
+#[derive(Clone)]
+pub struct TokenCheck(Arc<dyn Fn(&str) -> bool + Send + Sync>);
+
+impl TokenCheck {
+    /// Accepts this one token only.
+    pub fn fixed(token: impl Into<String>) -> Self {
+        let token = token.into();
+        TokenCheck(Arc::new(move |candidate| candidate == token))
+    }
+
+    /// Accepts whatever `check` accepts at the moment of the AUTH.
+    pub fn from_fn(check: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
+        TokenCheck(Arc::new(check))
+    }
+
+    pub fn accepts(&self, token: &str) -> bool {
+        (self.0)(token)
+    }
+}
+
+impl fmt::Debug for TokenCheck {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TokenCheck(..)")
+    }
 }
 
 impl ReceivedMail {
@@ -117,13 +244,41 @@ pub struct SmtpSink {
 
 /// State shared between the handle and the session tasks.
 struct Shared {
+    /// Fixed at start; sessions only read it.
+    auth: Option<AuthRequirement>,
     messages: Mutex<Vec<ReceivedMail>>,
     /// Number of recorded messages; waiters watch it instead of polling `messages`.
     accepted: watch::Sender<usize>,
-    behaviour: Mutex<Behaviour>,
+    faults: Mutex<Faults>,
+    /// Slept before every reply; a Mutex because tests change it while sessions run.
+    reply_delay: Mutex<Duration>,
+    /// While true every reply waits (after `reply_delay`) until it turns false.
+    /// A watch so waiting sessions wake the moment a test resumes them.
+    paused: watch::Sender<bool>,
+    /// Sessions waiting right now on a paused reply; a watch so a test can wait
+    /// for a count instead of polling.
+    held: watch::Sender<usize>,
     active_sessions: AtomicUsize,
     max_sessions: AtomicUsize,
     refused: AtomicUsize,
+    auth_failures: AtomicUsize,
+}
+
+/// The configured fault and how many more transactions it applies to. Kept under
+/// one lock so two sessions cannot both consume the last counted fault.
+struct Faults {
+    behaviour: Behaviour,
+    /// None: until changed. Some(n): n more transactions (n > 0), then Accept.
+    remaining: Option<usize>,
+}
+
+/// Where in a transaction a fault may fire; each behaviour fires at exactly one.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    Mail,
+    Rcpt,
+    Data,
+    EndOfData,
 }
 
 /// Owned only by the `SmtpSink` handles (never by the tasks), so its Drop runs
@@ -145,25 +300,43 @@ impl Drop for Lifetime {
 impl SmtpSink {
     /// Binds 127.0.0.1:0 and serves in a background tokio task until dropped/stopped.
     pub async fn start() -> io::Result<SmtpSink> {
+        Self::start_with(SinkOptions::default()).await
+    }
+
+    /// Like [`Self::start`], set up by `options` (e.g. to require AUTH).
+    pub async fn start_with(options: SinkOptions) -> io::Result<SmtpSink> {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
-        Ok(Self::serve(listener))
+        Ok(Self::serve_with(listener, options))
     }
 
     /// Serves on an already-bound listener (the demo binary uses this with a fixed
     /// port). Must be called inside a tokio runtime.
     pub fn serve(listener: TcpListener) -> SmtpSink {
+        Self::serve_with(listener, SinkOptions::default())
+    }
+
+    /// Like [`Self::serve`], set up by `options`.
+    pub fn serve_with(listener: TcpListener, options: SinkOptions) -> SmtpSink {
         let addr = listener.local_addr().unwrap_or_else(|err| {
             // Cannot happen for a bound TCP listener; keep serving rather than panic.
             tracing::warn!(%err, "smtp sink: cannot read listener address");
             SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0))
         });
         let shared = Arc::new(Shared {
+            auth: options.auth,
             messages: Mutex::new(Vec::new()),
             accepted: watch::Sender::new(0),
-            behaviour: Mutex::new(Behaviour::Accept),
+            faults: Mutex::new(Faults {
+                behaviour: Behaviour::Accept,
+                remaining: None,
+            }),
+            reply_delay: Mutex::new(Duration::ZERO),
+            paused: watch::Sender::new(false),
+            held: watch::Sender::new(0),
             active_sessions: AtomicUsize::new(0),
             max_sessions: AtomicUsize::new(0),
             refused: AtomicUsize::new(0),
+            auth_failures: AtomicUsize::new(0),
         });
         let (shutdown, shutdown_rx) = watch::channel(false);
         let accept_task = tokio::spawn(accept_loop(listener, Arc::clone(&shared), shutdown_rx));
@@ -198,9 +371,66 @@ impl SmtpSink {
     }
 
     /// Changes how the sink answers from now on (applies to new commands on
-    /// existing sessions too).
+    /// existing sessions too), until changed again.
     pub fn set_behaviour(&self, b: Behaviour) {
-        *lock(&self.shared.behaviour) = b;
+        *lock(&self.shared.faults) = Faults {
+            behaviour: b,
+            remaining: None,
+        };
+    }
+
+    /// Applies `b` to the next `transactions` transactions in which it fires
+    /// (each refused MAIL, refused RCPT set, rejected or dropped DATA counts one),
+    /// then goes back to [`Behaviour::Accept`] by itself: "451 once, then
+    /// accept" without racing the client. Replaces any earlier setting; `0`
+    /// means Accept at once.
+    pub fn set_behaviour_for(&self, transactions: usize, b: Behaviour) {
+        *lock(&self.shared.faults) = if transactions == 0 || b == Behaviour::Accept {
+            Faults {
+                behaviour: Behaviour::Accept,
+                remaining: None,
+            }
+        } else {
+            Faults {
+                behaviour: b,
+                remaining: Some(transactions),
+            }
+        };
+    }
+
+    /// Waits this long before every reply (greeting included) from now on, on
+    /// every session; `Duration::ZERO` (the default) turns it off. For holding
+    /// sessions open without sleeping in the test.
+    pub fn set_reply_delay(&self, delay: Duration) {
+        *lock(&self.shared.reply_delay) = delay;
+    }
+
+    /// Holds every reply (greeting included) on every session until
+    /// [`Self::resume_replies`]. With [`Self::held_replies`] a test can wait until
+    /// N sessions are stuck mid-conversation, assert, then release them.
+    pub fn pause_replies(&self) {
+        self.shared.paused.send_replace(true);
+    }
+
+    /// Releases every held reply and stops holding new ones.
+    pub fn resume_replies(&self) {
+        self.shared.paused.send_replace(false);
+    }
+
+    /// Number of sessions waiting right now on a paused reply.
+    pub fn held_replies(&self) -> usize {
+        *self.shared.held.borrow()
+    }
+
+    /// Waits until at least `n` sessions are held by [`Self::pause_replies`], or
+    /// `timeout` passes; returns whether they were.
+    pub async fn wait_for_held_replies(&self, n: usize, timeout: Duration) -> bool {
+        let mut held = self.shared.held.subscribe();
+        // The sender lives in `self.shared`, so only the timeout can end this early.
+        matches!(
+            tokio::time::timeout(timeout, held.wait_for(|held| *held >= n)).await,
+            Ok(Ok(_))
+        )
     }
 
     /// Highest number of simultaneously open SMTP sessions seen so far.
@@ -220,6 +450,13 @@ impl SmtpSink {
         self.shared.refused.load(Ordering::SeqCst)
     }
 
+    /// Number of AUTH exchanges that failed on wrong credentials (answered 535,
+    /// or given the XOAUTH2 error challenge). Cancelled or undecodable exchanges
+    /// are not counted.
+    pub fn auth_failures(&self) -> usize {
+        self.shared.auth_failures.load(Ordering::SeqCst)
+    }
+
     /// Stops accepting connections and cuts every open session, for all clones.
     pub fn stop(&self) {
         self.lifetime.shutdown.send_replace(true);
@@ -234,8 +471,35 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
-    fn behaviour(&self) -> Behaviour {
-        lock(&self.behaviour).clone()
+    /// The fault to apply at `stage`, if the configured behaviour fires there.
+    /// Firing consumes one counted transaction and counts one refusal, so each
+    /// transaction must ask at most once per stage (RCPT asks only for its first
+    /// recipient).
+    fn take_fault(&self, stage: Stage) -> Option<Behaviour> {
+        let mut faults = lock(&self.faults);
+        let fires_at = match faults.behaviour {
+            Behaviour::Accept => return None,
+            Behaviour::RejectMail { .. } => Stage::Mail,
+            Behaviour::RejectRcpt { .. } => Stage::Rcpt,
+            Behaviour::DropMidData => Stage::Data,
+            Behaviour::RejectData { .. } => Stage::EndOfData,
+        };
+        if fires_at != stage {
+            return None;
+        }
+        let fault = faults.behaviour.clone();
+        if let Some(remaining) = faults.remaining {
+            if remaining <= 1 {
+                *faults = Faults {
+                    behaviour: Behaviour::Accept,
+                    remaining: None,
+                };
+            } else {
+                faults.remaining = Some(remaining - 1);
+            }
+        }
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        Some(fault)
     }
 
     fn record(&self, mail: ReceivedMail) -> usize {
@@ -247,8 +511,39 @@ impl Shared {
         messages.len()
     }
 
-    fn count_refusal(&self) {
-        self.refused.fetch_add(1, Ordering::SeqCst);
+    /// Waits as configured before a reply is written: the delay, then any pause.
+    async fn pace_reply(&self) {
+        let delay = *lock(&self.reply_delay);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        let mut paused = self.paused.subscribe();
+        if *paused.borrow_and_update() {
+            let _held = HeldGuard::enter(self);
+            // The sender lives in `self`, so this cannot fail with "closed".
+            let _ = paused.wait_for(|paused| !*paused).await;
+        }
+    }
+}
+
+/// Counts a session as held for as long as it waits on a paused reply, also
+/// when the wait is cancelled by shutdown.
+struct HeldGuard<'a> {
+    shared: &'a Shared,
+}
+
+impl<'a> HeldGuard<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        shared.held.send_modify(|held| *held += 1);
+        HeldGuard { shared }
+    }
+}
+
+impl Drop for HeldGuard<'_> {
+    fn drop(&mut self) {
+        self.shared
+            .held
+            .send_modify(|held| *held = held.saturating_sub(1));
     }
 }
 
@@ -313,8 +608,9 @@ async fn accept_loop(
 struct Envelope {
     mail_from: String,
     rcpt_to: Vec<String>,
-    /// A RejectRcpt transaction is counted once, not once per recipient.
-    refusal_counted: bool,
+    /// Set when the first RCPT of this transaction was refused by a fault: later
+    /// RCPTs get the same answer, and the transaction counts as one refusal.
+    rcpt_refusal: Option<(u16, String)>,
 }
 
 enum Flow {
@@ -340,6 +636,10 @@ struct Session<'a> {
     reader: BufReader<OwnedReadHalf>,
     writer: OwnedWriteHalf,
     envelope: Option<Envelope>,
+    /// EHLO was seen: AUTH is an ESMTP extension and needs it first.
+    extended: bool,
+    /// Who the session authenticated as; kept across RSET and EHLO.
+    authenticated_as: Option<String>,
     line: Vec<u8>,
 }
 
@@ -350,11 +650,15 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
         reader: BufReader::new(read_half),
         writer,
         envelope: None,
+        extended: false,
+        authenticated_as: None,
         line: Vec::new(),
     };
     session.reply(220, "outbox-sink ESMTP").await?;
     loop {
-        match next_line(&mut session.reader, &mut session.line, MAX_COMMAND_LINE).await? {
+        // Read up to the AUTH limit, then hold every other command to the
+        // ordinary one: only AUTH may carry a long (token) argument.
+        match next_line(&mut session.reader, &mut session.line, MAX_AUTH_LINE).await? {
             LineRead::Eof => return Ok(()),
             LineRead::TooLong => {
                 session.reply(500, "5.5.2 Line too long").await?;
@@ -363,19 +667,35 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             LineRead::Complete => {}
         }
         let command = String::from_utf8_lossy(strip_line_ending(&session.line)).into_owned();
+        let is_auth = command
+            .get(..5)
+            .is_some_and(|verb| verb.eq_ignore_ascii_case("AUTH "));
+        if session.line.len() > MAX_COMMAND_LINE && !is_auth {
+            session.reply(500, "5.5.2 Line too long").await?;
+            continue;
+        }
         if let Flow::Close = session.handle(&command).await? {
             return Ok(());
         }
     }
 }
 
+/// The outcome of one SASL step that did not yield client data: the exchange is
+/// over and has been answered already (or the client is gone).
+struct ExchangeOver(Flow);
+
 impl Session<'_> {
     async fn reply(&mut self, code: u16, text: &str) -> io::Result<()> {
         // Configured texts must not be able to break the reply framing.
         let text = text.replace(['\r', '\n'], " ");
-        self.writer
-            .write_all(format!("{code} {text}\r\n").as_bytes())
+        self.write_reply(format!("{code} {text}\r\n").as_bytes())
             .await
+    }
+
+    /// Writes a complete (possibly multi-line) reply after the configured pacing.
+    async fn write_reply(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.shared.pace_reply().await;
+        self.writer.write_all(bytes).await
     }
 
     async fn handle(&mut self, command: &str) -> io::Result<Flow> {
@@ -387,15 +707,22 @@ impl Session<'_> {
             }
             "EHLO" => {
                 self.envelope = None;
+                self.extended = true;
+                let auth = if self.shared.auth.is_some() {
+                    "250-AUTH PLAIN LOGIN XOAUTH2\r\n"
+                } else {
+                    ""
+                };
                 let extensions = format!(
-                    "250-outbox-sink greets {arg}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n250 SIZE {MAX_MESSAGE_BYTES}\r\n"
+                    "250-outbox-sink greets {arg}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n{auth}250 SIZE {MAX_MESSAGE_BYTES}\r\n"
                 );
-                self.writer.write_all(extensions.as_bytes()).await?;
+                self.write_reply(extensions.as_bytes()).await?;
             }
             "HELO" => {
                 self.envelope = None;
                 self.reply(250, "outbox-sink").await?;
             }
+            "AUTH" if self.shared.auth.is_some() => return self.auth(arg).await,
             "MAIL" => self.mail(arg).await?,
             "RCPT" => self.rcpt(arg).await?,
             "DATA" => return self.data().await,
@@ -418,12 +745,15 @@ impl Session<'_> {
     }
 
     async fn mail(&mut self, arg: &str) -> io::Result<()> {
+        if self.shared.auth.is_some() && self.authenticated_as.is_none() {
+            return self.reply(530, "5.7.0 Authentication required").await;
+        }
         let Some((address, params)) = parse_path(arg, "FROM:") else {
             return self.reply(501, "5.5.4 Syntax: MAIL FROM:<address>").await;
         };
         for param in params.split_whitespace() {
             let (key, value) = param.split_once('=').unwrap_or((param, ""));
-            // BODY= and SMTPUTF8 need no action: the body is stored as received.
+            // BODY=, AUTH= and SMTPUTF8 need no action: the body is stored as received.
             if key.eq_ignore_ascii_case("SIZE") {
                 match value.parse::<u64>() {
                     Err(_) => return self.reply(501, "5.5.4 Invalid SIZE parameter").await,
@@ -436,33 +766,32 @@ impl Session<'_> {
                 }
             }
         }
-        if let Behaviour::RejectMail { code, text } = self.shared.behaviour() {
+        if let Some(Behaviour::RejectMail { code, text }) = self.shared.take_fault(Stage::Mail) {
             self.envelope = None;
-            self.shared.count_refusal();
             return self.reply(code, &text).await;
         }
         // A new MAIL starts a new transaction, dropping any unfinished one.
         self.envelope = Some(Envelope {
             mail_from: address.to_string(),
             rcpt_to: Vec::new(),
-            refusal_counted: false,
+            rcpt_refusal: None,
         });
         self.reply(250, "2.1.0 Ok").await
     }
 
     async fn rcpt(&mut self, arg: &str) -> io::Result<()> {
-        let behaviour = self.shared.behaviour();
         let Some(envelope) = self.envelope.as_mut() else {
             return self.reply(503, "5.5.1 Need MAIL before RCPT").await;
         };
         let Some((address, _params)) = parse_path(arg, "TO:") else {
             return self.reply(501, "5.5.4 Syntax: RCPT TO:<address>").await;
         };
-        if let Behaviour::RejectRcpt { code, text } = behaviour {
-            if !envelope.refusal_counted {
-                envelope.refusal_counted = true;
-                self.shared.count_refusal();
-            }
+        if envelope.rcpt_refusal.is_none()
+            && let Some(Behaviour::RejectRcpt { code, text }) = self.shared.take_fault(Stage::Rcpt)
+        {
+            envelope.rcpt_refusal = Some((code, text));
+        }
+        if let Some((code, text)) = envelope.rcpt_refusal.clone() {
             return self.reply(code, &text).await;
         }
         if envelope.rcpt_to.len() >= MAX_RECIPIENTS {
@@ -487,30 +816,27 @@ impl Session<'_> {
             Some(envelope) => envelope,
         };
         // From here on the transaction is over whatever happens: `envelope` is
-        // no longer in the session.
-        let drop_mid_data = matches!(self.shared.behaviour(), Behaviour::DropMidData);
+        // no longer in the session. The drop is decided (and counted) here, so a
+        // client that sees the close can already observe the refusal.
+        let drop_mid_data = self.shared.take_fault(Stage::Data).is_some();
         self.reply(354, "End data with <CR><LF>.<CR><LF>").await?;
         match read_data(&mut self.reader, &mut self.line, drop_mid_data).await? {
-            DataRead::Eof => return Ok(Flow::Close),
-            DataRead::Dropped => {
-                // Counted before the socket closes, so a client that sees the
-                // close can already observe the refusal.
-                self.shared.count_refusal();
-                return Ok(Flow::Close);
-            }
+            DataRead::Eof | DataRead::Dropped => return Ok(Flow::Close),
             DataRead::TooBig => {
                 self.reply(552, "5.3.4 Message size exceeds fixed maximum")
                     .await?;
             }
             DataRead::Complete(body) => {
-                if let Behaviour::RejectData { code, text } = self.shared.behaviour() {
-                    self.shared.count_refusal();
+                if let Some(Behaviour::RejectData { code, text }) =
+                    self.shared.take_fault(Stage::EndOfData)
+                {
                     self.reply(code, &text).await?;
                 } else {
                     let number = self.shared.record(ReceivedMail {
                         mail_from: envelope.mail_from,
                         rcpt_to: envelope.rcpt_to,
                         raw: String::from_utf8_lossy(&body).into_owned(),
+                        authenticated_as: self.authenticated_as.clone(),
                     });
                     self.reply(250, &format!("2.0.0 Ok: queued as {number}"))
                         .await?;
@@ -519,6 +845,229 @@ impl Session<'_> {
         }
         Ok(Flow::Continue)
     }
+
+    // ---- AUTH (RFC 4954) ----------------------------------------------------------
+
+    async fn auth(&mut self, arg: &str) -> io::Result<Flow> {
+        if !self.extended {
+            self.reply(503, "5.5.1 EHLO first").await?;
+            return Ok(Flow::Continue);
+        }
+        if self.authenticated_as.is_some() {
+            self.reply(503, "5.5.1 Already authenticated").await?;
+            return Ok(Flow::Continue);
+        }
+        if self.envelope.is_some() {
+            self.reply(503, "5.5.1 AUTH not permitted during a mail transaction")
+                .await?;
+            return Ok(Flow::Continue);
+        }
+        let mut words = arg.split_whitespace();
+        let mechanism = words.next().unwrap_or("").to_ascii_uppercase();
+        let initial = words.next();
+        if words.next().is_some() {
+            self.reply(501, "5.5.4 Syntax: AUTH mechanism [initial-response]")
+                .await?;
+            return Ok(Flow::Continue);
+        }
+        let outcome = match mechanism.as_str() {
+            "PLAIN" => self.auth_plain(initial).await?,
+            "LOGIN" => self.auth_login(initial).await?,
+            "XOAUTH2" => self.auth_xoauth2(initial).await?,
+            _ => {
+                self.reply(504, "5.5.4 Unrecognized authentication type")
+                    .await?;
+                return Ok(Flow::Continue);
+            }
+        };
+        match outcome {
+            Ok(username) => {
+                self.authenticated_as = Some(username);
+                self.reply(235, "2.7.0 Authentication successful").await?;
+                Ok(Flow::Continue)
+            }
+            Err(ExchangeOver(flow)) => Ok(flow),
+        }
+    }
+
+    /// RFC 4616: `authzid NUL authcid NUL passwd`.
+    async fn auth_plain(
+        &mut self,
+        initial: Option<&str>,
+    ) -> io::Result<Result<String, ExchangeOver>> {
+        let response = match self.client_response(initial, "").await? {
+            Ok(response) => response,
+            Err(over) => return Ok(Err(over)),
+        };
+        let mut fields = response.split(|&b| b == 0);
+        let (Some(authzid), Some(authcid), Some(password), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return self.credentials_invalid().await.map(Err);
+        };
+        let (authzid, username, password) = (
+            String::from_utf8_lossy(authzid),
+            String::from_utf8_lossy(authcid).into_owned(),
+            String::from_utf8_lossy(password),
+        );
+        // Acting as somebody else (a different authzid) is never granted.
+        if (authzid.is_empty() || authzid == username) && self.password_ok(&username, &password) {
+            Ok(Ok(username))
+        } else {
+            self.credentials_invalid().await.map(Err)
+        }
+    }
+
+    /// The LOGIN mechanism (draft-murchison-sasl-login): username, then password,
+    /// each prompted by a base64 challenge.
+    async fn auth_login(
+        &mut self,
+        initial: Option<&str>,
+    ) -> io::Result<Result<String, ExchangeOver>> {
+        const USERNAME_PROMPT: &str = "VXNlcm5hbWU6"; // "Username:"
+        const PASSWORD_PROMPT: &str = "UGFzc3dvcmQ6"; // "Password:"
+        let username = match self.client_response(initial, USERNAME_PROMPT).await? {
+            Ok(username) => String::from_utf8_lossy(&username).into_owned(),
+            Err(over) => return Ok(Err(over)),
+        };
+        let password = match self.client_response(None, PASSWORD_PROMPT).await? {
+            Ok(password) => String::from_utf8_lossy(&password).into_owned(),
+            Err(over) => return Ok(Err(over)),
+        };
+        if self.password_ok(&username, &password) {
+            Ok(Ok(username))
+        } else {
+            self.credentials_invalid().await.map(Err)
+        }
+    }
+
+    /// Google's XOAUTH2: `user=U ^A auth=Bearer T ^A ^A`.
+    async fn auth_xoauth2(
+        &mut self,
+        initial: Option<&str>,
+    ) -> io::Result<Result<String, ExchangeOver>> {
+        let response = match self.client_response(initial, "").await? {
+            Ok(response) => response,
+            Err(over) => return Ok(Err(over)),
+        };
+        let (user, token) = parse_xoauth2(&String::from_utf8_lossy(&response));
+        let (valid, on_bad_token) = match &self.shared.auth {
+            Some(AuthRequirement::XOAuth2 {
+                username,
+                tokens,
+                on_bad_token,
+            }) => (
+                user.as_deref() == Some(username.as_str())
+                    && token.as_deref().is_some_and(|token| tokens.accepts(token)),
+                *on_bad_token,
+            ),
+            _ => (false, BadTokenReply::default()),
+        };
+        if valid && let Some(user) = user {
+            return Ok(Ok(user));
+        }
+        match on_bad_token {
+            BadTokenReply::Immediate => self.credentials_invalid().await.map(Err),
+            BadTokenReply::ErrorChallenge => {
+                // What Gmail sends for an invalid or expired token.
+                const ERROR: &str =
+                    r#"{"status":"401","schemes":"bearer","scope":"https://mail.google.com/"}"#;
+                self.shared.auth_failures.fetch_add(1, Ordering::SeqCst);
+                let challenge = BASE64.encode(ERROR);
+                self.write_reply(format!("334 {challenge}\r\n").as_bytes())
+                    .await?;
+                // The client is meant to answer with an empty line; whatever it
+                // sends, the exchange fails.
+                match next_line(&mut self.reader, &mut self.line, MAX_AUTH_LINE).await? {
+                    LineRead::Eof => Ok(Err(ExchangeOver(Flow::Close))),
+                    LineRead::Complete | LineRead::TooLong => {
+                        self.reply(535, "5.7.8 Authentication credentials invalid")
+                            .await?;
+                        Ok(Err(ExchangeOver(Flow::Continue)))
+                    }
+                }
+            }
+        }
+    }
+
+    fn password_ok(&self, username: &str, password: &str) -> bool {
+        matches!(
+            &self.shared.auth,
+            Some(AuthRequirement::Password { username: u, password: p })
+                if u == username && p == password
+        )
+    }
+
+    /// Answers 535 and counts the failure.
+    async fn credentials_invalid(&mut self) -> io::Result<ExchangeOver> {
+        self.shared.auth_failures.fetch_add(1, Ordering::SeqCst);
+        self.reply(535, "5.7.8 Authentication credentials invalid")
+            .await?;
+        Ok(ExchangeOver(Flow::Continue))
+    }
+
+    /// The client's next SASL response, decoded: the initial response if the
+    /// AUTH command carried one (`=` means empty), else the answer to a `334`
+    /// `challenge`. A cancel (`*`), undecodable base64 or an over-long line
+    /// ends the exchange with the RFC 4954 reply.
+    async fn client_response(
+        &mut self,
+        initial: Option<&str>,
+        challenge: &str,
+    ) -> io::Result<Result<Vec<u8>, ExchangeOver>> {
+        let encoded = match initial {
+            Some(initial) => initial.to_string(),
+            None => {
+                self.write_reply(format!("334 {challenge}\r\n").as_bytes())
+                    .await?;
+                match next_line(&mut self.reader, &mut self.line, MAX_AUTH_LINE).await? {
+                    LineRead::Eof => return Ok(Err(ExchangeOver(Flow::Close))),
+                    LineRead::TooLong => {
+                        self.reply(500, "5.5.6 Authentication exchange line is too long")
+                            .await?;
+                        return Ok(Err(ExchangeOver(Flow::Continue)));
+                    }
+                    LineRead::Complete => {
+                        String::from_utf8_lossy(strip_line_ending(&self.line)).into_owned()
+                    }
+                }
+            }
+        };
+        let encoded = encoded.trim();
+        if encoded == "*" {
+            self.reply(501, "5.7.0 Authentication cancelled").await?;
+            return Ok(Err(ExchangeOver(Flow::Continue)));
+        }
+        if encoded == "=" {
+            return Ok(Ok(Vec::new()));
+        }
+        match BASE64.decode(encoded) {
+            Ok(decoded) => Ok(Ok(decoded)),
+            Err(_) => {
+                self.reply(501, "5.5.2 Cannot decode response").await?;
+                Ok(Err(ExchangeOver(Flow::Continue)))
+            }
+        }
+    }
+}
+
+/// The `user=` and the bearer token of an XOAUTH2 initial response (fields
+/// separated by ^A); either is None if missing or malformed.
+fn parse_xoauth2(response: &str) -> (Option<String>, Option<String>) {
+    let mut user = None;
+    let mut token = None;
+    for field in response.split('\x01') {
+        if let Some(value) = field.strip_prefix("user=") {
+            user = Some(value.to_string());
+        } else if let Some(value) = field.strip_prefix("auth=") {
+            // The scheme is case-insensitive (RFC 6750 §2.1), the token is not.
+            token = value
+                .split_once(' ')
+                .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("Bearer"))
+                .map(|(_, token)| token.trim().to_string());
+        }
+    }
+    (user, token)
 }
 
 /// Reads the DATA lines up to the lone "." line, undoing dot-stuffing. Oversized
@@ -1237,11 +1786,596 @@ mod tests {
         client.expect_closed().await;
     }
 
+    // ---- AUTH ---------------------------------------------------------------------
+
+    const USER: &str = "relay-user";
+    const PASSWORD: &str = "s3cret pass";
+
+    fn b64(text: &str) -> String {
+        BASE64.encode(text)
+    }
+
+    async fn auth_sink(requirement: AuthRequirement) -> (SmtpSink, Client) {
+        let sink = SmtpSink::start_with(SinkOptions {
+            auth: Some(requirement),
+        })
+        .await
+        .expect("start sink");
+        let mut client = Client::connect(sink.addr()).await;
+        client.send(b"EHLO client.test\r\n").await;
+        let (code, lines) = client.read_reply().await;
+        assert_eq!(code, 250);
+        assert!(
+            lines.iter().any(|l| l == "AUTH PLAIN LOGIN XOAUTH2"),
+            "{lines:?}"
+        );
+        assert!(!lines.iter().any(|l| l.contains("STARTTLS")), "{lines:?}");
+        (sink, client)
+    }
+
+    fn xoauth2_response(user: &str, token: &str) -> String {
+        b64(&format!("user={user}\x01auth=Bearer {token}\x01\x01"))
+    }
+
+    #[tokio::test]
+    async fn auth_required_refuses_mail_until_plain_succeeds() {
+        let (sink, mut client) = auth_sink(AuthRequirement::password(USER, PASSWORD)).await;
+        client.send(b"MAIL FROM:<a@example.test>\r\n").await;
+        assert_eq!(
+            client.read_reply().await,
+            (530, vec!["5.7.0 Authentication required".to_string()])
+        );
+        let plain = b64(&format!("\0{USER}\0{PASSWORD}"));
+        client
+            .send(format!("AUTH PLAIN {plain}\r\n").as_bytes())
+            .await;
+        assert_eq!(
+            client.read_reply().await,
+            (235, vec!["2.7.0 Authentication successful".to_string()])
+        );
+        assert_eq!(client.command(&format!("AUTH PLAIN {plain}")).await, 503);
+        // Authentication survives RSET and a new EHLO.
+        assert_eq!(client.command("RSET").await, 250);
+        assert_eq!(client.command("EHLO client.test").await, 250);
+        assert_eq!(
+            client
+                .send_mail(
+                    "a@example.test",
+                    &["b@example.test"],
+                    "Subject: s\r\n\r\nx\r\n"
+                )
+                .await,
+            250
+        );
+        let messages = sink.messages();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].authenticated_as.as_deref(), Some(USER));
+        assert_eq!(sink.auth_failures(), 0);
+        assert_eq!(sink.refused_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn plain_with_wrong_credentials_gets_535_and_is_counted() {
+        let (sink, mut client) = auth_sink(AuthRequirement::password(USER, PASSWORD)).await;
+        let wrong = b64(&format!("\0{USER}\0not it"));
+        client
+            .send(format!("AUTH PLAIN {wrong}\r\n").as_bytes())
+            .await;
+        assert_eq!(
+            client.read_reply().await,
+            (
+                535,
+                vec!["5.7.8 Authentication credentials invalid".to_string()]
+            )
+        );
+        // An authzid naming someone else is refused even with the right password.
+        let other = b64(&format!("admin\0{USER}\0{PASSWORD}"));
+        assert_eq!(client.command(&format!("AUTH PLAIN {other}")).await, 535);
+        // Malformed (no NUL separators).
+        assert_eq!(
+            client.command(&format!("AUTH PLAIN {}", b64("junk"))).await,
+            535
+        );
+        assert_eq!(sink.auth_failures(), 3);
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 530);
+
+        // Without an initial response: empty challenge, then the response; an
+        // authzid equal to the user is fine.
+        client.send(b"AUTH PLAIN\r\n").await;
+        assert_eq!(client.read_reply().await, (334, vec![String::new()]));
+        let good = b64(&format!("{USER}\0{USER}\0{PASSWORD}"));
+        assert_eq!(client.command(&good).await, 235);
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 250);
+        assert_eq!(sink.auth_failures(), 3);
+    }
+
+    #[tokio::test]
+    async fn login_prompts_for_username_and_password() {
+        let (sink, mut client) = auth_sink(AuthRequirement::password(USER, PASSWORD)).await;
+        client.send(b"AUTH LOGIN\r\n").await;
+        let (code, lines) = client.read_reply().await;
+        assert_eq!(
+            (code, BASE64.decode(&lines[0]).expect("b64")),
+            (334, b"Username:".to_vec())
+        );
+        client.send(format!("{}\r\n", b64(USER)).as_bytes()).await;
+        let (code, lines) = client.read_reply().await;
+        assert_eq!(
+            (code, BASE64.decode(&lines[0]).expect("b64")),
+            (334, b"Password:".to_vec())
+        );
+        assert_eq!(client.command(&b64("wrong")).await, 535);
+        assert_eq!(sink.auth_failures(), 1);
+
+        // Username as initial response: only the password is prompted for.
+        assert_eq!(
+            client.command(&format!("AUTH LOGIN {}", b64(USER))).await,
+            334
+        );
+        assert_eq!(client.command(&b64(PASSWORD)).await, 235);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            250
+        );
+        assert_eq!(sink.messages()[0].authenticated_as.as_deref(), Some(USER));
+        assert_eq!(sink.auth_failures(), 1);
+    }
+
+    #[tokio::test]
+    async fn auth_protocol_errors_are_not_counted_as_failures() {
+        let sink = SmtpSink::start_with(SinkOptions {
+            auth: Some(AuthRequirement::password(USER, PASSWORD)),
+        })
+        .await
+        .expect("start sink");
+        let mut client = Client::connect(sink.addr()).await;
+        // AUTH needs EHLO (HELO is not enough).
+        assert_eq!(client.command("HELO client.test").await, 250);
+        assert_eq!(client.command("AUTH PLAIN =").await, 503);
+        assert_eq!(client.command("EHLO client.test").await, 250);
+        assert_eq!(client.command("AUTH CRAM-MD5").await, 504);
+        assert_eq!(client.command("AUTH").await, 504);
+        assert_eq!(client.command("AUTH PLAIN not!base64").await, 501);
+        assert_eq!(client.command("AUTH PLAIN a b").await, 501);
+        assert_eq!(client.command("AUTH LOGIN").await, 334);
+        client.send(b"*\r\n").await;
+        assert_eq!(
+            client.read_reply().await,
+            (501, vec!["5.7.0 Authentication cancelled".to_string()])
+        );
+        assert_eq!(sink.auth_failures(), 0);
+        // An over-long SASL line is refused without losing sync.
+        assert_eq!(client.command("AUTH PLAIN").await, 334);
+        assert_eq!(client.command(&"A".repeat(2 * MAX_AUTH_LINE)).await, 500);
+        assert_eq!(client.command("NOOP").await, 250);
+        // Still usable: a correct AUTH goes through.
+        let plain = b64(&format!("\0{USER}\0{PASSWORD}"));
+        assert_eq!(client.command(&format!("AUTH PLAIN {plain}")).await, 235);
+        assert_eq!(sink.auth_failures(), 0);
+    }
+
+    #[tokio::test]
+    async fn auth_is_unknown_when_not_required() {
+        let (sink, mut client) = sink_and_client().await;
+        assert_eq!(client.command("AUTH PLAIN =").await, 500);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            250
+        );
+        assert_eq!(sink.messages()[0].authenticated_as, None);
+    }
+
+    #[tokio::test]
+    async fn xoauth2_accepts_the_right_user_and_token_including_long_tokens() {
+        let token = format!("ya29.{}", "t".repeat(2500)); // JWT-sized, beyond MAX_COMMAND_LINE
+        let check = TokenCheck::fixed(token.clone());
+        let (sink, mut client) = auth_sink(AuthRequirement::xoauth2(USER, check)).await;
+        // PLAIN cannot satisfy an XOAUTH2 requirement.
+        let plain = b64(&format!("\0{USER}\0{token}"));
+        assert_eq!(client.command(&format!("AUTH PLAIN {plain}")).await, 535);
+        assert_eq!(sink.auth_failures(), 1);
+        client
+            .send(format!("AUTH XOAUTH2 {}\r\n", xoauth2_response(USER, &token)).as_bytes())
+            .await;
+        assert_eq!(
+            client.read_reply().await,
+            (235, vec!["2.7.0 Authentication successful".to_string()])
+        );
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            250
+        );
+        assert_eq!(sink.messages()[0].authenticated_as.as_deref(), Some(USER));
+        assert_eq!(sink.auth_failures(), 1);
+    }
+
+    #[tokio::test]
+    async fn xoauth2_bad_token_gets_gmail_style_error_challenge_then_535() {
+        let (sink, mut client) =
+            auth_sink(AuthRequirement::xoauth2(USER, TokenCheck::fixed("good"))).await;
+        client
+            .send(format!("AUTH XOAUTH2 {}\r\n", xoauth2_response(USER, "stale")).as_bytes())
+            .await;
+        let (code, lines) = client.read_reply().await;
+        assert_eq!(code, 334);
+        let error: serde_json::Value =
+            serde_json::from_slice(&BASE64.decode(&lines[0]).expect("b64")).expect("json");
+        assert_eq!(error["status"], "401");
+        assert_eq!(error["schemes"], "bearer");
+        // Counted as soon as the sink decided, before the client's empty line.
+        assert_eq!(sink.auth_failures(), 1);
+        client.send(b"\r\n").await;
+        assert_eq!(
+            client.read_reply().await,
+            (
+                535,
+                vec!["5.7.8 Authentication credentials invalid".to_string()]
+            )
+        );
+        // Right token, wrong user: same failure. Without an initial response the
+        // client first gets an empty challenge.
+        assert_eq!(client.command("AUTH XOAUTH2").await, 334);
+        assert_eq!(
+            client.command(&xoauth2_response("mallory", "good")).await,
+            334
+        );
+        assert_eq!(client.command("").await, 535);
+        assert_eq!(sink.auth_failures(), 2);
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 530);
+        // The session is still usable.
+        assert_eq!(
+            client
+                .command(&format!("AUTH XOAUTH2 {}", xoauth2_response(USER, "good")))
+                .await,
+            235
+        );
+        // A client that hangs up on the error challenge is counted too.
+        let mut quitter = Client::connect(sink.addr()).await;
+        assert_eq!(quitter.command("EHLO client.test").await, 250);
+        assert_eq!(
+            quitter
+                .command(&format!("AUTH XOAUTH2 {}", xoauth2_response(USER, "bad")))
+                .await,
+            334
+        );
+        drop(quitter);
+        assert_eq!(sink.auth_failures(), 3);
+    }
+
+    #[tokio::test]
+    async fn xoauth2_bad_token_can_get_535_at_once() {
+        let requirement = AuthRequirement::XOAuth2 {
+            username: USER.into(),
+            tokens: TokenCheck::from_fn(|token| token.starts_with("valid-")),
+            on_bad_token: BadTokenReply::Immediate,
+        };
+        let (sink, mut client) = auth_sink(requirement).await;
+        assert_eq!(
+            client
+                .command(&format!(
+                    "AUTH XOAUTH2 {}",
+                    xoauth2_response(USER, "expired")
+                ))
+                .await,
+            535
+        );
+        // Bearer scheme is case-insensitive.
+        let response = b64(&format!("user={USER}\x01auth=bearer valid-1\x01\x01"));
+        assert_eq!(
+            client.command(&format!("AUTH XOAUTH2 {response}")).await,
+            235
+        );
+        assert_eq!(sink.auth_failures(), 1);
+    }
+
+    #[test]
+    fn xoauth2_responses_are_parsed_field_by_field() {
+        assert_eq!(
+            parse_xoauth2("user=u@x\x01auth=Bearer t.k\x01\x01"),
+            (Some("u@x".into()), Some("t.k".into()))
+        );
+        assert_eq!(
+            parse_xoauth2("user=u\x01auth=Basic abc\x01\x01"),
+            (Some("u".into()), None)
+        );
+        assert_eq!(parse_xoauth2("garbage"), (None, None));
+        assert_eq!(parse_xoauth2(""), (None, None));
+    }
+
+    // ---- lettre against the sink ------------------------------------------------------
+
+    mod with_lettre {
+        use super::*;
+        use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+        use lettre::transport::smtp::client::{Tls, TlsParameters};
+        use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
+
+        fn transport(
+            sink: &SmtpSink,
+            credentials: (&str, &str),
+            mechanism: Mechanism,
+        ) -> AsyncSmtpTransport<Tokio1Executor> {
+            AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+                .port(sink.addr().port())
+                .timeout(Some(STEP))
+                .credentials(Credentials::new(credentials.0.into(), credentials.1.into()))
+                .authentication(vec![mechanism])
+                .build()
+        }
+
+        fn message() -> Message {
+            Message::builder()
+                .from("notifications@example.test".parse().expect("from"))
+                .to("ops@example.test".parse().expect("to"))
+                .subject("Tank 4")
+                .body(String::from("Level 97%"))
+                .expect("message")
+        }
+
+        #[tokio::test]
+        async fn lettre_authenticates_with_plain_and_login() {
+            for mechanism in [Mechanism::Plain, Mechanism::Login] {
+                let sink = SmtpSink::start_with(SinkOptions {
+                    auth: Some(AuthRequirement::password(USER, PASSWORD)),
+                })
+                .await
+                .expect("start sink");
+                transport(&sink, (USER, PASSWORD), mechanism)
+                    .send(message())
+                    .await
+                    .expect("send");
+                let messages = sink.messages();
+                assert_eq!(messages.len(), 1, "{mechanism}");
+                assert_eq!(messages[0].authenticated_as.as_deref(), Some(USER));
+
+                let error = transport(&sink, (USER, "wrong"), mechanism)
+                    .send(message())
+                    .await
+                    .expect_err("wrong password");
+                assert!(error.is_permanent(), "{mechanism}: {error}");
+                assert!(error.to_string().contains("5.7.8"), "{error}");
+                assert_eq!(sink.auth_failures(), 1);
+            }
+        }
+
+        #[tokio::test]
+        async fn lettre_xoauth2_succeeds_and_fails_as_documented() {
+            let sink = SmtpSink::start_with(SinkOptions {
+                auth: Some(AuthRequirement::xoauth2(USER, TokenCheck::fixed("tok-1"))),
+            })
+            .await
+            .expect("start sink");
+            transport(&sink, (USER, "tok-1"), Mechanism::Xoauth2)
+                .send(message())
+                .await
+                .expect("send");
+            assert_eq!(sink.messages()[0].authenticated_as.as_deref(), Some(USER));
+
+            // Gmail-style error challenge: lettre gives up with a client error.
+            let error = transport(&sink, (USER, "stale"), Mechanism::Xoauth2)
+                .send(message())
+                .await
+                .expect_err("stale token");
+            assert!(error.is_client(), "{error}");
+            assert_eq!(sink.auth_failures(), 1);
+            assert_eq!(sink.messages().len(), 1);
+        }
+
+        #[tokio::test]
+        async fn lettre_xoauth2_immediate_refusal_is_a_permanent_535() {
+            let sink = SmtpSink::start_with(SinkOptions {
+                auth: Some(AuthRequirement::XOAuth2 {
+                    username: USER.into(),
+                    tokens: TokenCheck::fixed("tok-1"),
+                    on_bad_token: BadTokenReply::Immediate,
+                }),
+            })
+            .await
+            .expect("start sink");
+            let error = transport(&sink, (USER, "stale"), Mechanism::Xoauth2)
+                .send(message())
+                .await
+                .expect_err("stale token");
+            assert!(error.is_permanent(), "{error}");
+            assert!(error.to_string().contains("535"), "{error}");
+            assert_eq!(sink.auth_failures(), 1);
+        }
+
+        #[tokio::test]
+        async fn lettre_without_credentials_gets_530() {
+            let sink = SmtpSink::start_with(SinkOptions {
+                auth: Some(AuthRequirement::password(USER, PASSWORD)),
+            })
+            .await
+            .expect("start sink");
+            let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+                .port(sink.addr().port())
+                .timeout(Some(STEP))
+                .build();
+            let error = transport.send(message()).await.expect_err("no credentials");
+            assert!(error.is_permanent(), "{error}");
+            assert!(error.to_string().contains("5.7.0"), "{error}");
+            assert!(sink.messages().is_empty());
+        }
+
+        #[tokio::test]
+        async fn lettre_requiring_starttls_fails_clearly() {
+            let sink = SmtpSink::start().await.expect("start sink");
+            let tls = TlsParameters::new("localhost".into()).expect("tls parameters");
+            let transport = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+                .port(sink.addr().port())
+                .timeout(Some(STEP))
+                .tls(Tls::Required(tls))
+                .build();
+            let error = transport.send(message()).await.expect_err("no STARTTLS");
+            assert!(error.to_string().contains("STARTTLS"), "{error}");
+            assert!(sink.messages().is_empty());
+        }
+    }
+
+    // ---- Sequenced faults and pacing ----------------------------------------------
+
+    #[tokio::test]
+    async fn counted_fault_applies_to_the_next_transactions_then_accepts() {
+        let (sink, mut client) = sink_and_client().await;
+        sink.set_behaviour_for(
+            2,
+            Behaviour::RejectMail {
+                code: 451,
+                text: "4.3.0 try later".into(),
+            },
+        );
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 451);
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 451);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            250
+        );
+        assert_eq!(sink.refused_count(), 2);
+        assert_eq!(sink.messages().len(), 1);
+
+        // A refused RCPT set is one transaction, however many recipients.
+        sink.set_behaviour_for(
+            1,
+            Behaviour::RejectRcpt {
+                code: 450,
+                text: "4.2.0 mailbox busy".into(),
+            },
+        );
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 250);
+        assert_eq!(client.command("RCPT TO:<b@example.test>").await, 450);
+        assert_eq!(client.command("RCPT TO:<c@example.test>").await, 450);
+        assert_eq!(client.command("RSET").await, 250);
+        assert_eq!(
+            client
+                .send_mail(
+                    "a@example.test",
+                    &["b@example.test", "c@example.test"],
+                    "y\r\n"
+                )
+                .await,
+            250
+        );
+        assert_eq!(sink.refused_count(), 3);
+
+        // Zero transactions means accept at once.
+        sink.set_behaviour_for(0, Behaviour::DropMidData);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "z\r\n")
+                .await,
+            250
+        );
+        assert_eq!(sink.messages().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn counted_data_faults_fire_once_each() {
+        let sink = SmtpSink::start().await.expect("start sink");
+        sink.set_behaviour_for(1, Behaviour::DropMidData);
+        let mut client = Client::connect(sink.addr()).await;
+        assert_eq!(client.command("EHLO client.test").await, 250);
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 250);
+        assert_eq!(client.command("RCPT TO:<b@example.test>").await, 250);
+        assert_eq!(client.command("DATA").await, 354);
+        client.send(b"Subject: lost\r\n").await;
+        client.expect_closed().await;
+
+        sink.set_behaviour_for(
+            1,
+            Behaviour::RejectData {
+                code: 451,
+                text: "4.3.0 queue full".into(),
+            },
+        );
+        let mut client = Client::connect(sink.addr()).await;
+        assert_eq!(client.command("EHLO client.test").await, 250);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            451
+        );
+        assert_eq!(
+            client
+                .send_mail(
+                    "a@example.test",
+                    &["b@example.test"],
+                    "Subject: k\r\n\r\nkept\r\n"
+                )
+                .await,
+            250
+        );
+        assert_eq!(sink.refused_count(), 2);
+        let messages = sink.messages();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(messages[0].body_text(), "kept");
+    }
+
+    #[tokio::test]
+    async fn paused_replies_hold_sessions_until_resumed() {
+        let sink = SmtpSink::start().await.expect("start sink");
+        sink.pause_replies();
+        let addr = sink.addr();
+        let clients: Vec<_> = (0..3)
+            .map(|_| tokio::spawn(async move { Client::connect(addr).await }))
+            .collect();
+        assert!(sink.wait_for_held_replies(3, STEP).await);
+        assert_eq!(sink.active_sessions(), 3);
+        assert_eq!(sink.held_replies(), 3);
+        sink.resume_replies();
+        for client in clients {
+            // Each one got its greeting (checked inside connect).
+            let mut client = client.await.expect("client task");
+            assert_eq!(client.command("NOOP").await, 250);
+        }
+        assert_eq!(sink.held_replies(), 0);
+        assert!(
+            !sink
+                .wait_for_held_replies(1, Duration::from_millis(10))
+                .await
+        );
+    }
+
+    #[tokio::test]
+    async fn stopping_the_sink_releases_held_sessions() {
+        let (sink, mut client) = sink_and_client().await;
+        sink.pause_replies();
+        client.send(b"NOOP\r\n").await;
+        assert!(sink.wait_for_held_replies(1, STEP).await);
+        sink.stop();
+        client.expect_closed().await;
+        assert_eq!(sink.held_replies(), 0);
+    }
+
+    #[tokio::test]
+    async fn reply_delay_slows_every_reply() {
+        let (sink, mut client) = sink_and_client().await;
+        let delay = Duration::from_millis(30);
+        sink.set_reply_delay(delay);
+        let started = tokio::time::Instant::now();
+        assert_eq!(client.command("NOOP").await, 250);
+        assert_eq!(client.command("NOOP").await, 250);
+        // A lower bound only: sleeping never ends early.
+        assert!(started.elapsed() >= 2 * delay);
+        sink.set_reply_delay(Duration::ZERO);
+        assert_eq!(client.command("NOOP").await, 250);
+    }
+
     fn mail(raw: &str) -> ReceivedMail {
         ReceivedMail {
             mail_from: "a@example.test".into(),
             rcpt_to: vec!["b@example.test".into()],
             raw: raw.into(),
+            authenticated_as: None,
         }
     }
 

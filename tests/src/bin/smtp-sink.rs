@@ -2,7 +2,9 @@
 //!
 //! Accepts every message on the given address and prints one block per message
 //! to stdout (flushed, so a pipe or log sees it at once) until SIGTERM or Ctrl-C,
-//! then exits 0. Messages are printed in arrival order, each exactly once.
+//! then exits 0. Messages are printed in arrival order, each exactly once. With
+//! `--auth-user` and `--auth-password` it requires AUTH PLAIN or LOGIN with those
+//! credentials, to try a relay configuration with a username and password.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -10,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use outbox_tests::smtp_sink::{ReceivedMail, SmtpSink};
+use outbox_tests::smtp_sink::{AuthRequirement, ReceivedMail, SinkOptions, SmtpSink};
 use tokio::net::TcpListener;
 
 /// Waiting for the next message is chunked only so the wait never has to be
@@ -26,6 +28,17 @@ struct Args {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:2525")]
     listen: SocketAddr,
+    /// Require AUTH PLAIN/LOGIN as this user (needs --auth-password).
+    #[arg(long, requires = "auth_password")]
+    auth_user: Option<String>,
+    /// The password --auth-user must give.
+    #[arg(
+        long,
+        env = "SMTP_SINK_AUTH_PASSWORD",
+        hide_env_values = true,
+        requires = "auth_user"
+    )]
+    auth_password: Option<String>,
 }
 
 #[tokio::main]
@@ -39,7 +52,12 @@ async fn main() -> anyhow::Result<()> {
     let listener = TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("binding {}", args.listen))?;
-    let sink = SmtpSink::serve(listener);
+    let auth = match (args.auth_user, args.auth_password) {
+        (Some(username), Some(password)) => Some(AuthRequirement::password(username, password)),
+        // clap's `requires` makes a lone half an argument error.
+        _ => None,
+    };
+    let sink = SmtpSink::serve_with(listener, SinkOptions { auth });
     let mut out = std::io::stdout();
     writeln!(out, "smtp-sink listening on {}", sink.addr())?;
     out.flush()?;
@@ -66,6 +84,9 @@ fn print_mail(out: &mut impl Write, number: usize, mail: &ReceivedMail) -> std::
         mail.mail_from,
         mail.rcpt_to.join(", ")
     )?;
+    if let Some(user) = &mail.authenticated_as {
+        writeln!(out, "Authenticated-As: {user}")?;
+    }
     writeln!(
         out,
         "Subject: {}",
