@@ -174,14 +174,8 @@ async fn serve<S: OutboxStore>(
             .set_service_status(name, ServingStatus::Serving)
             .await;
     }
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    let reflection_v1 = outbox_proto::reflection(&SERVICE_NAMES).build_v1()?;
+    let reflection_v1alpha = outbox_proto::reflection(&SERVICE_NAMES).build_v1alpha()?;
 
     let streams_stop = CancellationToken::new();
     let ingest = IngestService::new(

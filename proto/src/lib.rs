@@ -18,3 +18,21 @@ pub mod v1 {
 /// Encoded `FileDescriptorSet` of the contract, for tonic-reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] =
     include_bytes!(concat!(env!("OUT_DIR"), "/outbox_descriptor.bin"));
+
+/// Server reflection (for `grpcurl list` and friends) that advertises exactly `services`, plus
+/// the health and reflection services. Both servers register the whole contract's descriptors,
+/// so without the explicit list central would advertise the site's `SiteNotify` and vice versa.
+pub fn reflection(services: &[&str]) -> tonic_reflection::server::Builder<'static> {
+    let builder = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    services
+        .iter()
+        .copied()
+        .chain([
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ])
+        .fold(builder, |builder, name| builder.with_service_name(name))
+}

@@ -205,9 +205,7 @@ pub async fn run(
     Ok(())
 }
 
-/// Reflection over the outbox contract and the health service, so `grpcurl list` works.
+/// Reflection over the site's own API and the health service, so `grpcurl list` works.
 fn reflection() -> tonic_reflection::server::Builder<'static> {
-    tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(outbox_proto::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    outbox_proto::reflection(&["outbox.v1.SiteNotify"])
 }

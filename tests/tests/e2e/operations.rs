@@ -265,6 +265,10 @@ async fn grpcurl_lists_the_services_and_drives_the_admin_api() {
     ] {
         assert!(services.contains(&service), "{service} not in {services:?}");
     }
+    assert!(
+        !services.contains(&"outbox.v1.SiteNotify"),
+        "central must not advertise the site's API: {services:?}"
+    );
 
     // grpcurl prints proto3 JSON: lowerCamelCase names, enum names, 64-bit integers as strings.
     let parked = grpcurl(&[
