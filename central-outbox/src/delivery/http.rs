@@ -183,7 +183,7 @@ fn build_request(
 /// connection instead of draining an arbitrarily large response.
 async fn read_prefix<B>(mut body: B, limit: usize) -> Result<Vec<u8>, HttpError>
 where
-    B: http_body_util::BodyExt + Unpin,
+    B: BodyExt<Data = Bytes> + Unpin,
     B::Error: std::error::Error,
 {
     let mut kept = Vec::new();
@@ -285,6 +285,30 @@ mod tests {
         let err = post(url).await;
         assert!(matches!(err, HttpError::Connect(_)), "{err:?}");
         assert!(!err.to_string().contains("token=abc"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn https_goes_through_tls_and_a_failed_handshake_is_a_connect_error() {
+        // A server that answers the TLS ClientHello with plain HTTP.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let _ = socket.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+            }
+        });
+        let err = HttpClient::new()
+            .unwrap()
+            .post(
+                &format!("https://127.0.0.1:{port}/hook"),
+                &[],
+                Vec::new(),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_err();
+        assert!(matches!(err, HttpError::Connect(_)), "{err:?}");
     }
 
     #[tokio::test]

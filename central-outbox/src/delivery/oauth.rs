@@ -161,11 +161,16 @@ impl TokenCache {
         timeout: Duration,
     ) -> Result<CachedToken, DeliveryError> {
         let shown = shown_url(&creds.token_url);
-        let mut form = url::form_urlencoded::Serializer::new(String::new());
-        form.append_pair("grant_type", "client_credentials");
-        if !creds.scope.trim().is_empty() {
-            form.append_pair("scope", creds.scope.trim());
-        }
+        // Finished before any await: the serializer is not `Send`, and the dispatcher runs
+        // deliveries on other threads.
+        let form = {
+            let mut form = url::form_urlencoded::Serializer::new(String::new());
+            form.append_pair("grant_type", "client_credentials");
+            if !creds.scope.trim().is_empty() {
+                form.append_pair("scope", creds.scope.trim());
+            }
+            form.finish()
+        };
         let headers = [
             (
                 "Content-Type",
@@ -184,7 +189,7 @@ impl TokenCache {
             .post_limited(
                 &creds.token_url,
                 &headers,
-                form.finish().into_bytes(),
+                form.into_bytes(),
                 timeout,
                 TOKEN_RESPONSE_LIMIT,
             )
@@ -231,7 +236,8 @@ fn parse_token(body: &str, sent_at: Instant, shown: &str) -> Result<CachedToken,
             "OAuth2 token response from {shown} is unusable: {why}"
         ))
     };
-    // serde_json's message names the position, never the input, so the token cannot leak.
+    // serde_json's messages quote at most a mistyped scalar (never a string that fits its
+    // field), so a string access_token cannot end up in the error.
     let response: TokenResponse =
         serde_json::from_str(body).map_err(|e| unusable(&format!("not the expected JSON: {e}")))?;
     if response.access_token.is_empty() {
@@ -524,6 +530,14 @@ mod tests {
                 .is_err()
         );
         assert_eq!(endpoint.fetches.load(Ordering::SeqCst), 2);
+    }
+
+    #[test]
+    fn the_token_future_can_run_on_another_thread() {
+        fn assert_send<T: Send>(_: &T) {}
+        let cache = TokenCache::new(HttpClient::new().unwrap());
+        let creds = creds("http://127.0.0.1:9/token", "good-client");
+        assert_send(&cache.token(&creds, TIMEOUT));
     }
 
     #[tokio::test]

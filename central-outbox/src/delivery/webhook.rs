@@ -768,6 +768,21 @@ mod tests {
     }
 
     #[test]
+    fn the_delivery_future_can_run_on_another_thread() {
+        fn assert_send<T: Send>(_: &T) {}
+        let adapter = WebhookAdapter::new(HttpClient::new().unwrap());
+        let (content, provenance) = (content(""), provenance());
+        let outgoing = Outgoing {
+            id: NotificationId::generate(),
+            content: &content,
+            provenance: &provenance,
+        };
+        let target = target("http://127.0.0.1:9", &["/x"], WebhookFormat::Generic);
+        let settings = settings(Duration::from_secs(1));
+        assert_send(&adapter.deliver(&settings, &outgoing, &target));
+    }
+
+    #[test]
     fn retry_after_accepts_seconds_and_all_http_date_formats() {
         let now = DateTime::parse_from_rfc3339("1994-11-06T08:49:00Z")
             .unwrap()
