@@ -687,6 +687,7 @@ mod tests {
         assert_eq!(example.purge.interval, defaults.purge.interval);
         assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
+        assert_eq!(example.webhook, defaults.webhook);
     }
 
     #[test]
@@ -703,5 +704,56 @@ mod tests {
         );
         let err = from_toml("metrics_listen = 'nowhere'").unwrap_err();
         assert!(format!("{err:#}").contains("metrics_listen"), "{err:#}");
+    }
+
+    #[test]
+    fn channels_lists_and_auth_are_checked() {
+        let smtp = "[smtp]\nhost = 'relay.test'\nfrom_address = 'o@x.test'\n";
+        let settings = from_toml(&format!(
+            "{smtp}username = 'o@x.test'\n[smtp.oauth]\ntoken_url = 'https://login.test/t'\n\
+             client_id = 'c'\nclient_secret = 's'\n"
+        ))
+        .unwrap();
+        assert_eq!(settings.smtp.unwrap().auth.mechanism(), "xoauth2");
+        let err = from_toml(&format!("{smtp}backoff = 'linear'")).unwrap_err();
+        assert!(err.to_string().starts_with("smtp.backoff"), "{err}");
+        let err = from_toml(&format!("{smtp}rate_limit_burst = 3")).unwrap_err();
+        assert!(
+            err.to_string().starts_with("smtp.rate_limit_burst"),
+            "{err}"
+        );
+        let err = from_toml(&format!("{smtp}username = 'u'")).unwrap_err();
+        assert!(err.to_string().starts_with("smtp.username"), "{err}");
+        let settings = from_toml(&format!("{smtp}rate_limit_per_second = 2.5")).unwrap();
+        let limit = settings.smtp.unwrap().policy.rate_limit.unwrap();
+        assert_eq!((limit.per_second, limit.burst), (2.5, 3));
+
+        let hooks = "[[lists]]\nname = 'hooks'\ntype = 'webhook'\n";
+        let settings = from_toml(&format!(
+            "{hooks}endpoints = ['https://h.test/a']\nwebhook_format = 'slack'"
+        ))
+        .unwrap();
+        assert_eq!(settings.lists[0].kind(), NotificationType::Webhook);
+        let err = from_toml(&format!("{hooks}endpoints = ['http://h.test/a']")).unwrap_err();
+        assert!(err.to_string().starts_with("lists[0].endpoints"), "{err}");
+        let err = from_toml(&format!(
+            "{hooks}endpoints = ['https://h.test/a']\nwebhook_format = 'x'"
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string().starts_with("lists[0].webhook_format"),
+            "{err}"
+        );
+        let err = from_toml("[webhook]\nmax_concurrent_connections = 0").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("webhook.max_concurrent_connections"),
+            "{err}"
+        );
+        let err = from_toml("[dispatcher]\nlease_ttl = '10s'\nrenew_interval = '6s'").unwrap_err();
+        assert!(
+            err.to_string().starts_with("dispatcher.renew_interval"),
+            "{err}"
+        );
     }
 }

@@ -181,15 +181,24 @@ fn build_message(
         .map_err(|e| DeliveryError::permanent(format!("cannot build the message: {e}")))
 }
 
-/// Maps a lettre SMTP error to what happens next. Only reply codes decide permanence; anything
-/// without a reply (connect refused, TLS, I/O, timeout) may succeed later.
+/// Maps a lettre SMTP error to what happens next (DESIGN §5): a 5xx reply is permanent; a 4xx
+/// reply, connect, TLS, I/O and timeout errors may succeed later. A client-side refusal (the
+/// server lacks something the settings require, such as STARTTLS or an auth mechanism) is a
+/// configuration problem that no retry fixes, so it is permanent too.
 fn classify(e: &smtp::Error, settings: &SmtpSettings) -> DeliveryError {
     let message = scrub(describe(e), settings);
-    if e.is_permanent() {
+    if e.is_permanent() || e.is_client() {
         DeliveryError::Permanent(message)
     } else {
         DeliveryError::Transient(message)
     }
+}
+
+/// Whether the error is the server refusing our credentials (535, or a client-side failure while
+/// authenticating, as when an XOAUTH2 token draws an error challenge).
+pub fn is_auth_failure(e: &DeliveryError) -> bool {
+    let text = e.message();
+    text.contains("535") || text.contains("challenge") || text.contains("authentication")
 }
 
 /// Removes anything secret from an error text: a server may echo what it was sent (an AUTH
