@@ -81,6 +81,10 @@ pub struct DispatcherConfig {
     pub renew_interval: Option<Duration>,
     #[serde(with = "humantime_serde")]
     pub claim_timeout: Duration,
+    /// Sweep on events (ingest here, finished deliveries) and not only on the poll timer.
+    pub wake_on_events: bool,
+    /// Rows claimed per sweep and channel; unset: the free delivery slots.
+    pub claim_batch: Option<usize>,
 }
 
 impl Default for DispatcherConfig {
@@ -89,6 +93,8 @@ impl Default for DispatcherConfig {
             poll_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(15),
             renew_interval: None,
+            wake_on_events: true,
+            claim_batch: None,
             claim_timeout: Duration::from_secs(120),
         }
     }
@@ -409,6 +415,9 @@ impl Config {
         if renew_interval.is_zero() || renew_interval * 2 > d.lease_ttl {
             bail!("dispatcher.renew_interval: must be positive and at most half of lease_ttl");
         }
+        if d.claim_batch == Some(0) || d.claim_batch.is_some_and(|n| n > 10_000) {
+            bail!("dispatcher.claim_batch: must be between 1 and 10000");
+        }
         if d.claim_timeout < Duration::from_secs(2) {
             bail!("dispatcher.claim_timeout: must be at least 2s");
         }
@@ -452,6 +461,8 @@ impl Config {
                 lease_ttl: d.lease_ttl,
                 renew_interval,
                 claim_timeout: d.claim_timeout,
+                wake_on_events: d.wake_on_events,
+                claim_batch: d.claim_batch,
                 drain_timeout: self.shutdown_timeout,
             },
             smtp,

@@ -15,6 +15,7 @@
 //! deliveries get `drain_timeout`, and the lease is released so a successor takes over at once;
 //! rows still claimed become due again when their claim expires.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -50,6 +51,14 @@ pub struct DispatcherSettings {
     pub claim_timeout: Duration,
     /// How long in-flight deliveries may run after shutdown begins.
     pub drain_timeout: Duration,
+    /// Sweep when something happens (a new row ingested here, a delivery finished) as well as on
+    /// the poll timer. `false` reproduces the timer-only loop of the system this replaces (for
+    /// comparison benchmarks); it adds up to a poll interval of latency.
+    pub wake_on_events: bool,
+    /// Rows claimed per sweep and channel. `None` (the default): exactly the free delivery
+    /// slots, so nothing waits claimed but unstarted. `Some(n)`: up to n, queued locally and
+    /// started as slots free up.
+    pub claim_batch: Option<usize>,
 }
 
 /// What one sweep did.
@@ -64,11 +73,14 @@ pub enum SweepOutcome {
 /// The channels, in the order a sweep serves them.
 const CHANNELS: [NotificationType; 2] = [NotificationType::Email, NotificationType::Webhook];
 
-/// One channel's share of the dispatcher: its busy slots and its rate limit.
+/// One channel's share of the dispatcher: its busy slots, its rate limit, rows claimed but not
+/// yet started, and the settings of the last sweep (which those rows are delivered with).
 #[derive(Debug, Default)]
 struct ChannelState {
     in_flight: usize,
     bucket: Option<TokenBucket>,
+    queue: VecDeque<(ClaimedNotification, Instant)>,
+    settings: Option<ChannelSettings>,
 }
 
 /// A channel's settings as one sweep read them; each attempt keeps the snapshot it started with.
@@ -181,9 +193,19 @@ impl<S: OutboxStore> Dispatcher<S> {
                     while let Some(finished) = self.in_flight.try_join_next() {
                         self.finished(finished);
                     }
+                    if !self.settings.wake_on_events {
+                        // Timer-only mode: carry on with what the last sweep claimed.
+                        self.start_all_queued();
+                        continue;
+                    }
                 }
-                () = self.wake.notified() => {}
-                () = sleep_until(throttled_until), if throttled_until.is_some() => {}
+                () = self.wake.notified(), if self.settings.wake_on_events => {}
+                () = sleep_until(throttled_until), if throttled_until.is_some() => {
+                    if !self.settings.wake_on_events {
+                        self.start_all_queued();
+                        continue;
+                    }
+                }
                 _ = poll.tick() => {}
             }
             if let Err(e) = self.dispatch_once().await {
@@ -286,6 +308,8 @@ impl<S: OutboxStore> Dispatcher<S> {
         }
         for state in &mut self.channels {
             state.in_flight = 0;
+            // Claimed but never started: due again when their claims expire.
+            state.queue.clear();
         }
     }
 
@@ -340,48 +364,108 @@ impl<S: OutboxStore> Dispatcher<S> {
             (Some(limit), Some(bucket)) if bucket.limit() == limit => {}
             (Some(limit), _) => state.bucket = Some(TokenBucket::new(limit, now)),
         }
+        state.settings = Some(channel);
+        let mut started = self.start_queued(kind);
+        let state = &mut self.channels[channel_index(kind)];
         let slots = policy.max_concurrent_connections.max(1) as usize;
-        let mut free = slots.saturating_sub(state.in_flight);
-        if free == 0 {
-            return Ok(0);
+        let free = slots.saturating_sub(state.in_flight);
+        if !state.queue.is_empty() || free == 0 {
+            return Ok(started);
         }
-        if let Some(bucket) = state.bucket.as_mut() {
-            free = free.min(bucket.available(now));
-            if free == 0 {
-                let ready = tokio::time::Instant::now() + bucket.wait_for_one(now);
-                self.throttled_until = Some(self.throttled_until.map_or(ready, |t| t.min(ready)));
-                return Ok(0);
-            }
+        let tokens = state
+            .bucket
+            .as_mut()
+            .map_or(usize::MAX, |b| b.available(now));
+        if tokens == 0 {
+            // start_queued found nothing to start, so note when a token comes.
+            self.note_throttle(kind, now);
+            return Ok(started);
         }
+        let want = self
+            .settings
+            .claim_batch
+            .unwrap_or_else(|| free.min(tokens));
         let claimed = self
             .store
             .claim_due(
                 DISPATCHER_LEASE,
                 epoch,
                 kind,
-                free,
+                want,
                 self.settings.claim_timeout,
             )
             .await?;
-        let state = &mut self.channels[channel_index(kind)];
-        if let Some(bucket) = state.bucket.as_mut() {
-            bucket.take(claimed.len(), now);
+        let claimed_at = Instant::now();
+        self.channels[channel_index(kind)]
+            .queue
+            .extend(claimed.into_iter().map(|n| (n, claimed_at)));
+        started += self.start_queued(kind);
+        Ok(started)
+    }
+
+    fn start_all_queued(&mut self) {
+        for kind in CHANNELS {
+            self.start_queued(kind);
         }
-        state.in_flight += claimed.len();
-        let started = claimed.len();
+    }
+
+    /// Starts queued rows of one channel while it has a free slot and a rate-limit token.
+    fn start_queued(&mut self, kind: NotificationType) -> usize {
+        let index = channel_index(kind);
+        let Some(channel) = self.channels[index].settings.clone() else {
+            return 0;
+        };
+        let policy = channel.policy();
         let (retry, _) = policy.retry_policy();
-        for notification in claimed {
+        let slots = policy.max_concurrent_connections.max(1) as usize;
+        let timeout = self.attempt_timeout(&channel);
+        // A row waiting longer than this could not finish before its claim runs out.
+        let stale_after = self.settings.claim_timeout / 2;
+        let mut started = 0;
+        loop {
+            let now = Instant::now();
+            let state = &mut self.channels[index];
+            if state.in_flight >= slots || state.queue.is_empty() {
+                break;
+            }
+            if let Some(bucket) = state.bucket.as_mut() {
+                if bucket.available(now) == 0 {
+                    self.note_throttle(kind, now);
+                    break;
+                }
+                bucket.take(1, now);
+            }
+            let Some((notification, claimed_at)) = state.queue.pop_front() else {
+                break;
+            };
+            if now.duration_since(claimed_at) > stale_after {
+                tracing::warn!(
+                    id = %notification.id,
+                    "claimed row waited too long to start; it is retried after its claim expires"
+                );
+                continue;
+            }
+            state.in_flight += 1;
+            started += 1;
             let attempt = Attempt {
                 store: Arc::clone(&self.store),
                 metrics: Arc::clone(&self.metrics),
                 adapters: Arc::clone(&self.adapters),
                 channel: channel.clone(),
                 retry,
-                timeout: self.attempt_timeout(&channel),
+                timeout,
             };
             self.in_flight.spawn(attempt.run(notification));
         }
-        Ok(started)
+        started
+    }
+
+    /// Remembers when the channel's next rate-limit token arrives, to sweep again then.
+    fn note_throttle(&mut self, kind: NotificationType, now: Instant) {
+        if let Some(bucket) = self.channels[channel_index(kind)].bucket.as_mut() {
+            let ready = tokio::time::Instant::now() + bucket.wait_for_one(now);
+            self.throttled_until = Some(self.throttled_until.map_or(ready, |t| t.min(ready)));
+        }
     }
 
     /// An attempt may not outlive its claim, or a successor could deliver it concurrently; and

@@ -206,3 +206,37 @@ async fn connection_dropped_mid_data_is_retried() {
     wait_for_status(&central.db, &id, "Delivered").await;
     central.stop().await;
 }
+
+#[tokio::test]
+async fn timer_only_sweeps_with_a_claim_batch_deliver_every_row_one_at_a_time() {
+    // The system this replaces: sweep only on the poll timer, claim a batch, deliver it one at a
+    // time. The benchmark compares against this mode; it must still deliver everything once.
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.dispatcher.wake_on_events = false;
+    config.dispatcher.claim_batch = Some(4);
+    if let Some(smtp) = config.smtp.as_mut() {
+        smtp.max_concurrent_connections = 1;
+    }
+    let central = Central::start(config).await;
+    let mut ingest = central.ingest().await;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        let msg = submit(&format!("Batch {i}"), "body");
+        ids.push(msg.notification_id.clone());
+        ingest.submit_notification(msg).await.unwrap();
+    }
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    let mails = sink.wait_for_messages(10, DEADLINE).await;
+    assert_eq!(mails.len(), 10, "each row delivered exactly once");
+    assert_eq!(sink.max_concurrent_sessions(), 1, "one delivery at a time");
+    let db = Db::open(&central.db);
+    assert_eq!(
+        db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'"),
+        0
+    );
+    central.stop().await;
+}
