@@ -9,6 +9,7 @@
 mod harness;
 
 mod admin;
+mod channels;
 mod crash;
 mod delivery;
 mod forwarding;
