@@ -47,6 +47,9 @@ pub struct Config {
     pub retention: RetentionConfig,
     #[serde(with = "humantime_serde")]
     pub shutdown_timeout: Duration,
+    /// How often the store is probed for the health service.
+    #[serde(with = "humantime_serde")]
+    pub health_check_interval: Duration,
     pub log: LogConfig,
 }
 
@@ -64,6 +67,7 @@ impl Default for Config {
             kpis: KpiConfig::default(),
             retention: RetentionConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
+            health_check_interval: Duration::from_secs(5),
             log: LogConfig::default(),
         }
     }
@@ -382,6 +386,7 @@ pub struct Settings {
     pub kpis: KpiSettings,
     pub purge: PurgeSettings,
     pub shutdown_timeout: Duration,
+    pub health_check_interval: Duration,
 }
 
 impl Config {
@@ -426,6 +431,9 @@ impl Config {
             Some(id) => id.clone(),
             None => format!("central-{}", uuid::Uuid::new_v4().simple()),
         };
+        if self.health_check_interval < Duration::from_millis(100) {
+            bail!("health_check_interval: must be at least 100ms");
+        }
         let k = &self.kpis;
         if k.stuck_age_threshold.is_zero() {
             bail!("kpis.stuck_age_threshold: must be positive");
@@ -478,6 +486,7 @@ impl Config {
                 batch_size: r.purge_batch_size,
             },
             shutdown_timeout: self.shutdown_timeout,
+            health_check_interval: self.health_check_interval,
         })
     }
 }

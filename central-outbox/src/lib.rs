@@ -11,6 +11,7 @@ pub mod delivery;
 pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
+pub mod health;
 pub mod metrics;
 pub mod purge;
 pub mod store;
@@ -25,7 +26,6 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
-use tonic_health::ServingStatus;
 
 use crate::config::{DatabaseUrl, Settings};
 use crate::delivery::Adapters;
@@ -33,6 +33,7 @@ use crate::dispatcher::Dispatcher;
 use crate::domain::kpi::KpiSettings;
 use crate::grpc::admin::OutboxService;
 use crate::grpc::ingest::IngestService;
+use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{OutboxStore, StoreError};
@@ -168,12 +169,15 @@ async fn serve<S: OutboxStore>(
         )
     });
 
-    let (health, health_service) = tonic_health::server::health_reporter();
-    for name in std::iter::once("").chain(SERVICE_NAMES) {
-        health
-            .set_service_status(name, ServingStatus::Serving)
-            .await;
-    }
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    let health = Health::new(reporter, &SERVICE_NAMES);
+    health.store_ok(true).await;
+    let health_task = tokio::spawn(health::watch_store(
+        Arc::clone(&store),
+        health.clone(),
+        settings.health_check_interval,
+        shutdown.clone(),
+    ));
     let reflection_v1 = outbox_proto::reflection(&SERVICE_NAMES).build_v1()?;
     let reflection_v1alpha = outbox_proto::reflection(&SERVICE_NAMES).build_v1alpha()?;
 
@@ -204,11 +208,7 @@ async fn serve<S: OutboxStore>(
             async move {
                 shutdown.cancelled().await;
                 tracing::info!("shutting down: health NOT_SERVING, closing streams");
-                for name in std::iter::once("").chain(SERVICE_NAMES) {
-                    health
-                        .set_service_status(name, ServingStatus::NotServing)
-                        .await;
-                }
+                health.begin_shutdown().await;
                 // Long-lived submit streams would hold the server open forever: end them.
                 streams_stop.cancel();
             }
@@ -228,6 +228,9 @@ async fn serve<S: OutboxStore>(
     dispatcher_stop.cancel();
     if let Err(e) = dispatcher_task.await {
         tracing::error!(error = %e, "dispatcher task failed");
+    }
+    if let Err(e) = health_task.await {
+        tracing::error!(error = %e, "health task failed");
     }
     if let Err(e) = purge_task.await {
         tracing::error!(error = %e, "purge task failed");

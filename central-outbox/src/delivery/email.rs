@@ -195,7 +195,9 @@ fn classify(e: &smtp::Error, settings: &SmtpSettings) -> DeliveryError {
 }
 
 /// Whether the error is the server refusing our credentials (535, or a client-side failure while
-/// authenticating, as when an XOAUTH2 token draws an error challenge).
+/// authenticating, as when an XOAUTH2 token draws an error challenge). lettre does not say which
+/// phase of the session failed, so this reads the reply code and lettre's wording; the e2e tests
+/// pin both cases (a refused token is retried with a fresh one), so a change in lettre shows.
 pub fn is_auth_failure(e: &DeliveryError) -> bool {
     let text = e.message();
     text.contains("535") || text.contains("challenge") || text.contains("authentication")

@@ -70,7 +70,11 @@ impl Adapters {
             // A refused token is normally a revoked or rotated one; a fresh token fixes it, so
             // this attempt counts as transient. A server that refuses every token still parks
             // the notification once retries run out.
-            return Err(DeliveryError::transient(e.message()));
+            return Err(DeliveryError::transient(format!(
+                "the SMTP server refused the XOAUTH2 access token; a new one is fetched for the \
+                 next attempt ({})",
+                e.message()
+            )));
         }
         result
     }

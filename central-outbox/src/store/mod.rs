@@ -180,6 +180,9 @@ pub struct AttemptRecord {
 
 /// The central store. Methods return `Send` futures so the services can run them on any worker.
 pub trait OutboxStore: Send + Sync + 'static {
+    /// Succeeds if the store can take a write now (an empty transaction): the health probe.
+    fn ping(&self) -> impl Future<Output = Result<()>> + Send;
+
     /// Idempotently inserts each notification; one outcome per input, in order. Returns only
     /// after the accepted rows are committed.
     fn submit(

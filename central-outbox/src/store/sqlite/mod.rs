@@ -67,6 +67,11 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
 }
 
 impl OutboxStore for SqliteStore {
+    async fn ping(&self) -> Result<()> {
+        // Through the writer: a wedged writer thread or a read-only file fails the probe.
+        self.db.write(|_| Ok(())).await
+    }
+
     async fn submit(&self, batch: Vec<NewNotification>) -> Result<Vec<InsertOutcome>> {
         self.db
             .write(move |conn| insert_idempotently(conn, &batch, Utc::now()))
