@@ -13,7 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
+use outbox_proto::v1;
+use outbox_tests::oauth_server::OAuthServer;
+use outbox_tests::smtp_sink::{AuthRequirement, Behaviour, SinkOptions, SmtpSink};
+use outbox_tests::webhook_server::WebhookServer;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
@@ -111,6 +114,8 @@ async fn run(program: &Path, args: &[&str], env: &[(&str, &str)], stdin: Option<
         // Nothing from the developer's shell may steer the command under test.
         .env_remove("OUTBOX_ADDR")
         .env_remove("OUTBOX_SMTP_PASSWORD")
+        .env_remove("OUTBOX_SMTP_OAUTH_CLIENT_SECRET")
+        .env_remove("OUTBOX_WEBHOOK_SECRET")
         .env("USER", OPERATOR)
         .envs(env.iter().copied())
         .stdin(if stdin.is_some() {
@@ -124,7 +129,11 @@ async fn run(program: &Path, args: &[&str], env: &[(&str, &str)], stdin: Option<
     let mut child = command.spawn().unwrap_or_else(|e| panic!("{what}: {e}"));
     if let Some(input) = stdin {
         let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(input.as_bytes()).await.unwrap();
+        // A command refused before it reads stdin may already be gone: that is its answer.
+        match pipe.write_all(input.as_bytes()).await {
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            written => written.unwrap(),
+        }
         drop(pipe);
     }
     let output = tokio::time::timeout(DEADLINE, child.wait_with_output())
@@ -181,6 +190,23 @@ async fn send(central: &Central, site: &str, list: &str, subject: &str) -> Strin
     let mut msg = submit(subject, "Level 97% at 10:42.");
     msg.source_site_id = site.into();
     msg.list_name = list.into();
+    let id = msg.notification_id.clone();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
+    id
+}
+
+/// Submits one webhook notification to `list`, as a site would; returns its id.
+async fn send_webhook(central: &Central, list: &str, subject: &str) -> String {
+    let msg = v1::NotificationSubmit {
+        r#type: v1::NotificationType::Webhook.into(),
+        list_name: list.into(),
+        ..submit(subject, "Level 97% at 10:42.")
+    };
     let id = msg.notification_id.clone();
     central
         .ingest()
@@ -993,5 +1019,300 @@ async fn outboxctl_manages_lists_and_smtp_without_revealing_the_password() {
     assert_eq!(deleted["deleted"], true);
     let gone = outboxctl(addr, &["smtp", "show"]).await;
     assert!(gone.error_line(1).ends_with("(NOT_FOUND)"));
+    central.stop().await;
+}
+
+/// Asserts that neither stdout nor stderr of `run` contains `secret`.
+fn assert_not_printed(run: &Run, secret: &str) {
+    assert!(
+        !run.stdout.contains(secret) && !run.stderr.contains(secret),
+        "{} printed a secret:\n{}{}",
+        run.what,
+        run.stdout,
+        run.stderr
+    );
+}
+
+#[tokio::test]
+async fn outboxctl_sets_webhook_lists_and_xoauth2_smtp_without_revealing_secrets() {
+    const HOOK_SECRET: &str = "hook-Signing-Key-0123456789";
+    const SMTP_USER: &str = "outbox@plant.example.test";
+    const OAUTH_CLIENT: &str = "outbox-client";
+    const OAUTH_SECRET: &str = "oauth-Client-Secret-42";
+    let dir = tempfile::tempdir().unwrap();
+    let oauth = OAuthServer::start(OAUTH_CLIENT, OAUTH_SECRET, 3600)
+        .await
+        .unwrap();
+    // The relay takes only XOAUTH2 with a token the OAuth server issued: mail gets through only
+    // once outboxctl has configured the client and its secret correctly.
+    let sink = SmtpSink::start_with(SinkOptions {
+        auth: Some(AuthRequirement::xoauth2(SMTP_USER, oauth.token_check())),
+    })
+    .await
+    .unwrap();
+    let hooks = WebhookServer::start().await.unwrap();
+    let central = start_central(dir.path(), &sink).await;
+    let addr = central.addr;
+    let endpoint = hooks.url("/alarms");
+
+    // A webhook list, its signing secret on stdin.
+    let set_list = outboxctl_with(
+        addr,
+        &[
+            "--json",
+            "lists",
+            "set",
+            "alarms-hook",
+            "--type",
+            "webhook",
+            "--endpoint",
+            &endpoint,
+            "--webhook-format",
+            "slack",
+            "--webhook-secret-stdin",
+        ],
+        &[],
+        Some(&format!("{HOOK_SECRET}\n")),
+    )
+    .await;
+    let stored = set_list.json();
+    assert_not_printed(&set_list, HOOK_SECRET);
+    assert_eq!(stored["type"], "webhook");
+    assert_eq!(strings(&stored["endpoints"]), [endpoint.as_str()]);
+    assert_eq!(stored["recipients"], serde_json::json!([]));
+    assert_eq!(stored["webhook_format"], "slack");
+    assert_eq!(stored["webhook_secret_set"], true);
+    assert!(stored.get("webhook_secret").is_none(), "{stored}");
+
+    let shown = outboxctl(addr, &["--json", "lists", "show", "alarms-hook"]).await;
+    assert_not_printed(&shown, HOOK_SECRET);
+    assert_eq!(shown.json(), stored);
+    let human = outboxctl(addr, &["lists", "show", "alarms-hook"]).await;
+    assert_not_printed(&human, HOOK_SECRET);
+    let text = human.text();
+    for (key, value) in [
+        ("type", "webhook"),
+        ("endpoints", endpoint.as_str()),
+        ("format", "slack"),
+        ("webhook secret", "set"),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(key) && l.ends_with(&format!("  {value}"))),
+            "{key} {value} not in:\n{text}"
+        );
+    }
+    let listed = outboxctl(addr, &["lists", "ls"]).await;
+    assert_not_printed(&listed, HOOK_SECRET);
+    let row = listed
+        .text()
+        .lines()
+        .find(|l| l.starts_with("alarms-hook "))
+        .unwrap_or_else(|| panic!("no alarms-hook row:\n{}", listed.stdout));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cells[1..4], ["webhook", "slack", "set"], "{row}");
+    assert_eq!(cells.last(), Some(&endpoint.as_str()), "{row}");
+
+    // The secret central stored is the one read from stdin: it signs the delivery.
+    let id = send_webhook(&central, "alarms-hook", "Tank 4 high level").await;
+    wait_for_status(&central.db, &id, "Delivered").await;
+    let posts = hooks.wait_for_requests(1, DEADLINE).await;
+    assert_eq!(posts[0].path, "/alarms");
+    assert!(
+        posts[0].signature_valid(HOOK_SECRET.as_bytes()),
+        "{:?}",
+        posts[0].headers
+    );
+
+    // Without a secret flag the stored secret is kept; --clear-webhook-secret removes it, even
+    // with the environment variable set.
+    let kept = outboxctl(
+        addr,
+        &[
+            "--json",
+            "lists",
+            "set",
+            "alarms-hook",
+            "--type",
+            "webhook",
+            "--endpoint",
+            &endpoint,
+        ],
+    )
+    .await
+    .json();
+    assert_eq!(kept["webhook_secret_set"], true, "{kept}");
+    assert_eq!(
+        kept["webhook_format"], "generic",
+        "the format is replaced too"
+    );
+    let cleared = outboxctl_with(
+        addr,
+        &[
+            "--json",
+            "lists",
+            "set",
+            "alarms-hook",
+            "--type",
+            "webhook",
+            "--endpoint",
+            &endpoint,
+            "--clear-webhook-secret",
+        ],
+        &[("OUTBOX_WEBHOOK_SECRET", HOOK_SECRET)],
+        None,
+    )
+    .await
+    .json();
+    assert_eq!(cleared["webhook_secret_set"], false, "{cleared}");
+
+    // Central judges the secret (16 characters at least) and says so without echoing it.
+    let short = outboxctl_with(
+        addr,
+        &[
+            "lists",
+            "set",
+            "alarms-hook",
+            "--type",
+            "webhook",
+            "--endpoint",
+            &endpoint,
+            "--webhook-secret-stdin",
+        ],
+        &[],
+        Some("tiny-Secret\n"),
+    )
+    .await;
+    let line = short.error_line(1);
+    assert!(
+        line.contains("webhook_secret") && line.ends_with("(INVALID_ARGUMENT)"),
+        "{line}"
+    );
+    assert_not_printed(&short, "tiny-Secret");
+    // Flags of the other channel are refused before anything is sent.
+    let mixed = outboxctl(
+        addr,
+        &[
+            "lists",
+            "set",
+            "ops-2",
+            "--recipient",
+            "a@plant.example.test",
+            "--endpoint",
+            &endpoint,
+        ],
+    )
+    .await;
+    assert!(mixed.error_line(2).contains("--type webhook"));
+
+    // SMTP with XOAUTH2: the client secret from the environment, exponential backoff, a rate.
+    let port = sink.addr().port().to_string();
+    let token_url = oauth.url();
+    let smtp_flags = [
+        "smtp",
+        "set",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port,
+        "--tls",
+        "none",
+        "--from",
+        "outbox@plant.example.test",
+        "--auth",
+        "xoauth2",
+        "--username",
+        SMTP_USER,
+        "--oauth-token-url",
+        &token_url,
+        "--oauth-client-id",
+        OAUTH_CLIENT,
+        "--oauth-scope",
+        "smtp.send",
+        "--backoff",
+        "exponential",
+        "--retry-delay",
+        "1s",
+        "--max-retry-delay",
+        "1h",
+        "--overall-timeout",
+        "2m",
+    ];
+    let mut args = vec!["--json"];
+    args.extend_from_slice(&smtp_flags);
+    args.extend(["--rate-limit-per-second", "10", "--rate-limit-burst", "10"]);
+    let set_smtp = outboxctl_with(
+        addr,
+        &args,
+        &[
+            ("OUTBOX_SMTP_OAUTH_CLIENT_SECRET", OAUTH_SECRET),
+            // Not XOAUTH2's secret: never sent, so never stored.
+            ("OUTBOX_SMTP_PASSWORD", "unused-Password-1"),
+        ],
+        None,
+    )
+    .await;
+    let stored = set_smtp.json();
+    assert_not_printed(&set_smtp, OAUTH_SECRET);
+    assert_eq!(stored["auth_mechanism"], "xoauth2", "{stored}");
+    assert_eq!(stored["username"], SMTP_USER);
+    assert_eq!(stored["password_set"], false);
+    assert_eq!(stored["oauth_token_url"], token_url.as_str());
+    assert_eq!(stored["oauth_client_id"], OAUTH_CLIENT);
+    assert_eq!(stored["oauth_scope"], "smtp.send");
+    assert_eq!(stored["oauth_client_secret_set"], true);
+    assert!(stored.get("oauth_client_secret").is_none(), "{stored}");
+    assert_eq!(stored["backoff"], "exponential");
+    assert_eq!(stored["retry_delay"], "1s");
+    assert_eq!(stored["max_retry_delay"], "3600s");
+    assert_eq!(stored["rate_limit_per_second"], 10.0);
+    assert_eq!(stored["rate_limit_burst"], 10);
+    assert_eq!(stored["overall_timeout"], "120s");
+
+    let shown = outboxctl(addr, &["--json", "smtp", "show"]).await;
+    assert_not_printed(&shown, OAUTH_SECRET);
+    assert_eq!(shown.json(), stored);
+    let human = outboxctl(addr, &["smtp", "show"]).await;
+    assert_not_printed(&human, OAUTH_SECRET);
+    let text = human.text();
+    for (key, value) in [
+        ("auth", "xoauth2"),
+        ("oauth client id", OAUTH_CLIENT),
+        ("oauth client secret", "set"),
+        ("backoff", "exponential"),
+        ("max retry delay", "1h"),
+        ("rate limit", "10/s, burst 10"),
+        ("overall timeout", "2m"),
+    ] {
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(key) && l.ends_with(&format!("  {value}"))),
+            "{key} {value} not in:\n{text}"
+        );
+    }
+
+    // Central fetches a token as the configured client and the XOAUTH2 relay takes the mail.
+    let id = send(&central, "site-a", LIST, "Boiler pressure low").await;
+    wait_for_status(&central.db, &id, "Delivered").await;
+    let mails = sink.wait_for_messages(1, DEADLINE).await;
+    assert_eq!(mails[0].authenticated_as.as_deref(), Some(SMTP_USER));
+    let token_requests = oauth.requests();
+    assert_eq!(token_requests[0].client_id.as_deref(), Some(OAUTH_CLIENT));
+    assert_eq!(token_requests[0].scope.as_deref(), Some("smtp.send"));
+    assert_eq!(token_requests[0].status, 200);
+
+    // Usage errors: one line, exit 2, nothing sent.
+    let mut burst_only = smtp_flags.to_vec();
+    burst_only.extend(["--rate-limit-burst", "5"]);
+    let failed = outboxctl(addr, &burst_only).await;
+    let line = failed.error_line(2);
+    assert!(line.contains("--rate-limit-per-second"), "{line}");
+    let mut both_on_stdin = smtp_flags.to_vec();
+    both_on_stdin.extend(["--password-stdin", "--oauth-client-secret-stdin"]);
+    let failed = outboxctl_with(addr, &both_on_stdin, &[], Some("x\n")).await;
+    let line = failed.error_line(2);
+    assert!(line.contains("read only once"), "{line}");
+    let after = outboxctl(addr, &["--json", "smtp", "show"]).await.json();
+    assert_eq!(after, stored, "a refused command changes nothing");
     central.stop().await;
 }

@@ -1,9 +1,9 @@
 //! The command line: every flag and subcommand `outboxctl` accepts, as clap derive types.
 //!
 //! Parsing only checks shapes (a status name is a status, a duration is a duration); what the
-//! values mean for a request is decided in `filter` and `commands`. Secrets never arrive as flag
-//! values: the SMTP password comes from stdin or the environment, because argv is visible to every
-//! user through `ps` and lands in shell history.
+//! values mean for a request is decided in `filter`, `upsert` and `commands`. Secrets never arrive
+//! as flag values: they come from stdin or the environment, because argv is visible to every user
+//! through `ps` and lands in shell history. The `lists` and `smtp` flags live in [`channel`].
 
 use std::time::Duration;
 
@@ -11,6 +11,10 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_proto::v1;
 
 use crate::filter::{TimeBound, parse_status, parse_time_bound};
+
+pub mod channel;
+
+pub use channel::{AuthArg, BackoffArg, ListSetArgs, ListsCommand, SmtpCommand, SmtpSetArgs};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -65,7 +69,7 @@ pub enum Command {
     Discard(ActionArgs),
     /// Delivery health: queue depth, stuck, parked, recent deliveries; globally and per site.
     Kpis,
-    /// Notification lists: the names scripts send to and their recipients.
+    /// Notification lists: the names scripts send to, and their recipients or webhook endpoints.
     #[command(subcommand)]
     Lists(ListsCommand),
     /// The email channel's SMTP settings.
@@ -152,67 +156,6 @@ pub struct ActionArgs {
     pub batch_size: u32,
 }
 
-#[derive(Debug, Subcommand)]
-pub enum ListsCommand {
-    /// All notification lists, by name.
-    Ls,
-    /// One list and its recipients.
-    Show { name: String },
-    /// Create or replace a list (its recipients are replaced as a whole).
-    Set {
-        name: String,
-        #[arg(long = "type", value_enum, default_value_t = ChannelArg::Email)]
-        kind: ChannelArg,
-        /// A recipient address (repeatable; at least one for email lists).
-        #[arg(long = "recipient", value_name = "ADDRESS", required = true)]
-        recipients: Vec<String>,
-    },
-    /// Delete a list. Notifications already sent to it park at delivery.
-    Rm { name: String },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum SmtpCommand {
-    /// The SMTP settings central delivers with (the password is never shown).
-    Show,
-    /// Replace the SMTP settings. The password is read from stdin (--password-stdin) or
-    /// $OUTBOX_SMTP_PASSWORD; without either, a stored password is kept.
-    Set(SmtpSetArgs),
-    /// Delete the SMTP settings: email notifications park until they are set again.
-    Rm,
-}
-
-#[derive(Debug, Args)]
-pub struct SmtpSetArgs {
-    #[arg(long)]
-    pub host: String,
-    #[arg(long)]
-    pub port: u16,
-    #[arg(long, value_enum)]
-    pub tls: TlsArg,
-    /// Envelope and header sender address.
-    #[arg(long = "from", value_name = "ADDRESS")]
-    pub from_address: String,
-    /// User name for AUTH; omit for no authentication (a stored password is then dropped).
-    #[arg(long)]
-    pub username: Option<String>,
-    /// Read the password from the first line of stdin.
-    #[arg(long, requires = "username")]
-    pub password_stdin: bool,
-    /// Attempts before a transiently failing notification is parked (central's default: 10).
-    #[arg(long, value_name = "N")]
-    pub max_retries: Option<u32>,
-    /// Delay between attempts, e.g. 1m (central's default: 1m).
-    #[arg(long, value_parser = parse_duration)]
-    pub retry_delay: Option<Duration>,
-    /// Parallel SMTP sessions (central's default: 4).
-    #[arg(long, value_name = "N")]
-    pub max_connections: Option<u32>,
-    /// Per-session timeout, e.g. 30s (central's default: 30s).
-    #[arg(long = "timeout", id = "session_timeout", value_parser = parse_duration)]
-    pub session_timeout: Option<Duration>,
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum ChannelArg {
     Email,
@@ -224,23 +167,6 @@ impl ChannelArg {
         match self {
             Self::Email => v1::NotificationType::Email,
             Self::Webhook => v1::NotificationType::Webhook,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TlsArg {
-    None,
-    Starttls,
-    Tls,
-}
-
-impl TlsArg {
-    pub fn proto(self) -> v1::SmtpTlsMode {
-        match self {
-            Self::None => v1::SmtpTlsMode::None,
-            Self::Starttls => v1::SmtpTlsMode::Starttls,
-            Self::Tls => v1::SmtpTlsMode::Tls,
         }
     }
 }

@@ -17,10 +17,10 @@ use chrono::Utc;
 use outbox_proto::v1;
 use outbox_proto::v1::bulk_action_request::Selector;
 
-use crate::args::{ActionArgs, Command, ListArgs, ListsCommand, SmtpCommand, SmtpSetArgs};
+use crate::args::{ActionArgs, Command, ListArgs, ListsCommand, SmtpCommand};
 use crate::connect::OutboxClient;
 use crate::error::{CliError, Result};
-use crate::filter;
+use crate::{filter, secret, upsert};
 
 /// Most ids central takes in one bulk call (`NotificationIds` in the contract).
 const MAX_IDS_PER_CALL: usize = 1000;
@@ -390,21 +390,11 @@ impl Session {
                     .into_inner();
                 Ok(Report::List(list))
             }
-            ListsCommand::Set {
-                name,
-                kind,
-                recipients,
-            } => {
+            ListsCommand::Set(args) => {
+                let request = upsert::list_request(args, &mut secret::Process)?;
                 let list = self
                     .client
-                    .upsert_notification_list(v1::UpsertNotificationListRequest {
-                        list: Some(v1::NotificationList {
-                            name,
-                            r#type: kind.proto().into(),
-                            recipients,
-                            ..Default::default()
-                        }),
-                    })
+                    .upsert_notification_list(request)
                     .await
                     .map_err(self.rpc_error())?
                     .into_inner();
@@ -434,7 +424,7 @@ impl Session {
                 Ok(Report::Smtp(config))
             }
             SmtpCommand::Set(args) => {
-                let request = smtp_request(args, password_from_env())?;
+                let request = upsert::smtp_request(*args, &mut secret::Process)?;
                 let config = self
                     .client
                     .upsert_smtp_config(request)
@@ -491,6 +481,8 @@ pub fn check(command: &Command) -> Result<()> {
     match command {
         Command::Retry(args) => selection(Action::Retry, args).map(drop),
         Command::Discard(args) => selection(Action::Discard, args).map(drop),
+        Command::Lists(ListsCommand::Set(args)) => upsert::check_list(args),
+        Command::Smtp(SmtpCommand::Set(args)) => upsert::smtp_auth(args).map(drop),
         _ => Ok(()),
     }
 }
@@ -499,76 +491,6 @@ enum Count {
     Exactly(usize),
     MoreThan(usize),
 }
-
-/// Where an SMTP password may come from: never argv, which `ps` and shell history expose.
-#[derive(Debug)]
-pub enum PasswordSource {
-    Stdin(String),
-    Env(String),
-    None,
-}
-
-/// The environment variable read when `--password-stdin` is not given.
-const PASSWORD_ENV: &str = "OUTBOX_SMTP_PASSWORD";
-
-fn password_from_env() -> PasswordSource {
-    match std::env::var(PASSWORD_ENV) {
-        Ok(value) if !value.is_empty() => PasswordSource::Env(value),
-        _ => PasswordSource::None,
-    }
-}
-
-/// The first line of stdin, without its line ending (`printf 'pw' |` and `echo pw |` both work).
-fn password_from_stdin() -> Result<String> {
-    let mut line = String::new();
-    std::io::stdin()
-        .lock()
-        .read_line(&mut line)
-        .map_err(|source| CliError::Io {
-            what: "reading the password from stdin",
-            source,
-        })?;
-    let password = line.trim_end_matches(['\r', '\n']).to_owned();
-    if password.is_empty() {
-        return Err(CliError::Usage(
-            "--password-stdin: stdin gave an empty password".into(),
-        ));
-    }
-    Ok(password)
-}
-
-/// Builds the upsert. Unset optional settings are sent as zero, which central reads as "its
-/// default", so `smtp set` always describes the whole configuration.
-fn smtp_request(args: SmtpSetArgs, env: PasswordSource) -> Result<v1::UpsertSmtpConfigRequest> {
-    let password = if args.password_stdin {
-        PasswordSource::Stdin(password_from_stdin()?)
-    } else {
-        env
-    };
-    let username = args.username.unwrap_or_default();
-    let password = match password {
-        PasswordSource::Stdin(pw) => Some(pw),
-        // An exported password with no --username is ignored rather than an error: the variable
-        // may be set for other commands, and central would drop it anyway.
-        PasswordSource::Env(pw) if !username.is_empty() => Some(pw),
-        PasswordSource::Env(_) | PasswordSource::None => None,
-    };
-    Ok(v1::UpsertSmtpConfigRequest {
-        host: args.host,
-        port: u32::from(args.port),
-        tls_mode: args.tls.proto().into(),
-        username,
-        password,
-        from_address: args.from_address,
-        max_retries: args.max_retries.unwrap_or(0),
-        retry_delay: args.retry_delay.map(proto_duration),
-        max_concurrent_connections: args.max_connections.unwrap_or(0),
-        timeout: args.session_timeout.map(proto_duration),
-        ..Default::default()
-    })
-}
-
-use outbox_proto::time::to_duration as proto_duration;
 
 fn add_up(total: &mut v1::BulkActionResponse, response: v1::BulkActionResponse) {
     total.changed = total.changed.saturating_add(response.changed);
@@ -588,43 +510,6 @@ fn capitalise(word: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::TlsArg;
-
-    fn smtp_args() -> SmtpSetArgs {
-        SmtpSetArgs {
-            host: "relay.example.test".into(),
-            port: 587,
-            tls: TlsArg::Starttls,
-            from_address: "outbox@example.test".into(),
-            username: Some("relay-user".into()),
-            password_stdin: false,
-            max_retries: None,
-            retry_delay: Some(std::time::Duration::from_secs(90)),
-            max_connections: None,
-            session_timeout: None,
-        }
-    }
-
-    #[test]
-    fn smtp_set_sends_the_env_password_only_with_a_username() {
-        let request = smtp_request(smtp_args(), PasswordSource::Env("pw".into())).unwrap();
-        assert_eq!(request.password.as_deref(), Some("pw"));
-        assert_eq!(request.tls_mode(), v1::SmtpTlsMode::Starttls);
-        assert_eq!(request.retry_delay.unwrap().seconds, 90);
-        assert_eq!(request.max_retries, 0, "0 asks for central's default");
-
-        let mut no_user = smtp_args();
-        no_user.username = None;
-        let request = smtp_request(no_user, PasswordSource::Env("pw".into())).unwrap();
-        assert_eq!(request.password, None);
-        assert_eq!(request.username, "");
-    }
-
-    #[test]
-    fn smtp_set_without_a_password_keeps_the_stored_one() {
-        let request = smtp_request(smtp_args(), PasswordSource::None).unwrap();
-        assert_eq!(request.password, None);
-    }
 
     #[test]
     fn bulk_responses_add_up() {

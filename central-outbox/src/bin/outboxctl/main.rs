@@ -1,10 +1,11 @@
 //! `outboxctl`: the operator's command line for central's `NotificationOutbox` admin API.
 //!
 //! Every command is one or a few gRPC calls; the modules split the work the same way each time:
-//! `args` parses, `filter` builds the selection, `connect` opens the channel with the actor
-//! header, `commands` makes the calls, `render` prints tables or JSON, `error` turns any failure
-//! into one stderr line and an exit status (2 usage, 1 anything else). Nothing here panics on
-//! input, a dead server or a closed pipe.
+//! `args` parses, `filter` builds the selection, `upsert` builds list and SMTP settings (with
+//! `secret` reading their secrets from stdin or the environment), `connect` opens the channel
+//! with the actor header, `commands` makes the calls, `render` prints tables or JSON, `error`
+//! turns any failure into one stderr line and an exit status (2 usage, 1 anything else).
+//! Nothing here panics on input, a dead server or a closed pipe.
 
 mod args;
 mod commands;
@@ -12,6 +13,8 @@ mod connect;
 mod error;
 mod filter;
 mod render;
+mod secret;
+mod upsert;
 
 use std::io::Write;
 use std::process::ExitCode;

@@ -7,8 +7,8 @@ use outbox_proto::v1;
 
 use super::table::{Table, truncate};
 use super::{
-    age, age_since, channel_name, duration_human, history_kind_name, outcome_name, status_name,
-    time_human, tls_name,
+    age, age_since, auth_name, backoff_name, channel_name, duration_human, history_kind_name,
+    is_webhook, outcome_name, status_name, time_human, tls_name, webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -241,44 +241,98 @@ fn list_table(lists: &[v1::NotificationList]) -> String {
     if lists.is_empty() {
         return "no notification lists\n".to_owned();
     }
-    let mut table = Table::new(&["NAME", "TYPE", "UPDATED", "RECIPIENTS"]);
+    let mut table = Table::new(&["NAME", "TYPE", "FORMAT", "SECRET", "UPDATED", "TARGETS"]);
     for l in lists {
+        let (format, secret, targets) = if is_webhook(l) {
+            (
+                webhook_format_name(l.webhook_format),
+                set_or_not(l.webhook_secret_set),
+                &l.endpoints,
+            )
+        } else {
+            ("-".to_owned(), "-".to_owned(), &l.recipients)
+        };
         table.row(vec![
             l.name.clone(),
             channel_name(l.r#type),
+            format,
+            secret,
             time_human(l.updated_at.as_ref()),
-            truncate(&l.recipients.join(", "), MAX_CELL),
+            truncate(&targets.join(", "), MAX_CELL),
         ]);
     }
     table.render()
 }
 
 fn list_text(l: &v1::NotificationList) -> String {
-    key_values(&[
+    let mut fields = vec![
         ("name", l.name.clone()),
         ("type", channel_name(l.r#type)),
         ("updated", time_human(l.updated_at.as_ref())),
-        ("recipients", l.recipients.join("\n")),
-    ])
+    ];
+    if is_webhook(l) {
+        fields.push(("endpoints", l.endpoints.join("\n")));
+        fields.push(("format", webhook_format_name(l.webhook_format)));
+        fields.push(("webhook secret", set_or_not(l.webhook_secret_set)));
+    } else {
+        fields.push(("recipients", l.recipients.join("\n")));
+    }
+    key_values(&fields)
 }
 
+/// Secrets are write-only: all anyone sees is whether one is stored.
+fn set_or_not(set: bool) -> String {
+    if set { "set" } else { "not set" }.to_owned()
+}
+
+/// "10/s, burst 10", or "none" when central has no rate limit for the channel.
+fn rate_limit(c: &v1::SmtpConfig) -> String {
+    c.rate_limit_per_second.map_or_else(
+        || "none".to_owned(),
+        |rate| format!("{rate}/s, burst {}", c.rate_limit_burst),
+    )
+}
+
+/// The password line for password authentication, the OAuth client's lines for XOAUTH2: each
+/// block shows the settings its mechanism uses.
 fn smtp_text(c: &v1::SmtpConfig) -> String {
-    key_values(&[
+    let auth = auth_name(c.auth_mechanism, &c.username);
+    let mut fields = vec![
         ("host", c.host.clone()),
         ("port", c.port.to_string()),
         ("tls", tls_name(c.tls_mode)),
+        ("auth", auth.clone()),
         ("username", or_dash(&c.username)),
-        (
-            "password",
-            if c.password_set { "set" } else { "not set" }.to_owned(),
-        ),
+    ];
+    if auth == "xoauth2" {
+        fields.extend([
+            ("oauth token url", or_dash(&c.oauth_token_url)),
+            ("oauth client id", or_dash(&c.oauth_client_id)),
+            ("oauth client secret", set_or_not(c.oauth_client_secret_set)),
+            ("oauth scope", or_dash(&c.oauth_scope)),
+        ]);
+    } else {
+        fields.push(("password", set_or_not(c.password_set)));
+    }
+    fields.extend([
         ("from", c.from_address.clone()),
         ("max retries", c.max_retries.to_string()),
         ("retry delay", duration_human(c.retry_delay.as_ref())),
+        ("backoff", backoff_name(c.backoff)),
+        (
+            "max retry delay",
+            duration_human(c.max_retry_delay.as_ref()),
+        ),
         ("max connections", c.max_concurrent_connections.to_string()),
+        ("rate limit", rate_limit(c)),
         ("timeout", duration_human(c.timeout.as_ref())),
+        (
+            "overall timeout",
+            duration_human(c.overall_timeout.as_ref()),
+        ),
         ("updated", time_human(c.updated_at.as_ref())),
-    ])
+    ]);
+    key_values(&fields)
 }
 
 #[cfg(test)]
@@ -317,6 +371,107 @@ mod tests {
             password_set: true,
             ..Default::default()
         });
-        assert!(text.contains("password         set"), "{text}");
+        assert_eq!(field(&text, "password"), Some("set"), "{text}");
+        assert_eq!(field(&text, "auth"), Some("none"), "{text}");
+        assert_eq!(field(&text, "rate limit"), Some("none"), "{text}");
+        assert!(!text.contains("oauth"), "{text}");
+    }
+
+    /// The value of a `key  value` line.
+    fn field<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+        text.lines().find_map(|line| {
+            let rest = line.strip_prefix(key)?;
+            rest.starts_with("  ").then(|| rest.trim_start())
+        })
+    }
+
+    #[test]
+    fn smtp_block_shows_the_oauth_client_backoff_and_rate_limit() {
+        let text = smtp_text(&v1::SmtpConfig {
+            host: "smtp.office365.com".into(),
+            auth_mechanism: v1::SmtpAuthMechanism::Xoauth2.into(),
+            username: "outbox@plant.test".into(),
+            oauth_token_url: "https://login.example.test/token".into(),
+            oauth_client_id: "client-1".into(),
+            oauth_client_secret_set: true,
+            oauth_scope: "https://outlook.office365.com/.default".into(),
+            backoff: v1::RetryBackoff::Exponential.into(),
+            max_retry_delay: Some(prost_types::Duration {
+                seconds: 3600,
+                nanos: 0,
+            }),
+            rate_limit_per_second: Some(0.5),
+            rate_limit_burst: 2,
+            overall_timeout: Some(prost_types::Duration {
+                seconds: 120,
+                nanos: 0,
+            }),
+            ..Default::default()
+        });
+        for (key, value) in [
+            ("auth", "xoauth2"),
+            ("oauth token url", "https://login.example.test/token"),
+            ("oauth client id", "client-1"),
+            ("oauth client secret", "set"),
+            ("oauth scope", "https://outlook.office365.com/.default"),
+            ("backoff", "exponential"),
+            ("max retry delay", "1h"),
+            ("rate limit", "0.5/s, burst 2"),
+            ("overall timeout", "2m"),
+        ] {
+            assert_eq!(field(&text, key), Some(value), "{key}:\n{text}");
+        }
+        assert!(!text.contains("password"), "{text}");
+    }
+
+    fn webhook_list() -> v1::NotificationList {
+        v1::NotificationList {
+            name: "hooks".into(),
+            r#type: v1::NotificationType::Webhook.into(),
+            endpoints: vec![
+                "https://hooks.example.test/a".into(),
+                "https://hooks.example.test/b".into(),
+            ],
+            webhook_format: v1::WebhookFormat::Teams.into(),
+            webhook_secret_set: true,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn webhook_lists_show_endpoints_format_and_whether_signed() {
+        let text = list_text(&webhook_list());
+        assert!(
+            text.contains(
+                "endpoints       https://hooks.example.test/a\n                \
+                 https://hooks.example.test/b\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(field(&text, "format"), Some("teams"), "{text}");
+        assert_eq!(field(&text, "webhook secret"), Some("set"), "{text}");
+        assert!(!text.contains("recipients"), "{text}");
+
+        let email = v1::NotificationList {
+            name: "ops".into(),
+            r#type: v1::NotificationType::Email.into(),
+            recipients: vec!["a@plant.test".into()],
+            ..Default::default()
+        };
+        let table = list_table(&[webhook_list(), email]);
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(
+            lines[0], "NAME   TYPE     FORMAT  SECRET  UPDATED  TARGETS",
+            "{table}"
+        );
+        assert_eq!(
+            lines[1],
+            "hooks  webhook  teams   set     -        \
+             https://hooks.example.test/a, https://hooks.example.test/b"
+        );
+        assert_eq!(
+            lines[2],
+            "ops    email    -       -       -        a@plant.test"
+        );
     }
 }

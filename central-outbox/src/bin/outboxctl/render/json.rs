@@ -4,13 +4,15 @@
 //! values their short lower-case names (`"parked"`), instants RFC 3339 UTC strings, durations
 //! proto3 JSON strings (`"60s"`), counts plain numbers. Unset timestamps and optional figures are
 //! `null` rather than absent, so a script can index every field without checking first. There is
-//! no password field anywhere: central never returns one.
+//! no secret anywhere (password, OAuth client secret, webhook signing secret): central never
+//! returns one, only `*_set` flags saying whether one is stored.
 
 use outbox_proto::v1;
 use serde_json::{Value, json};
 
 use super::{
-    channel_name, duration_json, history_kind_name, outcome_name, status_name, time_json, tls_name,
+    auth_name, backoff_name, channel_name, duration_json, history_kind_name, is_webhook,
+    outcome_name, status_name, time_json, tls_name, webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -122,11 +124,17 @@ fn kpi_response(r: &v1::GetKpisResponse) -> Value {
     })
 }
 
+/// Every field for every list, so scripts need not branch on the type to index it: an email
+/// list has no endpoints and a `null` format, a webhook list no recipients.
 fn notification_list(l: &v1::NotificationList) -> Value {
+    let webhook_format = is_webhook(l).then(|| webhook_format_name(l.webhook_format));
     json!({
         "name": l.name,
         "type": channel_name(l.r#type),
         "recipients": l.recipients,
+        "endpoints": l.endpoints,
+        "webhook_format": webhook_format,
+        "webhook_secret_set": l.webhook_secret_set,
         "updated_at": time_json(l.updated_at.as_ref()),
     })
 }
@@ -136,13 +144,24 @@ fn smtp_config(c: &v1::SmtpConfig) -> Value {
         "host": c.host,
         "port": c.port,
         "tls_mode": tls_name(c.tls_mode),
+        "auth_mechanism": auth_name(c.auth_mechanism, &c.username),
         "username": c.username,
         "password_set": c.password_set,
+        "oauth_token_url": c.oauth_token_url,
+        "oauth_client_id": c.oauth_client_id,
+        "oauth_client_secret_set": c.oauth_client_secret_set,
+        "oauth_scope": c.oauth_scope,
         "from_address": c.from_address,
         "max_retries": c.max_retries,
         "retry_delay": duration_json(c.retry_delay.as_ref()),
+        "backoff": backoff_name(c.backoff),
+        "max_retry_delay": duration_json(c.max_retry_delay.as_ref()),
         "max_concurrent_connections": c.max_concurrent_connections,
+        "rate_limit_per_second": c.rate_limit_per_second,
+        // Meaningless without a rate: null with it, as the rate is.
+        "rate_limit_burst": c.rate_limit_per_second.map(|_| c.rate_limit_burst),
         "timeout": duration_json(c.timeout.as_ref()),
+        "overall_timeout": duration_json(c.overall_timeout.as_ref()),
         "updated_at": time_json(c.updated_at.as_ref()),
     })
 }
@@ -185,5 +204,80 @@ mod tests {
         assert_eq!(value["password_set"], true);
         assert_eq!(value["tls_mode"], "tls");
         assert!(value.get("password").is_none());
+    }
+
+    #[test]
+    fn smtp_config_shows_oauth_backoff_and_rate_limit_but_no_client_secret() {
+        let value = smtp_config(&v1::SmtpConfig {
+            host: "relay".into(),
+            username: "outbox@plant.test".into(),
+            auth_mechanism: v1::SmtpAuthMechanism::Xoauth2.into(),
+            oauth_token_url: "https://login.example.test/token".into(),
+            oauth_client_id: "client-1".into(),
+            oauth_client_secret_set: true,
+            backoff: v1::RetryBackoff::Exponential.into(),
+            max_retry_delay: Some(prost_types::Duration {
+                seconds: 3600,
+                nanos: 0,
+            }),
+            rate_limit_per_second: Some(10.0),
+            rate_limit_burst: 20,
+            overall_timeout: Some(prost_types::Duration {
+                seconds: 120,
+                nanos: 0,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(value["auth_mechanism"], "xoauth2");
+        assert_eq!(value["oauth_token_url"], "https://login.example.test/token");
+        assert_eq!(value["oauth_client_id"], "client-1");
+        assert_eq!(value["oauth_client_secret_set"], true);
+        assert_eq!(value["oauth_scope"], "");
+        assert_eq!(value["backoff"], "exponential");
+        assert_eq!(value["max_retry_delay"], "3600s");
+        assert_eq!(value["rate_limit_per_second"], 10.0);
+        assert_eq!(value["rate_limit_burst"], 20);
+        assert_eq!(value["overall_timeout"], "120s");
+        assert!(value.get("oauth_client_secret").is_none());
+
+        let unlimited = smtp_config(&v1::SmtpConfig::default());
+        assert_eq!(unlimited["rate_limit_per_second"], Value::Null);
+        assert_eq!(unlimited["rate_limit_burst"], Value::Null);
+        assert_eq!(unlimited["backoff"], "fixed");
+        assert_eq!(unlimited["max_retry_delay"], Value::Null);
+    }
+
+    #[test]
+    fn lists_have_every_field_and_no_webhook_secret() {
+        let webhook = notification_list(&v1::NotificationList {
+            name: "hooks".into(),
+            r#type: v1::NotificationType::Webhook.into(),
+            endpoints: vec!["https://hooks.example.test/a".into()],
+            webhook_format: v1::WebhookFormat::Slack.into(),
+            webhook_secret: Some("never-printed-0123456789".into()),
+            webhook_secret_set: true,
+            ..Default::default()
+        });
+        assert_eq!(webhook["type"], "webhook");
+        assert_eq!(
+            webhook["endpoints"],
+            json!(["https://hooks.example.test/a"])
+        );
+        assert_eq!(webhook["recipients"], json!([]));
+        assert_eq!(webhook["webhook_format"], "slack");
+        assert_eq!(webhook["webhook_secret_set"], true);
+        assert!(webhook.get("webhook_secret").is_none());
+        assert!(!webhook.to_string().contains("never-printed"));
+
+        let email = notification_list(&v1::NotificationList {
+            name: "ops".into(),
+            r#type: v1::NotificationType::Email.into(),
+            recipients: vec!["a@plant.test".into()],
+            ..Default::default()
+        });
+        assert_eq!(email["recipients"], json!(["a@plant.test"]));
+        assert_eq!(email["endpoints"], json!([]));
+        assert_eq!(email["webhook_format"], Value::Null);
+        assert_eq!(email["webhook_secret_set"], false);
     }
 }

@@ -73,6 +73,49 @@ pub fn tls_name(value: i32) -> String {
     )
 }
 
+/// The SMTP authentication; UNSPECIFIED reads as the contract's default for it (password with a
+/// username, none without), which is what central would have applied.
+pub fn auth_name(value: i32, username: &str) -> String {
+    match v1::SmtpAuthMechanism::try_from(value) {
+        Ok(v1::SmtpAuthMechanism::Unspecified) if username.is_empty() => "none".to_owned(),
+        Ok(v1::SmtpAuthMechanism::Unspecified) => "password".to_owned(),
+        full => short_name(
+            full.ok().as_ref().map(|m| m.as_str_name()),
+            "SMTP_AUTH_MECHANISM_",
+            value,
+        ),
+    }
+}
+
+/// The retry backoff; UNSPECIFIED is FIXED, as the contract says.
+pub fn backoff_name(value: i32) -> String {
+    match v1::RetryBackoff::try_from(value) {
+        Ok(v1::RetryBackoff::Unspecified) => "fixed".to_owned(),
+        full => short_name(
+            full.ok().as_ref().map(|b| b.as_str_name()),
+            "RETRY_BACKOFF_",
+            value,
+        ),
+    }
+}
+
+/// A webhook list's body format; UNSPECIFIED is GENERIC, as the contract says.
+pub fn webhook_format_name(value: i32) -> String {
+    match v1::WebhookFormat::try_from(value) {
+        Ok(v1::WebhookFormat::Unspecified) => "generic".to_owned(),
+        full => short_name(
+            full.ok().as_ref().map(|f| f.as_str_name()),
+            "WEBHOOK_FORMAT_",
+            value,
+        ),
+    }
+}
+
+/// Whether a list delivers by webhook (endpoints, format, secret) rather than by email.
+pub fn is_webhook(list: &v1::NotificationList) -> bool {
+    list.r#type == i32::from(v1::NotificationType::Webhook)
+}
+
 fn instant(ts: Option<&prost_types::Timestamp>) -> Option<DateTime<Utc>> {
     ts.and_then(from_timestamp)
 }
@@ -168,6 +211,23 @@ mod tests {
         assert_eq!(outcome_name(0), None);
         assert_eq!(tls_name(v1::SmtpTlsMode::Starttls.into()), "starttls");
         assert_eq!(status_name(99), "unknown_99");
+        assert_eq!(
+            auth_name(v1::SmtpAuthMechanism::Xoauth2.into(), "u"),
+            "xoauth2"
+        );
+        assert_eq!(auth_name(0, "u"), "password");
+        assert_eq!(auth_name(0, ""), "none");
+        assert_eq!(
+            backoff_name(v1::RetryBackoff::Exponential.into()),
+            "exponential"
+        );
+        assert_eq!(backoff_name(0), "fixed");
+        assert_eq!(
+            webhook_format_name(v1::WebhookFormat::Teams.into()),
+            "teams"
+        );
+        assert_eq!(webhook_format_name(0), "generic");
+        assert_eq!(webhook_format_name(42), "unknown_42");
     }
 
     #[test]

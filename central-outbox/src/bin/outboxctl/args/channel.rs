@@ -1,0 +1,353 @@
+//! The `lists` and `smtp` subcommands: where notifications go (email recipients, webhook
+//! endpoints) and how the email channel reaches its relay.
+//!
+//! As everywhere in `args`, parsing checks shapes only; which flags make sense together (OAuth
+//! flags only with `--auth xoauth2`, a burst only with a rate) is checked in `upsert`, before
+//! anything is sent. No secret is ever a flag value: the SMTP password, the OAuth client secret
+//! and the webhook signing secret come from stdin (`--*-stdin`) or an environment variable.
+
+use std::time::Duration;
+
+use clap::{Args, Subcommand, ValueEnum};
+use outbox_proto::v1;
+
+use super::{ChannelArg, parse_duration};
+
+#[derive(Debug, Subcommand)]
+pub enum ListsCommand {
+    /// All notification lists, by name.
+    Ls,
+    /// One list: its recipients or endpoints (a webhook secret is never shown).
+    Show { name: String },
+    /// Create or replace a list (its recipients or endpoints are replaced as a whole).
+    Set(ListSetArgs),
+    /// Delete a list. Notifications already sent to it park at delivery.
+    Rm { name: String },
+}
+
+#[derive(Debug, Args)]
+pub struct ListSetArgs {
+    pub name: String,
+    #[arg(long = "type", value_enum, default_value_t = ChannelArg::Email)]
+    pub kind: ChannelArg,
+    /// Email lists: a recipient address (repeatable; at least one).
+    // Not `required`: a webhook list has none, and central names whatever is missing.
+    #[arg(long = "recipient", value_name = "ADDRESS")]
+    pub recipients: Vec<String>,
+    /// Webhook lists: an endpoint URL, https or http to loopback (repeatable; at least one).
+    #[arg(long = "endpoint", value_name = "URL")]
+    pub endpoints: Vec<String>,
+    /// Webhook lists: the body's shape (central's default: generic).
+    #[arg(long, value_enum)]
+    pub webhook_format: Option<WebhookFormatArg>,
+    /// Webhook lists: read the HMAC signing secret (16 characters or more) from the first line
+    /// of stdin. Without it (or $OUTBOX_WEBHOOK_SECRET) a stored secret is kept.
+    #[arg(long, conflicts_with = "clear_webhook_secret")]
+    pub webhook_secret_stdin: bool,
+    /// Webhook lists: remove the stored signing secret (requests go unsigned).
+    #[arg(long)]
+    pub clear_webhook_secret: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SmtpCommand {
+    /// The SMTP settings central delivers with (secrets are never shown, only whether set).
+    Show,
+    /// Replace the SMTP settings. Secrets come from stdin (--password-stdin or
+    /// --oauth-client-secret-stdin, one per run) or $OUTBOX_SMTP_PASSWORD /
+    /// $OUTBOX_SMTP_OAUTH_CLIENT_SECRET; without either, a stored secret is kept.
+    // Boxed: twenty flags make it far larger than the other variants.
+    Set(Box<SmtpSetArgs>),
+    /// Delete the SMTP settings: email notifications park until they are set again.
+    Rm,
+}
+
+#[derive(Debug, Args)]
+pub struct SmtpSetArgs {
+    #[arg(long)]
+    pub host: String,
+    #[arg(long)]
+    pub port: u16,
+    #[arg(long, value_enum)]
+    pub tls: TlsArg,
+    /// Envelope and header sender address.
+    #[arg(long = "from", value_name = "ADDRESS")]
+    pub from_address: String,
+    /// How to authenticate (default: password with --username, else none).
+    #[arg(long = "auth", value_enum)]
+    pub auth: Option<AuthArg>,
+    /// User name for AUTH (password and xoauth2); omit for no authentication.
+    #[arg(long)]
+    pub username: Option<String>,
+    /// Read the password from the first line of stdin.
+    #[arg(long, requires = "username")]
+    pub password_stdin: bool,
+    /// XOAUTH2: the OAuth2 token endpoint (https, or http to loopback).
+    #[arg(long, value_name = "URL")]
+    pub oauth_token_url: Option<String>,
+    /// XOAUTH2: the client id for the client-credentials grant.
+    #[arg(long, value_name = "ID")]
+    pub oauth_client_id: Option<String>,
+    /// XOAUTH2: the scope to ask for, if the provider needs one.
+    #[arg(long, value_name = "SCOPE")]
+    pub oauth_scope: Option<String>,
+    /// XOAUTH2: read the client secret from the first line of stdin.
+    #[arg(long)]
+    pub oauth_client_secret_stdin: bool,
+    /// Attempts before a transiently failing notification is parked (central's default: 10).
+    #[arg(long, value_name = "N")]
+    pub max_retries: Option<u32>,
+    /// Delay between attempts (the first, with exponential backoff), e.g. 1m (default: 1m).
+    #[arg(long, value_parser = parse_duration)]
+    pub retry_delay: Option<Duration>,
+    /// fixed: every retry waits --retry-delay; exponential: doubling, with jitter, up to
+    /// --max-retry-delay (default: fixed).
+    #[arg(long, value_enum)]
+    pub backoff: Option<BackoffArg>,
+    /// Exponential backoff: the longest wait, e.g. 1h (central's default: 1h).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_retry_delay: Option<Duration>,
+    /// Parallel SMTP sessions (central's default: 4).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// Deliveries per second at most, e.g. 10 or 0.5 (default: no limit).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate_limit_per_second: Option<f64>,
+    /// Deliveries allowed at once above the rate (central's default: one second's worth).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit_burst: Option<u32>,
+    /// Per-session timeout, e.g. 30s (central's default: 30s).
+    #[arg(long = "timeout", id = "session_timeout", value_parser = parse_duration)]
+    pub session_timeout: Option<Duration>,
+    /// Longest one whole delivery may take, e.g. 2m (central's default: 2m).
+    #[arg(long, value_parser = parse_duration)]
+    pub overall_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TlsArg {
+    None,
+    Starttls,
+    Tls,
+}
+
+impl TlsArg {
+    pub fn proto(self) -> v1::SmtpTlsMode {
+        match self {
+            Self::None => v1::SmtpTlsMode::None,
+            Self::Starttls => v1::SmtpTlsMode::Starttls,
+            Self::Tls => v1::SmtpTlsMode::Tls,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum AuthArg {
+    /// No AUTH.
+    None,
+    /// AUTH PLAIN or LOGIN with --username and a password.
+    Password,
+    /// AUTH XOAUTH2 with a token from an OAuth2 client-credentials grant.
+    Xoauth2,
+}
+
+impl AuthArg {
+    pub fn proto(self) -> v1::SmtpAuthMechanism {
+        match self {
+            Self::None => v1::SmtpAuthMechanism::None,
+            Self::Password => v1::SmtpAuthMechanism::Password,
+            Self::Xoauth2 => v1::SmtpAuthMechanism::Xoauth2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackoffArg {
+    Fixed,
+    Exponential,
+}
+
+impl BackoffArg {
+    pub fn proto(self) -> v1::RetryBackoff {
+        match self {
+            Self::Fixed => v1::RetryBackoff::Fixed,
+            Self::Exponential => v1::RetryBackoff::Exponential,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum WebhookFormatArg {
+    /// The outbox's own JSON document.
+    Generic,
+    /// A Microsoft Teams incoming-webhook message card.
+    Teams,
+    /// A Slack incoming-webhook message.
+    Slack,
+}
+
+impl WebhookFormatArg {
+    pub fn proto(self) -> v1::WebhookFormat {
+        match self {
+            Self::Generic => v1::WebhookFormat::Generic,
+            Self::Teams => v1::WebhookFormat::Teams,
+            Self::Slack => v1::WebhookFormat::Slack,
+        }
+    }
+}
+
+/// A positive, finite number of deliveries per second. Zero is refused rather than read as "no
+/// limit": leaving the flag out says that.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    match text.trim().parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(
+            "expected a positive number of deliveries per second, such as 10 or 0.5 \
+                  (leave the flag out for no limit)"
+                .to_owned(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::args::{Cli, Command};
+
+    fn smtp_set(extra: &[&str]) -> Result<SmtpSetArgs, clap::Error> {
+        let mut argv = vec![
+            "outboxctl",
+            "smtp",
+            "set",
+            "--host",
+            "relay",
+            "--port",
+            "587",
+            "--tls",
+            "starttls",
+            "--from",
+            "a@b.test",
+        ];
+        argv.extend_from_slice(extra);
+        let cli = Cli::try_parse_from(argv)?;
+        match cli.command {
+            Command::Smtp(SmtpCommand::Set(set)) => Ok(*set),
+            other => panic!("not smtp set: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn smtp_set_takes_oauth_backoff_and_rate_limit_flags() {
+        let set = smtp_set(&[
+            "--auth",
+            "xoauth2",
+            "--username",
+            "outbox@plant.test",
+            "--oauth-token-url",
+            "https://login.example.test/token",
+            "--oauth-client-id",
+            "client-1",
+            "--oauth-scope",
+            "https://outlook.office365.com/.default",
+            "--oauth-client-secret-stdin",
+            "--backoff",
+            "exponential",
+            "--max-retry-delay",
+            "1h",
+            "--rate-limit-per-second",
+            "0.5",
+            "--rate-limit-burst",
+            "3",
+            "--overall-timeout",
+            "2m",
+        ])
+        .unwrap();
+        assert_eq!(set.auth, Some(AuthArg::Xoauth2));
+        assert_eq!(set.oauth_client_id.as_deref(), Some("client-1"));
+        assert!(set.oauth_client_secret_stdin);
+        assert_eq!(set.backoff, Some(BackoffArg::Exponential));
+        assert_eq!(set.max_retry_delay, Some(Duration::from_secs(3600)));
+        assert_eq!(set.rate_limit_per_second, Some(0.5));
+        assert_eq!(set.rate_limit_burst, Some(3));
+        assert_eq!(set.overall_timeout, Some(Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn rates_must_be_positive_and_bursts_at_least_one() {
+        for bad in ["0", "-1", "NaN", "inf", "ten"] {
+            assert!(
+                smtp_set(&["--rate-limit-per-second", bad]).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(smtp_set(&["--rate-limit-per-second", "1", "--rate-limit-burst", "0"]).is_err());
+    }
+
+    #[test]
+    fn no_secret_is_taken_as_a_flag_value() {
+        for flag in [
+            "--password",
+            "--oauth-client-secret",
+            "--webhook-secret",
+            "--secret",
+        ] {
+            assert!(
+                smtp_set(&[flag, "hunter2hunter2hunter2"]).is_err(),
+                "{flag}"
+            );
+        }
+        let err = Cli::try_parse_from([
+            "outboxctl",
+            "lists",
+            "set",
+            "hooks",
+            "--type",
+            "webhook",
+            "--webhook-secret",
+            "hunter2hunter2hunter2",
+        ]);
+        assert!(err.is_err());
+    }
+
+    #[test]
+    fn lists_set_takes_endpoints_without_recipients() {
+        let cli = Cli::try_parse_from([
+            "outboxctl",
+            "lists",
+            "set",
+            "hooks",
+            "--type",
+            "webhook",
+            "--endpoint",
+            "https://hooks.example.test/a",
+            "--endpoint",
+            "https://hooks.example.test/b",
+            "--webhook-format",
+            "teams",
+            "--webhook-secret-stdin",
+        ])
+        .unwrap();
+        let Command::Lists(ListsCommand::Set(set)) = cli.command else {
+            panic!("not lists set");
+        };
+        assert_eq!(set.kind, ChannelArg::Webhook);
+        assert_eq!(set.endpoints.len(), 2);
+        assert!(set.recipients.is_empty());
+        assert_eq!(set.webhook_format, Some(WebhookFormatArg::Teams));
+        assert!(set.webhook_secret_stdin);
+
+        let both = Cli::try_parse_from([
+            "outboxctl",
+            "lists",
+            "set",
+            "hooks",
+            "--type",
+            "webhook",
+            "--webhook-secret-stdin",
+            "--clear-webhook-secret",
+        ]);
+        assert!(both.is_err(), "setting and clearing the secret at once");
+    }
+}
