@@ -268,6 +268,19 @@ impl Db {
         self.0.query_row(sql, [], |r| r.get(0)).unwrap()
     }
 
+    /// Every row `sql` returns, each read by `read`.
+    pub fn rows<T>(
+        &self,
+        sql: &str,
+        read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+    ) -> Vec<T> {
+        let mut stmt = self.0.prepare(sql).unwrap();
+        stmt.query_map([], read)
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap()
+    }
+
     pub fn strings(&self, sql: &str) -> Vec<String> {
         let mut stmt = self.0.prepare(sql).unwrap();
         stmt.query_map([], |r| r.get(0))

@@ -14,4 +14,5 @@ mod crash;
 mod delivery;
 mod forwarding;
 mod ingest;
+mod leader;
 mod operations;
