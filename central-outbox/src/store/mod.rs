@@ -13,6 +13,7 @@
 //! - Operator actions change only Parked rows, and write a history entry in the same transaction.
 //! - `purge_terminal` deletes only terminal rows resolved before the cutoff, with their history.
 
+pub mod mssql;
 pub mod sqlite;
 
 use std::future::Future;

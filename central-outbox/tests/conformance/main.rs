@@ -1,6 +1,8 @@
 //! The store conformance suite: one list of behaviours every `OutboxStore` backend must show,
 //! run against each backend through the same code. SQLite (the embedded default) always runs;
-//! further backends join the `backends!` list below.
+//! MS SQL runs when `OUTBOX_TEST_MSSQL_URL` names a server (`make test-mssql` starts one in
+//! Docker), and otherwise each of its tests prints that it was skipped. Further backends join
+//! the `backend!` list at the end.
 //!
 //! Each behaviour seeds its own store through the trait, so it knows independently what the
 //! store should answer, and compares.
@@ -15,8 +17,11 @@ mod admin;
 mod purge;
 
 use std::future::Future;
+use std::io::Write;
 
+use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore};
 use central_outbox::store::sqlite::SqliteStore;
+use tokio_util::compat::TokioAsyncWriteCompatExt;
 
 /// A fresh, empty store of one backend, and whatever keeps it alive.
 pub struct Fixture<S> {
@@ -38,13 +43,103 @@ pub fn sqlite() -> Fixture<SqliteStore> {
     }
 }
 
-/// Runs one behaviour against a fresh store of a backend.
-pub async fn check<S, F, Fut>(fixture: Fixture<S>, behaviour: F)
+/// The variable naming the SQL Server the MS SQL tests run against, as a connection string
+/// whose database (e.g. `master`) may create databases: each test gets a new one.
+const MSSQL_URL_VAR: &str = "OUTBOX_TEST_MSSQL_URL";
+
+/// MS SQL in a fresh database of its own on the server `OUTBOX_TEST_MSSQL_URL` names, dropped
+/// when the test ends. `None` (and a line saying the test was skipped) when the variable is
+/// unset.
+pub async fn mssql() -> Option<Fixture<MsSqlStore>> {
+    let Ok(url) = std::env::var(MSSQL_URL_VAR) else {
+        // Written to the process's stderr directly rather than with eprintln!, which the test
+        // harness captures and shows only for failures: a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {MSSQL_URL_VAR} not set; an MS SQL conformance test did not run \
+             (`make test-mssql` runs them against SQL Server in Docker)"
+        );
+        return None;
+    };
+    let server = MsSqlOptions::parse(&url).expect("OUTBOX_TEST_MSSQL_URL is a connection string");
+    let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+    // The name is bound and quoted by the server, never spliced into the text.
+    on_server(
+        &server,
+        "DECLARE @sql nvarchar(max) = N'CREATE DATABASE ' + QUOTENAME(@P1); EXEC (@sql);",
+        &name,
+    )
+    .await
+    .expect("create the test database");
+    let options = MsSqlOptions {
+        database: name.clone(),
+        ..server.clone()
+    };
+    let store = MsSqlStore::open(options).await.expect("open MS SQL store");
+    Some(Fixture {
+        store,
+        _keep: Box::new(TestDatabase { server, name }),
+    })
+}
+
+/// Runs one statement with one string parameter on the server's own database.
+async fn on_server(
+    server: &MsSqlOptions,
+    sql: &str,
+    arg: &str,
+) -> Result<(), tiberius::error::Error> {
+    let config = server.tiberius_config();
+    let tcp = tokio::net::TcpStream::connect((server.host.as_str(), server.port)).await?;
+    tcp.set_nodelay(true)?;
+    let mut client = tiberius::Client::connect(config, tcp.compat_write()).await?;
+    client.execute(sql, &[&arg]).await?;
+    Ok(())
+}
+
+/// Drops its test database when the test is done (best effort; a leftover database is named
+/// `outbox_test_*`).
+struct TestDatabase {
+    server: MsSqlOptions,
+    name: String,
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let server = self.server.clone();
+        let name = self.name.clone();
+        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with a
+        // runtime of its own does the work, and is waited for.
+        let dropped = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime
+                .block_on(on_server(
+                    &server,
+                    "DECLARE @sql nvarchar(max) = N'ALTER DATABASE ' + QUOTENAME(@P1) \
+                     + N' SET SINGLE_USER WITH ROLLBACK IMMEDIATE; DROP DATABASE ' \
+                     + QUOTENAME(@P1); EXEC (@sql);",
+                    &name,
+                ))
+                .map_err(std::io::Error::other)
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test database {}: {dropped:?}", self.name);
+        }
+    }
+}
+
+/// Runs one behaviour against a fresh store of a backend; does nothing for a backend whose
+/// fixture is absent (it has said why).
+pub async fn check<S, F, Fut>(fixture: impl Into<Option<Fixture<S>>>, behaviour: F)
 where
     F: FnOnce(S) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let Fixture { store, _keep } = fixture;
+    let Some(Fixture { store, _keep }) = fixture.into() else {
+        return;
+    };
     behaviour(store).await;
     drop(_keep);
 }
@@ -97,3 +192,4 @@ macro_rules! backend {
 }
 
 backend!(sqlite_backend, sqlite());
+backend!(mssql_backend, mssql().await);

@@ -1,0 +1,285 @@
+//! The operator side of the MS SQL backend: status and detail lookups, filtered keyset queries,
+//! Retry/Discard by ids and by filter, KPIs and the retention purge.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::pool::Param;
+use super::{MsSqlStore, at, decode, result_set, sql, text};
+use crate::domain::delivery::AttemptOutcome;
+use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
+use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
+use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::store::{
+    ActionResult, FilterActionReport, NotificationDetail, NotificationId, NotificationState, Page,
+    PurgeReport, Result, StoreError,
+};
+
+/// Ids acted on per transaction: the request's 1000-id cap (grpc::admin::MAX_BULK) plus two
+/// parameters stays inside SQL Server's 2100 parameters per request. Larger calls (which the API
+/// never makes) run in several transactions.
+const IDS_PER_STATEMENT: usize = 1000;
+
+fn id_param(id: NotificationId) -> Param {
+    Param::Guid(Some(*id.as_uuid()))
+}
+
+pub async fn state(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationState>> {
+    let mut results = store
+        .batch("state", sql::SELECT_STATE, &[id_param(id)])
+        .await?;
+    result_set(&mut results, 0, "state")?
+        .first()
+        .map(decode::state)
+        .transpose()
+}
+
+pub async fn query(store: &MsSqlStore, page: &PageRequest) -> Result<Page> {
+    // One row more than the page tells whether there is a next page.
+    let limit = i64::try_from(page.size).unwrap_or(i64::MAX - 1) + 1;
+    let stmt = sql::query(
+        &page.filter,
+        page.after.map(|c| (c.created_at, c.row_id)),
+        limit,
+    );
+    let mut results = store.batch("query", &stmt.sql, &stmt.params).await?;
+    let mut rows = result_set(&mut results, 0, "query")?
+        .iter()
+        .map(decode::state)
+        .collect::<Result<Vec<_>>>()?;
+    let next = if rows.len() > page.size {
+        rows.truncate(page.size);
+        rows.last().map(NotificationState::cursor)
+    } else {
+        None
+    };
+    Ok(Page { rows, next })
+}
+
+pub async fn detail(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationDetail>> {
+    let mut results = store
+        .batch("detail", sql::SELECT_DETAIL, &[id_param(id)])
+        .await?;
+    let rows = result_set(&mut results, 0, "detail")?;
+    let Some(row) = rows.first() else {
+        return Ok(None);
+    };
+    let history = result_set(&mut results, 1, "detail")?
+        .iter()
+        .map(history_entry)
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Some(NotificationDetail {
+        state: decode::state(row)?,
+        body: decode::text(row, "Body")?,
+        type_data: decode::text(row, "TypeData")?,
+        source_instance_id: decode::text(row, "SourceInstanceId")?,
+        source_script: decode::text(row, "SourceScript")?,
+        origin_execution_id: decode::opt::<uuid::Uuid>(row, "OriginExecutionId")?
+            .map(|u| u.to_string()),
+        origin_parent_execution_id: decode::opt::<uuid::Uuid>(row, "OriginParentExecutionId")?
+            .map(|u| u.to_string()),
+        resolved_targets: decode::opt_text(row, "ResolvedTargets")?,
+        history,
+    }))
+}
+
+fn history_entry(row: &tiberius::Row) -> Result<HistoryEntry> {
+    let outcome = decode::text(row, "Outcome")?;
+    let event = if let Some(outcome) = AttemptOutcome::from_db(&outcome) {
+        HistoryEvent::Attempt {
+            outcome,
+            duration: decode::opt::<i64>(row, "DurationMs")?
+                .map(|d| Duration::from_millis(u64::try_from(d).unwrap_or(0))),
+            lease_epoch: decode::opt::<i64>(row, "LeaseEpoch")?.unwrap_or(0),
+        }
+    } else {
+        let action = [OperatorAction::Retry, OperatorAction::Discard]
+            .into_iter()
+            .find(|a| a.as_str() == outcome)
+            .ok_or_else(|| StoreError::Corrupt(format!("history outcome {outcome:?}")))?;
+        HistoryEvent::Operator {
+            action,
+            actor: decode::opt_text(row, "Actor")?
+                .unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
+        }
+    };
+    Ok(HistoryEntry {
+        sequence: decode::count(row, "AttemptNo")?,
+        at: decode::time(row, "StartedAt")?,
+        error: decode::opt_text(row, "Error")?,
+        event,
+    })
+}
+
+pub async fn act_on_ids(
+    store: &MsSqlStore,
+    action: OperatorAction,
+    ids: &[NotificationId],
+    actor: &Actor,
+) -> Result<Vec<ActionResult>> {
+    // Each distinct id is acted on once; a repeat is answered as a second call would be: the
+    // status the first occurrence left (or the same refusal).
+    let mut distinct: Vec<NotificationId> = Vec::new();
+    for id in ids {
+        if !distinct.contains(id) {
+            distinct.push(*id);
+        }
+    }
+    let mut answers: HashMap<NotificationId, ActionResult> = HashMap::new();
+    for chunk in distinct.chunks(IDS_PER_STATEMENT) {
+        let mut params = vec![text(action.as_str()), text(actor.as_str())];
+        params.extend(chunk.iter().copied().map(id_param));
+        let mut results = store
+            .batch(
+                "operator action",
+                &sql::act_on_ids(action, chunk.len()),
+                &params,
+            )
+            .await?;
+        let rows = result_set(&mut results, 0, "operator action")?;
+        if rows.len() != chunk.len() {
+            return Err(StoreError::Corrupt(format!(
+                "operator action: {} answers for {} ids",
+                rows.len(),
+                chunk.len()
+            )));
+        }
+        for (id, row) in chunk.iter().zip(&rows) {
+            let answer = if decode::opt::<i64>(row, "Id")?.is_none() {
+                Err(ActionRefusal::NotFound)
+            } else {
+                let state = decode::state(row)?;
+                if decode::req::<i32>(row, "Changed")? == 1 {
+                    Ok(state)
+                } else {
+                    Err(ActionRefusal::WrongStatus(state.status))
+                }
+            };
+            answers.insert(*id, answer);
+        }
+    }
+    let mut seen: Vec<NotificationId> = Vec::new();
+    ids.iter()
+        .map(|id| {
+            let first = answers.get(id).cloned().ok_or_else(|| {
+                StoreError::Corrupt(format!("operator action: no answer for {id}"))
+            })?;
+            if seen.contains(id) {
+                return Ok(match first {
+                    Ok(state) => Err(ActionRefusal::WrongStatus(state.status)),
+                    refused => refused,
+                });
+            }
+            seen.push(*id);
+            Ok(first)
+        })
+        .collect()
+}
+
+pub async fn act_on_filter(
+    store: &MsSqlStore,
+    action: OperatorAction,
+    filter: &NotificationFilter,
+    limit: usize,
+    actor: &Actor,
+) -> Result<FilterActionReport> {
+    if limit == 0 {
+        return Ok(FilterActionReport::default());
+    }
+    let filter = NotificationFilter {
+        statuses: vec![OperatorAction::FROM],
+        ..filter.clone()
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX - 1);
+    let stmt = sql::act_on_filter(action, actor.as_str(), &filter, limit);
+    let mut results = store
+        .batch("operator action", &stmt.sql, &stmt.params)
+        .await?;
+    let changed = result_set(&mut results, 0, "operator action")?
+        .iter()
+        .map(|row| decode::guid(row, "NotificationId").map(NotificationId::from_uuid))
+        .collect::<Result<Vec<_>>>()?;
+    let matching = decode::req::<i64>(
+        result_set(&mut results, 1, "operator action")?
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("operator action: no match count".into()))?,
+        "Matching",
+    )?;
+    Ok(FilterActionReport {
+        changed,
+        more_matching: matching > limit,
+    })
+}
+
+pub async fn kpis(store: &MsSqlStore, p: &KpiParams) -> Result<Kpis> {
+    let params = [
+        at(p.now),
+        at(stuck_cutoff(p.now, p.stuck_age_threshold)),
+        at(stuck_cutoff(p.now, p.delivered_window)),
+    ];
+    let mut results = store.batch("KPIs", sql::KPIS, &params).await?;
+    let age = |created: Option<DateTime<Utc>>| {
+        created.map(|c| (p.now - c).to_std().unwrap_or(Duration::ZERO))
+    };
+    let count = |row: &tiberius::Row, column: &str| -> Result<u64> {
+        Ok(u64::try_from(decode::opt::<i64>(row, column)?.unwrap_or(0)).unwrap_or(0))
+    };
+    let mut kpis = Kpis::default();
+    let (mut oldest_due, mut oldest_wait): (Option<DateTime<Utc>>, Option<DateTime<Utc>>) =
+        (None, None);
+    for row in result_set(&mut results, 0, "KPIs")? {
+        let due = decode::opt_time(&row, "OldestDue")?;
+        let wait = decode::opt_time(&row, "OldestWaiting")?;
+        let values = KpiValues {
+            queue_depth: count(&row, "QueueDepth")?,
+            stuck_count: count(&row, "Stuck")?,
+            parked_count: count(&row, "Parked")?,
+            delivered_recently: count(&row, "DeliveredRecently")?,
+            oldest_pending_age: age(due),
+            oldest_retry_wait_age: age(wait),
+        };
+        let g = &mut kpis.global;
+        g.queue_depth += values.queue_depth;
+        g.stuck_count += values.stuck_count;
+        g.parked_count += values.parked_count;
+        g.delivered_recently += values.delivered_recently;
+        oldest_due = earliest(oldest_due, due);
+        oldest_wait = earliest(oldest_wait, wait);
+        if !values.is_empty() {
+            kpis.sites
+                .push((decode::text(&row, "SourceSiteId")?, values));
+        }
+    }
+    kpis.global.oldest_pending_age = age(oldest_due);
+    kpis.global.oldest_retry_wait_age = age(oldest_wait);
+    Ok(kpis)
+}
+
+fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTime<Utc>> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+pub async fn purge_terminal(
+    store: &MsSqlStore,
+    resolved_before: DateTime<Utc>,
+    batch: u32,
+) -> Result<PurgeReport> {
+    let params = [at(resolved_before), Param::BigInt(Some(i64::from(batch)))];
+    let mut results = store.batch("purge", sql::PURGE_TERMINAL, &params).await?;
+    let rows = result_set(&mut results, 0, "purge")?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt("purge: no result row".into()))?;
+    let count = |column: &str| -> Result<u64> {
+        Ok(u64::try_from(decode::opt::<i64>(row, column)?.unwrap_or(0)).unwrap_or(0))
+    };
+    Ok(PurgeReport {
+        notifications: count("Notifications")?,
+        history_entries: count("HistoryEntries")?,
+    })
+}

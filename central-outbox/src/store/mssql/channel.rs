@@ -1,0 +1,281 @@
+//! Notification lists and channel settings in the MS SQL backend. A list and its targets are
+//! written together in one transaction; targets are read back sorted by address, as the SQLite
+//! backend returns them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tiberius::Row;
+
+use super::dispatch::single_count;
+use super::pool::Param;
+use super::{MsSqlStore, decode, millis_i64, result_set, sql, text};
+use crate::domain::channel::{
+    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
+    Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+};
+use crate::domain::retry::Backoff;
+use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
+use crate::domain::{ListName, NotificationType};
+use crate::store::{Result, StoreError};
+
+/// The channel key of the email settings row in `ChannelConfig`.
+const EMAIL_CHANNEL: &str = "email";
+
+fn corrupt(what: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(what.to_string())
+}
+
+/// A list row with its targets (addresses or URLs, in any order).
+fn read_list(row: &Row, mut targets: Vec<String>) -> Result<Stored<NotificationList>> {
+    let name = ListName::parse(decode::text(row, "Name")?).map_err(corrupt)?;
+    let kind = decode::text(row, "Type")?;
+    let kind =
+        NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
+    targets.sort();
+    let targets = match kind {
+        NotificationType::Email => ListTargets::Email(
+            targets
+                .iter()
+                .map(|a| EmailAddress::parse(a, "recipients").map_err(corrupt))
+                .collect::<Result<_>>()?,
+        ),
+        NotificationType::Webhook => ListTargets::Webhook(WebhookTarget {
+            endpoints: targets
+                .iter()
+                .map(|u| WebhookUrl::parse(u).map_err(corrupt))
+                .collect::<Result<_>>()?,
+            format: match decode::opt_text(row, "WebhookFormat")? {
+                None => WebhookFormat::Generic,
+                Some(f) => WebhookFormat::parse(&f)
+                    .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
+            },
+            secret: decode::opt_text(row, "WebhookSecret")?.map(Secret::new),
+        }),
+    };
+    Ok(Stored {
+        value: NotificationList { name, targets },
+        updated_at: decode::time(row, "UpdatedAt")?,
+    })
+}
+
+/// Targets by list name, from a `ListName, Address` result.
+fn targets_by_list(rows: &[Row]) -> Result<BTreeMap<String, Vec<String>>> {
+    let mut by_list: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for row in rows {
+        by_list
+            .entry(decode::text(row, "ListName")?)
+            .or_default()
+            .push(decode::text(row, "Address")?);
+    }
+    Ok(by_list)
+}
+
+pub async fn list(store: &MsSqlStore, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+    let mut results = store
+        .batch("list", sql::SELECT_LIST, &[text(name.as_str())])
+        .await?;
+    let lists = result_set(&mut results, 0, "list")?;
+    let Some(row) = lists.first() else {
+        return Ok(None);
+    };
+    let mut targets = targets_by_list(&result_set(&mut results, 1, "list")?)?;
+    read_list(row, targets.remove(name.as_str()).unwrap_or_default()).map(Some)
+}
+
+pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> {
+    let mut results = store.batch("lists", sql::SELECT_LISTS, &[]).await?;
+    let rows = result_set(&mut results, 0, "lists")?;
+    let mut targets = targets_by_list(&result_set(&mut results, 1, "lists")?)?;
+    rows.iter()
+        .map(|row| {
+            let name = decode::text(row, "Name")?;
+            read_list(row, targets.remove(&name).unwrap_or_default())
+        })
+        .collect()
+}
+
+pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result<()> {
+    let (format, secret) = match &list.targets {
+        ListTargets::Email(_) => (None, None),
+        ListTargets::Webhook(target) => (
+            Some(target.format.as_str().to_owned()),
+            target.secret.as_ref().map(|s| s.expose().to_owned()),
+        ),
+    };
+    // A list holds each target once (the SQLite backend's key enforces the same).
+    let mut targets = list.target_names();
+    targets.sort();
+    targets.dedup();
+    let mut params = vec![
+        text(list.name.as_str()),
+        text(list.kind().as_str()),
+        Param::Text(format),
+        Param::Text(secret),
+    ];
+    params.extend(targets.into_iter().map(|t| Param::Text(Some(t))));
+    let statement = sql::replace_list(params.len() - 4);
+    // Two replicas creating the same new list at start-up: the loser's insert fails on the key
+    // and is rolled back; run again, it updates the winner's row.
+    match store.batch_raw(&statement, &params).await {
+        Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
+            store.batch("upsert list", &statement, &params).await?;
+        }
+        other => {
+            other.map_err(|e| super::error::to_store_error("upsert list", &e))?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn delete_list(store: &MsSqlStore, name: &ListName) -> Result<bool> {
+    let mut results = store
+        .batch("delete list", sql::DELETE_LIST, &[text(name.as_str())])
+        .await?;
+    Ok(single_count(&mut results, "Deleted", "delete list")? > 0)
+}
+
+fn millis(v: i64) -> Duration {
+    Duration::from_millis(u64::try_from(v).unwrap_or(0))
+}
+
+fn read_smtp(row: &Row) -> Result<Stored<SmtpSettings>> {
+    let missing = |column: &str| corrupt(format!("ChannelConfig.{column} is NULL"));
+    let username = decode::opt_text(row, "Username")?;
+    let mechanism = decode::text(row, "AuthMechanism")?;
+    let auth = match mechanism.as_str() {
+        "none" => SmtpAuth::None,
+        "password" => SmtpAuth::Password {
+            username: username.ok_or_else(|| missing("Username"))?,
+            password: Secret::new(
+                decode::opt_text(row, "Password")?.ok_or_else(|| missing("Password"))?,
+            ),
+        },
+        "xoauth2" => SmtpAuth::XOAuth2 {
+            username: username.ok_or_else(|| missing("Username"))?,
+            oauth: OAuthClientCredentials {
+                token_url: decode::opt_text(row, "OAuthTokenUrl")?
+                    .ok_or_else(|| missing("OAuthTokenUrl"))?,
+                client_id: decode::opt_text(row, "OAuthClientId")?
+                    .ok_or_else(|| missing("OAuthClientId"))?,
+                client_secret: Secret::new(
+                    decode::opt_text(row, "OAuthClientSecret")?
+                        .ok_or_else(|| missing("OAuthClientSecret"))?,
+                ),
+                scope: decode::opt_text(row, "OAuthScope")?.unwrap_or_default(),
+            },
+        },
+        other => return Err(corrupt(format!("auth mechanism {other:?}"))),
+    };
+    let retry_delay = millis(decode::req::<i64>(row, "RetryDelayMs")?);
+    let backoff = decode::text(row, "Backoff")?;
+    let backoff = match backoff.as_str() {
+        "fixed" => Backoff::Fixed,
+        "exponential" => Backoff::Exponential {
+            cap: decode::opt::<i64>(row, "MaxRetryDelayMs")?.map_or(retry_delay, millis),
+        },
+        other => return Err(corrupt(format!("backoff {other:?}"))),
+    };
+    let timeout = millis(decode::req::<i64>(row, "TimeoutMs")?);
+    let tls = decode::text(row, "TlsMode")?;
+    let port = decode::req::<i32>(row, "Port")?;
+    let connections = decode::req::<i32>(row, "MaxConcurrentConnections")?;
+    let rate = decode::opt::<f64>(row, "RateLimitPerSecond")?;
+    let burst = decode::opt::<i64>(row, "RateLimitBurst")?;
+    Ok(Stored {
+        value: SmtpSettings {
+            host: decode::text(row, "Host")?,
+            port: u16::try_from(port).map_err(|_| corrupt(format!("port {port}")))?,
+            tls: TlsMode::parse(&tls).ok_or_else(|| corrupt(format!("TLS mode {tls:?}")))?,
+            auth,
+            from_address: EmailAddress::parse(&decode::text(row, "FromAddress")?, "from_address")
+                .map_err(corrupt)?,
+            timeout,
+            overall_timeout: decode::opt::<i64>(row, "OverallTimeoutMs")?
+                .map_or(timeout * 4, millis),
+            policy: DeliveryPolicy {
+                max_retries: decode::req::<i64>(row, "MaxRetries")?,
+                retry_delay,
+                backoff,
+                max_concurrent_connections: u32::try_from(connections)
+                    .map_err(|_| corrupt(format!("connections {connections}")))?,
+                rate_limit: rate.map(|per_second| RateLimit {
+                    per_second,
+                    burst: burst.and_then(|b| u32::try_from(b).ok()).unwrap_or(1),
+                }),
+            },
+        },
+        updated_at: decode::time(row, "UpdatedAt")?,
+    })
+}
+
+pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSettings>>> {
+    let mut results = store
+        .batch("SMTP settings", sql::SELECT_CHANNEL, &[text(EMAIL_CHANNEL)])
+        .await?;
+    result_set(&mut results, 0, "SMTP settings")?
+        .first()
+        .map(read_smtp)
+        .transpose()
+}
+
+pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Result<()> {
+    let (username, password, oauth) = match &s.auth {
+        SmtpAuth::None => (None, None, None),
+        SmtpAuth::Password { username, password } => (
+            Some(username.clone()),
+            Some(password.expose().to_owned()),
+            None,
+        ),
+        SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), None, Some(oauth)),
+    };
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(millis_i64(cap)),
+    };
+    let params = [
+        text(EMAIL_CHANNEL),
+        text(&s.host),
+        Param::Int(Some(i32::from(s.port))),
+        text(s.tls.as_str()),
+        text(s.auth.mechanism()),
+        Param::Text(username),
+        Param::Text(password),
+        text(s.from_address.as_str()),
+        Param::BigInt(Some(p.max_retries)),
+        Param::BigInt(Some(millis_i64(p.retry_delay))),
+        text(p.backoff.as_str()),
+        Param::BigInt(max_retry_delay),
+        Param::Int(Some(
+            i32::try_from(p.max_concurrent_connections).unwrap_or(i32::MAX),
+        )),
+        Param::Float(p.rate_limit.map(|r| r.per_second)),
+        Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+        Param::BigInt(Some(millis_i64(s.timeout))),
+        Param::BigInt(Some(millis_i64(s.overall_timeout))),
+        Param::Text(oauth.map(|o| o.token_url.clone())),
+        Param::Text(oauth.map(|o| o.client_id.clone())),
+        Param::Text(oauth.map(|o| o.client_secret.expose().to_owned())),
+        Param::Text(oauth.map(|o| o.scope.clone())),
+    ];
+    match store.batch_raw(sql::REPLACE_CHANNEL, &params).await {
+        // As for lists: a concurrent first insert; run again, it updates.
+        Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
+            store
+                .batch("SMTP settings", sql::REPLACE_CHANNEL, &params)
+                .await?;
+        }
+        other => {
+            other.map_err(|e| super::error::to_store_error("SMTP settings", &e))?;
+        }
+    }
+    Ok(())
+}
+
+pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
+    let mut results = store
+        .batch("SMTP settings", sql::DELETE_CHANNEL, &[text(EMAIL_CHANNEL)])
+        .await?;
+    Ok(single_count(&mut results, "Deleted", "SMTP settings")? > 0)
+}

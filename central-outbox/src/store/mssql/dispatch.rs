@@ -1,0 +1,206 @@
+//! The dispatcher's side of the MS SQL backend: the leader lease, claiming due rows, and fenced
+//! outcomes. Every condition that keeps two dispatchers apart (the lease's holder and expiry,
+//! the claim's epoch, a row being due) is evaluated inside the statement that changes the row,
+//! on the database's clock.
+
+use std::time::Duration;
+
+use outbox_proto::content::ScriptOrigin;
+use tiberius::Row;
+
+use super::error::{ErrorClass, classify, to_store_error};
+use super::pool::Param;
+use super::{MsSqlStore, decode, millis_i32, millis_i64, result_set, sql, text};
+use crate::domain::status::Status;
+use crate::domain::{
+    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
+    TypeData,
+};
+use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
+
+pub async fn acquire_lease(
+    store: &MsSqlStore,
+    name: &str,
+    holder: &str,
+    ttl: Duration,
+) -> Result<Option<LeaseEpoch>> {
+    let params = [text(name), text(holder), Param::Int(Some(millis_i32(ttl)))];
+    // Two nodes creating a never-held lease at once: one insert fails on the key and is rolled
+    // back; run again, it finds the other's row and answers by the usual rule.
+    let mut results = match store.batch_raw(sql::ACQUIRE_LEASE, &params).await {
+        Err(e) if classify(&e) == ErrorClass::DuplicateKey => {
+            store
+                .batch("acquire lease", sql::ACQUIRE_LEASE, &params)
+                .await?
+        }
+        other => other.map_err(|e| to_store_error("acquire lease", &e))?,
+    };
+    let rows = result_set(&mut results, 0, "acquire lease")?;
+    rows.first()
+        .map(|row| decode::req::<i64>(row, "Epoch").map(LeaseEpoch))
+        .transpose()
+}
+
+pub async fn release_lease(
+    store: &MsSqlStore,
+    name: &str,
+    holder: &str,
+    epoch: LeaseEpoch,
+) -> Result<bool> {
+    let params = [text(name), text(holder), Param::BigInt(Some(epoch.0))];
+    let mut results = store
+        .batch("release lease", sql::RELEASE_LEASE, &params)
+        .await?;
+    Ok(single_count(&mut results, "Released", "release lease")? > 0)
+}
+
+/// The one integer of a batch's one-row result.
+pub(super) fn single_count(results: &mut [Vec<Row>], column: &str, context: &str) -> Result<i64> {
+    let rows = result_set(results, 0, context)?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt(format!("{context}: no result row")))?;
+    match decode::opt::<i32>(row, column) {
+        Ok(value) => Ok(i64::from(value.unwrap_or(0))),
+        // COUNT_BIG and bigint variables come back as bigint.
+        Err(_) => Ok(decode::opt::<i64>(row, column)?.unwrap_or(0)),
+    }
+}
+
+pub async fn claim_due(
+    store: &MsSqlStore,
+    lease: &str,
+    epoch: LeaseEpoch,
+    kind: NotificationType,
+    limit: usize,
+    claim_timeout: Duration,
+) -> Result<Vec<ClaimedNotification>> {
+    if limit == 0 {
+        return Ok(Vec::new());
+    }
+    let params = [
+        Param::BigInt(Some(epoch.0)),
+        Param::Int(Some(millis_i32(claim_timeout))),
+        Param::BigInt(Some(i64::try_from(limit).unwrap_or(i64::MAX))),
+        text(kind.as_str()),
+        text(lease),
+    ];
+    let mut results = store.batch("claim", sql::CLAIM_DUE, &params).await?;
+    let rows = result_set(&mut results, 0, "claim")?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        match decode_claim(row, epoch)? {
+            Ok(notification) => claimed.push(notification),
+            Err(invalid) => park_invalid(store, epoch, invalid).await?,
+        }
+    }
+    Ok(claimed)
+}
+
+/// A claimed row whose stored content fails validation.
+struct InvalidRow {
+    row_id: i64,
+    id: uuid::Uuid,
+    attempt_no: i32,
+    problem: String,
+}
+
+/// Decodes a claimed row. The outer error is a database-level problem (a NULL or a type the
+/// schema rules out); the inner one is content that no longer validates, which parks the row.
+fn decode_claim(
+    row: &Row,
+    epoch: LeaseEpoch,
+) -> Result<std::result::Result<ClaimedNotification, InvalidRow>> {
+    let row_id = decode::req::<i64>(row, "Id")?;
+    let id = decode::guid(row, "NotificationId")?;
+    let attempt_no = decode::req::<i32>(row, "AttemptCount")?;
+    let retry_count = decode::count(row, "RetryCount")?;
+    let kind = decode::text(row, "Type")?;
+    let list_name = decode::text(row, "ListName")?;
+    let subject = decode::text(row, "Subject")?;
+    let body = decode::text(row, "Body")?;
+    let type_data = decode::text(row, "TypeData")?;
+    let site = decode::text(row, "SourceSiteId")?;
+    let instance = decode::text(row, "SourceInstanceId")?;
+    let script = decode::text(row, "SourceScript")?;
+    let execution = decode::opt::<uuid::Uuid>(row, "OriginExecutionId")?.map(|u| u.to_string());
+    let parent = decode::opt::<uuid::Uuid>(row, "OriginParentExecutionId")?.map(|u| u.to_string());
+    let enqueued = decode::time(row, "SiteEnqueuedAt")?;
+    let validated = (|| -> std::result::Result<ClaimedNotification, String> {
+        let kind =
+            NotificationType::from_db(&kind).ok_or_else(|| format!("unknown type {kind:?}"))?;
+        let content = NotificationContent {
+            kind,
+            list_name: ListName::parse(list_name).map_err(|e| e.to_string())?,
+            subject: Subject::parse(subject).map_err(|e| e.to_string())?,
+            body: Body::parse(body).map_err(|e| e.to_string())?,
+            type_data: TypeData::parse(type_data).map_err(|e| e.to_string())?,
+        };
+        let origin = ScriptOrigin::parse(instance, script, execution.as_deref(), parent.as_deref())
+            .map_err(|e| e.to_string())?;
+        let site = SiteId::parse(site).map_err(|e| e.to_string())?;
+        Ok(ClaimedNotification {
+            row_id,
+            id: NotificationId::from_uuid(id),
+            content,
+            provenance: origin.at_site(site, enqueued),
+            retry_count,
+            attempt_no: u32::try_from(attempt_no).map_err(|e| e.to_string())?,
+            epoch,
+        })
+    })();
+    Ok(validated.map_err(|problem| InvalidRow {
+        row_id,
+        id,
+        attempt_no,
+        problem,
+    }))
+}
+
+async fn park_invalid(store: &MsSqlStore, epoch: LeaseEpoch, row: InvalidRow) -> Result<()> {
+    tracing::error!(row_id = row.row_id, problem = %row.problem, "parking undeliverable stored row");
+    let params = [
+        Param::BigInt(Some(row.row_id)),
+        Param::BigInt(Some(epoch.0)),
+        text(&format!("stored row is invalid: {}", row.problem)),
+        Param::Guid(Some(row.id)),
+        Param::Int(Some(row.attempt_no)),
+    ];
+    store.batch("claim", sql::PARK_INVALID, &params).await?;
+    Ok(())
+}
+
+pub async fn record_outcome(
+    store: &MsSqlStore,
+    lease: &str,
+    record: &AttemptRecord,
+) -> Result<bool> {
+    let t = &record.transition;
+    // DeliveredAt equals ResolvedAt for a delivery, so either can date it.
+    let delivered_at = if t.status == Status::Delivered {
+        t.resolved_at
+    } else {
+        None
+    };
+    let params = [
+        text(t.status.as_str()),
+        Param::Int(Some(i32::try_from(t.retry_count).unwrap_or(i32::MAX))),
+        Param::Text(t.last_error.clone()),
+        Param::Time(t.next_attempt_at),
+        Param::Time(delivered_at),
+        Param::Time(t.resolved_at),
+        Param::Text(t.resolved_targets.clone()),
+        Param::BigInt(Some(record.row_id)),
+        Param::BigInt(Some(record.epoch.0)),
+        text(lease),
+        Param::Guid(Some(*record.id.as_uuid())),
+        Param::Int(Some(i32::try_from(record.attempt_no).unwrap_or(i32::MAX))),
+        text(record.outcome.as_str()),
+        Param::BigInt(Some(millis_i64(record.duration))),
+        Param::Text(record.error.clone()),
+    ];
+    let mut results = store
+        .batch("record outcome", sql::RECORD_OUTCOME, &params)
+        .await?;
+    Ok(single_count(&mut results, "Applied", "record outcome")? == 1)
+}

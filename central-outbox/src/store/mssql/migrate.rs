@@ -1,0 +1,120 @@
+//! Versioned schema migrations for the MS SQL backend, embedded from `migrations/mssql/` at build
+//! time and applied at start-up.
+//!
+//! Replicas starting together serialise on an exclusive, session-owned application lock
+//! (`sp_getapplock`) taken on a connection of its own: the first applies what is missing, the
+//! others wait, then find nothing to do. Each migration commits together with its
+//! `SchemaMigrations` row, so a crash mid-way leaves the previous version intact. The lock
+//! belongs to the session, so closing the connection releases it whatever happened.
+
+use std::time::Duration;
+
+use super::error::to_store_error;
+use super::pool::{Manager, Param};
+use super::{result_set, sql};
+use crate::store::{Result, StoreError};
+
+pub struct Migration {
+    pub version: i32,
+    pub name: &'static str,
+    /// The statement snapshot's name (see `sql::catalog`).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub snapshot: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every migration, in order. Append only: an applied migration is never edited.
+pub const MIGRATIONS: &[Migration] = &[Migration {
+    version: 1,
+    name: "initial",
+    snapshot: "migration_0001_initial",
+    sql: include_str!("../../../../migrations/mssql/0001_initial.sql"),
+}];
+
+/// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the
+/// lock is not granted in time (another replica is migrating).
+pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<()> {
+    // A connection of its own, closed at the end, so the session's lock goes with it.
+    let mut conn = pool
+        .dedicated_connection()
+        .await
+        .map_err(|e| to_store_error("migrations: connect", &e))?;
+    // The lock wait is one server response, so it must end before the driver's per-response
+    // timeout (`lock_timeout`) gives up on the connection. A replica that waits longer than that
+    // fails start-up, and its supervisor starts it again.
+    let wait_ms = i32::try_from(lock_timeout.mul_f64(0.8).as_millis()).unwrap_or(i32::MAX);
+    let bound = lock_timeout * 4;
+    let run = async {
+        let mut results = conn
+            .batch(sql::MIGRATION_LOCK, &[Param::Int(Some(wait_ms))])
+            .await
+            .map_err(|e| to_store_error("migrations: lock", &e))?;
+        let granted = result_set(&mut results, 0, "migrations: lock")?
+            .first()
+            .and_then(|row| row.get::<i32, _>("Result"))
+            .is_some_and(|code| code >= 0);
+        if !granted {
+            return Err(StoreError::Unavailable(
+                "migrations: another replica held the schema lock too long; try again".into(),
+            ));
+        }
+        let mut results = conn
+            .batch(sql::MIGRATION_VERSION, &[])
+            .await
+            .map_err(|e| to_store_error("migrations: read version", &e))?;
+        let current = result_set(&mut results, 0, "migrations: read version")?
+            .first()
+            .and_then(|row| row.get::<i32, _>("Version"))
+            .unwrap_or(0);
+        let known = MIGRATIONS.last().map_or(0, |m| m.version);
+        if current > known {
+            return Err(StoreError::Unavailable(format!(
+                "the database schema is at version {current}, newer than this binary knows \
+                 ({known}); upgrade central-outbox"
+            )));
+        }
+        for migration in MIGRATIONS.iter().filter(|m| m.version > current) {
+            tracing::info!(
+                version = migration.version,
+                name = migration.name,
+                "applying MS SQL migration"
+            );
+            let params = [
+                Param::Int(Some(migration.version)),
+                Param::Text(Some(migration.name.to_owned())),
+            ];
+            conn.batch(&sql::migration(migration.sql), &params)
+                .await
+                .map_err(|e| to_store_error("migrations: apply", &e))?;
+        }
+        conn.batch(sql::MIGRATION_UNLOCK, &[])
+            .await
+            .map_err(|e| to_store_error("migrations: unlock", &e))?;
+        Ok(())
+    };
+    tokio::time::timeout(bound, run).await.unwrap_or_else(|_| {
+        Err(StoreError::Unavailable(format!(
+            "migrations did not finish within {bound:?}"
+        )))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_increase_and_files_guard_every_create() {
+        let mut previous = 0;
+        for m in MIGRATIONS {
+            assert!(m.version > previous, "{}", m.name);
+            previous = m.version;
+            // Plain CREATE guarded by an existence check, so a re-run (or a DBA's manual run)
+            // is harmless and Babelfish accepts it.
+            assert!(!m.sql.contains("CREATE OR ALTER"));
+            let creates = m.sql.matches("\nCREATE ").count();
+            let guards = m.sql.matches("\nIF ").count();
+            assert_eq!(creates, guards, "every CREATE in {} is guarded", m.name);
+        }
+    }
+}

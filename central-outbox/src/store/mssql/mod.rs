@@ -1,0 +1,291 @@
+//! The MS SQL Server backend of [`OutboxStore`]: the production central store, shared by every
+//! central replica (DESIGN §7). Also meant to run unchanged on Babelfish for PostgreSQL.
+//!
+//! Each store operation is one T-SQL batch (see [`sql`]) on a pooled connection: one round trip,
+//! one transaction, `SET XACT_ABORT ON`, so a failure leaves nothing half done. A batch chosen
+//! as a deadlock victim was rolled back whole and is run again (a few times, with jitter);
+//! nothing else is retried here, because a batch that timed out may have committed. Every call
+//! is bounded: waiting for a connection, each response, and the whole batch (see
+//! [`MsSqlStore::batch`]). Replicas agree on time through the database's clock
+//! (`SYSUTCDATETIME()`), which dates claims, leases and CreatedAt.
+//!
+//! Layout: [`options`] (connection strings), `pool` (connections and their discard rules),
+//! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
+//! (idempotent submit), `dispatch` (leases, claims, outcomes), `admin` (queries, operator
+//! actions, KPIs, purge), `channel` (lists and SMTP settings), `decode` (rows to domain types).
+
+mod admin;
+mod channel;
+mod decode;
+mod dispatch;
+mod error;
+mod ingest;
+mod migrate;
+pub mod options;
+mod pool;
+mod sql;
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tiberius::Row;
+use tiberius::error::{Error, IoErrorKind};
+
+use self::error::{ErrorClass, classify, to_store_error};
+use self::pool::{Manager, Param};
+use super::{
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
+    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
+    PurgeReport, Result, StoreError,
+};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::history::{Actor, OperatorAction};
+use crate::domain::kpi::{KpiParams, Kpis};
+use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::{ListName, NotificationId, NotificationType};
+
+pub use self::options::MsSqlOptions;
+
+/// Runs of a batch chosen as a deadlock victim, in all. SQL Server picks the cheaper
+/// transaction to roll back; run again, it almost always succeeds the second time.
+const DEADLOCK_ATTEMPTS: u32 = 3;
+/// Idle pooled connections are closed after this, so a quiet replica holds no sessions.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// Connections are replaced after this, so they follow failovers and DNS changes.
+const POOL_MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
+
+/// Central store on an MS SQL Server database.
+#[derive(Clone)]
+pub struct MsSqlStore {
+    pool: bb8::Pool<Manager>,
+    /// Bounds one whole unit of work: a connection from the pool, then the batch.
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for MsSqlStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MsSqlStore")
+            .field("pool", &self.pool.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl MsSqlStore {
+    /// Connects, then brings the schema up to date (serialised between replicas by an
+    /// application lock). Fails if the server is unreachable after the connect retries, the
+    /// login is refused, or the schema is newer than this binary.
+    pub async fn open(options: MsSqlOptions) -> Result<Self> {
+        tracing::info!(server = %options.describe(), "opening the MS SQL store");
+        let pool = bb8::Pool::builder()
+            .max_size(options.pool_max_size)
+            .min_idle(options.pool_min_idle)
+            // Waiting for a free connection, or for a new one (which retries transient
+            // failures itself), is bounded by a few connect timeouts.
+            .connection_timeout(options.connect_timeout * 3)
+            .retry_connection(false)
+            .test_on_check_out(true)
+            .idle_timeout(Some(POOL_IDLE_TIMEOUT))
+            .max_lifetime(Some(POOL_MAX_LIFETIME))
+            .build(Manager::new(options.clone()))
+            .await
+            .map_err(|e| to_store_error("connect", &e))?;
+        let store = Self {
+            pool,
+            // A batch waits for a connection (bounded above) and then for each response (the
+            // driver's command timeout); a batch has at most a couple of response waits.
+            timeout: options.connect_timeout * 3 + options.command_timeout * 2,
+        };
+        migrate::apply(&store.pool, options.command_timeout).await?;
+        Ok(store)
+    }
+
+    /// Runs one batch on a pooled connection and returns its result sets. Deadlock victims are
+    /// run again; any other error is returned as the driver reported it (a timeout as an IO
+    /// `TimedOut`), for the caller to classify.
+    async fn batch_raw(
+        &self,
+        sql: &str,
+        params: &[Param],
+    ) -> std::result::Result<Vec<Vec<Row>>, Error> {
+        let mut attempt = 1;
+        loop {
+            let run = async {
+                let mut conn = self.pool.get().await.map_err(|e| match e {
+                    bb8::RunError::User(e) => e,
+                    bb8::RunError::TimedOut => Error::Io {
+                        kind: IoErrorKind::TimedOut,
+                        message: "no database connection became available in time".into(),
+                    },
+                })?;
+                conn.batch(sql, params).await
+            };
+            // Dropping `run` on timeout drops its connection mid-request; the pool discards it.
+            let result = tokio::time::timeout(self.timeout, run)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Io {
+                        kind: IoErrorKind::TimedOut,
+                        message: format!("the batch did not finish within {:?}", self.timeout),
+                    })
+                });
+            match result {
+                Err(e) if classify(&e) == ErrorClass::Deadlock && attempt < DEADLOCK_ATTEMPTS => {
+                    tracing::debug!(attempt, "deadlock victim; running the batch again");
+                    let pause = 10 * u64::from(attempt) + fastrand::u64(0..40);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// [`Self::batch_raw`], with errors as the store reports them.
+    async fn batch(&self, context: &str, sql: &str, params: &[Param]) -> Result<Vec<Vec<Row>>> {
+        self.batch_raw(sql, params)
+            .await
+            .map_err(|e| to_store_error(context, &e))
+    }
+}
+
+fn millis_i32(d: Duration) -> i32 {
+    i32::try_from(d.as_millis()).unwrap_or(i32::MAX)
+}
+
+fn millis_i64(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+fn text(value: &str) -> Param {
+    Param::Text(Some(value.to_owned()))
+}
+
+fn at(instant: DateTime<Utc>) -> Param {
+    Param::Time(Some(instant))
+}
+
+impl OutboxStore for MsSqlStore {
+    async fn ping(&self) -> Result<()> {
+        self.batch("health probe", sql::PING, &[]).await.map(drop)
+    }
+
+    async fn submit(&self, batch: Vec<NewNotification>) -> Result<Vec<InsertOutcome>> {
+        ingest::submit(self, &batch).await
+    }
+
+    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
+        admin::state(self, id).await
+    }
+
+    async fn acquire_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseEpoch>> {
+        dispatch::acquire_lease(self, name, holder, ttl).await
+    }
+
+    async fn release_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        epoch: LeaseEpoch,
+    ) -> Result<bool> {
+        dispatch::release_lease(self, name, holder, epoch).await
+    }
+
+    async fn claim_due(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        limit: usize,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        dispatch::claim_due(self, lease, epoch, kind, limit, claim_timeout).await
+    }
+
+    async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
+        dispatch::record_outcome(self, lease, &record).await
+    }
+
+    async fn query(&self, page: PageRequest) -> Result<Page> {
+        admin::query(self, &page).await
+    }
+
+    async fn detail(&self, id: NotificationId) -> Result<Option<NotificationDetail>> {
+        admin::detail(self, id).await
+    }
+
+    async fn act_on_ids(
+        &self,
+        action: OperatorAction,
+        ids: Vec<NotificationId>,
+        actor: Actor,
+    ) -> Result<Vec<ActionResult>> {
+        admin::act_on_ids(self, action, &ids, &actor).await
+    }
+
+    async fn act_on_filter(
+        &self,
+        action: OperatorAction,
+        filter: NotificationFilter,
+        limit: usize,
+        actor: Actor,
+    ) -> Result<FilterActionReport> {
+        admin::act_on_filter(self, action, &filter, limit, &actor).await
+    }
+
+    async fn kpis(&self, params: KpiParams) -> Result<Kpis> {
+        admin::kpis(self, &params).await
+    }
+
+    async fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport> {
+        admin::purge_terminal(self, resolved_before, batch).await
+    }
+
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        channel::list(self, name).await
+    }
+
+    async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
+        channel::lists(self).await
+    }
+
+    async fn upsert_list(&self, list: NotificationList) -> Result<()> {
+        channel::replace_list(self, &list).await
+    }
+
+    async fn delete_list(&self, name: &ListName) -> Result<bool> {
+        channel::delete_list(self, name).await
+    }
+
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        channel::smtp_settings(self).await
+    }
+
+    async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
+        channel::replace_smtp_settings(self, &settings).await
+    }
+
+    async fn delete_smtp_settings(&self) -> Result<bool> {
+        channel::delete_smtp_settings(self).await
+    }
+}
+
+/// Takes the `index`th result set of a batch; its absence means the statement and this code
+/// disagree.
+fn result_set(results: &mut [Vec<Row>], index: usize, context: &str) -> Result<Vec<Row>> {
+    let count = results.len();
+    results.get_mut(index).map(std::mem::take).ok_or_else(|| {
+        StoreError::Corrupt(format!(
+            "{context}: the batch returned {count} result sets, expected at least {}",
+            index + 1
+        ))
+    })
+}

@@ -1,0 +1,289 @@
+//! The connection pool's manager: how a pooled MS SQL connection is opened, checked and thrown
+//! away. (The published bb8 adapter for tiberius pins tiberius 0.12, hence our own.)
+//!
+//! Invariant: a connection goes back into the pool only if every request it carried finished
+//! cleanly. A request that saw an IO error, a timeout or a fatal server error, or that was
+//! abandoned half way (its future dropped by a timeout or a cancelled task), leaves the TDS
+//! stream in an unknown state, so [`Health`] marks it and `has_broken` makes bb8 close it.
+
+use std::time::Duration;
+
+use tiberius::error::{Error, IoErrorKind};
+use tiberius::{Client, Row, ToSql};
+use tokio::net::TcpStream;
+use tokio_util::compat::{Compat, TokioAsyncWriteCompatExt};
+
+use super::error::{breaks_connection, is_transient_connect};
+use super::options::MsSqlOptions;
+
+/// Connect attempts before giving up on a transient failure (refused, reset, server starting).
+const CONNECT_ATTEMPTS: u32 = 4;
+/// First pause between connect attempts; doubled each time, with jitter.
+const CONNECT_BACKOFF: Duration = Duration::from_millis(250);
+/// Routing redirects followed per connect. Azure SQL's gateway redirects once, to the node
+/// hosting the database; a chain longer than this is a misconfiguration, not a topology.
+const MAX_REDIRECTS: u32 = 2;
+
+/// Whether a connection is still fit for reuse. Kept apart from the connection so the discard
+/// rules can be tested without a server.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Health {
+    /// A request started and has not finished: set before sending, cleared when the response
+    /// has been read to its end. Still set when the pool gets the connection back means the
+    /// request's future was dropped mid-way (a timeout or cancellation).
+    in_flight: bool,
+    /// A request failed in a way that leaves the connection unusable.
+    broken: bool,
+}
+
+impl Health {
+    /// A request is about to be sent.
+    pub fn start(&mut self) {
+        self.in_flight = true;
+    }
+
+    /// The request's response was read to its end, successfully or with this error.
+    pub fn finish(&mut self, error: Option<&Error>) {
+        self.in_flight = false;
+        if error.is_some_and(breaks_connection) {
+            self.broken = true;
+        }
+    }
+
+    /// Whether the pool must close this connection instead of handing it out again.
+    pub fn is_broken(&self) -> bool {
+        self.broken || self.in_flight
+    }
+}
+
+/// One bound parameter, owned so a statement's parameters can be built up dynamically.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Param {
+    Text(Option<String>),
+    BigInt(Option<i64>),
+    Int(Option<i32>),
+    Float(Option<f64>),
+    Guid(Option<uuid::Uuid>),
+    Time(Option<chrono::DateTime<chrono::Utc>>),
+    Binary(Vec<u8>),
+}
+
+impl ToSql for Param {
+    fn to_sql(&self) -> tiberius::ColumnData<'_> {
+        match self {
+            Self::Text(v) => v.to_sql(),
+            Self::BigInt(v) => v.to_sql(),
+            Self::Int(v) => v.to_sql(),
+            Self::Float(v) => v.to_sql(),
+            Self::Guid(v) => v.to_sql(),
+            // datetime2(7) on the wire: compared with the datetime2(3) columns at full precision.
+            Self::Time(v) => v.to_sql(),
+            Self::Binary(v) => v.to_sql(),
+        }
+    }
+}
+
+/// A pooled connection and its health.
+pub struct Connection {
+    client: Client<Compat<TcpStream>>,
+    health: Health,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("health", &self.health)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connection {
+    /// Runs one batch with bound parameters (`@P1`, `@P2`, ... in `sql`) and reads every result
+    /// set to its end. Marks the connection broken on an error that leaves it unusable; if this
+    /// future is dropped before it finishes, the connection stays marked in flight, and so is
+    /// discarded too.
+    pub async fn batch(&mut self, sql: &str, params: &[Param]) -> Result<Vec<Vec<Row>>, Error> {
+        self.health.start();
+        let refs: Vec<&dyn ToSql> = params.iter().map(|p| p as &dyn ToSql).collect();
+        let result = async {
+            let stream = self.client.query(sql, &refs).await?;
+            stream.into_results().await
+        }
+        .await;
+        self.health.finish(result.as_ref().err());
+        result
+    }
+}
+
+/// Opens, validates and discards connections for bb8.
+#[derive(Debug, Clone)]
+pub struct Manager {
+    options: MsSqlOptions,
+}
+
+impl Manager {
+    pub fn new(options: MsSqlOptions) -> Self {
+        Self { options }
+    }
+
+    /// One connect, following routing redirects.
+    async fn connect_once(&self) -> Result<Connection, Error> {
+        let mut config = self.options.tiberius_config();
+        let mut addr = (self.options.host.clone(), self.options.port);
+        for _ in 0..=MAX_REDIRECTS {
+            // The driver's handshake timeout covers TLS and login, not the TCP connect.
+            let tcp = tokio::time::timeout(
+                self.options.connect_timeout,
+                TcpStream::connect((addr.0.as_str(), addr.1)),
+            )
+            .await
+            .map_err(|_| Error::Io {
+                kind: IoErrorKind::TimedOut,
+                message: format!(
+                    "TCP connect to {}:{} took longer than {:?}",
+                    addr.0, addr.1, self.options.connect_timeout
+                ),
+            })??;
+            // Small request/response exchanges: never wait to coalesce packets.
+            tcp.set_nodelay(true)?;
+            match Client::connect(config.clone(), tcp.compat_write()).await {
+                Ok(client) => {
+                    return Ok(Connection {
+                        client,
+                        health: Health::default(),
+                    });
+                }
+                // Azure SQL's gateway (and availability-group read routing) sends the client
+                // to the node that serves the database.
+                Err(Error::Routing { host, port }) => {
+                    tracing::debug!(%host, port, "MS SQL server redirected the connection");
+                    config.host(&host);
+                    config.port(port);
+                    addr = (host, port);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Protocol(
+            format!("more than {MAX_REDIRECTS} routing redirects").into(),
+        ))
+    }
+}
+
+impl bb8::ManageConnection for Manager {
+    type Connection = Connection;
+    type Error = Error;
+
+    /// Connects, retrying transient failures with exponential backoff and jitter; a refused
+    /// login or a bad certificate fails at once.
+    async fn connect(&self) -> Result<Connection, Error> {
+        let mut pause = CONNECT_BACKOFF;
+        let mut attempt = 1;
+        loop {
+            match self.connect_once().await {
+                Ok(conn) => return Ok(conn),
+                Err(e) if attempt < CONNECT_ATTEMPTS && is_transient_connect(&e) => {
+                    tracing::warn!(
+                        error = %e,
+                        attempt,
+                        server = %self.options.describe(),
+                        "MS SQL connect failed; retrying"
+                    );
+                    let jitter = pause.mul_f64(fastrand::f64() * 0.5);
+                    tokio::time::sleep(pause + jitter).await;
+                    pause *= 2;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A round trip that also catches a connection left inside a transaction (which a
+    /// well-formed batch never does: each commits or is rolled back by XACT_ABORT).
+    async fn is_valid(&self, conn: &mut Connection) -> Result<(), Error> {
+        let results = conn.batch(super::sql::CHECK_CONNECTION, &[]).await?;
+        let open = results
+            .first()
+            .and_then(|rows| rows.first())
+            .and_then(|row| row.get::<i32, _>(0));
+        match open {
+            Some(0) => Ok(()),
+            other => Err(Error::Protocol(
+                format!("connection check: open transactions {other:?}").into(),
+            )),
+        }
+    }
+
+    fn has_broken(&self, conn: &mut Connection) -> bool {
+        conn.health.is_broken()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: IoErrorKind) -> Error {
+        Error::Io {
+            kind,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_cleanly_finished_request_keeps_the_connection() {
+        let mut health = Health::default();
+        assert!(!health.is_broken());
+        health.start();
+        health.finish(None);
+        assert!(!health.is_broken());
+        // A server error such as a duplicate key or a permission error is an answer, not a
+        // broken stream.
+        health.start();
+        health.finish(Some(&Error::Conversion("x".into())));
+        assert!(!health.is_broken());
+    }
+
+    #[test]
+    fn io_errors_and_timeouts_discard_the_connection() {
+        for error in [
+            io(IoErrorKind::ConnectionReset),
+            io(IoErrorKind::UnexpectedEof),
+            io(IoErrorKind::TimedOut),
+            Error::Protocol("desynchronised".into()),
+        ] {
+            let mut health = Health::default();
+            health.start();
+            health.finish(Some(&error));
+            assert!(health.is_broken(), "{error}");
+            // ... for good: a later clean request does not rehabilitate it.
+            health.start();
+            health.finish(None);
+            assert!(health.is_broken(), "{error}");
+        }
+    }
+
+    #[test]
+    fn an_abandoned_request_discards_the_connection() {
+        // What a dropped future leaves behind: started, never finished.
+        let mut health = Health::default();
+        health.start();
+        assert!(health.is_broken());
+    }
+
+    #[tokio::test]
+    async fn a_dropped_batch_future_leaves_the_connection_marked() {
+        // Drive the same start/finish protocol as Connection::batch through a future that is
+        // cancelled by a timeout, as a store call under tokio::time::timeout would be.
+        let mut health = Health::default();
+        let slow = async {
+            health.start();
+            std::future::pending::<()>().await;
+            health.finish(None);
+        };
+        let outcome = tokio::time::timeout(Duration::from_millis(10), slow).await;
+        assert!(outcome.is_err());
+        assert!(health.is_broken());
+    }
+}

@@ -1,0 +1,948 @@
+//! Every T-SQL statement the MS SQL backend sends, in one place.
+//!
+//! Rules they keep (DESIGN §7, issue 6):
+//! - One batch per unit of work, starting `SET XACT_ABORT ON` so any error rolls the whole
+//!   transaction back; writes that touch several rows or tables run in one explicit transaction,
+//!   which also makes a deadlock victim (1205) safe to run again.
+//! - Values are always bound (`@P1`, `@P2`, ...), never spliced into the text. The statements
+//!   whose shape varies (filters, row counts) are built from the fixed fragments below, with
+//!   placeholders numbered by [`Statement::bind`].
+//! - Columns are qualified wherever an OUTPUT clause is present; OUTPUT goes INTO a table
+//!   variable whose columns match it in order.
+//! - Portable to Babelfish for PostgreSQL: no MERGE, no CREATE OR ALTER, no update through a
+//!   CTE, no WAITFOR, no rowversion, no SERIALIZABLE or REPEATABLE READ. Table hints are a speed-up
+//!   on SQL Server (which Babelfish ignores): every claim and action re-checks its condition in
+//!   the UPDATE itself, so correctness never depends on READPAST skipping a locked row.
+//! - Times come from the database's clock (`SYSUTCDATETIME()`) wherever replicas must agree
+//!   (claims, leases, CreatedAt); instants computed by the dispatcher (next attempt, resolution)
+//!   and query bounds are bound as datetime2(7) and compared at full precision.
+//!
+//! Each statement has a committed snapshot under `sql/` beside this file, which the tests compare
+//! and parse as T-SQL (see `tests` below); set `UPDATE_SNAPSHOTS=1` to rewrite them.
+
+use chrono::{DateTime, Utc};
+
+use super::pool::Param;
+use crate::domain::history::OperatorAction;
+use crate::domain::query::NotificationFilter;
+
+/// Prepends the settings every batch starts with.
+macro_rules! batch {
+    ($($body:expr),+ $(,)?) => {
+        concat!("SET XACT_ABORT ON;\nSET NOCOUNT ON;\n", $($body),+)
+    };
+}
+
+/// The columns `decode::state` reads, from `dbo.Notifications AS n`.
+macro_rules! state_columns {
+    () => {
+        "n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, \
+         n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, \
+         n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt"
+    };
+}
+
+/// The database's clock, once per batch, rounded to the columns' millisecond precision.
+macro_rules! declare_now {
+    () => {
+        "DECLARE @now datetime2(3) = SYSUTCDATETIME();\n"
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connections and migrations
+
+/// Pool check-out: a round trip, and no transaction left open by an earlier batch.
+pub const CHECK_CONNECTION: &str = "SELECT @@TRANCOUNT AS OpenTransactions;";
+
+/// The health probe: a round trip on a pooled connection that opens and commits a transaction.
+pub const PING: &str = batch!(
+    "BEGIN TRANSACTION;
+COMMIT TRANSACTION;
+SELECT 1 AS Ok;"
+);
+
+/// The application lock that serialises migrations between replicas starting together. Owned
+/// by the session, so it is released when the migrating connection closes, even on a crash.
+/// @P1: lock timeout in milliseconds. Result: sp_getapplock's return code (>= 0: granted).
+pub const MIGRATION_LOCK: &str = "\
+DECLARE @result int;
+EXEC @result = sp_getapplock @Resource = N'central-outbox/schema-migrations', @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
+SELECT @result AS Result;";
+
+pub const MIGRATION_UNLOCK: &str = "\
+EXEC sp_releaseapplock @Resource = N'central-outbox/schema-migrations', @LockOwner = N'Session';";
+
+/// Creates the migrations ledger if needed and reads the schema version.
+pub const MIGRATION_VERSION: &str = batch!(
+    "IF OBJECT_ID(N'dbo.SchemaMigrations', N'U') IS NULL
+BEGIN
+CREATE TABLE dbo.SchemaMigrations (
+    Version   int NOT NULL,
+    Name      nvarchar(128) NOT NULL,
+    AppliedAt datetime2(3) NOT NULL,
+    CONSTRAINT PK_SchemaMigrations PRIMARY KEY CLUSTERED (Version)
+);
+END;
+SELECT COALESCE(MAX(m.Version), 0) AS Version FROM dbo.SchemaMigrations AS m;"
+);
+
+/// Wraps one migration file: the file's statements and its ledger row commit together.
+/// @P1: version, @P2: name.
+pub fn migration(file: &str) -> String {
+    format!(
+        "{}BEGIN TRANSACTION;\n{}\nINSERT INTO dbo.SchemaMigrations (Version, Name, AppliedAt) \
+         VALUES (@P1, @P2, SYSUTCDATETIME());\nCOMMIT TRANSACTION;",
+        batch!(""),
+        file.trim_end()
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ingest
+
+/// The columns of one submitted row, in the order [`insert_batch`] and [`INSERT_ONE`] bind them.
+pub const SUBMIT_COLUMNS: usize = 13;
+
+/// Inserts every row whose id is not stored yet, then reports for each id in the batch its
+/// stored content hash and whether this batch inserted it. Not an upsert: a row that exists is
+/// left as it is. Two batches inserting the same new id at once make one of them fail with
+/// 2627/2601; the caller then falls back to [`INSERT_ONE`] per row.
+pub fn insert_batch(rows: usize) -> String {
+    let mut values = Vec::with_capacity(rows);
+    let mut ids = Vec::with_capacity(rows);
+    for row in 0..rows {
+        let first = row * SUBMIT_COLUMNS + 1;
+        let placeholders: Vec<String> = (first..first + SUBMIT_COLUMNS)
+            .map(|i| format!("@P{i}"))
+            .collect();
+        values.push(format!("({})", placeholders.join(", ")));
+        ids.push(format!("@P{first}"));
+    }
+    format!(
+        "{}{}\
+DECLARE @inserted TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);
+INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt)
+OUTPUT inserted.NotificationId INTO @inserted
+SELECT v.NotificationId, v.Type, v.ListName, v.Subject, v.Body, v.TypeData, v.ContentHash, N'Pending', v.SourceSiteId, v.SourceInstanceId, v.SourceScript, v.OriginExecutionId, v.OriginParentExecutionId, v.SiteEnqueuedAt, @now
+FROM (VALUES
+    {}
+) AS v (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt)
+WHERE NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = v.NotificationId);
+SELECT n.NotificationId, n.ContentHash, CASE WHEN i.NotificationId IS NULL THEN 0 ELSE 1 END AS Inserted
+FROM dbo.Notifications AS n
+LEFT JOIN @inserted AS i ON i.NotificationId = n.NotificationId
+WHERE n.NotificationId IN ({});",
+        batch!(""),
+        declare_now!(),
+        values.join(",\n    "),
+        ids.join(", ")
+    )
+}
+
+/// The plain INSERT of one row; a duplicate id fails with 2627/2601 and leaves the stored row
+/// as it was. Parameters as one row of [`insert_batch`].
+pub const INSERT_ONE: &str = batch!(
+    "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt)
+VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, N'Pending', @P8, @P9, @P10, @P11, @P12, @P13, SYSUTCDATETIME());"
+);
+
+/// The stored content hash of an id (after a duplicate-key error).
+pub const SELECT_CONTENT_HASH: &str =
+    batch!("SELECT n.ContentHash FROM dbo.Notifications AS n WHERE n.NotificationId = @P1;");
+
+// ---------------------------------------------------------------------------------------------
+// Leases, claims and outcomes
+
+/// Takes or renews lease @P1 for holder @P2 for @P3 milliseconds: renews (same epoch) if the
+/// holder still holds it, takes it with the next epoch if it is free or has lapsed, and creates
+/// it at epoch 1 if it never existed. Result: the epoch held, or no row.
+pub const ACQUIRE_LEASE: &str = batch!(
+    declare_now!(),
+    "DECLARE @held TABLE (Epoch bigint NOT NULL);
+BEGIN TRANSACTION;
+UPDATE l
+SET l.Epoch = CASE WHEN l.Holder = @P2 AND l.ExpiresAt > @now THEN l.Epoch ELSE l.Epoch + 1 END,
+    l.Holder = @P2,
+    l.ExpiresAt = DATEADD(millisecond, @P3, @now)
+OUTPUT inserted.Epoch INTO @held
+FROM dbo.Leases AS l
+WHERE l.Name = @P1 AND (l.Holder = @P2 OR l.ExpiresAt <= @now);
+INSERT INTO dbo.Leases (Name, Holder, Epoch, ExpiresAt)
+OUTPUT inserted.Epoch INTO @held
+SELECT @P1, @P2, 1, DATEADD(millisecond, @P3, @now)
+WHERE NOT EXISTS (SELECT 1 FROM dbo.Leases AS x WHERE x.Name = @P1);
+COMMIT TRANSACTION;
+SELECT h.Epoch FROM @held AS h;"
+);
+
+/// Expires lease @P1 now if holder @P2 still holds it at epoch @P3. Result: rows changed.
+pub const RELEASE_LEASE: &str = batch!(
+    declare_now!(),
+    "UPDATE l
+SET l.ExpiresAt = @now
+FROM dbo.Leases AS l
+WHERE l.Name = @P1 AND l.Holder = @P2 AND l.Epoch = @P3 AND l.ExpiresAt > @now;
+SELECT @@ROWCOUNT AS Released;"
+);
+
+/// Claims up to @P3 due rows of type @P4 for @P2 milliseconds under epoch @P1 of lease @P5, and
+/// writes their InFlight attempt rows, in one transaction. Due rows come from two small
+/// filtered indexes: unclaimed Pending/Retrying rows (the due scan), and rows whose claim ran
+/// out (the claim rescue: their dispatcher died). READPAST skips rows another claim has
+/// locked; the UPDATE's own WHERE re-checks that each row is still due and unclaimed and that
+/// the epoch still holds the lease, so two claims never take the same row even where the hints
+/// are ignored.
+pub const CLAIM_DUE: &str = batch!(
+    declare_now!(),
+    "DECLARE @claimed TABLE (
+    Id bigint NOT NULL PRIMARY KEY,
+    NotificationId uniqueidentifier NOT NULL,
+    Type nvarchar(16) NOT NULL,
+    ListName nvarchar(128) NOT NULL,
+    Subject nvarchar(500) NOT NULL,
+    Body nvarchar(max) NOT NULL,
+    TypeData nvarchar(max) NOT NULL,
+    RetryCount int NOT NULL,
+    AttemptCount int NOT NULL,
+    SourceSiteId nvarchar(64) NOT NULL,
+    SourceInstanceId nvarchar(256) NOT NULL,
+    SourceScript nvarchar(256) NOT NULL,
+    OriginExecutionId uniqueidentifier NULL,
+    OriginParentExecutionId uniqueidentifier NULL,
+    SiteEnqueuedAt datetime2(3) NOT NULL,
+    NextAttemptAt datetime2(3) NULL
+);
+BEGIN TRANSACTION;
+UPDATE n
+SET n.ClaimedUntil = DATEADD(millisecond, @P2, @now),
+    n.ClaimEpoch = @P1,
+    n.LastAttemptAt = @now,
+    n.AttemptCount = n.AttemptCount + 1
+OUTPUT inserted.Id, inserted.NotificationId, inserted.Type, inserted.ListName, inserted.Subject, inserted.Body, inserted.TypeData, inserted.RetryCount, inserted.AttemptCount, inserted.SourceSiteId, inserted.SourceInstanceId, inserted.SourceScript, inserted.OriginExecutionId, inserted.OriginParentExecutionId, inserted.SiteEnqueuedAt, inserted.NextAttemptAt INTO @claimed
+FROM dbo.Notifications AS n
+JOIN (
+    SELECT TOP (@P3) due.Id
+    FROM (
+        SELECT c.Id, c.NextAttemptAt
+        FROM dbo.Notifications AS c WITH (ROWLOCK, READPAST, UPDLOCK)
+        WHERE c.Status IN (N'Pending', N'Retrying') AND c.ClaimedUntil IS NULL
+          AND c.Type = @P4 AND (c.NextAttemptAt IS NULL OR c.NextAttemptAt <= @now)
+        UNION ALL
+        SELECT r.Id, r.NextAttemptAt
+        FROM dbo.Notifications AS r WITH (ROWLOCK, READPAST, UPDLOCK)
+        WHERE r.ClaimedUntil IS NOT NULL AND r.ClaimedUntil <= @now
+          AND r.Type = @P4 AND r.Status IN (N'Pending', N'Retrying')
+          AND (r.NextAttemptAt IS NULL OR r.NextAttemptAt <= @now)
+    ) AS due
+    ORDER BY due.NextAttemptAt, due.Id
+) AS d ON d.Id = n.Id
+WHERE n.Status IN (N'Pending', N'Retrying')
+  AND n.Type = @P4
+  AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt <= @now)
+  AND (n.ClaimedUntil IS NULL OR n.ClaimedUntil <= @now)
+  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P5 AND l.Epoch = @P1 AND l.ExpiresAt > @now);
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, LeaseEpoch)
+SELECT c.NotificationId, c.AttemptCount, @now, N'InFlight', @P1
+FROM @claimed AS c;
+COMMIT TRANSACTION;
+SELECT c.Id, c.NotificationId, c.Type, c.ListName, c.Subject, c.Body, c.TypeData, c.RetryCount, c.AttemptCount, c.SourceSiteId, c.SourceInstanceId, c.SourceScript, c.OriginExecutionId, c.OriginParentExecutionId, c.SiteEnqueuedAt
+FROM @claimed AS c
+ORDER BY c.NextAttemptAt, c.Id;"
+);
+
+/// Parks a claimed row whose stored content no longer passes validation (it can never be
+/// delivered), and closes its InFlight attempt with the reason. @P1: row id, @P2: epoch,
+/// @P3: reason, @P4: notification id, @P5: attempt number.
+pub const PARK_INVALID: &str = batch!(
+    declare_now!(),
+    "BEGIN TRANSACTION;
+UPDATE n
+SET n.Status = N'Parked', n.LastError = @P3, n.ResolvedAt = @now, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL
+FROM dbo.Notifications AS n
+WHERE n.Id = @P1 AND n.ClaimEpoch = @P2;
+UPDATE a
+SET a.Outcome = N'PermanentFailure', a.DurationMs = 0, a.Error = @P3
+FROM dbo.NotificationAttempts AS a
+WHERE a.NotificationId = @P4 AND a.AttemptNo = @P5;
+COMMIT TRANSACTION;"
+);
+
+/// Applies an attempt's transition to row @P8 only if it is still claimed under epoch @P9 and
+/// that epoch still holds lease @P10; completes attempt (@P11, @P12) only then, so an
+/// unapplied outcome leaves the attempt InFlight (a possible duplicate, made visible).
+/// Result: 1 if applied, else 0.
+pub const RECORD_OUTCOME: &str = batch!(
+    declare_now!(),
+    "DECLARE @applied int;
+BEGIN TRANSACTION;
+UPDATE n
+SET n.Status = @P1,
+    n.RetryCount = @P2,
+    n.LastError = COALESCE(@P3, n.LastError),
+    n.NextAttemptAt = @P4,
+    n.DeliveredAt = COALESCE(@P5, n.DeliveredAt),
+    n.ResolvedAt = @P6,
+    n.ResolvedTargets = COALESCE(@P7, n.ResolvedTargets),
+    n.ClaimedUntil = NULL,
+    n.ClaimEpoch = NULL
+FROM dbo.Notifications AS n
+WHERE n.Id = @P8 AND n.ClaimEpoch = @P9
+  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P10 AND l.Epoch = @P9 AND l.ExpiresAt > @now);
+SET @applied = @@ROWCOUNT;
+UPDATE a
+SET a.Outcome = @P13, a.DurationMs = @P14, a.Error = @P15
+FROM dbo.NotificationAttempts AS a
+WHERE @applied = 1 AND a.NotificationId = @P11 AND a.AttemptNo = @P12;
+COMMIT TRANSACTION;
+SELECT @applied AS Applied;"
+);
+
+// ---------------------------------------------------------------------------------------------
+// Operator side
+
+/// One notification's state by id (@P1).
+pub const SELECT_STATE: &str = batch!(
+    "SELECT ",
+    state_columns!(),
+    "
+FROM dbo.Notifications AS n
+WHERE n.NotificationId = @P1;"
+);
+
+/// One notification's state and content (first result) and its history oldest first (second).
+pub const SELECT_DETAIL: &str = batch!(
+    "SELECT ",
+    state_columns!(),
+    ", n.Body, n.TypeData, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.ResolvedTargets
+FROM dbo.Notifications AS n
+WHERE n.NotificationId = @P1;
+SELECT a.AttemptNo, a.StartedAt, a.DurationMs, a.Outcome, a.Error, a.LeaseEpoch, a.Actor
+FROM dbo.NotificationAttempts AS a
+WHERE a.NotificationId = @P1
+ORDER BY a.AttemptNo;"
+);
+
+/// A statement being assembled from fixed fragments, with its parameters.
+#[derive(Debug, Default)]
+pub struct Statement {
+    pub sql: String,
+    pub params: Vec<Param>,
+}
+
+impl Statement {
+    pub fn new(sql: &str) -> Self {
+        Self {
+            sql: sql.to_owned(),
+            params: Vec::new(),
+        }
+    }
+
+    /// Binds a value and returns its placeholder.
+    pub fn bind(&mut self, value: Param) -> String {
+        self.params.push(value);
+        format!("@P{}", self.params.len())
+    }
+
+    pub fn push(&mut self, fragment: &str) {
+        self.sql.push_str(fragment);
+    }
+
+    /// Appends `before`, a fresh placeholder for `value`, then `after`.
+    fn push_bound(&mut self, before: &str, value: Param, after: &str) {
+        let placeholder = self.bind(value);
+        self.push(before);
+        self.push(&placeholder);
+        self.push(after);
+    }
+}
+
+fn at(instant: DateTime<Utc>) -> Param {
+    Param::Time(Some(instant))
+}
+
+/// Appends the filter's conditions on `dbo.Notifications AS n`, each starting with " AND ".
+pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
+    if !filter.statuses.is_empty() {
+        stmt.push("\n  AND n.Status IN (");
+        for (i, status) in filter.statuses.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            stmt.push_bound(sep, Param::Text(Some(status.as_str().into())), "");
+        }
+        stmt.push(")");
+    }
+    if let Some(kind) = filter.kind {
+        stmt.push_bound(
+            "\n  AND n.Type = ",
+            Param::Text(Some(kind.as_str().into())),
+            "",
+        );
+    }
+    if let Some(site) = &filter.source_site_id {
+        stmt.push_bound(
+            "\n  AND n.SourceSiteId = ",
+            Param::Text(Some(site.clone())),
+            "",
+        );
+    }
+    if let Some(list) = &filter.list_name {
+        stmt.push_bound("\n  AND n.ListName = ", Param::Text(Some(list.clone())), "");
+    }
+    if let Some(from) = filter.created_from {
+        stmt.push_bound("\n  AND n.CreatedAt >= ", at(from), "");
+    }
+    if let Some(to) = filter.created_to {
+        stmt.push_bound("\n  AND n.CreatedAt < ", at(to), "");
+    }
+    if let Some(cutoff) = filter.stuck_before {
+        stmt.push_bound(
+            "\n  AND n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < ",
+            at(cutoff),
+            "",
+        );
+    }
+    if let Some(before) = filter.resolved_before {
+        stmt.push_bound("\n  AND n.ResolvedAt < ", at(before), "");
+    }
+    // A substring test, not LIKE: the keyword's %, _ and [ need no escaping, and lower-casing
+    // both sides makes it case-insensitive whatever the column's collation. An empty keyword
+    // matches everything, as LIKE '%%' would.
+    if let Some(keyword) = filter.subject_contains.as_ref().filter(|k| !k.is_empty()) {
+        stmt.push_bound(
+            "\n  AND CHARINDEX(LOWER(",
+            Param::Text(Some(keyword.clone())),
+            "), LOWER(n.Subject)) > 0",
+        );
+    }
+}
+
+/// A page of the filtered table, newest first: the rows strictly after `after` in
+/// (CreatedAt DESC, Id DESC) order, at most `limit` of them.
+pub fn query(
+    filter: &NotificationFilter,
+    after: Option<(DateTime<Utc>, i64)>,
+    limit: i64,
+) -> Statement {
+    let mut stmt = Statement::new(batch!(""));
+    let top = stmt.bind(Param::BigInt(Some(limit)));
+    stmt.push(&format!(
+        "SELECT TOP ({top}) {}\nFROM dbo.Notifications AS n\nWHERE 1 = 1",
+        state_columns!()
+    ));
+    push_filter(filter, &mut stmt);
+    if let Some((created_at, row_id)) = after {
+        // Spelled out rather than as a row value, which T-SQL lacks.
+        let c = stmt.bind(at(created_at));
+        let i = stmt.bind(Param::BigInt(Some(row_id)));
+        stmt.push(&format!(
+            "\n  AND (n.CreatedAt < {c} OR (n.CreatedAt = {c} AND n.Id < {i}))"
+        ));
+    }
+    stmt.push("\nORDER BY n.CreatedAt DESC, n.Id DESC;");
+    stmt
+}
+
+/// The UPDATE of an operator action on the Parked rows in `@targets` (limited to those with
+/// `Ord <= @limit` when `limit` is given), recording each changed row's next history number in
+/// `@changed`. Retry resets the delivery facts; Discard resolves the row and keeps them.
+fn action_update(retry: bool, limit: Option<&str>) -> String {
+    let set = if retry {
+        "SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = NULL, n.LastError = NULL, \
+         n.ResolvedAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, \
+         n.AttemptCount = n.AttemptCount + 1"
+    } else {
+        "SET n.Status = N'Discarded', n.ResolvedAt = @now, n.ClaimedUntil = NULL, \
+         n.ClaimEpoch = NULL, n.AttemptCount = n.AttemptCount + 1"
+    };
+    let limit = limit
+        .map(|l| format!(" AND t.Ord <= {l}"))
+        .unwrap_or_default();
+    format!(
+        "UPDATE n
+{set}
+OUTPUT inserted.NotificationId, inserted.AttemptCount INTO @changed
+FROM dbo.Notifications AS n
+JOIN @targets AS t ON t.NotificationId = n.NotificationId
+WHERE n.Status = N'Parked'{limit};
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+SELECT c.NotificationId, c.AttemptCount, @now, @P1, @P2
+FROM @changed AS c;
+"
+    )
+}
+
+const ACTION_TABLES: &str = "\
+DECLARE @targets TABLE (Ord bigint NOT NULL PRIMARY KEY, NotificationId uniqueidentifier NOT NULL);
+DECLARE @changed TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY, AttemptCount int NOT NULL);
+";
+
+/// Applies an operator action (@P1: history outcome, @P2: actor) to `ids` distinct ids in one
+/// transaction, then returns one row per id in order: whether it changed, and its state now
+/// (all NULL if there is no such notification).
+pub fn act_on_ids(action: OperatorAction, ids: usize) -> String {
+    let retry = action == OperatorAction::Retry;
+    let values: Vec<String> = (0..ids)
+        .map(|i| format!("({}, @P{})", i + 1, i + 3))
+        .collect();
+    format!(
+        "{}{}{ACTION_TABLES}INSERT INTO @targets (Ord, NotificationId) VALUES {};
+BEGIN TRANSACTION;
+{}COMMIT TRANSACTION;
+SELECT t.Ord, CASE WHEN c.NotificationId IS NULL THEN 0 ELSE 1 END AS Changed, {}
+FROM @targets AS t
+LEFT JOIN @changed AS c ON c.NotificationId = t.NotificationId
+LEFT JOIN dbo.Notifications AS n ON n.NotificationId = t.NotificationId
+ORDER BY t.Ord;",
+        batch!(""),
+        declare_now!(),
+        values.join(", "),
+        action_update(retry, None),
+        state_columns!()
+    )
+}
+
+/// Applies an operator action (recorded as done by `actor`) to the oldest `limit` Parked rows
+/// matching `filter`, in one transaction. The oldest `limit + 1` matches are locked first
+/// (UPDLOCK: an operator acting on the same rows waits), so the second result (how many
+/// matched, at most `limit + 1`) tells whether more remain; the first lists the changed ids,
+/// oldest first.
+pub fn act_on_filter(
+    action: OperatorAction,
+    actor: &str,
+    filter: &NotificationFilter,
+    limit: i64,
+) -> Statement {
+    let retry = action == OperatorAction::Retry;
+    let mut stmt = Statement::new(concat!(batch!(""), declare_now!()));
+    stmt.bind(Param::Text(Some(action.as_str().into())));
+    stmt.bind(Param::Text(Some(actor.into())));
+    let probe = stmt.bind(Param::BigInt(Some(limit.saturating_add(1))));
+    let limit = stmt.bind(Param::BigInt(Some(limit)));
+    stmt.push(ACTION_TABLES);
+    stmt.push(&format!(
+        "BEGIN TRANSACTION;
+INSERT INTO @targets (Ord, NotificationId)
+SELECT TOP ({probe}) ROW_NUMBER() OVER (ORDER BY n.CreatedAt, n.Id) AS Ord, n.NotificationId
+FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
+WHERE 1 = 1"
+    ));
+    push_filter(filter, &mut stmt);
+    stmt.push("\nORDER BY n.CreatedAt, n.Id;\n");
+    stmt.push(&action_update(retry, Some(&limit)));
+    stmt.push(
+        "COMMIT TRANSACTION;
+SELECT c.NotificationId
+FROM @changed AS c
+JOIN @targets AS t ON t.NotificationId = c.NotificationId
+ORDER BY t.Ord;
+SELECT COUNT_BIG(*) AS Matching FROM @targets;",
+    );
+    stmt
+}
+
+/// One pass over the live, parked and recently delivered rows, per site. @P1: now,
+/// @P2: created before this is stuck, @P3: delivered since.
+pub const KPIS: &str = batch!(
+    "SELECT n.SourceSiteId,
+    CAST(SUM(CASE WHEN n.Status IN (N'Pending', N'Retrying') THEN 1 ELSE 0 END) AS bigint) AS QueueDepth,
+    CAST(SUM(CASE WHEN n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < @P2 THEN 1 ELSE 0 END) AS bigint) AS Stuck,
+    CAST(SUM(CASE WHEN n.Status = N'Parked' THEN 1 ELSE 0 END) AS bigint) AS Parked,
+    CAST(SUM(CASE WHEN n.Status = N'Delivered' AND n.ResolvedAt >= @P3 THEN 1 ELSE 0 END) AS bigint) AS DeliveredRecently,
+    MIN(CASE WHEN n.Status = N'Pending' OR (n.Status = N'Retrying' AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt <= @P1)) THEN n.CreatedAt END) AS OldestDue,
+    MIN(CASE WHEN n.Status = N'Retrying' AND n.NextAttemptAt > @P1 THEN n.CreatedAt END) AS OldestWaiting
+FROM dbo.Notifications AS n
+WHERE n.Status IN (N'Pending', N'Retrying', N'Parked')
+   OR (n.Status = N'Delivered' AND n.ResolvedAt >= @P3)
+GROUP BY n.SourceSiteId
+ORDER BY n.SourceSiteId;"
+);
+
+/// Deletes up to @P2 terminal rows resolved before @P1, oldest first, and their history, in one
+/// transaction. The DELETE re-checks the condition (an operator may have retried a row since
+/// it was picked). Result: rows and history entries deleted.
+pub const PURGE_TERMINAL: &str = batch!(
+    "DECLARE @doomed TABLE (Id bigint NOT NULL PRIMARY KEY);
+DECLARE @gone TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);
+DECLARE @history bigint;
+BEGIN TRANSACTION;
+INSERT INTO @doomed (Id)
+SELECT TOP (@P2) n.Id
+FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1
+ORDER BY n.ResolvedAt;
+DELETE n
+OUTPUT deleted.NotificationId INTO @gone
+FROM dbo.Notifications AS n
+JOIN @doomed AS d ON d.Id = n.Id
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1;
+DELETE a
+FROM dbo.NotificationAttempts AS a
+JOIN @gone AS g ON g.NotificationId = a.NotificationId;
+SET @history = @@ROWCOUNT;
+COMMIT TRANSACTION;
+SELECT COUNT_BIG(*) AS Notifications, @history AS HistoryEntries FROM @gone;"
+);
+
+// ---------------------------------------------------------------------------------------------
+// Lists and channel settings
+
+/// The columns `channel::read_list` reads, from `dbo.NotificationLists AS l`.
+macro_rules! list_columns {
+    () => {
+        "l.Name, l.Type, l.WebhookFormat, l.WebhookSecret, l.UpdatedAt"
+    };
+}
+
+/// List @P1 (first result) and its targets (second).
+pub const SELECT_LIST: &str = batch!(
+    "SELECT ",
+    list_columns!(),
+    "
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1;
+SELECT r.ListName, r.Address
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;"
+);
+
+/// Every list by name (first result) and every target (second).
+pub const SELECT_LISTS: &str = batch!(
+    "SELECT ",
+    list_columns!(),
+    "
+FROM dbo.NotificationLists AS l
+ORDER BY l.Name;
+SELECT r.ListName, r.Address
+FROM dbo.NotificationListRecipients AS r;"
+);
+
+/// Creates or replaces list @P1 (type @P2, webhook format @P3, secret @P4) and its `targets`
+/// targets (@P5...), as a whole, in one transaction.
+pub fn replace_list(targets: usize) -> String {
+    let values: Vec<String> = (0..targets)
+        .map(|i| format!("(@P1, @P{})", i + 5))
+        .collect();
+    let insert = if values.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES {};\n",
+            values.join(", ")
+        )
+    };
+    format!(
+        "{}{}BEGIN TRANSACTION;
+UPDATE l
+SET l.Type = @P2, l.WebhookFormat = @P3, l.WebhookSecret = @P4, l.UpdatedAt = @now
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1;
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt)
+SELECT @P1, @P2, @P3, @P4, @now
+WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
+DELETE r
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;
+{insert}COMMIT TRANSACTION;",
+        batch!(""),
+        declare_now!()
+    )
+}
+
+/// Deletes list @P1 and its targets. Result: lists deleted (0 or 1).
+pub const DELETE_LIST: &str = batch!(
+    "DECLARE @deleted int;
+BEGIN TRANSACTION;
+DELETE r
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;
+DELETE l
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1;
+SET @deleted = @@ROWCOUNT;
+COMMIT TRANSACTION;
+SELECT @deleted AS Deleted;"
+);
+
+/// The settings of channel @P1.
+pub const SELECT_CHANNEL: &str = batch!(
+    "SELECT c.Host, c.Port, c.TlsMode, c.AuthMechanism, c.Username, c.Password, c.FromAddress, c.MaxRetries, c.RetryDelayMs, c.Backoff, c.MaxRetryDelayMs, c.MaxConcurrentConnections, c.RateLimitPerSecond, c.RateLimitBurst, c.TimeoutMs, c.OverallTimeoutMs, c.OAuthTokenUrl, c.OAuthClientId, c.OAuthClientSecret, c.OAuthScope, c.UpdatedAt
+FROM dbo.ChannelConfig AS c
+WHERE c.Channel = @P1;"
+);
+
+/// Creates or replaces channel @P1's settings (@P2..@P21 in SELECT_CHANNEL's column order,
+/// without UpdatedAt), in one transaction.
+pub const REPLACE_CHANNEL: &str = batch!(
+    declare_now!(),
+    "BEGIN TRANSACTION;
+UPDATE c
+SET c.Host = @P2, c.Port = @P3, c.TlsMode = @P4, c.AuthMechanism = @P5, c.Username = @P6,
+    c.Password = @P7, c.FromAddress = @P8, c.MaxRetries = @P9, c.RetryDelayMs = @P10,
+    c.Backoff = @P11, c.MaxRetryDelayMs = @P12, c.MaxConcurrentConnections = @P13,
+    c.RateLimitPerSecond = @P14, c.RateLimitBurst = @P15, c.TimeoutMs = @P16,
+    c.OverallTimeoutMs = @P17, c.OAuthTokenUrl = @P18, c.OAuthClientId = @P19,
+    c.OAuthClientSecret = @P20, c.OAuthScope = @P21, c.UpdatedAt = @now
+FROM dbo.ChannelConfig AS c
+WHERE c.Channel = @P1;
+INSERT INTO dbo.ChannelConfig (Channel, Host, Port, TlsMode, AuthMechanism, Username, Password, FromAddress, MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs, MaxConcurrentConnections, RateLimitPerSecond, RateLimitBurst, TimeoutMs, OverallTimeoutMs, OAuthTokenUrl, OAuthClientId, OAuthClientSecret, OAuthScope, UpdatedAt)
+SELECT @P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, @P9, @P10, @P11, @P12, @P13, @P14, @P15, @P16, @P17, @P18, @P19, @P20, @P21, @now
+WHERE NOT EXISTS (SELECT 1 FROM dbo.ChannelConfig AS x WHERE x.Channel = @P1);
+COMMIT TRANSACTION;"
+);
+
+/// Deletes channel @P1's settings. Result: rows deleted.
+pub const DELETE_CHANNEL: &str = batch!(
+    "DELETE c
+FROM dbo.ChannelConfig AS c
+WHERE c.Channel = @P1;
+SELECT @@ROWCOUNT AS Deleted;"
+);
+
+/// Every statement, rendered, by snapshot name: the fixed ones as they are, the built ones for
+/// representative inputs (every filter field set, a keyset cursor, two rows or ids).
+#[cfg(test)]
+pub fn catalog() -> Vec<(&'static str, String)> {
+    use crate::domain::NotificationType;
+    use crate::domain::status::Status;
+
+    let instant = DateTime::from_timestamp_millis(1_700_000_000_000).unwrap_or_default();
+    let full_filter = NotificationFilter {
+        statuses: vec![Status::Parked, Status::Retrying],
+        kind: Some(NotificationType::Email),
+        source_site_id: Some("north".into()),
+        list_name: Some("ops".into()),
+        created_from: Some(instant),
+        created_to: Some(instant),
+        stuck_before: Some(instant),
+        subject_contains: Some("tank".into()),
+        resolved_before: Some(instant),
+    };
+    let parked_only = NotificationFilter {
+        statuses: vec![Status::Parked],
+        source_site_id: Some("north".into()),
+        ..Default::default()
+    };
+    let mut statements = vec![
+        ("check_connection", CHECK_CONNECTION.to_owned()),
+        ("ping", PING.to_owned()),
+        ("migration_lock", MIGRATION_LOCK.to_owned()),
+        ("migration_unlock", MIGRATION_UNLOCK.to_owned()),
+        ("migration_version", MIGRATION_VERSION.to_owned()),
+        ("insert_batch_2", insert_batch(2)),
+        ("insert_one", INSERT_ONE.to_owned()),
+        ("select_content_hash", SELECT_CONTENT_HASH.to_owned()),
+        ("acquire_lease", ACQUIRE_LEASE.to_owned()),
+        ("release_lease", RELEASE_LEASE.to_owned()),
+        ("claim_due", CLAIM_DUE.to_owned()),
+        ("park_invalid", PARK_INVALID.to_owned()),
+        ("record_outcome", RECORD_OUTCOME.to_owned()),
+        ("select_state", SELECT_STATE.to_owned()),
+        ("select_detail", SELECT_DETAIL.to_owned()),
+        (
+            "query_first_page",
+            query(&NotificationFilter::default(), None, 51).sql,
+        ),
+        (
+            "query_every_filter_after_cursor",
+            query(&full_filter, Some((instant, 42)), 51).sql,
+        ),
+        ("act_on_ids_retry_2", act_on_ids(OperatorAction::Retry, 2)),
+        (
+            "act_on_ids_discard_2",
+            act_on_ids(OperatorAction::Discard, 2),
+        ),
+        (
+            "act_on_filter_retry",
+            act_on_filter(OperatorAction::Retry, "ann", &parked_only, 1000).sql,
+        ),
+        (
+            "act_on_filter_discard",
+            act_on_filter(OperatorAction::Discard, "ann", &parked_only, 1000).sql,
+        ),
+        ("kpis", KPIS.to_owned()),
+        ("purge_terminal", PURGE_TERMINAL.to_owned()),
+        ("select_list", SELECT_LIST.to_owned()),
+        ("select_lists", SELECT_LISTS.to_owned()),
+        ("replace_list_2", replace_list(2)),
+        ("delete_list", DELETE_LIST.to_owned()),
+        ("select_channel", SELECT_CHANNEL.to_owned()),
+        ("replace_channel", REPLACE_CHANNEL.to_owned()),
+        ("delete_channel", DELETE_CHANNEL.to_owned()),
+    ];
+    for m in super::migrate::MIGRATIONS {
+        statements.push((m.snapshot, migration(m.sql)));
+    }
+    statements
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    use super::*;
+
+    fn snapshot_dir() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("src/store/mssql/sql")
+    }
+
+    /// Each statement's text equals its committed snapshot, and every snapshot belongs to a
+    /// statement. A changed statement fails here until its snapshot is rewritten (review the
+    /// diff): `UPDATE_SNAPSHOTS=1 cargo test -p central-outbox mssql`.
+    #[test]
+    fn statements_match_their_snapshots() {
+        let dir = snapshot_dir();
+        let update = std::env::var_os("UPDATE_SNAPSHOTS").is_some();
+        let catalog = catalog();
+        let mut problems = Vec::new();
+        for (name, sql) in &catalog {
+            let path = dir.join(format!("{name}.sql"));
+            let text = format!("{sql}\n");
+            if update {
+                std::fs::write(&path, &text).unwrap();
+                continue;
+            }
+            match std::fs::read_to_string(&path) {
+                Ok(snapshot) if snapshot == text => {}
+                Ok(_) => problems.push(format!("{name}: differs from {}", path.display())),
+                Err(e) => problems.push(format!("{name}: {}: {e}", path.display())),
+            }
+        }
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "sql") {
+                let stem = path.file_stem().unwrap().to_string_lossy().into_owned();
+                if !catalog.iter().any(|(name, _)| *name == stem) {
+                    problems.push(format!(
+                        "{}: no statement has this snapshot",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        assert!(
+            problems.is_empty(),
+            "statement snapshots out of date (rerun with UPDATE_SNAPSHOTS=1 and review):\n{}",
+            problems.join("\n")
+        );
+    }
+
+    /// Every `pub const` statement in this file appears in the catalog, so none escapes the
+    /// snapshot and parse tests.
+    #[test]
+    fn the_catalog_lists_every_statement_constant() {
+        let source = include_str!("sql.rs");
+        let rendered: Vec<String> = catalog().into_iter().map(|(_, sql)| sql).collect();
+        let constants = [
+            CHECK_CONNECTION,
+            PING,
+            MIGRATION_LOCK,
+            MIGRATION_UNLOCK,
+            MIGRATION_VERSION,
+            INSERT_ONE,
+            SELECT_CONTENT_HASH,
+            ACQUIRE_LEASE,
+            RELEASE_LEASE,
+            CLAIM_DUE,
+            PARK_INVALID,
+            RECORD_OUTCOME,
+            SELECT_STATE,
+            SELECT_DETAIL,
+            KPIS,
+            PURGE_TERMINAL,
+            SELECT_LIST,
+            SELECT_LISTS,
+            DELETE_LIST,
+            SELECT_CHANNEL,
+            REPLACE_CHANNEL,
+            DELETE_CHANNEL,
+        ];
+        let declared = source.matches("\npub const ").count();
+        // SUBMIT_COLUMNS is a number, not a statement.
+        assert_eq!(declared, constants.len() + 1, "a new constant: add it here");
+        for sql in constants {
+            assert!(
+                rendered.iter().any(|r| r == sql),
+                "not in the catalog:\n{sql}"
+            );
+        }
+    }
+
+    #[test]
+    fn statements_are_batches_with_bound_parameters() {
+        for (name, sql) in catalog() {
+            let one_shot = ["check_connection", "migration_lock", "migration_unlock"];
+            if !one_shot.contains(&name) {
+                assert!(
+                    sql.starts_with("SET XACT_ABORT ON;\nSET NOCOUNT ON;\n"),
+                    "{name} must start with SET XACT_ABORT ON"
+                );
+            }
+            for forbidden in [
+                "MERGE ",
+                "CREATE OR ALTER",
+                "WAITFOR",
+                "rowversion",
+                "SERIALIZABLE",
+                "REPEATABLE READ",
+                "HOLDLOCK",
+            ] {
+                assert!(!sql.contains(forbidden), "{name} uses {forbidden}");
+            }
+        }
+        // Built statements number their placeholders in step with their parameters.
+        let stmt = query(
+            &NotificationFilter {
+                statuses: vec![crate::domain::status::Status::Parked],
+                subject_contains: Some("x".into()),
+                ..Default::default()
+            },
+            Some((Utc::now(), 7)),
+            10,
+        );
+        assert_eq!(stmt.params.len(), 5);
+        assert!(stmt.sql.contains("@P5") && !stmt.sql.contains("@P6"));
+        let batch = insert_batch(3);
+        assert!(batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS)));
+        assert!(!batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS + 1)));
+    }
+
+    /// Every statement parses as T-SQL (sqlglot, tsql dialect), and none is only accepted as an
+    /// opaque command. The parser is installed by `make tools` (which `make test` runs); its
+    /// absence fails the test, because a silently skipped check is no check.
+    #[test]
+    fn every_statement_parses_as_tsql() {
+        let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let python = std::env::var_os("OUTBOX_SQLGLOT_PYTHON")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| workspace.join("target/tools/venv/bin/python"));
+        assert!(
+            python.exists(),
+            "the T-SQL parser's Python is not installed at {}: run `make tools` \
+             (`make test` does it first), or point OUTBOX_SQLGLOT_PYTHON at a python with sqlglot",
+            python.display()
+        );
+        let output = Command::new(&python)
+            .arg(snapshot_dir().join("check_tsql.py"))
+            .arg(snapshot_dir())
+            .arg(workspace.join("migrations/mssql"))
+            .output()
+            .unwrap();
+        let report = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            output.status.success(),
+            "T-SQL parse check failed:\n{report}"
+        );
+        // The script names every file it parsed; all of them must be there.
+        for (name, _) in catalog() {
+            assert!(
+                report.contains(&format!("ok {name}.sql")),
+                "{name} was not parsed:\n{report}"
+            );
+        }
+    }
+}

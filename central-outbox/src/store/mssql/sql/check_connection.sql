@@ -1,0 +1,1 @@
+SELECT @@TRANCOUNT AS OpenTransactions;

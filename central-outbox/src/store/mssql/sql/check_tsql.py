@@ -1,0 +1,71 @@
+"""Parses every .sql file in the given directories as T-SQL with sqlglot (tsql dialect).
+
+Used by the MS SQL backend's tests (`every_statement_parses_as_tsql`): the statement snapshots
+beside this script and the migrations under migrations/mssql. Fails (exit 1) on a syntax error,
+and on any statement sqlglot only accepts as an opaque Command (its fallback for syntax it does
+not model), since such a statement was not really checked. Prints `ok NAME` per parsed file.
+"""
+
+import logging
+import sys
+from pathlib import Path
+
+import sqlglot
+from sqlglot import exp
+
+
+class FallbackDetector(logging.Handler):
+    """sqlglot logs a warning when it falls back to parsing a statement as a Command."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def check(path, detector):
+    detector.messages.clear()
+    text = path.read_text(encoding="utf-8")
+    try:
+        trees = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+    except sqlglot.errors.ParseError as e:
+        return [f"syntax error: {e}"]
+    problems = [f"not parsed (fallback): {m}" for m in detector.messages]
+    statements = 0
+    for tree in trees:
+        if tree is None:
+            continue
+        for node in tree.walk():
+            if isinstance(node, exp.Command):
+                problems.append(f"opaque command: {node.sql(dialect='tsql')[:200]}")
+        statements += 1
+    if statements == 0:
+        problems.append("no statement found")
+    return problems
+
+
+def main(dirs):
+    detector = FallbackDetector()
+    logging.getLogger("sqlglot").addHandler(detector)
+    failed = False
+    files = sorted(p for d in dirs for p in Path(d).glob("*.sql"))
+    if not files:
+        print("no .sql files found in", dirs)
+        return 1
+    for path in files:
+        problems = check(path, detector)
+        if problems:
+            failed = True
+            print(f"FAIL {path.name}")
+            for problem in problems:
+                print(f"    {problem}")
+        else:
+            print(f"ok {path.name}")
+    print(f"sqlglot {sqlglot.__version__}: {len(files)} files")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,6 @@
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+DELETE c
+FROM dbo.ChannelConfig AS c
+WHERE c.Channel = @P1;
+SELECT @@ROWCOUNT AS Deleted;

@@ -1,0 +1,8 @@
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+SELECT l.Name, l.Type, l.WebhookFormat, l.WebhookSecret, l.UpdatedAt
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1;
+SELECT r.ListName, r.Address
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;

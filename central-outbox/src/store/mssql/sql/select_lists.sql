@@ -1,0 +1,7 @@
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+SELECT l.Name, l.Type, l.WebhookFormat, l.WebhookSecret, l.UpdatedAt
+FROM dbo.NotificationLists AS l
+ORDER BY l.Name;
+SELECT r.ListName, r.Address
+FROM dbo.NotificationListRecipients AS r;
