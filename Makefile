@@ -41,6 +41,20 @@ $(SQLGLOT_STAMP): $(GRPCURL_STAMP)
 	$(TOOLS_VENV)/bin/python -c 'import sqlglot; print("sqlglot", sqlglot.__version__)'
 	touch $@
 
+## The store conformance suite against MS SQL Server 2022 in Docker (needs Docker with compose):
+## starts only the `mssql` service of deploy/docker-compose.yml, waits until it answers, runs the
+## suite (each test in a database of its own), then removes the container and its volume.
+MSSQL_COMPOSE := docker compose -f deploy/docker-compose.yml
+MSSQL_SA_PASSWORD ?= Outbox-Dev-Passw0rd!
+MSSQL_PORT ?= 14330
+export MSSQL_SA_PASSWORD MSSQL_PORT
+
+test-mssql:
+	$(MSSQL_COMPOSE) up -d --wait mssql
+	OUTBOX_TEST_MSSQL_URL='mssql://sa:$(MSSQL_SA_PASSWORD)@127.0.0.1:$(MSSQL_PORT)/master?trust_server_certificate=true' \
+		$(CARGO) test -p central-outbox --test conformance -- mssql_backend; \
+		status=$$?; $(MSSQL_COMPOSE) down -v; exit $$status
+
 ## Formatting and clippy, as CI checks them.
 lint:
 	$(CARGO) fmt --all -- --check
