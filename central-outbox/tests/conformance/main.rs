@@ -14,6 +14,7 @@
 mod seed;
 
 mod admin;
+mod engine;
 mod purge;
 
 use std::future::Future;
@@ -159,6 +160,26 @@ macro_rules! backend {
                 };
             }
 
+            behaviour!(
+                submit_is_idempotent_and_refuses_other_content_under_an_id,
+                engine::submit_is_idempotent_and_refuses_other_content_under_an_id
+            );
+            behaviour!(
+                leases_are_exclusive_and_epochs_only_grow,
+                engine::leases_are_exclusive_and_epochs_only_grow
+            );
+            behaviour!(
+                claims_are_exclusive_per_channel_and_outcomes_are_fenced,
+                engine::claims_are_exclusive_per_channel_and_outcomes_are_fenced
+            );
+            behaviour!(
+                an_expired_claim_is_due_again,
+                engine::an_expired_claim_is_due_again
+            );
+            behaviour!(
+                concurrent_claims_never_hand_out_a_row_twice,
+                engine::concurrent_claims_never_hand_out_a_row_twice
+            );
             behaviour!(
                 query_filters_match_exactly,
                 admin::query_filters_match_exactly

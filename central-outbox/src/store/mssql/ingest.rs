@@ -157,5 +157,4 @@ mod tests {
         assert_eq!(outcome(false, &mine, &mine), InsertOutcome::Duplicate);
         assert_eq!(outcome(false, &[8u8; 32], &mine), InsertOutcome::Conflict);
     }
-
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::error::to_store_error;
 use super::pool::{Manager, Param};
-use super::{result_set, sql};
+use super::{decode, result_set, sql};
 use crate::store::{Result, StoreError};
 
 pub struct Migration {
@@ -49,10 +49,10 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
             .batch(sql::MIGRATION_LOCK, &[Param::Int(Some(wait_ms))])
             .await
             .map_err(|e| to_store_error("migrations: lock", &e))?;
-        let granted = result_set(&mut results, 0, "migrations: lock")?
-            .first()
-            .and_then(|row| row.get::<i32, _>("Result"))
-            .is_some_and(|code| code >= 0);
+        let granted = match result_set(&mut results, 0, "migrations: lock")?.first() {
+            Some(row) => decode::req::<i32>(row, "Result")? >= 0,
+            None => false,
+        };
         if !granted {
             return Err(StoreError::Unavailable(
                 "migrations: another replica held the schema lock too long; try again".into(),
@@ -62,10 +62,14 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
             .batch(sql::MIGRATION_VERSION, &[])
             .await
             .map_err(|e| to_store_error("migrations: read version", &e))?;
-        let current = result_set(&mut results, 0, "migrations: read version")?
-            .first()
-            .and_then(|row| row.get::<i32, _>("Version"))
-            .unwrap_or(0);
+        let current = match result_set(&mut results, 0, "migrations: read version")?.first() {
+            Some(row) => decode::req::<i32>(row, "Version")?,
+            None => {
+                return Err(StoreError::Corrupt(
+                    "migrations: no schema version was returned".into(),
+                ));
+            }
+        };
         let known = MIGRATIONS.last().map_or(0, |m| m.version);
         if current > known {
             return Err(StoreError::Unavailable(format!(

@@ -206,7 +206,7 @@ impl bb8::ManageConnection for Manager {
         let open = results
             .first()
             .and_then(|rows| rows.first())
-            .and_then(|row| row.get::<i32, _>(0));
+            .and_then(|row| row.try_get::<i32, _>(0).ok().flatten());
         match open {
             Some(0) => Ok(()),
             other => Err(Error::Protocol(

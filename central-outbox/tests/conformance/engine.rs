@@ -1,0 +1,392 @@
+//! Behaviours of the delivery engine's side of a store: idempotent submit, the leader lease and
+//! its epochs, claims (exclusive, per channel, oldest first, rescued after their timeout) and
+//! fenced outcomes.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+use central_outbox::domain::history::HistoryEvent;
+use central_outbox::domain::retry::{Backoff, RetryPolicy};
+use central_outbox::domain::status::Status;
+use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Submission};
+use central_outbox::store::{
+    AttemptRecord, ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification, OutboxStore,
+};
+use chrono::Utc;
+
+use crate::seed::{self, LEASE, Spec};
+
+fn new_row(subject: &str) -> NewNotification {
+    seed::submission(&Spec::new("north", "ops", subject, seed::End::Pending))
+}
+
+/// The same id with other content.
+fn changed(original: &NewNotification, subject: &str) -> NewNotification {
+    let c = &original.submission.content;
+    let content = NotificationContent::parse(
+        c.kind,
+        c.list_name.as_str().to_owned(),
+        subject.to_owned(),
+        c.body.as_str().to_owned(),
+        String::new(),
+    )
+    .unwrap();
+    NewNotification::new(Submission {
+        content,
+        ..original.submission.clone()
+    })
+}
+
+pub async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: OutboxStore>(store: &S) {
+    let a = new_row("tank 1 high");
+    let b = new_row("tank 2 high");
+    let a_again = a.clone();
+    let a_other = changed(&a, "tank 1 LOW");
+    let outcomes = store
+        .submit(vec![a.clone(), b.clone(), a_again, a_other.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            InsertOutcome::Accepted,
+            InsertOutcome::Accepted,
+            InsertOutcome::Duplicate,
+            InsertOutcome::Conflict
+        ]
+    );
+    // Later batches: the same content is a duplicate, other content a conflict, and the stored
+    // row keeps what was accepted first.
+    let outcomes = store
+        .submit(vec![b.clone(), a_other, a.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            InsertOutcome::Duplicate,
+            InsertOutcome::Conflict,
+            InsertOutcome::Duplicate
+        ]
+    );
+    let stored = store.detail(a.submission.id).await.unwrap().unwrap();
+    assert_eq!(stored.state.subject, "tank 1 high");
+    assert_eq!(stored.state.status, Status::Pending);
+    assert_eq!(stored.body, a.submission.content.body.as_str());
+    assert!(stored.history.is_empty());
+
+    // A batch larger than any backend's statement chunk, with an old id in the middle.
+    let mut many: Vec<NewNotification> = (0..250).map(|i| new_row(&format!("bulk {i}"))).collect();
+    many.insert(125, b.clone());
+    let outcomes = store.submit(many.clone()).await.unwrap();
+    for (i, (outcome, row)) in outcomes.iter().zip(&many).enumerate() {
+        let expected = if i == 125 {
+            InsertOutcome::Duplicate
+        } else {
+            InsertOutcome::Accepted
+        };
+        assert_eq!(*outcome, expected, "row {i}");
+        assert!(store.state(row.submission.id).await.unwrap().is_some());
+    }
+    assert!(
+        store
+            .state(NotificationId::generate())
+            .await
+            .unwrap()
+            .is_none()
+    );
+}
+
+pub async fn leases_are_exclusive_and_epochs_only_grow<S: OutboxStore>(store: &S) {
+    let ttl = Duration::from_secs(600);
+    let first = store.acquire_lease(LEASE, "node-a", ttl).await.unwrap();
+    let Some(e1) = first else {
+        panic!("a free lease is granted");
+    };
+    assert_eq!(
+        store.acquire_lease(LEASE, "node-b", ttl).await.unwrap(),
+        None
+    );
+    // Renewing keeps the epoch.
+    assert_eq!(
+        store.acquire_lease(LEASE, "node-a", ttl).await.unwrap(),
+        Some(e1)
+    );
+    // Only the holder at its epoch can release, once.
+    assert!(!store.release_lease(LEASE, "node-b", e1).await.unwrap());
+    assert!(
+        !store
+            .release_lease(LEASE, "node-a", LeaseEpoch(e1.0 + 1))
+            .await
+            .unwrap()
+    );
+    assert!(store.release_lease(LEASE, "node-a", e1).await.unwrap());
+    assert!(!store.release_lease(LEASE, "node-a", e1).await.unwrap());
+    // A released lease is free, and changing hands bumps the epoch.
+    let e2 = store
+        .acquire_lease(LEASE, "node-b", ttl)
+        .await
+        .unwrap()
+        .expect("a released lease is free");
+    assert!(e2 > e1);
+    assert_eq!(
+        store.acquire_lease(LEASE, "node-a", ttl).await.unwrap(),
+        None
+    );
+    assert!(store.release_lease(LEASE, "node-b", e2).await.unwrap());
+    // Re-taking one's own released lease is a new tenure too.
+    let e3 = store
+        .acquire_lease(LEASE, "node-b", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(e3 > e2);
+    // Other lease names are independent.
+    assert!(
+        store
+            .acquire_lease("other", "node-a", ttl)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}
+
+async fn claim<S: OutboxStore>(
+    store: &S,
+    epoch: LeaseEpoch,
+    kind: NotificationType,
+    limit: usize,
+    timeout: Duration,
+) -> Vec<ClaimedNotification> {
+    store
+        .claim_due(LEASE, epoch, kind, limit, timeout)
+        .await
+        .unwrap()
+}
+
+fn delivered(claim: &ClaimedNotification) -> AttemptRecord {
+    let result: Result<Delivered, DeliveryError> = Ok(Delivered {
+        resolved_targets: vec!["a@plant.test".into()],
+    });
+    let policy = RetryPolicy::clamped(5, Duration::from_secs(1), Backoff::Fixed).0;
+    AttemptRecord {
+        row_id: claim.row_id,
+        id: claim.id,
+        attempt_no: claim.attempt_no,
+        epoch: claim.epoch,
+        outcome: AttemptOutcome::of(&result),
+        error: None,
+        duration: Duration::from_millis(5),
+        transition: policy.transition(claim.retry_count, &result, Utc::now(), 0.5),
+    }
+}
+
+pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxStore>(store: &S) {
+    let mut emails = Vec::new();
+    for i in 0..5 {
+        let row = new_row(&format!("email {i}"));
+        emails.push(row.submission.id);
+        store.submit(vec![row]).await.unwrap();
+    }
+    let hooks: Vec<NewNotification> = (0..2)
+        .map(|i| {
+            seed::submission(
+                &Spec::new("north", "hooks", &format!("hook {i}"), seed::End::Pending).webhook(),
+            )
+        })
+        .collect();
+    store.submit(hooks.clone()).await.unwrap();
+
+    let long = Duration::from_secs(600);
+    let e1 = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    // Oldest due first, only the asked-for channel, each row once.
+    let first = claim(store, e1, NotificationType::Email, 3, long).await;
+    let first_ids: Vec<NotificationId> = first.iter().map(|c| c.id).collect();
+    assert_eq!(first_ids, emails[..3]);
+    assert!(first.iter().all(|c| c.attempt_no == 1 && c.epoch == e1));
+    let rest = claim(store, e1, NotificationType::Email, 10, long).await;
+    assert_eq!(rest.iter().map(|c| c.id).collect::<Vec<_>>(), emails[3..]);
+    assert!(
+        claim(store, e1, NotificationType::Email, 10, long)
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        claim(store, e1, NotificationType::Webhook, 10, long)
+            .await
+            .len(),
+        2
+    );
+    assert!(
+        claim(store, e1, NotificationType::Email, 0, long)
+            .await
+            .is_empty()
+    );
+    // The InFlight attempt row is written with the claim.
+    let history = store.detail(emails[0]).await.unwrap().unwrap().history;
+    assert_eq!(history.len(), 1);
+    assert_eq!(
+        history[0].event,
+        HistoryEvent::Attempt {
+            outcome: AttemptOutcome::InFlight,
+            duration: None,
+            lease_epoch: e1.0
+        }
+    );
+
+    // An outcome under the holding epoch applies.
+    assert!(
+        store
+            .record_outcome(LEASE, delivered(&first[0]))
+            .await
+            .unwrap()
+    );
+    let state = store.state(emails[0]).await.unwrap().unwrap();
+    assert_eq!(state.status, Status::Delivered);
+    assert!(state.delivered_at.is_some() && state.resolved_at.is_some());
+    let history = store.detail(emails[0]).await.unwrap().unwrap().history;
+    assert!(matches!(
+        history[0].event,
+        HistoryEvent::Attempt {
+            outcome: AttemptOutcome::Delivered,
+            ..
+        }
+    ));
+    // ... once: the claim is gone.
+    assert!(
+        !store
+            .record_outcome(LEASE, delivered(&first[0]))
+            .await
+            .unwrap()
+    );
+
+    // The lease changes hands: the deposed epoch can neither record nor claim.
+    assert!(store.release_lease(LEASE, "node-a", e1).await.unwrap());
+    let e2 = store
+        .acquire_lease(LEASE, "node-b", long)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !store
+            .record_outcome(LEASE, delivered(&first[1]))
+            .await
+            .unwrap()
+    );
+    let state = store.state(emails[1]).await.unwrap().unwrap();
+    assert_eq!(state.status, Status::Pending);
+    let history = store.detail(emails[1]).await.unwrap().unwrap().history;
+    assert!(matches!(
+        history[0].event,
+        HistoryEvent::Attempt {
+            outcome: AttemptOutcome::InFlight,
+            ..
+        }
+    ));
+    assert!(
+        claim(store, e1, NotificationType::Email, 10, long)
+            .await
+            .is_empty()
+    );
+    // The old claims have not run out: the new holder finds nothing due yet.
+    assert!(
+        claim(store, e2, NotificationType::Email, 10, long)
+            .await
+            .is_empty()
+    );
+}
+
+pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
+    let row = new_row("rescue me");
+    let id = row.submission.id;
+    store.submit(vec![row]).await.unwrap();
+    let long = Duration::from_secs(600);
+    let e1 = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    let short = Duration::from_millis(300);
+    let claimed = claim(store, e1, NotificationType::Email, 10, short).await;
+    assert_eq!(claimed.len(), 1);
+    // Its dispatcher "dies"; once the claim runs out, the row is claimed again (polled with a
+    // deadline rather than slept for).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let again = loop {
+        let again = claim(store, e1, NotificationType::Email, 10, long).await;
+        if !again.is_empty() {
+            break again;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an expired claim never became due"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].id, id);
+    assert_eq!(again[0].attempt_no, 2);
+    assert!(
+        store
+            .record_outcome(LEASE, delivered(&again[0]))
+            .await
+            .unwrap()
+    );
+    // Both attempts are in the history: the first stays InFlight, a possible duplicate.
+    let history = store.detail(id).await.unwrap().unwrap().history;
+    let outcomes: Vec<AttemptOutcome> = history
+        .iter()
+        .map(|e| match e.event {
+            HistoryEvent::Attempt { outcome, .. } => outcome,
+            HistoryEvent::Operator { .. } => panic!("no operator acted"),
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [AttemptOutcome::InFlight, AttemptOutcome::Delivered]
+    );
+}
+
+pub async fn concurrent_claims_never_hand_out_a_row_twice<S>(store: &S)
+where
+    S: OutboxStore + Clone,
+{
+    let rows: Vec<NewNotification> = (0..60).map(|i| new_row(&format!("race {i}"))).collect();
+    let submitted: HashSet<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
+    store.submit(rows).await.unwrap();
+    let long = Duration::from_secs(600);
+    let epoch = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    let mut tasks = Vec::new();
+    for _ in 0..4 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut mine = Vec::new();
+            loop {
+                let batch = store
+                    .claim_due(LEASE, epoch, NotificationType::Email, 4, long)
+                    .await
+                    .unwrap();
+                if batch.is_empty() {
+                    return mine;
+                }
+                mine.extend(batch.into_iter().map(|c| c.id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    let unique: HashSet<NotificationId> = all.iter().copied().collect();
+    assert_eq!(unique.len(), all.len(), "a row was claimed twice");
+    assert_eq!(unique, submitted);
+}
