@@ -4,7 +4,9 @@
 -- SchemaMigrations row. Every CREATE is guarded by an existence check rather than written as
 -- the create-or-alter form (which Babelfish rejects), so re-running the file is harmless.
 --
--- Conventions: times are datetime2(3), UTC, milliseconds like the SQLite backend. Text is
+-- Conventions: times are datetime2(3), UTC, milliseconds like the SQLite backend. Lengths are
+-- in UTF-16 code units, so a column for text the service caps at N characters holds 2N (a
+-- character outside the Basic Multilingual Plane takes two units). Text is
 -- nvarchar (the driver binds strings as nvarchar, so a varchar column would be converted on every
 -- comparison and lose its index seeks). Identifiers that the SQLite backend compares byte-wise
 -- (names, statuses, site ids) use a binary collation so both backends agree on equality and
@@ -20,8 +22,8 @@ CREATE TABLE dbo.Notifications (
     Id                      bigint IDENTITY(1, 1) NOT NULL,
     NotificationId          uniqueidentifier NOT NULL,
     Type                    nvarchar(16) COLLATE Latin1_General_BIN2 NOT NULL,
-    ListName                nvarchar(128) COLLATE Latin1_General_BIN2 NOT NULL,
-    Subject                 nvarchar(500) NOT NULL,
+    ListName                nvarchar(256) COLLATE Latin1_General_BIN2 NOT NULL,
+    Subject                 nvarchar(1000) NOT NULL,
     Body                    nvarchar(max) NOT NULL,
     TypeData                nvarchar(max) NOT NULL CONSTRAINT DF_Notifications_TypeData DEFAULT (N''),
     ContentHash             binary(32) NOT NULL,
@@ -32,8 +34,8 @@ CREATE TABLE dbo.Notifications (
     LastError               nvarchar(max) NULL,
     ResolvedTargets         nvarchar(max) NULL,
     SourceSiteId            nvarchar(64) COLLATE Latin1_General_BIN2 NOT NULL,
-    SourceInstanceId        nvarchar(256) NOT NULL CONSTRAINT DF_Notifications_SourceInstanceId DEFAULT (N''),
-    SourceScript            nvarchar(256) NOT NULL CONSTRAINT DF_Notifications_SourceScript DEFAULT (N''),
+    SourceInstanceId        nvarchar(512) NOT NULL CONSTRAINT DF_Notifications_SourceInstanceId DEFAULT (N''),
+    SourceScript            nvarchar(512) NOT NULL CONSTRAINT DF_Notifications_SourceScript DEFAULT (N''),
     OriginExecutionId       uniqueidentifier NULL,
     OriginParentExecutionId uniqueidentifier NULL,
     SiteEnqueuedAt          datetime2(3) NOT NULL,
@@ -124,7 +126,7 @@ CREATE TABLE dbo.NotificationAttempts (
     Outcome        nvarchar(32) COLLATE Latin1_General_BIN2 NOT NULL,
     Error          nvarchar(max) NULL,
     LeaseEpoch     bigint NULL,
-    Actor          nvarchar(128) NULL,
+    Actor          nvarchar(256) NULL,
     CONSTRAINT PK_NotificationAttempts PRIMARY KEY CLUSTERED (Id)
 );
 END;
@@ -140,7 +142,7 @@ END;
 IF OBJECT_ID(N'dbo.NotificationLists', N'U') IS NULL
 BEGIN
 CREATE TABLE dbo.NotificationLists (
-    Name          nvarchar(128) COLLATE Latin1_General_BIN2 NOT NULL,
+    Name          nvarchar(256) COLLATE Latin1_General_BIN2 NOT NULL,
     Type          nvarchar(16) COLLATE Latin1_General_BIN2 NOT NULL,
     WebhookFormat nvarchar(16) NULL,
     WebhookSecret nvarchar(max) NULL,
@@ -154,7 +156,7 @@ END;
 IF OBJECT_ID(N'dbo.NotificationListRecipients', N'U') IS NULL
 BEGIN
 CREATE TABLE dbo.NotificationListRecipients (
-    ListName nvarchar(128) COLLATE Latin1_General_BIN2 NOT NULL,
+    ListName nvarchar(256) COLLATE Latin1_General_BIN2 NOT NULL,
     Id       int IDENTITY(1, 1) NOT NULL,
     Address  nvarchar(2048) NOT NULL,
     CONSTRAINT PK_NotificationListRecipients PRIMARY KEY CLUSTERED (ListName, Id),
@@ -169,13 +171,13 @@ IF OBJECT_ID(N'dbo.ChannelConfig', N'U') IS NULL
 BEGIN
 CREATE TABLE dbo.ChannelConfig (
     Channel                  nvarchar(32) COLLATE Latin1_General_BIN2 NOT NULL,
-    Host                     nvarchar(253) NOT NULL,
+    Host                     nvarchar(512) NOT NULL,
     Port                     int NOT NULL,
     TlsMode                  nvarchar(16) NOT NULL,
     AuthMechanism            nvarchar(16) NOT NULL CONSTRAINT DF_ChannelConfig_AuthMechanism DEFAULT (N'none'),
-    Username                 nvarchar(256) NULL,
+    Username                 nvarchar(512) NULL,
     Password                 nvarchar(max) NULL,
-    FromAddress              nvarchar(320) NOT NULL,
+    FromAddress              nvarchar(1024) NOT NULL,
     MaxRetries               bigint NOT NULL,
     RetryDelayMs             bigint NOT NULL,
     Backoff                  nvarchar(16) NOT NULL CONSTRAINT DF_ChannelConfig_Backoff DEFAULT (N'fixed'),
@@ -200,7 +202,7 @@ IF OBJECT_ID(N'dbo.Leases', N'U') IS NULL
 BEGIN
 CREATE TABLE dbo.Leases (
     Name      nvarchar(64) COLLATE Latin1_General_BIN2 NOT NULL,
-    Holder    nvarchar(256) COLLATE Latin1_General_BIN2 NOT NULL,
+    Holder    nvarchar(1024) COLLATE Latin1_General_BIN2 NOT NULL,
     Epoch     bigint NOT NULL,
     ExpiresAt datetime2(3) NOT NULL,
     CONSTRAINT PK_Leases PRIMARY KEY CLUSTERED (Name)
