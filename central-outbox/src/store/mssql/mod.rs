@@ -289,3 +289,57 @@ fn result_set(results: &mut [Vec<Row>], index: usize, context: &str) -> Result<V
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Far longer than the retries take: reaching it means the open hung.
+    const HANG: Duration = Duration::from_secs(60);
+
+    fn options_for(port: u16) -> MsSqlOptions {
+        let mut options = MsSqlOptions::parse(&format!(
+            "mssql://outbox:secret@127.0.0.1:{port}/Outbox?connect_timeout=1s&command_timeout=1s"
+        ))
+        .unwrap();
+        options.pool_max_size = 1;
+        options
+    }
+
+    /// Nothing listens: the transient refusal is retried a few times, then open fails with an
+    /// error (no panic, no hang).
+    #[tokio::test]
+    async fn open_fails_in_bounded_time_when_nothing_listens() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            listener.local_addr().unwrap().port()
+        };
+        let err = tokio::time::timeout(HANG, MsSqlStore::open(options_for(port)))
+            .await
+            .expect("open must not hang")
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(err.to_string().contains("connect"), "{err}");
+    }
+
+    /// A peer that accepts the TCP connection and never answers the pre-login: the handshake
+    /// timeout ends the wait.
+    #[tokio::test]
+    async fn a_silent_server_times_out_instead_of_hanging() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hold = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((socket, _)) = listener.accept().await {
+                held.push(socket);
+            }
+        });
+        let err = tokio::time::timeout(HANG, MsSqlStore::open(options_for(port)))
+            .await
+            .expect("open must not hang")
+            .unwrap_err();
+        assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+        assert!(!err.to_string().contains("secret"), "{err}");
+        hold.abort();
+    }
+}
