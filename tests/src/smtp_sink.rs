@@ -22,6 +22,10 @@
 //!   called) the listener closes and every open session is cut off, including
 //!   sessions waiting on a paused or delayed reply.
 //!
+//! For long or fast runs (the benchmark) the sink can keep only a [`Receipt`] per message
+//! ([`SmtpSink::discard_messages`]): when it arrived and its Message-ID, so memory stays a few
+//! dozen bytes per message instead of the whole text. Receipts are kept in either mode.
+//!
 //! It speaks plain SMTP only: it never advertises STARTTLS (and answers it with
 //! 500), so a client that requires STARTTLS must fail against it.
 //!
@@ -53,9 +57,9 @@
 use std::fmt;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -119,6 +123,16 @@ pub struct ReceivedMail {
     /// The user the session authenticated as (PLAIN/LOGIN username or XOAUTH2
     /// `user=`), or None when the sink does not require authentication.
     pub authenticated_as: Option<String>,
+}
+
+/// When a message was accepted and what it called itself: all the benchmark needs to time a
+/// delivery, and all the sink keeps once told to [`SmtpSink::discard_messages`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Receipt {
+    /// Taken just before the final 250 is written, on this process's monotonic clock.
+    pub at: Instant,
+    /// The Message-ID header, angle brackets included (None if the message had none).
+    pub message_id: Option<String>,
 }
 
 /// How a sink is set up; `SinkOptions::default()` is what [`SmtpSink::start`] uses.
@@ -246,7 +260,9 @@ pub struct SmtpSink {
 struct Shared {
     /// Fixed at start; sessions only read it.
     auth: Option<AuthRequirement>,
-    messages: Mutex<Vec<ReceivedMail>>,
+    messages: Mutex<Recorded>,
+    /// While true, accepted messages are counted and get a [`Receipt`] but are not kept whole.
+    discard: AtomicBool,
     /// Number of recorded messages; waiters watch it instead of polling `messages`.
     accepted: watch::Sender<usize>,
     faults: Mutex<Faults>,
@@ -262,6 +278,17 @@ struct Shared {
     max_sessions: AtomicUsize,
     refused: AtomicUsize,
     auth_failures: AtomicUsize,
+}
+
+/// What the sink kept of the accepted messages. One lock for all three, so the published count
+/// and the lists always agree.
+#[derive(Default)]
+struct Recorded {
+    /// Whole messages, unless discarding.
+    mails: Vec<ReceivedMail>,
+    receipts: Vec<Receipt>,
+    /// Every accepted message, kept whole or not.
+    total: usize,
 }
 
 /// The configured fault and how many more transactions it applies to. Kept under
@@ -324,7 +351,8 @@ impl SmtpSink {
         });
         let shared = Arc::new(Shared {
             auth: options.auth,
-            messages: Mutex::new(Vec::new()),
+            messages: Mutex::new(Recorded::default()),
+            discard: AtomicBool::new(false),
             accepted: watch::Sender::new(0),
             faults: Mutex::new(Faults {
                 behaviour: Behaviour::Accept,
@@ -355,9 +383,35 @@ impl SmtpSink {
         self.addr
     }
 
-    /// Every message accepted so far, in arrival order.
+    /// Every message accepted so far and kept whole (not while discarding), in arrival order.
     pub fn messages(&self) -> Vec<ReceivedMail> {
-        lock(&self.shared.messages).clone()
+        lock(&self.shared.messages).mails.clone()
+    }
+
+    /// From now on keep only a [`Receipt`] of each accepted message (`true`), or whole
+    /// messages again (`false`). Messages already kept stay.
+    pub fn discard_messages(&self, discard: bool) {
+        self.shared.discard.store(discard, Ordering::SeqCst);
+    }
+
+    /// When each accepted message arrived and its Message-ID, in arrival order, whether or
+    /// not it was kept whole.
+    pub fn receipts(&self) -> Vec<Receipt> {
+        lock(&self.shared.messages).receipts.clone()
+    }
+
+    /// Number of messages accepted so far, kept whole or not.
+    pub fn accepted_count(&self) -> usize {
+        lock(&self.shared.messages).total
+    }
+
+    /// Waits until at least `n` messages were accepted (kept whole or not), or `timeout`
+    /// passes; returns the number accepted so far either way.
+    pub async fn wait_for_count(&self, n: usize, timeout: Duration) -> usize {
+        let mut count = self.shared.accepted.subscribe();
+        // As in `wait_for_messages`: only the timeout can end the wait early.
+        let _ = tokio::time::timeout(timeout, count.wait_for(|accepted| *accepted >= n)).await;
+        self.accepted_count()
     }
 
     /// Waits until at least `n` messages were accepted, or `timeout` passes;
@@ -502,13 +556,24 @@ impl Shared {
         Some(fault)
     }
 
+    /// Records an accepted message (whole, or only its receipt while discarding) and
+    /// returns its number, counting from 1.
     fn record(&self, mail: ReceivedMail) -> usize {
-        let mut messages = lock(&self.messages);
-        messages.push(mail);
+        let receipt = Receipt {
+            at: Instant::now(),
+            message_id: mail.message_id(),
+        };
+        let keep = !self.discard.load(Ordering::SeqCst);
+        let mut recorded = lock(&self.messages);
+        recorded.receipts.push(receipt);
+        if keep {
+            recorded.mails.push(mail);
+        }
+        recorded.total += 1;
         // Published under the lock so concurrent sessions cannot publish counts
         // out of order (a waiter must never see the count go backwards).
-        self.accepted.send_replace(messages.len());
-        messages.len()
+        self.accepted.send_replace(recorded.total);
+        recorded.total
     }
 
     /// Waits as configured before a reply is written: the delay, then any pause.
@@ -1583,6 +1648,41 @@ mod tests {
         assert_eq!(mail.header("X-Missing"), None);
         assert_eq!(mail.body_text(), "Level is 97%.\n.leading dot\n..\nlast");
         assert_eq!(sink.refused_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn discarding_keeps_only_receipts_and_counts() {
+        let (sink, mut client) = sink_and_client().await;
+        let mail = |id: &str| format!("Message-ID: <{id}@example.test>\r\n\r\nbody\r\n");
+        let before = Instant::now();
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], &mail("kept"))
+                .await,
+            250
+        );
+        sink.discard_messages(true);
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], &mail("gone"))
+                .await,
+            250
+        );
+        assert_eq!(sink.wait_for_count(2, STEP).await, 2);
+        assert_eq!(sink.accepted_count(), 2);
+        let messages = sink.messages();
+        assert_eq!(messages.len(), 1);
+        assert_eq!(
+            messages[0].message_id().as_deref(),
+            Some("<kept@example.test>")
+        );
+        let receipts = sink.receipts();
+        let ids: Vec<_> = receipts.iter().map(|r| r.message_id.as_deref()).collect();
+        assert_eq!(
+            ids,
+            [Some("<kept@example.test>"), Some("<gone@example.test>")]
+        );
+        assert!(receipts[0].at >= before && receipts[1].at >= receipts[0].at);
     }
 
     #[tokio::test]

@@ -1,0 +1,174 @@
+//! Central's figures: unary ingest throughput (closed loop), and dispatch throughput to the
+//! in-process SMTP sink, with our settings and with the seeds'.
+//!
+//! Ingest runs central as a replica that does not hold the dispatcher lease (another holder is
+//! written into `Leases` first), so the figure is ingest alone: nothing is claimed or delivered
+//! while it runs. Dispatch starts central on a file that already holds the rows, so the figure
+//! is the dispatcher alone, timed by the sink's receive times from the first message to the last.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use anyhow::{Result, bail};
+use chrono::Utc;
+use outbox_proto::time::to_timestamp;
+use outbox_proto::v1;
+use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
+use outbox_tests::smtp_sink::SmtpSink;
+use serde_json::json;
+
+use crate::fixtures::{self, CentralRows, SOURCE_INSTANCE, SOURCE_SCRIPT};
+use crate::load::{self, Window};
+use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
+use crate::report::RunRecord;
+use crate::rig::Rig;
+use crate::services::{self, LIST, Profile, SITE_ID, Service};
+
+static SUBMIT_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// A submit as a site-forwarder makes it, with a fresh id.
+fn submit() -> v1::NotificationSubmit {
+    let (subject, body) = fixtures::content(SUBMIT_COUNTER.fetch_add(1, Ordering::Relaxed));
+    v1::NotificationSubmit {
+        notification_id: uuid::Uuid::now_v7().to_string(),
+        r#type: v1::NotificationType::Email.into(),
+        list_name: LIST.into(),
+        subject,
+        body,
+        type_data: String::new(),
+        source_site_id: SITE_ID.into(),
+        source_instance_id: SOURCE_INSTANCE.into(),
+        source_script: SOURCE_SCRIPT.into(),
+        site_enqueued_at: Some(to_timestamp(Utc::now())),
+        origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
+        origin_parent_execution_id: None,
+    }
+}
+
+/// Figure 4: SubmitNotification calls per second from `callers` concurrent clients.
+pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
+    let dir = rig.run_dir("ingest")?;
+    let db = dir.path().join("central.db");
+    fixtures::copy_db(&rig.central_template, &db)?;
+    fixtures::hold_dispatcher_lease(&db)?;
+    let toml = services::central_toml(
+        services::free_addr()?,
+        &db,
+        services::free_addr()?,
+        Profile::Ours,
+    );
+    let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
+    let clients: Vec<_> = services::connections(central.addr, rig.sizes.callers)
+        .await?
+        .into_iter()
+        .map(NotificationIngestClient::new)
+        .collect();
+    let window = Window {
+        warmup: rig.sizes.warmup,
+        measure: rig.sizes.measure,
+    };
+    flush_disk();
+    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())]);
+    let result = load::closed_loop(clients, window, |mut client| async move {
+        let ack = client
+            .submit_notification(submit())
+            .await
+            .map_err(|status| format!("SubmitNotification: {status}"))?
+            .into_inner();
+        match ack.outcome() {
+            v1::SubmitOutcome::Accepted => Ok(()),
+            other => Err(format!("SubmitNotification: {other:?}: {}", ack.reason)),
+        }
+    })
+    .await;
+    let cores = cpu.cores();
+    central.stop().await?;
+    if result.errors > 0 {
+        bail!(
+            "{} submits failed; first: {}",
+            result.errors,
+            result.first_error.as_deref().unwrap_or("?")
+        );
+    }
+    Ok(RunRecord::new()
+        .value("ingest.rate", result.rate)
+        .detail("closed_loop", result.to_json())
+        .cpu(cores))
+}
+
+/// Figure 5: central starts on `rows` Pending notifications and delivers them to the sink;
+/// deliveries per second between the first and the last message the sink received.
+pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
+    let rows = match profile {
+        Profile::Ours => rig.sizes.dispatch_rows,
+        Profile::Seeds => rig.sizes.seeds_dispatch_rows,
+    };
+    if rows < 2 {
+        bail!("the dispatch figure needs at least 2 rows");
+    }
+    let dir = rig.run_dir(&format!("dispatch-{}", profile.name()))?;
+    let db = dir.path().join("central.db");
+    fixtures::copy_db(&rig.central_template, &db)?;
+    fixtures::add_central_rows(&db, rows, CentralRows::Pending)?;
+    let sink = SmtpSink::start().await?;
+    sink.discard_messages(true);
+    let toml = services::central_toml(services::free_addr()?, &db, sink.addr(), profile);
+    flush_disk();
+    let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
+    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())]);
+    let deadline = rig.sizes.dispatch_deadline;
+    let received = wait_for_deliveries(&sink, &mut central, rows, deadline).await?;
+    let cores = cpu.cores();
+    central.stop().await?;
+    sink.stop();
+    let receipts = sink.receipts();
+    let (Some(first), Some(last)) = (receipts.first(), receipts.last()) else {
+        bail!("no message reached the SMTP sink within {deadline:?}");
+    };
+    if received < rows {
+        eprintln!(
+            "bench: dispatch ({}): only {received} of {rows} delivered within {deadline:?}; \
+             the rate is over those",
+            profile.name()
+        );
+    }
+    let span = (last.at - first.at).as_secs_f64();
+    if span <= 0.0 {
+        bail!("all {received} deliveries arrived at the same instant");
+    }
+    let distinct: HashSet<_> = receipts.iter().map(|r| &r.message_id).collect();
+    let key = match profile {
+        Profile::Ours => "dispatch.rate",
+        Profile::Seeds => "seeds.dispatch.rate",
+    };
+    // N messages span N-1 intervals.
+    let rate = (receipts.len() - 1) as f64 / span;
+    Ok(RunRecord::new()
+        .value(key, rate)
+        .detail("rows", json!(rows))
+        .detail("delivered", json!(receipts.len()))
+        .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
+        .detail("first_to_last_seconds", json!(span))
+        .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
+        .cpu(cores))
+}
+
+/// Waits until the sink has `n` messages or `deadline` passes, checking that central is alive;
+/// returns how many arrived.
+pub async fn wait_for_deliveries(
+    sink: &SmtpSink,
+    central: &mut Service,
+    n: u64,
+    deadline: Duration,
+) -> Result<u64> {
+    let until = tokio::time::Instant::now() + deadline;
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    loop {
+        let count = sink.wait_for_count(n, Duration::from_millis(500)).await;
+        if count >= n || tokio::time::Instant::now() >= until {
+            return Ok(count as u64);
+        }
+        central.check_alive()?;
+    }
+}

@@ -1,0 +1,259 @@
+//! What the bench reads about processes and the machine: resident memory from
+//! `/proc/PID/status`, CPU time from `/proc/PID/stat` (so each figure can say which process
+//! burned the two cores), and the facts recorded with the results (cores, rustc, git commit,
+//! the file system the databases live on).
+//!
+//! Linux only, like the figures themselves; a missing fact is recorded as unknown, never guessed.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow};
+use serde_json::{Value, json};
+
+/// Resident memory of one process, in KiB as the kernel reports it.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Memory {
+    /// VmRSS: what the targets are about.
+    pub rss_kib: u64,
+    /// VmHWM: the peak RSS since the process started.
+    pub peak_kib: u64,
+    /// RssAnon and RssFile split VmRSS into heap/stack and mapped files (the binary, and any
+    /// memory-mapped database pages).
+    pub anon_kib: u64,
+    pub file_kib: u64,
+}
+
+impl Memory {
+    pub fn rss_mib(&self) -> f64 {
+        self.rss_kib as f64 / 1024.0
+    }
+
+    pub fn to_json(self) -> Value {
+        json!({
+            "rss_mib": self.rss_kib as f64 / 1024.0,
+            "peak_mib": self.peak_kib as f64 / 1024.0,
+            "anon_mib": self.anon_kib as f64 / 1024.0,
+            "file_mib": self.file_kib as f64 / 1024.0,
+        })
+    }
+}
+
+pub fn memory(pid: u32) -> Result<Memory> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|kib| kib.parse().ok())
+            .unwrap_or(0)
+    };
+    let memory = Memory {
+        rss_kib: field("VmRSS:"),
+        peak_kib: field("VmHWM:"),
+        anon_kib: field("RssAnon:"),
+        file_kib: field("RssFile:"),
+    };
+    if memory.rss_kib == 0 {
+        return Err(anyhow!("/proc/{pid}/status has no VmRSS"));
+    }
+    Ok(memory)
+}
+
+/// User + system CPU time the process (all its threads) has used so far.
+pub fn cpu_time(pid: u32) -> Result<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // The command name (field 2) is in parentheses and may contain spaces: split after it.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .ok_or_else(|| anyhow!("/proc/{pid}/stat is malformed"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the whole line, 11 and 12 after the ')'.
+    let ticks = |i: usize| -> Result<u64> {
+        fields
+            .get(i)
+            .ok_or_else(|| anyhow!("/proc/{pid}/stat is short"))?
+            .parse::<u64>()
+            .context("/proc/PID/stat field")
+    };
+    let total = ticks(11)? + ticks(12)?;
+    Ok(Duration::from_secs_f64(total as f64 / clock_ticks() as f64))
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`; 100 on every common Linux if that fails).
+fn clock_ticks() -> u64 {
+    static TICKS: OnceLock<u64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        command_output("getconf", &["CLK_TCK"])
+            .and_then(|out| out.parse().ok())
+            .filter(|ticks| *ticks > 0)
+            .unwrap_or(100)
+    })
+}
+
+/// CPU use of a set of processes over a window: start with [`CpuWindow::start`], finish with
+/// [`CpuWindow::cores`]. Processes that cannot be read are left out. Also counts what the rest
+/// of the machine used meanwhile (`other`: busy time of all CPUs minus ours; `steal`: time the
+/// hypervisor gave to other guests), because another build or test run on the same two cores
+/// makes a figure meaningless.
+#[derive(Debug)]
+pub struct CpuWindow {
+    started: Instant,
+    at_start: Vec<(String, u32, Duration)>,
+    machine_at_start: Option<MachineCpu>,
+}
+
+impl CpuWindow {
+    pub fn start(processes: &[(&str, u32)]) -> Self {
+        let at_start = processes
+            .iter()
+            .filter_map(|(name, pid)| Some((name.to_string(), *pid, cpu_time(*pid).ok()?)))
+            .collect();
+        Self {
+            started: Instant::now(),
+            at_start,
+            machine_at_start: MachineCpu::read(),
+        }
+    }
+
+    /// Average cores busy per process since the start (1.0 = one core fully busy), plus
+    /// `other` and `steal` for the rest of the machine.
+    pub fn cores(&self) -> BTreeMap<String, f64> {
+        let wall = self.started.elapsed().as_secs_f64().max(1e-6);
+        let mut cores: BTreeMap<String, f64> = self
+            .at_start
+            .iter()
+            .filter_map(|(name, pid, before)| {
+                let after = cpu_time(*pid).ok()?;
+                let used = after.saturating_sub(*before).as_secs_f64();
+                Some((name.clone(), used / wall))
+            })
+            .collect();
+        if let (Some(before), Some(after)) = (self.machine_at_start, MachineCpu::read()) {
+            let ticks = clock_ticks() as f64;
+            let busy = after.busy.saturating_sub(before.busy) as f64 / ticks / wall;
+            let ours: f64 = cores.values().sum();
+            cores.insert("other".into(), (busy - ours).max(0.0));
+            let steal = after.steal.saturating_sub(before.steal) as f64 / ticks / wall;
+            cores.insert("steal".into(), steal);
+        }
+        cores
+    }
+}
+
+/// Writes every dirty page to disk (`sync`). Called before a measured window, so writeback left
+/// over from preparing files (copies, fixtures) does not land inside it: with ext4's ordered
+/// journal, that writeback would slow every fsync the services make.
+pub fn flush_disk() {
+    let _ = Command::new("sync").status();
+}
+
+/// Machine-wide CPU counters from the first line of `/proc/stat`, in clock ticks.
+#[derive(Debug, Clone, Copy)]
+struct MachineCpu {
+    /// user + nice + system + irq + softirq.
+    busy: u64,
+    steal: u64,
+}
+
+impl MachineCpu {
+    fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let line = stat.lines().next()?.strip_prefix("cpu ")?;
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0))
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        Some(Self {
+            busy: at(0) + at(1) + at(2) + at(5) + at(6),
+            steal: at(7),
+        })
+    }
+}
+
+/// The load average when the bench starts: anything well above zero means something else is
+/// using the machine.
+pub fn load_average() -> Option<String> {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.trim().to_string())
+}
+
+/// This process's pid, to include the load generator and the in-process SMTP sink.
+pub fn own_pid() -> u32 {
+    std::process::id()
+}
+
+/// Facts about the machine and the build, recorded with the results.
+pub fn machine(work_dir: &Path) -> Value {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let cpu_model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .map(|rest| rest.trim_start_matches([' ', '\t', ':']).to_string())
+        });
+    let mem_total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| info.lines().next().map(str::to_string));
+    let dirty = command_output("git", &["status", "--porcelain", "--untracked-files=no"])
+        .map(|out| !out.is_empty());
+    json!({
+        "cores": cores,
+        "cpu_model": cpu_model,
+        "memory": mem_total,
+        "kernel": command_output("uname", &["-r"]),
+        "load_average_at_start": load_average(),
+        "rustc": command_output("rustc", &["--version"]),
+        "git_commit": command_output("git", &["rev-parse", "HEAD"]),
+        "git_tracked_changes": dirty,
+        "work_dir": work_dir.display().to_string(),
+        "work_dir_filesystem": command_output("stat", &["-f", "-c", "%T", &work_dir.display().to_string()]),
+    })
+}
+
+/// Latency of 200 appends of 4 KiB, each followed by fsync, in `dir`: the cost every durable
+/// commit pays on this disk at this moment. Recorded before and after the figures, because the
+/// fsync-bound figures move with it (a virtual disk's latency varies over time).
+pub fn fsync_probe(dir: &Path) -> Value {
+    use std::io::Write as _;
+    let path = dir.join("fsync-probe");
+    let measure = || -> std::io::Result<Vec<Duration>> {
+        let mut file = std::fs::File::create(&path)?;
+        let block = [0x5a_u8; 4096];
+        let mut times = Vec::with_capacity(200);
+        for _ in 0..200 {
+            file.write_all(&block)?;
+            let started = Instant::now();
+            file.sync_all()?;
+            times.push(started.elapsed());
+        }
+        Ok(times)
+    };
+    let result = measure();
+    let _ = std::fs::remove_file(&path);
+    match result {
+        Ok(times) => {
+            let p = crate::load::Percentiles::of(times);
+            json!({ "p50_ms": p.p50, "p99_ms": p.p99, "max_ms": p.max })
+        }
+        Err(e) => json!({ "error": e.to_string() }),
+    }
+}
+
+/// Trimmed stdout of a successful command, or None.
+pub fn command_output(program: &str, args: &[&str]) -> Option<String> {
+    let out = Command::new(program).args(args).output().ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

@@ -1,0 +1,249 @@
+//! The bench's workshop: where the binaries are, the work directory every run gets a fresh
+//! subdirectory of, the empty database templates, the sizes in force, and the large fixtures
+//! (a filled site buffer, the million-row files), each built at most once per invocation and
+//! shared by all runs of the figures that need them.
+//!
+//! Invariant: every run starts from a copy, so no run sees what an earlier run left behind.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::fixtures::{self, CentralRows};
+use crate::services::{self, Binaries, Profile, Service};
+
+/// Sizes and rates every figure takes from the command line.
+#[derive(Debug, Clone)]
+pub struct Sizes {
+    pub runs: usize,
+    pub seeds_runs: usize,
+    pub warmup: Duration,
+    pub measure: Duration,
+    pub callers: usize,
+    pub send_rate: f64,
+    pub forward_rows: u64,
+    pub dispatch_rows: u64,
+    pub seeds_dispatch_rows: u64,
+    pub dispatch_deadline: Duration,
+    pub e2e_rate: f64,
+    pub e2e_duration: Duration,
+    pub memory_rows: u64,
+}
+
+impl Sizes {
+    pub fn to_json(&self) -> Value {
+        json!({
+            "runs": self.runs,
+            "seeds_runs": self.seeds_runs,
+            "warmup_s": self.warmup.as_secs_f64(),
+            "measure_s": self.measure.as_secs_f64(),
+            "callers": self.callers,
+            "send_rate_per_s": self.send_rate,
+            "forward_rows": self.forward_rows,
+            "dispatch_rows": self.dispatch_rows,
+            "seeds_dispatch_rows": self.seeds_dispatch_rows,
+            "dispatch_deadline_s": self.dispatch_deadline.as_secs_f64(),
+            "e2e_rate_per_s": self.e2e_rate,
+            "e2e_duration_s": self.e2e_duration.as_secs_f64(),
+            "memory_rows": self.memory_rows,
+        })
+    }
+}
+
+/// A site buffer filled through `Send` while central was down.
+#[derive(Debug, Clone)]
+pub struct FilledBuffer {
+    pub path: PathBuf,
+    pub rows: u64,
+    /// Sends per second while filling (informational: a long, sustained closed loop).
+    pub fill_rate: f64,
+}
+
+/// The million-row files of the memory figure.
+#[derive(Debug, Clone)]
+pub struct MemoryFixtures {
+    pub central: PathBuf,
+    pub site: PathBuf,
+    pub build_seconds: f64,
+}
+
+#[derive(Debug)]
+pub struct Rig {
+    pub bins: Binaries,
+    pub sizes: Sizes,
+    pub work: PathBuf,
+    keep: bool,
+    /// Holds the shared fixtures; removed at the end unless `keep`.
+    shared: Option<TempDir>,
+    shared_path: PathBuf,
+    pub central_template: PathBuf,
+    pub site_template: PathBuf,
+    filled: Option<FilledBuffer>,
+    memory: Option<MemoryFixtures>,
+    /// Memory runs started so far (their Send-rate pairs alternate which goes first).
+    memory_runs: usize,
+}
+
+impl Rig {
+    /// Creates the work directory and the empty templates (each service started once on a new
+    /// file and stopped cleanly).
+    pub async fn prepare(bins: Binaries, sizes: Sizes, work: PathBuf, keep: bool) -> Result<Self> {
+        std::fs::create_dir_all(&work)
+            .with_context(|| format!("creating work directory {}", work.display()))?;
+        let shared = tempfile::Builder::new()
+            .prefix("shared-")
+            .tempdir_in(&work)
+            .context("creating the shared fixture directory")?;
+        let shared_path = shared.path().to_path_buf();
+        let central_template = shared_path.join("central-template.db");
+        let site_template = shared_path.join("site-template.db");
+        let toml = services::central_toml(
+            services::free_addr()?,
+            &central_template,
+            services::free_addr()?,
+            Profile::Ours,
+        );
+        Service::central(&bins, &shared_path, "template-central", &toml)
+            .await
+            .context("creating central's empty database")?
+            .stop()
+            .await?;
+        let toml = services::site_toml(
+            services::free_addr()?,
+            &site_template,
+            services::free_addr()?,
+        );
+        Service::site(&bins, &shared_path, "template-site", &toml)
+            .await
+            .context("creating the site's empty buffer")?
+            .stop()
+            .await?;
+        Ok(Self {
+            bins,
+            sizes,
+            work,
+            keep,
+            shared: Some(shared),
+            shared_path,
+            central_template,
+            site_template,
+            filled: None,
+            memory: None,
+            memory_runs: 0,
+        })
+    }
+
+    /// A fresh directory for one run; removed when dropped unless `--keep`.
+    pub fn run_dir(&self, label: &str) -> Result<RunDir> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{label}-"))
+            .tempdir_in(&self.work)
+            .context("creating a run directory")?;
+        Ok(RunDir {
+            dir: Some(dir),
+            keep: self.keep,
+        })
+    }
+
+    /// The site buffer filled with `sizes.forward_rows` Sends, built on first use.
+    pub async fn filled_buffer(&mut self) -> Result<FilledBuffer> {
+        if let Some(filled) = &self.filled {
+            return Ok(filled.clone());
+        }
+        let rows = self.sizes.forward_rows;
+        let path = self.shared_path.join("site-filled.db");
+        fixtures::copy_db(&self.site_template, &path)?;
+        let toml = services::site_toml(services::free_addr()?, &path, services::free_addr()?);
+        let site = Service::site(&self.bins, &self.shared_path, "fill-site", &toml).await?;
+        let fill_rate = crate::site_figures::fill(&site, rows, self.sizes.callers).await;
+        site.stop().await?;
+        let filled = FilledBuffer {
+            path,
+            rows,
+            fill_rate: fill_rate?,
+        };
+        self.filled = Some(filled.clone());
+        Ok(filled)
+    }
+
+    /// Central with `sizes.memory_rows` delivered rows and a site with as many buffered, built
+    /// on first use.
+    pub fn memory_fixtures(&mut self) -> Result<MemoryFixtures> {
+        if let Some(memory) = &self.memory {
+            return Ok(memory.clone());
+        }
+        let started = Instant::now();
+        let rows = self.sizes.memory_rows;
+        let central = self.shared_path.join("central-full.db");
+        fixtures::copy_db(&self.central_template, &central)?;
+        fixtures::add_central_rows(&central, rows, CentralRows::Delivered)
+            .context("writing central's rows")?;
+        let site = self.shared_path.join("site-full.db");
+        fixtures::copy_db(&self.site_template, &site)?;
+        fixtures::add_site_rows(&site, rows).context("writing the site's rows")?;
+        let memory = MemoryFixtures {
+            central,
+            site,
+            build_seconds: started.elapsed().as_secs_f64(),
+        };
+        self.memory = Some(memory.clone());
+        Ok(memory)
+    }
+
+    /// Counts a memory run; returns how many there were before it.
+    pub fn next_memory_run(&mut self) -> usize {
+        self.memory_runs += 1;
+        self.memory_runs - 1
+    }
+
+    /// Removes the shared fixtures (unless `--keep`), reporting where they are otherwise.
+    pub fn finish(&mut self) {
+        if let Some(shared) = self.shared.take() {
+            if self.keep {
+                let path = shared.keep();
+                eprintln!("bench: kept fixtures in {}", path.display());
+            } else if let Err(e) = shared.close() {
+                eprintln!("bench: could not remove the fixtures: {e}");
+            }
+        }
+    }
+}
+
+/// One run's directory.
+#[derive(Debug)]
+pub struct RunDir {
+    dir: Option<TempDir>,
+    keep: bool,
+}
+
+impl RunDir {
+    pub fn path(&self) -> &Path {
+        self.dir
+            .as_ref()
+            .map(TempDir::path)
+            .unwrap_or(Path::new("."))
+    }
+}
+
+impl Drop for RunDir {
+    fn drop(&mut self) {
+        if let Some(dir) = self.dir.take()
+            && self.keep
+        {
+            let path = dir.keep();
+            eprintln!("bench: kept {}", path.display());
+        }
+    }
+}
+
+/// Fails unless `got` equals `want`, naming `what`: a figure whose workload was not what it
+/// claims must not be reported.
+pub fn check_count(what: &str, got: u64, want: u64) -> Result<()> {
+    if got != want {
+        bail!("{what}: expected {want}, found {got}");
+    }
+    Ok(())
+}

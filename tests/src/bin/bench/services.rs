@@ -1,0 +1,349 @@
+//! The components under test as real processes: `central-outbox` and `site-forwarder serve` from
+//! the release build, each with a TOML file written for the run, its log in the run directory,
+//! and readiness taken from `grpc.health.v1` (a bound port is not a ready service).
+//!
+//! Invariants: a [`Service`] is always stopped (SIGTERM, then SIGKILL after a grace period) or
+//! killed when dropped, so a failed figure never leaves a process behind to skew the next one;
+//! durability settings are never written into the configs, so the services run with their
+//! defaults (WAL + `synchronous=FULL`).
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::proc_stats;
+
+/// How long a service may take to report SERVING. Generous: central opening a database of a
+/// million rows on a busy disk still takes well under a second.
+const START_DEADLINE: Duration = Duration::from_secs(60);
+/// How long a SIGTERM'd service gets to drain and exit before it is killed. Above the 5 s
+/// `shutdown_timeout` the configs set.
+const STOP_GRACE: Duration = Duration::from_secs(20);
+/// Health is polled this often while starting; short, because start-up time counts in the
+/// forwarding figure.
+const HEALTH_POLL: Duration = Duration::from_millis(10);
+
+/// The list every benchmark notification goes to, with two recipients as a small real list has.
+pub const LIST: &str = "ops";
+pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
+/// Domain of central's From address, and so of every Message-ID (`<id@FROM_DOMAIN>`).
+pub const FROM_DOMAIN: &str = "bench.example.test";
+pub const SITE_ID: &str = "site-bench";
+
+/// Where the service binaries are.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub central: PathBuf,
+    pub site: PathBuf,
+}
+
+impl Binaries {
+    /// `dir`, or the directory of this executable (target/release when run by `make bench`).
+    pub fn locate(dir: Option<&Path>) -> Result<Self> {
+        let dir = match dir {
+            Some(dir) => dir.to_path_buf(),
+            None => std::env::current_exe()
+                .context("cannot find the bench executable's path")?
+                .parent()
+                .ok_or_else(|| anyhow!("the bench executable has no parent directory"))?
+                .to_path_buf(),
+        };
+        let bins = Self {
+            central: dir.join("central-outbox"),
+            site: dir.join("site-forwarder"),
+        };
+        for bin in [&bins.central, &bins.site] {
+            if !bin.exists() {
+                bail!(
+                    "{} is missing: build with `cargo build --release --workspace --bins` \
+                     (make bench does)",
+                    bin.display()
+                );
+            }
+        }
+        Ok(bins)
+    }
+}
+
+/// A loopback address that was free a moment ago. The services bind their configured address
+/// themselves, and central must come back on a known port for the forwarding figure.
+pub fn free_addr() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
+    Ok(listener.local_addr()?)
+}
+
+/// Central's settings for a run. `Ours` leaves every dispatcher and SMTP pacing key at the
+/// service's default; `Seeds` is the system this replaces: a 10 s timer-only poll, 100 rows per
+/// sweep, one delivery at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    Ours,
+    Seeds,
+}
+
+impl Profile {
+    pub fn name(self) -> &'static str {
+        match self {
+            Profile::Ours => "ours",
+            Profile::Seeds => "seeds",
+        }
+    }
+}
+
+/// The TOML central runs with: SQLite at `db`, email to the bench's SMTP sink at `smtp`, the
+/// benchmark list, logs at warn.
+pub fn central_toml(addr: SocketAddr, db: &Path, smtp: SocketAddr, profile: Profile) -> String {
+    let dispatcher = match profile {
+        Profile::Ours => String::new(),
+        Profile::Seeds => {
+            "poll_interval = \"10s\"\nwake_on_events = false\nclaim_batch = 100\n".to_string()
+        }
+    };
+    let connections = match profile {
+        Profile::Ours => String::new(),
+        Profile::Seeds => "max_concurrent_connections = 1\n".to_string(),
+    };
+    let recipients = RECIPIENTS
+        .iter()
+        .map(|r| format!("\"{r}\""))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "listen_addr = \"{addr}\"\n\
+         database = \"sqlite://{db}\"\n\
+         node_id = \"bench-central\"\n\
+         shutdown_timeout = \"5s\"\n\
+         \n[dispatcher]\n{dispatcher}\
+         \n[log]\nfilter = \"warn\"\n\
+         \n[smtp]\nhost = \"{host}\"\nport = {port}\ntls = \"none\"\n\
+         from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}\
+         \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n",
+        db = db.display(),
+        host = smtp.ip(),
+        port = smtp.port(),
+    )
+}
+
+/// The TOML the site-forwarder runs with. `forward_retry_interval` is short so the forwarder
+/// notices a central that just started within 100 ms (the forwarding figure times from
+/// central's start); every other key is the default.
+pub fn site_toml(addr: SocketAddr, buffer: &Path, central: SocketAddr) -> String {
+    format!(
+        "site_id = \"{SITE_ID}\"\n\
+         listen_addr = \"{addr}\"\n\
+         buffer_path = \"{buffer}\"\n\
+         central_url = \"http://{central}\"\n\
+         forward_retry_interval = \"100ms\"\n\
+         shutdown_timeout = \"5s\"\n\
+         \n[log]\nfilter = \"warn\"\n",
+        buffer = buffer.display(),
+    )
+}
+
+/// One running service process.
+#[derive(Debug)]
+pub struct Service {
+    name: String,
+    child: tokio::process::Child,
+    pid: u32,
+    pub addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Service {
+    /// Writes `toml` to `dir/<name>.toml`, starts central on it and waits for SERVING.
+    pub async fn central(bins: &Binaries, dir: &Path, name: &str, toml: &str) -> Result<Self> {
+        let addr = listen_addr_of(toml)?;
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
+        let args = vec!["--config".to_string(), config.display().to_string()];
+        Self::start(name, &bins.central, &args, addr, dir).await
+    }
+
+    /// Writes `toml` to `dir/<name>.toml`, starts `site-forwarder serve` on it and waits for
+    /// SERVING.
+    pub async fn site(bins: &Binaries, dir: &Path, name: &str, toml: &str) -> Result<Self> {
+        let addr = listen_addr_of(toml)?;
+        let config = dir.join(format!("{name}.toml"));
+        std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
+        let args = vec![
+            "serve".to_string(),
+            "--config".to_string(),
+            config.display().to_string(),
+        ];
+        Self::start(name, &bins.site, &args, addr, dir).await
+    }
+
+    async fn start(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        addr: SocketAddr,
+        dir: &Path,
+    ) -> Result<Self> {
+        let log = dir.join(format!("{name}.log"));
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone()?;
+        let child = tokio::process::Command::new(program)
+            .args(args)
+            // The config's log filter must win: RUST_LOG would override it.
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {}", program.display()))?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("{name} exited before its pid could be read"))?;
+        let mut service = Self {
+            name: name.to_string(),
+            child,
+            pid,
+            addr,
+            log,
+        };
+        service.wait_until_serving().await?;
+        Ok(service)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// A fresh HTTP/2 connection to the service.
+    pub async fn connect(&self) -> Result<Channel> {
+        connect(self.addr).await
+    }
+
+    /// Fails if the process has exited (a crash mid-figure), naming it and quoting its log.
+    pub fn check_alive(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            bail!(
+                "{} exited unexpectedly ({status}); end of its log:\n{}",
+                self.name,
+                self.log_tail()
+            );
+        }
+        Ok(())
+    }
+
+    async fn wait_until_serving(&mut self) -> Result<()> {
+        use tonic_health::pb::health_check_response::ServingStatus;
+        use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+        let started = Instant::now();
+        loop {
+            self.check_alive()
+                .with_context(|| format!("{} did not start", self.name))?;
+            if let Ok(channel) = connect(self.addr).await {
+                let reply = HealthClient::new(channel)
+                    .check(HealthCheckRequest {
+                        service: String::new(),
+                    })
+                    .await;
+                if let Ok(reply) = reply
+                    && reply.into_inner().status() == ServingStatus::Serving
+                {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > START_DEADLINE {
+                bail!(
+                    "{} did not report SERVING within {START_DEADLINE:?}; end of its log:\n{}",
+                    self.name,
+                    self.log_tail()
+                );
+            }
+            tokio::time::sleep(HEALTH_POLL).await;
+        }
+    }
+
+    /// Memory figures of the process now.
+    pub fn memory(&self) -> Result<proc_stats::Memory> {
+        proc_stats::memory(self.pid).with_context(|| format!("reading {}'s memory", self.name))
+    }
+
+    /// SIGTERM, then wait for a clean exit (SIGKILL after [`STOP_GRACE`]). A clean exit matters
+    /// when the database file is reused afterwards (templates): SQLite checkpoints on close.
+    pub async fn stop(mut self) -> Result<()> {
+        if self.child.try_wait()?.is_some() {
+            return Ok(());
+        }
+        let sent = tokio::process::Command::new("kill")
+            .args(["-TERM", &self.pid.to_string()])
+            .status()
+            .await
+            .context("running kill -TERM")?;
+        if !sent.success() {
+            bail!("kill -TERM {} failed ({sent})", self.pid);
+        }
+        match tokio::time::timeout(STOP_GRACE, self.child.wait()).await {
+            Ok(status) => {
+                let status = status?;
+                if !status.success() {
+                    bail!(
+                        "{} exited with {status} after SIGTERM; end of its log:\n{}",
+                        self.name,
+                        self.log_tail()
+                    );
+                }
+                Ok(())
+            }
+            Err(_) => {
+                self.child.kill().await?;
+                bail!(
+                    "{} did not exit within {STOP_GRACE:?} of SIGTERM",
+                    self.name
+                )
+            }
+        }
+    }
+
+    /// The last lines of the service's log, for error messages.
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(15);
+        let tail = lines[from..].join("\n");
+        if tail.is_empty() {
+            format!("(empty: {})", self.log.display())
+        } else {
+            tail
+        }
+    }
+}
+
+/// An HTTP/2 connection to `addr`, failing fast when nothing listens.
+pub async fn connect(addr: SocketAddr) -> Result<Channel> {
+    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .tcp_nodelay(true)
+        .connect()
+        .await?)
+}
+
+/// `count` separate connections to `addr`: one per simulated script, as separate scripts would
+/// each have their own.
+pub async fn connections(addr: SocketAddr, count: usize) -> Result<Vec<Channel>> {
+    let mut channels = Vec::with_capacity(count);
+    for _ in 0..count {
+        channels.push(connect(addr).await?);
+    }
+    Ok(channels)
+}
+
+/// The `listen_addr` line of a config this module wrote.
+fn listen_addr_of(toml: &str) -> Result<SocketAddr> {
+    toml.lines()
+        .find_map(|line| line.strip_prefix("listen_addr = "))
+        .map(|value| value.trim_matches('"'))
+        .ok_or_else(|| anyhow!("config has no listen_addr"))?
+        .parse()
+        .context("config's listen_addr")
+}
