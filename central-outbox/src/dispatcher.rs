@@ -186,7 +186,13 @@ impl<S: OutboxStore> Dispatcher<S> {
                     self.lease_expired();
                     continue;
                 }
-                _ = renew.tick() => self.renew_lease().await,
+                _ = renew.tick() => {
+                    self.renew_lease().await;
+                    if !self.settings.wake_on_events {
+                        // Timer-only mode sweeps on the poll timer alone.
+                        continue;
+                    }
+                }
                 Some(finished) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                     self.finished(finished);
                     // Collect every other finished task too, so one sweep fills all free slots.
