@@ -2,8 +2,9 @@
 //! member in BCC (recipients never see each other), and a `Message-ID` derived from the
 //! NotificationId so a duplicate send after a crash is recognisable as the same message.
 //!
-//! The SMTP transport (and its connection pool) is built once per distinct settings value and
-//! reused; a settings change in the database builds a new one on the next attempt.
+//! Sessions come from [`SmtpPool`], one per distinct settings value (and XOAUTH2 token): a
+//! settings change in the database, or a new token, starts a new pool on the next attempt, so no
+//! session authenticated the old way is reused.
 //!
 //! Classification (DESIGN §5): a 5xx reply is permanent; a 4xx reply, or a connect, TLS, I/O or
 //! timeout error, is transient; an invalid address or an empty list is permanent.
@@ -12,23 +13,19 @@ use std::sync::{Arc, Mutex};
 
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, Message};
-use lettre::transport::smtp::authentication::{Credentials, Mechanism};
-use lettre::transport::smtp::client::{Tls, TlsParameters};
-use lettre::transport::smtp::{self, PoolConfig};
-use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+use lettre::transport::smtp;
 
-use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings, TlsMode};
+use super::smtp_pool::{SessionError, SmtpPool};
+use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::{NotificationContent, NotificationId};
 
-type Transport = AsyncSmtpTransport<Tokio1Executor>;
-
-/// Sends notifications as email. Cheap to share; clones of the transport share its pool.
+/// Sends notifications as email. Cheap to share.
 #[derive(Default)]
 pub struct EmailAdapter {
-    /// The transport for the settings (and XOAUTH2 token) last used. They rarely change, so a
-    /// plain mutex around a clone-out is enough; it is never held across an await.
-    current: Mutex<Option<(TransportKey, Arc<Transport>)>>,
+    /// The pool for the settings (and XOAUTH2 token) last used. They rarely change, so a plain
+    /// mutex around a clone-out is enough; it is never held across an await.
+    current: Mutex<Option<Arc<SmtpPool>>>,
 }
 
 impl std::fmt::Debug for EmailAdapter {
@@ -58,14 +55,15 @@ impl EmailAdapter {
             ));
         }
         let message = build_message(settings, id, content, recipients)?;
-        let transport = self.transport_for(settings, access_token)?;
-        // The per-command timeout bounds each step; this bounds the whole session, so a server
-        // trickling replies cannot hold a delivery slot forever.
-        match tokio::time::timeout(settings.overall_timeout, transport.send(message)).await {
-            Ok(Ok(_)) => Ok(Delivered {
+        let pool = self.pool_for(settings, access_token)?;
+        // Each step has its own timeout; this bounds the whole session, so a server trickling
+        // replies cannot hold a delivery slot forever.
+        match tokio::time::timeout(settings.overall_timeout, send(&pool, &message)).await {
+            Ok(Ok(())) => Ok(Delivered {
                 resolved_targets: recipients.iter().map(ToString::to_string).collect(),
             }),
-            Ok(Err(e)) => Err(classify(&e, settings)),
+            Ok(Err(SessionError::Smtp(e))) => Err(classify(&e, settings)),
+            Ok(Err(SessionError::Delivery(e))) => Err(e),
             Err(_) => Err(DeliveryError::transient(format!(
                 "SMTP delivery to {}:{} took longer than {}s",
                 settings.host,
@@ -75,79 +73,41 @@ impl EmailAdapter {
         }
     }
 
-    fn transport_for(
+    fn pool_for(
         &self,
         settings: &SmtpSettings,
         access_token: Option<&Secret>,
-    ) -> Result<Arc<Transport>, DeliveryError> {
-        let key = TransportKey {
-            settings: settings.clone(),
-            access_token: access_token.cloned(),
-        };
+    ) -> Result<Arc<SmtpPool>, DeliveryError> {
         let mut current = self
             .current
             .lock()
-            .map_err(|_| DeliveryError::transient("email transport lock poisoned"))?;
-        if let Some((used, transport)) = current.as_ref()
-            && *used == key
+            .map_err(|_| DeliveryError::transient("email pool lock poisoned"))?;
+        if let Some(pool) = current.as_ref()
+            && pool.is_for(settings, access_token)
         {
-            return Ok(Arc::clone(transport));
+            return Ok(Arc::clone(pool));
         }
-        // New settings or a new token: a new pool, so no connection authenticated the old way
-        // is reused.
-        let transport = Arc::new(build_transport(settings, access_token)?);
-        *current = Some((key, Arc::clone(&transport)));
-        Ok(transport)
+        let pool = Arc::new(SmtpPool::new(settings.clone(), access_token.cloned()));
+        *current = Some(Arc::clone(&pool));
+        Ok(pool)
     }
 }
 
-/// What a pooled transport was built from.
-#[derive(PartialEq, Eq)]
-struct TransportKey {
-    settings: SmtpSettings,
-    access_token: Option<Secret>,
-}
-
-fn build_transport(
-    s: &SmtpSettings,
-    access_token: Option<&Secret>,
-) -> Result<Transport, DeliveryError> {
-    let tls_parameters = || {
-        TlsParameters::new(s.host.clone())
-            .map_err(|e| DeliveryError::permanent(format!("cannot set up TLS for {}: {e}", s.host)))
-    };
-    let tls = match s.tls {
-        TlsMode::None => Tls::None,
-        TlsMode::StartTls => Tls::Required(tls_parameters()?),
-        TlsMode::Implicit => Tls::Wrapper(tls_parameters()?),
-    };
-    let mut builder = Transport::builder_dangerous(s.host.as_str())
-        .port(s.port)
-        .tls(tls)
-        .timeout(Some(s.timeout))
-        .pool_config(PoolConfig::new().max_size(s.policy.max_concurrent_connections.max(1)));
-    match &s.auth {
-        SmtpAuth::None => {}
-        SmtpAuth::Password { username, password } => {
-            builder = builder
-                .credentials(Credentials::new(
-                    username.clone(),
-                    password.expose().to_owned(),
-                ))
-                .authentication(vec![Mechanism::Plain, Mechanism::Login]);
+/// One transaction on a pooled session; the session goes back only if it ended cleanly.
+async fn send(pool: &SmtpPool, message: &Message) -> Result<(), SessionError> {
+    let mut session = pool.session().await?;
+    match session.send(message.envelope(), &message.formatted()).await {
+        Ok(_) => {
+            pool.give_back(session);
+            Ok(())
         }
-        SmtpAuth::XOAuth2 { username, .. } => {
-            let token = access_token
-                .ok_or_else(|| DeliveryError::transient("no XOAUTH2 access token was obtained"))?;
-            builder = builder
-                .credentials(Credentials::new(
-                    username.clone(),
-                    token.expose().to_owned(),
-                ))
-                .authentication(vec![Mechanism::Xoauth2]);
+        Err(e) => {
+            // A refused transaction leaves the session usable, but a fresh one is cheap and
+            // certain; drop it rather than guess.
+            session.abort().await;
+            Err(SessionError::Smtp(e))
         }
     }
-    Ok(builder.build())
 }
 
 fn build_message(

@@ -8,6 +8,7 @@
 pub mod email;
 pub mod http;
 pub mod oauth;
+pub mod smtp_pool;
 pub mod webhook;
 
 pub use email::EmailAdapter;
