@@ -89,7 +89,8 @@ pub struct DispatcherConfig {
     pub claim_timeout: Duration,
     /// Sweep on events (ingest here, finished deliveries) and not only on the poll timer.
     pub wake_on_events: bool,
-    /// Rows claimed per sweep and channel; unset: the free delivery slots.
+    /// Rows claimed per sweep and channel; unset: the free delivery slots plus two per
+    /// connection, queued locally.
     pub claim_batch: Option<usize>,
 }
 

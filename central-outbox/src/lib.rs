@@ -7,6 +7,7 @@
 //! knows neither.
 
 pub mod config;
+pub mod config_cache;
 pub mod delivery;
 pub mod dispatcher;
 pub mod domain;
@@ -28,6 +29,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseUrl, Settings};
+use crate::config_cache::ConfigCache;
 use crate::delivery::Adapters;
 use crate::dispatcher::Dispatcher;
 use crate::domain::kpi::KpiSettings;
@@ -147,11 +149,13 @@ async fn serve<S: OutboxStore>(
     }
 
     let wake = Arc::new(Notify::new());
+    let config = Arc::new(ConfigCache::new());
     let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
         adapters,
+        Arc::clone(&config),
         settings.dispatcher.clone(),
         settings.webhook.clone(),
         Arc::clone(&wake),
@@ -193,7 +197,7 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     );
-    let outbox = OutboxService::new(Arc::clone(&store), settings.kpis, Arc::clone(&wake));
+    let outbox = OutboxService::new(Arc::clone(&store), settings.kpis, Arc::clone(&wake), config);
     let local_addr = listener.local_addr().ok();
     tracing::info!(addr = ?local_addr, "central-outbox serving");
 

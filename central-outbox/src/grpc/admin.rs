@@ -2,6 +2,7 @@
 //! (through `admin_convert`), call the store once, and answer; operator actions take their actor
 //! from the `x-outbox-actor` header.
 
+use crate::config_cache::ConfigCache;
 use std::sync::Arc;
 
 use chrono::Utc;
@@ -29,11 +30,23 @@ pub struct OutboxService<S> {
     kpis: KpiSettings,
     /// Wakes the dispatcher when a retry makes rows due.
     wake: Arc<Notify>,
+    /// The dispatcher's copy of lists and SMTP settings, dropped on every change made here.
+    config: Arc<ConfigCache>,
 }
 
 impl<S> OutboxService<S> {
-    pub fn new(store: Arc<S>, kpis: KpiSettings, wake: Arc<Notify>) -> Self {
-        Self { store, kpis, wake }
+    pub fn new(
+        store: Arc<S>,
+        kpis: KpiSettings,
+        wake: Arc<Notify>,
+        config: Arc<ConfigCache>,
+    ) -> Self {
+        Self {
+            store,
+            kpis,
+            wake,
+            config,
+        }
     }
 
     fn view(&self, state: NotificationState) -> NotificationStatusView {
@@ -342,7 +355,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         let list = admin_convert::list_from_proto(msg, current.as_ref().map(|c| &c.value))
             .map_err(invalid_argument)?;
         let name = list.name.clone();
-        self.store.upsert_list(list).await.map_err(store_status)?;
+        let saved = self.store.upsert_list(list).await;
+        self.config.invalidate();
+        saved.map_err(store_status)?;
         tracing::info!(list = name.as_str(), actor = actor.as_str(), "list saved");
         let stored = self
             .store
@@ -359,7 +374,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
     ) -> Result<Response<v1::DeleteNotificationListResponse>, Status> {
         let actor = actor(&request);
         let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
-        if !self.store.delete_list(&name).await.map_err(store_status)? {
+        let deleted = self.store.delete_list(&name).await;
+        self.config.invalidate();
+        if !deleted.map_err(store_status)? {
             return Err(no_such_list(&name));
         }
         tracing::info!(list = name.as_str(), actor = actor.as_str(), "list deleted");
@@ -397,10 +414,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
             actor = actor.as_str(),
             "SMTP settings saved"
         );
-        self.store
-            .put_smtp_settings(settings)
-            .await
-            .map_err(store_status)?;
+        let saved = self.store.put_smtp_settings(settings).await;
+        self.config.invalidate();
+        saved.map_err(store_status)?;
         let stored = self
             .store
             .smtp_settings()
@@ -415,12 +431,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         request: Request<v1::DeleteSmtpConfigRequest>,
     ) -> Result<Response<v1::DeleteSmtpConfigResponse>, Status> {
         let actor = actor(&request);
-        if !self
-            .store
-            .delete_smtp_settings()
-            .await
-            .map_err(store_status)?
-        {
+        let deleted = self.store.delete_smtp_settings().await;
+        self.config.invalidate();
+        if !deleted.map_err(store_status)? {
             return Err(no_smtp_config());
         }
         tracing::info!(actor = actor.as_str(), "SMTP settings deleted");
