@@ -12,12 +12,18 @@
 //! a separate task: the write then shares a group commit with the claim of the row that takes
 //! the slot, instead of the two waiting for one fsync each in turn.
 //!
-//! The lease (DESIGN §5): renewed every `renew_interval`. A failed or refused renewal stops new
-//! claims at once; if the lease runs out (its TTL passes without a successful renewal) in-flight
-//! deliveries are aborted, because their outcomes could no longer be recorded and a successor
-//! may already be delivering the same rows. On shutdown no new claims are made, in-flight
-//! deliveries get `drain_timeout`, and the lease is released so a successor takes over at once;
-//! rows still claimed become due again when their claim expires.
+//! The lease is kept by [`LeaseKeeper`], a task of its own, so renewing it never waits for a
+//! sweep. This loop follows what the keeper publishes: it claims only while it holds a lease
+//! that is still valid. When the lease lapses (no renewal succeeded for its TTL) it stops
+//! claiming and drops rows claimed but not started, but lets deliveries under way finish: each
+//! is bounded to half the claim timeout, so no successor can have claimed its row meanwhile,
+//! and its outcome is recorded if no other node has taken the lease since (the store's fence).
+//! A node that re-takes its own lapsed lease keeps its epoch, so those outcomes stand. When
+//! another node holds the lease, deliveries under way are aborted: their outcomes would be
+//! refused and the successor redelivers them. On shutdown no new claims are made, deliveries
+//! under way get `drain_timeout` while the keeper goes on renewing, and then the lease is
+//! released so a successor takes over at once; rows still claimed become due again when their
+//! claim expires.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -35,11 +41,11 @@ use crate::domain::channel::{DeliveryPolicy, ListTargets, SmtpSettings, WebhookS
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::rate::TokenBucket;
 use crate::domain::retry::{Backoff, RetryPolicy};
+use crate::lease::{HeldLease, LeaseKeeper, LeaseSettings};
 use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
 
-/// Name of the lease whose holder dispatches.
-pub const DISPATCHER_LEASE: &str = "dispatcher";
+pub use crate::lease::DISPATCHER_LEASE;
 
 /// Timing of the dispatcher. Defaults documented in `deploy/central-outbox.toml`.
 #[derive(Debug, Clone)]
@@ -124,8 +130,13 @@ pub struct Dispatcher<S> {
     settings: DispatcherSettings,
     webhook: WebhookSettings,
     wake: Arc<Notify>,
+    /// Keeps the lease; taken and spawned by `run`.
+    keeper: Option<LeaseKeeper<S>>,
+    /// What the keeper last published.
+    held: watch::Receiver<Option<HeldLease>>,
+    /// The epoch this node dispatches under now: the keeper's, while still valid.
     lease: Option<LeaseEpoch>,
-    /// When the lease we last renewed runs out, measured from before the renewal was sent.
+    /// When the lease we last saw renewed runs out, measured from before the renewal was sent.
     lease_deadline: Option<tokio::time::Instant>,
     /// Publishes `lease` to whoever works only on the leader (the purge) or reports it (metrics).
     lease_watch: watch::Sender<Option<LeaseEpoch>>,
@@ -166,6 +177,16 @@ impl<S: OutboxStore> Dispatcher<S> {
         for warning in webhook.policy.retry_policy().1 {
             tracing::warn!("webhook configuration: {warning}");
         }
+        let keeper = LeaseKeeper::new(
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+            LeaseSettings {
+                node_id: settings.node_id.clone(),
+                ttl: settings.lease_ttl,
+                renew_interval: settings.renew_interval,
+            },
+        );
+        let held = keeper.subscribe();
         Self {
             store,
             metrics,
@@ -174,6 +195,8 @@ impl<S: OutboxStore> Dispatcher<S> {
             settings,
             webhook,
             wake,
+            keeper: Some(keeper),
+            held,
             lease: None,
             lease_deadline: None,
             lease_watch: watch::Sender::new(None),
@@ -192,10 +215,13 @@ impl<S: OutboxStore> Dispatcher<S> {
 
     /// Runs until `shutdown` is cancelled, then drains and releases the lease.
     pub async fn run(mut self, shutdown: CancellationToken) {
+        let keeper_stop = CancellationToken::new();
+        let keeper = self
+            .keeper
+            .take()
+            .map(|keeper| tokio::spawn(keeper.run(keeper_stop.clone())));
         let mut poll = tokio::time::interval(self.settings.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut renew = tokio::time::interval(self.settings.renew_interval);
-        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             let lease_deadline = self.lease_deadline;
             let throttled_until = self.throttled_until;
@@ -206,8 +232,9 @@ impl<S: OutboxStore> Dispatcher<S> {
                     self.lease_expired();
                     continue;
                 }
-                _ = renew.tick() => {
-                    self.renew_lease().await;
+                Ok(()) = self.held.changed() => {
+                    let held = *self.held.borrow_and_update();
+                    self.follow_lease(held);
                     if !self.settings.wake_on_events {
                         // Timer-only mode sweeps on the poll timer alone.
                         continue;
@@ -240,7 +267,13 @@ impl<S: OutboxStore> Dispatcher<S> {
             }
         }
         self.drain().await;
-        self.release_lease().await;
+        keeper_stop.cancel();
+        if let Some(keeper) = keeper
+            && let Err(e) = keeper.await
+        {
+            tracing::error!(error = %e, "the lease keeper failed");
+        }
+        self.set_lease(None);
     }
 
     /// Frees the slot of a finished delivery and starts recording its outcome.
@@ -252,7 +285,8 @@ impl<S: OutboxStore> Dispatcher<S> {
                 self.recording
                     .spawn(record_outcome(Arc::clone(&self.store), record));
             }
-            // Aborted at lease expiry (counts were reset then) or panicked: a panic loses the
+            // Aborted when another node took the lease (counts were reset then) or panicked: a
+            // panic loses the
             // channel it ran on, so recount from the set.
             Err(e) => {
                 if e.is_panic() {
@@ -267,48 +301,21 @@ impl<S: OutboxStore> Dispatcher<S> {
         }
     }
 
-    /// Takes or renews the lease; on any failure this node stops claiming at once.
-    pub async fn renew_lease(&mut self) {
-        let sent_at = tokio::time::Instant::now();
-        let held = self
-            .store
-            .acquire_lease(
-                DISPATCHER_LEASE,
-                &self.settings.node_id,
-                self.settings.lease_ttl,
-            )
-            .await;
-        let refused = matches!(held, Ok(None));
-        let now = match held {
-            Ok(epoch) => epoch,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot renew the dispatcher lease");
-                None
-            }
-        };
-        match (self.lease, now) {
-            (None, Some(epoch)) => tracing::info!(epoch = epoch.0, "became the dispatcher"),
+    /// Takes what the keeper published: a lease still valid is dispatched under; another
+    /// epoch, or none (another node holds it), ends what runs under the old one.
+    fn follow_lease(&mut self, held: Option<HeldLease>) {
+        let now = held.filter(HeldLease::is_valid);
+        match (self.lease, now.map(|h| h.epoch)) {
             (Some(old), Some(new)) if old != new => {
-                tracing::warn!(
-                    old = old.0,
-                    new = new.0,
-                    "dispatcher lease re-taken with a new epoch"
-                );
-                // Our claims under the old epoch cannot be recorded any more.
+                // Another node held the lease in between: our claims under the old epoch can
+                // no longer be recorded, and the successor may redeliver them.
                 self.abort_in_flight();
             }
-            (Some(old), None) => tracing::warn!(epoch = old.0, "lost the dispatcher lease"),
+            (Some(_), None) if held.is_none() => self.abort_in_flight(),
             _ => {}
         }
-        if now.is_some() {
-            // Judged from before the request: the database's expiry is at least this late.
-            self.lease_deadline = Some(sent_at + self.settings.lease_ttl);
-        } else if refused {
-            // Another node holds it: whatever we still run is already being redone.
-            self.abort_in_flight();
-            self.lease_deadline = None;
-        }
-        self.set_lease(now);
+        self.lease_deadline = now.map(|h| h.valid_until);
+        self.set_lease(now.map(|h| h.epoch));
     }
 
     fn set_lease(&mut self, lease: Option<LeaseEpoch>) {
@@ -321,22 +328,33 @@ impl<S: OutboxStore> Dispatcher<S> {
         });
     }
 
-    /// The lease ran out without a successful renewal.
+    /// The lease ran out without a successful renewal: stop claiming, and give back the rows
+    /// claimed but not started (due again when their claims expire). Deliveries under way go
+    /// on; see the module documentation.
     fn lease_expired(&mut self) {
         tracing::warn!(
             in_flight = self.in_flight.len(),
-            "dispatcher lease expired without renewal; cancelling in-flight deliveries"
+            "dispatcher lease expired without renewal; no new claims until it is renewed"
         );
-        self.abort_in_flight();
+        for state in &mut self.channels {
+            state.queue.clear();
+        }
         self.lease_deadline = None;
         self.set_lease(None);
     }
 
+    /// Aborts every delivery under way and drops outcomes not yet written.
     fn abort_in_flight(&mut self) {
+        if !self.in_flight.is_empty() || !self.recording.is_empty() {
+            tracing::warn!(
+                in_flight = self.in_flight.len(),
+                "another node holds the dispatcher lease; cancelling in-flight deliveries"
+            );
+        }
         if !self.in_flight.is_empty() {
             self.in_flight.abort_all();
         }
-        // The lease is gone, so these writes would be refused anyway.
+        // The lease is another node's, so these writes would be refused anyway.
         if !self.recording.is_empty() {
             self.recording.abort_all();
         }
@@ -345,22 +363,6 @@ impl<S: OutboxStore> Dispatcher<S> {
             // Claimed but never started: due again when their claims expire.
             state.queue.clear();
         }
-    }
-
-    async fn release_lease(&mut self) {
-        let Some(epoch) = self.lease else {
-            return;
-        };
-        match self
-            .store
-            .release_lease(DISPATCHER_LEASE, &self.settings.node_id, epoch)
-            .await
-        {
-            Ok(true) => tracing::info!(epoch = epoch.0, "released the dispatcher lease"),
-            Ok(false) => tracing::debug!("the dispatcher lease had already passed on"),
-            Err(e) => tracing::warn!(error = %e, "cannot release the dispatcher lease; it expires"),
-        }
-        self.set_lease(None);
     }
 
     /// One sweep: for each channel, claim up to its free slots and rate-limit tokens and start

@@ -13,10 +13,14 @@ pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
 pub mod health;
+pub mod lease;
 pub mod metrics;
 pub mod purge;
 pub mod store;
 pub mod telemetry;
+
+#[cfg(test)]
+mod dispatcher_tests;
 
 use std::sync::Arc;
 

@@ -33,6 +33,13 @@ const DELIVERY_BUCKETS: [f64; 14] = [
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0,
 ];
 
+/// Upper bounds, in seconds, of the lease renewal buckets: a healthy renewal is one small
+/// statement (about a millisecond); anything near the lease's TTL (15 s by default) is a lease
+/// about to be lost.
+const LEASE_RENEWAL_BUCKETS: [f64; 12] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 15.0,
+];
+
 /// Outcomes a finished attempt can have (`InFlight` is what an unfinished one leaves behind).
 const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
     AttemptOutcome::Delivered,
@@ -94,6 +101,9 @@ pub struct Metrics {
     durations: Family<ChannelLabels, Histogram, fn() -> Histogram>,
     leader: Gauge,
     lease_epoch: Gauge,
+    /// Round trip of each lease renewal, including any that failed or timed out.
+    lease_renewals: Histogram,
+    lease_renewal_failures: Counter,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     /// Held while the KPI gauges are rewritten and while the registry is encoded, so a scrape
@@ -158,6 +168,20 @@ impl Metrics {
             lease_epoch.clone(),
         );
 
+        let lease_renewals = Histogram::new(LEASE_RENEWAL_BUCKETS);
+        registry.register_with_unit(
+            "outbox_dispatcher_lease_renewal",
+            "Time each dispatcher lease renewal took, answered or not",
+            Unit::Seconds,
+            lease_renewals.clone(),
+        );
+        let lease_renewal_failures = Counter::default();
+        registry.register(
+            "outbox_dispatcher_lease_renewal_failures",
+            "Lease renewals that failed or timed out (not those another holder refused)",
+            lease_renewal_failures.clone(),
+        );
+
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
         register_kpis(&mut registry, &kpis, &site_kpis);
@@ -169,6 +193,8 @@ impl Metrics {
             durations,
             leader,
             lease_epoch,
+            lease_renewals,
+            lease_renewal_failures,
             kpis,
             site_kpis,
             kpi_update: Mutex::new(()),
@@ -215,6 +241,14 @@ impl Metrics {
     pub fn set_lease(&self, held: bool, epoch: Option<i64>) {
         self.leader.set(i64::from(held));
         self.lease_epoch.set(epoch.unwrap_or(0));
+    }
+
+    /// One lease renewal took `took`; `failed` if it errored or timed out.
+    pub fn lease_renewed(&self, took: Duration, failed: bool) {
+        self.lease_renewals.observe(took.as_secs_f64());
+        if failed {
+            self.lease_renewal_failures.inc();
+        }
     }
 
     /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.

@@ -11,6 +11,10 @@
 //! - No waiting to fill a batch: the writer takes what is queued and commits at once, so an idle
 //!   system pays one fsync of latency and a busy one batches naturally while the previous fsync runs.
 //!
+//! - Priority jobs ([`Database::write_first`]) go into the next transaction the writer begins,
+//!   ahead of every queued ordinary job: the dispatcher's lease renewal must never wait behind a
+//!   burst of ingest or a purge. The wait is bounded by the one transaction already running.
+//!
 //! Reads go through a small pool of separate read-only connections; in WAL mode they see the last
 //! committed state and never block the writer.
 
@@ -82,6 +86,9 @@ type Job = Box<dyn FnOnce(Result<&mut Transaction<'_>, Error>) -> Reply + Send>;
 #[derive(Clone)]
 pub struct Database {
     jobs: mpsc::Sender<Job>,
+    /// Jumps the queue (see the module documentation). Unbounded: its callers are a handful of
+    /// periodic tasks, each with one job outstanding at a time.
+    priority: mpsc::UnboundedSender<Job>,
     readers: Arc<ReadPool>,
 }
 
@@ -110,14 +117,23 @@ impl Database {
         prepare(&mut conn)?;
 
         let (jobs, queue) = mpsc::channel(options.queue_capacity.max(1));
+        let (priority, priority_queue) = mpsc::unbounded_channel();
+        let queues = Queues {
+            priority: priority_queue,
+            ordinary: queue,
+        };
         let max_batch = options.max_batch_jobs.max(1);
         std::thread::Builder::new()
             .name("sqlite-writer".into())
-            .spawn(move || run_writer(conn, queue, max_batch))
+            .spawn(move || run_writer(conn, queues, max_batch))
             .map_err(|e| Error::TaskFailed(format!("cannot start the writer thread: {e}")))?;
 
         let readers = Arc::new(ReadPool::open(&options.path, options.readers.max(1))?);
-        Ok(Self { jobs, readers })
+        Ok(Self {
+            jobs,
+            priority,
+            readers,
+        })
     }
 
     /// Runs `job` on the writer inside the next group-commit transaction and returns its result
@@ -130,25 +146,28 @@ impl Database {
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let (answer, answered) = oneshot::channel::<Result<T, E>>();
-        let job: Job = Box::new(move |txn| {
-            let outcome = match txn {
-                Ok(txn) => run_in_savepoint(txn, job),
-                Err(e) => Err(E::from(e)),
-            };
-            Box::new(move |committed: Result<(), Error>| {
-                let result = match committed {
-                    Ok(()) => outcome,
-                    // A failed job has no writes to lose: report its own error, not the commit's.
-                    Err(e) => outcome.and(Err(E::from(e))),
-                };
-                // The caller may have gone away (cancelled request): nothing to tell.
-                let _ = answer.send(result);
-            })
-        });
+        let (job, answered) = make_job(job);
         self.jobs
             .send(job)
             .await
+            .map_err(|_| E::from(Error::WriterStopped))?;
+        answered.await.map_err(|_| E::from(Error::WriterStopped))?
+    }
+
+    /// [`Self::write`] ahead of every queued ordinary job: `job` runs in the next transaction
+    /// the writer begins. For small, urgent writes (a lease renewal); bulk work through this
+    /// would only delay the other urgent jobs.
+    pub async fn write_first<T, E>(
+        &self,
+        job: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let (job, answered) = make_job(job);
+        self.priority
+            .send(job)
             .map_err(|_| E::from(Error::WriterStopped))?;
         answered.await.map_err(|_| E::from(Error::WriterStopped))?
     }
@@ -164,6 +183,33 @@ impl Database {
     {
         self.readers.read(query).await
     }
+}
+
+/// Wraps `job` for the writer: run in its own savepoint, answered once the commit is known.
+fn make_job<T, E>(
+    job: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+) -> (Job, oneshot::Receiver<Result<T, E>>)
+where
+    T: Send + 'static,
+    E: From<Error> + Send + 'static,
+{
+    let (answer, answered) = oneshot::channel::<Result<T, E>>();
+    let job: Job = Box::new(move |txn| {
+        let outcome = match txn {
+            Ok(txn) => run_in_savepoint(txn, job),
+            Err(e) => Err(E::from(e)),
+        };
+        Box::new(move |committed: Result<(), Error>| {
+            let result = match committed {
+                Ok(()) => outcome,
+                // A failed job has no writes to lose: report its own error, not the commit's.
+                Err(e) => outcome.and(Err(E::from(e))),
+            };
+            // The caller may have gone away (cancelled request): nothing to tell.
+            let _ = answer.send(result);
+        })
+    });
+    (job, answered)
 }
 
 fn run_in_savepoint<T, E: From<Error>>(
@@ -220,17 +266,56 @@ fn keep_plans(conn: &Connection) -> Result<(), Error> {
     Ok(())
 }
 
-fn run_writer(mut conn: Connection, mut queue: mpsc::Receiver<Job>, max_batch: usize) {
-    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
-    let mut replies: Vec<Reply> = Vec::with_capacity(max_batch);
-    while let Some(first) = queue.blocking_recv() {
+/// The writer's two inboxes.
+struct Queues {
+    priority: mpsc::UnboundedReceiver<Job>,
+    ordinary: mpsc::Receiver<Job>,
+}
+
+impl Queues {
+    /// Blocks until a job arrives on either queue, priority first; `None` once both are closed
+    /// and empty (every `Database` handle is gone).
+    fn wait(&mut self, idle: &tokio::runtime::Runtime) -> Option<Job> {
+        idle.block_on(async {
+            tokio::select! {
+                biased;
+                Some(job) = self.priority.recv() => Some(job),
+                Some(job) = self.ordinary.recv() => Some(job),
+                else => None,
+            }
+        })
+    }
+
+    /// The next batch after `first`: every queued priority job, then ordinary jobs up to
+    /// `max_batch` in all. Priority jobs run first in the transaction.
+    fn fill(&mut self, first: Job, batch: &mut Vec<Job>, max_batch: usize) {
+        while let Ok(job) = self.priority.try_recv() {
+            batch.push(job);
+        }
         batch.push(first);
         while batch.len() < max_batch {
-            match queue.try_recv() {
+            match self.ordinary.try_recv() {
                 Ok(job) => batch.push(job),
                 Err(_) => break,
             }
         }
+    }
+}
+
+fn run_writer(mut conn: Connection, mut queues: Queues, max_batch: usize) {
+    // Only for waiting on the two queues: the writer's work itself is blocking SQLite calls.
+    let idle = match tokio::runtime::Builder::new_current_thread().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            // Every write then fails with WriterStopped, which callers already handle.
+            tracing::error!(error = %e, "cannot start the SQLite writer");
+            return;
+        }
+    };
+    let mut batch: Vec<Job> = Vec::with_capacity(max_batch);
+    let mut replies: Vec<Reply> = Vec::with_capacity(max_batch);
+    while let Some(first) = queues.wait(&idle) {
+        queues.fill(first, &mut batch, max_batch);
         // IMMEDIATE takes the write lock up front, so a busy database fails here (before any
         // job ran) rather than at commit.
         let mut txn = match conn.transaction_with_behavior(TransactionBehavior::Immediate) {
@@ -332,6 +417,8 @@ fn open_reader(path: &Path) -> Result<Connection, Error> {
 
 #[cfg(test)]
 mod tests {
+    use std::future::Future;
+
     use super::*;
 
     fn open(dir: &tempfile::TempDir) -> Database {
@@ -406,5 +493,76 @@ mod tests {
             vec![1, 3],
             "the failed job's first insert was rolled back"
         );
+    }
+
+    /// A priority job queued behind a long transaction and a backlog of ordinary jobs runs in
+    /// the very next transaction, before any of the backlog.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_priority_job_runs_before_the_queued_backlog() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = Options::new(dir.path().join("t.db"));
+        options.max_batch_jobs = 10;
+        let db = Database::open(&options, |conn| {
+            conn.execute_batch("CREATE TABLE t (k INTEGER PRIMARY KEY, v TEXT NOT NULL)")?;
+            Ok(())
+        })
+        .unwrap();
+
+        // Hold the writer inside a job until the backlog is queued.
+        let (running_tx, running_rx) = std::sync::mpsc::channel::<()>();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let held = tokio::spawn({
+            let db = db.clone();
+            async move {
+                db.write(move |c| {
+                    running_tx.send(()).ok();
+                    release_rx.recv().ok();
+                    c.execute("INSERT INTO t (v) VALUES ('long')", [])
+                        .map_err(Error::from)
+                })
+                .await
+            }
+        });
+        tokio::task::spawn_blocking(move || running_rx.recv().unwrap())
+            .await
+            .unwrap();
+        const BACKLOG: usize = 100;
+        let mut backlog = tokio::task::JoinSet::new();
+        for _ in 0..BACKLOG {
+            let db = db.clone();
+            backlog.spawn(async move {
+                db.write(|c| {
+                    c.execute("INSERT INTO t (v) VALUES ('bulk')", [])
+                        .map_err(Error::from)
+                })
+                .await
+            });
+        }
+        while db.jobs.max_capacity() - db.jobs.capacity() < BACKLOG {
+            tokio::task::yield_now().await;
+        }
+
+        let mut urgent = Box::pin(db.write_first(|c| {
+            c.query_row("SELECT COUNT(*) FROM t WHERE v = 'bulk'", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map_err(Error::from)
+        }));
+        // Poll it once: that queues the job (the answer cannot have come yet).
+        std::future::poll_fn(|cx| {
+            assert!(urgent.as_mut().poll(cx).is_pending());
+            std::task::Poll::Ready(())
+        })
+        .await;
+        release_tx.send(()).unwrap();
+        held.await.unwrap().unwrap();
+        let bulk_before_urgent = urgent.await.unwrap();
+        assert_eq!(
+            bulk_before_urgent, 0,
+            "the priority job ran after queued ordinary jobs"
+        );
+        while let Some(done) = backlog.join_next().await {
+            done.unwrap().unwrap();
+        }
     }
 }

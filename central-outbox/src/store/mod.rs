@@ -6,8 +6,12 @@
 //!   content hash is `Duplicate`, with another hash `Conflict`, and the stored row is unchanged.
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
 //!   InFlight attempt row in the same transaction.
-//! - `record_outcome` applies only if the row is still claimed under the given epoch and that
-//!   epoch still holds the dispatcher lease; otherwise it changes nothing and returns false.
+//! - `record_outcome` applies only if the row is still claimed by that attempt (epoch and
+//!   attempt number) and no other holder has taken the lease since (it is still at that epoch,
+//!   lapsed or not); otherwise it changes nothing and returns false.
+//! - `acquire_lease` bumps the epoch only when the holder changes: a holder re-taking its own
+//!   lapsed lease keeps its epoch. Lease calls are served ahead of bulk work, so a renewal
+//!   never queues behind ingest, claims or a purge.
 //! - `query` pages newest first by (CreatedAt, row id) with a keyset cursor, so concurrent inserts
 //!   never make a row appear twice or not at all in pages after the first.
 //! - Operator actions change only Parked rows, and write a history entry in the same transaction.
@@ -198,8 +202,8 @@ pub trait OutboxStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Option<NotificationState>>> + Send;
 
     /// Takes or renews the named lease for `holder` for `ttl`. Returns the epoch held, or `None`
-    /// if another holder's lease has not expired. The epoch increases whenever the holder changes
-    /// or a lapsed lease is re-taken.
+    /// if another holder's lease has not expired. The epoch increases whenever the holder
+    /// changes; the last holder re-taking its lapsed lease keeps it.
     fn acquire_lease(
         &self,
         name: &'static str,
@@ -207,8 +211,8 @@ pub trait OutboxStore: Send + Sync + 'static {
         ttl: Duration,
     ) -> impl Future<Output = Result<Option<LeaseEpoch>>> + Send;
 
-    /// Gives the lease up (expires it now) if `holder` still holds it at `epoch`, so a successor
-    /// need not wait for the TTL. Returns whether it was released.
+    /// Gives the lease up (expires it now and moves its epoch on) if `holder` still holds it at
+    /// `epoch`, so a successor need not wait for the TTL. Returns whether it was released.
     fn release_lease(
         &self,
         name: &'static str,

@@ -301,6 +301,128 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
     );
 }
 
+/// A lease that lapsed while nobody else took it is still its holder's: an outcome finished
+/// meanwhile is recorded, and re-taking it keeps the epoch, so claims made before the lapse
+/// can still be recorded (a slow database must not turn delivered mail into duplicates). Once
+/// another node has taken it, the old epoch records nothing.
+pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxStore>(store: &S) {
+    let rows: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("lapse {i}"))).collect();
+    let ids: Vec<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
+    store.submit(rows).await.unwrap();
+    // Long enough for a slow server (Babelfish) to claim well inside it.
+    let ttl = Duration::from_millis(1500);
+    let long = Duration::from_secs(600);
+    let taken_at = tokio::time::Instant::now();
+    let e1 = store
+        .acquire_lease(LEASE, "node-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let claimed = claim(store, e1, NotificationType::Email, 3, long).await;
+    assert_eq!(claimed.len(), 3);
+    // Wait out the TTL (it is measured on the database's clock, which this one shares).
+    tokio::time::sleep_until(taken_at + ttl + Duration::from_millis(300)).await;
+    assert!(
+        claim(store, e1, NotificationType::Email, 3, long)
+            .await
+            .is_empty(),
+        "a lapsed lease claims nothing"
+    );
+    // Lapsed, nobody else took it: the outcome stands.
+    assert!(
+        store
+            .record_outcome(LEASE, delivered(&claimed[0]))
+            .await
+            .unwrap()
+    );
+    // Its holder re-takes it with the same epoch, and the earlier claims still record.
+    assert_eq!(
+        store.acquire_lease(LEASE, "node-a", ttl).await.unwrap(),
+        Some(e1)
+    );
+    assert!(
+        store
+            .record_outcome(LEASE, delivered(&claimed[1]))
+            .await
+            .unwrap()
+    );
+    // Lapsed again and taken by another node: the old epoch records nothing more.
+    let retaken_at = tokio::time::Instant::now();
+    tokio::time::sleep_until(retaken_at + ttl + Duration::from_millis(300)).await;
+    let e2 = store
+        .acquire_lease(LEASE, "node-b", long)
+        .await
+        .unwrap()
+        .expect("a lapsed lease is free for another node");
+    assert!(e2 > e1);
+    assert!(
+        !store
+            .record_outcome(LEASE, delivered(&claimed[2]))
+            .await
+            .unwrap()
+    );
+    let states = [
+        store.state(ids[0]).await.unwrap().unwrap().status,
+        store.state(ids[1]).await.unwrap().unwrap().status,
+        store.state(ids[2]).await.unwrap().unwrap().status,
+    ];
+    assert_eq!(
+        states,
+        [Status::Delivered, Status::Delivered, Status::Pending]
+    );
+}
+
+/// An attempt's outcome applies only to the claim it was made under: once the row was claimed
+/// again (its claim ran out and the same epoch re-claimed it), the older attempt records nothing.
+pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &S) {
+    let row = new_row("two attempts");
+    let id = row.submission.id;
+    store.submit(vec![row]).await.unwrap();
+    let long = Duration::from_secs(600);
+    let e1 = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    let short = Duration::from_millis(300);
+    let first = claim(store, e1, NotificationType::Email, 1, short).await;
+    assert_eq!(first.len(), 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let second = loop {
+        let again = claim(store, e1, NotificationType::Email, 1, long).await;
+        if !again.is_empty() {
+            break again;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the claim never ran out"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(second[0].attempt_no, first[0].attempt_no + 1);
+    assert!(
+        !store
+            .record_outcome(LEASE, delivered(&first[0]))
+            .await
+            .unwrap(),
+        "a stale attempt overwrote the claim of a newer one"
+    );
+    assert_eq!(
+        store.state(id).await.unwrap().unwrap().status,
+        Status::Pending
+    );
+    assert!(
+        store
+            .record_outcome(LEASE, delivered(&second[0]))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        store.state(id).await.unwrap().unwrap().status,
+        Status::Delivered
+    );
+}
+
 pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
     let row = new_row("rescue me");
     let id = row.submission.id;

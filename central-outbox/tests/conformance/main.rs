@@ -20,9 +20,8 @@ mod purge;
 use std::future::Future;
 use std::io::Write;
 
-use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore};
+use central_outbox::store::mssql::{MsSqlStore, ScratchDatabase};
 use central_outbox::store::sqlite::SqliteStore;
-use tokio_util::compat::TokioAsyncWriteCompatExt;
 
 /// A fresh, empty store of one backend, and whatever keeps it alive.
 pub struct Fixture<S> {
@@ -58,77 +57,20 @@ pub async fn mssql() -> Option<Fixture<MsSqlStore>> {
         let _ = writeln!(
             std::io::stderr(),
             "SKIPPED: {MSSQL_URL_VAR} not set; an MS SQL conformance test did not run \
-             (`make test-mssql` runs them against SQL Server in Docker)"
+             (`make test-mssql` runs them against Babelfish or SQL Server)"
         );
         return None;
     };
-    let server = MsSqlOptions::parse(&url).expect("OUTBOX_TEST_MSSQL_URL is a connection string");
-    let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
-    // The name is bound and quoted by the server, never spliced into the text.
-    on_server(
-        &server,
-        "DECLARE @sql nvarchar(max) = N'CREATE DATABASE ' + QUOTENAME(@P1); EXEC (@sql);",
-        &name,
-    )
-    .await
-    .expect("create the test database");
-    let options = MsSqlOptions {
-        database: name.clone(),
-        ..server.clone()
-    };
-    let store = MsSqlStore::open(options).await.expect("open MS SQL store");
+    let database = ScratchDatabase::create(&url)
+        .await
+        .expect("create the test database");
+    let store = MsSqlStore::open(database.options())
+        .await
+        .expect("open MS SQL store");
     Some(Fixture {
         store,
-        _keep: Box::new(TestDatabase { server, name }),
+        _keep: Box::new(database),
     })
-}
-
-/// Runs one statement with one string parameter on the server's own database.
-async fn on_server(
-    server: &MsSqlOptions,
-    sql: &str,
-    arg: &str,
-) -> Result<(), tiberius::error::Error> {
-    let config = server.tiberius_config();
-    let tcp = tokio::net::TcpStream::connect((server.host.as_str(), server.port)).await?;
-    tcp.set_nodelay(true)?;
-    let mut client = tiberius::Client::connect(config, tcp.compat_write()).await?;
-    client.execute(sql, &[&arg]).await?;
-    Ok(())
-}
-
-/// Drops its test database when the test is done (best effort; a leftover database is named
-/// `outbox_test_*`).
-struct TestDatabase {
-    server: MsSqlOptions,
-    name: String,
-}
-
-impl Drop for TestDatabase {
-    fn drop(&mut self) {
-        let server = self.server.clone();
-        let name = self.name.clone();
-        // Drop runs inside the test's runtime, which cannot be blocked on; a thread with a
-        // runtime of its own does the work, and is waited for.
-        let dropped = std::thread::spawn(move || {
-            let runtime = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            runtime
-                .block_on(on_server(
-                    &server,
-                    "DECLARE @sql nvarchar(max) = N'ALTER DATABASE ' + QUOTENAME(@P1) \
-                     + N' SET SINGLE_USER WITH ROLLBACK IMMEDIATE; DROP DATABASE ' \
-                     + QUOTENAME(@P1); EXEC (@sql);",
-                    &name,
-                ))
-                .map_err(std::io::Error::other)
-        })
-        .join();
-        if !matches!(dropped, Ok(Ok(()))) {
-            eprintln!("could not drop test database {}: {dropped:?}", self.name);
-        }
-    }
 }
 
 /// Runs one behaviour against a fresh store of a backend; does nothing for a backend whose
@@ -175,6 +117,14 @@ macro_rules! backend {
             behaviour!(
                 an_expired_claim_is_due_again,
                 engine::an_expired_claim_is_due_again
+            );
+            behaviour!(
+                a_lapsed_lease_stays_its_holders_until_another_takes_it,
+                engine::a_lapsed_lease_stays_its_holders_until_another_takes_it
+            );
+            behaviour!(
+                an_outcome_applies_only_to_its_own_attempt,
+                engine::an_outcome_applies_only_to_its_own_attempt
             );
             behaviour!(
                 concurrent_claims_never_hand_out_a_row_twice,

@@ -27,12 +27,11 @@ pub async fn acquire_lease(
     let params = [text(name), text(holder), Param::Int(Some(millis_i32(ttl)))];
     // Two nodes creating a never-held lease at once: one insert fails on the key and is rolled
     // back; run again, it finds the other's row and answers by the usual rule.
-    let mut results = match store.batch_raw(sql::ACQUIRE_LEASE, &params).await {
-        Err(e) if classify(&e) == ErrorClass::DuplicateKey => {
-            store
-                .batch("acquire lease", sql::ACQUIRE_LEASE, &params)
-                .await?
-        }
+    let mut results = match store.lease_batch_raw(sql::ACQUIRE_LEASE, &params).await {
+        Err(e) if classify(&e) == ErrorClass::DuplicateKey => store
+            .lease_batch_raw(sql::ACQUIRE_LEASE, &params)
+            .await
+            .map_err(|e| to_store_error("acquire lease", &e))?,
         other => other.map_err(|e| to_store_error("acquire lease", &e))?,
     };
     let rows = result_set(&mut results, 0, "acquire lease")?;
@@ -49,8 +48,9 @@ pub async fn release_lease(
 ) -> Result<bool> {
     let params = [text(name), text(holder), Param::BigInt(Some(epoch.0))];
     let mut results = store
-        .batch("release lease", sql::RELEASE_LEASE, &params)
-        .await?;
+        .lease_batch_raw(sql::RELEASE_LEASE, &params)
+        .await
+        .map_err(|e| to_store_error("release lease", &e))?;
     Ok(single_count(&mut results, "Released", "release lease")? > 0)
 }
 

@@ -12,7 +12,8 @@
 //! Layout: [`options`] (connection strings), `pool` (connections and their discard rules),
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
 //! (idempotent submit), `dispatch` (leases, claims, outcomes), `admin` (queries, operator
-//! actions, KPIs, purge), `channel` (lists and SMTP settings), `decode` (rows to domain types).
+//! actions, KPIs, purge), `channel` (lists and SMTP settings), `decode` (rows to domain types),
+//! [`scratch`] (throw-away databases for the test suites and benchmarks).
 
 mod admin;
 mod channel;
@@ -23,6 +24,7 @@ mod ingest;
 mod migrate;
 pub mod options;
 mod pool;
+pub mod scratch;
 mod sql;
 
 use std::time::Duration;
@@ -45,6 +47,7 @@ use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::{ListName, NotificationId, NotificationType};
 
 pub use self::options::MsSqlOptions;
+pub use self::scratch::ScratchDatabase;
 
 /// Runs of a batch chosen as a deadlock victim, in all. SQL Server picks the cheaper
 /// transaction to roll back; run again, it almost always succeeds the second time.
@@ -58,6 +61,9 @@ const POOL_MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
 #[derive(Clone)]
 pub struct MsSqlStore {
     pool: bb8::Pool<Manager>,
+    /// One connection of its own for the dispatcher lease, so a renewal never waits for a
+    /// pooled connection behind ingest, claims and outcomes (the caller bounds each call).
+    lease_pool: bb8::Pool<Manager>,
     /// Bounds one whole unit of work: a connection from the pool, then the batch.
     timeout: Duration,
 }
@@ -89,8 +95,21 @@ impl MsSqlStore {
             .build(Manager::new(options.clone()))
             .await
             .map_err(|e| to_store_error("connect", &e))?;
+        // Kept open (min_idle 1) so a renewal does not pay for a login; not idle-timed out.
+        let lease_pool = bb8::Pool::builder()
+            .max_size(1)
+            .min_idle(Some(1))
+            .connection_timeout(options.connect_timeout * 3)
+            .retry_connection(false)
+            .test_on_check_out(true)
+            .idle_timeout(None)
+            .max_lifetime(Some(POOL_MAX_LIFETIME))
+            .build(Manager::new(options.clone()))
+            .await
+            .map_err(|e| to_store_error("connect", &e))?;
         let store = Self {
             pool,
+            lease_pool,
             // A batch waits for a connection (bounded above) and then for each response (the
             // driver's command timeout); a batch has at most a couple of response waits.
             timeout: options.connect_timeout * 3 + options.command_timeout * 2,
@@ -107,10 +126,28 @@ impl MsSqlStore {
         sql: &str,
         params: &[Param],
     ) -> std::result::Result<Vec<Vec<Row>>, Error> {
+        self.batch_on(&self.pool, sql, params).await
+    }
+
+    /// [`Self::batch_raw`] on the lease's own connection.
+    async fn lease_batch_raw(
+        &self,
+        sql: &str,
+        params: &[Param],
+    ) -> std::result::Result<Vec<Vec<Row>>, Error> {
+        self.batch_on(&self.lease_pool, sql, params).await
+    }
+
+    async fn batch_on(
+        &self,
+        pool: &bb8::Pool<Manager>,
+        sql: &str,
+        params: &[Param],
+    ) -> std::result::Result<Vec<Vec<Row>>, Error> {
         let mut attempt = 1;
         loop {
             let run = async {
-                let mut conn = self.pool.get().await.map_err(|e| match e {
+                let mut conn = pool.get().await.map_err(|e| match e {
                     bb8::RunError::User(e) => e,
                     bb8::RunError::TimedOut => Error::Io {
                         kind: IoErrorKind::TimedOut,

@@ -155,14 +155,15 @@ pub const SELECT_CONTENT_HASH: &str =
 // Leases, claims and outcomes
 
 /// Takes or renews lease @P1 for holder @P2 for @P3 milliseconds: renews (same epoch) if the
-/// holder still holds it, takes it with the next epoch if it is free or has lapsed, and creates
-/// it at epoch 1 if it never existed. Result: the epoch held, or no row.
+/// holder was the last to hold it, even if it lapsed (nobody held it in between, so its claims
+/// are still its own); takes it with the next epoch if another holder's lease is free or has
+/// lapsed; creates it at epoch 1 if it never existed. Result: the epoch held, or no row.
 pub const ACQUIRE_LEASE: &str = batch!(
     declare_now!(),
     "DECLARE @held TABLE (Epoch bigint NOT NULL);
 BEGIN TRANSACTION;
 UPDATE l
-SET l.Epoch = CASE WHEN l.Holder = @P2 AND l.ExpiresAt > @now THEN l.Epoch ELSE l.Epoch + 1 END,
+SET l.Epoch = CASE WHEN l.Holder = @P2 THEN l.Epoch ELSE l.Epoch + 1 END,
     l.Holder = @P2,
     l.ExpiresAt = DATEADD(millisecond, @P3, @now)
 OUTPUT inserted.Epoch INTO @held
@@ -176,11 +177,13 @@ COMMIT TRANSACTION;
 SELECT h.Epoch FROM @held AS h;"
 );
 
-/// Expires lease @P1 now if holder @P2 still holds it at epoch @P3. Result: rows changed.
+/// Expires lease @P1 now if holder @P2 still holds it at epoch @P3, and ends that tenure: the
+/// epoch moves on, so nothing more is recorded under it and a re-take starts a new one.
+/// Result: rows changed.
 pub const RELEASE_LEASE: &str = batch!(
     declare_now!(),
     "UPDATE l
-SET l.ExpiresAt = @now
+SET l.ExpiresAt = @now, l.Epoch = l.Epoch + 1
 FROM dbo.Leases AS l
 WHERE l.Name = @P1 AND l.Holder = @P2 AND l.Epoch = @P3 AND l.ExpiresAt > @now;
 SELECT @@ROWCOUNT AS Released;"
@@ -268,12 +271,12 @@ WHERE a.NotificationId = @P4 AND a.AttemptNo = @P5;
 COMMIT TRANSACTION;"
 );
 
-/// Applies an attempt's transition to row @P8 only if it is still claimed under epoch @P9 and
-/// that epoch still holds lease @P10; completes attempt (@P11, @P12) only then, so an
-/// unapplied outcome leaves the attempt InFlight (a possible duplicate, made visible).
+/// Applies an attempt's transition to row @P8 only if it is still claimed by attempt @P12 under
+/// epoch @P9 and no other node has taken lease @P10 since (it is still at epoch @P9, lapsed or
+/// not: then nobody can have claimed the row again); completes attempt (@P11, @P12) only then,
+/// so an unapplied outcome leaves the attempt InFlight (a possible duplicate, made visible).
 /// Result: 1 if applied, else 0.
 pub const RECORD_OUTCOME: &str = batch!(
-    declare_now!(),
     "DECLARE @applied int;
 BEGIN TRANSACTION;
 UPDATE n
@@ -287,8 +290,8 @@ SET n.Status = @P1,
     n.ClaimedUntil = NULL,
     n.ClaimEpoch = NULL
 FROM dbo.Notifications AS n
-WHERE n.Id = @P8 AND n.ClaimEpoch = @P9
-  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P10 AND l.Epoch = @P9 AND l.ExpiresAt > @now);
+WHERE n.Id = @P8 AND n.ClaimEpoch = @P9 AND n.AttemptCount = @P12
+  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P10 AND l.Epoch = @P9);
 SET @applied = @@ROWCOUNT;
 UPDATE a
 SET a.Outcome = @P13, a.DurationMs = @P14, a.Error = @P15

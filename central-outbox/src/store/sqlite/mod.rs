@@ -91,8 +91,9 @@ impl OutboxStore for SqliteStore {
         ttl: Duration,
     ) -> Result<Option<LeaseEpoch>> {
         let holder = holder.to_owned();
+        // Ahead of queued ingest, claims and purges: see group_commit's priority lane.
         self.db
-            .write(move |conn| upsert_lease(conn, name, &holder, ttl, Utc::now()))
+            .write_first(move |conn| upsert_lease(conn, name, &holder, ttl, Utc::now()))
             .await
     }
 
@@ -104,10 +105,12 @@ impl OutboxStore for SqliteStore {
     ) -> Result<bool> {
         let holder = holder.to_owned();
         self.db
-            .write(move |conn| {
+            .write_first(move |conn| {
                 let released = conn
                     .prepare_cached(
-                        "UPDATE Leases SET ExpiresAt = ?4
+                        // Ends the tenure: the epoch moves on, so nothing more is recorded
+                        // under it and a re-take starts a new one.
+                        "UPDATE Leases SET ExpiresAt = ?4, Epoch = Epoch + 1
                          WHERE Name = ?1 AND Holder = ?2 AND Epoch = ?3 AND ExpiresAt > ?4",
                     )?
                     .execute(params![name, holder, epoch.0, ms(Utc::now())])?;
@@ -134,7 +137,7 @@ impl OutboxStore for SqliteStore {
 
     async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
         self.db
-            .write(move |conn| apply_outcome(conn, lease, &record, Utc::now()))
+            .write(move |conn| apply_outcome(conn, lease, &record))
             .await
     }
 
@@ -277,9 +280,10 @@ fn insert_idempotently(
     Ok(outcomes)
 }
 
-/// Takes the lease if it is free, expired, or already ours; bumps the epoch unless we are
-/// renewing a lease we still hold. Upsert expressions see the row's old values, so the CASE
-/// compares against the previous holder.
+/// Takes the lease if it is free, expired, or already ours; bumps the epoch only when the
+/// holder changes. A holder re-taking its own lapsed lease keeps the epoch: nobody else held it
+/// in between, so its claims and outcomes under that epoch are still its own. Upsert
+/// expressions see the row's old values, so the CASE compares against the previous holder.
 fn upsert_lease(
     conn: &Connection,
     name: &str,
@@ -292,7 +296,7 @@ fn upsert_lease(
     let mut stmt = conn.prepare_cached(
         "INSERT INTO Leases (Name, Holder, Epoch, ExpiresAt) VALUES (?1, ?2, 1, ?4)
          ON CONFLICT (Name) DO UPDATE SET
-             Epoch = CASE WHEN Leases.Holder = excluded.Holder AND Leases.ExpiresAt > ?3
+             Epoch = CASE WHEN Leases.Holder = excluded.Holder
                           THEN Leases.Epoch ELSE Leases.Epoch + 1 END,
              Holder = excluded.Holder,
              ExpiresAt = excluded.ExpiresAt
@@ -451,16 +455,12 @@ impl ClaimedRow {
     }
 }
 
-/// Applies an attempt's transition, fenced: only if the row is still claimed under the record's
-/// epoch and that epoch still holds the lease. The attempt row is completed only when the
-/// transition applied; otherwise it stays InFlight, marking a possible duplicate.
-fn apply_outcome(
-    conn: &Connection,
-    lease: &str,
-    record: &AttemptRecord,
-    now: DateTime<Utc>,
-) -> Result<bool> {
-    let now_ms = ms(now);
+/// Applies an attempt's transition, fenced: only if the row is still claimed by this attempt
+/// (the record's epoch and attempt number) and no other node has taken the lease since (the
+/// lease is still at that epoch, even if it has lapsed: then nobody can have claimed the row
+/// again). The attempt row is completed only when the transition applied; otherwise it stays
+/// InFlight, marking a possible duplicate.
+fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Result<bool> {
     let t = &record.transition;
     // DeliveredAt equals ResolvedAt for a delivery, so either can date it.
     let delivered_at = if t.status == Status::Delivered {
@@ -474,9 +474,8 @@ fn apply_outcome(
              NextAttemptAt = ?4, DeliveredAt = COALESCE(?5, DeliveredAt), ResolvedAt = ?6,
              ResolvedTargets = COALESCE(?7, ResolvedTargets),
              ClaimedUntil = NULL, ClaimEpoch = NULL
-         WHERE Id = ?8 AND ClaimEpoch = ?9
-           AND EXISTS (SELECT 1 FROM Leases
-                       WHERE Name = ?10 AND Epoch = ?9 AND ExpiresAt > ?11)",
+         WHERE Id = ?8 AND ClaimEpoch = ?9 AND AttemptCount = ?11
+           AND EXISTS (SELECT 1 FROM Leases WHERE Name = ?10 AND Epoch = ?9)",
     )?;
     let changed = update.execute(params![
         t.status.as_str(),
@@ -489,7 +488,7 @@ fn apply_outcome(
         record.row_id,
         record.epoch.0,
         lease,
-        now_ms,
+        record.attempt_no,
     ])?;
     if changed == 0 {
         return Ok(false);

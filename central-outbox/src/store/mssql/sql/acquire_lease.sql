@@ -4,7 +4,7 @@ DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @held TABLE (Epoch bigint NOT NULL);
 BEGIN TRANSACTION;
 UPDATE l
-SET l.Epoch = CASE WHEN l.Holder = @P2 AND l.ExpiresAt > @now THEN l.Epoch ELSE l.Epoch + 1 END,
+SET l.Epoch = CASE WHEN l.Holder = @P2 THEN l.Epoch ELSE l.Epoch + 1 END,
     l.Holder = @P2,
     l.ExpiresAt = DATEADD(millisecond, @P3, @now)
 OUTPUT inserted.Epoch INTO @held

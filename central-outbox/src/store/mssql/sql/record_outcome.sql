@@ -1,6 +1,5 @@
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
-DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @applied int;
 BEGIN TRANSACTION;
 UPDATE n
@@ -14,8 +13,8 @@ SET n.Status = @P1,
     n.ClaimedUntil = NULL,
     n.ClaimEpoch = NULL
 FROM dbo.Notifications AS n
-WHERE n.Id = @P8 AND n.ClaimEpoch = @P9
-  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P10 AND l.Epoch = @P9 AND l.ExpiresAt > @now);
+WHERE n.Id = @P8 AND n.ClaimEpoch = @P9 AND n.AttemptCount = @P12
+  AND EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @P10 AND l.Epoch = @P9);
 SET @applied = @@ROWCOUNT;
 UPDATE a
 SET a.Outcome = @P13, a.DurationMs = @P14, a.Error = @P15

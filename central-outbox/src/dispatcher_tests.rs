@@ -1,0 +1,358 @@
+//! The dispatcher and its lease against a real SQLite store whose bulk calls (claims, outcomes)
+//! can be held at a gate: the lease must stay held, with one epoch, however long the bulk work
+//! waits, and a graceful shutdown must keep it while deliveries drain.
+//!
+//! Every wait is for a condition (a renewal count, a row's status) with a deadline; the gate
+//! makes "the database is slow" deterministic instead of a matter of timing.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_proto::content::ScriptOrigin;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::config_cache::ConfigCache;
+use crate::delivery::Adapters;
+use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::history::{Actor, OperatorAction};
+use crate::domain::kpi::{KpiParams, Kpis};
+use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::status::Status;
+use crate::domain::{
+    ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
+};
+use crate::metrics::Metrics;
+use crate::store::sqlite::SqliteStore;
+use crate::store::{
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
+    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
+    PurgeReport, Result,
+};
+
+/// Far longer than a healthy run needs; reaching it fails the test.
+const DEADLINE: Duration = Duration::from_secs(30);
+
+/// Holds callers until opened, counting those waiting.
+#[derive(Debug)]
+struct Gate {
+    open: watch::Sender<bool>,
+    waiting: AtomicUsize,
+}
+
+impl Gate {
+    fn closed() -> Self {
+        Self {
+            open: watch::Sender::new(false),
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    async fn pass(&self) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let mut open = self.open.subscribe();
+        // Err only if the sender is gone, which it is not while `self` lives.
+        let _ = open.wait_for(|open| *open).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn open(&self) {
+        self.open.send_replace(true);
+    }
+}
+
+/// SQLite with gates in front of claims and outcomes, counting lease renewals.
+#[derive(Debug)]
+struct GatedStore {
+    inner: SqliteStore,
+    claims: Gate,
+    outcomes: Gate,
+    renewals: AtomicUsize,
+}
+
+impl OutboxStore for GatedStore {
+    async fn ping(&self) -> Result<()> {
+        self.inner.ping().await
+    }
+    async fn submit(&self, batch: Vec<NewNotification>) -> Result<Vec<InsertOutcome>> {
+        self.inner.submit(batch).await
+    }
+    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
+        self.inner.state(id).await
+    }
+    async fn acquire_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        ttl: Duration,
+    ) -> Result<Option<LeaseEpoch>> {
+        let held = self.inner.acquire_lease(name, holder, ttl).await;
+        if matches!(held, Ok(Some(_))) {
+            self.renewals.fetch_add(1, Ordering::SeqCst);
+        }
+        held
+    }
+    async fn release_lease(
+        &self,
+        name: &'static str,
+        holder: &str,
+        epoch: LeaseEpoch,
+    ) -> Result<bool> {
+        self.inner.release_lease(name, holder, epoch).await
+    }
+    async fn claim_due(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        limit: usize,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        self.claims.pass().await;
+        self.inner
+            .claim_due(lease, epoch, kind, limit, claim_timeout)
+            .await
+    }
+    async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
+        self.outcomes.pass().await;
+        self.inner.record_outcome(lease, record).await
+    }
+    async fn query(&self, page: PageRequest) -> Result<Page> {
+        self.inner.query(page).await
+    }
+    async fn detail(&self, id: NotificationId) -> Result<Option<NotificationDetail>> {
+        self.inner.detail(id).await
+    }
+    async fn act_on_ids(
+        &self,
+        action: OperatorAction,
+        ids: Vec<NotificationId>,
+        actor: Actor,
+    ) -> Result<Vec<ActionResult>> {
+        self.inner.act_on_ids(action, ids, actor).await
+    }
+    async fn act_on_filter(
+        &self,
+        action: OperatorAction,
+        filter: NotificationFilter,
+        limit: usize,
+        actor: Actor,
+    ) -> Result<FilterActionReport> {
+        self.inner.act_on_filter(action, filter, limit, actor).await
+    }
+    async fn kpis(&self, params: KpiParams) -> Result<Kpis> {
+        self.inner.kpis(params).await
+    }
+    async fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport> {
+        self.inner.purge_terminal(resolved_before, batch).await
+    }
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        self.inner.list(name).await
+    }
+    async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
+        self.inner.lists().await
+    }
+    async fn upsert_list(&self, list: NotificationList) -> Result<()> {
+        self.inner.upsert_list(list).await
+    }
+    async fn delete_list(&self, name: &ListName) -> Result<bool> {
+        self.inner.delete_list(name).await
+    }
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        self.inner.smtp_settings().await
+    }
+    async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
+        self.inner.put_smtp_settings(settings).await
+    }
+    async fn delete_smtp_settings(&self) -> Result<bool> {
+        self.inner.delete_smtp_settings().await
+    }
+}
+
+/// A running dispatcher over a gated store with one due email notification. No SMTP relay is
+/// configured, so its delivery parks it at once: every delay comes from the gates.
+struct Rig {
+    store: Arc<GatedStore>,
+    id: NotificationId,
+    lease: watch::Receiver<Option<LeaseEpoch>>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// The lease lasts 300 ms and is renewed every 100 ms, so a renewal held up behind bulk work
+/// would lose it within a few hundred milliseconds.
+const TTL: Duration = Duration::from_millis(300);
+
+async fn start() -> Rig {
+    let dir = tempfile::tempdir().unwrap();
+    let inner = SqliteStore::open(
+        &dir.path().join("central.db"),
+        group_commit::Durability::Full,
+    )
+    .unwrap();
+    let store = Arc::new(GatedStore {
+        inner,
+        claims: Gate::closed(),
+        outcomes: Gate::closed(),
+        renewals: AtomicUsize::new(0),
+    });
+    let content = NotificationContent::parse(
+        NotificationType::Email,
+        "ops".into(),
+        "Tank 4 high level".into(),
+        "level 97%".into(),
+        String::new(),
+    )
+    .unwrap();
+    let origin = ScriptOrigin::parse("node-1".into(), "alarm.py".into(), None, None).unwrap();
+    let id = NotificationId::generate();
+    store
+        .submit(vec![NewNotification::new(Submission {
+            id,
+            content,
+            provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
+        })])
+        .await
+        .unwrap();
+    let settings = DispatcherSettings {
+        node_id: "node-under-test".into(),
+        poll_interval: Duration::from_millis(50),
+        lease_ttl: TTL,
+        renew_interval: TTL / 3,
+        claim_timeout: Duration::from_secs(60),
+        drain_timeout: Duration::from_secs(20),
+        wake_on_events: true,
+        claim_batch: None,
+    };
+    let dispatcher = Dispatcher::new(
+        Arc::clone(&store),
+        Arc::new(Metrics::new()),
+        Arc::new(Adapters::new().unwrap()),
+        Arc::new(ConfigCache::new()),
+        settings,
+        crate::config::Config::default().validate().unwrap().webhook,
+        Arc::new(Notify::new()),
+    );
+    let lease = dispatcher.lease_watch();
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(dispatcher.run(shutdown.clone()));
+    Rig {
+        store,
+        id,
+        lease,
+        shutdown,
+        task,
+        _dir: dir,
+    }
+}
+
+/// Polls `check` every few milliseconds until it holds, or fails after [`DEADLINE`].
+async fn until(what: &str, mut check: impl FnMut() -> bool) {
+    let started = tokio::time::Instant::now();
+    while !check() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Records every lease value the dispatcher publishes.
+fn watch_lease(
+    mut lease: watch::Receiver<Option<LeaseEpoch>>,
+) -> Arc<std::sync::Mutex<Vec<Option<LeaseEpoch>>>> {
+    let seen = Arc::new(std::sync::Mutex::new(vec![*lease.borrow_and_update()]));
+    let record = Arc::clone(&seen);
+    tokio::spawn(async move {
+        while lease.changed().await.is_ok() {
+            let now = *lease.borrow_and_update();
+            record.lock().unwrap().push(now);
+        }
+    });
+    seen
+}
+
+async fn status(store: &GatedStore, id: NotificationId) -> Status {
+    store.state(id).await.unwrap().unwrap().status
+}
+
+/// A claim stuck in the database for many lease lifetimes: renewals go on meanwhile, the lease
+/// never lapses and keeps its epoch, and the row is delivered (here: parked) once the claim
+/// gets through. Before the lease had a task of its own, the sweep waiting on the claim held
+/// up renewal and the node lost its lease after one TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_is_kept_while_a_claim_is_stalled() {
+    let rig = start().await;
+    let seen = watch_lease(rig.lease.clone());
+    until("the dispatcher is waiting on its claim", || {
+        rig.store.claims.waiting.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let renewed = rig.store.renewals.load(Ordering::SeqCst);
+    // Ten renewals: over three lease lifetimes with the claim still held.
+    until("ten more renewals", || {
+        rig.store.renewals.load(Ordering::SeqCst) >= renewed + 10
+    })
+    .await;
+    assert!(rig.store.claims.waiting.load(Ordering::SeqCst) > 0);
+    rig.store.claims.open();
+    rig.store.outcomes.open();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while status(&rig.store, rig.id).await != Status::Parked {
+        assert!(tokio::time::Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let seen = seen.lock().unwrap().clone();
+    let held: Vec<Option<LeaseEpoch>> = seen.into_iter().skip_while(Option::is_none).collect();
+    assert!(
+        held.iter().all(|l| *l == held[0] && l.is_some()),
+        "the lease was lost or re-taken: {held:?}"
+    );
+    rig.shutdown.cancel();
+    rig.task.await.unwrap();
+}
+
+/// A graceful shutdown while an outcome is still being written: the lease is renewed during
+/// the drain, the outcome is recorded, and then the lease is released (another node gets it at
+/// once, with a new epoch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_keeps_the_lease_while_draining_then_releases_it() {
+    let rig = start().await;
+    rig.store.claims.open();
+    until("the outcome is waiting to be written", || {
+        rig.store.outcomes.waiting.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let epoch = rig.lease.borrow().expect("the dispatcher holds the lease");
+    rig.shutdown.cancel();
+    let renewed = rig.store.renewals.load(Ordering::SeqCst);
+    until("renewals go on while draining", || {
+        rig.store.renewals.load(Ordering::SeqCst) >= renewed + 6
+    })
+    .await;
+    assert!(
+        !rig.task.is_finished(),
+        "shutdown did not wait for the drain"
+    );
+    rig.store.outcomes.open();
+    rig.task.await.unwrap();
+    assert_eq!(status(&rig.store, rig.id).await, Status::Parked);
+    let successor = rig
+        .store
+        .acquire_lease(DISPATCHER_LEASE, "successor", TTL)
+        .await
+        .unwrap()
+        .expect("the lease was released at shutdown");
+    assert!(successor > epoch);
+}

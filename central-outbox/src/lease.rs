@@ -1,0 +1,164 @@
+//! The dispatcher lease, kept by a task of its own: take it, renew it every `renew_interval`,
+//! publish what is held, release it when told to stop.
+//!
+//! Renewal must never wait behind the dispatcher's own work: a sweep blocked on a slow claim, a
+//! burst of ingest or a long purge used to delay it past the TTL, and the node then lost its
+//! own lease, cancelled mails the relay had already taken and sent them again. So the keeper is
+//! not part of the dispatch loop, and the store serves lease calls ahead of bulk work (a
+//! connection of their own on MS SQL, the writer's priority lane on SQLite). Each renewal is
+//! bounded by `renew_interval`, so a hung call never holds up the next attempt.
+//!
+//! What is published, [`HeldLease`], carries the instant until which this node may act under
+//! the epoch: measured from *before* the renewal was sent, so the database's expiry is at least
+//! that late. Consumers (the dispatcher, the purge) stop claiming when it passes, whatever the
+//! keeper is doing. The keeper keeps renewing until stopped, including while the dispatcher
+//! drains at shutdown, so outcomes that arrive during the drain are still recorded.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::metrics::Metrics;
+use crate::store::{LeaseEpoch, OutboxStore};
+
+/// Name of the lease whose holder dispatches.
+pub const DISPATCHER_LEASE: &str = "dispatcher";
+
+/// The lease as this node holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeldLease {
+    pub epoch: LeaseEpoch,
+    /// Until when this node may act under `epoch` if no renewal succeeds meanwhile.
+    pub valid_until: Instant,
+}
+
+impl HeldLease {
+    /// Whether the lease may still be acted under.
+    pub fn is_valid(&self) -> bool {
+        Instant::now() < self.valid_until
+    }
+}
+
+/// How the lease is kept. Defaults are documented in `deploy/central-outbox.toml`.
+#[derive(Debug, Clone)]
+pub struct LeaseSettings {
+    /// Identifies this node as lease holder; unique per process.
+    pub node_id: String,
+    /// How long a lease lasts without renewal.
+    pub ttl: Duration,
+    /// How often the lease is renewed (at most half of `ttl`); also bounds each renewal.
+    pub renew_interval: Duration,
+}
+
+/// Takes and renews the dispatcher lease until stopped; see the module documentation.
+pub struct LeaseKeeper<S> {
+    store: Arc<S>,
+    metrics: Arc<Metrics>,
+    settings: LeaseSettings,
+    held: watch::Sender<Option<HeldLease>>,
+}
+
+impl<S: OutboxStore> LeaseKeeper<S> {
+    pub fn new(store: Arc<S>, metrics: Arc<Metrics>, settings: LeaseSettings) -> Self {
+        Self {
+            store,
+            metrics,
+            settings,
+            held: watch::Sender::new(None),
+        }
+    }
+
+    /// What this node holds, updated after every renewal.
+    pub fn subscribe(&self) -> watch::Receiver<Option<HeldLease>> {
+        self.held.subscribe()
+    }
+
+    /// Renews every `renew_interval` (the first at once) until `stop`, then releases the lease
+    /// so a successor need not wait for it to expire.
+    pub async fn run(self, stop: CancellationToken) {
+        let mut renew = tokio::time::interval(self.settings.renew_interval);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                _ = renew.tick() => self.renew().await,
+            }
+        }
+        self.release().await;
+    }
+
+    /// One renewal (or first take), published. A failure leaves what is held as it was: it
+    /// stays valid until its `valid_until`, and the next tick tries again.
+    pub async fn renew(&self) {
+        let sent_at = Instant::now();
+        let answer = tokio::time::timeout(
+            self.settings.renew_interval,
+            self.store
+                .acquire_lease(DISPATCHER_LEASE, &self.settings.node_id, self.settings.ttl),
+        )
+        .await;
+        let took = sent_at.elapsed();
+        let previous = *self.held.borrow();
+        let now = match answer {
+            Ok(Ok(Some(epoch))) => Some(HeldLease {
+                epoch,
+                valid_until: sent_at + self.settings.ttl,
+            }),
+            Ok(Ok(None)) => None,
+            Ok(Err(e)) => {
+                self.metrics.lease_renewed(took, true);
+                tracing::error!(error = %e, "cannot renew the dispatcher lease");
+                return;
+            }
+            Err(_) => {
+                self.metrics.lease_renewed(took, true);
+                tracing::warn!(
+                    timeout = ?self.settings.renew_interval,
+                    "dispatcher lease renewal timed out; trying again"
+                );
+                return;
+            }
+        };
+        self.metrics.lease_renewed(took, false);
+        if took > self.settings.ttl / 3 {
+            tracing::warn!(?took, ttl = ?self.settings.ttl, "dispatcher lease renewal was slow");
+        }
+        match (previous.map(|h| h.epoch), now.map(|h| h.epoch)) {
+            (None, Some(epoch)) => tracing::info!(epoch = epoch.0, "became the dispatcher"),
+            (Some(old), Some(new)) if old != new => tracing::warn!(
+                old = old.0,
+                new = new.0,
+                "dispatcher lease re-taken with a new epoch"
+            ),
+            (Some(old), None) => {
+                tracing::warn!(epoch = old.0, "lost the dispatcher lease to another node");
+            }
+            _ => {}
+        }
+        self.held.send_replace(now);
+    }
+
+    async fn release(&self) {
+        let Some(held) = self.held.send_replace(None) else {
+            return;
+        };
+        let released = tokio::time::timeout(
+            self.settings.renew_interval,
+            self.store
+                .release_lease(DISPATCHER_LEASE, &self.settings.node_id, held.epoch),
+        )
+        .await;
+        match released {
+            Ok(Ok(true)) => tracing::info!(epoch = held.epoch.0, "released the dispatcher lease"),
+            Ok(Ok(false)) => tracing::debug!("the dispatcher lease had already passed on"),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "cannot release the dispatcher lease; it expires");
+            }
+            Err(_) => tracing::warn!("releasing the dispatcher lease timed out; it expires"),
+        }
+    }
+}
