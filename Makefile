@@ -41,18 +41,40 @@ $(SQLGLOT_STAMP): $(GRPCURL_STAMP)
 	$(TOOLS_VENV)/bin/python -c 'import sqlglot; print("sqlglot", sqlglot.__version__)'
 	touch $@
 
-## The store conformance suite against MS SQL Server 2022 in Docker (needs Docker with compose):
-## starts only the `mssql` service of deploy/docker-compose.yml, waits until it answers, runs the
-## suite (each test in a database of its own), then removes the container and its volume.
+## The whole MS SQL story against a real TDS server: the store conformance suite, then the whole
+## end-to-end suite (delivery, crash, leader, operator tests...) with central on MS SQL, each test
+## in a scratch database of its own. The server is OUTBOX_TEST_MSSQL_URL when set (a login that
+## may CREATE DATABASE), else the Babelfish for PostgreSQL in BABELFISH_DIR, started by its own
+## script (it stays running; `$(BABELFISH_DIR)/stop.sh` stops it). `make test-mssql-docker` runs
+## the same suites against SQL Server 2022 in Docker instead.
+.PHONY: test-mssql test-mssql-docker
+BABELFISH_DIR ?= ../shared/babelfish
+MSSQL_SUITES = $(CARGO) test -p central-outbox --test conformance -- mssql_backend && \
+	OUTBOX_E2E_CENTRAL=mssql $(CARGO) test -p outbox-tests --test e2e
+
+test-mssql: build tools
+	@url="$${OUTBOX_TEST_MSSQL_URL:-}"; \
+	if [ -z "$$url" ] && [ -x "$(BABELFISH_DIR)/start.sh" ]; then \
+		url=$$("$(BABELFISH_DIR)/start.sh") || exit 1; \
+	fi; \
+	if [ -z "$$url" ]; then \
+		echo "test-mssql: set OUTBOX_TEST_MSSQL_URL, put Babelfish in $(BABELFISH_DIR), or run make test-mssql-docker" >&2; \
+		exit 2; \
+	fi; \
+	export OUTBOX_TEST_MSSQL_URL="$$url"; $(MSSQL_SUITES)
+
+## The same suites against SQL Server 2022 in Docker (needs Docker with compose): starts only
+## the `mssql` service of deploy/docker-compose.yml, waits until it answers, runs the suites,
+## then removes the container and its volume.
 MSSQL_COMPOSE := docker compose -f deploy/docker-compose.yml
 MSSQL_SA_PASSWORD ?= Outbox-Dev-Passw0rd!
 MSSQL_PORT ?= 14330
 export MSSQL_SA_PASSWORD MSSQL_PORT
 
-test-mssql:
+test-mssql-docker: build tools
 	$(MSSQL_COMPOSE) up -d --wait mssql
-	OUTBOX_TEST_MSSQL_URL='mssql://sa:$(MSSQL_SA_PASSWORD)@127.0.0.1:$(MSSQL_PORT)/master?trust_server_certificate=true' \
-		$(CARGO) test -p central-outbox --test conformance -- mssql_backend; \
+	export OUTBOX_TEST_MSSQL_URL='mssql://sa:$(MSSQL_SA_PASSWORD)@127.0.0.1:$(MSSQL_PORT)/master?trust_server_certificate=true'; \
+		$(MSSQL_SUITES); \
 		status=$$?; $(MSSQL_COMPOSE) down -v; exit $$status
 
 ## Formatting and clippy, as CI checks them.

@@ -6,7 +6,10 @@
 //! own lease, cancelled mails the relay had already taken and sent them again. So the keeper is
 //! not part of the dispatch loop, and the store serves lease calls ahead of bulk work (a
 //! connection of their own on MS SQL, the writer's priority lane on SQLite). Each renewal is
-//! bounded by `renew_interval`, so a hung call never holds up the next attempt.
+//! bounded by the lease's TTL, so a hung call cannot hold up the next attempt for long; not by
+//! the renew interval, because cancelling a slow but healthy renewal mid-request costs its
+//! connection, and the next renewal then pays for a new login (on a loaded Babelfish, more than
+//! a renew interval: the node never held its lease again).
 //!
 //! What is published, [`HeldLease`], carries the instant until which this node may act under
 //! the epoch: measured from *before* the renewal was sent, so the database's expiry is at least
@@ -49,7 +52,7 @@ pub struct LeaseSettings {
     pub node_id: String,
     /// How long a lease lasts without renewal.
     pub ttl: Duration,
-    /// How often the lease is renewed (at most half of `ttl`); also bounds each renewal.
+    /// How often the lease is renewed (at most half of `ttl`).
     pub renew_interval: Duration,
 }
 
@@ -96,7 +99,7 @@ impl<S: OutboxStore> LeaseKeeper<S> {
     pub async fn renew(&self) {
         let sent_at = Instant::now();
         let answer = tokio::time::timeout(
-            self.settings.renew_interval,
+            self.settings.ttl,
             self.store
                 .acquire_lease(DISPATCHER_LEASE, &self.settings.node_id, self.settings.ttl),
         )
@@ -117,7 +120,7 @@ impl<S: OutboxStore> LeaseKeeper<S> {
             Err(_) => {
                 self.metrics.lease_renewed(took, true);
                 tracing::warn!(
-                    timeout = ?self.settings.renew_interval,
+                    timeout = ?self.settings.ttl,
                     "dispatcher lease renewal timed out; trying again"
                 );
                 return;
@@ -147,7 +150,7 @@ impl<S: OutboxStore> LeaseKeeper<S> {
             return;
         };
         let released = tokio::time::timeout(
-            self.settings.renew_interval,
+            self.settings.ttl,
             self.store
                 .release_lease(DISPATCHER_LEASE, &self.settings.node_id, held.epoch),
         )

@@ -51,16 +51,7 @@ const MSSQL_URL_VAR: &str = "OUTBOX_TEST_MSSQL_URL";
 /// when the test ends. `None` (and a line saying the test was skipped) when the variable is
 /// unset.
 pub async fn mssql() -> Option<Fixture<MsSqlStore>> {
-    let Ok(url) = std::env::var(MSSQL_URL_VAR) else {
-        // Written to the process's stderr directly rather than with eprintln!, which the test
-        // harness captures and shows only for failures: a skip must be seen.
-        let _ = writeln!(
-            std::io::stderr(),
-            "SKIPPED: {MSSQL_URL_VAR} not set; an MS SQL conformance test did not run \
-             (`make test-mssql` runs them against Babelfish or SQL Server)"
-        );
-        return None;
-    };
+    let url = mssql_server()?;
     let database = ScratchDatabase::create(&url)
         .await
         .expect("create the test database");
@@ -71,6 +62,21 @@ pub async fn mssql() -> Option<Fixture<MsSqlStore>> {
         store,
         _keep: Box::new(database),
     })
+}
+
+/// The server `OUTBOX_TEST_MSSQL_URL` names, or `None` and a line saying the test was skipped.
+fn mssql_server() -> Option<String> {
+    let url = std::env::var(MSSQL_URL_VAR).ok();
+    if url.is_none() {
+        // Written to the process's stderr directly rather than with eprintln!, which the test
+        // harness captures and shows only for failures: a skip must be seen.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {MSSQL_URL_VAR} not set; an MS SQL conformance test did not run \
+             (`make test-mssql` runs them against Babelfish or SQL Server)"
+        );
+    }
+    url
 }
 
 /// Runs one behaviour against a fresh store of a backend; does nothing for a backend whose
@@ -164,3 +170,118 @@ macro_rules! backend {
 
 backend!(sqlite_backend, sqlite());
 backend!(mssql_backend, mssql().await);
+
+/// Log lines at WARN and above, captured from everything running on the test's thread.
+#[derive(Clone, Default)]
+struct CapturedLog(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl Write for CapturedLog {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A resubmitted id is an expected answer (DUPLICATE), not an error, even when it races with
+/// another replica inserting the same new ids and the server answers with a duplicate key
+/// (2627), as after every site reconnect: nothing may be logged at ERROR (the MS SQL driver used
+/// to log every such reply at ERROR). The race is made certain: another session inserts the
+/// ids in a transaction it holds open until this submit is waiting on their keys. Runs on one
+/// thread so the capture sees the driver's events.
+#[tokio::test(flavor = "current_thread")]
+async fn mssql_duplicate_resubmits_log_no_error() {
+    use central_outbox::store::{InsertOutcome, OutboxStore};
+    let log = CapturedLog::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _capture = tracing::subscriber::set_default(subscriber);
+    let Some(url) = mssql_server() else {
+        return;
+    };
+    let database = ScratchDatabase::create(&url).await.unwrap();
+    let store = MsSqlStore::open(database.options()).await.unwrap();
+    // Warm: a connection open and the insert statement compiled (the first run of a statement
+    // on a Babelfish connection takes seconds), so the racing submit reaches the server at once.
+    let warm = seed::submission(&seed::Spec::new("north", "ops", "warm", seed::End::Pending));
+    store.submit(vec![warm]).await.unwrap();
+    let rows: Vec<_> = (0..20)
+        .map(|i| {
+            seed::submission(&seed::Spec::new(
+                "north",
+                "ops",
+                &format!("race {i}"),
+                seed::End::Pending,
+            ))
+        })
+        .collect();
+
+    // The other replica: the same ids and content, inserted and not yet committed.
+    let options = database.options();
+    let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
+        .await
+        .unwrap();
+    let mut other = tiberius::Client::connect(
+        options.tiberius_config(),
+        tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
+    )
+    .await
+    .unwrap();
+    other
+        .simple_query("BEGIN TRANSACTION")
+        .await
+        .unwrap()
+        .into_results()
+        .await
+        .unwrap();
+    for row in &rows {
+        let id = *row.submission.id.as_uuid();
+        let hash: &[u8] = &row.hash.0;
+        other
+            .execute(
+                "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, \
+                 ContentHash, Status, SourceSiteId, SiteEnqueuedAt, CreatedAt) \
+                 VALUES (@P1, N'Email', N'ops', N'x', N'x', @P2, N'Pending', N'north', \
+                 SYSUTCDATETIME(), SYSUTCDATETIME())",
+                &[&id, &hash],
+            )
+            .await
+            .unwrap();
+    }
+    let submit = store.submit(rows.clone());
+    let commit = async {
+        // Give the submit time to reach the server and wait on the uncommitted keys; if it is
+        // slower, it simply finds the rows committed (the assertions hold either way).
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        other
+            .simple_query("COMMIT")
+            .await
+            .unwrap()
+            .into_results()
+            .await
+            .unwrap();
+    };
+    let (outcomes, ()) = tokio::join!(submit, commit);
+    assert!(
+        outcomes
+            .unwrap()
+            .iter()
+            .all(|o| *o == InsertOutcome::Duplicate),
+        "the other replica's rows are duplicates of these"
+    );
+    let again = store.submit(rows).await.unwrap();
+    assert!(again.iter().all(|o| *o == InsertOutcome::Duplicate));
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    assert!(
+        !text.contains("ERROR"),
+        "a duplicate submit was logged at ERROR:\n{text}"
+    );
+    drop((store, other));
+    database.drop_now().await.unwrap();
+}

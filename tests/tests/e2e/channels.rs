@@ -60,36 +60,21 @@ async fn wait_for_delivered(db: &Path, n: i64) {
     .await;
 }
 
-/// A read-only connection for the columns [`Db`] does not expose.
-fn sql(db: &Path) -> rusqlite::Connection {
-    let conn =
-        rusqlite::Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    conn
-}
-
 /// (LastAttemptAt, NextAttemptAt) of one notification, in Unix milliseconds.
 fn schedule(db: &Path, id: &str) -> (Option<i64>, Option<i64>) {
-    sql(db)
-        .query_row(
-            "SELECT LastAttemptAt, NextAttemptAt FROM Notifications WHERE NotificationId = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .unwrap()
+    let rows = Db::open(db).query(
+        "SELECT LastAttemptAt, NextAttemptAt FROM Notifications WHERE NotificationId = ?1",
+        &[id],
+    );
+    (rows[0].get(0).unwrap(), rows[0].get(1).unwrap())
 }
 
 /// StartedAt of every attempt of every notification, in Unix milliseconds, oldest first.
 fn attempt_starts(db: &Path) -> Vec<i64> {
-    let conn = sql(db);
-    let mut stmt = conn
-        .prepare("SELECT StartedAt FROM NotificationAttempts ORDER BY StartedAt")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    Db::open(db).rows(
+        "SELECT StartedAt FROM NotificationAttempts ORDER BY StartedAt",
+        |r| r.get(0),
+    )
 }
 
 /// The outcome column of each attempt, oldest first.

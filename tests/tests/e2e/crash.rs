@@ -11,7 +11,8 @@ use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use tokio::task::JoinSet;
 
 use crate::harness::{
-    Db, Process, Site, binary, eventually, free_addr, send_request, wait_until_serving,
+    CentralDatabase, Db, Process, Site, binary, database_url, eventually, free_addr, send_request,
+    wait_until_serving,
 };
 
 /// Total notifications sent in each crash test.
@@ -19,13 +20,10 @@ const SENDS: usize = 3000;
 
 fn write_central_config(dir: &Path, addr: SocketAddr) -> std::path::PathBuf {
     let path = dir.join("central.toml");
-    let db = dir.join("central.db");
+    let database = database_url(&dir.join("central.db"));
     std::fs::write(
         &path,
-        format!(
-            "listen_addr = \"{addr}\"\ndatabase = \"sqlite://{}\"\n",
-            db.display()
-        ),
+        format!("listen_addr = \"{addr}\"\ndatabase = \"{database}\"\n"),
     )
     .unwrap();
     path
@@ -99,6 +97,8 @@ fn assert_exactly_once(db: &Db, acked: &HashSet<String>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn central_killed_mid_stream_loses_no_acked_send() {
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let central_addr = free_addr().await;
     let config = write_central_config(dir.path(), central_addr);
     let central = start_central(&config);
@@ -137,6 +137,8 @@ async fn central_killed_mid_stream_loses_no_acked_send() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn site_killed_mid_stream_loses_no_acked_send() {
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let central_addr = free_addr().await;
     let config = write_central_config(dir.path(), central_addr);
     let _central = start_central(&config);

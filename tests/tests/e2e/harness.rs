@@ -22,6 +22,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+pub use crate::backend::{CentralDatabase, Db, database_url};
+
 /// Generous upper bound for anything a test waits for; a healthy run takes a fraction of it.
 pub const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -97,7 +99,11 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     };
     config.dispatcher.poll_interval = Duration::from_millis(200);
     config.dispatcher.lease_ttl = Duration::from_secs(3);
-    config.dispatcher.claim_timeout = Duration::from_secs(10);
+    // Rows are claimed a few ahead of the free slots and dropped if one waits half of this
+    // before it starts. On Babelfish the first run of each statement on each new pooled
+    // connection takes up to ~2 s (measured: claim 1.6-1.9 s, later runs ~10 ms), so a short
+    // claim timeout would drop rows there while the pool warms up.
+    config.dispatcher.claim_timeout = Duration::from_secs(30);
     config.shutdown_timeout = Duration::from_secs(5);
     config.smtp = smtp.map(|addr| SmtpConfig {
         tls: "none".into(),
@@ -121,7 +127,9 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
 /// Central running in this process.
 pub struct Central {
     pub addr: SocketAddr,
+    /// Names central's database (see [`CentralDatabase`]); [`Db::open`] it to look inside.
     pub db: PathBuf,
+    _database: CentralDatabase,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
@@ -132,13 +140,16 @@ impl Central {
         Self::start_on(config, listener).await
     }
 
-    pub async fn start_on(config: CentralConfig, listener: TcpListener) -> Self {
-        let settings = config.validate().unwrap();
-        // The e2e tests read central's table as an auditor would, so they run on SQLite; MS SQL
-        // is covered by the store conformance suite.
-        let central_outbox::config::DatabaseUrl::Sqlite(db) = settings.database.clone() else {
-            panic!("the end-to-end tests run central on SQLite");
+    /// Starts central on `config`, whose SQLite `database` names the test's central database:
+    /// on the MS SQL backend, a scratch database stands in for it (see [`CentralDatabase`]).
+    pub async fn start_on(mut config: CentralConfig, listener: TcpListener) -> Self {
+        let db = match config.clone().validate().unwrap().database {
+            central_outbox::config::DatabaseUrl::Sqlite(db) => db,
+            other => panic!("tests name central's database by a SQLite path, not {other:?}"),
         };
+        let database = CentralDatabase::create(&db).await;
+        config.database = database.url();
+        let settings = config.validate().unwrap();
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
         let token = stop.clone();
@@ -150,6 +161,7 @@ impl Central {
         let central = Self {
             addr,
             db,
+            _database: database,
             stop,
             task,
         };
@@ -251,72 +263,6 @@ pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
         site_enqueued_at: Some(to_timestamp(Utc::now())),
         origin_execution_id: None,
         origin_parent_execution_id: None,
-    }
-}
-
-/// Read-only SQL against a service's database file, as an auditor would look at it.
-pub struct Db(rusqlite::Connection);
-
-impl Db {
-    pub fn open(path: &Path) -> Self {
-        let conn =
-            rusqlite::Connection::open_with_flags(path, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-                .unwrap();
-        conn.busy_timeout(Duration::from_secs(5)).unwrap();
-        Self(conn)
-    }
-
-    pub fn count(&self, sql: &str) -> i64 {
-        self.0.query_row(sql, [], |r| r.get(0)).unwrap()
-    }
-
-    /// Every row `sql` returns, each read by `read`.
-    pub fn rows<T>(
-        &self,
-        sql: &str,
-        read: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
-    ) -> Vec<T> {
-        let mut stmt = self.0.prepare(sql).unwrap();
-        stmt.query_map([], read)
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
-    }
-
-    pub fn strings(&self, sql: &str) -> Vec<String> {
-        let mut stmt = self.0.prepare(sql).unwrap();
-        stmt.query_map([], |r| r.get(0))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
-    }
-
-    /// (Status, RetryCount, LastError) of one notification.
-    pub fn row(&self, id: &str) -> Option<(String, i64, Option<String>)> {
-        use rusqlite::OptionalExtension;
-        self.0
-            .query_row(
-                "SELECT Status, RetryCount, LastError FROM Notifications WHERE NotificationId = ?1",
-                [id],
-                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-            )
-            .optional()
-            .unwrap()
-    }
-
-    /// (AttemptNo, Outcome, Error) of every attempt of one notification, oldest first.
-    pub fn attempts(&self, id: &str) -> Vec<(i64, String, Option<String>)> {
-        let mut stmt = self
-            .0
-            .prepare(
-                "SELECT AttemptNo, Outcome, Error FROM NotificationAttempts
-                 WHERE NotificationId = ?1 ORDER BY AttemptNo",
-            )
-            .unwrap();
-        stmt.query_map([id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-            .unwrap()
-            .collect::<Result<_, _>>()
-            .unwrap()
     }
 }
 

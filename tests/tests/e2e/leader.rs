@@ -1,4 +1,4 @@
-//! The dispatcher lease across real central-outbox processes that share one SQLite file (DESIGN
+//! The dispatcher lease across real central-outbox processes that share one database (DESIGN
 //! §5, guarantee 3): only the lease holder dispatches; when it dies, stalls or shuts down another
 //! replica takes over; and a deposed holder can never record an outcome over its successor's.
 //!
@@ -24,8 +24,8 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::harness::{
-    DEADLINE, Db, LIST, Process, RECIPIENTS, binary, channel, eventually, free_addr, smtp_sink,
-    submit, wait_until_serving,
+    CentralDatabase, DEADLINE, Db, LIST, Process, RECIPIENTS, binary, channel, database_url,
+    eventually, free_addr, smtp_sink, submit, wait_until_serving,
 };
 
 /// A stopped process still accepts TCP connections (the kernel does) but never answers; a scrape
@@ -127,7 +127,7 @@ fn write_config(
     let config = format!(
         r#"listen_addr = "{addr}"
 metrics_listen = "{metrics}"
-database = "sqlite://{db}"
+database = "{db}"
 node_id = "{node}"
 shutdown_timeout = "5s"
 
@@ -152,7 +152,7 @@ name = "{LIST}"
 type = "email"
 recipients = [{recipients}]
 "#,
-        db = dir.join("central.db").display(),
+        db = database_url(&dir.join("central.db")),
         ttl = timings.lease_ttl,
         claim = timings.claim_timeout,
         smtp_host = smtp.ip(),
@@ -457,6 +457,8 @@ fn base_timings() -> Timings {
 async fn three_replicas_one_dispatcher() {
     const N: usize = 300;
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let sink = smtp_sink().await;
     let mut replicas = Vec::new();
     for node in ["central-a", "central-b", "central-c"] {
@@ -497,6 +499,8 @@ async fn leader_killed_mid_flight_successor_delivers_everything() {
     const N: usize = 2000;
     const DELIVERED_BEFORE_KILL: usize = 300;
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let sink = smtp_sink().await;
     let mut replicas = Vec::new();
     for node in ["central-a", "central-b", "central-c"] {
@@ -650,6 +654,8 @@ async fn stalled_leader_cannot_overwrite_its_successor() {
         connections: CONNECTIONS as u32,
     };
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let db_path = dir.path().join("central.db");
     let sink = smtp_sink().await;
     // The first replica takes the lease before the second exists.
@@ -760,6 +766,8 @@ async fn leader_shutdown_hands_over_at_once() {
         connections: 4,
     };
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let db_path = dir.path().join("central.db");
     let sink = smtp_sink().await;
     let first = Replica::start(dir.path(), "central-first", &sink, timings).await;
@@ -796,16 +804,7 @@ async fn leader_shutdown_hands_over_at_once() {
 
 /// Ends the dispatcher lease now by the database's clock, behind its holder's back.
 fn expire_lease_in_database(db: &Path) {
-    let conn = rusqlite::Connection::open(db).unwrap();
-    conn.busy_timeout(Duration::from_secs(5)).unwrap();
-    let now = chrono::Utc::now().timestamp_millis();
-    let changed = conn
-        .execute(
-            "UPDATE Leases SET ExpiresAt = ?1 WHERE Name = 'dispatcher'",
-            [now],
-        )
-        .unwrap();
-    assert_eq!(changed, 1);
+    Db::open(db).expire_lease();
 }
 
 /// The database fence on its own. A leader whose lease has run out by the database's clock while
@@ -833,6 +832,8 @@ async fn deposed_leader_outcomes_are_refused_by_the_database() {
         ..old_timings
     };
     let dir = tempfile::tempdir().unwrap();
+    // Shared by every central process of the test (on MS SQL, a scratch database).
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
     let db_path = dir.path().join("central.db");
     let sink = smtp_sink().await;
     let old = Replica::start(dir.path(), "central-old", &sink, old_timings).await;

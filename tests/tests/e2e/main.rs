@@ -6,6 +6,7 @@
 // them; a failed set-up step must fail the test loudly anyway.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod backend;
 mod harness;
 
 mod admin;
