@@ -15,15 +15,15 @@
 //! The lease is kept by [`LeaseKeeper`], a task of its own, so renewing it never waits for a
 //! sweep. This loop follows what the keeper publishes: it claims only while it holds a lease
 //! that is still valid. When the lease lapses (no renewal succeeded for its TTL) it stops
-//! claiming and drops rows claimed but not started, but lets deliveries under way finish: each
-//! is bounded to half the claim timeout, so no successor can have claimed its row meanwhile,
-//! and its outcome is recorded if no other node has taken the lease since (the store's fence).
-//! A node that re-takes its own lapsed lease keeps its epoch, so those outcomes stand. When
-//! another node holds the lease, deliveries under way are aborted: their outcomes would be
-//! refused and the successor redelivers them. On shutdown no new claims are made, deliveries
-//! under way get `drain_timeout` while the keeper goes on renewing, and then the lease is
-//! released so a successor takes over at once; rows still claimed become due again when their
-//! claim expires.
+//! claiming and starting rows, but keeps the rows it claimed and lets deliveries under way
+//! finish: each is bounded to half the claim timeout, so no successor can have claimed its row
+//! meanwhile, and its outcome is recorded if no other node has taken the lease since (the
+//! store's fence). A node that re-takes its own lapsed lease keeps its epoch, so those
+//! outcomes stand and its queued rows start. When another node holds the lease, deliveries
+//! under way are aborted and queued rows dropped: their outcomes would be refused and the
+//! successor redelivers them. On shutdown no new claims are made, deliveries under way get
+//! `drain_timeout` while the keeper goes on renewing, and then the lease is released so a
+//! successor takes over at once; rows still claimed become due again when their claim expires.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -136,6 +136,9 @@ pub struct Dispatcher<S> {
     held: watch::Receiver<Option<HeldLease>>,
     /// The epoch this node dispatches under now: the keeper's, while still valid.
     lease: Option<LeaseEpoch>,
+    /// The epoch of the work queued and under way, which outlives a lapse of `lease`: kept if
+    /// the keeper renews with it, dropped if another epoch (another holder) comes between.
+    tenure: Option<LeaseEpoch>,
     /// When the lease we last saw renewed runs out, measured from before the renewal was sent.
     lease_deadline: Option<tokio::time::Instant>,
     /// Publishes `lease` to whoever works only on the leader (the purge) or reports it (metrics).
@@ -198,6 +201,7 @@ impl<S: OutboxStore> Dispatcher<S> {
             keeper: Some(keeper),
             held,
             lease: None,
+            tenure: None,
             lease_deadline: None,
             lease_watch: watch::Sender::new(None),
             channels: Default::default(),
@@ -301,19 +305,16 @@ impl<S: OutboxStore> Dispatcher<S> {
         }
     }
 
-    /// Takes what the keeper published: a lease still valid is dispatched under; another
-    /// epoch, or none (another node holds it), ends what runs under the old one.
+    /// Takes what the keeper published: a lease still valid is dispatched under. Another epoch,
+    /// or none (another node holds the lease), means another node held it since this node
+    /// claimed what it has queued and under way: that work is dropped.
     fn follow_lease(&mut self, held: Option<HeldLease>) {
-        let now = held.filter(HeldLease::is_valid);
-        match (self.lease, now.map(|h| h.epoch)) {
-            (Some(old), Some(new)) if old != new => {
-                // Another node held the lease in between: our claims under the old epoch can
-                // no longer be recorded, and the successor may redeliver them.
-                self.abort_in_flight();
-            }
-            (Some(_), None) if held.is_none() => self.abort_in_flight(),
-            _ => {}
+        let epoch = held.map(|h| h.epoch);
+        if self.tenure.is_some() && self.tenure != epoch {
+            self.abort_in_flight();
         }
+        self.tenure = epoch;
+        let now = held.filter(HeldLease::is_valid);
         self.lease_deadline = now.map(|h| h.valid_until);
         self.set_lease(now.map(|h| h.epoch));
     }
@@ -328,17 +329,16 @@ impl<S: OutboxStore> Dispatcher<S> {
         });
     }
 
-    /// The lease ran out without a successful renewal: stop claiming, and give back the rows
-    /// claimed but not started (due again when their claims expire). Deliveries under way go
-    /// on; see the module documentation.
+    /// The lease ran out without a successful renewal: stop claiming and starting. Rows claimed
+    /// but not started stay queued, and deliveries under way go on: if this node renews before
+    /// another takes the lease, it keeps its epoch and carries on with them (a queued row that
+    /// has waited too long is still given back, see `start_queued`); if another node takes it,
+    /// they are dropped then. See the module documentation.
     fn lease_expired(&mut self) {
         tracing::warn!(
             in_flight = self.in_flight.len(),
             "dispatcher lease expired without renewal; no new claims until it is renewed"
         );
-        for state in &mut self.channels {
-            state.queue.clear();
-        }
         self.lease_deadline = None;
         self.set_lease(None);
     }
@@ -449,8 +449,12 @@ impl<S: OutboxStore> Dispatcher<S> {
         }
     }
 
-    /// Starts queued rows of one channel while it has a free slot and a rate-limit token.
+    /// Starts queued rows of one channel while it has a free slot and a rate-limit token, and
+    /// only while this node holds the lease.
     fn start_queued(&mut self, kind: NotificationType) -> usize {
+        if self.lease.is_none() {
+            return 0;
+        }
         let index = channel_index(kind);
         let Some(channel) = self.channels[index].settings.clone() else {
             return 0;

@@ -64,14 +64,19 @@ impl Gate {
     fn open(&self) {
         self.open.send_replace(true);
     }
+
+    fn close(&self) {
+        self.open.send_replace(false);
+    }
 }
 
-/// SQLite with gates in front of claims and outcomes, counting lease renewals.
+/// SQLite with gates in front of claims, outcomes and lease renewals, counting renewals.
 #[derive(Debug)]
 struct GatedStore {
     inner: SqliteStore,
     claims: Gate,
     outcomes: Gate,
+    leases: Gate,
     renewals: AtomicUsize,
 }
 
@@ -91,6 +96,7 @@ impl OutboxStore for GatedStore {
         holder: &str,
         ttl: Duration,
     ) -> Result<Option<LeaseEpoch>> {
+        self.leases.pass().await;
         let held = self.inner.acquire_lease(name, holder, ttl).await;
         if matches!(held, Ok(Some(_))) {
             self.renewals.fetch_add(1, Ordering::SeqCst);
@@ -204,6 +210,7 @@ async fn start() -> Rig {
         inner,
         claims: Gate::closed(),
         outcomes: Gate::closed(),
+        leases: Gate::closed(),
         renewals: AtomicUsize::new(0),
     });
     let content = NotificationContent::parse(
@@ -244,6 +251,7 @@ async fn start() -> Rig {
         Arc::new(Notify::new()),
     );
     let lease = dispatcher.lease_watch();
+    store.leases.open();
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(dispatcher.run(shutdown.clone()));
     Rig {
@@ -355,4 +363,37 @@ async fn shutdown_keeps_the_lease_while_draining_then_releases_it() {
         .unwrap()
         .expect("the lease was released at shutdown");
     assert!(successor > epoch);
+}
+
+/// The database stops answering lease renewals for longer than the TTL while a delivery's
+/// outcome is being written. The node's lease lapses (it stops claiming), the outcome is still
+/// recorded because nobody else took the lease, and when renewals come back the node re-takes
+/// the lease with the same epoch: the delivered notification is not sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_written_while_the_lease_lapsed_stands() {
+    let mut rig = start().await;
+    rig.store.claims.open();
+    until("the outcome is waiting to be written", || {
+        rig.store.outcomes.waiting.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    let epoch = rig.lease.borrow().expect("the dispatcher holds the lease");
+    rig.store.leases.close();
+    rig.lease.wait_for(Option::is_none).await.unwrap();
+    rig.store.outcomes.open();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while status(&rig.store, rig.id).await != Status::Parked {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outcome written during the lapse was refused"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    rig.store.leases.open();
+    let back = *rig.lease.wait_for(Option::is_some).await.unwrap();
+    assert_eq!(back, Some(epoch), "the lease came back under another epoch");
+    let history = rig.store.detail(rig.id).await.unwrap().unwrap().history;
+    assert_eq!(history.len(), 1, "attempted again: {history:?}");
+    rig.shutdown.cancel();
+    rig.task.await.unwrap();
 }

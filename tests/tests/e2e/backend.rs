@@ -4,14 +4,16 @@
 //! The suite is written once. Each test names its central database by the SQLite file it would
 //! use on the embedded default (`<tempdir>/central.db`); with `OUTBOX_E2E_CENTRAL=mssql` (set by
 //! `make test-mssql`) that name stands for a fresh scratch database on the MS SQL server
-//! `OUTBOX_TEST_MSSQL_URL` names, created by [`CentralDatabase::create`] and dropped when the
-//! last handle to it goes. [`Db`] answers the same queries on either: the tests' SQL stays
+//! `OUTBOX_TEST_MSSQL_URL` names, created by [`CentralDatabase::create`]. It lives as long as
+//! the directory that names it (a test restarting central finds its rows again): databases
+//! whose directory is gone are dropped whenever another is created, and the last few of a run
+//! are left on the test server. [`Db`] answers the same queries on either: the tests' SQL stays
 //! within what both dialects read alike (`?1` parameters are rewritten to `@P1`), and values
 //! come back in one form (times as Unix milliseconds, ids as lowercase text).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, Weak, mpsc};
+use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::Duration;
 
 use central_outbox::store::mssql::{MsSqlOptions, ScratchDatabase};
@@ -41,15 +43,29 @@ fn mssql_server() -> Option<&'static str> {
         .as_deref()
 }
 
-/// Scratch databases by the SQLite path that names them; weak, so a database is dropped when
-/// its test lets go of the last handle.
-fn registry() -> &'static Mutex<HashMap<PathBuf, Weak<ScratchDatabase>>> {
-    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Weak<ScratchDatabase>>>> = OnceLock::new();
+/// Scratch databases by the SQLite path that names them.
+fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<ScratchDatabase>>> {
+    static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Arc<ScratchDatabase>>>> = OnceLock::new();
     REGISTRY.get_or_init(Default::default)
 }
 
 fn scratch_for(path: &Path) -> Option<Arc<ScratchDatabase>> {
-    registry().lock().unwrap().get(path).and_then(Weak::upgrade)
+    registry().lock().unwrap().get(path).cloned()
+}
+
+/// Takes out the databases whose naming directory no longer exists (their test has ended), to
+/// be dropped by the caller outside the lock.
+fn ended_tests() -> Vec<Arc<ScratchDatabase>> {
+    let mut registry = registry().lock().unwrap();
+    let ended: Vec<PathBuf> = registry
+        .keys()
+        .filter(|path| path.parent().is_some_and(|dir| !dir.exists()))
+        .cloned()
+        .collect();
+    ended
+        .iter()
+        .filter_map(|path| registry.remove(path))
+        .collect()
 }
 
 /// A test's central database; keep it for as long as central (or anything reading its table)
@@ -66,21 +82,25 @@ impl CentralDatabase {
     pub async fn create(path: &Path) -> Self {
         let scratch = match mssql_server() {
             None => None,
-            Some(server) => Some(match scratch_for(path) {
-                Some(existing) => existing,
-                None => {
-                    let created = Arc::new(
-                        ScratchDatabase::create(server)
-                            .await
-                            .expect("create a scratch database for central"),
-                    );
-                    registry()
-                        .lock()
-                        .unwrap()
-                        .insert(path.to_owned(), Arc::downgrade(&created));
-                    created
-                }
-            }),
+            Some(server) => {
+                // Dropping a ScratchDatabase drops its database (on a thread of its own).
+                drop(ended_tests());
+                Some(match scratch_for(path) {
+                    Some(existing) => existing,
+                    None => {
+                        let created = Arc::new(
+                            ScratchDatabase::create(server)
+                                .await
+                                .expect("create a scratch database for central"),
+                        );
+                        registry()
+                            .lock()
+                            .unwrap()
+                            .insert(path.to_owned(), Arc::clone(&created));
+                        created
+                    }
+                })
+            }
         };
         Self {
             path: path.to_owned(),

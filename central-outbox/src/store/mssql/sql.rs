@@ -64,14 +64,19 @@ SELECT 1 AS Ok;"
 
 /// The application lock that serialises migrations between replicas starting together. Owned
 /// by the session, so it is released when the migrating connection closes, even on a crash.
-/// @P1: lock timeout in milliseconds. Result: sp_getapplock's return code (>= 0: granted).
+/// Named after the database: SQL Server scopes application locks to the database anyway, but
+/// Babelfish takes them server-wide, where centrals of unrelated databases would queue behind
+/// each other's migrations. @P1: lock timeout in milliseconds. Result: sp_getapplock's return
+/// code (>= 0: granted).
 pub const MIGRATION_LOCK: &str = "\
 DECLARE @result int;
-EXEC @result = sp_getapplock @Resource = N'central-outbox/schema-migrations', @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
+DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME();
+EXEC @result = sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
 SELECT @result AS Result;";
 
 pub const MIGRATION_UNLOCK: &str = "\
-EXEC sp_releaseapplock @Resource = N'central-outbox/schema-migrations', @LockOwner = N'Session';";
+DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME();
+EXEC sp_releaseapplock @Resource = @resource, @LockOwner = N'Session';";
 
 /// Creates the migrations ledger if needed and reads the schema version.
 pub const MIGRATION_VERSION: &str = batch!(
@@ -195,7 +200,9 @@ SELECT @@ROWCOUNT AS Released;"
 /// out (the claim rescue: their dispatcher died). READPAST skips rows another claim has
 /// locked; the UPDATE's own WHERE re-checks that each row is still due and unclaimed and that
 /// the epoch still holds the lease, so two claims never take the same row even where the hints
-/// are ignored.
+/// are ignored. The ids are picked first into @ids and then updated by key: Babelfish runs an
+/// `UPDATE ... JOIN (SELECT TOP ... ORDER BY ...)` by re-running the sorted subquery for every
+/// row of the table (measured: 17 s with 10,000 due rows, 17 ms this way).
 pub const CLAIM_DUE: &str = batch!(
     declare_now!(),
     "DECLARE @claimed TABLE (
@@ -216,7 +223,23 @@ pub const CLAIM_DUE: &str = batch!(
     SiteEnqueuedAt datetime2(3) NOT NULL,
     NextAttemptAt datetime2(3) NULL
 );
+DECLARE @ids TABLE (Id bigint NOT NULL PRIMARY KEY);
 BEGIN TRANSACTION;
+INSERT INTO @ids (Id)
+SELECT TOP (@P3) due.Id
+FROM (
+    SELECT c.Id, c.NextAttemptAt
+    FROM dbo.Notifications AS c WITH (ROWLOCK, READPAST, UPDLOCK)
+    WHERE c.Status IN (N'Pending', N'Retrying') AND c.ClaimedUntil IS NULL
+      AND c.Type = @P4 AND (c.NextAttemptAt IS NULL OR c.NextAttemptAt <= @now)
+    UNION ALL
+    SELECT r.Id, r.NextAttemptAt
+    FROM dbo.Notifications AS r WITH (ROWLOCK, READPAST, UPDLOCK)
+    WHERE r.ClaimedUntil IS NOT NULL AND r.ClaimedUntil <= @now
+      AND r.Type = @P4 AND r.Status IN (N'Pending', N'Retrying')
+      AND (r.NextAttemptAt IS NULL OR r.NextAttemptAt <= @now)
+) AS due
+ORDER BY due.NextAttemptAt, due.Id;
 UPDATE n
 SET n.ClaimedUntil = DATEADD(millisecond, @P2, @now),
     n.ClaimEpoch = @P1,
@@ -224,22 +247,7 @@ SET n.ClaimedUntil = DATEADD(millisecond, @P2, @now),
     n.AttemptCount = n.AttemptCount + 1
 OUTPUT inserted.Id, inserted.NotificationId, inserted.Type, inserted.ListName, inserted.Subject, inserted.Body, inserted.TypeData, inserted.RetryCount, inserted.AttemptCount, inserted.SourceSiteId, inserted.SourceInstanceId, inserted.SourceScript, inserted.OriginExecutionId, inserted.OriginParentExecutionId, inserted.SiteEnqueuedAt, inserted.NextAttemptAt INTO @claimed
 FROM dbo.Notifications AS n
-JOIN (
-    SELECT TOP (@P3) due.Id
-    FROM (
-        SELECT c.Id, c.NextAttemptAt
-        FROM dbo.Notifications AS c WITH (ROWLOCK, READPAST, UPDLOCK)
-        WHERE c.Status IN (N'Pending', N'Retrying') AND c.ClaimedUntil IS NULL
-          AND c.Type = @P4 AND (c.NextAttemptAt IS NULL OR c.NextAttemptAt <= @now)
-        UNION ALL
-        SELECT r.Id, r.NextAttemptAt
-        FROM dbo.Notifications AS r WITH (ROWLOCK, READPAST, UPDLOCK)
-        WHERE r.ClaimedUntil IS NOT NULL AND r.ClaimedUntil <= @now
-          AND r.Type = @P4 AND r.Status IN (N'Pending', N'Retrying')
-          AND (r.NextAttemptAt IS NULL OR r.NextAttemptAt <= @now)
-    ) AS due
-    ORDER BY due.NextAttemptAt, due.Id
-) AS d ON d.Id = n.Id
+JOIN @ids AS d ON d.Id = n.Id
 WHERE n.Status IN (N'Pending', N'Retrying')
   AND n.Type = @P4
   AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt <= @now)

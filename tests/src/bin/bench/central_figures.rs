@@ -3,8 +3,9 @@
 //!
 //! Ingest runs central as a replica that does not hold the dispatcher lease (another holder is
 //! written into `Leases` first), so the figure is ingest alone: nothing is claimed or delivered
-//! while it runs. Dispatch starts central on a file that already holds the rows, so the figure
-//! is the dispatcher alone, timed by the sink's receive times from the first message to the last.
+//! while it runs. Dispatch starts central on a database that already holds the rows, so the
+//! figure is the dispatcher alone, timed by the sink's receive times from the first message to
+//! the last. Both run on whichever backend `--database` chose (see [`crate::backend`]).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +19,7 @@ use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
 use outbox_tests::smtp_sink::SmtpSink;
 use serde_json::json;
 
-use crate::fixtures::{self, CentralRows, SOURCE_INSTANCE, SOURCE_SCRIPT};
+use crate::fixtures::{self, SOURCE_INSTANCE, SOURCE_SCRIPT};
 use crate::load::{self, Window};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
@@ -28,7 +29,7 @@ use crate::services::{self, LIST, Profile, SITE_ID, Service};
 static SUBMIT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A submit as a site-forwarder makes it, with a fresh id.
-fn submit() -> v1::NotificationSubmit {
+pub fn submit() -> v1::NotificationSubmit {
     let (subject, body) = fixtures::content(SUBMIT_COUNTER.fetch_add(1, Ordering::Relaxed));
     v1::NotificationSubmit {
         notification_id: uuid::Uuid::now_v7().to_string(),
@@ -49,12 +50,11 @@ fn submit() -> v1::NotificationSubmit {
 /// Figure 4: SubmitNotification calls per second from `callers` concurrent clients.
 pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("ingest")?;
-    let db = dir.path().join("central.db");
-    fixtures::copy_db(&rig.central_template, &db)?;
-    fixtures::hold_dispatcher_lease(&db)?;
+    let db = rig.central_db(dir.path()).await?;
+    db.hold_dispatcher_lease().await?;
     let toml = services::central_toml(
         services::free_addr()?,
-        &db,
+        &db.url(),
         services::free_addr()?,
         Profile::Ours,
     );
@@ -69,7 +69,8 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
         measure: rig.sizes.measure,
     };
     flush_disk();
-    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())]);
+    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())])
+        .with_server(central.pid(), rig.backend.server_port());
     let result = load::closed_loop(clients, window, |mut client| async move {
         let ack = client
             .submit_notification(submit())
@@ -83,7 +84,9 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
     })
     .await;
     let cores = cpu.cores();
-    central.stop().await?;
+    let sessions = rig.backend.sessions_of(central.pid());
+    let central_log = central.stop().await?;
+    db.finish(&sessions).await;
     if result.errors > 0 {
         bail!(
             "{} submits failed; first: {}",
@@ -94,6 +97,7 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
     Ok(RunRecord::new()
         .value("ingest.rate", result.rate)
         .detail("closed_loop", result.to_json())
+        .detail("central_log", log_json(&central_log))
         .cpu(cores))
 }
 
@@ -108,19 +112,21 @@ pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
         bail!("the dispatch figure needs at least 2 rows");
     }
     let dir = rig.run_dir(&format!("dispatch-{}", profile.name()))?;
-    let db = dir.path().join("central.db");
-    fixtures::copy_db(&rig.central_template, &db)?;
-    fixtures::add_central_rows(&db, rows, CentralRows::Pending)?;
+    let db = rig.central_db(dir.path()).await?;
+    db.add_pending_rows(rows).await?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
-    let toml = services::central_toml(services::free_addr()?, &db, sink.addr(), profile);
+    let toml = services::central_toml(services::free_addr()?, &db.url(), sink.addr(), profile);
     flush_disk();
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
-    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())]);
+    let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())])
+        .with_server(central.pid(), rig.backend.server_port());
     let deadline = rig.sizes.dispatch_deadline;
     let received = wait_for_deliveries(&sink, &mut central, rows, deadline).await?;
     let cores = cpu.cores();
-    central.stop().await?;
+    let sessions = rig.backend.sessions_of(central.pid());
+    let central_log = central.stop().await?;
+    db.finish(&sessions).await;
     sink.stop();
     let receipts = sink.receipts();
     let (Some(first), Some(last)) = (receipts.first(), receipts.last()) else {
@@ -151,7 +157,16 @@ pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
         .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
         .detail("first_to_last_seconds", json!(span))
         .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
+        .detail("central_log", log_json(&central_log))
         .cpu(cores))
+}
+
+/// A service's warnings and errors for the JSON: how many, and the first few.
+pub fn log_json(lines: &[String]) -> serde_json::Value {
+    json!({
+        "warnings_and_errors": lines.len(),
+        "first": lines.iter().take(5).collect::<Vec<_>>(),
+    })
 }
 
 /// Waits until the sink has `n` messages or `deadline` passes, checking that central is alive;

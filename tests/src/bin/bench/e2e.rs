@@ -6,14 +6,14 @@
 //! Before the measured Sends, a few warm-up notifications go all the way through, so the
 //! forwarding stream and the SMTP connections are open as they would be on a live system.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use outbox_tests::smtp_sink::SmtpSink;
 use serde_json::json;
 
-use crate::central_figures::wait_for_deliveries;
+use crate::central_figures::{log_json, wait_for_deliveries};
 use crate::fixtures;
 use crate::load::{self, Percentiles};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
@@ -32,14 +32,13 @@ const CONNECTIONS: usize = 4;
 
 pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
     let dir = rig.run_dir(&format!("e2e-{}", profile.name()))?;
-    let central_db = dir.path().join("central.db");
-    fixtures::copy_db(&rig.central_template, &central_db)?;
+    let central_db = rig.central_db(dir.path()).await?;
     let site_db = dir.path().join("site.db");
     fixtures::copy_db(&rig.site_template, &site_db)?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
     let central_addr = services::free_addr()?;
-    let toml = services::central_toml(central_addr, &central_db, sink.addr(), profile);
+    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr(), profile);
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let toml = services::site_toml(services::free_addr()?, &site_db, central_addr);
     let site = Service::site(&rig.bins, dir.path(), "site", &toml).await?;
@@ -62,7 +61,8 @@ pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
         ("site", site.pid()),
         ("central", central.pid()),
         ("bench", own_pid()),
-    ]);
+    ])
+    .with_server(central.pid(), rig.backend.server_port());
     let sends = load::open_loop(clients, sizes.e2e_rate, sizes.e2e_duration, send_once).await;
     if sends.errors > 0 {
         bail!(
@@ -75,11 +75,15 @@ pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
     let received = wait_for_deliveries(&sink, &mut central, expected, DELIVERY_DEADLINE).await?;
     let cores = cpu.cores();
     site.stop().await?;
-    central.stop().await?;
+    let sessions = rig.backend.sessions_of(central.pid());
+    let central_log = central.stop().await?;
+    central_db.finish(&sessions).await;
     sink.stop();
 
-    let arrived: HashMap<String, Instant> = sink
-        .receipts()
+    let receipts = sink.receipts();
+    let distinct: HashSet<_> = receipts.iter().map(|r| &r.message_id).collect();
+    let duplicates = receipts.len() - distinct.len();
+    let arrived: HashMap<String, Instant> = receipts
         .into_iter()
         .filter_map(|r| Some((id_of(r.message_id.as_deref()?)?.to_string(), r.at)))
         .collect();
@@ -110,6 +114,8 @@ pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
         .detail("latency", latency.to_json())
         .detail("send_ack_latency", send_latency.to_json())
         .detail("offered_per_s", json!(sizes.e2e_rate))
+        .detail("duplicate_messages", json!(duplicates))
+        .detail("central_log", log_json(&central_log))
         .cpu(cores))
 }
 

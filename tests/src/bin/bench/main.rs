@@ -8,7 +8,11 @@
 //! decides pass or fail anywhere else; here a missed target is reported, not an error. The exit
 //! status is non-zero only when a figure could not be measured (a component failed to start,
 //! crashed, or answered with errors), and the message names the step.
+//!
+//! Central runs on SQLite unless `--database` names an MS SQL server (see [`backend`]); the
+//! table's heading and the JSON's `central_database` say which.
 
+mod backend;
 mod central_figures;
 mod e2e;
 mod fixtures;
@@ -28,6 +32,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, ValueEnum};
 use serde_json::json;
 
+use backend::Backend;
 use report::{GroupResult, GroupStatus, Metric, RunRecord, Target};
 use rig::{Rig, Sizes};
 use services::Profile;
@@ -110,6 +115,22 @@ struct Args {
     /// Keep every run's directory (databases, configs, logs) for inspection.
     #[arg(long)]
     keep: bool,
+    /// Run central on MS SQL Server instead of SQLite. URL names a server and a login that may
+    /// CREATE DATABASE, as
+    /// `server=tcp:HOST,PORT;user id=USER;password=PASSWORD;database=master;TrustServerCertificate=true`
+    /// or `mssql://USER:PASSWORD@HOST:PORT/master?trust_server_certificate=true`. Every central process gets a new empty database there
+    /// (outbox_test_*), dropped when it stops. On MS SQL: ingest, dispatch, dispatch-seeds, e2e,
+    /// e2e-seeds and forward run (the site's buffer is SQLite either way); send and send-latency
+    /// do not involve central and run as without it; memory is skipped, with the reason printed
+    /// (its central fixture is a bulk-written SQLite file). The password is never printed or
+    /// written to the results (the command line is recorded with the URL replaced).
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "OUTBOX_BENCH_DATABASE",
+        hide_env_values = true
+    )]
+    database: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -186,14 +207,23 @@ impl Args {
     }
 }
 
-/// The table's rows, labelled with the sizes in force.
-fn metrics(s: &Sizes) -> Vec<Metric> {
+/// The table's rows, labelled with the sizes in force, and those that involve central with its
+/// database when that is not SQLite (so a table copied without its heading still says so).
+fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
     let rows = |n: u64| report::number(n as f64);
-    let m = |key, label: String, unit, target| Metric {
-        key,
-        label,
-        unit,
-        target,
+    let m = |key: &'static str, label: String, unit, target| {
+        let involves_central = !(key.starts_with("send") || key == "memory.site_rss");
+        let label = if involves_central && backend.is_mssql() {
+            format!("{label} [central on MS SQL]")
+        } else {
+            label
+        };
+        Metric {
+            key,
+            label,
+            unit,
+            target,
+        }
     };
     vec![
         m(
@@ -335,6 +365,15 @@ async fn run_group(group: &'static str, rig: &mut Rig, seeds: SeedsMode) -> Grou
         rig.sizes.runs
     };
     let started = Instant::now();
+    if let Some(why) = rig.backend.unsupported(group) {
+        eprintln!("bench: {group}: skipped: {why}");
+        return GroupResult {
+            name: group,
+            runs: Vec::new(),
+            status: GroupStatus::Skipped(why.to_string()),
+            seconds: 0.0,
+        };
+    }
     let mut records = Vec::new();
     let mut status = GroupStatus::Done;
     for run in 1..=runs {
@@ -377,22 +416,50 @@ async fn run_group(group: &'static str, rig: &mut Rig, seeds: SeedsMode) -> Grou
     }
 }
 
-/// The configs as written for a run (addresses and paths vary per run).
-fn configs_json() -> serde_json::Value {
+/// The configs as written for a run (addresses, paths and databases vary per run; an MS SQL
+/// connection string holds a password, so it is never written here).
+fn configs_json(backend: &Backend) -> serde_json::Value {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-    let db = Path::new("<run dir>/central.db");
+    let db = match backend {
+        Backend::Sqlite => "sqlite://<run dir>/central.db".to_string(),
+        Backend::MsSql { .. } => {
+            "<the --database connection string, with Database=<a new outbox_test_* database>>"
+                .to_string()
+        }
+    };
     json!({
-        "central_ours": services::central_toml(addr, db, addr, Profile::Ours),
-        "central_seeds": services::central_toml(addr, db, addr, Profile::Seeds),
+        "central_ours": services::central_toml(addr, &db, addr, Profile::Ours),
+        "central_seeds": services::central_toml(addr, &db, addr, Profile::Seeds),
         "site": services::site_toml(addr, Path::new("<run dir>/site.db"), addr),
         "note": "keys not written are at the service's defaults; durability is never set, so \
                  both services run WAL + synchronous=FULL",
     })
 }
 
+/// A command line (`args`, this process's) for the results, with the value of `--database`
+/// (which holds a password) replaced by a description of the server.
+fn recorded_command(args: impl IntoIterator<Item = String>, backend: &Backend) -> Vec<String> {
+    let mut command = Vec::new();
+    let mut args = args.into_iter();
+    while let Some(arg) = args.next() {
+        if arg == "--database" {
+            command.push(arg);
+            if args.next().is_some() {
+                command.push(format!("<{}>", backend.describe()));
+            }
+        } else if arg.starts_with("--database=") {
+            command.push(format!("--database=<{}>", backend.describe()));
+        } else {
+            command.push(arg);
+        }
+    }
+    command
+}
+
 async fn run(args: Args) -> Result<bool> {
     let sizes = args.sizes();
     let groups = args.selected()?;
+    let backend = Backend::from_arg(args.database.as_deref())?;
     let bins = services::Binaries::locate(args.bin_dir.as_deref())?;
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating {}", args.work_dir.display()))?;
@@ -400,14 +467,21 @@ async fn run(args: Args) -> Result<bool> {
     machine["fsync_before"] = proc_stats::fsync_probe(&args.work_dir);
     let started = Instant::now();
     eprintln!(
-        "bench: {} cores, commit {}, groups: {}",
+        "bench: {} cores, commit {}, groups: {}; central on {}",
         machine["cores"],
         machine["git_commit"].as_str().unwrap_or("unknown"),
-        groups.join(", ")
+        groups.join(", "),
+        backend.describe()
     );
-    let mut rig = Rig::prepare(bins, sizes.clone(), args.work_dir.clone(), args.keep)
-        .await
-        .context("preparing the empty databases")?;
+    let mut rig = Rig::prepare(
+        bins,
+        sizes.clone(),
+        backend.clone(),
+        args.work_dir.clone(),
+        args.keep,
+    )
+    .await
+    .context("preparing the empty databases")?;
     let mut results = Vec::new();
     for group in groups {
         results.push(run_group(group, &mut rig, args.seeds).await);
@@ -415,14 +489,18 @@ async fn run(args: Args) -> Result<bool> {
     rig.finish();
     machine["fsync_after"] = proc_stats::fsync_probe(&args.work_dir);
 
-    let metrics = metrics(&sizes);
+    let left_behind = backend::left_behind();
+    let mut central_database = backend.to_json();
+    central_database["left_behind"] = json!(left_behind);
+    let metrics = metrics(&sizes, &backend);
     let header = json!({
         "generated_at": chrono::Utc::now().to_rfc3339(),
-        "command": std::env::args().collect::<Vec<_>>(),
+        "command": recorded_command(std::env::args(), &backend),
         "total_seconds": started.elapsed().as_secs_f64(),
         "machine": machine,
+        "central_database": central_database,
         "sizes": sizes.to_json(),
-        "configs": configs_json(),
+        "configs": configs_json(&backend),
     });
     let document = report::to_json(header, &metrics, &results);
     println!();
@@ -450,6 +528,7 @@ async fn run(args: Args) -> Result<bool> {
             _ => "unknown".to_string(),
         }
     };
+    println!("central database: {}", backend.describe());
     println!(
         "median of {} runs (seeds: {}); work dir on {}; 4 KiB fsync before: {}, after: {}\n",
         sizes.runs,
@@ -461,6 +540,14 @@ async fn run(args: Args) -> Result<bool> {
         fsync("fsync_after"),
     );
     print!("{}", report::render(&metrics, &results));
+    if !left_behind.is_empty() {
+        println!(
+            "\nWARNING: {} database(s) the bench created on the MS SQL server could not be \
+             dropped (see above); drop them with DROP DATABASE: {}",
+            left_behind.len(),
+            left_behind.join(", ")
+        );
+    }
     if let Some(dir) = args.json.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -488,6 +575,27 @@ async fn main() -> ExitCode {
         Err(error) => {
             eprintln!("bench: {error:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recorded_command_holds_no_password() {
+        let url = "server=tcp:db.test,1433;user id=u;password=s3cret;database=master";
+        let backend = Backend::from_arg(Some(url)).unwrap();
+        for args in [
+            vec!["bench", "--database", url, "--quick"],
+            vec!["bench", &format!("--database={url}"), "--quick"],
+        ] {
+            let recorded = recorded_command(args.into_iter().map(String::from), &backend);
+            let text = recorded.join(" ");
+            assert!(!text.contains("s3cret"), "{text}");
+            assert!(text.contains("db.test:1433"), "{text}");
+            assert_eq!(recorded.last().map(String::as_str), Some("--quick"));
         }
     }
 }

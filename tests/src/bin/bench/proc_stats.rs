@@ -1,11 +1,12 @@
 //! What the bench reads about processes and the machine: resident memory from
 //! `/proc/PID/status`, CPU time from `/proc/PID/stat` (so each figure can say which process
-//! burned the two cores), and the facts recorded with the results (cores, rustc, git commit,
-//! the file system the databases live on).
+//! burned the two cores), the database server's processes that serve central (found through
+//! `/proc/net/tcp`, when central runs on MS SQL on this machine), and the facts recorded with
+//! the results (cores, rustc, git commit, the file system the databases live on).
 //!
 //! Linux only, like the figures themselves; a missing fact is recorded as unknown, never guessed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::process::Command;
 use std::sync::OnceLock;
@@ -106,6 +107,15 @@ pub struct CpuWindow {
     started: Instant,
     at_start: Vec<(String, u32, Duration)>,
     machine_at_start: Option<MachineCpu>,
+    server: Option<ServerWatch>,
+}
+
+/// The local database server's processes that serve one client process, counted as `database`.
+#[derive(Debug)]
+struct ServerWatch {
+    client: u32,
+    port: u16,
+    at_start: HashMap<u32, Duration>,
 }
 
 impl CpuWindow {
@@ -118,7 +128,30 @@ impl CpuWindow {
             started: Instant::now(),
             at_start,
             machine_at_start: MachineCpu::read(),
+            server: None,
         }
+    }
+
+    /// Also counts, as `database`, the processes of a database server on this machine that
+    /// serve `client`'s connections to local port `port` (one per connection on Babelfish,
+    /// which is PostgreSQL). Without this they would be part of `other`, with whatever else
+    /// the machine runs, and a figure bound by the server would look disturbed instead. A
+    /// connection opened during the window counts from its start; one closed during it is
+    /// lost (central's pool keeps its connections, so that is rare). `port = None` (SQLite, or
+    /// a server elsewhere) counts nothing.
+    pub fn with_server(mut self, client: u32, port: Option<u16>) -> Self {
+        if let Some(port) = port {
+            let at_start = server_processes(client, port)
+                .into_iter()
+                .filter_map(|pid| Some((pid, cpu_time(pid).ok()?)))
+                .collect();
+            self.server = Some(ServerWatch {
+                client,
+                port,
+                at_start,
+            });
+        }
+        self
     }
 
     /// Average cores busy per process since the start (1.0 = one core fully busy), plus
@@ -134,6 +167,20 @@ impl CpuWindow {
                 Some((name.clone(), used / wall))
             })
             .collect();
+        if let Some(server) = &self.server {
+            let used: f64 = server_processes(server.client, server.port)
+                .into_iter()
+                .chain(server.at_start.keys().copied())
+                .collect::<HashSet<u32>>()
+                .into_iter()
+                .filter_map(|pid| {
+                    let after = cpu_time(pid).ok()?;
+                    let before = server.at_start.get(&pid).copied().unwrap_or_default();
+                    Some(after.saturating_sub(before).as_secs_f64())
+                })
+                .sum();
+            cores.insert("database".into(), used / wall);
+        }
         if let (Some(before), Some(after)) = (self.machine_at_start, MachineCpu::read()) {
             let ticks = clock_ticks() as f64;
             let busy = after.busy.saturating_sub(before.busy) as f64 / ticks / wall;
@@ -144,6 +191,85 @@ impl CpuWindow {
         }
         cores
     }
+}
+
+/// Processes on this machine at the other end of `client`'s TCP connections to local port
+/// `port`: the database server's sessions working for it. Empty when the server is on another
+/// machine, or when `/proc` cannot be read.
+pub fn server_processes(client: u32, port: u16) -> Vec<u32> {
+    let ours = socket_inodes(client);
+    let table = tcp_table();
+    // (local, remote) of each of the client's connections to the port...
+    let ends: HashSet<(&str, &str)> = table
+        .iter()
+        .filter(|c| ours.contains(&c.inode) && port_of(&c.remote) == Some(port))
+        .map(|c| (c.local.as_str(), c.remote.as_str()))
+        .collect();
+    // ... and the server's side of each: the same pair of addresses, the other way round.
+    let theirs: HashSet<u64> = table
+        .iter()
+        .filter(|c| ends.contains(&(c.remote.as_str(), c.local.as_str())))
+        .map(|c| c.inode)
+        .collect();
+    if theirs.is_empty() {
+        return Vec::new();
+    }
+    let Ok(processes) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    processes
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| *pid != client && !socket_inodes(*pid).is_disjoint(&theirs))
+        .collect()
+}
+
+/// One row of `/proc/net/tcp` or `tcp6`: addresses as the kernel writes them (hex `ADDR:PORT`).
+#[derive(Debug)]
+struct TcpConnection {
+    local: String,
+    remote: String,
+    inode: u64,
+}
+
+fn tcp_table() -> Vec<TcpConnection> {
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|path| std::fs::read_to_string(path).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let f: Vec<&str> = line.split_whitespace().collect();
+                    Some(TcpConnection {
+                        local: f.get(1)?.to_string(),
+                        remote: f.get(2)?.to_string(),
+                        inode: f.get(9)?.parse().ok()?,
+                    })
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+fn port_of(address: &str) -> Option<u16> {
+    u16::from_str_radix(address.rsplit_once(':')?.1, 16).ok()
+}
+
+/// The inodes of the sockets `pid` has open (`/proc/PID/fd/N -> socket:[INODE]`).
+fn socket_inodes(pid: u32) -> HashSet<u64> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return HashSet::new();
+    };
+    fds.filter_map(|fd| {
+        let target = std::fs::read_link(fd.ok()?.path()).ok()?;
+        target
+            .to_str()?
+            .strip_prefix("socket:[")?
+            .strip_suffix(']')?
+            .parse()
+            .ok()
+    })
+    .collect()
 }
 
 /// Writes every dirty page to disk (`sync`). Called before a measured window, so writeback left

@@ -1,9 +1,10 @@
 //! The bench's workshop: where the binaries are, the work directory every run gets a fresh
-//! subdirectory of, the empty database templates, the sizes in force, and the large fixtures
-//! (a filled site buffer, the million-row files), each built at most once per invocation and
-//! shared by all runs of the figures that need them.
+//! subdirectory of, the database central runs on, the empty database templates, the sizes in
+//! force, and the large fixtures (a filled site buffer, the million-row files), each built at
+//! most once per invocation and shared by all runs of the figures that need them.
 //!
-//! Invariant: every run starts from a copy, so no run sees what an earlier run left behind.
+//! Invariant: every run starts from a copy (or, for central on MS SQL, a new database), so no
+//! run sees what an earlier run left behind.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use anyhow::{Context, Result, bail};
 use serde_json::{Value, json};
 use tempfile::TempDir;
 
+use crate::backend::{Backend, CentralDb};
 use crate::fixtures::{self, CentralRows};
 use crate::services::{self, Binaries, Profile, Service};
 
@@ -74,12 +76,14 @@ pub struct MemoryFixtures {
 pub struct Rig {
     pub bins: Binaries,
     pub sizes: Sizes,
+    pub backend: Backend,
     pub work: PathBuf,
     keep: bool,
     /// Holds the shared fixtures; removed at the end unless `keep`.
     shared: Option<TempDir>,
     shared_path: PathBuf,
-    pub central_template: PathBuf,
+    /// Central's empty SQLite database (on MS SQL every run gets a new database instead).
+    central_template: PathBuf,
     pub site_template: PathBuf,
     filled: Option<FilledBuffer>,
     memory: Option<MemoryFixtures>,
@@ -89,8 +93,15 @@ pub struct Rig {
 
 impl Rig {
     /// Creates the work directory and the empty templates (each service started once on a new
-    /// file and stopped cleanly).
-    pub async fn prepare(bins: Binaries, sizes: Sizes, work: PathBuf, keep: bool) -> Result<Self> {
+    /// file and stopped cleanly). On MS SQL, central is started once on a new database instead:
+    /// a server that refuses the login or `CREATE DATABASE` fails here, before any figure.
+    pub async fn prepare(
+        bins: Binaries,
+        sizes: Sizes,
+        backend: Backend,
+        work: PathBuf,
+        keep: bool,
+    ) -> Result<Self> {
         std::fs::create_dir_all(&work)
             .with_context(|| format!("creating work directory {}", work.display()))?;
         let shared = tempfile::Builder::new()
@@ -100,17 +111,24 @@ impl Rig {
         let shared_path = shared.path().to_path_buf();
         let central_template = shared_path.join("central-template.db");
         let site_template = shared_path.join("site-template.db");
+        let db = match &backend {
+            Backend::Sqlite => CentralDb::Sqlite(central_template.clone()),
+            Backend::MsSql { .. } => CentralDb::fresh(&backend, &central_template, &shared_path)
+                .await
+                .context("trying the MS SQL server")?,
+        };
         let toml = services::central_toml(
             services::free_addr()?,
-            &central_template,
+            &db.url(),
             services::free_addr()?,
             Profile::Ours,
         );
-        Service::central(&bins, &shared_path, "template-central", &toml)
+        let central = Service::central(&bins, &shared_path, "template-central", &toml)
             .await
-            .context("creating central's empty database")?
-            .stop()
-            .await?;
+            .context("creating central's empty database")?;
+        let sessions = backend.sessions_of(central.pid());
+        central.stop().await?;
+        db.finish(&sessions).await;
         let toml = services::site_toml(
             services::free_addr()?,
             &site_template,
@@ -124,6 +142,7 @@ impl Rig {
         Ok(Self {
             bins,
             sizes,
+            backend,
             work,
             keep,
             shared: Some(shared),
@@ -146,6 +165,12 @@ impl Rig {
             dir: Some(dir),
             keep: self.keep,
         })
+    }
+
+    /// An empty database for one central process (see [`CentralDb::fresh`]); on SQLite, in
+    /// `dir`.
+    pub async fn central_db(&self, dir: &Path) -> Result<CentralDb> {
+        CentralDb::fresh(&self.backend, &self.central_template, dir).await
     }
 
     /// The site buffer filled with `sizes.forward_rows` Sends, built on first use.

@@ -94,9 +94,15 @@ impl Profile {
     }
 }
 
-/// The TOML central runs with: SQLite at `db`, email to the bench's SMTP sink at `smtp`, the
-/// benchmark list, logs at warn.
-pub fn central_toml(addr: SocketAddr, db: &Path, smtp: SocketAddr, profile: Profile) -> String {
+/// The TOML central runs with: its database at `database` (a `sqlite://` URL or an MS SQL
+/// connection string, see [`crate::backend::CentralDb::url`]), email to the bench's SMTP sink at
+/// `smtp`, the benchmark list, logs at warn.
+pub fn central_toml(
+    addr: SocketAddr,
+    database: &str,
+    smtp: SocketAddr,
+    profile: Profile,
+) -> String {
     let dispatcher = match profile {
         Profile::Ours => String::new(),
         Profile::Seeds => {
@@ -114,7 +120,7 @@ pub fn central_toml(addr: SocketAddr, db: &Path, smtp: SocketAddr, profile: Prof
         .join(", ");
     format!(
         "listen_addr = \"{addr}\"\n\
-         database = \"sqlite://{db}\"\n\
+         database = {database}\n\
          node_id = \"bench-central\"\n\
          shutdown_timeout = \"5s\"\n\
          \n[dispatcher]\n{dispatcher}\
@@ -122,10 +128,27 @@ pub fn central_toml(addr: SocketAddr, db: &Path, smtp: SocketAddr, profile: Prof
          \n[smtp]\nhost = \"{host}\"\nport = {port}\ntls = \"none\"\n\
          from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}\
          \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n",
-        db = db.display(),
+        database = toml_string(database),
         host = smtp.ip(),
         port = smtp.port(),
     )
+}
+
+/// `value` as a TOML basic string. An MS SQL connection string may hold any character in its
+/// password, and a `"` or `\` left unescaped would make central refuse (or misread) its config.
+fn toml_string(value: &str) -> String {
+    let mut out = String::with_capacity(value.len() + 2);
+    out.push('"');
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 /// The TOML the site-forwarder runs with. `forward_retry_interval` is short so the forwarder
@@ -271,10 +294,32 @@ impl Service {
 
     /// SIGTERM, then wait for a clean exit (SIGKILL after [`STOP_GRACE`]). A clean exit matters
     /// when the database file is reused afterwards (templates): SQLite checkpoints on close.
-    pub async fn stop(mut self) -> Result<()> {
-        if self.child.try_wait()?.is_some() {
-            return Ok(());
+    ///
+    /// Returns the warnings and errors in the service's log (a lease that could not be renewed,
+    /// a failed store call, a panic), without colours and without the [`EXPECTED_WARNINGS`].
+    /// They are counted on stderr here, because the log goes with the run directory unless
+    /// `--keep`, and a figure measured while the service was complaining needs a second look.
+    pub async fn stop(mut self) -> Result<Vec<String>> {
+        if self.child.try_wait()?.is_none() {
+            self.terminate().await?;
         }
+        let lines: Vec<String> = self
+            .log_lines()
+            .iter()
+            .map(|line| without_colours(line))
+            .filter(|line| is_problem(line))
+            .collect();
+        if let Some(first) = lines.first() {
+            eprintln!(
+                "bench: {} logged {} warning(s) or error(s); the first: {first}",
+                self.name,
+                lines.len()
+            );
+        }
+        Ok(lines)
+    }
+
+    async fn terminate(&mut self) -> Result<()> {
         let sent = tokio::process::Command::new("kill")
             .args(["-TERM", &self.pid.to_string()])
             .status()
@@ -305,10 +350,18 @@ impl Service {
         }
     }
 
+    /// Every line of the service's log (none if it cannot be read).
+    fn log_lines(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
     /// The last lines of the service's log, for error messages.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
+        let lines = self.log_lines();
         let from = lines.len().saturating_sub(15);
         let tail = lines[from..].join("\n");
         if tail.is_empty() {
@@ -317,6 +370,43 @@ impl Service {
             tail
         }
     }
+}
+
+/// Warnings that say only what the bench set up: tiberius warns on every MS SQL connection
+/// whose server certificate is trusted without validation, which a `--database` with
+/// `TrustServerCertificate=true` (a local test server's self-signed certificate) asks for; and
+/// a site retries a central that is down, as the Send figures, the templates and the forwarding
+/// backlog have it on purpose.
+const EXPECTED_WARNINGS: [&str; 2] = [
+    "Trusting the server certificate without validation",
+    "cannot forward to central; will reconnect",
+];
+
+/// Whether a log line is a warning or an error worth reporting. The services log with
+/// tracing's text format (`<time>  WARN <target>: ...`); the site also prints where it listens,
+/// which is not a problem, and a panic is one whatever its format.
+fn is_problem(line: &str) -> bool {
+    let level = line.contains(" WARN ") || line.contains(" ERROR ");
+    (level && !EXPECTED_WARNINGS.iter().any(|w| line.contains(w))) || line.contains("panicked")
+}
+
+/// `line` without ANSI colour sequences (the services colour their log even into a file).
+fn without_colours(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ parameters, ended by a letter.
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// An HTTP/2 connection to `addr`, failing fast when nothing listens.
@@ -346,4 +436,41 @@ fn listen_addr_of(toml: &str) -> Result<SocketAddr> {
         .ok_or_else(|| anyhow!("config has no listen_addr"))?
         .parse()
         .context("config's listen_addr")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colours_are_removed() {
+        assert_eq!(
+            without_colours("\u{1b}[2m2026-11-23T19:18:22Z\u{1b}[0m \u{1b}[33m WARN\u{1b}[0m x"),
+            "2026-11-23T19:18:22Z  WARN x"
+        );
+    }
+
+    #[test]
+    fn only_warnings_errors_and_panics_are_problems() {
+        assert!(is_problem(
+            "2026-11-23T19:18:22Z  WARN central_outbox::lease: renewal failed"
+        ));
+        assert!(is_problem(
+            "2026-11-23T19:18:22Z ERROR central_outbox: store unavailable"
+        ));
+        assert!(is_problem("thread 'main' panicked at src/main.rs:1:1"));
+        assert!(!is_problem("site-forwarder listening on 127.0.0.1:46819"));
+        assert!(!is_problem(
+            "2026-11-23T19:18:22Z  WARN tiberius::client::tls_stream::rustls_tls_stream: \
+             Trusting the server certificate without validation."
+        ));
+    }
+
+    #[test]
+    fn database_strings_are_quoted_for_toml() {
+        assert_eq!(
+            toml_string(r#"server=h;password=a"b\c"#),
+            r#""server=h;password=a\"b\\c""#
+        );
+    }
 }

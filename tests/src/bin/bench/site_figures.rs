@@ -15,6 +15,7 @@ use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
+use crate::central_figures::log_json;
 use crate::fixtures::{self, SOURCE_INSTANCE, SOURCE_SCRIPT};
 use crate::load::{self, Window};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
@@ -197,9 +198,8 @@ const DRAIN_POLL: Duration = Duration::from_millis(100);
 pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
     let filled = rig.filled_buffer().await?;
     let dir = rig.run_dir("forward")?;
-    let central_db = dir.path().join("central.db");
-    fixtures::copy_db(&rig.central_template, &central_db)?;
-    fixtures::hold_dispatcher_lease(&central_db)?;
+    let central_db = rig.central_db(dir.path()).await?;
+    central_db.hold_dispatcher_lease().await?;
     let central_addr = services::free_addr()?;
     let site_db = dir.path().join("site.db");
     fixtures::copy_db(&filled.path, &site_db)?;
@@ -213,7 +213,7 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
 
     let toml = services::central_toml(
         central_addr,
-        &central_db,
+        &central_db.url(),
         services::free_addr()?,
         Profile::Ours,
     );
@@ -225,7 +225,8 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
         ("site", site.pid()),
         ("central", central.pid()),
         ("bench", own_pid()),
-    ]);
+    ])
+    .with_server(central.pid(), rig.backend.server_port());
     // A backlog that drains at less than 1,000/s is a failure worth stopping for.
     let deadline = Duration::from_secs(60).max(Duration::from_millis(filled.rows));
     let drained = loop {
@@ -242,8 +243,10 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
     let cores = cpu.cores();
     let seconds = (drained - serving).as_secs_f64();
     site.stop().await?;
-    central.stop().await?;
-    let stored = count_rows(&central_db, "SELECT COUNT(*) FROM Notifications")?;
+    let sessions = rig.backend.sessions_of(central.pid());
+    let central_log = central.stop().await?;
+    let stored = central_db.stored_notifications().await?;
+    central_db.finish(&sessions).await;
     check_count("rows in central after the drain", stored, filled.rows)?;
     Ok(RunRecord::new()
         .value("forward.rate", filled.rows as f64 / seconds)
@@ -254,6 +257,7 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
             json!((serving - spawned).as_secs_f64() * 1000.0),
         )
         .detail("fill_sends_per_s", json!(filled.fill_rate))
+        .detail("central_log", log_json(&central_log))
         .cpu(cores))
 }
 

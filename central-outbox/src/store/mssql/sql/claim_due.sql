@@ -19,7 +19,23 @@ DECLARE @claimed TABLE (
     SiteEnqueuedAt datetime2(3) NOT NULL,
     NextAttemptAt datetime2(3) NULL
 );
+DECLARE @ids TABLE (Id bigint NOT NULL PRIMARY KEY);
 BEGIN TRANSACTION;
+INSERT INTO @ids (Id)
+SELECT TOP (@P3) due.Id
+FROM (
+    SELECT c.Id, c.NextAttemptAt
+    FROM dbo.Notifications AS c WITH (ROWLOCK, READPAST, UPDLOCK)
+    WHERE c.Status IN (N'Pending', N'Retrying') AND c.ClaimedUntil IS NULL
+      AND c.Type = @P4 AND (c.NextAttemptAt IS NULL OR c.NextAttemptAt <= @now)
+    UNION ALL
+    SELECT r.Id, r.NextAttemptAt
+    FROM dbo.Notifications AS r WITH (ROWLOCK, READPAST, UPDLOCK)
+    WHERE r.ClaimedUntil IS NOT NULL AND r.ClaimedUntil <= @now
+      AND r.Type = @P4 AND r.Status IN (N'Pending', N'Retrying')
+      AND (r.NextAttemptAt IS NULL OR r.NextAttemptAt <= @now)
+) AS due
+ORDER BY due.NextAttemptAt, due.Id;
 UPDATE n
 SET n.ClaimedUntil = DATEADD(millisecond, @P2, @now),
     n.ClaimEpoch = @P1,
@@ -27,22 +43,7 @@ SET n.ClaimedUntil = DATEADD(millisecond, @P2, @now),
     n.AttemptCount = n.AttemptCount + 1
 OUTPUT inserted.Id, inserted.NotificationId, inserted.Type, inserted.ListName, inserted.Subject, inserted.Body, inserted.TypeData, inserted.RetryCount, inserted.AttemptCount, inserted.SourceSiteId, inserted.SourceInstanceId, inserted.SourceScript, inserted.OriginExecutionId, inserted.OriginParentExecutionId, inserted.SiteEnqueuedAt, inserted.NextAttemptAt INTO @claimed
 FROM dbo.Notifications AS n
-JOIN (
-    SELECT TOP (@P3) due.Id
-    FROM (
-        SELECT c.Id, c.NextAttemptAt
-        FROM dbo.Notifications AS c WITH (ROWLOCK, READPAST, UPDLOCK)
-        WHERE c.Status IN (N'Pending', N'Retrying') AND c.ClaimedUntil IS NULL
-          AND c.Type = @P4 AND (c.NextAttemptAt IS NULL OR c.NextAttemptAt <= @now)
-        UNION ALL
-        SELECT r.Id, r.NextAttemptAt
-        FROM dbo.Notifications AS r WITH (ROWLOCK, READPAST, UPDLOCK)
-        WHERE r.ClaimedUntil IS NOT NULL AND r.ClaimedUntil <= @now
-          AND r.Type = @P4 AND r.Status IN (N'Pending', N'Retrying')
-          AND (r.NextAttemptAt IS NULL OR r.NextAttemptAt <= @now)
-    ) AS due
-    ORDER BY due.NextAttemptAt, due.Id
-) AS d ON d.Id = n.Id
+JOIN @ids AS d ON d.Id = n.Id
 WHERE n.Status IN (N'Pending', N'Retrying')
   AND n.Type = @P4
   AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt <= @now)

@@ -1,3 +1,4 @@
 DECLARE @result int;
-EXEC @result = sp_getapplock @Resource = N'central-outbox/schema-migrations', @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
+DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME();
+EXEC @result = sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
 SELECT @result AS Result;

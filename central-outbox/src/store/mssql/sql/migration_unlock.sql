@@ -1,1 +1,2 @@
-EXEC sp_releaseapplock @Resource = N'central-outbox/schema-migrations', @LockOwner = N'Session';
+DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME();
+EXEC sp_releaseapplock @Resource = @resource, @LockOwner = N'Session';
