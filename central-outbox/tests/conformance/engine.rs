@@ -165,6 +165,34 @@ async fn claim<S: OutboxStore>(
         .unwrap()
 }
 
+/// Claims (for a long time) as soon as an expired claim makes rows due again, polling with a
+/// deadline rather than sleeping for the claim timeout.
+async fn claim_once_due_again<S: OutboxStore>(
+    store: &S,
+    epoch: LeaseEpoch,
+    limit: usize,
+) -> Vec<ClaimedNotification> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let again = claim(
+            store,
+            epoch,
+            NotificationType::Email,
+            limit,
+            Duration::from_secs(600),
+        )
+        .await;
+        if !again.is_empty() {
+            return again;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "an expired claim never became due"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn delivered(claim: &ClaimedNotification) -> AttemptRecord {
     let result: Result<Delivered, DeliveryError> = Ok(Delivered {
         resolved_targets: vec!["a@plant.test".into()],
@@ -387,18 +415,7 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &
     let short = Duration::from_millis(300);
     let first = claim(store, e1, NotificationType::Email, 1, short).await;
     assert_eq!(first.len(), 1);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let second = loop {
-        let again = claim(store, e1, NotificationType::Email, 1, long).await;
-        if !again.is_empty() {
-            break again;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the claim never ran out"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    let second = claim_once_due_again(store, e1, 1).await;
     assert_eq!(second[0].attempt_no, first[0].attempt_no + 1);
     assert!(
         !store
@@ -436,20 +453,8 @@ pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
     let short = Duration::from_millis(300);
     let claimed = claim(store, e1, NotificationType::Email, 10, short).await;
     assert_eq!(claimed.len(), 1);
-    // Its dispatcher "dies"; once the claim runs out, the row is claimed again (polled with a
-    // deadline rather than slept for).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let again = loop {
-        let again = claim(store, e1, NotificationType::Email, 10, long).await;
-        if !again.is_empty() {
-            break again;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "an expired claim never became due"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+    // Its dispatcher "dies"; once the claim runs out, the row is claimed again.
+    let again = claim_once_due_again(store, e1, 10).await;
     assert_eq!(again.len(), 1);
     assert_eq!(again[0].id, id);
     assert_eq!(again[0].attempt_no, 2);
