@@ -5,11 +5,12 @@
 //! burst of ingest or a long purge used to delay it past the TTL, and the node then lost its
 //! own lease, cancelled mails the relay had already taken and sent them again. So the keeper is
 //! not part of the dispatch loop, and the store serves lease calls ahead of bulk work (a
-//! connection of their own on MS SQL, the writer's priority lane on SQLite). Each renewal is
-//! bounded by the lease's TTL, so a hung call cannot hold up the next attempt for long; not by
-//! the renew interval, because cancelling a slow but healthy renewal mid-request costs its
-//! connection, and the next renewal then pays for a new login (on a loaded Babelfish, more than
-//! a renew interval: the node never held its lease again).
+//! connection of their own on MS SQL, the writer's priority lane on SQLite). The keeper never
+//! cancels a renewal itself: each is bounded by the store's own timeouts (MS SQL: connect and
+//! command timeouts), and a renewal cancelled mid-request costs its connection, so the next one
+//! pays for a new login and statement compilation. On a loaded Babelfish that took longer than
+//! the TTL every time, and the node never held its lease again. A renewal that answers late is
+//! simply worth less: its lease is valid from when it was sent.
 //!
 //! What is published, [`HeldLease`], carries the instant until which this node may act under
 //! the epoch: measured from *before* the renewal was sent, so the database's expiry is at least
@@ -88,7 +89,13 @@ impl<S: OutboxStore> LeaseKeeper<S> {
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
-                _ = renew.tick() => self.renew().await,
+                _ = renew.tick() => {}
+            }
+            // Shutdown does not wait for a slow renewal: the lease is released right after.
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => break,
+                () = self.renew() => {}
             }
         }
         self.release().await;
@@ -98,31 +105,21 @@ impl<S: OutboxStore> LeaseKeeper<S> {
     /// stays valid until its `valid_until`, and the next tick tries again.
     pub async fn renew(&self) {
         let sent_at = Instant::now();
-        let answer = tokio::time::timeout(
-            self.settings.ttl,
-            self.store
-                .acquire_lease(DISPATCHER_LEASE, &self.settings.node_id, self.settings.ttl),
-        )
-        .await;
+        let answer = self
+            .store
+            .acquire_lease(DISPATCHER_LEASE, &self.settings.node_id, self.settings.ttl)
+            .await;
         let took = sent_at.elapsed();
         let previous = *self.held.borrow();
         let now = match answer {
-            Ok(Ok(Some(epoch))) => Some(HeldLease {
+            Ok(Some(epoch)) => Some(HeldLease {
                 epoch,
                 valid_until: sent_at + self.settings.ttl,
             }),
-            Ok(Ok(None)) => None,
-            Ok(Err(e)) => {
+            Ok(None) => None,
+            Err(e) => {
                 self.metrics.lease_renewed(took, true);
                 tracing::error!(error = %e, "cannot renew the dispatcher lease");
-                return;
-            }
-            Err(_) => {
-                self.metrics.lease_renewed(took, true);
-                tracing::warn!(
-                    timeout = ?self.settings.ttl,
-                    "dispatcher lease renewal timed out; trying again"
-                );
                 return;
             }
         };
