@@ -103,7 +103,7 @@ impl<S: OutboxStore> LeaseKeeper<S> {
 
     /// One renewal (or first take), published. A failure leaves what is held as it was: it
     /// stays valid until its `valid_until`, and the next tick tries again.
-    pub async fn renew(&self) {
+    async fn renew(&self) {
         let sent_at = Instant::now();
         let answer = self
             .store
