@@ -171,6 +171,7 @@ pub struct SmtpConfig {
     #[serde(default)]
     pub oauth: Option<OAuthConfig>,
     pub from_address: String,
+    /// Retries after the first attempt; the failure of the last parks (so N + 1 attempts).
     #[serde(default = "default_max_retries")]
     pub max_retries: i64,
     #[serde(default = "default_retry_delay", with = "humantime_serde")]

@@ -26,21 +26,23 @@
 //! successor takes over at once; rows still claimed become due again when their claim expires.
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::Utc;
+use futures_util::FutureExt;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::config_cache::ConfigCache;
-use crate::delivery::Adapters;
+use crate::delivery::{Adapters, ChannelSettings, Deliver};
 use crate::domain::NotificationType;
-use crate::domain::channel::{DeliveryPolicy, ListTargets, SmtpSettings, WebhookSettings};
+use crate::domain::channel::{SmtpSettings, WebhookSettings};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::rate::TokenBucket;
-use crate::domain::retry::{Backoff, RetryPolicy};
+use crate::domain::retry::RetryPolicy;
 use crate::lease::{HeldLease, LeaseKeeper, LeaseSettings};
 use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
@@ -96,36 +98,11 @@ struct ChannelState {
     settings: Option<ChannelSettings>,
 }
 
-/// A channel's settings as one sweep read them; each attempt keeps the snapshot it started with.
-#[derive(Debug, Clone)]
-pub enum ChannelSettings {
-    /// `None`: no SMTP configuration is stored (email rows park).
-    Email(Option<SmtpSettings>),
-    Webhook(WebhookSettings),
-}
-
-impl ChannelSettings {
-    /// The pacing and retry policy, or the fallbacks when the channel is not configured (one
-    /// slot, no limit: the rows only need to be parked).
-    fn policy(&self) -> DeliveryPolicy {
-        match self {
-            Self::Email(Some(s)) => s.policy.clone(),
-            Self::Webhook(s) => s.policy.clone(),
-            Self::Email(None) => DeliveryPolicy {
-                max_retries: 0,
-                retry_delay: Duration::ZERO,
-                backoff: Backoff::Fixed,
-                max_concurrent_connections: 1,
-                rate_limit: None,
-            },
-        }
-    }
-}
-
-pub struct Dispatcher<S> {
+/// The dispatch loop of one node, delivering through `D` (the real adapters, or a test's).
+pub struct Dispatcher<S, D = Adapters> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
-    adapters: Arc<Adapters>,
+    delivery: Arc<D>,
     config: Arc<ConfigCache>,
     settings: DispatcherSettings,
     webhook: WebhookSettings,
@@ -167,11 +144,11 @@ fn channel_index(kind: NotificationType) -> usize {
     }
 }
 
-impl<S: OutboxStore> Dispatcher<S> {
+impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
     pub fn new(
         store: Arc<S>,
         metrics: Arc<Metrics>,
-        adapters: Arc<Adapters>,
+        delivery: Arc<D>,
         config: Arc<ConfigCache>,
         settings: DispatcherSettings,
         webhook: WebhookSettings,
@@ -193,7 +170,7 @@ impl<S: OutboxStore> Dispatcher<S> {
         Self {
             store,
             metrics,
-            adapters,
+            delivery,
             config,
             settings,
             webhook,
@@ -289,12 +266,12 @@ impl<S: OutboxStore> Dispatcher<S> {
                 self.recording
                     .spawn(record_outcome(Arc::clone(&self.store), record));
             }
-            // Aborted when another node took the lease (counts were reset then) or panicked: a
-            // panic loses the
-            // channel it ran on, so recount from the set.
+            // Aborted when another node took the lease (the counts were reset then). A panic in
+            // the adapter is caught inside the task (`Attempt::run`); one anywhere else loses
+            // the channel it ran on, so recount once the set is empty.
             Err(e) => {
                 if e.is_panic() {
-                    tracing::error!(error = %e, "a delivery task panicked");
+                    tracing::error!(error = %e, "a delivery task panicked outside its attempt");
                 }
                 if self.in_flight.is_empty() {
                     for state in &mut self.channels {
@@ -494,7 +471,7 @@ impl<S: OutboxStore> Dispatcher<S> {
             let attempt = Attempt {
                 store: Arc::clone(&self.store),
                 metrics: Arc::clone(&self.metrics),
-                adapters: Arc::clone(&self.adapters),
+                delivery: Arc::clone(&self.delivery),
                 config: Arc::clone(&self.config),
                 channel: channel.clone(),
                 retry,
@@ -591,23 +568,34 @@ async fn record_outcome<S: OutboxStore>(store: Arc<S>, record: AttemptRecord) {
 }
 
 /// One delivery attempt of one claimed row, run as its own task.
-struct Attempt<S> {
+struct Attempt<S, D> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
-    adapters: Arc<Adapters>,
+    delivery: Arc<D>,
     config: Arc<ConfigCache>,
     channel: ChannelSettings,
     retry: RetryPolicy,
     timeout: Duration,
 }
 
-impl<S: OutboxStore> Attempt<S> {
+impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
     /// Delivers, and returns what to record and which channel's slot it frees.
     async fn run(self, notification: ClaimedNotification) -> Finished {
         let kind = notification.content.kind;
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.timeout, self.deliver(&notification)).await {
-            Ok(result) => result,
+        // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
+        // is recorded as a transient failure (retried, then parked like any other), and the
+        // task still returns, so its channel slot is freed at once.
+        let attempt = AssertUnwindSafe(self.deliver(&notification)).catch_unwind();
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => {
+                let reason = panic_message(panic.as_ref());
+                tracing::error!(id = %notification.id, %reason, "a delivery attempt panicked");
+                Err(DeliveryError::transient(format!(
+                    "the delivery attempt panicked: {reason}"
+                )))
+            }
             Err(_) => Err(DeliveryError::transient(format!(
                 "delivery attempt timed out after {}s",
                 self.timeout.as_secs()
@@ -654,20 +642,15 @@ impl<S: OutboxStore> Attempt<S> {
                 n.content.kind
             )));
         }
-        match (&self.channel, &list.targets) {
-            (ChannelSettings::Email(None), _) => {
-                Err(DeliveryError::permanent("no SMTP configuration"))
-            }
-            (ChannelSettings::Email(Some(smtp)), ListTargets::Email(recipients)) => {
-                self.adapters.email(smtp, n, recipients).await
-            }
-            (ChannelSettings::Webhook(settings), ListTargets::Webhook(target)) => {
-                self.adapters.webhook(settings, n, target).await
-            }
-            // The kind check above makes these unreachable; answer sanely anyway.
-            _ => Err(DeliveryError::permanent(
-                "the list's channel does not match the notification's",
-            )),
-        }
+        self.delivery.deliver(&self.channel, &list, n).await
     }
+}
+
+/// The text a panic was raised with, when it was a string (as `panic!` makes it).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-text panic payload")
 }

@@ -397,3 +397,148 @@ async fn an_outcome_written_while_the_lease_lapsed_stands() {
     rig.shutdown.cancel();
     rig.task.await.unwrap();
 }
+
+/// Delivers by script, by subject: "panic" panics, "hold" waits until released, anything else
+/// is delivered at once.
+#[derive(Debug, Default)]
+struct ScriptedDelivery {
+    release: Notify,
+    held: AtomicUsize,
+}
+
+impl crate::delivery::Deliver for ScriptedDelivery {
+    async fn deliver(
+        &self,
+        _channel: &crate::delivery::ChannelSettings,
+        _list: &NotificationList,
+        n: &ClaimedNotification,
+    ) -> std::result::Result<
+        crate::domain::delivery::Delivered,
+        crate::domain::delivery::DeliveryError,
+    > {
+        match n.content.subject.as_str() {
+            "panic" => panic!("scripted adapter bug"),
+            "hold" => {
+                self.held.fetch_add(1, Ordering::SeqCst);
+                self.release.notified().await;
+            }
+            _ => {}
+        }
+        Ok(crate::domain::delivery::Delivered {
+            resolved_targets: vec!["ops@plant.test".into()],
+        })
+    }
+}
+
+fn email(subject: &str) -> NewNotification {
+    let content = NotificationContent::parse(
+        NotificationType::Email,
+        "ops".into(),
+        subject.into(),
+        "body".into(),
+        String::new(),
+    )
+    .unwrap();
+    let origin = ScriptOrigin::parse("node-1".into(), "alarm.py".into(), None, None).unwrap();
+    NewNotification::new(Submission {
+        id: NotificationId::generate(),
+        content,
+        provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
+    })
+}
+
+/// A delivery that panics costs only its own attempt: with two slots, one held by a slow
+/// delivery and one by the panicking one, the third row starts as soon as the panic is caught
+/// (it used to wait for the slow delivery: the panicked task's slot was only recounted once
+/// every delivery under way had finished). The panicked attempt is recorded as a transient
+/// failure, so the row is retried later like any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_delivery_frees_its_slot_and_is_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        SqliteStore::open(
+            &dir.path().join("central.db"),
+            group_commit::Durability::Full,
+        )
+        .unwrap(),
+    );
+    let list = NotificationList::parse(crate::domain::channel::ListInput {
+        name: "ops".into(),
+        recipients: vec!["ops@plant.test".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    store.upsert_list(list).await.unwrap();
+    let mut smtp = crate::config::SmtpConfig::new("127.0.0.1", 25, "outbox@plant.test");
+    smtp.max_concurrent_connections = 2;
+    smtp.retry_delay = Duration::from_secs(3600);
+    let config = crate::config::Config {
+        smtp: Some(smtp),
+        ..Default::default()
+    };
+    let settings = config.validate().unwrap();
+    store
+        .put_smtp_settings(settings.smtp.clone().unwrap())
+        .await
+        .unwrap();
+    let (held, panicking, after) = (email("hold"), email("panic"), email("after"));
+    let ids = [
+        held.submission.id,
+        panicking.submission.id,
+        after.submission.id,
+    ];
+    for row in [held, panicking, after] {
+        // One by one: claims take the oldest first, so "hold" and "panic" take the two slots.
+        store.submit(vec![row]).await.unwrap();
+    }
+    let delivery = Arc::new(ScriptedDelivery::default());
+    let dispatcher = Dispatcher::new(
+        Arc::clone(&store),
+        Arc::new(Metrics::new()),
+        Arc::clone(&delivery),
+        Arc::new(ConfigCache::new()),
+        DispatcherSettings {
+            node_id: "node-under-test".into(),
+            poll_interval: Duration::from_secs(3600),
+            lease_ttl: Duration::from_secs(30),
+            renew_interval: Duration::from_secs(10),
+            claim_timeout: Duration::from_secs(60),
+            drain_timeout: Duration::from_secs(20),
+            wake_on_events: true,
+            claim_batch: None,
+        },
+        settings.webhook,
+        Arc::new(Notify::new()),
+    );
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(dispatcher.run(shutdown.clone()));
+
+    let state = |id| {
+        let store = Arc::clone(&store);
+        async move { store.state(id).await.unwrap().unwrap() }
+    };
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while state(ids[2]).await.status != Status::Delivered {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the row after the panic never started while the slow delivery held its slot"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(delivery.held.load(Ordering::SeqCst), 1);
+    assert_eq!(state(ids[0]).await.status, Status::Pending, "still held");
+    let panicked = state(ids[1]).await;
+    assert_eq!(panicked.status, Status::Retrying);
+    assert_eq!(
+        panicked.last_error.as_deref(),
+        Some("the delivery attempt panicked: scripted adapter bug")
+    );
+
+    delivery.release.notify_one();
+    while state(ids[0]).await.status != Status::Delivered {
+        assert!(tokio::time::Instant::now() < deadline, "never delivered");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    task.await.unwrap();
+}

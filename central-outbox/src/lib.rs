@@ -29,7 +29,6 @@ use outbox_proto::v1::notification_ingest_server::NotificationIngestServer;
 use outbox_proto::v1::notification_outbox_server::NotificationOutboxServer;
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{DatabaseUrl, Settings};
@@ -167,6 +166,7 @@ async fn serve<S: OutboxStore>(
     let dispatcher_stop = CancellationToken::new();
     let purge_task = tokio::spawn(purge::run(
         Arc::clone(&store),
+        Arc::clone(&metrics),
         settings.purge,
         dispatcher.lease_watch(),
         dispatcher_stop.clone(),
@@ -215,7 +215,7 @@ async fn serve<S: OutboxStore>(
         .add_service(
             NotificationOutboxServer::new(outbox).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), {
+        .serve_with_incoming_shutdown(grpc::incoming(listener), {
             let shutdown = shutdown.clone();
             let health = health.clone();
             async move {

@@ -24,7 +24,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::kpi::{KpiValues, Kpis};
-use crate::store::InsertOutcome;
+use crate::store::{InsertOutcome, PurgeReport};
 
 /// Upper bounds, in seconds, of the delivery duration buckets. A send to a relay on the LAN takes
 /// a few milliseconds; a TLS handshake or a slow relay over a WAN, seconds; the SMTP timeout
@@ -104,6 +104,8 @@ pub struct Metrics {
     /// Round trip of each lease renewal, including any that failed or timed out.
     lease_renewals: Histogram,
     lease_renewal_failures: Counter,
+    purged: Counter,
+    purged_parked: Counter,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     /// Held while the KPI gauges are rewritten and while the registry is encoded, so a scrape
@@ -182,6 +184,19 @@ impl Metrics {
             lease_renewal_failures.clone(),
         );
 
+        let purged = Counter::default();
+        registry.register(
+            "outbox_purged_notifications",
+            "Terminal notifications deleted by the retention purge, with their history",
+            purged.clone(),
+        );
+        let purged_parked = Counter::default();
+        registry.register(
+            "outbox_purged_parked_notifications",
+            "Of those purged, the Parked ones: failures no operator retried or discarded",
+            purged_parked.clone(),
+        );
+
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
         register_kpis(&mut registry, &kpis, &site_kpis);
@@ -195,6 +210,8 @@ impl Metrics {
             lease_epoch,
             lease_renewals,
             lease_renewal_failures,
+            purged,
+            purged_parked,
             kpis,
             site_kpis,
             kpi_update: Mutex::new(()),
@@ -249,6 +266,12 @@ impl Metrics {
         if failed {
             self.lease_renewal_failures.inc();
         }
+    }
+
+    /// Counts what one purge pass deleted.
+    pub fn purged(&self, report: &PurgeReport) {
+        self.purged.inc_by(report.notifications);
+        self.purged_parked.inc_by(report.parked);
     }
 
     /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.

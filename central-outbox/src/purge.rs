@@ -3,6 +3,11 @@
 //! is never held for long. Live rows are never touched: the store's statement only selects
 //! terminal statuses.
 //!
+//! Parked rows are purged too (the retention bounds the table whatever happens), but never
+//! silently: each pass that removes any logs a WARN with their count, and
+//! `outbox_purged_parked_notifications_total` counts them, so failures nobody acted on are not
+//! lost without a trace.
+//!
 //! It runs on the dispatcher lease holder only (one replica does the work, the others skip it),
 //! once on becoming leader and then every `purge_interval`.
 
@@ -13,6 +18,7 @@ use chrono::Utc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::Metrics;
 use crate::store::{LeaseEpoch, OutboxStore, PurgeReport, StoreError};
 
 /// `[retention]` in the config file.
@@ -26,6 +32,7 @@ pub struct PurgeSettings {
 /// Runs until `shutdown`: waits for leadership, purges, sleeps `interval`, again.
 pub async fn run<S: OutboxStore>(
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     settings: PurgeSettings,
     mut lease: watch::Receiver<Option<LeaseEpoch>>,
     shutdown: CancellationToken,
@@ -41,19 +48,39 @@ pub async fn run<S: OutboxStore>(
             }
         }
         match purge_once(store.as_ref(), settings, &shutdown).await {
-            Ok(report) if report.notifications > 0 => tracing::info!(
-                notifications = report.notifications,
-                history_entries = report.history_entries,
-                retention = %humantime::format_duration(settings.terminal_retention),
-                "purged terminal notifications past retention"
-            ),
-            Ok(_) => tracing::debug!("purge: nothing past retention"),
+            Ok(report) => {
+                metrics.purged(&report);
+                log(&report, settings.terminal_retention);
+            }
             Err(e) => tracing::error!(error = %e, "purge failed; retrying next interval"),
         }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(settings.interval) => {}
         }
+    }
+}
+
+fn log(report: &PurgeReport, retention: Duration) {
+    let retention = humantime::format_duration(retention);
+    if report.parked > 0 {
+        tracing::warn!(
+            parked = report.parked,
+            %retention,
+            "purged Parked notifications that no operator retried or discarded within the \
+             retention; their content and history are gone"
+        );
+    }
+    if report.notifications > 0 {
+        tracing::info!(
+            notifications = report.notifications,
+            parked = report.parked,
+            history_entries = report.history_entries,
+            %retention,
+            "purged terminal notifications past retention"
+        );
+    } else {
+        tracing::debug!("purge: nothing past retention");
     }
 }
 
@@ -73,6 +100,7 @@ pub async fn purge_once<S: OutboxStore>(
     while !shutdown.is_cancelled() {
         let batch = store.purge_terminal(cutoff, settings.batch_size).await?;
         total.notifications += batch.notifications;
+        total.parked += batch.parked;
         total.history_entries += batch.history_entries;
         if batch.notifications < u64::from(settings.batch_size) {
             break;

@@ -4,8 +4,9 @@
 
 /// Longest list name, in characters. List names are short identifiers chosen by operators.
 pub const MAX_LIST_NAME_CHARS: usize = 128;
-/// Longest subject, in characters. RFC 5322 caps a header line at 998 octets; 500 characters of
-/// UTF-8 stay under that after encoding in the common case and is plenty for a one-line summary.
+/// Longest subject, in characters: plenty for a one-line summary. Central folds the Subject
+/// header into short lines whatever its length, so the limit is about readability, not RFC 5322's
+/// 998-octet line cap.
 pub const MAX_SUBJECT_CHARS: usize = 500;
 /// Largest body, in bytes (256 KiB): a long alarm report, never an attachment.
 pub const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -15,6 +16,10 @@ pub const MAX_TYPE_DATA_BYTES: usize = 16 * 1024;
 pub const MAX_SITE_ID_CHARS: usize = 64;
 /// Longest `source_instance_id` / `source_script`, in characters.
 pub const MAX_SOURCE_FIELD_CHARS: usize = 256;
-/// Largest encoded gRPC message either server decodes (1 MiB). A maximal notification is about
-/// 280 KiB, so anything larger is malformed and is refused by tonic before it is buffered.
-pub const MAX_GRPC_MESSAGE_BYTES: usize = 1024 * 1024;
+/// Largest encoded gRPC message either server decodes (4 MiB, gRPC's usual default). A maximal
+/// valid notification is about 280 KiB; the transport limit sits well above it so that a request
+/// that is merely too big (a log pasted into `body`) is decoded and refused by the content rules,
+/// with INVALID_ARGUMENT naming the field and its limit, rather than by the transport. Only larger
+/// messages are refused by tonic, from the length prefix and before they are buffered, with
+/// OUT_OF_RANGE "decoded message length too large ... the limit is: 4194304 bytes".
+pub const MAX_GRPC_MESSAGE_BYTES: usize = 4 * 1024 * 1024;

@@ -25,10 +25,9 @@ use std::sync::Arc;
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_notify_server::SiteNotifyServer;
 use tokio::net::TcpListener;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::buffer::{Buffer, BufferError};
@@ -141,11 +140,7 @@ pub async fn run(
 
     let local_addr = listener.local_addr().ok();
     // Nagle would hold back small responses waiting for the client's delayed ACK.
-    let incoming = TcpListenerStream::new(listener).map(|conn| {
-        conn.inspect(|stream| {
-            let _ = stream.set_nodelay(true);
-        })
-    });
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     let stopping = {
         let shutdown = shutdown.clone();
         let health = health.clone();

@@ -1,20 +1,27 @@
-//! Email delivery over SMTP with lettre: one plain-text message per notification, every list
-//! member in BCC (recipients never see each other), and a `Message-ID` derived from the
-//! NotificationId so a duplicate send after a crash is recognisable as the same message.
+//! Email delivery over SMTP with lettre: one plain-text message per notification, to every list
+//! member through the envelope only (the header says `To: undisclosed-recipients:;`, so
+//! recipients never see each other), and a `Message-ID` derived from the NotificationId so a
+//! duplicate send after a crash is recognisable as the same message. How the subject and body
+//! are encoded is `mail_format`'s job.
 //!
 //! Sessions come from [`SmtpPool`], one per distinct settings value (and XOAUTH2 token): a
 //! settings change in the database, or a new token, starts a new pool on the next attempt, so no
 //! session authenticated the old way is reused.
 //!
-//! Classification (DESIGN §5): a 5xx reply is permanent; a 4xx reply, or a connect, TLS, I/O or
-//! timeout error, is transient; an invalid address or an empty list is permanent.
+//! Classification: a 5xx reply is permanent; a 4xx reply, or a connect, TLS, I/O or timeout
+//! error, is transient; an invalid address or an empty list is permanent. The server refusing
+//! the credentials while authenticating is reported apart ([`EmailError::CredentialsRefused`]),
+//! so the caller can renew an XOAUTH2 token; a refusal later in the session never is, whatever
+//! its text says.
 
 use std::sync::{Arc, Mutex};
 
-use lettre::message::header::ContentType;
+use lettre::address::{Address, Envelope};
+use lettre::message::header::{ContentType, MIME_VERSION_1_0};
 use lettre::message::{Mailbox, Message};
 use lettre::transport::smtp;
 
+use super::mail_format;
 use super::smtp_pool::{SessionError, SmtpPool};
 use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
@@ -48,11 +55,9 @@ impl EmailAdapter {
         content: &NotificationContent,
         recipients: &[EmailAddress],
         access_token: Option<&Secret>,
-    ) -> Result<Delivered, DeliveryError> {
+    ) -> Result<Delivered, EmailError> {
         if recipients.is_empty() {
-            return Err(DeliveryError::permanent(
-                "the notification list has no recipients",
-            ));
+            return Err(DeliveryError::permanent("the notification list has no recipients").into());
         }
         let message = build_message(settings, id, content, recipients)?;
         let pool = self.pool_for(settings, access_token)?;
@@ -62,14 +67,18 @@ impl EmailAdapter {
             Ok(Ok(())) => Ok(Delivered {
                 resolved_targets: recipients.iter().map(ToString::to_string).collect(),
             }),
-            Ok(Err(SessionError::Smtp(e))) => Err(classify(&e, settings)),
-            Ok(Err(SessionError::Delivery(e))) => Err(e),
+            Ok(Err(SessionError::Smtp(e))) => Err(classify(&e, settings).into()),
+            Ok(Err(SessionError::CredentialsRefused(e))) => Err(EmailError::CredentialsRefused(
+                DeliveryError::Permanent(scrub(describe(&e), settings)),
+            )),
+            Ok(Err(SessionError::Delivery(e))) => Err(e.into()),
             Err(_) => Err(DeliveryError::transient(format!(
                 "SMTP delivery to {}:{} took longer than {}s",
                 settings.host,
                 settings.port,
                 settings.overall_timeout.as_secs()
-            ))),
+            ))
+            .into()),
         }
     }
 
@@ -95,8 +104,9 @@ impl EmailAdapter {
 
 /// One transaction on a pooled session; the session goes back only if it ended cleanly.
 async fn send(pool: &SmtpPool, message: &Message) -> Result<(), SessionError> {
+    let data = mail_format::smtp_data(message.formatted());
     let mut session = pool.session().await?;
-    match session.send(message.envelope(), &message.formatted()).await {
+    match session.send(message.envelope(), &data).await {
         Ok(_) => {
             pool.give_back(session);
             Ok(())
@@ -110,6 +120,10 @@ async fn send(pool: &SmtpPool, message: &Message) -> Result<(), SessionError> {
     }
 }
 
+/// The mail for one notification: subject and body encoded by [`mail_format`] so a reader decodes
+/// exactly what was sent, `To: undisclosed-recipients:;` and every recipient in the envelope only
+/// (BCC). The envelope is built here rather than derived from headers, since lettre cannot parse
+/// the group syntax of that `To:`.
 fn build_message(
     s: &SmtpSettings,
     id: NotificationId,
@@ -122,26 +136,32 @@ fn build_message(
             s.from_address.as_str()
         ))
     })?;
-    let mut builder = Message::builder()
+    let to = recipients
+        .iter()
+        .map(|recipient| {
+            recipient.as_str().parse::<Address>().map_err(|e| {
+                DeliveryError::permanent(format!(
+                    "recipient {:?} is invalid: {e}",
+                    recipient.as_str()
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let envelope = Envelope::new(Some(from.email.clone()), to)
+        .map_err(|e| DeliveryError::permanent(format!("cannot build the envelope: {e}")))?;
+    Message::builder()
         .from(from)
-        .subject(content.subject.as_str())
+        .raw_header(mail_format::to_header())
+        .raw_header(mail_format::subject_header(content.subject.as_str()))
         .message_id(Some(format!("<{id}@{}>", s.from_address.domain())))
-        .header(ContentType::TEXT_PLAIN);
-    for recipient in recipients {
-        let mailbox: Mailbox = recipient.as_str().parse().map_err(|e| {
-            DeliveryError::permanent(format!(
-                "recipient {:?} is invalid: {e}",
-                recipient.as_str()
-            ))
-        })?;
-        builder = builder.bcc(mailbox);
-    }
-    builder
-        .body(content.body.as_str().to_owned())
+        .header(MIME_VERSION_1_0)
+        .header(ContentType::TEXT_PLAIN)
+        .envelope(envelope)
+        .body(mail_format::canonical_body(content.body.as_str()))
         .map_err(|e| DeliveryError::permanent(format!("cannot build the message: {e}")))
 }
 
-/// Maps a lettre SMTP error to what happens next (DESIGN §5): a 5xx reply is permanent; a 4xx
+/// Maps a lettre SMTP error to what happens next: a 5xx reply is permanent; a 4xx
 /// reply, connect, TLS, I/O and timeout errors may succeed later. A client-side refusal (the
 /// server lacks something the settings require, such as STARTTLS or an auth mechanism) is a
 /// configuration problem that no retry fixes, so it is permanent too.
@@ -154,13 +174,30 @@ fn classify(e: &smtp::Error, settings: &SmtpSettings) -> DeliveryError {
     }
 }
 
-/// Whether the error is the server refusing our credentials (535, or a client-side failure while
-/// authenticating, as when an XOAUTH2 token draws an error challenge). lettre does not say which
-/// phase of the session failed, so this reads the reply code and lettre's wording; the e2e tests
-/// pin both cases (a refused token is retried with a fresh one), so a change in lettre shows.
-pub fn is_auth_failure(e: &DeliveryError) -> bool {
-    let text = e.message();
-    text.contains("535") || text.contains("challenge") || text.contains("authentication")
+/// How an email attempt failed.
+#[derive(Debug)]
+pub enum EmailError {
+    /// A classified failure, recorded as it is.
+    Delivery(DeliveryError),
+    /// The server refused the credentials while authenticating (see
+    /// [`SessionError::CredentialsRefused`]): permanent as it stands, but a caller that can
+    /// renew them (a new XOAUTH2 token) may make it transient.
+    CredentialsRefused(DeliveryError),
+}
+
+impl From<DeliveryError> for EmailError {
+    fn from(e: DeliveryError) -> Self {
+        Self::Delivery(e)
+    }
+}
+
+impl EmailError {
+    /// The failure to record when nothing can be renewed.
+    pub fn into_delivery_error(self) -> DeliveryError {
+        match self {
+            Self::Delivery(e) | Self::CredentialsRefused(e) => e,
+        }
+    }
 }
 
 /// Removes anything secret from an error text: a server may echo what it was sent (an AUTH

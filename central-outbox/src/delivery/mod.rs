@@ -2,24 +2,97 @@
 //! resolved targets into one delivery attempt and reports `Delivered` or a classified
 //! [`DeliveryError`]; it never touches the store (the dispatcher records outcomes).
 //!
-//! [`Adapters`] is the one thing the dispatcher calls: it holds every adapter and what they share
-//! (one pooled HTTP client, the XOAUTH2 token cache), so the dispatcher stays transport-agnostic.
+//! The dispatcher delivers through the [`Deliver`] trait. [`Adapters`] is its implementation: it
+//! holds every adapter and what they share (one pooled HTTP client, the XOAUTH2 token cache), so
+//! the dispatcher stays transport-agnostic and tests can script outcomes with their own.
 
 pub mod email;
 pub mod http;
+pub mod mail_format;
 pub mod oauth;
 pub mod smtp_pool;
 pub mod webhook;
 
-pub use email::EmailAdapter;
+pub use email::{EmailAdapter, EmailError};
 
-use crate::domain::channel::{EmailAddress, SmtpAuth, SmtpSettings, WebhookSettings};
+use std::future::Future;
+use std::time::Duration;
+
+use crate::domain::channel::{
+    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, SmtpAuth, SmtpSettings,
+    WebhookSettings,
+};
 use crate::domain::delivery::{Delivered, DeliveryError};
+use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookTarget;
 use crate::store::ClaimedNotification;
 use http::HttpClient;
 use oauth::TokenCache;
 use webhook::{Outgoing, WebhookAdapter};
+
+/// A channel's settings as one dispatcher sweep read them; each attempt keeps the snapshot it
+/// started with.
+#[derive(Debug, Clone)]
+pub enum ChannelSettings {
+    /// `None`: no SMTP configuration is stored (email rows park).
+    Email(Option<SmtpSettings>),
+    Webhook(WebhookSettings),
+}
+
+impl ChannelSettings {
+    /// The pacing and retry policy, or the fallbacks when the channel is not configured (one
+    /// slot, no limit: the rows only need to be parked).
+    pub fn policy(&self) -> DeliveryPolicy {
+        match self {
+            Self::Email(Some(s)) => s.policy.clone(),
+            Self::Webhook(s) => s.policy.clone(),
+            Self::Email(None) => DeliveryPolicy {
+                max_retries: 0,
+                retry_delay: Duration::ZERO,
+                backoff: Backoff::Fixed,
+                max_concurrent_connections: 1,
+                rate_limit: None,
+            },
+        }
+    }
+}
+
+/// One delivery attempt of a claimed notification to its list (already resolved, and of the
+/// notification's channel), with the settings the dispatcher's sweep read. The answer is
+/// `Delivered` or a classified [`DeliveryError`]; an implementation never touches the store.
+pub trait Deliver: Send + Sync + 'static {
+    fn deliver(
+        &self,
+        channel: &ChannelSettings,
+        list: &NotificationList,
+        n: &ClaimedNotification,
+    ) -> impl Future<Output = Result<Delivered, DeliveryError>> + Send;
+}
+
+impl Deliver for Adapters {
+    async fn deliver(
+        &self,
+        channel: &ChannelSettings,
+        list: &NotificationList,
+        n: &ClaimedNotification,
+    ) -> Result<Delivered, DeliveryError> {
+        match (channel, &list.targets) {
+            (ChannelSettings::Email(None), _) => {
+                Err(DeliveryError::permanent("no SMTP configuration"))
+            }
+            (ChannelSettings::Email(Some(smtp)), ListTargets::Email(recipients)) => {
+                self.email(smtp, n, recipients).await
+            }
+            (ChannelSettings::Webhook(settings), ListTargets::Webhook(target)) => {
+                self.webhook(settings, n, target).await
+            }
+            // The dispatcher checks the list's kind first; answer sanely anyway.
+            _ => Err(DeliveryError::permanent(
+                "the list's channel does not match the notification's",
+            )),
+        }
+    }
+}
 
 /// Every channel's adapter.
 pub struct Adapters {
@@ -57,27 +130,28 @@ impl Adapters {
             return self
                 .email
                 .deliver(settings, n.id, &n.content, recipients, None)
-                .await;
+                .await
+                .map_err(EmailError::into_delivery_error);
         };
         let token = self.tokens.token(oauth, settings.timeout).await?;
-        let result = self
+        match self
             .email
             .deliver(settings, n.id, &n.content, recipients, Some(&token))
-            .await;
-        if let Err(e) = &result
-            && email::is_auth_failure(e)
+            .await
         {
-            self.tokens.invalidate(oauth);
-            // A refused token is normally a revoked or rotated one; a fresh token fixes it, so
-            // this attempt counts as transient. A server that refuses every token still parks
-            // the notification once retries run out.
-            return Err(DeliveryError::transient(format!(
-                "the SMTP server refused the XOAUTH2 access token; a new one is fetched for the \
-                 next attempt ({})",
-                e.message()
-            )));
+            Err(EmailError::CredentialsRefused(e)) => {
+                self.tokens.invalidate(oauth);
+                // A refused token is normally a revoked or rotated one; a fresh token fixes it,
+                // so this attempt counts as transient. A server that refuses every token still
+                // parks the notification once retries run out.
+                Err(DeliveryError::transient(format!(
+                    "the SMTP server refused the XOAUTH2 access token; a new one is fetched for \
+                     the next attempt ({})",
+                    e.message()
+                )))
+            }
+            other => other.map_err(EmailError::into_delivery_error),
         }
-        result
     }
 
     /// One webhook delivery attempt (every endpoint of the list).

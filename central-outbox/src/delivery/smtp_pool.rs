@@ -27,11 +27,19 @@ pub struct SmtpPool {
     idle: Mutex<Vec<AsyncSmtpConnection>>,
 }
 
-/// What failed while getting a session: an SMTP error to classify, or our own verdict.
+/// What failed while getting a session: an SMTP error to classify, the server refusing the
+/// credentials while authenticating, or our own verdict.
 pub enum SessionError {
     Smtp(smtp::Error),
+    /// AUTH was answered 535 (credentials invalid), or lettre gave up on the exchange (an
+    /// XOAUTH2 error challenge, as Gmail sends for a refused token). Known by the phase it
+    /// happened in and the reply code, never by the reply's wording.
+    CredentialsRefused(smtp::Error),
     Delivery(DeliveryError),
 }
+
+/// RFC 4954: "535 5.7.8 Authentication credentials invalid".
+const CREDENTIALS_INVALID: u16 = 535;
 
 impl SmtpPool {
     pub fn new(settings: SmtpSettings, access_token: Option<Secret>) -> Self {
@@ -173,7 +181,13 @@ impl SmtpPool {
                     .map_err(|_| step("authentication"))?;
             if let Err(e) = authenticated {
                 session.abort().await;
-                return Err(SessionError::Smtp(e));
+                let refused =
+                    e.is_client() || e.status().map(u16::from) == Some(CREDENTIALS_INVALID);
+                return Err(if refused {
+                    SessionError::CredentialsRefused(e)
+                } else {
+                    SessionError::Smtp(e)
+                });
             }
         }
         Ok(session)

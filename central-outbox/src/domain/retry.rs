@@ -1,7 +1,8 @@
 //! The retry policy and the state transition an attempt's result causes.
 //!
-//! A transient failure increments RetryCount and schedules the next attempt, until RetryCount
-//! reaches `max_retries`, which parks the notification; a permanent failure parks at once. The
+//! A transient failure schedules a retry and counts it in RetryCount, until `max_retries` retries
+//! have been made: the failure of the last one parks the notification, so a notification gets at
+//! most `max_retries + 1` attempts. A permanent failure parks at once. The
 //! delay is fixed (the default, as in the system this replaces) or exponential with a cap and
 //! full jitter (a random delay between zero and the capped exponential, so retries from many
 //! failures at once spread out instead of hammering a recovering relay together). A server that
@@ -105,7 +106,8 @@ impl RetryPolicy {
         }
     }
 
-    /// The row's new state after an attempt that started with `retry_count` retries so far.
+    /// The row's new state after an attempt that started with `retry_count` retries so far (0 for
+    /// the first attempt).
     /// `jitter` is a uniform random number in [0, 1) (see [`Self::delay_before`]).
     pub fn transition(
         &self,
@@ -126,14 +128,17 @@ impl RetryPolicy {
             Err(DeliveryError::Permanent(message)) => Transition::parked(retry_count, message, now),
             Err(e @ (DeliveryError::Transient(_) | DeliveryError::Throttled { .. })) => {
                 let message = e.message();
-                let retry_count = retry_count.saturating_add(1);
                 if retry_count >= self.max_retries {
                     return Transition::parked(
                         retry_count,
-                        &format!("retries exhausted ({retry_count}): {message}"),
+                        &format!(
+                            "retries exhausted ({retry_count} retries, {} attempts): {message}",
+                            u64::from(retry_count) + 1
+                        ),
                         now,
                     );
                 }
+                let retry_count = retry_count + 1;
                 let mut delay = self.delay_before(retry_count, jitter);
                 if let DeliveryError::Throttled { retry_after, .. } = e {
                     delay = delay.max(*retry_after);
@@ -198,9 +203,34 @@ mod tests {
         assert_eq!(t.retry_count, 1);
         assert_eq!(t.next_attempt_at, Some(now + chrono::Duration::seconds(30)));
         let t = policy(3).transition(2, &Err(DeliveryError::transient("451 later")), now, 0.5);
+        assert_eq!(t.status, Status::Retrying);
+        assert_eq!(t.retry_count, 3);
+        let t = policy(3).transition(3, &Err(DeliveryError::transient("451 later")), now, 0.5);
         assert_eq!(t.status, Status::Parked);
         assert_eq!(t.retry_count, 3);
-        assert!(t.last_error.unwrap().contains("retries exhausted"));
+        assert_eq!(
+            t.last_error.as_deref(),
+            Some("retries exhausted (3 retries, 4 attempts): 451 later")
+        );
+    }
+
+    /// `max_retries = n` means n retries after the first attempt: n + 1 attempts in all.
+    #[test]
+    fn max_retries_counts_retries_after_the_first_attempt() {
+        for max in [0, 1, 2, 5] {
+            let mut retries = 0;
+            let mut attempts = 0;
+            loop {
+                attempts += 1;
+                let failure = Err(DeliveryError::transient("451 later"));
+                let t = policy(max).transition(retries, &failure, Utc::now(), 0.5);
+                retries = t.retry_count;
+                if t.status == Status::Parked {
+                    break;
+                }
+            }
+            assert_eq!((attempts, retries), (max + 1, max), "max_retries = {max}");
+        }
     }
 
     #[test]

@@ -26,9 +26,14 @@ use crate::store::{NewNotification, OutboxStore};
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
 /// enough that one batch's acks are not held back for long.
 pub const MAX_STREAM_BATCH: usize = 256;
-/// Insert jobs one stream may have queued at the store. With the batch size this bounds the
-/// memory one stream can pin (4 x 256 maximal submits, about 280 MiB worst case, a few MiB
-/// typical) and keeps one busy site from monopolising the writer.
+/// Most text one batch may hold, in bytes: [`MAX_STREAM_BATCH`] maximal valid submits (about
+/// 280 KiB each). The transport admits submits far larger than any valid one (so that they are
+/// refused naming the field, see `limits::MAX_GRPC_MESSAGE_BYTES`); counting bytes keeps a stream
+/// of those within the same memory bound as a stream of valid ones.
+const MAX_STREAM_BATCH_BYTES: usize = MAX_STREAM_BATCH * 280 * 1024;
+/// Insert jobs one stream may have queued at the store. With the batch bounds this bounds the
+/// memory one stream can pin (4 batches in flight and one being read, about 370 MiB worst case,
+/// a few MiB typical) and keeps one busy site from monopolising the writer.
 pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
 /// Acks buffered towards a slow reader before the stream stops reading new submits.
 const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_IN_FLIGHT;
@@ -117,6 +122,8 @@ impl<S: OutboxStore> StreamSession<S> {
         let slots = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
         let mut inserts = JoinSet::new();
         let this = Arc::new(self);
+        // Why the inbound stream failed, if it did; reported after the acks of what came before.
+        let mut failure = None;
         loop {
             let first = tokio::select! {
                 () = shutdown.cancelled() => {
@@ -129,11 +136,11 @@ impl<S: OutboxStore> StreamSession<S> {
                 Ok(Some(msg)) => msg,
                 Ok(None) => break,
                 Err(status) => {
-                    tracing::debug!(%status, "submit stream ended by the client");
+                    failure = Some(status);
                     break;
                 }
             };
-            let (batch, ended) = take_ready(&mut inbound, first);
+            let (batch, end) = take_ready(&mut inbound, first);
             let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
                 break;
             };
@@ -148,12 +155,24 @@ impl<S: OutboxStore> StreamSession<S> {
                     return;
                 }
             }
-            if ended {
-                break;
+            match end {
+                StreamEnd::Open => {}
+                StreamEnd::Closed => break,
+                StreamEnd::Failed(status) => {
+                    failure = Some(status);
+                    break;
+                }
             }
         }
         // Answer everything already received before closing the ack stream.
         while inserts.join_next().await.is_some() {}
+        if let Some(status) = failure {
+            // A reset by the client, or a submit the transport refused (over the message size
+            // limit): the stream cannot go on either way. Ending it with the status, rather than
+            // cleanly, tells a client still reading why its last submits got no ack.
+            tracing::debug!(%status, "submit stream failed");
+            let _ = this.acks.send(Err(status)).await;
+        }
     }
 
     /// Validates and inserts one batch, sending one ack per submit. Returns false when the stream
@@ -204,19 +223,49 @@ impl<S: OutboxStore> StreamSession<S> {
     }
 }
 
-/// Takes `first` plus every submit that has already arrived, up to [`MAX_STREAM_BATCH`], without
-/// waiting. Returns the batch and whether the stream ended (cleanly or not) meanwhile.
+/// How [`take_ready`] left the inbound stream.
+enum StreamEnd {
+    Open,
+    Closed,
+    Failed(Status),
+}
+
+/// Takes `first` plus every submit that has already arrived, up to [`MAX_STREAM_BATCH`] submits
+/// or [`MAX_STREAM_BATCH_BYTES`], without waiting. Returns the batch and whether the stream ended
+/// (cleanly or not) meanwhile.
 fn take_ready(
     inbound: &mut Streaming<NotificationSubmit>,
     first: NotificationSubmit,
-) -> (Vec<NotificationSubmit>, bool) {
+) -> (Vec<NotificationSubmit>, StreamEnd) {
+    let mut bytes = text_bytes(&first);
     let mut batch = vec![first];
-    while batch.len() < MAX_STREAM_BATCH {
+    while batch.len() < MAX_STREAM_BATCH && bytes < MAX_STREAM_BATCH_BYTES {
         match inbound.message().now_or_never() {
-            Some(Ok(Some(msg))) => batch.push(msg),
-            Some(Ok(None) | Err(_)) => return (batch, true),
+            Some(Ok(Some(msg))) => {
+                bytes += text_bytes(&msg);
+                batch.push(msg);
+            }
+            Some(Ok(None)) => return (batch, StreamEnd::Closed),
+            Some(Err(status)) => return (batch, StreamEnd::Failed(status)),
             None => break,
         }
     }
-    (batch, false)
+    (batch, StreamEnd::Open)
+}
+
+/// The bytes of a submit's text fields: all that can make one large (the rest is a few dozen).
+fn text_bytes(m: &NotificationSubmit) -> usize {
+    [
+        &m.notification_id,
+        &m.list_name,
+        &m.subject,
+        &m.body,
+        &m.type_data,
+        &m.source_site_id,
+        &m.source_instance_id,
+        &m.source_script,
+    ]
+    .iter()
+    .map(|text| text.len())
+    .sum()
 }

@@ -17,6 +17,7 @@
 //! - Operator actions change only Parked rows, and write a history entry in the same transaction.
 //! - `purge_terminal` deletes only terminal rows resolved before the cutoff, with their history.
 
+pub mod claimed;
 pub mod mssql;
 pub mod sqlite;
 
@@ -151,6 +152,9 @@ pub struct FilterActionReport {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeReport {
     pub notifications: u64,
+    /// Of `notifications`, those that were Parked: failures no operator retried or discarded
+    /// within the retention, reported apart because they were never resolved by anyone.
+    pub parked: u64,
     pub history_entries: u64,
 }
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use central_outbox::domain::history::HistoryEvent;
-use central_outbox::domain::retry::{Backoff, RetryPolicy};
+use central_outbox::domain::retry::{Backoff, RetryPolicy, Transition};
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Submission};
 use central_outbox::store::{
@@ -476,6 +476,62 @@ pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
     assert_eq!(
         outcomes,
         [AttemptOutcome::InFlight, AttemptOutcome::Delivered]
+    );
+}
+
+/// Claims take the oldest due row first, whatever made it due: a retry that came due before a
+/// backlog of new rows arrived is claimed before them (new rows sorted first used to starve
+/// retries for as long as new rows kept coming).
+pub async fn a_due_retry_is_claimed_before_newer_rows<S: OutboxStore>(store: &S) {
+    let failing = new_row("failed once");
+    let retry_id = failing.submission.id;
+    store.submit(vec![failing]).await.unwrap();
+    let long = Duration::from_secs(600);
+    let epoch = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    let first = claim(store, epoch, NotificationType::Email, 1, long).await;
+    assert_eq!(first.len(), 1);
+    // A transient failure whose retry is already due (a second ago).
+    let error = "451 4.3.0 try later";
+    let failed = AttemptRecord {
+        row_id: first[0].row_id,
+        id: retry_id,
+        attempt_no: first[0].attempt_no,
+        epoch,
+        outcome: AttemptOutcome::TransientFailure,
+        error: Some(error.into()),
+        duration: Duration::from_millis(5),
+        transition: Transition {
+            status: Status::Retrying,
+            retry_count: 1,
+            next_attempt_at: Some(Utc::now() - chrono::Duration::seconds(1)),
+            last_error: Some(error.into()),
+            resolved_at: None,
+            resolved_targets: None,
+        },
+    };
+    assert!(store.record_outcome(LEASE, failed).await.unwrap());
+    let backlog: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("new {i}"))).collect();
+    let backlog_ids: Vec<NotificationId> = backlog.iter().map(|r| r.submission.id).collect();
+    for row in backlog {
+        // One by one, so "arrived first" is well defined on every backend.
+        store.submit(vec![row]).await.unwrap();
+    }
+
+    let next = claim(store, epoch, NotificationType::Email, 1, long).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        next[0].id, retry_id,
+        "a newer row was claimed before the due retry"
+    );
+    let rest = claim(store, epoch, NotificationType::Email, 10, long).await;
+    let rest: Vec<NotificationId> = rest.iter().map(|c| c.id).collect();
+    assert_eq!(
+        rest, backlog_ids,
+        "new rows are claimed in the order they arrived"
     );
 }
 

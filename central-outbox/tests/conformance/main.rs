@@ -133,6 +133,10 @@ macro_rules! backend {
                 engine::an_outcome_applies_only_to_its_own_attempt
             );
             behaviour!(
+                a_due_retry_is_claimed_before_newer_rows,
+                engine::a_due_retry_is_claimed_before_newer_rows
+            );
+            behaviour!(
                 concurrent_claims_never_hand_out_a_row_twice,
                 engine::concurrent_claims_never_hand_out_a_row_twice
             );

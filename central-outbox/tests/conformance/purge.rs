@@ -1,4 +1,5 @@
-//! The retention purge: only terminal rows resolved before the cutoff go, with their history.
+//! The retention purge: only terminal rows resolved before the cutoff go, with their history;
+//! the Parked ones among them are counted apart.
 
 use chrono::Utc;
 
@@ -38,6 +39,7 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
     // What should go, and how much history it has.
     let mut doomed = Vec::new();
     let mut doomed_history = 0;
+    let mut doomed_parked = 0;
     for s in &seeded {
         let detail = store.detail(s.id).await.unwrap().unwrap();
         if matches!(
@@ -45,6 +47,7 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
             Status::Delivered | Status::Parked | Status::Discarded
         ) {
             doomed_history += detail.history.len() as u64;
+            doomed_parked += u64::from(detail.state.status == Status::Parked);
             doomed.push(s.id);
         }
     }
@@ -52,11 +55,12 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
 
     // In small batches, as the purge task runs it: each batch is bounded.
     let cutoff = Utc::now() + chrono::Duration::seconds(1);
-    let (mut notifications, mut history) = (0, 0);
+    let (mut notifications, mut parked, mut history) = (0, 0, 0);
     loop {
         let batch = store.purge_terminal(cutoff, 4).await.unwrap();
         assert!(batch.notifications <= 4);
         notifications += batch.notifications;
+        parked += batch.parked;
         history += batch.history_entries;
         if batch.notifications < 4 {
             break;
@@ -64,6 +68,11 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
     }
     assert_eq!(notifications, doomed.len() as u64);
     assert_eq!(history, doomed_history);
+    assert_eq!(doomed_parked, 5);
+    assert_eq!(
+        parked, doomed_parked,
+        "Parked rows purged are counted apart"
+    );
 
     for s in &seeded {
         let detail = store.detail(s.id).await.unwrap();

@@ -400,6 +400,38 @@ async fn xoauth2_with_a_wrong_client_secret_parks_naming_the_token_request() {
     central.stop().await;
 }
 
+/// Only the server refusing the token while authenticating (535, or Gmail's error challenge)
+/// sends central for a new token. A 5xx later in the transaction is the relay refusing the
+/// message, whatever its text says: it parks at once, and the good token is kept.
+#[tokio::test]
+async fn xoauth2_a_5xx_after_authentication_parks_even_when_it_mentions_authentication() {
+    let dir = tempfile::tempdir().unwrap();
+    let oauth = OAuthServer::start(OAUTH_CLIENT, OAUTH_SECRET, 3600)
+        .await
+        .unwrap();
+    let sink = SmtpSink::start_with(SinkOptions {
+        auth: Some(AuthRequirement::xoauth2(SMTP_USER, oauth.token_check())),
+    })
+    .await
+    .unwrap();
+    let reply = "5.7.1 Message rejected: sender authentication failed (DMARC policy; see 535 FAQ)";
+    sink.set_behaviour(Behaviour::RejectData {
+        code: 554,
+        text: reply.into(),
+    });
+    let central = Central::start(xoauth2_config(dir.path(), &sink, &oauth, OAUTH_SECRET)).await;
+    let id = send(&central, submit("Tank 4 high level", "Level 97%")).await;
+
+    let (_, retries, error) = wait_for_status(&central.db, &id, "Parked").await;
+    assert_eq!(retries, 0, "a refused message is not retried");
+    let error = error.unwrap();
+    assert!(error.contains("554") && error.contains("DMARC"), "{error}");
+    assert_eq!(outcomes(&Db::open(&central.db), &id), ["PermanentFailure"]);
+    assert_eq!(oauth.request_count(), 1, "the token was not thrown away");
+    assert_eq!(sink.auth_failures(), 0);
+    central.stop().await;
+}
+
 const SMTP_PASSWORD: &str = "correct-horse-battery-staple";
 
 /// A sink requiring PLAIN/LOGIN as [`SMTP_USER`], and central presenting `password`.
@@ -801,7 +833,10 @@ async fn a_list_with_one_failing_endpoint_is_not_delivered() {
     let (_, retries, error) = wait_for_status(&central.db, &id, "Parked").await;
     assert_eq!(retries, 3);
     let error = error.unwrap();
-    assert!(error.starts_with("retries exhausted (3)"), "{error}");
+    assert!(
+        error.starts_with("retries exhausted (3 retries, 4 attempts)"),
+        "{error}"
+    );
     assert!(
         error.contains("1 of 2 webhook endpoints failed")
             && error.contains(&bad.url("/hook"))
@@ -810,11 +845,12 @@ async fn a_list_with_one_failing_endpoint_is_not_delivered() {
     );
     assert!(!error.contains(&good.url("/hook")), "{error}");
     let db = Db::open(&central.db);
-    assert_eq!(outcomes(&db, &id), ["TransientFailure"; 3]);
+    // max_retries = 3: the first attempt and three retries.
+    assert_eq!(outcomes(&db, &id), ["TransientFailure"; 4]);
     // Every attempt posted to both; the good receiver can drop the repeats by key.
     for server in [&good, &bad] {
         let requests = server.requests();
-        assert_eq!(requests.len(), 3);
+        assert_eq!(requests.len(), 4);
         assert!(
             requests
                 .iter()

@@ -179,9 +179,14 @@ async fn connection_refused_is_transient_and_exhausting_retries_parks() {
     assert!(!error.unwrap().is_empty());
     let (_, retries, error) = wait_for_status(&central.db, &id, "Parked").await;
     assert_eq!(retries, 3);
-    assert!(error.unwrap().starts_with("retries exhausted (3)"));
+    assert!(
+        error
+            .unwrap()
+            .starts_with("retries exhausted (3 retries, 4 attempts)")
+    );
     let attempts = Db::open(&central.db).attempts(&id);
-    assert_eq!(attempts.len(), 3);
+    // max_retries = 3: the first attempt and three retries.
+    assert_eq!(attempts.len(), 4);
     assert!(attempts.iter().all(|a| a.1 == "TransientFailure"));
     central.stop().await;
 }

@@ -1,10 +1,12 @@
-//! Central ingest: idempotency, conflicts and bad input, over real gRPC into a real SQLite file.
+//! Central ingest: idempotency, conflicts and bad input, over real gRPC into a real SQLite file;
+//! and how both entry points (central's ingest, the site's `Send`) answer a request too large.
 
+use outbox_proto::limits::{MAX_BODY_BYTES, MAX_GRPC_MESSAGE_BYTES};
 use outbox_proto::v1;
 use tokio_stream::StreamExt;
-use tonic::Code;
+use tonic::{Code, Status};
 
-use crate::harness::{Central, Db, central_config, submit};
+use crate::harness::{Central, Db, Site, central_config, free_addr, send_request, submit};
 
 #[tokio::test]
 async fn resubmit_is_duplicate_and_changed_content_is_rejected() {
@@ -143,10 +145,10 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
         );
     }
 
-    // A message over the 1 MiB wire limit is refused before it is decoded.
+    // A body far over its limit is refused as content, like any other bad value.
     let huge = submit("Tank 4 high level", &"x".repeat(2 * 1024 * 1024));
     let status = ingest.submit_notification(huge).await.unwrap_err();
-    assert_ne!(status.code(), Code::Ok);
+    assert_body_over_its_limit(&status);
 
     let db = Db::open(&central.db);
     assert_eq!(db.count("SELECT COUNT(*) FROM Notifications"), 0);
@@ -167,5 +169,122 @@ async fn bad_input_is_invalid_argument_naming_the_field_and_stores_nothing() {
         .await
         .unwrap_err();
     assert_eq!(malformed.code(), Code::InvalidArgument);
+    central.stop().await;
+}
+
+/// What a script sees for a 2 MiB body: INVALID_ARGUMENT naming the field and its limit, not the
+/// transport's OUT_OF_RANGE "decoded message length too large".
+fn assert_body_over_its_limit(status: &Status) {
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().starts_with("body:")
+            && status
+                .message()
+                .contains(&format!("the limit is {MAX_BODY_BYTES} bytes")),
+        "{:?}",
+        status.message()
+    );
+}
+
+#[tokio::test]
+async fn a_2_mib_body_is_refused_naming_body_and_its_limit_at_the_site_and_on_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let two_mib = "x".repeat(2 * 1024 * 1024);
+
+    // The site's Send (central need not be up: nothing gets that far).
+    let site = Site::start(dir.path(), free_addr().await).await;
+    let status = site
+        .client()
+        .await
+        .send(send_request("Tank 4 high level", &two_mib))
+        .await
+        .unwrap_err();
+    assert_body_over_its_limit(&status);
+    assert_eq!(site.depth().await, 0);
+    site.stop().await;
+
+    // Central's stream: a REJECTED ack with the same reason, and the stream carries on.
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let before = submit("before", "Level 97%");
+    let oversized = submit("oversized", &two_mib);
+    let oversized_id = oversized.notification_id.clone();
+    let after = submit("after", "Level 98%");
+    let acks: Vec<v1::NotificationSubmitAck> = central
+        .ingest()
+        .await
+        .submit_notifications(tokio_stream::iter([before, oversized, after]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect::<Result<_, _>>()
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 3);
+    let rejected: Vec<_> = acks
+        .iter()
+        .filter(|a| a.outcome() == v1::SubmitOutcome::Rejected)
+        .collect();
+    assert_eq!(rejected.len(), 1);
+    assert_eq!(rejected[0].notification_id, oversized_id);
+    assert!(
+        rejected[0].reason.starts_with("body:")
+            && rejected[0]
+                .reason
+                .contains(&format!("the limit is {MAX_BODY_BYTES} bytes")),
+        "{}",
+        rejected[0].reason
+    );
+    assert_eq!(
+        Db::open(&central.db).count("SELECT COUNT(*) FROM Notifications"),
+        2
+    );
+    central.stop().await;
+}
+
+#[tokio::test]
+async fn a_request_over_the_transport_limit_gets_out_of_range_naming_it_and_ends_a_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let beyond = "x".repeat(MAX_GRPC_MESSAGE_BYTES + 1);
+    let names_the_limit = |status: &Status| {
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+        assert!(
+            status
+                .message()
+                .contains(&format!("the limit is: {MAX_GRPC_MESSAGE_BYTES} bytes")),
+            "{:?}",
+            status.message()
+        );
+    };
+
+    let status = central
+        .ingest()
+        .await
+        .submit_notification(submit("Tank 4 high level", &beyond))
+        .await
+        .unwrap_err();
+    names_the_limit(&status);
+
+    // On a stream, the submit before it is still acked; then the stream ends with the status
+    // instead of cleanly, so the client knows why the last submit got no ack.
+    let first = submit("first", "Level 97%");
+    let first_id = first.notification_id.clone();
+    let mut acks = central
+        .ingest()
+        .await
+        .submit_notifications(tokio_stream::iter([
+            first,
+            submit("Tank 4 high level", &beyond),
+        ]))
+        .await
+        .unwrap()
+        .into_inner();
+    let ack = acks.next().await.unwrap().unwrap();
+    assert_eq!(
+        (ack.notification_id.as_str(), ack.outcome()),
+        (first_id.as_str(), v1::SubmitOutcome::Accepted)
+    );
+    let status = acks.next().await.unwrap().unwrap_err();
+    names_the_limit(&status);
     central.stop().await;
 }

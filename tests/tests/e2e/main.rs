@@ -16,4 +16,5 @@ mod delivery;
 mod forwarding;
 mod ingest;
 mod leader;
+mod mail;
 mod operations;

@@ -280,6 +280,7 @@ pub async fn purge_terminal(
     };
     Ok(PurgeReport {
         notifications: count("Notifications")?,
+        parked: count("Parked")?,
         history_entries: count("HistoryEntries")?,
     })
 }

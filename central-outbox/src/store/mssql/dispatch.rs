@@ -5,17 +5,14 @@
 
 use std::time::Duration;
 
-use outbox_proto::content::ScriptOrigin;
 use tiberius::Row;
 
 use super::error::{ErrorClass, classify, to_store_error};
 use super::pool::Param;
 use super::{MsSqlStore, decode, millis_i32, millis_i64, result_set, sql, text};
 use crate::domain::status::Status;
-use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
-    TypeData,
-};
+use crate::domain::{NotificationId, NotificationType};
+use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
 
 pub async fn acquire_lease(
@@ -126,30 +123,25 @@ fn decode_claim(
     let execution = decode::opt::<uuid::Uuid>(row, "OriginExecutionId")?.map(|u| u.to_string());
     let parent = decode::opt::<uuid::Uuid>(row, "OriginParentExecutionId")?.map(|u| u.to_string());
     let enqueued = decode::time(row, "SiteEnqueuedAt")?;
-    let validated = (|| -> std::result::Result<ClaimedNotification, String> {
-        let kind =
-            NotificationType::from_db(&kind).ok_or_else(|| format!("unknown type {kind:?}"))?;
-        let content = NotificationContent {
-            kind,
-            list_name: ListName::parse(list_name).map_err(|e| e.to_string())?,
-            subject: Subject::parse(subject).map_err(|e| e.to_string())?,
-            body: Body::parse(body).map_err(|e| e.to_string())?,
-            type_data: TypeData::parse(type_data).map_err(|e| e.to_string())?,
-        };
-        let origin = ScriptOrigin::parse(instance, script, execution.as_deref(), parent.as_deref())
-            .map_err(|e| e.to_string())?;
-        let site = SiteId::parse(site).map_err(|e| e.to_string())?;
-        Ok(ClaimedNotification {
-            row_id,
-            id: NotificationId::from_uuid(id),
-            content,
-            provenance: origin.at_site(site, enqueued),
-            retry_count,
-            attempt_no: u32::try_from(attempt_no).map_err(|e| e.to_string())?,
-            epoch,
-        })
-    })();
-    Ok(validated.map_err(|problem| InvalidRow {
+    let stored = StoredClaim {
+        row_id,
+        id: NotificationId::from_uuid(id),
+        kind,
+        list_name,
+        subject,
+        body,
+        type_data,
+        retry_count,
+        attempt_no: u32::try_from(attempt_no)
+            .map_err(|_| StoreError::Corrupt(format!("AttemptCount {attempt_no} is negative")))?,
+        source_site_id: site,
+        source_instance_id: instance,
+        source_script: script,
+        origin_execution_id: execution,
+        origin_parent_execution_id: parent,
+        site_enqueued_at: Some(enqueued),
+    };
+    Ok(stored.validate(epoch).map_err(|problem| InvalidRow {
         row_id,
         id,
         attempt_no,
@@ -162,7 +154,7 @@ async fn park_invalid(store: &MsSqlStore, epoch: LeaseEpoch, row: InvalidRow) ->
     let params = [
         Param::BigInt(Some(row.row_id)),
         Param::BigInt(Some(epoch.0)),
-        text(&format!("stored row is invalid: {}", row.problem)),
+        text(&invalid_row_error(&row.problem)),
         Param::Guid(Some(row.id)),
         Param::Int(Some(row.attempt_no)),
     ];

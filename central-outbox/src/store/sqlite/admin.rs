@@ -77,14 +77,18 @@ impl StateRow {
             source_site_id: self.source_site_id,
             retry_count: self.retry_count,
             last_error: self.last_error,
-            site_enqueued_at: at_ms(self.site_enqueued_at),
-            created_at: at_ms(self.created_at),
-            last_attempt_at: self.last_attempt_at.map(at_ms),
-            next_attempt_at: self.next_attempt_at.map(at_ms),
-            delivered_at: self.delivered_at.map(at_ms),
-            resolved_at: self.resolved_at.map(at_ms),
+            site_enqueued_at: at_ms("SiteEnqueuedAt", self.site_enqueued_at)?,
+            created_at: at_ms("CreatedAt", self.created_at)?,
+            last_attempt_at: opt_at_ms("LastAttemptAt", self.last_attempt_at)?,
+            next_attempt_at: opt_at_ms("NextAttemptAt", self.next_attempt_at)?,
+            delivered_at: opt_at_ms("DeliveredAt", self.delivered_at)?,
+            resolved_at: opt_at_ms("ResolvedAt", self.resolved_at)?,
         })
     }
+}
+
+fn opt_at_ms(column: &str, millis: Option<i64>) -> Result<Option<DateTime<Utc>>> {
+    millis.map(|m| at_ms(column, m)).transpose()
 }
 
 pub(super) fn select_state(
@@ -283,7 +287,7 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
         };
         entries.push(HistoryEntry {
             sequence,
-            at: at_ms(at),
+            at: at_ms("StartedAt", at)?,
             error,
             event,
         });
@@ -304,7 +308,7 @@ fn act(
     let update = match action {
         OperatorAction::Retry => {
             "UPDATE Notifications
-             SET Status = 'Pending', RetryCount = 0, NextAttemptAt = NULL, LastError = NULL,
+             SET Status = 'Pending', RetryCount = 0, NextAttemptAt = ?2, LastError = NULL,
                  ResolvedAt = NULL, ClaimedUntil = NULL, ClaimEpoch = NULL,
                  AttemptCount = AttemptCount + 1
              WHERE NotificationId = ?1 AND Status = 'Parked'
@@ -321,8 +325,9 @@ fn act(
     let key = id.to_string();
     let mut stmt = conn.prepare_cached(update)?;
     let sequence: Option<u32> = match action {
-        OperatorAction::Retry => stmt.query_row(params![key], |row| row.get(0)),
-        OperatorAction::Discard => stmt.query_row(params![key, now_ms], |row| row.get(0)),
+        OperatorAction::Retry | OperatorAction::Discard => {
+            stmt.query_row(params![key, now_ms], |row| row.get(0))
+        }
     }
     .optional()?;
     let Some(sequence) = sequence else {
@@ -493,21 +498,29 @@ pub(super) fn purge_terminal(
 ) -> Result<PurgeReport> {
     let rows = conn
         .prepare_cached(
-            "SELECT Id, NotificationId FROM Notifications
+            "SELECT Id, NotificationId, Status = 'Parked' FROM Notifications
              WHERE Status IN ('Delivered', 'Parked', 'Discarded') AND ResolvedAt < ?1
              ORDER BY ResolvedAt LIMIT ?2",
         )?
         .query_map(params![ms(resolved_before), batch], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, String>(1)?))
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, bool>(2)?,
+            ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut delete_history =
         conn.prepare_cached("DELETE FROM NotificationAttempts WHERE NotificationId = ?1")?;
     let mut delete_row = conn.prepare_cached("DELETE FROM Notifications WHERE Id = ?1")?;
     let mut report = PurgeReport::default();
-    for (row_id, id) in rows {
+    for (row_id, id, parked) in rows {
         report.history_entries += delete_history.execute([id])? as u64;
-        report.notifications += delete_row.execute([row_id])? as u64;
+        let deleted = delete_row.execute([row_id])? as u64;
+        report.notifications += deleted;
+        if parked {
+            report.parked += deleted;
+        }
     }
     Ok(report)
 }

@@ -64,7 +64,7 @@ pub(super) fn select_list(
             name: name.clone(),
             targets,
         },
-        updated_at: at_ms(updated_at),
+        updated_at: at_ms("UpdatedAt", updated_at)?,
     }))
 }
 
@@ -255,7 +255,7 @@ impl SmtpRow {
                     }),
                 },
             },
-            updated_at: at_ms(self.updated_at),
+            updated_at: at_ms("UpdatedAt", self.updated_at)?,
         })
     }
 }

@@ -16,8 +16,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use group_commit::{Database, Durability, Options};
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use uuid::Uuid;
 
+use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
     LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
@@ -28,11 +28,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
-use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
-    TypeData,
-};
-use outbox_proto::content::ScriptOrigin;
+use crate::domain::{ListName, NotificationId, NotificationType};
 
 /// Central store on a SQLite file.
 #[derive(Debug, Clone)]
@@ -54,8 +50,11 @@ fn ms(at: DateTime<Utc>) -> i64 {
     at.timestamp_millis()
 }
 
-fn at_ms(millis: i64) -> DateTime<Utc> {
-    DateTime::from_timestamp_millis(millis).unwrap_or_default()
+/// A stored timestamp (Unix milliseconds). One outside chrono's range can only come from a
+/// damaged or hand-edited file: an error naming the column, never a made-up date.
+fn at_ms(column: &str, millis: i64) -> Result<DateTime<Utc>> {
+    DateTime::from_timestamp_millis(millis)
+        .ok_or_else(|| corrupt(format!("{column} = {millis} is not a valid timestamp")))
 }
 
 fn duration_ms(d: Duration) -> i64 {
@@ -238,8 +237,8 @@ fn insert_idempotently(
         "INSERT INTO Notifications (
              NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status,
              SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
-             OriginParentExecutionId, SiteEnqueuedAt, CreatedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', ?8, ?9, ?10, ?11, ?12, ?13, ?14)
+             OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14)
          ON CONFLICT (NotificationId) DO NOTHING",
     )?;
     let mut stored_hash =
@@ -310,7 +309,11 @@ fn upsert_lease(
 }
 
 /// Claims due rows under `epoch` (only while that epoch holds the lease) and writes their
-/// InFlight attempt rows. A row whose stored content no longer passes validation cannot be
+/// InFlight attempt rows, oldest due first: every row gets its due time in NextAttemptAt (its
+/// creation time when stored, the retry time after a failure, the operator's time after a
+/// Retry), so one index serves new rows and retries alike and a backlog of new rows cannot
+/// starve a retry that came due before them. (NULL there is a row stored before this rule:
+/// those sort first and are finite.) A row whose stored content no longer passes validation cannot be
 /// delivered: it is parked here with the reason rather than failing the whole claim.
 fn claim(
     conn: &Connection,
@@ -355,33 +358,38 @@ fn claim(
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         let row = row?;
+        attempt.execute(params![
+            row.notification_id,
+            row.attempt_no,
+            now_ms,
+            epoch.0
+        ])?;
         match row.decode(epoch) {
-            Ok(notification) => {
-                attempt.execute(params![
-                    row.notification_id,
-                    notification.attempt_no,
-                    now_ms,
-                    epoch.0
-                ])?;
-                claimed.push(notification);
-            }
-            Err(problem) => {
-                tracing::error!(row_id = row.row_id, %problem, "parking undeliverable stored row");
-                conn.execute(
-                    "UPDATE Notifications
-                     SET Status = 'Parked', LastError = ?2, ResolvedAt = ?3,
-                         ClaimedUntil = NULL, ClaimEpoch = NULL
-                     WHERE Id = ?1",
-                    params![
-                        row.row_id,
-                        format!("stored row is invalid: {problem}"),
-                        now_ms
-                    ],
-                )?;
-            }
+            Ok(notification) => claimed.push(notification),
+            Err(problem) => park_invalid(conn, &row, &problem, now_ms)?,
         }
     }
     Ok(claimed)
+}
+
+/// Parks a claimed row whose stored content no longer validates, and completes its attempt row
+/// with the reason (see `store::claimed`).
+fn park_invalid(conn: &Connection, row: &ClaimedRow, problem: &str, now_ms: i64) -> Result<()> {
+    tracing::error!(row_id = row.row_id, %problem, "parking undeliverable stored row");
+    let error = invalid_row_error(problem);
+    conn.prepare_cached(
+        "UPDATE Notifications
+         SET Status = 'Parked', LastError = ?2, ResolvedAt = ?3, ClaimedUntil = NULL,
+             ClaimEpoch = NULL
+         WHERE Id = ?1",
+    )?
+    .execute(params![row.row_id, error, now_ms])?;
+    conn.prepare_cached(
+        "UPDATE NotificationAttempts SET Outcome = 'PermanentFailure', DurationMs = 0, Error = ?3
+         WHERE NotificationId = ?1 AND AttemptNo = ?2",
+    )?
+    .execute(params![row.notification_id, row.attempt_no, error])?;
+    Ok(())
 }
 
 /// A claimed row as stored, before its content is re-validated.
@@ -425,33 +433,26 @@ impl ClaimedRow {
     }
 
     fn decode(&self, epoch: LeaseEpoch) -> std::result::Result<ClaimedNotification, String> {
-        let id = Uuid::try_parse(&self.notification_id).map_err(|e| e.to_string())?;
-        let kind = NotificationType::from_db(&self.kind)
-            .ok_or_else(|| format!("unknown type {:?}", self.kind))?;
-        let content = NotificationContent {
-            kind,
-            list_name: ListName::parse(self.list_name.clone()).map_err(|e| e.to_string())?,
-            subject: Subject::parse(self.subject.clone()).map_err(|e| e.to_string())?,
-            body: Body::parse(self.body.clone()).map_err(|e| e.to_string())?,
-            type_data: TypeData::parse(self.type_data.clone()).map_err(|e| e.to_string())?,
-        };
-        let origin = ScriptOrigin::parse(
-            self.source_instance_id.clone(),
-            self.source_script.clone(),
-            self.origin_execution_id.as_deref(),
-            self.origin_parent_execution_id.as_deref(),
-        )
-        .map_err(|e| e.to_string())?;
-        let site = SiteId::parse(self.source_site_id.clone()).map_err(|e| e.to_string())?;
-        Ok(ClaimedNotification {
+        let id = NotificationId::parse(&self.notification_id, "NotificationId")
+            .map_err(|e| e.to_string())?;
+        StoredClaim {
             row_id: self.row_id,
-            id: NotificationId::from_uuid(id),
-            content,
-            provenance: origin.at_site(site, at_ms(self.site_enqueued_at)),
+            id,
+            kind: self.kind.clone(),
+            list_name: self.list_name.clone(),
+            subject: self.subject.clone(),
+            body: self.body.clone(),
+            type_data: self.type_data.clone(),
             retry_count: self.retry_count,
             attempt_no: self.attempt_no,
-            epoch,
-        })
+            source_site_id: self.source_site_id.clone(),
+            source_instance_id: self.source_instance_id.clone(),
+            source_script: self.source_script.clone(),
+            origin_execution_id: self.origin_execution_id.clone(),
+            origin_parent_execution_id: self.origin_parent_execution_id.clone(),
+            site_enqueued_at: DateTime::from_timestamp_millis(self.site_enqueued_at),
+        }
+        .validate(epoch)
     }
 }
 

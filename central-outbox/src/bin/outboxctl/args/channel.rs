@@ -94,7 +94,8 @@ pub struct SmtpSetArgs {
     /// XOAUTH2: read the client secret from the first line of stdin.
     #[arg(long)]
     pub oauth_client_secret_stdin: bool,
-    /// Attempts before a transiently failing notification is parked (central's default: 10).
+    /// Retries after the first attempt before a transiently failing notification is parked
+    /// (N + 1 attempts in all; central's default: 10).
     #[arg(long, value_name = "N")]
     pub max_retries: Option<u32>,
     /// Delay between attempts (the first, with exponential backoff), e.g. 1m (default: 1m).

@@ -12,7 +12,7 @@ WHERE 1 = 1
   AND n.SourceSiteId = @P6
 ORDER BY n.CreatedAt, n.Id;
 UPDATE n
-SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = NULL, n.LastError = NULL, n.ResolvedAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, n.AttemptCount = n.AttemptCount + 1
+SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = SYSUTCDATETIME(), n.LastError = NULL, n.ResolvedAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, n.AttemptCount = n.AttemptCount + 1
 OUTPUT inserted.NotificationId, inserted.AttemptCount INTO @changed
 FROM dbo.Notifications AS n
 JOIN @targets AS t ON t.NotificationId = n.NotificationId

@@ -6,7 +6,7 @@ DECLARE @changed TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY, At
 INSERT INTO @targets (Ord, NotificationId) VALUES (1, @P3), (2, @P4);
 BEGIN TRANSACTION;
 UPDATE n
-SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = NULL, n.LastError = NULL, n.ResolvedAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, n.AttemptCount = n.AttemptCount + 1
+SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = SYSUTCDATETIME(), n.LastError = NULL, n.ResolvedAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, n.AttemptCount = n.AttemptCount + 1
 OUTPUT inserted.NotificationId, inserted.AttemptCount INTO @changed
 FROM dbo.Notifications AS n
 JOIN @targets AS t ON t.NotificationId = n.NotificationId

@@ -1,7 +1,7 @@
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
 DECLARE @doomed TABLE (Id bigint NOT NULL PRIMARY KEY);
-DECLARE @gone TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);
+DECLARE @gone TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY, Status nvarchar(16) NOT NULL);
 DECLARE @history bigint;
 BEGIN TRANSACTION;
 INSERT INTO @doomed (Id)
@@ -10,7 +10,7 @@ FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
 WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1
 ORDER BY n.ResolvedAt;
 DELETE n
-OUTPUT deleted.NotificationId INTO @gone
+OUTPUT deleted.NotificationId, deleted.Status INTO @gone
 FROM dbo.Notifications AS n
 JOIN @doomed AS d ON d.Id = n.Id
 WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1;
@@ -19,4 +19,4 @@ FROM dbo.NotificationAttempts AS a
 JOIN @gone AS g ON g.NotificationId = a.NotificationId;
 SET @history = @@ROWCOUNT;
 COMMIT TRANSACTION;
-SELECT COUNT_BIG(*) AS Notifications, @history AS HistoryEntries FROM @gone;
+SELECT COUNT_BIG(*) AS Notifications, COUNT_BIG(CASE WHEN g.Status = N'Parked' THEN 1 END) AS Parked, @history AS HistoryEntries FROM @gone AS g;
