@@ -21,7 +21,8 @@ use tokio_rustls::{
             danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier},
             WantsClientCert,
         },
-        crypto::{aws_lc_rs, CryptoProvider},
+        // PATCH: ring, the provider the rest of the process uses, instead of aws-lc-rs.
+        crypto::{ring, CryptoProvider},
         pki_types::{pem::PemObject, CertificateDer, PrivateKeyDer, ServerName, UnixTime},
         ClientConfig, ConfigBuilder, DigitallySignedStruct, Error as RustlsError, RootCertStore,
         SignatureScheme,
@@ -267,7 +268,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin + Send> AsyncWrite for TlsStream<S> {
 
 /// Resolve the rustls `CryptoProvider`: honour a process-installed default
 /// (`CryptoProvider::install_default`) if present, otherwise fall back to
-/// aws-lc-rs.
+/// ring (PATCH: upstream falls back to aws-lc-rs).
 fn resolve_crypto_provider(installed: Option<Arc<CryptoProvider>>) -> Arc<CryptoProvider> {
     match installed {
         Some(provider) => {
@@ -280,9 +281,9 @@ fn resolve_crypto_provider(installed: Option<Arc<CryptoProvider>>) -> Arc<Crypto
         None => {
             event!(
                 Level::DEBUG,
-                "No process-installed CryptoProvider; using the aws-lc-rs default"
+                "No process-installed CryptoProvider; using ring"
             );
-            Arc::new(aws_lc_rs::default_provider())
+            Arc::new(ring::default_provider())
         }
     }
 }
