@@ -13,6 +13,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{AuthConfig, Authenticator};
 use crate::dispatcher::DispatcherSettings;
 use crate::domain::NotificationType;
 use crate::domain::channel::{
@@ -23,7 +24,9 @@ use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookFormat;
 use crate::purge::PurgeSettings;
+use crate::secrets::{Keyring, SecretsConfig};
 use crate::store::mssql::MsSqlOptions;
+use crate::tls::{TlsConfig, TlsSettings};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -45,6 +48,9 @@ pub struct Config {
     /// Notification lists; each is written to the database at start-up (replacing one of the
     /// same name). Lists not named here are left as they are.
     pub lists: Vec<ListConfig>,
+    /// The key the SMTP, OAuth and webhook secrets are encrypted with in the database; see
+    /// `secrets`.
+    pub secrets: SecretsConfig,
     pub kpis: KpiConfig,
     pub retention: RetentionConfig,
     #[serde(with = "humantime_serde")]
@@ -52,7 +58,12 @@ pub struct Config {
     /// How often the store is probed for the health service.
     #[serde(with = "humantime_serde")]
     pub health_check_interval: Duration,
+    /// TLS on the gRPC port, client certificates, and whether a non-loopback `listen_addr` may
+    /// serve plaintext; see `tls`.
+    pub tls: TlsConfig,
     pub log: LogConfig,
+    /// Who may call the admin API; see `auth`.
+    pub auth: AuthConfig,
 }
 
 impl Default for Config {
@@ -66,11 +77,14 @@ impl Default for Config {
             smtp: None,
             webhook: WebhookConfig::default(),
             lists: Vec::new(),
+            secrets: SecretsConfig::default(),
             kpis: KpiConfig::default(),
             retention: RetentionConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
             health_check_interval: Duration::from_secs(5),
+            tls: TlsConfig::default(),
             log: LogConfig::default(),
+            auth: AuthConfig::default(),
         }
     }
 }
@@ -390,10 +404,13 @@ pub struct Settings {
     pub smtp: Option<SmtpSettings>,
     pub webhook: WebhookSettings,
     pub lists: Vec<NotificationList>,
+    pub secrets: Keyring,
     pub kpis: KpiSettings,
     pub purge: PurgeSettings,
     pub shutdown_timeout: Duration,
     pub health_check_interval: Duration,
+    pub tls: TlsSettings,
+    pub auth: Authenticator,
 }
 
 impl Config {
@@ -458,6 +475,8 @@ impl Config {
         if !(1..=100_000).contains(&r.purge_batch_size) {
             bail!("retention.purge_batch_size: must be between 1 and 100000");
         }
+        let tls = self.tls.load()?;
+        tls.plaintext_exposure(self.listen_addr)?;
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
         let webhook = webhook_settings(&self.webhook)?;
         let lists = self
@@ -466,7 +485,27 @@ impl Config {
             .enumerate()
             .map(|(i, list)| list_settings(i, list))
             .collect::<anyhow::Result<Vec<_>>>()?;
+        let secrets = Keyring::load(&self.secrets)?;
+        // A secret in this file is stored encrypted; without a key it would be stored in clear.
+        let file_secret = match &self.smtp {
+            Some(smtp) if smtp.password.is_some() => Some("smtp.password".to_owned()),
+            Some(smtp) if smtp.oauth.is_some() => Some("smtp.oauth.client_secret".to_owned()),
+            _ => self
+                .lists
+                .iter()
+                .position(|l| l.webhook_secret.is_some())
+                .map(|i| format!("lists[{i}].webhook_secret")),
+        };
+        if let Some(key) = file_secret.filter(|_| !secrets.can_seal()) {
+            bail!(
+                "{key}: secrets are stored encrypted and no [secrets] key is configured; set \
+                 secrets.key_file (or OUTBOX_CENTRAL_SECRETS__KEY) to a 32-byte key in base64, \
+                 e.g. from `openssl rand -base64 32`"
+            );
+        }
+        let auth = Authenticator::from_config(&self.auth)?;
         Ok(Settings {
+            auth,
             listen_addr: self.listen_addr,
             metrics_listen: self.metrics_listen,
             database,
@@ -483,6 +522,7 @@ impl Config {
             smtp,
             webhook,
             lists,
+            secrets,
             kpis: KpiSettings {
                 stuck_age_threshold: k.stuck_age_threshold,
                 delivered_window: k.delivered_kpi_window,
@@ -494,6 +534,7 @@ impl Config {
             },
             shutdown_timeout: self.shutdown_timeout,
             health_check_interval: self.health_check_interval,
+            tls,
         })
     }
 }
@@ -779,12 +820,28 @@ mod tests {
     #[test]
     fn channels_lists_and_auth_are_checked() {
         let smtp = "[smtp]\nhost = 'relay.test'\nfrom_address = 'o@x.test'\n";
-        let settings = from_toml(&format!(
+        let oauth = format!(
             "{smtp}username = 'o@x.test'\n[smtp.oauth]\ntoken_url = 'https://login.test/t'\n\
              client_id = 'c'\nclient_secret = 's'\n"
-        ))
-        .unwrap();
+        );
+        // A secret in the file is stored encrypted: without a key, start-up is refused.
+        let err = from_toml(&oauth).unwrap_err();
+        assert!(
+            err.to_string().starts_with("smtp.oauth.client_secret")
+                && err.to_string().contains("[secrets]"),
+            "{err}"
+        );
+        let key = "secrets.key = 'AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA='\n";
+        let settings = from_toml(&format!("{key}{oauth}")).unwrap();
         assert_eq!(settings.smtp.unwrap().auth.mechanism(), "xoauth2");
+        let hooks_secret = "[[lists]]\nname = 'h'\ntype = 'webhook'\nendpoints = ['https://h.test/a']\n\
+                            webhook_secret = '0123456789abcdef'\n";
+        let err = from_toml(hooks_secret).unwrap_err();
+        assert!(
+            err.to_string().starts_with("lists[0].webhook_secret"),
+            "{err}"
+        );
+        assert!(from_toml(&format!("{key}{hooks_secret}")).is_ok());
         let err = from_toml(&format!("{smtp}backoff = 'linear'")).unwrap_err();
         assert!(err.to_string().starts_with("smtp.backoff"), "{err}");
         let err = from_toml(&format!("{smtp}rate_limit_burst = 3")).unwrap_err();

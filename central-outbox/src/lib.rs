@@ -6,6 +6,7 @@
 //! from the command line. Dependencies point inward: `grpc` and `store` know `domain`; `domain`
 //! knows neither.
 
+pub mod auth;
 pub mod config;
 pub mod config_cache;
 pub mod delivery;
@@ -16,8 +17,10 @@ pub mod health;
 pub mod lease;
 pub mod metrics;
 pub mod purge;
+pub mod secrets;
 pub mod store;
 pub mod telemetry;
+pub mod tls;
 
 #[cfg(test)]
 mod dispatcher_tests;
@@ -37,7 +40,7 @@ use crate::delivery::Adapters;
 use crate::dispatcher::Dispatcher;
 use crate::domain::kpi::KpiSettings;
 use crate::grpc::admin::OutboxService;
-use crate::grpc::ingest::IngestService;
+use crate::grpc::ingest::{IngestService, SiteIdentity};
 use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::mssql::MsSqlStore;
@@ -61,6 +64,10 @@ pub enum RunError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    #[error("stored secrets: {0}")]
+    Secrets(StoreError),
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
 }
 
 /// gRPC service names reported by the health service, besides the overall "" entry.
@@ -77,6 +84,16 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     install_crypto_provider();
+    // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
+    if let Ok(addr) = listener.local_addr()
+        && settings.tls.plaintext_exposure(addr)?
+    {
+        tracing::warn!(
+            %addr,
+            "serving gRPC in PLAINTEXT on a non-loopback address (tls.allow_plaintext = true): \
+             anyone on the network can read notifications and submit as any site"
+        );
+    }
     // Bound first, so a taken metrics port fails start-up before anything else happens.
     let metrics_listener = match settings.metrics_listen {
         Some(addr) => Some(
@@ -92,11 +109,19 @@ pub async fn run(
     };
     match &settings.database {
         DatabaseUrl::Sqlite(path) => {
-            let store = SqliteStore::open(path, group_commit::Durability::Full)?;
+            let store = SqliteStore::open(path, group_commit::Durability::Full)?
+                .with_secrets(settings.secrets.clone());
+            // Before anything is served: a secret sealed with a key not configured stops start-up.
+            let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
+            resealed.log(&settings.secrets);
             serve(Arc::new(store), settings, listeners, shutdown).await
         }
         DatabaseUrl::MsSql(options) => {
-            let store = MsSqlStore::open(options.clone()).await?;
+            let store = MsSqlStore::open(options.clone())
+                .await?
+                .with_secrets(settings.secrets.clone());
+            let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
+            resealed.log(&settings.secrets);
             serve(Arc::new(store), settings, listeners, shutdown).await
         }
     }
@@ -201,12 +226,26 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&metrics),
         Arc::clone(&wake),
         streams_stop.clone(),
+    )
+    .with_site_identity(SiteIdentity::for_tls(&settings.tls));
+    let outbox = OutboxService::new(
+        Arc::clone(&store),
+        settings.kpis,
+        Arc::clone(&wake),
+        config,
+        settings.auth.clone(),
     );
-    let outbox = OutboxService::new(Arc::clone(&store), settings.kpis, Arc::clone(&wake), config);
     let local_addr = listener.local_addr().ok();
-    tracing::info!(addr = ?local_addr, "central-outbox serving");
+    tracing::info!(
+        addr = ?local_addr,
+        tls = settings.tls.serves_tls(),
+        client_certificates = settings.tls.requires_client_certificates(),
+        "central-outbox serving"
+    );
 
-    let server = tonic::transport::Server::builder()
+    let server = settings
+        .tls
+        .server_builder()?
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

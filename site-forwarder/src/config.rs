@@ -14,6 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::SiteId;
+use crate::tls::TlsConfig;
 
 /// Prefix of the environment variables read by [`Config::load`].
 pub const ENV_PREFIX: &str = "OUTBOX_SITE_";
@@ -34,8 +35,7 @@ pub struct Config {
     /// The SQLite buffer file (created with its directory if missing).
     #[serde(default = "default_buffer_path")]
     pub buffer_path: PathBuf,
-    /// Central's gRPC endpoint, `http://host:port`. (This build has no TLS: put the link inside a
-    /// VPN or a TLS-terminating proxy.)
+    /// Central's gRPC endpoint: `https://host:port` (TLS, see `[tls]`) or `http://host:port`.
     #[serde(default = "default_central_url")]
     pub central_url: String,
     /// Fixed pause between reconnect attempts while central is unreachable. Fixed rather than
@@ -60,6 +60,9 @@ pub struct Config {
     /// Where to serve Prometheus metrics over HTTP (`GET /metrics`). Off when absent.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
+    /// TLS to central (CA, client certificate) and the plaintext rule for `listen_addr`.
+    #[serde(default)]
+    pub tls: TlsConfig,
     #[serde(default)]
     pub log: LogConfig,
 }
@@ -144,6 +147,7 @@ impl Config {
             request_timeout: default_request_timeout(),
             shutdown_timeout: default_shutdown_timeout(),
             metrics_listen: None,
+            tls: TlsConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -181,6 +185,7 @@ impl Config {
             bail!("forward_window: must be between 1 and {MAX_FORWARD_WINDOW}");
         }
         check_central_url(&self.central_url)?;
+        self.tls.check(&self.central_url, self.listen_addr)?;
         if self.metrics_listen == Some(self.listen_addr) {
             bail!(
                 "metrics_listen: must differ from listen_addr ({})",
@@ -207,12 +212,8 @@ fn check_central_url(url: &str) -> anyhow::Result<()> {
         .parse()
         .map_err(|e| anyhow::anyhow!("central_url: {url:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http") if uri.host().is_some() => Ok(()),
-        Some("https") => bail!(
-            "central_url: https is not supported by this build (no TLS); use http:// through a \
-             VPN or a TLS-terminating proxy"
-        ),
-        _ => bail!("central_url: {url:?} must be an http:// URL with a host and port"),
+        Some("http" | "https") if uri.host().is_some() => Ok(()),
+        _ => bail!("central_url: {url:?} must be an https:// or http:// URL with a host and port"),
     }
 }
 

@@ -61,6 +61,13 @@ pub enum ForwardError {
         url: String,
         source: tonic::transport::Error,
     },
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("central_url {url:?}: cannot use the TLS configuration: {source}")]
+    TlsConfig {
+        url: String,
+        source: tonic::transport::Error,
+    },
     #[error("cannot connect: {0}")]
     Connect(String),
     #[error("central did not open the submit stream: {0}")]
@@ -79,15 +86,29 @@ pub enum ForwardError {
 
 pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
 
-/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive.
-/// No per-request timeout here: the submit stream lives for as long as the link does.
+/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive,
+/// and TLS for an `https://` URL (its files are read here, so a bad one fails start-up). No
+/// per-request timeout here: the submit stream lives for as long as the link does.
 pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
-    let endpoint = Endpoint::from_shared(config.central_url.clone()).map_err(|source| {
+    let mut endpoint = Endpoint::from_shared(config.central_url.clone()).map_err(|source| {
         ForwardError::BadUrl {
             url: config.central_url.clone(),
             source,
         }
     })?;
+    // The handshake gets the connect timeout too: tonic's bounds only the TCP connect, and a
+    // central that accepts but never answers the handshake must not stall the forwarder.
+    if let Some(tls) = config
+        .tls
+        .client_config(&config.central_url, config.connect_timeout)?
+    {
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|source| ForwardError::TlsConfig {
+                url: config.central_url.clone(),
+                source,
+            })?;
+    }
     Ok(endpoint
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)

@@ -7,7 +7,8 @@
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
 //! [`forwarder`] (the stream to central), [`grpc`] (the local API and conversions), [`metrics`]
-//! (Prometheus, served on `metrics_listen` when set), [`config`].
+//! (Prometheus, served on `metrics_listen` when set), [`tls`] (TLS to central, the plaintext
+//! rule for the local port), [`config`].
 
 pub mod buffer;
 pub mod cli;
@@ -16,6 +17,7 @@ pub mod domain;
 pub mod forwarder;
 pub mod grpc;
 pub mod metrics;
+pub mod tls;
 
 #[cfg(test)]
 mod service_tests;
@@ -80,6 +82,20 @@ pub async fn run(
         .map_err(|e| RunError::Config(format!("{e:#}")))?;
     let site = SiteId::parse(config.site_id.clone())
         .map_err(|e| RunError::Config(format!("site_id: {}", e.problem)))?;
+    tls::install_crypto_provider();
+    // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
+    if let Ok(addr) = listener.local_addr()
+        && config
+            .tls
+            .plaintext_exposure(addr)
+            .map_err(|e| RunError::Config(e.to_string()))?
+    {
+        tracing::warn!(
+            %addr,
+            "serving SiteNotify in PLAINTEXT on a non-loopback address (tls.allow_plaintext = \
+             true): anyone on the network can send notifications as this site"
+        );
+    }
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             TcpListener::bind(addr)
@@ -98,6 +114,12 @@ pub async fn run(
             source,
         })?;
 
+    if tls::plaintext_to_remote(&config.central_url) {
+        tracing::warn!(
+            central = %config.central_url,
+            "forwarding to central in PLAINTEXT over the network; use an https:// central_url"
+        );
+    }
     let state = Arc::new(ForwardState::default());
     let metrics = Arc::new(SiteMetrics::new());
     let endpoint = forwarder::central_endpoint(&config)?;

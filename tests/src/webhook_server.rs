@@ -18,15 +18,18 @@
 //!   ends every delayed or held reply at once, so the server never outlives its
 //!   test.
 //!
-//! [`verify_signature`] checks an `X-Outbox-Signature: sha256=<hex>` header
-//! (HMAC-SHA256 of the raw body with the list secret) independently of the
-//! sender's code.
+//! [`verify_signature`] checks an `X-Outbox-Signature: t=<unix seconds>,v1=<hex>`
+//! header (HMAC-SHA256 of `<t>.<id>.<raw body>` with the list secret, the id
+//! being the `Idempotency-Key`) independently of the sender's code, the way the
+//! README tells receivers to: constant-time compare, and refuse a time more than
+//! [`SIGNATURE_TOLERANCE`] away. [`ReplayGuard`] adds the last step, acting on
+//! each id once.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::body::Bytes;
@@ -43,6 +46,10 @@ use tokio::task::JoinHandle;
 pub const SIGNATURE_HEADER: &str = "x-outbox-signature";
 /// The header carrying the NotificationId, so a receiver can drop duplicates.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
+/// How far a signature's time may be from the receiver's clock, either way, as
+/// the README's recipe says: long enough for clock skew and a slow network,
+/// short enough that a captured request is soon useless.
+pub const SIGNATURE_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 /// A delay long enough to outlast any client timeout in the tests; see [`Reply::hang`].
 const HANG: Duration = Duration::from_secs(3600);
 /// How long [`BackgroundHttp::stop`] waits for in-flight responses to finish
@@ -130,11 +137,23 @@ impl ReceivedRequest {
         self.header(IDEMPOTENCY_HEADER)
     }
 
-    /// Whether the request carries an `X-Outbox-Signature` that matches its body
-    /// under `secret`.
+    /// Whether the request carries an `X-Outbox-Signature` that matches its
+    /// body and `Idempotency-Key` under `secret`, dated within
+    /// [`SIGNATURE_TOLERANCE`] of now.
     pub fn signature_valid(&self, secret: &[u8]) -> bool {
-        self.header(SIGNATURE_HEADER)
-            .is_some_and(|value| verify_signature(secret, &self.body, value))
+        self.verify_signature(secret, unix_now()).is_ok()
+    }
+
+    /// [`verify_signature`] on this request's headers and body, at `now` (Unix
+    /// seconds).
+    pub fn verify_signature(&self, secret: &[u8], now: i64) -> Result<i64, SignatureRejection> {
+        let header = self
+            .header(SIGNATURE_HEADER)
+            .ok_or(SignatureRejection::Malformed)?;
+        let id = self
+            .idempotency_key()
+            .ok_or(SignatureRejection::Malformed)?;
+        verify_signature(secret, id, &self.body, header, now)
     }
 }
 
@@ -403,33 +422,120 @@ fn reply_response(reply: &Reply) -> Response {
 
 // ---- Signatures ---------------------------------------------------------------------
 
-/// `sha256=<lower-case hex HMAC-SHA256 of body under secret>`: the value the
-/// outbox is expected to send in `X-Outbox-Signature`.
-pub fn sign(secret: &[u8], body: &[u8]) -> String {
+/// The receiver's clock as Unix seconds (0 if it is before 1970).
+pub fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+/// Why [`verify_signature`] refused a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SignatureRejection {
+    /// No header, no id, or not `t=<digits>,v1=<64 hex digits>`.
+    Malformed,
+    /// The HMAC does not match: another secret, or the time, id or body changed.
+    Mismatch,
+    /// Signed correctly, but `age` seconds away from now (negative: in the
+    /// future), beyond [`SIGNATURE_TOLERANCE`]: a replay, or a clock far off.
+    Stale { age: i64 },
+}
+
+/// `t=<timestamp>,v1=<lower-case hex HMAC-SHA256 of "<timestamp>.<id>.<body>">`:
+/// the value the outbox is expected to send in `X-Outbox-Signature` for
+/// notification `id` at `timestamp` (Unix seconds).
+pub fn sign(secret: &[u8], timestamp: i64, id: &str, body: &[u8]) -> String {
     let Some(mut mac) = hmac_sha256(secret) else {
         return String::new();
     };
+    mac.update(format!("{timestamp}.{id}.").as_bytes());
     mac.update(body);
     let tag = mac.finalize().into_bytes();
     let hex: String = tag.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!("sha256={hex}")
+    format!("t={timestamp},v1={hex}")
 }
 
-/// Whether `header_value` (`sha256=<hex>`, hex in either case, surrounding
-/// whitespace ignored) is the HMAC-SHA256 of `body` under `secret`. Compared in
-/// constant time.
-pub fn verify_signature(secret: &[u8], body: &[u8], header_value: &str) -> bool {
-    let Some(hex) = header_value.trim().strip_prefix("sha256=") else {
-        return false;
-    };
-    let Some(tag) = decode_hex(hex) else {
-        return false;
-    };
-    let Some(mut mac) = hmac_sha256(secret) else {
-        return false;
-    };
+/// The README's recipe: split `header_value` into `t` and `v1` (surrounding
+/// whitespace ignored, hex in either case), recompute the HMAC-SHA256 of
+/// `"<t>.<id>.<body>"` under `secret`, compare in constant time, then refuse a
+/// `t` more than [`SIGNATURE_TOLERANCE`] from `now` (Unix seconds). Returns `t`.
+/// Dropping a repeat of an accepted id is the caller's last step ([`ReplayGuard`]).
+pub fn verify_signature(
+    secret: &[u8],
+    id: &str,
+    body: &[u8],
+    header_value: &str,
+    now: i64,
+) -> Result<i64, SignatureRejection> {
+    let (t, hex) = header_value
+        .trim()
+        .strip_prefix("t=")
+        .and_then(|rest| rest.split_once(",v1="))
+        .ok_or(SignatureRejection::Malformed)?;
+    if t.is_empty() || !t.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(SignatureRejection::Malformed);
+    }
+    let timestamp: i64 = t.parse().map_err(|_| SignatureRejection::Malformed)?;
+    // HMAC-SHA256 tags are 32 bytes: 64 hex digits, no more, no fewer.
+    if hex.len() != 64 {
+        return Err(SignatureRejection::Malformed);
+    }
+    let tag = decode_hex(hex).ok_or(SignatureRejection::Malformed)?;
+    let mut mac = hmac_sha256(secret).ok_or(SignatureRejection::Malformed)?;
+    mac.update(format!("{t}.{id}.").as_bytes());
     mac.update(body);
-    mac.verify_slice(&tag).is_ok()
+    // `verify_slice` compares in constant time (and checks the length).
+    mac.verify_slice(&tag)
+        .map_err(|_| SignatureRejection::Mismatch)?;
+    let age = now.saturating_sub(timestamp);
+    let tolerance = i64::try_from(SIGNATURE_TOLERANCE.as_secs()).unwrap_or(i64::MAX);
+    if age.unsigned_abs() > tolerance.unsigned_abs() {
+        return Err(SignatureRejection::Stale { age });
+    }
+    Ok(timestamp)
+}
+
+/// Whether a verified request is the first with its id, or a repeat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// Act on it.
+    New,
+    /// Answer 2xx and do nothing: the outbox retries, and a replay within the
+    /// tolerance, both repeat an id.
+    Repeat,
+}
+
+/// The whole receiver recipe for one secret: [`verify_signature`], then each
+/// id acted on once. Remembering ids for the tolerance window is enough, since
+/// an older signature is refused anyway; this test helper keeps them all.
+pub struct ReplayGuard {
+    secret: Vec<u8>,
+    seen: HashSet<String>,
+}
+
+impl ReplayGuard {
+    pub fn new(secret: &[u8]) -> Self {
+        ReplayGuard {
+            secret: secret.to_vec(),
+            seen: HashSet::new(),
+        }
+    }
+
+    /// Verifies one request at `now` (Unix seconds) and says whether its id is new.
+    pub fn admit(
+        &mut self,
+        id: &str,
+        body: &[u8],
+        header_value: &str,
+        now: i64,
+    ) -> Result<Arrival, SignatureRejection> {
+        verify_signature(&self.secret, id, body, header_value, now)?;
+        Ok(if self.seen.insert(id.to_owned()) {
+            Arrival::New
+        } else {
+            Arrival::Repeat
+        })
+    }
 }
 
 /// HMAC accepts keys of any length, so this is always Some; the Option only
@@ -601,7 +707,7 @@ pub(crate) mod tests {
         );
         assert_eq!(server.url("x"), format!("http://{}/x", server.addr()));
         let body = r#"{"id":"n-1","subject":"Tank 4"}"#;
-        let signature = sign(b"list-secret", body.as_bytes());
+        let signature = sign(b"list-secret", unix_now(), "n-1", body.as_bytes());
         let response = tokio::time::timeout(
             STEP,
             http_request(
@@ -769,34 +875,107 @@ pub(crate) mod tests {
         }
     }
 
+    const ID: &str = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b";
+    const T: i64 = 1_700_000_000;
+
     #[test]
     fn signatures_are_checked_strictly() {
-        // RFC 4231 test case 2.
+        // Computed outside this code: Python's hmac.new(b"Jefe",
+        // b"1700000000.<ID>.what do ya want for nothing?", hashlib.sha256).
         let body = b"what do ya want for nothing?";
-        let expected = "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843";
-        assert_eq!(sign(b"Jefe", body), expected);
-        let good = sign(b"Jefe", body);
-        assert!(verify_signature(b"Jefe", body, &good));
-        assert!(verify_signature(
-            b"Jefe",
-            body,
-            &good.to_ascii_uppercase().replace("SHA256=", "sha256=")
-        ));
-        assert!(verify_signature(b"Jefe", body, &format!(" {good} ")));
-        assert!(!verify_signature(
-            b"Jefe",
-            b"what do ya want for nothing!",
-            &good
-        ));
-        assert!(!verify_signature(b"jefe", body, &good));
-        assert!(!verify_signature(
-            b"Jefe",
-            body,
-            good.trim_start_matches("sha256=")
-        ));
-        assert!(!verify_signature(b"Jefe", body, &good[..good.len() - 2]));
-        assert!(!verify_signature(b"Jefe", body, &format!("{good}0")));
-        assert!(!verify_signature(b"Jefe", body, "sha256=zz"));
-        assert!(!verify_signature(b"Jefe", body, ""));
+        let expected = "t=1700000000,\
+                        v1=f4e76a59036774e3ae0c95d51b2d1d0775a8e67674567f40ede9dc8178875c26";
+        assert_eq!(sign(b"Jefe", T, ID, body), expected);
+        let good = sign(b"Jefe", T, ID, body);
+        assert_eq!(verify_signature(b"Jefe", ID, body, &good, T), Ok(T));
+        assert_eq!(
+            verify_signature(
+                b"Jefe",
+                ID,
+                body,
+                &good
+                    .to_ascii_uppercase()
+                    .replace("T=", "t=")
+                    .replace("V1=", "v1="),
+                T
+            ),
+            Ok(T)
+        );
+        assert_eq!(
+            verify_signature(b"Jefe", ID, body, &format!(" {good} "), T),
+            Ok(T)
+        );
+        let mismatch = Err(SignatureRejection::Mismatch);
+        assert_eq!(
+            verify_signature(b"Jefe", ID, b"what do ya want for nothing!", &good, T),
+            mismatch
+        );
+        assert_eq!(verify_signature(b"jefe", ID, body, &good, T), mismatch);
+        assert_eq!(
+            verify_signature(b"Jefe", "another-id", body, &good, T),
+            mismatch
+        );
+        // A later time pasted onto the old tag: the time is signed too.
+        let moved = good.replace("t=1700000000", "t=1700000600");
+        assert_eq!(
+            verify_signature(b"Jefe", ID, body, &moved, T + 600),
+            mismatch
+        );
+        let malformed = Err(SignatureRejection::Malformed);
+        for bad in [
+            good.trim_start_matches("t=1700000000,").to_owned(),
+            good.replace("v1=", "sha256="),
+            good.replace("t=1700000000", "t=-5"),
+            good[..good.len() - 2].to_owned(),
+            format!("{good}0"),
+            "t=1,v1=zz".to_owned(),
+            String::new(),
+        ] {
+            assert_eq!(
+                verify_signature(b"Jefe", ID, body, &bad, T),
+                malformed,
+                "{bad:?}"
+            );
+        }
+    }
+
+    /// A captured request replayed later fails the recipe: its signed time is
+    /// too old, and it cannot be re-dated without the secret. Within the window
+    /// it is a repeat of an id already acted on.
+    #[test]
+    fn a_replayed_request_is_refused_or_dropped_as_a_repeat() {
+        let secret = b"hook-secret-0123456789";
+        let body = br#"{"notification_id":"0190a1b2"}"#;
+        let captured = sign(secret, T, ID, body);
+        let tolerance = SIGNATURE_TOLERANCE.as_secs() as i64;
+        let mut guard = ReplayGuard::new(secret);
+        assert_eq!(guard.admit(ID, body, &captured, T + 1), Ok(Arrival::New));
+        assert_eq!(guard.admit(ID, body, &captured, T + 2), Ok(Arrival::Repeat));
+        assert_eq!(
+            verify_signature(secret, ID, body, &captured, T + tolerance),
+            Ok(T),
+            "the edge of the window is still accepted"
+        );
+        assert_eq!(
+            guard.admit(ID, body, &captured, T + tolerance + 1),
+            Err(SignatureRejection::Stale { age: tolerance + 1 })
+        );
+        assert_eq!(
+            verify_signature(secret, ID, body, &captured, T - tolerance - 1),
+            Err(SignatureRejection::Stale {
+                age: -tolerance - 1
+            }),
+            "a time far in the future is refused too"
+        );
+        // The same body under another id (a new delivery forged from an old one).
+        assert_eq!(
+            guard.admit(
+                "0190a1b2-0000-7000-8000-000000000000",
+                body,
+                &captured,
+                T + 1
+            ),
+            Err(SignatureRejection::Mismatch)
+        );
     }
 }

@@ -7,8 +7,12 @@
 //! answered 2xx; a retry posts to all endpoints again, and the `Idempotency-Key` header (the
 //! NotificationId) lets receivers drop the repeats.
 //!
-//! Every request is signed when the list has a secret: `X-Outbox-Signature: sha256=<hex>` is the
-//! HMAC-SHA256 of the exact body bytes, so a receiver can check both origin and integrity.
+//! Every request is signed when the list has a secret:
+//! `X-Outbox-Signature: t=<unix seconds>,v1=<hex>`, where the hex is the HMAC-SHA256 of
+//! `<t>.<NotificationId>.<body bytes>` under the secret. A receiver checks origin and integrity
+//! of the body, the id and the time together: it rejects a signature older than its tolerance
+//! (the README says 5 minutes) and drops repeats of an id it has seen, so a captured request
+//! cannot be replayed later. Each attempt signs afresh, so a retry carries a current time.
 //!
 //! Classification per endpoint (DESIGN §5): 2xx delivered; 408, 429, 5xx, connect errors and
 //! timeouts transient; 429/503 with `Retry-After` throttled (never retried sooner, capped at an
@@ -43,7 +47,7 @@ const ERROR_BODY_CHARS: usize = 200;
 /// readable for a list with many endpoints.
 const ERRORS_LISTED: usize = 5;
 
-/// The header carrying the body's HMAC-SHA256.
+/// The header carrying the signature: `t=<unix seconds>,v1=<hex HMAC-SHA256>`.
 pub const SIGNATURE_HEADER: &str = "X-Outbox-Signature";
 
 /// What one webhook attempt sends.
@@ -87,7 +91,7 @@ impl WebhookAdapter {
             )));
         }
         let body = payload(target.format, outgoing);
-        let headers = headers(outgoing.id, target.secret.as_ref(), &body)?;
+        let headers = headers(outgoing.id, target.secret.as_ref(), &body, Utc::now())?;
         let outcomes = join_all(
             target
                 .endpoints
@@ -197,11 +201,12 @@ fn slack_escape(text: &str) -> String {
     out
 }
 
-/// The headers every POST carries.
+/// The headers every POST carries; the signature is dated `now`.
 fn headers(
     id: NotificationId,
     secret: Option<&Secret>,
     body: &[u8],
+    now: DateTime<Utc>,
 ) -> Result<Vec<(&'static str, String)>, DeliveryError> {
     let mut headers = vec![
         ("Content-Type", "application/json".to_owned()),
@@ -212,23 +217,33 @@ fn headers(
         ),
     ];
     if let Some(secret) = secret {
-        headers.push((SIGNATURE_HEADER, format!("sha256={}", sign(secret, body)?)));
+        headers.push((SIGNATURE_HEADER, sign(secret, now.timestamp(), id, body)?));
     }
     Ok(headers)
 }
 
-/// Lower-case hex HMAC-SHA256 of `body` keyed with `secret`.
-fn sign(secret: &Secret, body: &[u8]) -> Result<String, DeliveryError> {
+/// The `X-Outbox-Signature` value: `t=<timestamp>,v1=<lower-case hex HMAC-SHA256 of
+/// "<timestamp>.<id>.<body>" keyed with secret>`. The id and time are signed with the body, so
+/// neither can be changed on a captured request; "." cannot occur in either, so the signed
+/// string splits one way only.
+fn sign(
+    secret: &Secret,
+    timestamp: i64,
+    id: NotificationId,
+    body: &[u8],
+) -> Result<String, DeliveryError> {
     // HMAC takes keys of any length; the error exists only for the trait's sake.
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.expose().as_bytes())
         .map_err(|_| DeliveryError::permanent("the webhook secret cannot key HMAC-SHA256"))?;
+    mac.update(format!("{timestamp}.{id}.").as_bytes());
     mac.update(body);
-    Ok(mac
+    let hex: String = mac
         .finalize()
         .into_bytes()
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect())
+        .collect();
+    Ok(format!("t={timestamp},v1={hex}"))
 }
 
 /// The endpoint as it may appear in messages: without query string or fragment.
@@ -503,11 +518,33 @@ mod tests {
         (id, result)
     }
 
-    fn hex_hmac(key: &str, body: &[u8]) -> String {
+    fn hex_hmac(key: &str, message: &[u8]) -> String {
         let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).unwrap();
-        mac.update(body);
+        mac.update(message);
         let bytes = mac.finalize().into_bytes();
         bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    const SIGNATURE_VECTOR: &str =
+        "8dd391167b03f2d4aed646cc8bff2ed65b5c3cc2ca402d45e0d8550e1e907838";
+
+    /// A fixed vector, computed outside this code (Python's hmac module):
+    /// `hmac.new(b"0123456789abcdef-webhook-key", b"1700000000.0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b.{}",
+    /// hashlib.sha256).hexdigest()`.
+    #[test]
+    fn the_signature_covers_time_id_and_body() {
+        let secret = Secret::new("0123456789abcdef-webhook-key".into());
+        let id = NotificationId::parse("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "id").unwrap();
+        let header = sign(&secret, 1_700_000_000, id, b"{}").unwrap();
+        assert_eq!(header, format!("t=1700000000,v1={SIGNATURE_VECTOR}"));
+        let other_id = NotificationId::generate();
+        for changed in [
+            sign(&secret, 1_700_000_001, id, b"{}").unwrap(),
+            sign(&secret, 1_700_000_000, other_id, b"{}").unwrap(),
+            sign(&secret, 1_700_000_000, id, b"{ }").unwrap(),
+        ] {
+            assert_ne!(changed.split_once(",v1=").unwrap().1, SIGNATURE_VECTOR);
+        }
     }
 
     #[tokio::test]
@@ -516,7 +553,9 @@ mod tests {
         let mut target = target(&base, &["/ok?token=t0ps3cret"], WebhookFormat::Generic);
         let key = "0123456789abcdef-webhook-key";
         target.secret = Some(Secret::new(key.into()));
+        let before = Utc::now().timestamp();
         let (id, result) = deliver(&target, Duration::from_secs(5), r#"{"tank":4}"#).await;
+        let after = Utc::now().timestamp();
         assert_eq!(
             result.unwrap().resolved_targets,
             [format!("{base}/ok?token=t0ps3cret")]
@@ -533,10 +572,16 @@ mod tests {
             header("user-agent"),
             format!("notification-outbox/{}", env!("CARGO_PKG_VERSION"))
         );
-        assert_eq!(
-            header("x-outbox-signature"),
-            format!("sha256={}", hex_hmac(key, body))
-        );
+        let signature = header("x-outbox-signature");
+        let (t, v1) = signature
+            .strip_prefix("t=")
+            .and_then(|rest| rest.split_once(",v1="))
+            .unwrap();
+        let t: i64 = t.parse().unwrap();
+        assert!((before..=after).contains(&t), "{signature}");
+        let mut signed = format!("{t}.{id}.").into_bytes();
+        signed.extend_from_slice(body);
+        assert_eq!(v1, hex_hmac(key, &signed));
 
         let doc: Value = serde_json::from_slice(body).unwrap();
         assert_eq!(doc["notification_id"], id.to_string());

@@ -1,6 +1,6 @@
-//! `NotificationOutbox`: the admin API for UI backends, outboxctl and grpcurl. Handlers validate
-//! (through `admin_convert`), call the store once, and answer; operator actions take their actor
-//! from the `x-outbox-actor` header.
+//! `NotificationOutbox`: the admin API for UI backends, outboxctl and grpcurl. Each handler first
+//! asks `auth` whether the caller's role allows the call (and who the actor is), then validates
+//! (through `admin_convert`), calls the store once, and answers.
 
 use crate::config_cache::ConfigCache;
 use std::sync::Arc;
@@ -13,14 +13,12 @@ use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
 use super::{admin_convert, convert, invalid_argument, store_status};
+use crate::auth::{AdminRpc, Authenticator, StatusReader};
 use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
 use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
 use crate::store::{NotificationState, OutboxStore};
-
-/// The request header naming who performs an operator action.
-pub const ACTOR_HEADER: &str = "x-outbox-actor";
 
 /// Most notifications one bulk call may name or change.
 pub const MAX_BULK: usize = 1000;
@@ -32,6 +30,7 @@ pub struct OutboxService<S> {
     wake: Arc<Notify>,
     /// The dispatcher's copy of lists and SMTP settings, dropped on every change made here.
     config: Arc<ConfigCache>,
+    auth: Authenticator,
 }
 
 impl<S> OutboxService<S> {
@@ -40,13 +39,21 @@ impl<S> OutboxService<S> {
         kpis: KpiSettings,
         wake: Arc<Notify>,
         config: Arc<ConfigCache>,
+        auth: Authenticator,
     ) -> Self {
         Self {
             store,
             kpis,
             wake,
             config,
+            auth,
         }
+    }
+
+    /// The actor of a call to `rpc`, or why the caller may not make it.
+    fn authorize<T>(&self, request: &Request<T>, rpc: AdminRpc) -> Result<Actor, Status> {
+        let client_cn = crate::tls::client_common_name(request);
+        self.auth.authorize(request, client_cn.as_deref(), rpc)
     }
 
     fn view(&self, state: NotificationState) -> NotificationStatusView {
@@ -59,14 +66,6 @@ impl<S> OutboxService<S> {
     fn stuck_before(&self) -> chrono::DateTime<Utc> {
         stuck_cutoff(Utc::now(), self.kpis.stuck_age_threshold)
     }
-}
-
-fn actor<T>(request: &Request<T>) -> Actor {
-    request
-        .metadata()
-        .get(ACTOR_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map_or_else(Actor::unknown, Actor::new)
 }
 
 fn not_found(id: NotificationId) -> Status {
@@ -119,10 +118,9 @@ impl<S: OutboxStore> OutboxService<S> {
     async fn act_in_bulk(
         &self,
         action: OperatorAction,
-        request: Request<v1::BulkActionRequest>,
+        actor: Actor,
+        msg: v1::BulkActionRequest,
     ) -> Result<Response<v1::BulkActionResponse>, Status> {
-        let actor = actor(&request);
-        let msg = request.into_inner();
         let limit = match msg.limit as usize {
             0 => MAX_BULK,
             n => n.min(MAX_BULK),
@@ -209,6 +207,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::QueryNotificationsRequest>,
     ) -> Result<Response<v1::QueryNotificationsResponse>, Status> {
+        self.authorize(&request, AdminRpc::QueryNotifications)?;
         let msg = request.into_inner();
         let filter =
             admin_convert::filter(msg.filter, self.stuck_before()).map_err(invalid_argument)?;
@@ -236,10 +235,20 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<GetNotificationStatusRequest>,
     ) -> Result<Response<NotificationStatusView>, Status> {
+        let client_cn = crate::tls::client_common_name(&request);
+        let reader = self
+            .auth
+            .authorize_status_read(&request, client_cn.as_deref())?;
         let id = parse_id(&request.into_inner().notification_id, "notification_id")?;
         match self.store.state(id).await.map_err(store_status)? {
-            Some(state) => Ok(Response::new(self.view(state))),
-            None => Err(not_found(id)),
+            // A site sees only its own notifications; another's is "not known", as if absent.
+            Some(state)
+                if reader == StatusReader::Anyone
+                    || reader == StatusReader::Site(state.source_site_id.clone()) =>
+            {
+                Ok(Response::new(self.view(state)))
+            }
+            _ => Err(not_found(id)),
         }
     }
 
@@ -247,6 +256,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::GetNotificationDetailRequest>,
     ) -> Result<Response<v1::NotificationDetail>, Status> {
+        self.authorize(&request, AdminRpc::GetNotificationDetail)?;
         let id = parse_id(&request.into_inner().notification_id, "notification_id")?;
         let detail = self
             .store
@@ -264,7 +274,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::RetryNotificationRequest>,
     ) -> Result<Response<NotificationStatusView>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::RetryNotification)?;
         let id = request.into_inner().notification_id;
         self.act_on_one(OperatorAction::Retry, &id, actor).await
     }
@@ -273,7 +283,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::DiscardNotificationRequest>,
     ) -> Result<Response<NotificationStatusView>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::DiscardNotification)?;
         let id = request.into_inner().notification_id;
         self.act_on_one(OperatorAction::Discard, &id, actor).await
     }
@@ -282,20 +292,25 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::BulkActionRequest>,
     ) -> Result<Response<v1::BulkActionResponse>, Status> {
-        self.act_in_bulk(OperatorAction::Retry, request).await
+        let actor = self.authorize(&request, AdminRpc::RetryNotifications)?;
+        self.act_in_bulk(OperatorAction::Retry, actor, request.into_inner())
+            .await
     }
 
     async fn discard_notifications(
         &self,
         request: Request<v1::BulkActionRequest>,
     ) -> Result<Response<v1::BulkActionResponse>, Status> {
-        self.act_in_bulk(OperatorAction::Discard, request).await
+        let actor = self.authorize(&request, AdminRpc::DiscardNotifications)?;
+        self.act_in_bulk(OperatorAction::Discard, actor, request.into_inner())
+            .await
     }
 
     async fn get_kpis(
         &self,
-        _request: Request<v1::GetKpisRequest>,
+        request: Request<v1::GetKpisRequest>,
     ) -> Result<Response<v1::GetKpisResponse>, Status> {
+        self.authorize(&request, AdminRpc::GetKpis)?;
         let now = Utc::now();
         let kpis = self
             .store
@@ -320,8 +335,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
 
     async fn list_notification_lists(
         &self,
-        _request: Request<v1::ListNotificationListsRequest>,
+        request: Request<v1::ListNotificationListsRequest>,
     ) -> Result<Response<v1::ListNotificationListsResponse>, Status> {
+        self.authorize(&request, AdminRpc::ListNotificationLists)?;
         let lists = self.store.lists().await.map_err(store_status)?;
         Ok(Response::new(v1::ListNotificationListsResponse {
             lists: lists.into_iter().map(admin_convert::list_view).collect(),
@@ -332,6 +348,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::GetNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
+        self.authorize(&request, AdminRpc::GetNotificationList)?;
         let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
         let list = self
             .store
@@ -346,7 +363,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::UpsertNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::UpsertNotificationList)?;
         let msg = request.into_inner().list;
         let current = match msg.as_ref().map(|l| ListName::parse(l.name.clone())) {
             Some(Ok(name)) => self.store.list(&name).await.map_err(store_status)?,
@@ -372,7 +389,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::DeleteNotificationListRequest>,
     ) -> Result<Response<v1::DeleteNotificationListResponse>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::DeleteNotificationList)?;
         let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
         let deleted = self.store.delete_list(&name).await;
         self.config.invalidate();
@@ -385,8 +402,9 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
 
     async fn get_smtp_config(
         &self,
-        _request: Request<v1::GetSmtpConfigRequest>,
+        request: Request<v1::GetSmtpConfigRequest>,
     ) -> Result<Response<v1::SmtpConfig>, Status> {
+        self.authorize(&request, AdminRpc::GetSmtpConfig)?;
         let stored = self
             .store
             .smtp_settings()
@@ -400,7 +418,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::UpsertSmtpConfigRequest>,
     ) -> Result<Response<v1::SmtpConfig>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::UpsertSmtpConfig)?;
         let current = self.store.smtp_settings().await.map_err(store_status)?;
         let settings = admin_convert::smtp_from_proto(
             request.into_inner(),
@@ -430,7 +448,7 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         &self,
         request: Request<v1::DeleteSmtpConfigRequest>,
     ) -> Result<Response<v1::DeleteSmtpConfigResponse>, Status> {
-        let actor = actor(&request);
+        let actor = self.authorize(&request, AdminRpc::DeleteSmtpConfig)?;
         let deleted = self.store.delete_smtp_settings().await;
         self.config.invalidate();
         if !deleted.map_err(store_status)? {

@@ -551,6 +551,55 @@ mod tests {
         );
     }
 
+    /// Secrets are write-only: the views carry a "set" flag, never the value.
+    #[test]
+    fn views_say_whether_a_secret_is_set_and_never_carry_it() {
+        let now = Utc::now();
+        let password = smtp_from_proto(smtp_request(), None).unwrap();
+        let view = smtp_view(Stored {
+            value: password,
+            updated_at: now,
+        });
+        assert!(view.password_set && !view.oauth_client_secret_set);
+        assert!(!format!("{view:?}").contains("s3cret"), "{view:?}");
+        let xoauth2 = smtp_from_proto(
+            v1::UpsertSmtpConfigRequest {
+                auth_mechanism: v1::SmtpAuthMechanism::Xoauth2.into(),
+                password: None,
+                oauth_token_url: "https://login.plant.test/token".into(),
+                oauth_client_id: "outbox".into(),
+                oauth_client_secret: Some("client-s3cret-value".into()),
+                ..smtp_request()
+            },
+            None,
+        )
+        .unwrap();
+        let view = smtp_view(Stored {
+            value: xoauth2,
+            updated_at: now,
+        });
+        assert!(view.oauth_client_secret_set && !view.password_set);
+        assert!(!format!("{view:?}").contains("client-s3cret"), "{view:?}");
+        let list = list_from_proto(
+            Some(v1::NotificationList {
+                name: "hooks".into(),
+                r#type: v1::NotificationType::Webhook.into(),
+                endpoints: vec!["https://hooks.plant.test/a".into()],
+                webhook_secret: Some("hook-secret-0123456789".into()),
+                ..Default::default()
+            }),
+            None,
+        )
+        .unwrap();
+        let view = list_view(Stored {
+            value: list,
+            updated_at: now,
+        });
+        assert!(view.webhook_secret_set);
+        assert_eq!(view.webhook_secret, None);
+        assert!(!format!("{view:?}").contains("hook-secret"), "{view:?}");
+    }
+
     #[test]
     fn bad_smtp_fields_are_named() {
         type Breaker = fn(&mut v1::UpsertSmtpConfigRequest);

@@ -5,9 +5,15 @@
 //! go to the store as one insert job, and up to [`MAX_BATCHES_IN_FLIGHT`] such jobs per stream
 //! run at once, which lets the store's group commit fold them into few fsyncs. Acks therefore
 //! come back in any order, as the contract allows.
+//!
+//! With client certificates required (`tls.client_ca`), a caller may submit only as the site its
+//! certificate names ([`SiteIdentity`]): any other `source_site_id` is refused before validation
+//! and nothing of it is stored (PERMISSION_DENIED on the unary call, a REJECTED ack on the
+//! stream, which goes on with the caller's other submits).
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::FutureExt;
 use outbox_proto::v1::notification_ingest_server::NotificationIngest;
@@ -22,6 +28,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::{convert, invalid_argument, store_status};
 use crate::metrics::Metrics;
 use crate::store::{NewNotification, OutboxStore};
+use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
 /// enough that one batch's acks are not held back for long.
@@ -45,6 +52,53 @@ pub struct IngestService<S> {
     dispatcher_wake: Arc<Notify>,
     /// Cancelled at shutdown: open streams end so the server can stop.
     shutdown: CancellationToken,
+    site_identity: SiteIdentity,
+}
+
+/// Which `source_site_id` a caller may submit as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SiteIdentity {
+    /// Any: without client certificates central cannot tell sites apart (the behaviour before
+    /// TLS, and with server-only TLS).
+    #[default]
+    Unchecked,
+    /// Only the one named by the Common Name of the caller's verified client certificate.
+    ClientCertificate,
+}
+
+impl SiteIdentity {
+    /// Checked exactly when `tls` requires client certificates.
+    pub fn for_tls(tls: &TlsSettings) -> Self {
+        if tls.requires_client_certificates() {
+            Self::ClientCertificate
+        } else {
+            Self::Unchecked
+        }
+    }
+
+    /// The site `request`'s caller may submit as: `None` for any. A verified certificate
+    /// without a Common Name names no site, so it may submit as none.
+    fn caller_site<T>(self, request: &Request<T>) -> Result<Option<String>, Status> {
+        match self {
+            Self::Unchecked => Ok(None),
+            Self::ClientCertificate => client_common_name(request).map(Some).ok_or_else(|| {
+                Status::permission_denied(
+                    "the client certificate has no Common Name, so it names no site to submit as",
+                )
+            }),
+        }
+    }
+}
+
+/// Refuses a submit for another site than `caller_site`; the reason names both.
+fn check_site(caller_site: Option<&str>, msg: &NotificationSubmit) -> Result<(), String> {
+    match caller_site {
+        Some(site) if site != msg.source_site_id => Err(format!(
+            "source_site_id: {:?} is not the caller's site: its client certificate is for {site:?}",
+            msg.source_site_id
+        )),
+        _ => Ok(()),
+    }
 }
 
 impl<S> IngestService<S> {
@@ -59,7 +113,14 @@ impl<S> IngestService<S> {
             metrics,
             dispatcher_wake,
             shutdown,
+            site_identity: SiteIdentity::Unchecked,
         }
+    }
+
+    /// Which sites each caller may submit as (unchecked unless set).
+    pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
+        self.site_identity = site_identity;
+        self
     }
 }
 
@@ -71,7 +132,12 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
         &self,
         request: Request<NotificationSubmit>,
     ) -> Result<Response<NotificationSubmitAck>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
         let msg = request.into_inner();
+        if let Err(reason) = check_site(caller_site.as_deref(), &msg) {
+            tracing::warn!(%reason, "refused a submit for another site");
+            return Err(Status::permission_denied(reason));
+        }
         let id = msg.notification_id.clone();
         let submission = convert::submission(msg).map_err(|e| {
             self.metrics.ingest_rejected_invalid();
@@ -97,12 +163,15 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
         &self,
         request: Request<Streaming<NotificationSubmit>>,
     ) -> Result<Response<Self::SubmitNotificationsStream>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
         let (acks, ack_stream) = mpsc::channel(ACK_BUFFER);
         let session = StreamSession {
             store: Arc::clone(&self.store),
             metrics: Arc::clone(&self.metrics),
             dispatcher_wake: Arc::clone(&self.dispatcher_wake),
             acks,
+            caller_site,
+            warned_other_site: AtomicBool::new(false),
         };
         tokio::spawn(session.run(request.into_inner(), self.shutdown.clone()));
         Ok(Response::new(Box::pin(ReceiverStream::new(ack_stream))))
@@ -115,6 +184,11 @@ struct StreamSession<S> {
     metrics: Arc<Metrics>,
     dispatcher_wake: Arc<Notify>,
     acks: mpsc::Sender<Result<NotificationSubmitAck, Status>>,
+    /// The only `source_site_id` this stream may submit as; `None` for any.
+    caller_site: Option<String>,
+    /// Whether a submit for another site was logged at WARN yet: once per stream, since a
+    /// misconfigured site would otherwise log once for every row of its backlog.
+    warned_other_site: AtomicBool,
 }
 
 impl<S: OutboxStore> StreamSession<S> {
@@ -182,6 +256,22 @@ impl<S: OutboxStore> StreamSession<S> {
         let mut valid = Vec::with_capacity(batch.len());
         for msg in batch {
             let id = msg.notification_id.clone();
+            if let Err(reason) = check_site(self.caller_site.as_deref(), &msg) {
+                if self.warned_other_site.swap(true, Ordering::Relaxed) {
+                    tracing::debug!(%reason, "refused a submit for another site");
+                } else {
+                    tracing::warn!(%reason, "refused a submit for another site (once per stream)");
+                }
+                if self
+                    .acks
+                    .send(Ok(convert::rejected(id, reason)))
+                    .await
+                    .is_err()
+                {
+                    return false;
+                }
+                continue;
+            }
             match convert::submission(msg) {
                 Ok(submission) => {
                     valid_ids.push(id);
@@ -268,4 +358,41 @@ fn text_bytes(m: &NotificationSubmit) -> usize {
     .iter()
     .map(|text| text.len())
     .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submit_as(site: &str) -> NotificationSubmit {
+        NotificationSubmit {
+            source_site_id: site.into(),
+            ..NotificationSubmit::default()
+        }
+    }
+
+    #[test]
+    fn only_a_submit_for_another_site_than_the_certificate_names_is_refused() {
+        assert_eq!(check_site(None, &submit_as("site-b")), Ok(()));
+        assert_eq!(check_site(Some("site-a"), &submit_as("site-a")), Ok(()));
+        let reason = check_site(Some("site-a"), &submit_as("site-b")).unwrap_err();
+        assert!(reason.starts_with("source_site_id: \"site-b\""), "{reason}");
+        assert!(reason.contains("\"site-a\""), "{reason}");
+        // No case folding: site ids are compared as the certificate spells them.
+        assert!(check_site(Some("site-a"), &submit_as("Site-A")).is_err());
+    }
+
+    #[test]
+    fn identity_is_checked_only_when_client_certificates_are_required() {
+        assert_eq!(
+            SiteIdentity::for_tls(&TlsSettings::default()),
+            SiteIdentity::Unchecked
+        );
+        let request = Request::new(());
+        assert_eq!(SiteIdentity::Unchecked.caller_site(&request).unwrap(), None);
+        let refused = SiteIdentity::ClientCertificate
+            .caller_site(&request)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    }
 }

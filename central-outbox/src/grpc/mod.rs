@@ -25,7 +25,8 @@ pub fn invalid_argument(e: ContentError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
-/// The one mapping from store failures to gRPC codes. Both are retryable by the caller.
+/// The one mapping from store failures to gRPC codes. Unavailable and Corrupt are retryable by
+/// the caller; a secret needing a key is FAILED_PRECONDITION, fixed in `[secrets]`.
 pub fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::Unavailable(detail) => {
@@ -35,6 +36,15 @@ pub fn store_status(e: StoreError) -> Status {
         StoreError::Corrupt(detail) => {
             tracing::error!(%detail, "corrupt stored data");
             Status::internal(format!("stored data is invalid: {detail}"))
+        }
+        // Names the secret's place and key ids, never a key or a secret.
+        StoreError::Secrets(e) if e.needs_configuration() => {
+            tracing::warn!(error = %e, "stored secrets need a [secrets] key");
+            Status::failed_precondition(e.to_string())
+        }
+        StoreError::Secrets(e) => {
+            tracing::error!(error = %e, "stored secret cannot be opened");
+            Status::internal(e.to_string())
         }
     }
 }

@@ -38,13 +38,17 @@ use crate::domain::{
     Submission,
 };
 
-/// A store operation failed. None of these are the caller's fault; the request may be retried.
+/// A store operation failed. None of these are the caller's fault; the request may be retried,
+/// except `Secrets`, which needs a `[secrets]` key configured (or names damaged data).
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("database unavailable: {0}")]
     Unavailable(String),
     #[error("stored data is corrupt: {0}")]
     Corrupt(String),
+    /// A secret could not be sealed or opened (no key, a key not configured, damaged data).
+    #[error("{0}")]
+    Secrets(#[from] crate::secrets::SecretsError),
 }
 
 impl From<group_commit::Error> for StoreError {

@@ -13,7 +13,9 @@ use central_outbox::config::{Config as CentralConfig, ListConfig, OAuthConfig, W
 use outbox_proto::v1;
 use outbox_tests::oauth_server::OAuthServer;
 use outbox_tests::smtp_sink::{AuthRequirement, Behaviour, SinkOptions, SmtpSink};
-use outbox_tests::webhook_server::{Reply, WebhookServer, verify_signature};
+use outbox_tests::webhook_server::{
+    Reply, SIGNATURE_TOLERANCE, SignatureRejection, WebhookServer, unix_now, verify_signature,
+};
 use tokio::net::TcpListener;
 
 use crate::harness::{
@@ -605,15 +607,43 @@ async fn a_2xx_webhook_delivers_a_signed_generic_document_with_an_idempotency_ke
     assert_eq!(request.path, "/hook");
     assert_eq!(request.idempotency_key(), Some(id.as_str()));
     assert_eq!(request.header("content-type"), Some("application/json"));
+    // X-Outbox-Signature: t=<unix seconds>,v1=<HMAC of "<t>.<id>.<body>">, checked as the
+    // README tells receivers to.
     let signature = request.header("x-outbox-signature").unwrap();
-    assert!(verify_signature(
-        HOOK_SECRET.as_bytes(),
-        &request.body,
-        signature
-    ));
-    assert!(
-        !verify_signature(b"some-other-secret-0000", &request.body, signature),
+    let now = unix_now();
+    let signed_at = verify_signature(HOOK_SECRET.as_bytes(), &id, &request.body, signature, now)
+        .unwrap_or_else(|e| panic!("{signature}: {e:?}"));
+    assert!(request.signature_valid(HOOK_SECRET.as_bytes()));
+    assert_eq!(
+        verify_signature(
+            b"some-other-secret-0000",
+            &id,
+            &request.body,
+            signature,
+            now
+        ),
+        Err(SignatureRejection::Mismatch),
         "the signature depends on the secret"
+    );
+    let other_id = uuid::Uuid::now_v7().to_string();
+    assert_eq!(
+        verify_signature(
+            HOOK_SECRET.as_bytes(),
+            &other_id,
+            &request.body,
+            signature,
+            now
+        ),
+        Err(SignatureRejection::Mismatch),
+        "the signature covers the id"
+    );
+    let later = signed_at + SIGNATURE_TOLERANCE.as_secs() as i64 + 1;
+    assert!(
+        matches!(
+            verify_signature(HOOK_SECRET.as_bytes(), &id, &request.body, signature, later),
+            Err(SignatureRejection::Stale { .. })
+        ),
+        "a replay after the tolerance is refused"
     );
 
     let doc = request.json().unwrap();

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
+use central_outbox::auth::AuthMode;
 use central_outbox::config::{Config as CentralConfig, ListConfig, SmtpConfig};
 use chrono::Utc;
 use outbox_proto::time::to_timestamp;
@@ -20,7 +21,7 @@ use outbox_tests::smtp_sink::SmtpSink;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
+use tonic::transport::{Channel, ClientTlsConfig};
 
 pub use crate::backend::{CentralDatabase, Db, database_url};
 
@@ -82,6 +83,39 @@ pub async fn wait_until_serving(addr: SocketAddr) {
     .await;
 }
 
+/// Waits until the TLS server at `addr` reports SERVING to a client using `tls`.
+pub async fn wait_until_serving_tls(addr: SocketAddr, tls: ClientTlsConfig) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    eventually(&format!("{addr} reports SERVING over TLS"), || {
+        let tls = tls.clone();
+        async move {
+            let channel = tls_channel(addr, tls).await.ok()?;
+            let status = HealthClient::new(channel)
+                .check(HealthCheckRequest {
+                    service: String::new(),
+                })
+                .await
+                .ok()?
+                .into_inner()
+                .status();
+            (status == ServingStatus::Serving).then_some(())
+        }
+    })
+    .await;
+}
+
+/// A connection to `addr` over TLS; the error as text when it cannot be made.
+pub async fn tls_channel(addr: SocketAddr, tls: ClientTlsConfig) -> Result<Channel, String> {
+    Channel::from_shared(format!("https://{addr}"))
+        .map_err(|e| e.to_string())?
+        .tls_config(tls)
+        .map_err(|e| e.to_string())?
+        .connect()
+        .await
+        .map_err(|e| format!("{e:?}"))
+}
+
 pub async fn channel(addr: SocketAddr) -> Channel {
     Channel::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -105,6 +139,11 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     // claim timeout would drop rows there while the pool warms up.
     config.dispatcher.claim_timeout = Duration::from_secs(30);
     config.shutdown_timeout = Duration::from_secs(5);
+    // Storing a secret needs a [secrets] key: base64 of "outbox-test-secrets-key-32-bytes".
+    config.secrets.key = Some("b3V0Ym94LXRlc3Qtc2VjcmV0cy1rZXktMzItYnl0ZXM=".into());
+    // Most tests act through the admin API as named operators (x-outbox-actor); the `auth`
+    // module's tests turn authentication on.
+    config.auth.mode = AuthMode::None;
     config.smtp = smtp.map(|addr| SmtpConfig {
         tls: "none".into(),
         max_retries: 5,
@@ -140,9 +179,24 @@ impl Central {
         Self::start_on(config, listener).await
     }
 
+    /// Starts central serving TLS (`config.tls`) and waits until it reports SERVING to a client
+    /// using `client` (a TLS port does not answer the plaintext health check).
+    pub async fn start_tls(config: CentralConfig, client: ClientTlsConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::launch(config, listener, Some(client)).await
+    }
+
     /// Starts central on `config`, whose SQLite `database` names the test's central database:
     /// on the MS SQL backend, a scratch database stands in for it (see [`CentralDatabase`]).
-    pub async fn start_on(mut config: CentralConfig, listener: TcpListener) -> Self {
+    pub async fn start_on(config: CentralConfig, listener: TcpListener) -> Self {
+        Self::launch(config, listener, None).await
+    }
+
+    async fn launch(
+        mut config: CentralConfig,
+        listener: TcpListener,
+        tls: Option<ClientTlsConfig>,
+    ) -> Self {
         let db = match config.clone().validate().unwrap().database {
             central_outbox::config::DatabaseUrl::Sqlite(db) => db,
             other => panic!("tests name central's database by a SQLite path, not {other:?}"),
@@ -165,12 +219,11 @@ impl Central {
             stop,
             task,
         };
-        central.wait_until_serving().await;
+        match tls {
+            Some(tls) => wait_until_serving_tls(central.addr, tls).await,
+            None => wait_until_serving(central.addr).await,
+        }
         central
-    }
-
-    async fn wait_until_serving(&self) {
-        wait_until_serving(self.addr).await;
     }
 
     pub async fn ingest(&self) -> NotificationIngestClient<Channel> {

@@ -10,6 +10,7 @@ mod backend;
 mod harness;
 
 mod admin;
+mod auth;
 mod channels;
 mod crash;
 mod delivery;
@@ -18,3 +19,5 @@ mod ingest;
 mod leader;
 mod mail;
 mod operations;
+mod secrets;
+mod tls;

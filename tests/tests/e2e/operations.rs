@@ -29,16 +29,16 @@ use crate::harness::{
 const OPERATOR: &str = "ops-jane";
 
 /// What a finished command printed and how it exited.
-struct Run {
+pub(crate) struct Run {
     what: String,
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Run {
     /// Asserts success and parses stdout as one JSON document.
-    fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         assert_eq!(
             self.code,
             Some(0),
@@ -102,7 +102,12 @@ impl Run {
     }
 }
 
-async fn run(program: &Path, args: &[&str], env: &[(&str, &str)], stdin: Option<&str>) -> Run {
+pub(crate) async fn run(
+    program: &Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    stdin: Option<&str>,
+) -> Run {
     let what = format!(
         "{} {}",
         program.file_name().unwrap().to_string_lossy(),
@@ -113,6 +118,11 @@ async fn run(program: &Path, args: &[&str], env: &[(&str, &str)], stdin: Option<
         .args(args)
         // Nothing from the developer's shell may steer the command under test.
         .env_remove("OUTBOX_ADDR")
+        .env_remove("OUTBOX_TOKEN")
+        .env_remove("OUTBOX_TOKEN_FILE")
+        .env_remove("OUTBOX_CA")
+        .env_remove("OUTBOX_CERT")
+        .env_remove("OUTBOX_KEY")
         .env_remove("OUTBOX_SMTP_PASSWORD")
         .env_remove("OUTBOX_SMTP_OAUTH_CLIENT_SECRET")
         .env_remove("OUTBOX_WEBHOOK_SECRET")
@@ -166,7 +176,7 @@ async fn outboxctl_with(
 }
 
 /// The grpcurl the tests drive: `$OUTBOX_GRPCURL`, or the one `make tools` installs.
-fn grpcurl_path() -> PathBuf {
+pub(crate) fn grpcurl_path() -> PathBuf {
     if let Some(path) = std::env::var_os("OUTBOX_GRPCURL") {
         return PathBuf::from(path);
     }

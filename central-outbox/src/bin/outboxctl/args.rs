@@ -5,6 +5,7 @@
 //! as flag values: they come from stdin or the environment, because argv is visible to every user
 //! through `ps` and lands in shell history. The `lists` and `smtp` flags live in [`channel`].
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -41,6 +42,31 @@ pub struct Cli {
     /// `x-outbox-actor` header). Defaults to $USER.
     #[arg(long, env = "USER", global = true)]
     pub actor: Option<String>,
+    /// File holding the bearer token central knows this operator by (see README, "Operator
+    /// roles"). OUTBOX_TOKEN may hold the token itself instead.
+    #[arg(long, env = "OUTBOX_TOKEN_FILE", value_name = "PATH", global = true)]
+    pub token_file: Option<PathBuf>,
+    /// CA certificate (PEM) that central's TLS certificate must chain to; implies https.
+    #[arg(long, env = "OUTBOX_CA", value_name = "PATH", global = true)]
+    pub ca: Option<PathBuf>,
+    /// Client certificate (PEM) for mutual TLS, with --key.
+    #[arg(
+        long,
+        env = "OUTBOX_CERT",
+        value_name = "PATH",
+        global = true,
+        requires = "key"
+    )]
+    pub cert: Option<PathBuf>,
+    /// Private key (PEM) of --cert.
+    #[arg(
+        long,
+        env = "OUTBOX_KEY",
+        value_name = "PATH",
+        global = true,
+        requires = "cert"
+    )]
+    pub key: Option<PathBuf>,
     /// Connect and per-call timeout, e.g. 10s or 1m. Give it before the subcommand: after
     /// `smtp set`, --timeout is the SMTP session timeout.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]

@@ -41,7 +41,14 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli) -> Result<()> {
-    let addr = connect::normalise_addr(&cli.addr);
+    let access = connect::Access {
+        ca: cli.ca.clone(),
+        cert: cli.cert.clone(),
+        key: cli.key.clone(),
+        token_file: cli.token_file.clone(),
+        token: std::env::var("OUTBOX_TOKEN").ok(),
+    };
+    let addr = connect::normalise_addr(&cli.addr, access.ca.is_some() || access.cert.is_some());
     let actor = connect::actor_header(cli.actor.as_deref())?;
     commands::check(&cli.command)?;
     // One command, a handful of sequential calls: a single-threaded runtime is all it needs.
@@ -53,7 +60,7 @@ fn run(cli: Cli) -> Result<()> {
             source,
         })?;
     let report = runtime.block_on(async {
-        let client = connect::connect(&addr, cli.timeout, actor).await?;
+        let client = connect::connect(&addr, cli.timeout, actor, &access).await?;
         let mut session = Session {
             client,
             addr: addr.clone(),

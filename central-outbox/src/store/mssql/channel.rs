@@ -1,6 +1,10 @@
 //! Notification lists and channel settings in the MS SQL backend. A list and its targets are
 //! written together in one transaction; targets are read back sorted by address, as the SQLite
 //! backend returns them.
+//!
+//! Secret columns (`WebhookSecret`, `Password`, `OAuthClientSecret`) are written only as values
+//! sealed by the store's [`Keyring`]; every read opens them, and [`reseal_secrets`] brings older
+//! rows (clear text from earlier releases, or an earlier key) to the current key.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -12,11 +16,12 @@ use super::pool::Param;
 use super::{MsSqlStore, decode, millis_i64, result_set, sql, text};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{ListName, NotificationType};
+use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::{Result, StoreError};
 
 /// The channel key of the email settings row in `ChannelConfig`.
@@ -27,7 +32,11 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
 }
 
 /// A list row with its targets (addresses or URLs, in any order).
-fn read_list(row: &Row, mut targets: Vec<String>) -> Result<Stored<NotificationList>> {
+fn read_list(
+    row: &Row,
+    mut targets: Vec<String>,
+    secrets: &Keyring,
+) -> Result<Stored<NotificationList>> {
     let name = ListName::parse(decode::text(row, "Name")?).map_err(corrupt)?;
     let kind = decode::text(row, "Type")?;
     let kind =
@@ -50,7 +59,9 @@ fn read_list(row: &Row, mut targets: Vec<String>) -> Result<Stored<NotificationL
                 Some(f) => WebhookFormat::parse(&f)
                     .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
             },
-            secret: decode::opt_text(row, "WebhookSecret")?.map(Secret::new),
+            secret: decode::opt_text(row, "WebhookSecret")?
+                .map(|s| secrets.open(&s, Slot::WebhookSecret(name.as_str())))
+                .transpose()?,
         }),
     };
     Ok(Stored {
@@ -80,7 +91,12 @@ pub async fn list(store: &MsSqlStore, name: &ListName) -> Result<Option<Stored<N
         return Ok(None);
     };
     let mut targets = targets_by_list(&result_set(&mut results, 1, "list")?)?;
-    read_list(row, targets.remove(name.as_str()).unwrap_or_default()).map(Some)
+    read_list(
+        row,
+        targets.remove(name.as_str()).unwrap_or_default(),
+        &store.secrets,
+    )
+    .map(Some)
 }
 
 pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> {
@@ -90,7 +106,11 @@ pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> 
     rows.iter()
         .map(|row| {
             let name = decode::text(row, "Name")?;
-            read_list(row, targets.remove(&name).unwrap_or_default())
+            read_list(
+                row,
+                targets.remove(&name).unwrap_or_default(),
+                &store.secrets,
+            )
         })
         .collect()
 }
@@ -100,7 +120,15 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
         ListTargets::Email(_) => (None, None),
         ListTargets::Webhook(target) => (
             Some(target.format.as_str().to_owned()),
-            target.secret.as_ref().map(|s| s.expose().to_owned()),
+            target
+                .secret
+                .as_ref()
+                .map(|s| {
+                    store
+                        .secrets
+                        .seal(s, Slot::WebhookSecret(list.name.as_str()))
+                })
+                .transpose()?,
         ),
     };
     // A list holds each target once (the SQLite backend's key enforces the same).
@@ -139,7 +167,7 @@ fn millis(v: i64) -> Duration {
     Duration::from_millis(u64::try_from(v).unwrap_or(0))
 }
 
-fn read_smtp(row: &Row) -> Result<Stored<SmtpSettings>> {
+fn read_smtp(row: &Row, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
     let missing = |column: &str| corrupt(format!("ChannelConfig.{column} is NULL"));
     let username = decode::opt_text(row, "Username")?;
     let mechanism = decode::text(row, "AuthMechanism")?;
@@ -147,9 +175,10 @@ fn read_smtp(row: &Row) -> Result<Stored<SmtpSettings>> {
         "none" => SmtpAuth::None,
         "password" => SmtpAuth::Password {
             username: username.ok_or_else(|| missing("Username"))?,
-            password: Secret::new(
-                decode::opt_text(row, "Password")?.ok_or_else(|| missing("Password"))?,
-            ),
+            password: secrets.open(
+                &decode::opt_text(row, "Password")?.ok_or_else(|| missing("Password"))?,
+                Slot::SmtpPassword,
+            )?,
         },
         "xoauth2" => SmtpAuth::XOAuth2 {
             username: username.ok_or_else(|| missing("Username"))?,
@@ -158,10 +187,11 @@ fn read_smtp(row: &Row) -> Result<Stored<SmtpSettings>> {
                     .ok_or_else(|| missing("OAuthTokenUrl"))?,
                 client_id: decode::opt_text(row, "OAuthClientId")?
                     .ok_or_else(|| missing("OAuthClientId"))?,
-                client_secret: Secret::new(
-                    decode::opt_text(row, "OAuthClientSecret")?
+                client_secret: secrets.open(
+                    &decode::opt_text(row, "OAuthClientSecret")?
                         .ok_or_else(|| missing("OAuthClientSecret"))?,
-                ),
+                    Slot::OAuthClientSecret,
+                )?,
                 scope: decode::opt_text(row, "OAuthScope")?.unwrap_or_default(),
             },
         },
@@ -215,7 +245,7 @@ pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSetti
         .await?;
     result_set(&mut results, 0, "SMTP settings")?
         .first()
-        .map(read_smtp)
+        .map(|row| read_smtp(row, &store.secrets))
         .transpose()
 }
 
@@ -224,11 +254,18 @@ pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Resu
         SmtpAuth::None => (None, None, None),
         SmtpAuth::Password { username, password } => (
             Some(username.clone()),
-            Some(password.expose().to_owned()),
+            Some(store.secrets.seal(password, Slot::SmtpPassword)?),
             None,
         ),
         SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), None, Some(oauth)),
     };
+    let client_secret = oauth
+        .map(|o| {
+            store
+                .secrets
+                .seal(&o.client_secret, Slot::OAuthClientSecret)
+        })
+        .transpose()?;
     let p = &s.policy;
     let max_retry_delay = match p.backoff {
         Backoff::Fixed => None,
@@ -256,7 +293,7 @@ pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Resu
         Param::BigInt(Some(millis_i64(s.overall_timeout))),
         Param::Text(oauth.map(|o| o.token_url.clone())),
         Param::Text(oauth.map(|o| o.client_id.clone())),
-        Param::Text(oauth.map(|o| o.client_secret.expose().to_owned())),
+        Param::Text(client_secret),
         Param::Text(oauth.map(|o| o.scope.clone())),
     ];
     match store.batch_raw(sql::REPLACE_CHANNEL, &params).await {
@@ -278,4 +315,69 @@ pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
         .batch("SMTP settings", sql::DELETE_CHANNEL, &[text(EMAIL_CHANNEL)])
         .await?;
     Ok(single_count(&mut results, "Deleted", "SMTP settings")? > 0)
+}
+
+/// Seals every stored secret that is not sealed with the current key yet (legacy clear text, or
+/// an earlier key) and checks that the others open. Every value is checked before anything is
+/// written, so a value sealed with a key that is not configured fails the pass (naming the key
+/// id) with nothing changed. Each replacement applies only while the stored value is still the
+/// one read, so a replica starting at the same time, or an operator's write, is never
+/// overwritten with an older secret. UpdatedAt is left alone: the settings did not change.
+pub async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
+    let secrets = &store.secrets;
+    let mut report = ResealReport::default();
+    let mut updates: Vec<(&'static str, Vec<Param>)> = Vec::new();
+    let mut results = store.batch("secrets", sql::SELECT_SECRETS, &[]).await?;
+    for row in result_set(&mut results, 0, "secrets")? {
+        let name = decode::text(&row, "Name")?;
+        let stored = decode::text(&row, "WebhookSecret")?;
+        let outcome = secrets.reseal(&stored, Slot::WebhookSecret(&name))?;
+        report.count(&outcome);
+        if let Resealed::Replace(sealed) = outcome {
+            updates.push((
+                sql::RESEAL_LIST_SECRET,
+                vec![
+                    text(&name),
+                    Param::Text(Some(stored)),
+                    Param::Text(Some(sealed)),
+                ],
+            ));
+        }
+    }
+    for row in result_set(&mut results, 1, "secrets")? {
+        let channel = decode::text(&row, "Channel")?;
+        // (old, new) for each column, or (NULL, NULL) to leave it alone.
+        let mut replace = |column: &str, slot: Slot<'_>| -> Result<Option<(String, String)>> {
+            let Some(stored) = decode::opt_text(&row, column)? else {
+                return Ok(None);
+            };
+            let outcome = secrets.reseal(&stored, slot)?;
+            report.count(&outcome);
+            Ok(match outcome {
+                Resealed::Replace(sealed) => Some((stored, sealed)),
+                Resealed::Current | Resealed::InClear => None,
+            })
+        };
+        let password = replace("Password", Slot::SmtpPassword)?;
+        let client_secret = replace("OAuthClientSecret", Slot::OAuthClientSecret)?;
+        if password.is_none() && client_secret.is_none() {
+            continue;
+        }
+        let (old_password, new_password) = password.unzip();
+        let (old_client_secret, new_client_secret) = client_secret.unzip();
+        updates.push((
+            sql::RESEAL_CHANNEL_SECRETS,
+            vec![
+                text(&channel),
+                Param::Text(old_password),
+                Param::Text(new_password),
+                Param::Text(old_client_secret),
+                Param::Text(new_client_secret),
+            ],
+        ));
+    }
+    for (statement, params) in updates {
+        store.batch("secrets", statement, &params).await?;
+    }
+    Ok(report)
 }

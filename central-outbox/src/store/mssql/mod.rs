@@ -45,6 +45,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::{ListName, NotificationId, NotificationType};
+use crate::secrets::{Keyring, ResealReport};
 
 pub use self::options::MsSqlOptions;
 pub use self::scratch::ScratchDatabase;
@@ -66,6 +67,8 @@ pub struct MsSqlStore {
     lease_pool: bb8::Pool<Manager>,
     /// Bounds one whole unit of work: a connection from the pool, then the batch.
     timeout: Duration,
+    /// Seals the secrets written and opens those read (see `channel`).
+    secrets: Keyring,
 }
 
 impl std::fmt::Debug for MsSqlStore {
@@ -79,8 +82,11 @@ impl std::fmt::Debug for MsSqlStore {
 impl MsSqlStore {
     /// Connects, then brings the schema up to date (serialised between replicas by an
     /// application lock). Fails if the server is unreachable after the connect retries, the
-    /// login is refused, or the schema is newer than this binary.
+    /// login is refused, or the schema is newer than this binary. Secrets are sealed with a key
+    /// that lasts as long as this process ([`Keyring::ephemeral`]), enough for tests and tools;
+    /// the service sets its configured keys with [`Self::with_secrets`].
     pub async fn open(options: MsSqlOptions) -> Result<Self> {
+        let secrets = Keyring::ephemeral()?;
         tracing::info!(server = %options.describe(), "opening the MS SQL store");
         let pool = bb8::Pool::builder()
             .max_size(options.pool_max_size)
@@ -113,9 +119,24 @@ impl MsSqlStore {
             // A batch waits for a connection (bounded above) and then for each response (the
             // driver's command timeout); a batch has at most a couple of response waits.
             timeout: options.connect_timeout * 3 + options.command_timeout * 2,
+            secrets,
         };
         migrate::apply(&store.pool, options.command_timeout).await?;
         Ok(store)
+    }
+
+    /// Seals and opens secrets with `secrets` from now on.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Keyring) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// Re-seals every stored secret not sealed with the current key (clear text from older
+    /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
+    /// naming the key id, if one was sealed with a key that is not configured.
+    pub async fn reseal_secrets(&self) -> Result<ResealReport> {
+        channel::reseal_secrets(self).await
     }
 
     /// Runs one batch on a pooled connection and returns its result sets. Deadlock victims are

@@ -712,6 +712,37 @@ WHERE c.Channel = @P1;
 SELECT @@ROWCOUNT AS Deleted;"
 );
 
+/// Every stored secret, for the start-up re-seal: lists' webhook secrets (first result), the
+/// channels' password and OAuth client secret (second).
+pub const SELECT_SECRETS: &str = batch!(
+    "SELECT l.Name, l.WebhookSecret
+FROM dbo.NotificationLists AS l
+WHERE l.WebhookSecret IS NOT NULL;
+SELECT c.Channel, c.Password, c.OAuthClientSecret
+FROM dbo.ChannelConfig AS c
+WHERE c.Password IS NOT NULL OR c.OAuthClientSecret IS NOT NULL;"
+);
+
+/// Replaces list @P1's webhook secret @P2 with @P3, only while it is still @P2: a replica that
+/// stored a new secret meanwhile keeps it.
+pub const RESEAL_LIST_SECRET: &str = batch!(
+    "UPDATE l
+SET l.WebhookSecret = @P3
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1 AND l.WebhookSecret = @P2;"
+);
+
+/// Replaces channel @P1's password @P2 with @P3 and its OAuth client secret @P4 with @P5, each
+/// only while it is still the old value (a NULL old value leaves that column alone: NULL equals
+/// nothing).
+pub const RESEAL_CHANNEL_SECRETS: &str = batch!(
+    "UPDATE c
+SET c.Password = CASE WHEN c.Password = @P2 THEN @P3 ELSE c.Password END,
+    c.OAuthClientSecret = CASE WHEN c.OAuthClientSecret = @P4 THEN @P5 ELSE c.OAuthClientSecret END
+FROM dbo.ChannelConfig AS c
+WHERE c.Channel = @P1;"
+);
+
 /// Every statement, rendered, by snapshot name: the fixed ones as they are, the built ones for
 /// representative inputs (every filter field set, a keyset cursor, two rows or ids).
 #[cfg(test)]
@@ -782,6 +813,9 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ("select_channel", SELECT_CHANNEL.to_owned()),
         ("replace_channel", REPLACE_CHANNEL.to_owned()),
         ("delete_channel", DELETE_CHANNEL.to_owned()),
+        ("select_secrets", SELECT_SECRETS.to_owned()),
+        ("reseal_list_secret", RESEAL_LIST_SECRET.to_owned()),
+        ("reseal_channel_secrets", RESEAL_CHANNEL_SECRETS.to_owned()),
     ];
     for m in super::migrate::MIGRATIONS {
         statements.push((m.snapshot, migration(m.sql)));
@@ -870,6 +904,9 @@ mod tests {
             SELECT_CHANNEL,
             REPLACE_CHANNEL,
             DELETE_CHANNEL,
+            SELECT_SECRETS,
+            RESEAL_LIST_SECRET,
+            RESEAL_CHANNEL_SECRETS,
         ];
         let declared = source.matches("\npub const ").count();
         // SUBMIT_COLUMNS is a number, not a statement.

@@ -1,5 +1,10 @@
 //! Notification lists and channel settings in the SQLite backend. Read on the read pool, written
 //! through the group-commit writer like everything else.
+//!
+//! Secret columns (`NotificationLists.WebhookSecret`, `ChannelConfig.Password` and
+//! `ChannelConfig.OAuthClientSecret`) are written only as values sealed by [`Keyring::seal`];
+//! every read opens them, and [`reseal_secrets`] brings older rows (clear text from earlier
+//! releases, or an earlier key) to the current key.
 
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, OptionalExtension, params};
@@ -9,11 +14,12 @@ use std::time::Duration;
 
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{ListName, NotificationType};
+use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::Result;
 
 /// The channel key of the email settings row in `ChannelConfig`.
@@ -22,6 +28,7 @@ const EMAIL_CHANNEL: &str = "email";
 pub(super) fn select_list(
     conn: &Connection,
     name: &ListName,
+    secrets: &Keyring,
 ) -> Result<Option<Stored<NotificationList>>> {
     type ListRow = (String, Option<String>, Option<String>, i64);
     let row: Option<ListRow> = conn
@@ -56,7 +63,9 @@ pub(super) fn select_list(
                 Some(f) => WebhookFormat::parse(&f)
                     .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
             },
-            secret: secret.map(Secret::new),
+            secret: secret
+                .map(|s| secrets.open(&s, Slot::WebhookSecret(name.as_str())))
+                .transpose()?,
         }),
     };
     Ok(Some(Stored {
@@ -78,7 +87,10 @@ fn select_targets(conn: &Connection, name: &ListName) -> Result<Vec<String>> {
         .collect::<rusqlite::Result<Vec<_>>>()?)
 }
 
-pub(super) fn select_lists(conn: &Connection) -> Result<Vec<Stored<NotificationList>>> {
+pub(super) fn select_lists(
+    conn: &Connection,
+    secrets: &Keyring,
+) -> Result<Vec<Stored<NotificationList>>> {
     let names = conn
         .prepare_cached("SELECT Name FROM NotificationLists ORDER BY Name")?
         .query_map([], |row| row.get::<_, String>(0))?
@@ -86,7 +98,7 @@ pub(super) fn select_lists(conn: &Connection) -> Result<Vec<Stored<NotificationL
     let mut lists = Vec::with_capacity(names.len());
     for name in names {
         let name = ListName::parse(name).map_err(corrupt)?;
-        if let Some(list) = select_list(conn, &name)? {
+        if let Some(list) = select_list(conn, &name, secrets)? {
             lists.push(list);
         }
     }
@@ -96,13 +108,18 @@ pub(super) fn select_lists(conn: &Connection) -> Result<Vec<Stored<NotificationL
 pub(super) fn replace_list(
     conn: &Connection,
     list: &NotificationList,
+    secrets: &Keyring,
     now: DateTime<Utc>,
 ) -> Result<()> {
     let (format, secret) = match &list.targets {
         ListTargets::Email(_) => (None, None),
         ListTargets::Webhook(target) => (
             Some(target.format.as_str()),
-            target.secret.as_ref().map(Secret::expose),
+            target
+                .secret
+                .as_ref()
+                .map(|s| secrets.seal(s, Slot::WebhookSecret(list.name.as_str())))
+                .transpose()?,
         ),
     };
     conn.prepare_cached(
@@ -202,23 +219,28 @@ fn millis(v: i64) -> Duration {
 }
 
 impl SmtpRow {
-    fn decode(self) -> Result<Stored<SmtpSettings>> {
+    fn decode(self, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
         let missing = |column: &str| corrupt(format!("ChannelConfig.{column} is NULL"));
         let auth = match self.mechanism.as_str() {
             "none" => SmtpAuth::None,
             "password" => SmtpAuth::Password {
                 username: self.username.ok_or_else(|| missing("Username"))?,
-                password: Secret::new(self.password.ok_or_else(|| missing("Password"))?),
+                password: secrets.open(
+                    &self.password.ok_or_else(|| missing("Password"))?,
+                    Slot::SmtpPassword,
+                )?,
             },
             "xoauth2" => SmtpAuth::XOAuth2 {
                 username: self.username.ok_or_else(|| missing("Username"))?,
                 oauth: OAuthClientCredentials {
                     token_url: self.token_url.ok_or_else(|| missing("OAuthTokenUrl"))?,
                     client_id: self.client_id.ok_or_else(|| missing("OAuthClientId"))?,
-                    client_secret: Secret::new(
-                        self.client_secret
+                    client_secret: secrets.open(
+                        &self
+                            .client_secret
                             .ok_or_else(|| missing("OAuthClientSecret"))?,
-                    ),
+                        Slot::OAuthClientSecret,
+                    )?,
                     scope: self.scope.unwrap_or_default(),
                 },
             },
@@ -260,27 +282,36 @@ impl SmtpRow {
     }
 }
 
-pub(super) fn select_smtp_settings(conn: &Connection) -> Result<Option<Stored<SmtpSettings>>> {
+pub(super) fn select_smtp_settings(
+    conn: &Connection,
+    secrets: &Keyring,
+) -> Result<Option<Stored<SmtpSettings>>> {
     let sql = format!("SELECT {SMTP_COLUMNS} FROM ChannelConfig WHERE Channel = ?1");
     conn.prepare_cached(&sql)?
         .query_row([EMAIL_CHANNEL], read_smtp)
         .optional()?
-        .map(SmtpRow::decode)
+        .map(|row| row.decode(secrets))
         .transpose()
 }
 
 pub(super) fn replace_smtp_settings(
     conn: &Connection,
     s: &SmtpSettings,
+    secrets: &Keyring,
     now: DateTime<Utc>,
 ) -> Result<()> {
     let (username, password, oauth) = match &s.auth {
         SmtpAuth::None => (None, None, None),
-        SmtpAuth::Password { username, password } => {
-            (Some(username.as_str()), Some(password.expose()), None)
-        }
+        SmtpAuth::Password { username, password } => (
+            Some(username.as_str()),
+            Some(secrets.seal(password, Slot::SmtpPassword)?),
+            None,
+        ),
         SmtpAuth::XOAuth2 { username, oauth } => (Some(username.as_str()), None, Some(oauth)),
     };
+    let client_secret = oauth
+        .map(|o| secrets.seal(&o.client_secret, Slot::OAuthClientSecret))
+        .transpose()?;
     let p = &s.policy;
     let max_retry_delay = match p.backoff {
         Backoff::Fixed => None,
@@ -328,7 +359,7 @@ pub(super) fn replace_smtp_settings(
         duration_ms(s.overall_timeout),
         oauth.map(|o| o.token_url.as_str()),
         oauth.map(|o| o.client_id.as_str()),
-        oauth.map(|o| o.client_secret.expose()),
+        client_secret,
         oauth.map(|o| o.scope.as_str()),
         ms(now),
     ])?;
@@ -340,4 +371,52 @@ pub(super) fn delete_smtp_settings(conn: &Connection) -> Result<bool> {
         .prepare_cached("DELETE FROM ChannelConfig WHERE Channel = ?1")?
         .execute([EMAIL_CHANNEL])?;
     Ok(deleted > 0)
+}
+
+/// Seals every stored secret that is not sealed with the current key yet (legacy clear text, or
+/// an earlier key), in one transaction, and checks that the others open. Fails, naming the key
+/// id, on a value sealed with a key that is not configured. UpdatedAt is left alone: the
+/// settings did not change, only how they are kept.
+pub(super) fn reseal_secrets(conn: &Connection, secrets: &Keyring) -> Result<ResealReport> {
+    let mut report = ResealReport::default();
+    let lists = conn
+        .prepare_cached(
+            "SELECT Name, WebhookSecret FROM NotificationLists WHERE WebhookSecret IS NOT NULL",
+        )?
+        .query_map([], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut update_list =
+        conn.prepare_cached("UPDATE NotificationLists SET WebhookSecret = ?2 WHERE Name = ?1")?;
+    for (name, stored) in lists {
+        let outcome = secrets.reseal(&stored, Slot::WebhookSecret(&name))?;
+        report.count(&outcome);
+        if let Resealed::Replace(sealed) = outcome {
+            update_list.execute(params![name, sealed])?;
+        }
+    }
+    let channel: Option<(Option<String>, Option<String>)> = conn
+        .prepare_cached("SELECT Password, OAuthClientSecret FROM ChannelConfig WHERE Channel = ?1")?
+        .query_row([EMAIL_CHANNEL], |row| Ok((row.get(0)?, row.get(1)?)))
+        .optional()?;
+    let Some((password, client_secret)) = channel else {
+        return Ok(report);
+    };
+    for (column, slot, stored) in [
+        ("Password", Slot::SmtpPassword, password),
+        ("OAuthClientSecret", Slot::OAuthClientSecret, client_secret),
+    ] {
+        let Some(stored) = stored else { continue };
+        let outcome = secrets.reseal(&stored, slot)?;
+        report.count(&outcome);
+        if let Resealed::Replace(sealed) = outcome {
+            // `column` is one of the two names above, never input.
+            conn.prepare_cached(&format!(
+                "UPDATE ChannelConfig SET {column} = ?2 WHERE Channel = ?1"
+            ))?
+            .execute(params![EMAIL_CHANNEL, sealed])?;
+        }
+    }
+    Ok(report)
 }

@@ -29,20 +29,46 @@ use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
 use crate::domain::{ListName, NotificationId, NotificationType};
+use crate::secrets::{Keyring, ResealReport};
 
 /// Central store on a SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
     db: Database,
+    /// Seals the secrets written and opens those read (see `channel`).
+    secrets: Keyring,
 }
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and applies pending migrations.
+    /// Secrets are sealed with a key that lasts as long as this process ([`Keyring::ephemeral`]),
+    /// enough for tests and tools; the service sets its configured keys with
+    /// [`Self::with_secrets`].
     pub fn open(path: &Path, durability: Durability) -> Result<Self> {
         let mut options = Options::new(path);
         options.durability = durability;
         let db = Database::open(&options, migrate::apply)?;
-        Ok(Self { db })
+        Ok(Self {
+            db,
+            secrets: Keyring::ephemeral()?,
+        })
+    }
+
+    /// Seals and opens secrets with `secrets` from now on.
+    #[must_use]
+    pub fn with_secrets(mut self, secrets: Keyring) -> Self {
+        self.secrets = secrets;
+        self
+    }
+
+    /// Re-seals every stored secret not sealed with the current key (clear text from older
+    /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
+    /// naming the key id, if one was sealed with a key that is not configured.
+    pub async fn reseal_secrets(&self) -> Result<ResealReport> {
+        let secrets = self.secrets.clone();
+        self.db
+            .write(move |conn| channel::reseal_secrets(conn, &secrets))
+            .await
     }
 }
 
@@ -189,18 +215,23 @@ impl OutboxStore for SqliteStore {
 
     async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
         let name = name.clone();
+        let secrets = self.secrets.clone();
         self.db
-            .read(move |conn| channel::select_list(conn, &name))
+            .read(move |conn| channel::select_list(conn, &name, &secrets))
             .await
     }
 
     async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
-        self.db.read(channel::select_lists).await
+        let secrets = self.secrets.clone();
+        self.db
+            .read(move |conn| channel::select_lists(conn, &secrets))
+            .await
     }
 
     async fn upsert_list(&self, list: NotificationList) -> Result<()> {
+        let secrets = self.secrets.clone();
         self.db
-            .write(move |conn| channel::replace_list(conn, &list, Utc::now()))
+            .write(move |conn| channel::replace_list(conn, &list, &secrets, Utc::now()))
             .await
     }
 
@@ -212,12 +243,18 @@ impl OutboxStore for SqliteStore {
     }
 
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
-        self.db.read(channel::select_smtp_settings).await
+        let secrets = self.secrets.clone();
+        self.db
+            .read(move |conn| channel::select_smtp_settings(conn, &secrets))
+            .await
     }
 
     async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
+        let secrets = self.secrets.clone();
         self.db
-            .write(move |conn| channel::replace_smtp_settings(conn, &settings, Utc::now()))
+            .write(move |conn| {
+                channel::replace_smtp_settings(conn, &settings, &secrets, Utc::now())
+            })
             .await
     }
 

@@ -59,7 +59,8 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
         Profile::Ours,
     );
     let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
-    let clients: Vec<_> = services::connections(central.addr, rig.sizes.callers)
+    let clients: Vec<_> = central
+        .connections(rig.sizes.callers)
         .await?
         .into_iter()
         .map(NotificationIngestClient::new)

@@ -10,7 +10,10 @@
 //! crashed, or answered with errors), and the message names the step.
 //!
 //! Central runs on SQLite unless `--database` names an MS SQL server (see [`backend`]); the
-//! table's heading and the JSON's `central_database` say which.
+//! table's heading and the JSON's `central_database` say which. With `--tls` every gRPC hop
+//! that crosses the network in a deployment (site -> central, clients -> central) runs over
+//! mutual TLS with a CA made at start (see [`services`]); the heading and the JSON's `grpc_tls`
+//! say so.
 
 mod backend;
 mod central_figures;
@@ -131,6 +134,14 @@ struct Args {
         hide_env_values = true
     )]
     database: Option<String>,
+    /// Mutual TLS on central's port: a throwaway CA and certificates are made at start, central
+    /// requires client certificates, the site forwards over https:// with one, and the bench's
+    /// clients of central (ingest, health) present one. Run the same figures with and without
+    /// it to see the cost. The site's SiteNotify port stays plaintext loopback, as deployed, so
+    /// the Send figures only change by what the site's forwarder does meanwhile (nothing: its
+    /// central is down in those figures).
+    #[arg(long)]
+    tls: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -436,6 +447,15 @@ fn configs_json(backend: &Backend) -> serde_json::Value {
     })
 }
 
+/// How the gRPC hops to central ran, for the heading.
+fn grpc_transport(tls: bool) -> &'static str {
+    if tls {
+        "mutual TLS to central (site -> central, bench -> central); SiteNotify plaintext loopback"
+    } else {
+        "plaintext"
+    }
+}
+
 /// A command line (`args`, this process's) for the results, with the value of `--database`
 /// (which holds a password) replaced by a description of the server.
 fn recorded_command(args: impl IntoIterator<Item = String>, backend: &Backend) -> Vec<String> {
@@ -463,15 +483,27 @@ async fn run(args: Args) -> Result<bool> {
     let bins = services::Binaries::locate(args.bin_dir.as_deref())?;
     std::fs::create_dir_all(&args.work_dir)
         .with_context(|| format!("creating {}", args.work_dir.display()))?;
+    // Outlives every service (they read their certificates at start); removed at the end.
+    let tls_dir = if args.tls {
+        let dir = tempfile::Builder::new()
+            .prefix("tls-")
+            .tempdir_in(&args.work_dir)
+            .context("creating the certificate directory")?;
+        services::enable_tls(dir.path())?;
+        Some(dir)
+    } else {
+        None
+    };
     let mut machine = proc_stats::machine(&args.work_dir);
     machine["fsync_before"] = proc_stats::fsync_probe(&args.work_dir);
     let started = Instant::now();
     eprintln!(
-        "bench: {} cores, commit {}, groups: {}; central on {}",
+        "bench: {} cores, commit {}, groups: {}; central on {}; gRPC {}",
         machine["cores"],
         machine["git_commit"].as_str().unwrap_or("unknown"),
         groups.join(", "),
-        backend.describe()
+        backend.describe(),
+        grpc_transport(args.tls),
     );
     let mut rig = Rig::prepare(
         bins,
@@ -487,6 +519,7 @@ async fn run(args: Args) -> Result<bool> {
         results.push(run_group(group, &mut rig, args.seeds).await);
     }
     rig.finish();
+    drop(tls_dir);
     machine["fsync_after"] = proc_stats::fsync_probe(&args.work_dir);
 
     let left_behind = backend::left_behind();
@@ -499,6 +532,7 @@ async fn run(args: Args) -> Result<bool> {
         "total_seconds": started.elapsed().as_secs_f64(),
         "machine": machine,
         "central_database": central_database,
+        "grpc_tls": args.tls,
         "sizes": sizes.to_json(),
         "configs": configs_json(&backend),
     });
@@ -529,6 +563,7 @@ async fn run(args: Args) -> Result<bool> {
         }
     };
     println!("central database: {}", backend.describe());
+    println!("gRPC: {}", grpc_transport(args.tls));
     println!(
         "median of {} runs (seeds: {}); work dir on {}; 4 KiB fsync before: {}, after: {}\n",
         sizes.runs,

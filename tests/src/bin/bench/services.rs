@@ -6,14 +6,22 @@
 //! killed when dropped, so a failed figure never leaves a process behind to skew the next one;
 //! durability settings are never written into the configs, so the services run with their
 //! defaults (WAL + `synchronous=FULL`).
+//!
+//! With `--tls` ([`enable_tls`], before any service starts) every config this module writes
+//! turns TLS on: central serves mutual TLS with a throwaway CA's certificate, the site forwards
+//! over `https://` presenting a client certificate for [`SITE_ID`], and the bench's own clients
+//! of central present the same one. The site's `SiteNotify` port stays plaintext on loopback, as
+//! deployed.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
-use tonic::transport::{Channel, Endpoint};
+use outbox_tests::pki::{CertFiles, Pki};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 use crate::proc_stats;
 
@@ -33,6 +41,41 @@ pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.exampl
 /// Domain of central's From address, and so of every Message-ID (`<id@FROM_DOMAIN>`).
 pub const FROM_DOMAIN: &str = "bench.example.test";
 pub const SITE_ID: &str = "site-bench";
+
+/// The certificates of `bench --tls`; unset without it. Set once, before the first service
+/// starts, and read by every config and client this module makes.
+static TLS: OnceLock<BenchTls> = OnceLock::new();
+
+#[derive(Debug)]
+struct BenchTls {
+    ca: PathBuf,
+    central: CertFiles,
+    site: CertFiles,
+    /// What the bench's clients of central use: the CA, and the site's certificate (central
+    /// requires one on every connection, health checks included).
+    client: ClientTlsConfig,
+}
+
+/// Turns TLS on for every service started from now on, with a new CA and certificates written
+/// to `dir` (which must outlive the services).
+pub fn enable_tls(dir: &Path) -> Result<()> {
+    let pki = Pki::new(dir, "bench").context("making the bench CA")?;
+    let central = pki.server_cert()?;
+    let site = pki.client_cert(SITE_ID)?;
+    let client = pki.client_tls(Some(&site))?;
+    TLS.set(BenchTls {
+        ca: pki.ca_cert().to_path_buf(),
+        central,
+        site,
+        client,
+    })
+    .map_err(|_| anyhow!("TLS is set up already"))
+}
+
+/// Whether `--tls` is in force.
+pub fn tls_enabled() -> bool {
+    TLS.get().is_some()
+}
 
 /// Where the service binaries are.
 #[derive(Debug, Clone)]
@@ -127,11 +170,24 @@ pub fn central_toml(
          \n[log]\nfilter = \"warn\"\n\
          \n[smtp]\nhost = \"{host}\"\nport = {port}\ntls = \"none\"\n\
          from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}\
-         \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n",
+         \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n{tls}",
         database = toml_string(database),
         host = smtp.ip(),
         port = smtp.port(),
+        tls = match TLS.get() {
+            Some(tls) => format!(
+                "\n[tls]\ncert = {}\nkey = {}\nclient_ca = {}\n",
+                toml_path(&tls.central.cert),
+                toml_path(&tls.central.key),
+                toml_path(&tls.ca),
+            ),
+            None => String::new(),
+        },
     )
+}
+
+fn toml_path(path: &Path) -> String {
+    toml_string(&path.display().to_string())
 }
 
 /// `value` as a TOML basic string. An MS SQL connection string may hold any character in its
@@ -155,14 +211,26 @@ fn toml_string(value: &str) -> String {
 /// notices a central that just started within 100 ms (the forwarding figure times from
 /// central's start); every other key is the default.
 pub fn site_toml(addr: SocketAddr, buffer: &Path, central: SocketAddr) -> String {
+    let (scheme, tls) = match TLS.get() {
+        Some(tls) => (
+            "https",
+            format!(
+                "\n[tls]\nca = {}\ncert = {}\nkey = {}\n",
+                toml_path(&tls.ca),
+                toml_path(&tls.site.cert),
+                toml_path(&tls.site.key),
+            ),
+        ),
+        None => ("http", String::new()),
+    };
     format!(
         "site_id = \"{SITE_ID}\"\n\
          listen_addr = \"{addr}\"\n\
          buffer_path = \"{buffer}\"\n\
-         central_url = \"http://{central}\"\n\
+         central_url = \"{scheme}://{central}\"\n\
          forward_retry_interval = \"100ms\"\n\
          shutdown_timeout = \"5s\"\n\
-         \n[log]\nfilter = \"warn\"\n",
+         \n[log]\nfilter = \"warn\"\n{tls}",
         buffer = buffer.display(),
     )
 }
@@ -175,6 +243,8 @@ pub struct Service {
     pid: u32,
     pub addr: SocketAddr,
     log: PathBuf,
+    /// Whether its gRPC port serves TLS (central under `--tls`).
+    tls: bool,
 }
 
 impl Service {
@@ -184,7 +254,7 @@ impl Service {
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
         let args = vec!["--config".to_string(), config.display().to_string()];
-        Self::start(name, &bins.central, &args, addr, dir).await
+        Self::start(name, &bins.central, &args, addr, dir, tls_enabled()).await
     }
 
     /// Writes `toml` to `dir/<name>.toml`, starts `site-forwarder serve` on it and waits for
@@ -198,7 +268,7 @@ impl Service {
             "--config".to_string(),
             config.display().to_string(),
         ];
-        Self::start(name, &bins.site, &args, addr, dir).await
+        Self::start(name, &bins.site, &args, addr, dir, false).await
     }
 
     async fn start(
@@ -207,6 +277,7 @@ impl Service {
         args: &[String],
         addr: SocketAddr,
         dir: &Path,
+        tls: bool,
     ) -> Result<Self> {
         let log = dir.join(format!("{name}.log"));
         let out =
@@ -231,6 +302,7 @@ impl Service {
             pid,
             addr,
             log,
+            tls,
         };
         service.wait_until_serving().await?;
         Ok(service)
@@ -240,9 +312,18 @@ impl Service {
         self.pid
     }
 
-    /// A fresh HTTP/2 connection to the service.
+    /// A fresh HTTP/2 connection to the service (over TLS when it serves TLS).
     pub async fn connect(&self) -> Result<Channel> {
-        connect(self.addr).await
+        dial(self.addr, self.tls).await
+    }
+
+    /// `count` separate connections to the service, as [`connections`] makes them.
+    pub async fn connections(&self, count: usize) -> Result<Vec<Channel>> {
+        let mut channels = Vec::with_capacity(count);
+        for _ in 0..count {
+            channels.push(self.connect().await?);
+        }
+        Ok(channels)
     }
 
     /// Fails if the process has exited (a crash mid-figure), naming it and quoting its log.
@@ -264,7 +345,7 @@ impl Service {
         loop {
             self.check_alive()
                 .with_context(|| format!("{} did not start", self.name))?;
-            if let Ok(channel) = connect(self.addr).await {
+            if let Ok(channel) = self.connect().await {
                 let reply = HealthClient::new(channel)
                     .check(HealthCheckRequest {
                         service: String::new(),
@@ -411,7 +492,19 @@ fn without_colours(line: &str) -> String {
 
 /// An HTTP/2 connection to `addr`, failing fast when nothing listens.
 pub async fn connect(addr: SocketAddr) -> Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
+    dial(addr, false).await
+}
+
+/// An HTTP/2 connection to `addr`, over TLS with the bench's certificate when `tls`.
+async fn dial(addr: SocketAddr, tls: bool) -> Result<Channel> {
+    let endpoint = match (tls, TLS.get()) {
+        (true, Some(config)) => {
+            Endpoint::from_shared(format!("https://{addr}"))?.tls_config(config.client.clone())?
+        }
+        (true, None) => bail!("{addr} serves TLS, but the bench has no certificates"),
+        (false, _) => Endpoint::from_shared(format!("http://{addr}"))?,
+    };
+    Ok(endpoint
         .connect_timeout(Duration::from_secs(2))
         .tcp_nodelay(true)
         .connect()

@@ -1,0 +1,471 @@
+//! Who may call the admin API (`NotificationOutbox`), and as whom.
+//!
+//! Three roles, each including the one before: `viewer` reads (queries, status, detail, KPIs,
+//! lists), `operator` also retries and discards, `admin` also changes lists and the SMTP
+//! settings. A caller proves a role with a bearer token (`authorization: Bearer <token>`; the
+//! config holds only each token's SHA-256) or with a client certificate whose Common Name the
+//! config maps to a role (mTLS, see `tls`). The recorded actor of every change is that identity:
+//! the token's name or the certificate's CN, never a header the caller writes.
+//!
+//! Unauthenticated mode (`mode = "none"`) must be chosen explicitly and is logged loudly at
+//! start; only then does `x-outbox-actor` name the actor, as a display name. The health and
+//! reflection services and site ingest are not covered here: sites are identified by their
+//! certificates at the TLS layer.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tonic::{Request, Status};
+
+use crate::domain::history::Actor;
+
+/// The header naming the actor in unauthenticated mode.
+pub const ACTOR_HEADER: &str = "x-outbox-actor";
+
+/// What a caller may do; each role includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Viewer,
+    Operator,
+    Admin,
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Viewer => "viewer",
+            Self::Operator => "operator",
+            Self::Admin => "admin",
+        })
+    }
+}
+
+/// `required` (the default): every admin call needs a token or a mapped certificate. `none`:
+/// anyone who can connect may do anything (a loud warning at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    #[default]
+    Required,
+    None,
+}
+
+/// `[auth]` in the config file.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    pub mode: AuthMode,
+    pub tokens: Vec<TokenConfig>,
+    pub certificates: Vec<CertificateConfig>,
+}
+
+/// `[[auth.tokens]]`: one bearer token, by the hex SHA-256 of its text (the token itself is
+/// never stored; tokens are long random strings, so a plain hash is enough).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who holds it: recorded as the actor of what it does.
+    pub name: String,
+    pub role: Role,
+    pub sha256: String,
+}
+
+/// `[[auth.certificates]]`: a client certificate Common Name and its role.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CertificateConfig {
+    pub common_name: String,
+    pub role: Role,
+}
+
+/// Every admin RPC, with the role it needs: the one table the handlers and the tests share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRpc {
+    QueryNotifications,
+    GetNotificationStatus,
+    GetNotificationDetail,
+    GetKpis,
+    ListNotificationLists,
+    GetNotificationList,
+    RetryNotification,
+    DiscardNotification,
+    RetryNotifications,
+    DiscardNotifications,
+    UpsertNotificationList,
+    DeleteNotificationList,
+    GetSmtpConfig,
+    UpsertSmtpConfig,
+    DeleteSmtpConfig,
+}
+
+impl AdminRpc {
+    pub const ALL: [Self; 15] = [
+        Self::QueryNotifications,
+        Self::GetNotificationStatus,
+        Self::GetNotificationDetail,
+        Self::GetKpis,
+        Self::ListNotificationLists,
+        Self::GetNotificationList,
+        Self::RetryNotification,
+        Self::DiscardNotification,
+        Self::RetryNotifications,
+        Self::DiscardNotifications,
+        Self::UpsertNotificationList,
+        Self::DeleteNotificationList,
+        Self::GetSmtpConfig,
+        Self::UpsertSmtpConfig,
+        Self::DeleteSmtpConfig,
+    ];
+
+    pub fn role(self) -> Role {
+        match self {
+            Self::QueryNotifications
+            | Self::GetNotificationStatus
+            | Self::GetNotificationDetail
+            | Self::GetKpis
+            | Self::ListNotificationLists
+            | Self::GetNotificationList => Role::Viewer,
+            Self::RetryNotification
+            | Self::DiscardNotification
+            | Self::RetryNotifications
+            | Self::DiscardNotifications => Role::Operator,
+            // SMTP settings name the relay and its account: reading them is an admin's matter.
+            Self::UpsertNotificationList
+            | Self::DeleteNotificationList
+            | Self::GetSmtpConfig
+            | Self::UpsertSmtpConfig
+            | Self::DeleteSmtpConfig => Role::Admin,
+        }
+    }
+}
+
+/// Whose notifications a status reader may see.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StatusReader {
+    Anyone,
+    /// Only notifications this site submitted.
+    Site(String),
+}
+
+/// A configured token: who, which role, and the digest presented tokens are compared with.
+#[derive(Clone)]
+struct Token {
+    name: String,
+    role: Role,
+    digest: [u8; 32],
+}
+
+/// Decides each admin call from the config; cheap to share.
+#[derive(Clone)]
+pub struct Authenticator {
+    mode: AuthMode,
+    tokens: Vec<Token>,
+    certificates: HashMap<String, Role>,
+}
+
+impl fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("mode", &self.mode)
+            .field("tokens", &self.tokens.len())
+            .field("certificates", &self.certificates.len())
+            .finish()
+    }
+}
+
+impl Authenticator {
+    /// Checks `[auth]`; errors name the key. Warns about a configuration nobody can use.
+    pub fn from_config(config: &AuthConfig) -> anyhow::Result<Self> {
+        let mut tokens = Vec::with_capacity(config.tokens.len());
+        for (i, token) in config.tokens.iter().enumerate() {
+            let key = format!("auth.tokens[{i}]");
+            if token.name.trim().is_empty() {
+                anyhow::bail!("{key}.name: must not be empty");
+            }
+            let digest = parse_digest(&token.sha256)
+                .map_err(|problem| anyhow::anyhow!("{key}.sha256: {problem}"))?;
+            if tokens.iter().any(|t: &Token| t.digest == digest) {
+                anyhow::bail!("{key}.sha256: the same token is configured twice");
+            }
+            tokens.push(Token {
+                name: token.name.trim().to_owned(),
+                role: token.role,
+                digest,
+            });
+        }
+        let mut certificates = HashMap::new();
+        for (i, cert) in config.certificates.iter().enumerate() {
+            let name = cert.common_name.trim();
+            if name.is_empty() {
+                anyhow::bail!("auth.certificates[{i}].common_name: must not be empty");
+            }
+            if certificates.insert(name.to_owned(), cert.role).is_some() {
+                anyhow::bail!("auth.certificates[{i}].common_name: {name:?} is mapped twice");
+            }
+        }
+        let auth = Self {
+            mode: config.mode,
+            tokens,
+            certificates,
+        };
+        auth.warn_at_start();
+        Ok(auth)
+    }
+
+    fn warn_at_start(&self) {
+        match self.mode {
+            AuthMode::None => tracing::warn!(
+                "AUTHENTICATION IS OFF ([auth] mode = \"none\"): anyone who can reach this port \
+                 can read every notification, retry and discard them and change lists and SMTP \
+                 settings; x-outbox-actor is trusted as the actor. Use it only on a closed \
+                 development machine."
+            ),
+            AuthMode::Required if self.tokens.is_empty() && self.certificates.is_empty() => {
+                tracing::warn!(
+                    "no operator credentials are configured ([[auth.tokens]] or \
+                     [[auth.certificates]]): every admin API call will be refused"
+                );
+            }
+            AuthMode::Required => {}
+        }
+    }
+
+    /// The actor of a call to `rpc`, if the caller may make it. `client_cn` is the Common Name
+    /// of the verified client certificate, if the connection has one.
+    pub fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        client_cn: Option<&str>,
+        rpc: AdminRpc,
+    ) -> Result<Actor, Status> {
+        if self.mode == AuthMode::None {
+            return Ok(display_name(request));
+        }
+        let needed = rpc.role();
+        let (who, role) = self.identify(request, client_cn)?;
+        if role < needed {
+            return Err(Status::permission_denied(format!(
+                "{rpc:?} needs the {needed} role; {who} has {role}"
+            )));
+        }
+        Ok(Actor::new(&who))
+    }
+
+    /// Who may read a notification's status: anyone with the viewer role, or a site (a verified
+    /// client certificate no operator role is mapped to) for its own notifications only, so a
+    /// site script's `Status(id)` works through its forwarder without an operator credential.
+    pub fn authorize_status_read<T>(
+        &self,
+        request: &Request<T>,
+        client_cn: Option<&str>,
+    ) -> Result<StatusReader, Status> {
+        let unmapped_site = client_cn.filter(|cn| {
+            !self.certificates.contains_key(*cn)
+                && request.metadata().get("authorization").is_none()
+        });
+        match unmapped_site {
+            Some(site) if self.mode == AuthMode::Required => {
+                Ok(StatusReader::Site(site.to_owned()))
+            }
+            _ => self
+                .authorize(request, client_cn, AdminRpc::GetNotificationStatus)
+                .map(|_| StatusReader::Anyone),
+        }
+    }
+
+    /// Who the caller is and their role: a bearer token first, else a mapped certificate.
+    fn identify<T>(
+        &self,
+        request: &Request<T>,
+        client_cn: Option<&str>,
+    ) -> Result<(String, Role), Status> {
+        if let Some(value) = request.metadata().get("authorization") {
+            let token = value
+                .to_str()
+                .ok()
+                .and_then(|v| v.strip_prefix("Bearer "))
+                .map(str::trim)
+                .ok_or_else(|| {
+                    Status::unauthenticated("authorization: expected \"Bearer <token>\"")
+                })?;
+            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+            // Every configured digest is compared in full, so the time taken says nothing
+            // about which one (or how much of one) matched.
+            let found = self.tokens.iter().fold(None, |found, t| {
+                match (found, equal(&t.digest, &digest)) {
+                    (None, true) => Some(t),
+                    (found, _) => found,
+                }
+            });
+            return found
+                .map(|t| (t.name.clone(), t.role))
+                .ok_or_else(|| Status::unauthenticated("the bearer token is not accepted"));
+        }
+        match client_cn {
+            Some(cn) => match self.certificates.get(cn) {
+                Some(role) => Ok((cn.to_owned(), *role)),
+                None => Err(Status::permission_denied(format!(
+                    "the client certificate {cn:?} has no operator role \
+                     ([[auth.certificates]]); send a bearer token instead"
+                ))),
+            },
+            None => Err(Status::unauthenticated(
+                "the admin API needs a bearer token (authorization: Bearer <token>) or a client \
+                 certificate mapped to a role",
+            )),
+        }
+    }
+}
+
+/// The actor a caller names itself in unauthenticated mode.
+fn display_name<T>(request: &Request<T>) -> Actor {
+    request
+        .metadata()
+        .get(ACTOR_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map_or_else(Actor::unknown, Actor::new)
+}
+
+fn parse_digest(hex: &str) -> Result<[u8; 32], String> {
+    let hex = hex.trim();
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(
+            "must be 64 hex digits (the SHA-256 of the token, e.g. from `sha256sum`)".into(),
+        );
+    }
+    let mut digest = [0u8; 32];
+    for (i, byte) in digest.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).map_err(|e| e.to_string())?;
+    }
+    Ok(digest)
+}
+
+/// Equal in time independent of where the inputs differ.
+fn equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The hex SHA-256 of a token, as `[[auth.tokens]] sha256` wants it.
+pub fn token_digest(token: &str) -> String {
+    Sha256::digest(token.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn auth() -> Authenticator {
+        Authenticator::from_config(&AuthConfig {
+            mode: AuthMode::Required,
+            tokens: vec![TokenConfig {
+                name: "ann".into(),
+                role: Role::Operator,
+                sha256: token_digest("ann-secret"),
+            }],
+            certificates: vec![CertificateConfig {
+                common_name: "ops-console".into(),
+                role: Role::Admin,
+            }],
+        })
+        .unwrap()
+    }
+
+    fn bearer(token: &str) -> Request<()> {
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        request
+    }
+
+    #[test]
+    fn a_token_acts_as_its_name_within_its_role() {
+        let auth = auth();
+        let actor = auth
+            .authorize(&bearer("ann-secret"), None, AdminRpc::RetryNotification)
+            .unwrap();
+        assert_eq!(actor.as_str(), "ann");
+        let denied = auth
+            .authorize(&bearer("ann-secret"), None, AdminRpc::UpsertSmtpConfig)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        let unknown = auth
+            .authorize(&bearer("guess"), None, AdminRpc::GetKpis)
+            .unwrap_err();
+        assert_eq!(unknown.code(), tonic::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn a_header_names_nobody_unless_authentication_is_off() {
+        let mut request = Request::new(());
+        request
+            .metadata_mut()
+            .insert(ACTOR_HEADER, "mallory".parse().unwrap());
+        let refused = auth()
+            .authorize(&request, None, AdminRpc::GetKpis)
+            .unwrap_err();
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        let open = Authenticator::from_config(&AuthConfig {
+            mode: AuthMode::None,
+            ..Default::default()
+        })
+        .unwrap();
+        let actor = open
+            .authorize(&request, None, AdminRpc::DeleteSmtpConfig)
+            .unwrap();
+        assert_eq!(actor.as_str(), "mallory");
+    }
+
+    #[test]
+    fn a_mapped_certificate_has_its_role_and_others_have_none() {
+        let auth = auth();
+        let actor = auth
+            .authorize(
+                &Request::new(()),
+                Some("ops-console"),
+                AdminRpc::UpsertSmtpConfig,
+            )
+            .unwrap();
+        assert_eq!(actor.as_str(), "ops-console");
+        let site = auth
+            .authorize(&Request::new(()), Some("site-a"), AdminRpc::GetKpis)
+            .unwrap_err();
+        assert_eq!(site.code(), tonic::Code::PermissionDenied);
+        assert_eq!(
+            auth.authorize_status_read(&Request::new(()), Some("site-a"))
+                .unwrap(),
+            StatusReader::Site("site-a".into())
+        );
+        assert_eq!(
+            auth.authorize_status_read(&Request::new(()), None)
+                .unwrap_err()
+                .code(),
+            tonic::Code::Unauthenticated
+        );
+    }
+
+    #[test]
+    fn bad_token_digests_are_refused_naming_the_key() {
+        let error = Authenticator::from_config(&AuthConfig {
+            tokens: vec![TokenConfig {
+                name: "ann".into(),
+                role: Role::Viewer,
+                sha256: "not-hex".into(),
+            }],
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(
+            error.to_string().starts_with("auth.tokens[0].sha256:"),
+            "{error}"
+        );
+    }
+}

@@ -1,0 +1,414 @@
+//! TLS on central's gRPC port, and who a verified client is.
+//!
+//! `[tls]` names PEM files: `cert` and `key` make central serve TLS only (rustls on ring, the
+//! process's one crypto provider); `client_ca` adds mutual TLS, where every client must present
+//! a certificate signed by that CA and is refused at the handshake otherwise. The files are read
+//! and checked once, at start-up ([`TlsConfig::load`]), so a missing file, a file without PEM or
+//! a key that does not belong to its certificate stops start-up with a message naming the key
+//! and the path.
+//!
+//! A verified client is known by its certificate's Subject Common Name
+//! ([`client_common_name`]): ingest treats it as the site id, the admin API maps it to a role.
+//!
+//! Invariant: a non-loopback address is served in plaintext only when `allow_plaintext` says so
+//! ([`TlsSettings::plaintext_exposure`]), and central then warns at every start.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::{Deserialize, Serialize};
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+use x509_cert::der::Decode;
+
+/// Longest a new connection may take over its TLS handshake. tonic runs handshakes concurrently
+/// but, by default, without a limit, so a client that connects and never speaks would hold a
+/// task and a socket for good; 10 s is ample for a handshake over a slow plant WAN.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The `[tls]` section as written. Paths are relative to the working directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TlsConfig {
+    /// PEM certificate chain central presents (its own certificate first). With `key`, the
+    /// gRPC port serves TLS only.
+    pub cert: Option<PathBuf>,
+    /// PEM private key of `cert` (PKCS#8, PKCS#1 or SEC1).
+    pub key: Option<PathBuf>,
+    /// PEM CA certificate(s). When set, every client must present a certificate signed by one
+    /// of them (mutual TLS); its Common Name is the client's identity.
+    pub client_ca: Option<PathBuf>,
+    /// Serve plaintext on a non-loopback `listen_addr` anyway (with a warning at every start).
+    /// Without it such a bind refuses to start.
+    pub allow_plaintext: bool,
+}
+
+/// Why `[tls]` cannot be used. Every message starts with the key it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("tls.{key}: {problem}")]
+    Config { key: &'static str, problem: String },
+    #[error(
+        "listen_addr: {addr} is not a loopback address and tls is not configured; set tls.cert \
+         and tls.key to serve TLS, or tls.allow_plaintext = true to serve plaintext anyway"
+    )]
+    PlaintextExposed { addr: SocketAddr },
+}
+
+pub type Result<T, E = TlsError> = std::result::Result<T, E>;
+
+fn config_error(key: &'static str, problem: impl Into<String>) -> TlsError {
+    TlsError::Config {
+        key,
+        problem: problem.into(),
+    }
+}
+
+/// `[tls]` checked, with its files read: what [`crate::run`] serves with.
+#[derive(Clone, Default)]
+pub struct TlsSettings {
+    server: Option<ServerPems>,
+    allow_plaintext: bool,
+}
+
+/// The PEM text of central's identity and of the client CA, as tonic takes it.
+#[derive(Clone)]
+struct ServerPems {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+/// Never prints key material: only what is configured.
+impl fmt::Debug for TlsSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsSettings")
+            .field("serves_tls", &self.serves_tls())
+            .field(
+                "requires_client_certificates",
+                &self.requires_client_certificates(),
+            )
+            .field("allow_plaintext", &self.allow_plaintext)
+            .finish()
+    }
+}
+
+impl TlsConfig {
+    /// Reads and checks the files: the certificates parse, the key parses and belongs to the
+    /// first certificate, the client CA holds at least one certificate.
+    pub fn load(&self) -> Result<TlsSettings> {
+        let server = match (&self.cert, &self.key) {
+            (None, None) => {
+                if self.client_ca.is_some() {
+                    return Err(config_error(
+                        "client_ca",
+                        "client certificates are asked for only over TLS: set tls.cert and \
+                         tls.key too",
+                    ));
+                }
+                None
+            }
+            (Some(_), None) => return Err(config_error("key", "set it with tls.cert")),
+            (None, Some(_)) => return Err(config_error("cert", "set it with tls.key")),
+            (Some(cert_path), Some(key_path)) => {
+                let cert = read("cert", cert_path)?;
+                let key = read("key", key_path)?;
+                let chain = certificates("cert", cert_path, &cert)?;
+                let private_key = private_key("key", key_path, &key)?;
+                check_key_matches(chain, private_key, cert_path, key_path)?;
+                let client_ca = match &self.client_ca {
+                    Some(path) => {
+                        let pem = read("client_ca", path)?;
+                        certificates("client_ca", path, &pem)?;
+                        Some(pem)
+                    }
+                    None => None,
+                };
+                Some(ServerPems {
+                    cert,
+                    key,
+                    client_ca,
+                })
+            }
+        };
+        Ok(TlsSettings {
+            server,
+            allow_plaintext: self.allow_plaintext,
+        })
+    }
+}
+
+impl TlsSettings {
+    /// Whether the gRPC port serves TLS.
+    pub fn serves_tls(&self) -> bool {
+        self.server.is_some()
+    }
+
+    /// Whether every client must present a certificate from `client_ca` (mutual TLS).
+    pub fn requires_client_certificates(&self) -> bool {
+        self.server.as_ref().is_some_and(|s| s.client_ca.is_some())
+    }
+
+    /// Whether serving on `addr` is plaintext off this machine: `Ok(true)` when
+    /// `allow_plaintext` permits it (the caller warns), `Ok(false)` when the port serves TLS or
+    /// is loopback, an error naming `listen_addr` and `tls` otherwise.
+    pub fn plaintext_exposure(&self, addr: SocketAddr) -> Result<bool> {
+        if self.serves_tls() || addr.ip().is_loopback() {
+            Ok(false)
+        } else if self.allow_plaintext {
+            Ok(true)
+        } else {
+            Err(TlsError::PlaintextExposed { addr })
+        }
+    }
+
+    /// A gRPC server builder serving TLS as configured (plain `Server::builder()` without
+    /// `[tls]`).
+    pub fn server_builder(&self) -> Result<Server> {
+        let Some(pems) = &self.server else {
+            return Ok(Server::builder());
+        };
+        let mut config = ServerTlsConfig::new()
+            .identity(Identity::from_pem(&pems.cert, &pems.key))
+            .timeout(HANDSHAKE_TIMEOUT);
+        if let Some(ca) = &pems.client_ca {
+            // Required, not optional: a client without a certificate from this CA is refused
+            // at the handshake, before any request is read.
+            config = config
+                .client_ca_root(Certificate::from_pem(ca))
+                .client_auth_optional(false);
+        }
+        Server::builder()
+            .tls_config(config)
+            .map_err(|e| config_error("cert", format!("cannot serve TLS with it: {e}")))
+    }
+}
+
+/// The Subject Common Name of the client certificate verified at the TLS handshake of the
+/// connection `request` came on; `None` on a connection without one (plaintext, or TLS without
+/// `client_ca`) or when the certificate has no Common Name. With several CNs, the first.
+pub fn client_common_name<T>(request: &tonic::Request<T>) -> Option<String> {
+    let chain = request.peer_certs()?;
+    // rustls puts the client's own certificate first, then any intermediates it sent.
+    common_name(chain.first()?)
+}
+
+/// The first Subject Common Name of a DER certificate.
+fn common_name(der: &[u8]) -> Option<String> {
+    let certificate = x509_cert::Certificate::from_der(der).ok()?;
+    let name = certificate
+        .tbs_certificate()
+        .subject()
+        .common_name()
+        .ok()??;
+    Some(name.value().into_owned())
+}
+
+fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| config_error(key, format!("cannot read {}: {e}", path.display())))
+}
+
+fn certificates(
+    key: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| config_error(key, format!("{} is not valid PEM: {e}", path.display())))?;
+    if chain.is_empty() {
+        return Err(config_error(
+            key,
+            format!("{} holds no PEM CERTIFICATE", path.display()),
+        ));
+    }
+    Ok(chain)
+}
+
+fn private_key(key: &'static str, path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| {
+        config_error(
+            key,
+            format!("{} holds no usable PEM private key: {e}", path.display()),
+        )
+    })
+}
+
+/// Builds the server side of rustls once, which checks that the key belongs to the first
+/// certificate: tonic would otherwise find out only when the server starts.
+fn check_key_matches(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<()> {
+    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| config_error("cert", e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map(drop)
+        .map_err(|e| {
+            config_error(
+                "key",
+                format!(
+                    "{} does not fit the certificate in {}: {e}",
+                    key_path.display(),
+                    cert_path.display()
+                ),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use rcgen::{CertificateParams, DnType, KeyPair};
+
+    use super::*;
+
+    /// A self-signed certificate for `cn`, its PEM and its key's PEM.
+    fn self_signed(cn: &str) -> (Vec<u8>, String, String) {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.der().to_vec(), cert.pem(), key.serialize_pem())
+    }
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    #[test]
+    fn the_common_name_is_read_from_the_subject() {
+        let (der, _, _) = self_signed("site-a");
+        assert_eq!(common_name(&der).as_deref(), Some("site-a"));
+        assert_eq!(common_name(b"not a certificate"), None);
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        let without_cn = params.self_signed(&key).unwrap();
+        assert_eq!(common_name(without_cn.der()), None);
+    }
+
+    #[test]
+    fn a_request_without_a_client_certificate_has_no_common_name() {
+        assert_eq!(client_common_name(&tonic::Request::new(())), None);
+    }
+
+    #[test]
+    fn files_are_loaded_and_errors_name_the_key_and_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, cert_pem, key_pem) = self_signed("central");
+        let cert = write(dir.path(), "cert.pem", &cert_pem);
+        let key = write(dir.path(), "key.pem", &key_pem);
+        let (_, other_cert_pem, other_key_pem) = self_signed("other");
+        let other_key = write(dir.path(), "other-key.pem", &other_key_pem);
+        let ca = write(dir.path(), "ca.pem", &other_cert_pem);
+        let garbage = write(dir.path(), "garbage.pem", "hello");
+        let missing = dir.path().join("missing.pem");
+
+        let full = TlsConfig {
+            cert: Some(cert.clone()),
+            key: Some(key.clone()),
+            client_ca: Some(ca.clone()),
+            allow_plaintext: false,
+        };
+        let settings = full.load().unwrap();
+        assert!(settings.serves_tls() && settings.requires_client_certificates());
+        assert!(settings.server_builder().is_ok());
+        assert!(!format!("{settings:?}").contains("PRIVATE KEY"));
+        assert!(!TlsConfig::default().load().unwrap().serves_tls());
+
+        let cases = [
+            (
+                TlsConfig {
+                    key: None,
+                    ..full.clone()
+                },
+                "tls.key: set it with tls.cert",
+                None,
+            ),
+            (
+                TlsConfig {
+                    cert: Some(missing.clone()),
+                    ..full.clone()
+                },
+                "tls.cert: cannot read",
+                Some(&missing),
+            ),
+            (
+                TlsConfig {
+                    cert: Some(garbage.clone()),
+                    ..full.clone()
+                },
+                "tls.cert:",
+                Some(&garbage),
+            ),
+            (
+                TlsConfig {
+                    key: Some(garbage.clone()),
+                    ..full.clone()
+                },
+                "tls.key:",
+                Some(&garbage),
+            ),
+            (
+                TlsConfig {
+                    key: Some(other_key.clone()),
+                    ..full.clone()
+                },
+                "tls.key:",
+                Some(&other_key),
+            ),
+            (
+                TlsConfig {
+                    client_ca: Some(garbage.clone()),
+                    ..full.clone()
+                },
+                "tls.client_ca:",
+                Some(&garbage),
+            ),
+            (
+                TlsConfig {
+                    client_ca: Some(ca.clone()),
+                    ..TlsConfig::default()
+                },
+                "tls.client_ca:",
+                None,
+            ),
+        ];
+        for (config, starts, path) in cases {
+            let err = config.load().unwrap_err().to_string();
+            assert!(err.starts_with(starts), "{err}");
+            if let Some(path) = path {
+                assert!(err.contains(&path.display().to_string()), "{err}");
+            }
+        }
+    }
+
+    #[test]
+    fn plaintext_off_loopback_needs_allow_plaintext() {
+        let public: SocketAddr = "0.0.0.0:50051".parse().unwrap();
+        let loopback: SocketAddr = "[::1]:50051".parse().unwrap();
+        let plain = TlsSettings::default();
+        assert!(!plain.plaintext_exposure(loopback).unwrap());
+        let err = plain.plaintext_exposure(public).unwrap_err().to_string();
+        assert!(err.starts_with("listen_addr: 0.0.0.0:50051"), "{err}");
+        assert!(err.contains("tls.allow_plaintext"), "{err}");
+        let allowed = TlsSettings {
+            allow_plaintext: true,
+            ..TlsSettings::default()
+        };
+        assert!(allowed.plaintext_exposure(public).unwrap());
+    }
+}

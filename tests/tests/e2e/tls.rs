@@ -1,0 +1,447 @@
+//! TLS on every hop, with real certificates made at test time ([`outbox_tests::pki`]): central
+//! serving TLS and requiring client certificates, sites forwarding over `https://`, a site
+//! refused at the handshake (no certificate, or one from another CA), a site certificate
+//! naming the only site its holder may submit as, and the rule that plaintext off loopback
+//! must be asked for.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use central_outbox::tls::TlsConfig as CentralTls;
+use outbox_proto::v1;
+use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
+use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_tests::pki::{CertFiles, Pki};
+use site_forwarder::tls::TlsConfig as SiteTls;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+use crate::harness::{
+    Central, DEADLINE, Db, central_config, channel, eventually, send_request, smtp_sink, submit,
+    tls_channel, wait_for_status, wait_until_serving,
+};
+
+/// A CA with central's server certificate, in `dir`.
+struct CentralPki {
+    pki: Pki,
+    server: CertFiles,
+}
+
+impl CentralPki {
+    fn new(dir: &Path) -> Self {
+        let pki = Pki::new(dir, "plant").unwrap();
+        let server = pki.server_cert().unwrap();
+        Self { pki, server }
+    }
+
+    /// Central's `[tls]`: TLS with this CA's server certificate, and client certificates from
+    /// the same CA required when `mutual`.
+    fn central_tls(&self, mutual: bool) -> CentralTls {
+        CentralTls {
+            cert: Some(self.server.cert.clone()),
+            key: Some(self.server.key.clone()),
+            client_ca: mutual.then(|| self.pki.ca_cert().to_path_buf()),
+            allow_plaintext: false,
+        }
+    }
+
+    /// A site's `[tls]`: trusts this CA, presents `identity` if given.
+    fn site_tls(&self, identity: Option<&CertFiles>) -> SiteTls {
+        SiteTls {
+            ca: Some(self.pki.ca_cert().to_path_buf()),
+            cert: identity.map(|files| files.cert.clone()),
+            key: identity.map(|files| files.key.clone()),
+            ..SiteTls::default()
+        }
+    }
+}
+
+/// A site-forwarder running in this process, forwarding to `central_url`.
+struct TlsSite {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl TlsSite {
+    async fn start(dir: &Path, site_id: &str, central_url: String, tls: SiteTls) -> Self {
+        let mut config = site_forwarder::config::Config::new(site_id);
+        config.buffer_path = dir.join(format!("{site_id}.db"));
+        config.central_url = central_url;
+        config.tls = tls;
+        config.forward_retry_interval = std::time::Duration::from_millis(100);
+        config.connect_timeout = std::time::Duration::from_secs(2);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            site_forwarder::run(config, listener, token).await.unwrap();
+        });
+        wait_until_serving(addr).await;
+        Self { addr, stop, task }
+    }
+
+    async fn client(&self) -> SiteNotifyClient<Channel> {
+        SiteNotifyClient::new(channel(self.addr).await)
+    }
+
+    async fn stats(&self) -> v1::BufferStats {
+        self.client()
+            .await
+            .get_buffer_stats(v1::GetBufferStatsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// A TCP relay in front of central that counts the connections made through it. The forwarder
+/// reconnects only after a session ended, so a second connection proves the first one failed:
+/// a condition to wait for instead of a fixed time.
+struct CountingRelay {
+    addr: SocketAddr,
+    connections: Arc<AtomicUsize>,
+    task: JoinHandle<()>,
+}
+
+impl CountingRelay {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&connections);
+        let task = tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    if let Ok(mut outbound) = TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self {
+            addr,
+            connections,
+            task,
+        }
+    }
+
+    async fn wait_for_connections(&self, count: usize) {
+        eventually(&format!("{count} connections through the relay"), || {
+            let seen = self.connections.load(Ordering::SeqCst);
+            async move { (seen >= count).then_some(()) }
+        })
+        .await;
+    }
+}
+
+impl Drop for CountingRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_with_a_certificate_from_the_central_ca_forwards_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let site_cert = pki.pki.client_cert("site-a").unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.tls = pki.central_tls(true);
+    // As deployed: the admin API needs credentials; a site holds none but its certificate.
+    config.auth.mode = central_outbox::auth::AuthMode::Required;
+    let central = Central::start_tls(config, pki.pki.client_tls(Some(&site_cert)).unwrap()).await;
+
+    let site = TlsSite::start(
+        dir.path(),
+        "site-a",
+        format!("https://{}", central.addr),
+        pki.site_tls(Some(&site_cert)),
+    )
+    .await;
+    let id = site
+        .client()
+        .await
+        .send(send_request("Tank 4 high level", "Level 97%"))
+        .await
+        .unwrap()
+        .into_inner()
+        .notification_id;
+
+    wait_for_status(&central.db, &id, "Delivered").await;
+    let mails = sink.wait_for_messages(1, DEADLINE).await;
+    assert_eq!(mails[0].subject().as_deref(), Some("Tank 4 high level"));
+    let db = Db::open(&central.db);
+    assert_eq!(
+        db.strings("SELECT SourceSiteId FROM Notifications"),
+        ["site-a"]
+    );
+    eventually("the site buffer drains", || async {
+        (site.stats().await.depth == 0).then_some(())
+    })
+    .await;
+    assert!(site.stats().await.central_reachable);
+    // A site script's Status(id) goes through the forwarder to central's admin API, where the
+    // site's certificate lets it read its own notifications.
+    let status = site
+        .client()
+        .await
+        .get_status(v1::GetNotificationStatusRequest {
+            notification_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status(), v1::NotificationStatus::Delivered);
+    site.stop().await;
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_without_a_certificate_or_with_one_from_another_ca_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let good = pki.pki.client_cert("site-a").unwrap();
+    let rogue_ca = Pki::new(dir.path(), "rogue").unwrap();
+    let rogue = rogue_ca.client_cert("site-a").unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.tls = pki.central_tls(true);
+    let central = Central::start_tls(config, pki.pki.client_tls(Some(&good)).unwrap()).await;
+
+    // A plain gRPC client: the handshake refuses it, so no submit reaches the service.
+    for (label, identity) in [("no certificate", None), ("another CA", Some(&rogue))] {
+        let mut tls = pki.pki.client_tls(None).unwrap();
+        if let Some(files) = identity {
+            tls = tls.identity(files.identity().unwrap());
+        }
+        let submitted = match tls_channel(central.addr, tls).await {
+            Ok(channel) => NotificationIngestClient::new(channel)
+                .submit_notification(submit("Tank 4 high level", "Level 97%"))
+                .await
+                .map(drop)
+                .map_err(|status| status.to_string()),
+            Err(connect) => Err(connect),
+        };
+        // The client sees the server's alert (certificate required / unknown CA) or, when it is
+        // still writing as the server hangs up, a broken pipe: which one is a race, so only the
+        // refusal is asserted (and, below, that nothing was stored).
+        assert!(submitted.is_err(), "{label}: submit went through");
+    }
+
+    // The forwarder, through a relay that counts its attempts.
+    let relay = CountingRelay::start(central.addr).await;
+    for (site_id, identity) in [("site-none", None), ("site-rogue", Some(&rogue))] {
+        let site_dir = dir.path().join(site_id);
+        std::fs::create_dir(&site_dir).unwrap();
+        let mut tls = pki.site_tls(None);
+        if let Some(files) = identity {
+            tls.cert = Some(files.cert.clone());
+            tls.key = Some(files.key.clone());
+        }
+        let before = relay.connections.load(Ordering::SeqCst);
+        let site = TlsSite::start(&site_dir, site_id, format!("https://{}", relay.addr), tls).await;
+        site.client()
+            .await
+            .send(send_request("Tank 4 high level", "Level 97%"))
+            .await
+            .unwrap();
+        // Two sessions: the first one ended without getting through.
+        relay.wait_for_connections(before + 2).await;
+        let stats = site.stats().await;
+        assert!(!stats.central_reachable, "{site_id}: reported reachable");
+        assert_eq!(stats.depth, 1, "{site_id}: the notification stays buffered");
+        site.stop().await;
+    }
+
+    let db = Db::open(&central.db);
+    assert_eq!(db.count("SELECT COUNT(*) FROM Notifications"), 0);
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_certificate_names_the_only_site_its_holder_may_submit_as() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let site_a = pki.pki.client_cert("site-a").unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.tls = pki.central_tls(true);
+    let tls = pki.pki.client_tls(Some(&site_a)).unwrap();
+    let central = Central::start_tls(config, tls.clone()).await;
+    let mut ingest = NotificationIngestClient::new(tls_channel(central.addr, tls).await.unwrap());
+
+    // Unary: PERMISSION_DENIED naming both ids.
+    let mut impostor = submit("Tank 4 high level", "Level 97%");
+    impostor.source_site_id = "site-b".into();
+    let refused = ingest
+        .submit_notification(impostor.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("\"site-b\"") && refused.message().contains("\"site-a\""),
+        "{}",
+        refused.message()
+    );
+    let own = submit("Tank 5 high level", "Level 98%");
+    let accepted = ingest
+        .submit_notification(own.clone())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(accepted.outcome(), v1::SubmitOutcome::Accepted);
+
+    // Stream: a REJECTED ack with the reason; the stream goes on with the caller's own submits.
+    let mut stream_impostor = submit("Tank 6 high level", "Level 99%");
+    stream_impostor.source_site_id = "site-b".into();
+    let stream_own = submit("Tank 7 high level", "Level 99%");
+    let acks: Vec<v1::NotificationSubmitAck> = ingest
+        .submit_notifications(tokio_stream::iter([
+            stream_impostor.clone(),
+            stream_own.clone(),
+        ]))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|ack| ack.unwrap())
+        .collect()
+        .await;
+    assert_eq!(acks.len(), 2, "{acks:?}");
+    let ack_for = |id: &str| acks.iter().find(|a| a.notification_id == id).unwrap();
+    let rejected = ack_for(&stream_impostor.notification_id);
+    assert_eq!(rejected.outcome(), v1::SubmitOutcome::Rejected);
+    assert!(
+        rejected.reason.starts_with("source_site_id: \"site-b\"")
+            && rejected.reason.contains("\"site-a\""),
+        "{}",
+        rejected.reason
+    );
+    assert_eq!(
+        ack_for(&stream_own.notification_id).outcome(),
+        v1::SubmitOutcome::Accepted
+    );
+
+    let db = Db::open(&central.db);
+    let mut stored = db.strings("SELECT NotificationId FROM Notifications");
+    stored.sort();
+    let mut want = vec![own.notification_id, stream_own.notification_id];
+    want.sort();
+    assert_eq!(stored, want, "nothing of the impostor's submits is stored");
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn central_refuses_plaintext_off_loopback_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.listen_addr = "0.0.0.0:0".parse().unwrap();
+    let err = format!("{:#}", config.validate().unwrap_err());
+    assert!(err.starts_with("listen_addr: 0.0.0.0:0"), "{err}");
+    assert!(err.contains("tls"), "{err}");
+
+    // `run` checks the address it was handed, whatever `listen_addr` said.
+    let loopback = central_config(dir.path(), None);
+    let settings = loopback.validate().unwrap();
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let refused = central_outbox::run(settings, listener, CancellationToken::new())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.starts_with("listen_addr:"), "{refused}");
+
+    config.tls.allow_plaintext = true;
+    let settings = config.validate().unwrap();
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(central_outbox::run(settings, listener, stop.clone()));
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_until_serving(addr).await;
+    let ack = NotificationIngestClient::new(channel(addr).await)
+        .submit_notification(submit("Tank 4 high level", "Level 97%"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(ack.outcome(), v1::SubmitOutcome::Accepted);
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_site_refuses_plaintext_off_loopback_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = site_forwarder::config::Config::new("site-a");
+    config.buffer_path = dir.path().join("site-a.db");
+    config.listen_addr = "0.0.0.0:0".parse().unwrap();
+    let err = config.validate().unwrap_err().to_string();
+    assert!(err.starts_with("listen_addr: 0.0.0.0:0"), "{err}");
+    assert!(err.contains("tls.allow_plaintext"), "{err}");
+
+    config.tls.allow_plaintext = true;
+    let listener = TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(site_forwarder::run(config, listener, stop.clone()));
+    wait_until_serving(SocketAddr::from(([127, 0, 0, 1], port))).await;
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_forwards_to_an_https_central_trusting_its_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    // Server TLS only: sites are not asked for certificates.
+    config.tls = pki.central_tls(false);
+    let central = Central::start_tls(config, pki.pki.client_tls(None).unwrap()).await;
+
+    // Dialled by address, checked against the name: `domain` overrides the URL's host.
+    let mut tls = pki.site_tls(None);
+    tls.domain = Some("localhost".into());
+    let site = TlsSite::start(
+        dir.path(),
+        "site-a",
+        format!("https://{}", central.addr),
+        tls,
+    )
+    .await;
+    let mut client = site.client().await;
+    let id = client
+        .send(send_request("Tank 4 high level", "Level 97%"))
+        .await
+        .unwrap()
+        .into_inner()
+        .notification_id;
+    wait_for_status(&central.db, &id, "Delivered").await;
+    sink.wait_for_messages(1, DEADLINE).await;
+    eventually("the site buffer drains", || async {
+        (site.stats().await.depth == 0).then_some(())
+    })
+    .await;
+    // No longer buffered: the site asks central, over the same TLS link.
+    let status = client
+        .get_status(v1::GetNotificationStatusRequest {
+            notification_id: id,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.status(), v1::NotificationStatus::Delivered);
+    site.stop().await;
+    central.stop().await;
+}
