@@ -3,7 +3,7 @@
 //! Every command is one or a few gRPC calls; the modules split the work the same way each time:
 //! `args` parses, `filter` builds the selection, `upsert` builds list and SMTP settings (with
 //! `secret` reading their secrets from stdin or the environment), `connect` opens the channel
-//! with the actor header, `commands` makes the calls, `render` prints tables or JSON, `error`
+//! (TLS, the bearer token and the actor header), `commands` makes the calls, `render` prints tables or JSON, `error`
 //! turns any failure into one stderr line and an exit status (2 usage, 1 anything else).
 //! Nothing here panics on input, a dead server or a closed pipe.
 
