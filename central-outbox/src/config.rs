@@ -596,8 +596,8 @@ fn delivery_policy(k: PolicyKeys<'_>) -> anyhow::Result<DeliveryPolicy> {
         }),
     };
     Ok(DeliveryPolicy {
-        // Non-positive retry settings are clamped with a warning by the retry policy, as the
-        // seeds specify, rather than refused here.
+        // Non-positive retry settings are not refused here: the retry policy clamps them to
+        // 10 retries / 1 min with a warning, so a typo still retries instead of parking at once.
         max_retries: k.max_retries,
         retry_delay: k.retry_delay,
         backoff,

@@ -1,7 +1,7 @@
-//! The health service's answers (DESIGN §3): SERVING while the store answers, NOT_SERVING while
-//! it does not and from the start of shutdown on. Load balancers and the site-forwarders' health
-//! checks then steer away from a replica whose database is gone instead of feeding it requests
-//! that would fail.
+//! The health service's answers (`grpc.health.v1`): SERVING while the store answers,
+//! NOT_SERVING while it does not and from the start of shutdown on. Load balancers and the
+//! site-forwarders' health checks then steer away from a replica whose database is gone instead
+//! of feeding it requests that would fail.
 //!
 //! The store is probed every `interval` through its write path (an empty transaction), so a
 //! wedged writer or a lost connection shows, not only an unreadable file.

@@ -1,4 +1,4 @@
--- Webhook lists and the full channel settings (issue 4).
+-- Webhook lists and the full channel settings (backoff, rate limit, overall timeout, XOAUTH2).
 
 -- A webhook list keeps its endpoint URLs in NotificationListRecipients.Address, its payload format
 -- and optional HMAC signing secret here. Both are NULL for email lists.

@@ -38,8 +38,9 @@ pub struct Cli {
     /// Print one JSON document on stdout instead of tables.
     #[arg(long, global = true)]
     pub json: bool,
-    /// Who is acting, recorded in the audit history of retries and discards (sent as the
-    /// `x-outbox-actor` header). Defaults to $USER.
+    /// A display name for the audit history, sent as `x-outbox-actor`. Central uses it only
+    /// when it runs unauthenticated (`[auth] mode = "none"`); otherwise it records the token's
+    /// name or the client certificate's CN. Defaults to $USER.
     #[arg(long, env = "USER", global = true)]
     pub actor: Option<String>,
     /// File holding the bearer token central knows this operator by (see README, "Operator

@@ -14,7 +14,7 @@
 //! (the README says 5 minutes) and drops repeats of an id it has seen, so a captured request
 //! cannot be replayed later. Each attempt signs afresh, so a retry carries a current time.
 //!
-//! Classification per endpoint (DESIGN §5): 2xx delivered; 408, 429, 5xx, connect errors and
+//! Classification per endpoint: 2xx delivered; 408, 429, 5xx, connect errors and
 //! timeouts transient; 429/503 with `Retry-After` throttled (never retried sooner, capped at an
 //! hour); 3xx and other 4xx permanent. Across endpoints a retryable failure wins over a permanent
 //! one, since a retry may still deliver the rest. Error texts name the endpoint without its query

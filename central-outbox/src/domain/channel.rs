@@ -378,8 +378,8 @@ pub struct SmtpSettings {
 
 impl SmtpSettings {
     /// Checks the values no delivery could work without; errors name the field. Retry settings
-    /// are not refused: [`super::retry::RetryPolicy::clamped`] makes non-positive ones safe, as
-    /// the seeds specify.
+    /// are not refused: [`super::retry::RetryPolicy::clamped`] turns non-positive ones into
+    /// 10 retries / 1 min with a warning, so a typo still retries instead of parking at once.
     pub fn check(self) -> Result<Self, ContentError> {
         if self.host.trim().is_empty() {
             return Err(ContentError::new("host", "must not be empty"));

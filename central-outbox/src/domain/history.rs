@@ -1,5 +1,6 @@
 //! A notification's audit history: every delivery attempt and every operator action, in the
-//! order they happened, and the operator actions themselves (DESIGN §4, §5).
+//! order they happened, and the operator actions themselves (Retry and Discard, both only from
+//! Parked; each recorded with who did it and when).
 
 use std::time::Duration;
 

@@ -1,4 +1,5 @@
-//! The notification status lifecycle (DESIGN §5):
+//! The notification status lifecycle (Delivered and Discarded are final; Parked waits for an
+//! operator):
 //!
 //! ```text
 //! ingest -> Pending -> [attempt] -> Delivered

@@ -1,6 +1,7 @@
-//! The dispatcher lease across real central-outbox processes that share one database (DESIGN
-//! §5, guarantee 3): only the lease holder dispatches; when it dies, stalls or shuts down another
-//! replica takes over; and a deposed holder can never record an outcome over its successor's.
+//! The dispatcher lease across real central-outbox processes that share one database (README.md,
+//! "Several central replicas"): only the lease holder dispatches; when it dies, stalls or shuts
+//! down another replica takes over; and a deposed holder can never record an outcome over its
+//! successor's.
 //!
 //! Who dispatched is checked two ways. From the data: every attempt row carries the LeaseEpoch
 //! its claim was made under, and since a claim needs its epoch's lease unexpired while a new epoch

@@ -17,7 +17,8 @@ use crate::store::{Result, StoreError};
 pub struct Migration {
     pub version: i32,
     pub name: &'static str,
-    /// The statement snapshot's name (see `sql::catalog`).
+    /// The statement's name in `sql::catalog`: `migration_` and the file's stem (the file itself is
+    /// the committed text; it has no separate snapshot).
     #[cfg_attr(not(test), allow(dead_code))]
     pub snapshot: &'static str,
     pub sql: &'static str,

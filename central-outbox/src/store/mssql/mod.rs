@@ -1,5 +1,6 @@
 //! The MS SQL Server backend of [`OutboxStore`]: the production central store, shared by every
-//! central replica (DESIGN §7). Also meant to run unchanged on Babelfish for PostgreSQL.
+//! central replica (README.md, "MS SQL Server"). Also meant to run unchanged on Babelfish for
+//! PostgreSQL.
 //!
 //! Each store operation is one T-SQL batch (see [`sql`]) on a pooled connection: one round trip,
 //! one transaction, `SET XACT_ABORT ON`, so a failure leaves nothing half done. A batch chosen

@@ -1,5 +1,6 @@
 //! Central's figures: unary ingest throughput (closed loop), and dispatch throughput to the
-//! in-process SMTP sink, with our settings and with the seeds'.
+//! in-process SMTP sink, with our settings and with those of the system this replaces
+//! ([`Profile::Seeds`]).
 //!
 //! Ingest runs central as a replica that does not hold the dispatcher lease (another holder is
 //! written into `Leases` first), so the figure is ingest alone: nothing is claimed or delivered

@@ -1,7 +1,8 @@
 //! Figure 6, idle end-to-end latency: a site and central running together, Sends offered at a low
 //! fixed rate, and for each one the time from when the Send was due to when the SMTP sink (in
 //! this process, so on the same monotonic clock) received the message whose Message-ID carries
-//! its id. Run with our settings and with the seeds'.
+//! its id. Run with our settings and with those of the system this replaces
+//! ([`Profile::Seeds`]).
 //!
 //! Before the measured Sends, a few warm-up notifications go all the way through, so the
 //! forwarding stream and the SMTP connections are open as they would be on a live system.
@@ -24,8 +25,8 @@ use crate::site_figures::{buffer_stats, send_once, site_clients};
 
 /// Warm-up notifications sent (and delivered) before the measured ones.
 const WARM_UP: u64 = 5;
-/// Longest the last measured notification may take after its Send: two of the seeds' 10 s poll
-/// intervals plus slack.
+/// Longest the last measured notification may take after its Send: two of the `Seeds` profile's
+/// 10 s poll intervals plus slack.
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(40);
 /// Connections from the simulated scripts to the site.
 const CONNECTIONS: usize = 4;

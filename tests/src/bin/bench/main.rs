@@ -1,6 +1,8 @@
 //! `bench` (run by `make bench`): measures the site-forwarder and central-outbox release
-//! binaries end to end on loopback and prints one table of figures against the targets of
-//! issue 5, plus our settings against the seeds', and writes the same as JSON.
+//! binaries end to end on loopback and prints one table of figures against their targets (each
+//! figure and how it is measured: BENCHMARKS.md, "The figures"), plus our settings against those
+//! of the system this replaces (the `-seeds` groups, [`Profile::Seeds`]: a 10 s timer-only poll,
+//! 100 rows per sweep, one SMTP connection), and writes the same as JSON.
 //!
 //! Each figure group starts fresh processes on fresh copies of prepared database files, runs
 //! `--runs` times and reports the median with the min–max. The services always run with their
@@ -53,18 +55,20 @@ struct Args {
     /// Figure groups to leave out, comma-separated.
     #[arg(long, value_delimiter = ',')]
     skip: Vec<String>,
-    /// Small sizes and one run per figure, for iterating (the figures are then not the issue's).
+    /// Small sizes and one run per figure, for iterating (the figures then do not compare with
+    /// the targets).
     #[arg(long)]
     quick: bool,
     /// Runs per figure (default 3; 1 with --quick).
     #[arg(long)]
     runs: Option<usize>,
-    /// Runs per seeds figure (default 1: their figures are set by the 10 s poll timer, not by
+    /// Runs per `-seeds` figure (default 1: their figures are set by the 10 s poll timer, not by
     /// noise; three runs agreed within 4%).
     #[arg(long)]
     seeds_runs: Option<usize>,
-    /// The seeds comparison: `auto` runs it and skips it (without failing) if central does not
-    /// know the dispatcher keys it needs; `on` fails instead; `off` leaves it out.
+    /// The comparison with the settings of the system this replaces (the `-seeds` groups):
+    /// `auto` runs it and skips it (without failing) if central does not know the dispatcher
+    /// keys it needs; `on` fails instead; `off` leaves it out.
     #[arg(long, value_enum, default_value_t = SeedsMode::Auto)]
     seeds: SeedsMode,
     /// Seconds of load before measuring starts, in the throughput and Send latency figures.
@@ -85,7 +89,7 @@ struct Args {
     /// Pending rows delivered in the dispatch figure (default 10000; 2000 with --quick).
     #[arg(long)]
     dispatch_rows: Option<u64>,
-    /// Pending rows delivered with the seeds' settings: one more than a whole number of
+    /// Pending rows delivered in `dispatch-seeds`: one more than a whole number of
     /// 100-row sweeps, so first-to-last spans whole poll intervals (default 201; 101 with
     /// --quick).
     #[arg(long)]
@@ -94,8 +98,8 @@ struct Args {
     /// rate is taken over those that did (and the run says so).
     #[arg(long, default_value_t = 30.0)]
     dispatch_deadline: f64,
-    /// Offered Sends per second in the end-to-end latency figure. Below the seeds' capacity
-    /// (10/s) so both settings are measured idle, not queueing.
+    /// Offered Sends per second in the end-to-end latency figure. Below what the `-seeds`
+    /// settings can deliver (10/s) so both settings are measured idle, not queueing.
     #[arg(long, default_value_t = 5.0)]
     e2e_rate: f64,
     /// Seconds of Sends in the end-to-end latency figure (default 20; 8 with --quick).
@@ -112,7 +116,8 @@ struct Args {
     /// and the figures mean little.
     #[arg(long, default_value = "target/bench/work")]
     work_dir: PathBuf,
-    /// Directory with the central-outbox and site-forwarder binaries (default: next to bench).
+    /// Directory with the central-outbox and site-forwarder binaries to measure (default: built
+    /// from the current sources next to bench).
     #[arg(long)]
     bin_dir: Option<PathBuf>,
     /// Keep every run's directory (databases, configs, logs) for inspection.
@@ -151,7 +156,7 @@ enum SeedsMode {
     Off,
 }
 
-/// Every figure group, in the order they run; each seeds group right after ours.
+/// Every figure group, in the order they run; each `-seeds` group right after ours.
 const GROUPS: [&str; 9] = [
     "send",
     "send-latency",
@@ -363,7 +368,8 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
     }
 }
 
-/// Central refused a seeds key it does not know yet (the dispatcher keys are being added).
+/// Central refused a key of the `Seeds` profile it does not know (a binary from before the
+/// dispatcher keys were added).
 fn lacks_seeds_keys(error: &str) -> bool {
     error.contains("unknown field")
         && (error.contains("wake_on_events") || error.contains("claim_batch"))

@@ -1,6 +1,6 @@
 //! Turning runs into the report: each figure's median over its runs with the min–max beside it,
-//! the target and whether the median meets it, our settings against the seeds', and the same in
-//! JSON with every run's raw values and details.
+//! the target and whether the median meets it, our settings against those of the system this
+//! replaces (the `Seeds` profile), and the same in JSON with every run's raw values and details.
 //!
 //! Medians, because on a shared two-core machine one run can be disturbed by something else
 //! (a compaction, a page-cache flush); the median of three ignores one such run where a mean
@@ -48,7 +48,8 @@ impl RunRecord {
 #[derive(Debug)]
 pub enum GroupStatus {
     Done,
-    /// Not run, for a reason that is not a failure (e.g. the binaries lack the seeds' keys).
+    /// Not run, for a reason that is not a failure (e.g. the binaries lack the dispatcher keys
+    /// the `Seeds` profile sets).
     Skipped(String),
     /// A run failed: the message names the step.
     Failed(String),
@@ -138,8 +139,8 @@ fn summary_of(groups: &[GroupResult], key: &str) -> Option<Summary> {
     summarise(&values_of(groups, key))
 }
 
-/// Our figure against the seeds' for the same workload; `higher_is_better` decides which way
-/// the ratio is taken so that a ratio above 1 always means "ours is better".
+/// Our figure against the `Seeds` profile's for the same workload; `higher_is_better` decides
+/// which way the ratio is taken so that a ratio above 1 always means "ours is better".
 #[derive(Debug, Clone)]
 pub struct Comparison {
     pub label: &'static str,
