@@ -588,12 +588,7 @@ fn delivery_policy(k: PolicyKeys<'_>) -> anyhow::Result<DeliveryPolicy> {
     let rate_limit = match (k.rate_limit_per_second, k.rate_limit_burst) {
         (None, None) => None,
         (None, Some(_)) => bail!("{section}.rate_limit_burst: set rate_limit_per_second too"),
-        (Some(per_second), burst) => Some(RateLimit {
-            per_second,
-            // One second's worth by default, and at least one.
-            burst: burst
-                .unwrap_or_else(|| per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
-        }),
+        (Some(per_second), burst) => Some(RateLimit::new(per_second, burst)),
     };
     Ok(DeliveryPolicy {
         // Non-positive retry settings are not refused here: the retry policy clamps them to

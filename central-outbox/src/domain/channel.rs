@@ -316,6 +316,18 @@ pub struct RateLimit {
 
 impl Eq for RateLimit {}
 
+impl RateLimit {
+    /// A bucket of `per_second`, holding `burst` tokens, or one second's worth (at least one)
+    /// when no burst is given: the one default the config file and the admin API share.
+    pub fn new(per_second: f64, burst: Option<u32>) -> Self {
+        Self {
+            per_second,
+            burst: burst
+                .unwrap_or_else(|| per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+        }
+    }
+}
+
 /// How a channel paces and retries its deliveries (one per channel).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeliveryPolicy {

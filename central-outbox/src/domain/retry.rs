@@ -171,6 +171,13 @@ pub struct Transition {
 }
 
 impl Transition {
+    /// When the notification was delivered, if this transition delivers it (DeliveredAt is
+    /// ResolvedAt for a delivery): the one rule both stores write.
+    pub fn delivered_at(&self) -> Option<DateTime<Utc>> {
+        self.resolved_at
+            .filter(|_| self.status == Status::Delivered)
+    }
+
     fn parked(retry_count: u32, message: &str, now: DateTime<Utc>) -> Self {
         Self {
             status: Status::Parked,

@@ -465,13 +465,11 @@ pub fn smtp_from_proto(
             ));
         }
     };
-    let rate_limit = msg.rate_limit_per_second.map(|per_second| RateLimit {
-        per_second,
-        burst: match msg.rate_limit_burst {
-            0 => per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32,
-            n => n,
-        },
-    });
+    // 0 means unset on the wire.
+    let burst = Some(msg.rate_limit_burst).filter(|&n| n > 0);
+    let rate_limit = msg
+        .rate_limit_per_second
+        .map(|per_second| RateLimit::new(per_second, burst));
     SmtpSettings {
         host: msg.host,
         port,

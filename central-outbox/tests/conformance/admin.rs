@@ -241,27 +241,11 @@ where
         .map(|s| s.id)
         .collect();
 
-    // Keep inserting while the pages are read.
-    let writer = store.clone();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let inserting = tokio::spawn({
-        let stop = stop.clone();
-        async move {
-            let mut inserted = 0;
-            while !stop.is_cancelled() {
-                let spec = Spec::new("north", "ops", &format!("during {inserted}"), End::Pending);
-                writer
-                    .submit(vec![seed::submission(&spec)])
-                    .await
-                    .expect("insert");
-                inserted += 1;
-            }
-            inserted
-        }
-    });
-
+    // Rows arrive between every two pages (inserted between the reads rather than by a
+    // concurrent task, which on a busy machine could finish before inserting anything).
     let mut seen = Vec::new();
     let mut after = None;
+    let mut inserted = 0;
     loop {
         let page = store
             .query(PageRequest {
@@ -271,17 +255,19 @@ where
             })
             .await
             .expect("query");
-        // Give the writer a turn between pages so inserts really interleave.
-        tokio::task::yield_now().await;
+        let spec = Spec::new("north", "ops", &format!("during {inserted}"), End::Pending);
+        store
+            .submit(vec![seed::submission(&spec)])
+            .await
+            .expect("insert");
+        inserted += 1;
         seen.extend(page.rows);
         match page.next {
             Some(next) => after = Some(next),
             None => break,
         }
     }
-    stop.cancel();
-    let inserted = inserting.await.expect("writer");
-    assert!(inserted > 0, "the writer must have inserted during paging");
+    assert!(inserted > 40, "rows were inserted between the pages");
 
     let unique: HashSet<NotificationId> = seen.iter().map(|s| s.id).collect();
     assert_eq!(unique.len(), seen.len(), "a row appeared twice");

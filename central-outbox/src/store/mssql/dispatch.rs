@@ -10,7 +10,6 @@ use tiberius::Row;
 use super::error::{ErrorClass, classify, to_store_error};
 use super::pool::Param;
 use super::{MsSqlStore, decode, millis_i32, millis_i64, result_set, sql, text};
-use crate::domain::status::Status;
 use crate::domain::{NotificationId, NotificationType};
 use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
@@ -168,12 +167,7 @@ pub async fn record_outcome(
     record: &AttemptRecord,
 ) -> Result<bool> {
     let t = &record.transition;
-    // DeliveredAt equals ResolvedAt for a delivery, so either can date it.
-    let delivered_at = if t.status == Status::Delivered {
-        t.resolved_at
-    } else {
-        None
-    };
+    let delivered_at = t.delivered_at();
     let params = [
         text(t.status.as_str()),
         Param::Int(Some(i32::try_from(t.retry_count).unwrap_or(i32::MAX))),

@@ -27,7 +27,6 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
-use crate::domain::status::Status;
 use crate::domain::{ListName, NotificationId, NotificationType};
 use crate::secrets::{Keyring, ResealReport};
 
@@ -500,12 +499,7 @@ impl ClaimedRow {
 /// InFlight, marking a possible duplicate.
 fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Result<bool> {
     let t = &record.transition;
-    // DeliveredAt equals ResolvedAt for a delivery, so either can date it.
-    let delivered_at = if t.status == Status::Delivered {
-        t.resolved_at.map(ms)
-    } else {
-        None
-    };
+    let delivered_at = t.delivered_at().map(ms);
     let mut update = conn.prepare_cached(
         "UPDATE Notifications
          SET Status = ?1, RetryCount = ?2, LastError = COALESCE(?3, LastError),
