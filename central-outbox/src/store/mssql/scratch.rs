@@ -35,7 +35,11 @@ impl ScratchDatabase {
     pub async fn create(server_url: &str) -> Result<Self> {
         let server = MsSqlOptions::parse(server_url)
             .map_err(|e| StoreError::Unavailable(format!("scratch database server: {e}")))?;
-        let name = format!("outbox_test_{}", uuid::Uuid::new_v4().simple());
+        // 64 random bits are plenty for one server's test databases. Kept short because
+        // Babelfish maps a database to the PostgreSQL schema `<name>_dbo` and, with a 32-hex
+        // name, resolved foreign-key checks against a truncated form of it ("relation
+        // outbox_test_<...>.notificationlists does not exist" on inserting list targets).
+        let name = format!("outbox_test_{:016x}", fastrand::u64(..));
         let _turn = CATALOG_CHANGE.lock().await;
         let mut attempt = 1;
         loop {
