@@ -7,6 +7,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use central_outbox::auth::AuthMode;
@@ -17,6 +18,7 @@ use outbox_proto::v1;
 use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
 use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_tests::binaries::BuiltBy;
 use outbox_tests::smtp_sink::SmtpSink;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -336,15 +338,36 @@ pub async fn smtp_sink() -> SmtpSink {
     SmtpSink::start().await.unwrap()
 }
 
-/// The workspace's built binary `name` (built by `make test` before the tests run).
+/// The workspace's binary `name`, built from the current sources.
+///
+/// `cargo test` does not build other packages' binaries for this suite, so the first call in
+/// this test process builds them all, once ([`outbox_tests::binaries`]), with the cargo, target
+/// directory and profile of this test; every later call waits for that build and reuses it.
 pub fn binary(name: &str) -> PathBuf {
-    // This test binary lives in target/<profile>/deps/; the service binaries one level up.
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().and_then(Path::parent).unwrap();
+    static FRESH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    let dir = FRESH.get_or_init(|| {
+        // This test executable is `<target dir>[/<triple>]/<profile>/deps/e2e-<hash>`, and the
+        // binaries go to `<profile>/`. CARGO_TARGET_TMPDIR (`<target dir>/tmp`, given to
+        // integration tests) tells the target directory even under `--target <triple>`.
+        let exe = std::env::current_exe().map_err(|e| format!("the test's own path: {e}"))?;
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .ok_or_else(|| format!("{} is not in a cargo target directory", exe.display()))?;
+        let target_dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .parent()
+            .ok_or("CARGO_TARGET_TMPDIR has no parent")?;
+        outbox_tests::binaries::build(target_dir, profile_dir, BuiltBy::CargoTest)
+            .map_err(|e| format!("{e:#}"))
+    });
+    let dir = match dir {
+        Ok(dir) => dir,
+        Err(e) => panic!("the end-to-end tests start the workspace's binaries: {e}"),
+    };
     let path = dir.join(name);
     assert!(
         path.exists(),
-        "{} is missing: run `cargo build --workspace --bins` first (make test does)",
+        "{} is not a binary of the workspace",
         path.display()
     );
     path

@@ -20,6 +20,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use outbox_tests::binaries::{self, BuiltBy};
 use outbox_tests::pki::{CertFiles, Pki};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
@@ -85,15 +86,24 @@ pub struct Binaries {
 }
 
 impl Binaries {
-    /// `dir`, or the directory of this executable (target/release when run by `make bench`).
+    /// The binaries in `dir`, as they are; without one, built from the current sources next to
+    /// this executable (target/release when run by `make bench`, whose own build first makes
+    /// that a no-op), so a bench started with `cargo run` never measures an older service.
     pub fn locate(dir: Option<&Path>) -> Result<Self> {
         let dir = match dir {
             Some(dir) => dir.to_path_buf(),
-            None => std::env::current_exe()
-                .context("cannot find the bench executable's path")?
-                .parent()
-                .ok_or_else(|| anyhow!("the bench executable has no parent directory"))?
-                .to_path_buf(),
+            None => {
+                let exe =
+                    std::env::current_exe().context("cannot find the bench executable's path")?;
+                // The bench is `<target dir>/<profile>/bench`.
+                let profile_dir = exe
+                    .parent()
+                    .ok_or_else(|| anyhow!("the bench executable has no parent directory"))?;
+                let target_dir = profile_dir
+                    .parent()
+                    .ok_or_else(|| anyhow!("{} is not in a target directory", exe.display()))?;
+                binaries::build(target_dir, profile_dir, BuiltBy::CargoBuild)?
+            }
         };
         let bins = Self {
             central: dir.join("central-outbox"),
@@ -101,11 +111,7 @@ impl Binaries {
         };
         for bin in [&bins.central, &bins.site] {
             if !bin.exists() {
-                bail!(
-                    "{} is missing: build with `cargo build --release --workspace --bins` \
-                     (make bench does)",
-                    bin.display()
-                );
+                bail!("{} is missing", bin.display());
             }
         }
         Ok(bins)
