@@ -83,7 +83,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
-    install_crypto_provider();
+    outbox_proto::pem::install_crypto_provider();
     // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
     if let Ok(addr) = listener.local_addr()
         && settings.tls.plaintext_exposure(addr)?
@@ -296,12 +296,4 @@ async fn serve<S: OutboxStore>(
     served?;
     tracing::info!("central-outbox stopped");
     Ok(())
-}
-
-/// Makes ring the process's rustls provider, once, before anything opens a TLS connection
-/// (SMTP, webhooks, OAuth, MS SQL). It is the only provider compiled in; installing it
-/// explicitly keeps every TLS client on the same one even if a dependency ever enables another.
-pub fn install_crypto_provider() {
-    // Err only when a provider is installed already (a second service in one test process).
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }

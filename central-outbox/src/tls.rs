@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
+use outbox_proto::pem;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
@@ -209,34 +209,19 @@ fn common_name(der: &[u8]) -> Option<String> {
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| config_error(key, format!("cannot read {}: {e}", path.display())))
+    pem::read(path).map_err(|problem| config_error(key, problem))
 }
 
 fn certificates(
     key: &'static str,
     path: &Path,
-    pem: &[u8],
+    bytes: &[u8],
 ) -> Result<Vec<CertificateDer<'static>>> {
-    let chain = CertificateDer::pem_slice_iter(pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| config_error(key, format!("{} is not valid PEM: {e}", path.display())))?;
-    if chain.is_empty() {
-        return Err(config_error(
-            key,
-            format!("{} holds no PEM CERTIFICATE", path.display()),
-        ));
-    }
-    Ok(chain)
+    pem::certificates(path, bytes).map_err(|problem| config_error(key, problem))
 }
 
-fn private_key(key: &'static str, path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| {
-        config_error(
-            key,
-            format!("{} holds no usable PEM private key: {e}", path.display()),
-        )
-    })
+fn private_key(key: &'static str, path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>> {
+    pem::private_key(path, bytes).map_err(|problem| config_error(key, problem))
 }
 
 /// Builds the server side of rustls once, which checks that the key belongs to the first

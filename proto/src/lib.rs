@@ -7,6 +7,7 @@
 
 pub mod content;
 pub mod limits;
+pub mod pem;
 pub mod time;
 
 /// Generated messages and services of package `outbox.v1`.

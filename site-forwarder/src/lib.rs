@@ -82,7 +82,7 @@ pub async fn run(
         .map_err(|e| RunError::Config(format!("{e:#}")))?;
     let site = SiteId::parse(config.site_id.clone())
         .map_err(|e| RunError::Config(format!("site_id: {}", e.problem)))?;
-    tls::install_crypto_provider();
+    outbox_proto::pem::install_crypto_provider();
     // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
     if let Ok(addr) = listener.local_addr()
         && config

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::pem::PemObject;
+use outbox_proto::pem;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, Uri};
@@ -69,14 +69,6 @@ fn config_error(key: &'static str, problem: impl Into<String>) -> TlsError {
         key,
         problem: problem.into(),
     }
-}
-
-/// Makes ring the process's rustls provider before anything opens a TLS connection. It is the
-/// only provider compiled in; installing it explicitly keeps every TLS client on it even if a
-/// dependency ever enables another.
-pub fn install_crypto_provider() {
-    // Err only when a provider is installed already (another service in one test process).
-    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 impl TlsConfig {
@@ -153,15 +145,8 @@ impl TlsConfig {
             let cert = read("cert", cert_path)?;
             let key = read("key", key_path)?;
             let chain = certificates("cert", cert_path, &cert)?;
-            let private_key = PrivateKeyDer::from_pem_slice(&key).map_err(|e| {
-                config_error(
-                    "key",
-                    format!(
-                        "{} holds no usable PEM private key: {e}",
-                        key_path.display()
-                    ),
-                )
-            })?;
+            let private_key =
+                pem::private_key(key_path, &key).map_err(|problem| config_error("key", problem))?;
             check_key_matches(roots, chain, private_key, cert_path, key_path)?;
             config = config.identity(Identity::from_pem(cert, key));
         }
@@ -194,25 +179,15 @@ fn is_https(url: &str) -> bool {
 }
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path)
-        .map_err(|e| config_error(key, format!("cannot read {}: {e}", path.display())))
+    pem::read(path).map_err(|problem| config_error(key, problem))
 }
 
 fn certificates(
     key: &'static str,
     path: &Path,
-    pem: &[u8],
+    bytes: &[u8],
 ) -> Result<Vec<CertificateDer<'static>>> {
-    let chain = CertificateDer::pem_slice_iter(pem)
-        .collect::<std::result::Result<Vec<_>, _>>()
-        .map_err(|e| config_error(key, format!("{} is not valid PEM: {e}", path.display())))?;
-    if chain.is_empty() {
-        return Err(config_error(
-            key,
-            format!("{} holds no PEM CERTIFICATE", path.display()),
-        ));
-    }
-    Ok(chain)
+    pem::certificates(path, bytes).map_err(|problem| config_error(key, problem))
 }
 
 /// Builds the client side of rustls once, which checks that the key belongs to the first

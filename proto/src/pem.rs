@@ -1,0 +1,38 @@
+//! The TLS material both services load from PEM files (certificate chains, private keys), and
+//! the one rustls crypto provider both install. Errors are the problem as text, naming the file;
+//! each service prefixes the config key it was read for.
+
+use std::path::Path;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Makes ring the process's rustls provider before anything opens a TLS connection (gRPC, SMTP,
+/// webhooks, OAuth, MS SQL). It is the only provider compiled in; installing it explicitly
+/// keeps every TLS user on it even if a dependency ever enables another.
+pub fn install_crypto_provider() {
+    // Err only when a provider is installed already (a second service in one test process).
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The bytes of a PEM file.
+pub fn read(path: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))
+}
+
+/// Every certificate in `pem` (read from `path`), at least one.
+pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, String> {
+    let chain = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("{} is not valid PEM: {e}", path.display()))?;
+    if chain.is_empty() {
+        return Err(format!("{} holds no PEM CERTIFICATE", path.display()));
+    }
+    Ok(chain)
+}
+
+/// The private key in `pem` (read from `path`): PKCS#8, PKCS#1 or SEC1.
+pub fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
+    PrivateKeyDer::from_pem_slice(pem)
+        .map_err(|e| format!("{} holds no usable PEM private key: {e}", path.display()))
+}
