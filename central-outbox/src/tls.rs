@@ -23,7 +23,6 @@ use outbox_proto::pem;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
-use x509_cert::der::Decode;
 
 /// Longest a new connection may take over its TLS handshake. tonic runs handshakes concurrently
 /// but, by default, without a limit, so a client that connects and never speaks would hold a
@@ -188,25 +187,7 @@ impl TlsSettings {
     }
 }
 
-/// The Subject Common Name of the client certificate verified at the TLS handshake of the
-/// connection `request` came on; `None` on a connection without one (plaintext, or TLS without
-/// `client_ca`) or when the certificate has no Common Name. With several CNs, the first.
-pub fn client_common_name<T>(request: &tonic::Request<T>) -> Option<String> {
-    let chain = request.peer_certs()?;
-    // rustls puts the client's own certificate first, then any intermediates it sent.
-    common_name(chain.first()?)
-}
-
-/// The first Subject Common Name of a DER certificate.
-fn common_name(der: &[u8]) -> Option<String> {
-    let certificate = x509_cert::Certificate::from_der(der).ok()?;
-    let name = certificate
-        .tbs_certificate()
-        .subject()
-        .common_name()
-        .ok()??;
-    Some(name.value().into_owned())
-}
+pub use outbox_proto::pem::client_common_name;
 
 fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
     pem::read(path).map_err(|problem| config_error(key, problem))
@@ -276,13 +257,16 @@ mod tests {
     #[test]
     fn the_common_name_is_read_from_the_subject() {
         let (der, _, _) = self_signed("site-a");
-        assert_eq!(common_name(&der).as_deref(), Some("site-a"));
-        assert_eq!(common_name(b"not a certificate"), None);
+        assert_eq!(
+            outbox_proto::pem::common_name(&der).as_deref(),
+            Some("site-a")
+        );
+        assert_eq!(outbox_proto::pem::common_name(b"not a certificate"), None);
         let key = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
         params.distinguished_name = rcgen::DistinguishedName::new();
         let without_cn = params.self_signed(&key).unwrap();
-        assert_eq!(common_name(without_cn.der()), None);
+        assert_eq!(outbox_proto::pem::common_name(without_cn.der()), None);
     }
 
     #[test]

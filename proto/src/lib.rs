@@ -8,6 +8,7 @@
 pub mod content;
 pub mod limits;
 pub mod pem;
+pub mod submission;
 pub mod time;
 
 /// Generated messages and services of package `outbox.v1`.

@@ -1,5 +1,6 @@
-//! The TLS material both services load from PEM files (certificate chains, private keys), and
-//! the one rustls crypto provider both install. Errors are the problem as text, naming the file;
+//! The TLS material both services load from PEM files (certificate chains, private keys), the
+//! one rustls crypto provider both install, and the Common Name of a verified client
+//! certificate, which both use as the caller's identity. Errors are the problem as text, naming the file;
 //! each service prefixes the config key it was read for.
 
 use std::path::Path;
@@ -35,4 +36,25 @@ pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'stati
 pub fn private_key(path: &Path, pem: &[u8]) -> Result<PrivateKeyDer<'static>, String> {
     PrivateKeyDer::from_pem_slice(pem)
         .map_err(|e| format!("{} holds no usable PEM private key: {e}", path.display()))
+}
+
+/// The Subject Common Name of the client certificate verified at the TLS handshake of the
+/// connection `request` came on; `None` on a connection without one (plaintext, or TLS without
+/// a client CA) or when the certificate has no Common Name. With several CNs, the first.
+pub fn client_common_name<T>(request: &tonic::Request<T>) -> Option<String> {
+    let chain = request.peer_certs()?;
+    // rustls puts the client's own certificate first, then any intermediates it sent.
+    common_name(chain.first()?)
+}
+
+/// The first Subject Common Name of a DER certificate.
+pub fn common_name(der: &[u8]) -> Option<String> {
+    use x509_cert::der::Decode;
+    let certificate = x509_cert::Certificate::from_der(der).ok()?;
+    let name = certificate
+        .tbs_certificate()
+        .subject()
+        .common_name()
+        .ok()??;
+    Some(name.value().into_owned())
 }

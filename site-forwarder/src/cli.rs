@@ -1,5 +1,6 @@
-//! Client side of the `site-forwarder` binary: `send`, `status` and `stats` against a running
-//! forwarder's local `SiteNotify` API, and the plain-text rendering of their answers. Output is
+//! Client side of the `site-forwarder` binary: `send`, `status`, `stats` and `promote` against a
+//! running forwarder's local `SiteNotify` API, and the plain-text rendering of their answers.
+//! `send` takes the addresses of both nodes of a pair and uses the first that accepts. Output is
 //! meant for scripts as much as for people: `send` prints only the id; every failure is one line
 //! on stderr carrying the gRPC status message, with a non-zero exit.
 
@@ -10,8 +11,8 @@ use chrono::SecondsFormat;
 use outbox_proto::time::from_timestamp;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
-    NotificationStatusView, NotificationType, SendRequest,
+    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRole, NodeRoleView,
+    NotificationStatus, NotificationStatusView, NotificationType, PromoteRequest, SendRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -71,9 +72,10 @@ async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
     Ok(SiteNotifyClient::new(channel))
 }
 
-/// Sends one notification; returns its id.
-pub async fn send(addr: &str, args: SendArgs) -> Result<String> {
-    let mut client = connect(addr).await?;
+/// Sends one notification to the first of `addrs` that accepts it; returns its id. A node that
+/// cannot be reached, or answers UNAVAILABLE (a standby, a buffer that cannot write), is
+/// skipped: nothing was stored there. Any other answer (INVALID_ARGUMENT, ...) is final.
+pub async fn send(addrs: &[String], args: SendArgs) -> Result<String> {
     let kind = match args.kind {
         TypeArg::Email => NotificationType::Email,
         TypeArg::Webhook => NotificationType::Webhook,
@@ -89,8 +91,54 @@ pub async fn send(addr: &str, args: SendArgs) -> Result<String> {
         origin_execution_id: args.execution_id,
         origin_parent_execution_id: args.parent_execution_id,
     };
-    let response = client.send(request).await.map_err(CliError::Rpc)?;
-    Ok(response.into_inner().notification_id)
+    let mut last = None;
+    for addr in addrs {
+        let mut client = match connect(addr).await {
+            Ok(client) => client,
+            Err(e) => {
+                last = Some(e);
+                continue;
+            }
+        };
+        match client.send(request.clone()).await {
+            Ok(response) => return Ok(response.into_inner().notification_id),
+            Err(status) if status.code() == tonic::Code::Unavailable => {
+                last = Some(CliError::Rpc(status));
+            }
+            Err(status) => return Err(CliError::Rpc(status)),
+        }
+    }
+    Err(last.unwrap_or_else(|| CliError::Connect {
+        addr: String::new(),
+        detail: "no address given".into(),
+    }))
+}
+
+/// Promotes the node at `addr` to active (see `SiteNotify.Promote`).
+pub async fn promote(addr: &str) -> Result<NodeRoleView> {
+    let mut client = connect(addr).await?;
+    let view = client
+        .promote(PromoteRequest {})
+        .await
+        .map_err(CliError::Rpc)?;
+    Ok(view.into_inner())
+}
+
+pub fn format_role(view: &NodeRoleView) -> String {
+    format!(
+        "{} is {} (term {})\n",
+        view.node_name,
+        role_name(view.role),
+        view.term
+    )
+}
+
+fn role_name(role: i32) -> &'static str {
+    match NodeRole::try_from(role) {
+        Ok(NodeRole::Active) => "active",
+        Ok(NodeRole::Standby) => "standby",
+        Ok(NodeRole::Unspecified) | Err(_) => "unknown",
+    }
 }
 
 pub async fn status(addr: &str, id: String) -> Result<NotificationStatusView> {
@@ -180,6 +228,23 @@ pub fn format_stats(stats: &BufferStats) -> String {
         None => {
             let _ = writeln!(out, "last_forward_at: never");
         }
+    }
+    if !stats.node_name.is_empty() {
+        let _ = writeln!(out, "node: {}", stats.node_name);
+    }
+    let _ = writeln!(out, "role: {}", role_name(stats.role));
+    let _ = writeln!(out, "term: {}", stats.term);
+    let _ = writeln!(out, "peer_connected: {}", stats.peer_connected);
+    if stats.role == i32::from(NodeRole::Standby) {
+        let _ = writeln!(out, "active_node: {}", stats.active_node);
+        let _ = writeln!(
+            out,
+            "active_silent_seconds: {:.3}",
+            stats.active_silent_seconds
+        );
+    } else {
+        let _ = writeln!(out, "standby_lag_rows: {}", stats.standby_lag_rows);
+        let _ = writeln!(out, "standby_lag_seconds: {:.3}", stats.standby_lag_seconds);
     }
     out
 }

@@ -14,6 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::domain::SiteId;
+use crate::pair::Role;
 use crate::tls::TlsConfig;
 
 /// Prefix of the environment variables read by [`Config::load`].
@@ -60,11 +61,53 @@ pub struct Config {
     /// Where to serve Prometheus metrics over HTTP (`GET /metrics`). Off when absent.
     #[serde(default)]
     pub metrics_listen: Option<SocketAddr>,
-    /// TLS to central (CA, client certificate) and the plaintext rule for `listen_addr`.
+    /// TLS to central (CA, client certificate) and the plaintext rule for `listen_addr`; also
+    /// the identity of the pair link when `[pair]` is set.
     #[serde(default)]
     pub tls: TlsConfig,
+    /// This node's active/standby pair. Absent: a single node, always active.
+    #[serde(default)]
+    pub pair: Option<PairConfig>,
     #[serde(default)]
     pub log: LogConfig,
+}
+
+/// `[pair]`: one node of an active/standby pair (see `deploy/site-forwarder.toml`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PairConfig {
+    /// This node's name, different from its peer's: a standby's refusals name the active by
+    /// it, and it breaks the tie between two nodes active in the same term.
+    pub node_name: String,
+    /// The role on the very first start. Afterwards the node keeps the role it last had (it is
+    /// persisted in the buffer file), because a promotion may have happened since.
+    pub initial_role: Role,
+    /// Where this node serves its peer (`SitePair`): TLS when `tls.cert` and `tls.key` are set.
+    pub listen: SocketAddr,
+    /// The peer's `SitePair` endpoint: `https://host:port` (TLS with `[tls]`) or `http://`.
+    pub peer_url: String,
+    /// The name the peer's certificate must carry, when it is not `peer_url`'s host.
+    #[serde(default)]
+    pub peer_domain: Option<String>,
+    /// This node's `SiteNotify` address as site scripts reach it, named in the standby's
+    /// refusals. Default: `listen_addr`.
+    #[serde(default)]
+    pub send_addr: Option<String>,
+    /// How long the standby waits without hearing from the active (the active sends a
+    /// heartbeat five times per timeout) before it promotes itself.
+    #[serde(default = "default_failover_timeout", with = "humantime_serde")]
+    pub failover_timeout: Duration,
+}
+
+/// Shortest `failover_timeout`: a heartbeat every fifth of it must stay well above a busy
+/// machine's scheduling hiccups.
+pub const MIN_FAILOVER_TIMEOUT: Duration = Duration::from_millis(250);
+
+impl PairConfig {
+    /// Interval of the active's heartbeats and of each node's look at its peer's role.
+    pub fn heartbeat_interval(&self) -> Duration {
+        self.failover_timeout / 5
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -129,6 +172,9 @@ fn default_request_timeout() -> Duration {
 fn default_shutdown_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_failover_timeout() -> Duration {
+    Duration::from_secs(10)
+}
 fn default_log_filter() -> String {
     "info".into()
 }
@@ -148,6 +194,7 @@ impl Config {
             shutdown_timeout: default_shutdown_timeout(),
             metrics_listen: None,
             tls: TlsConfig::default(),
+            pair: None,
             log: LogConfig::default(),
         }
     }
@@ -203,17 +250,51 @@ impl Config {
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.filter)
             .map_err(|e| anyhow::anyhow!("log.filter: {e}"))?;
+        if let Some(pair) = &self.pair {
+            pair.validate(self)?;
+        }
+        Ok(())
+    }
+}
+
+impl PairConfig {
+    fn validate(&self, config: &Config) -> anyhow::Result<()> {
+        SiteId::parse(self.node_name.clone())
+            .map_err(|e| anyhow::anyhow!("pair.node_name: {}", e.problem))?;
+        check_url("pair.peer_url", &self.peer_url)?;
+        if self.peer_domain.as_deref().is_some_and(str::is_empty) {
+            bail!("pair.peer_domain: must not be empty");
+        }
+        if self.failover_timeout < MIN_FAILOVER_TIMEOUT {
+            bail!("pair.failover_timeout: must be at least {MIN_FAILOVER_TIMEOUT:?}");
+        }
+        for (key, addr) in [
+            ("listen_addr", Some(config.listen_addr)),
+            ("metrics_listen", config.metrics_listen),
+        ] {
+            if addr == Some(self.listen) {
+                bail!("pair.listen: must differ from {key} ({})", self.listen);
+            }
+        }
+        config
+            .tls
+            .check_pair(&self.peer_url, self.listen)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(())
     }
 }
 
 fn check_central_url(url: &str) -> anyhow::Result<()> {
+    check_url("central_url", url)
+}
+
+fn check_url(key: &str, url: &str) -> anyhow::Result<()> {
     let uri: tonic::transport::Uri = url
         .parse()
-        .map_err(|e| anyhow::anyhow!("central_url: {url:?} is not a URL: {e}"))?;
+        .map_err(|e| anyhow::anyhow!("{key}: {url:?} is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http" | "https") if uri.host().is_some() => Ok(()),
-        _ => bail!("central_url: {url:?} must be an https:// or http:// URL with a host and port"),
+        _ => bail!("{key}: {url:?} must be an https:// or http:// URL with a host and port"),
     }
 }
 
@@ -317,6 +398,32 @@ mod tests {
             (
                 "site_id = \"a\"\nmetrics_listen = \"127.0.0.1:50052\"\n",
                 "metrics_listen",
+            ),
+            (
+                "site_id = \"a\"\n[pair]\ninitial_role = \"active\"\nlisten = \"127.0.0.1:50053\"\n\
+                 peer_url = \"http://127.0.0.1:50054\"\n",
+                "node_name",
+            ),
+            (
+                "site_id = \"a\"\n[pair]\nnode_name = \"n1\"\ninitial_role = \"leader\"\n\
+                 listen = \"127.0.0.1:50053\"\npeer_url = \"http://127.0.0.1:50054\"\n",
+                "initial_role",
+            ),
+            (
+                "site_id = \"a\"\n[pair]\nnode_name = \"n1\"\ninitial_role = \"active\"\n\
+                 listen = \"127.0.0.1:50053\"\npeer_url = \"http://127.0.0.1:50054\"\n\
+                 failover_timeout = \"10ms\"\n",
+                "pair.failover_timeout: must be at least",
+            ),
+            (
+                "site_id = \"a\"\n[pair]\nnode_name = \"n1\"\ninitial_role = \"active\"\n\
+                 listen = \"10.0.0.1:50053\"\npeer_url = \"http://10.0.0.2:50053\"\n",
+                "pair.listen 10.0.0.1:50053 is not a loopback address",
+            ),
+            (
+                "site_id = \"a\"\n[pair]\nnode_name = \"n1\"\ninitial_role = \"active\"\n\
+                 listen = \"127.0.0.1:50052\"\npeer_url = \"http://127.0.0.1:50054\"\n",
+                "pair.listen: must differ from listen_addr",
             ),
         ];
         for (text, key) in cases {

@@ -6,9 +6,10 @@
 //! the command line, sets up tracing and calls it (or the client commands in [`cli`]).
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
-//! [`forwarder`] (the stream to central), [`grpc`] (the local API and conversions), [`metrics`]
-//! (Prometheus, served on `metrics_listen` when set), [`tls`] (TLS to central, the plaintext
-//! rule for the local port), [`config`].
+//! [`forwarder`] (the stream to central), [`pair`] (an active/standby pair: roles, replication,
+//! failover), [`grpc`] (the local API and conversions), [`metrics`] (Prometheus, served on
+//! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
+//! for the local port), [`config`].
 
 pub mod buffer;
 pub mod cli;
@@ -17,6 +18,7 @@ pub mod domain;
 pub mod forwarder;
 pub mod grpc;
 pub mod metrics;
+pub mod pair;
 pub mod tls;
 
 #[cfg(test)]
@@ -26,6 +28,7 @@ use std::sync::Arc;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_notify_server::SiteNotifyServer;
+use outbox_proto::v1::site_pair_server::SitePairServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -35,9 +38,12 @@ use tonic_health::ServingStatus;
 use crate::buffer::{Buffer, BufferError};
 use crate::config::Config;
 use crate::domain::SiteId;
-use crate::forwarder::{ForwardError, ForwardState, Forwarder};
+use crate::forwarder::{ForwardError, ForwardState};
 use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
 use crate::metrics::SiteMetrics;
+use crate::pair::Pair;
+use crate::pair::node::{self, Node};
+use crate::pair::service::SitePairService;
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +57,11 @@ pub enum RunError {
     },
     #[error("cannot start: {0}")]
     Startup(String),
+    #[error("pair.listen: cannot listen on {addr}: {source}")]
+    PairListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("metrics_listen: cannot listen on {addr}: {source}")]
     MetricsListen {
         addr: std::net::SocketAddr,
@@ -120,10 +131,18 @@ pub async fn run(
             "forwarding to central in PLAINTEXT over the network; use an https:// central_url"
         );
     }
+    let starting = node::starting_role(&buffer, &config)
+        .await
+        .map_err(|source| RunError::Buffer {
+            path: config.buffer_path.clone(),
+            source,
+        })?;
+    let pair = Arc::new(Pair::new(&config, starting));
     let state = Arc::new(ForwardState::default());
     let metrics = Arc::new(SiteMetrics::new());
     let endpoint = forwarder::central_endpoint(&config)?;
-    let forwarder = Forwarder::new(
+    // Checked now so that a bad central_url or TLS file stops start-up, not the first forward.
+    forwarder::Forwarder::new(
         buffer.clone(),
         &config,
         Arc::clone(&state),
@@ -134,8 +153,58 @@ pub async fn run(
         config.central_url.clone(),
         config.request_timeout,
     );
-    let scraper = Arc::clone(&metrics).scraper(buffer.clone(), Arc::clone(&state));
-    let service = SiteNotifyService::new(site.clone(), buffer, state, central, metrics);
+    let scraper =
+        Arc::clone(&metrics).scraper(buffer.clone(), Arc::clone(&state), Arc::clone(&pair));
+    let service = SiteNotifyService::new(
+        site.clone(),
+        buffer.clone(),
+        state.clone(),
+        central,
+        metrics.clone(),
+        Arc::clone(&pair),
+    );
+    let pair_server = match &config.pair {
+        None => None,
+        Some(pair_config) => {
+            let listener = TcpListener::bind(pair_config.listen)
+                .await
+                .map_err(|source| RunError::PairListen {
+                    addr: pair_config.listen,
+                    source,
+                })?;
+            let tls = config
+                .tls
+                .pair_server_config()
+                .map_err(|e| RunError::Config(e.to_string()))?;
+            let peer = pair::peer_endpoint(&config, pair_config)?;
+            let service = SitePairService::new(
+                site.clone(),
+                buffer.clone(),
+                Arc::clone(&pair),
+                tls.is_some(),
+                config.request_timeout,
+                pair_config.heartbeat_interval(),
+            );
+            tracing::info!(
+                node = %pair_config.node_name, role = pair.role_now().role.as_str(),
+                term = pair.role_now().term, listen = %pair_config.listen, peer = %pair_config.peer_url,
+                "site pair: serving the peer"
+            );
+            Some((listener, tls, service, (pair_config.clone(), peer)))
+        }
+    };
+    let (pair_serving, peer) = match pair_server {
+        None => (None, None),
+        Some((listener, tls, service, peer)) => (Some((listener, tls, service)), Some(peer)),
+    };
+    let node = Node::new(
+        buffer,
+        config.clone(),
+        Arc::clone(&pair),
+        state,
+        metrics,
+        peer,
+    );
 
     let (health, health_service) = tonic_health::server::health_reporter();
     health
@@ -144,9 +213,35 @@ pub async fn run(
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
 
-    // A child token: stopping the forwarder after a server failure must not cancel the caller's.
+    // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
-    let forwarding = tokio::spawn(forwarder.run(stop_forwarding.clone()));
+    let forwarding = tokio::spawn(node.run(stop_forwarding.clone()));
+    let stop_pair = shutdown.child_token();
+    let pair_serving = match pair_serving {
+        None => None,
+        Some((listener, tls, service)) => {
+            let mut builder = Server::builder();
+            if let Some(tls) = tls {
+                builder = builder.tls_config(tls).map_err(|e| {
+                    RunError::Config(format!("tls.cert: cannot serve the pair link with it: {e}"))
+                })?;
+            }
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            let stop = stop_pair.clone();
+            let serving = builder
+                .add_service(
+                    SitePairServer::new(service)
+                        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+                )
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned());
+            Some(tokio::spawn(async move {
+                if let Err(error) = serving.await {
+                    tracing::error!(%error, "the pair endpoint failed; the peer cannot reach this node");
+                }
+            }))
+        }
+    };
     // Same reason for a child token; the endpoint lives exactly as long as the gRPC server.
     let stop_metrics = shutdown.child_token();
     let metrics_serving = metrics_listener.map(|listener| {
@@ -179,7 +274,7 @@ pub async fn run(
     };
     tracing::info!(
         addr = ?local_addr, site = %site, central = %config.central_url,
-        "site-forwarder serving"
+        role = pair.role_now().role.as_str(), "site-forwarder serving"
     );
     let serve = Server::builder()
         .add_service(health_service)
@@ -207,6 +302,11 @@ pub async fn run(
     // endpoint stops too and bounds its own wait for open scrapes.
     stop_forwarding.cancel();
     stop_metrics.cancel();
+    stop_pair.cancel();
+    if let Some(serving) = pair_serving {
+        // Replication streams never end on their own; the grace bounds the wait.
+        let _ = tokio::time::timeout(config.shutdown_timeout, serving).await;
+    }
     if let Some(serving) = metrics_serving
         && let Err(e) = serving.await
     {
@@ -214,7 +314,7 @@ pub async fn run(
     }
     match tokio::time::timeout(config.shutdown_timeout, forwarding).await {
         Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "the forwarder task failed"),
+        Ok(Err(e)) => tracing::error!(error = %e, "the forwarding task failed"),
         Err(_) => tracing::warn!("the forwarder did not stop within the shutdown timeout"),
     }
     served?;

@@ -1,4 +1,4 @@
-//! The `site-forwarder` binary: `serve` runs the service; `send`, `status` and `stats` are small
+//! The `site-forwarder` binary: `serve` runs the service; `send`, `status`, `stats` and `promote` are small
 //! clients of a running one. Only parsing, tracing set-up and signal handling live here.
 
 use std::net::SocketAddr;
@@ -35,8 +35,14 @@ enum Command {
         #[arg(long, default_value = DEFAULT_ADDR)]
         addr: String,
     },
-    /// Show the buffer's depth and the link to central.
+    /// Show the buffer's depth, the link to central and the node's place in its pair.
     Stats {
+        #[arg(long, default_value = DEFAULT_ADDR)]
+        addr: String,
+    },
+    /// Make this node the active one of its pair now (failover by hand); the old active, if it
+    /// is alive, steps down to standby when it sees the higher term.
+    Promote {
         #[arg(long, default_value = DEFAULT_ADDR)]
         addr: String,
     },
@@ -80,8 +86,10 @@ struct SendCommand {
     /// Sending instance (`source_instance_id`).
     #[arg(long, default_value = "")]
     instance: String,
-    #[arg(long, default_value = DEFAULT_ADDR)]
-    addr: String,
+    /// The forwarder's address; for a pair, both nodes' (repeat the flag or separate with
+    /// commas): the first that accepts the Send gets it.
+    #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
+    addr: Vec<String>,
 }
 
 #[tokio::main]
@@ -97,6 +105,10 @@ async fn main() -> ExitCode {
         Command::Stats { addr } => cli::stats(&addr)
             .await
             .map(|stats| print!("{}", cli::format_stats(&stats)))
+            .map_err(Into::into),
+        Command::Promote { addr } => cli::promote(&addr)
+            .await
+            .map(|view| print!("{}", cli::format_role(&view)))
             .map_err(Into::into),
     };
     match outcome {

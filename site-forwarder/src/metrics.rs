@@ -21,6 +21,7 @@ use prometheus_client::registry::{Registry, Unit};
 
 use crate::buffer::Buffer;
 use crate::forwarder::ForwardState;
+use crate::pair::{Pair, Role};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -52,6 +53,13 @@ pub struct SiteMetrics {
     central_reachable: Gauge,
     in_flight: Gauge,
     last_forward: SecondsGauge,
+    pair_active: Gauge,
+    pair_term: Gauge,
+    pair_peer_connected: Gauge,
+    standby_lag_rows: Gauge,
+    standby_lag: SecondsGauge,
+    active_silent: SecondsGauge,
+    promotions: Counter,
     /// Held from setting the gauges to encoding them, so concurrent scrapes each render the
     /// figures of one moment.
     scrape: Mutex<()>,
@@ -121,8 +129,60 @@ impl SiteMetrics {
             Unit::Seconds,
             last_forward.clone(),
         );
+        let pair_active = Gauge::default();
+        registry.register(
+            "outbox_site_pair_active",
+            "1 while this node is the active one (a single node always is), 0 as standby",
+            pair_active.clone(),
+        );
+        let pair_term = Gauge::default();
+        registry.register(
+            "outbox_site_pair_term",
+            "The pair's term as this node knows it; every promotion raises it",
+            pair_term.clone(),
+        );
+        let pair_peer_connected = Gauge::default();
+        registry.register(
+            "outbox_site_pair_peer_connected",
+            "Active: 1 while a standby follows it. Standby: 1 while it follows the active",
+            pair_peer_connected.clone(),
+        );
+        let standby_lag_rows = Gauge::default();
+        registry.register(
+            "outbox_site_standby_lag_rows",
+            "Active: Sends committed here that the standby has not yet confirmed as durable",
+            standby_lag_rows.clone(),
+        );
+        let standby_lag = SecondsGauge::default();
+        registry.register_with_unit(
+            "outbox_site_standby_lag",
+            "Active: age of the oldest Send the standby has not yet confirmed; 0 when none",
+            Unit::Seconds,
+            standby_lag.clone(),
+        );
+        let active_silent = SecondsGauge::default();
+        registry.register_with_unit(
+            "outbox_site_active_silent",
+            "Standby: time since it last heard from the active; it promotes itself at \
+             pair.failover_timeout",
+            Unit::Seconds,
+            active_silent.clone(),
+        );
+        let promotions = Counter::default();
+        registry.register(
+            "outbox_site_promotions",
+            "Times this process promoted its node to active",
+            promotions.clone(),
+        );
         Self {
             registry,
+            pair_active,
+            pair_term,
+            pair_peer_connected,
+            standby_lag_rows,
+            standby_lag,
+            active_silent,
+            promotions,
             sends_accepted,
             forwarded,
             buffer_depth,
@@ -138,6 +198,11 @@ impl SiteMetrics {
     /// Counts one Send committed to the buffer.
     pub fn send_accepted(&self) {
         self.sends_accepted.inc();
+    }
+
+    /// Counts a promotion of this node to active.
+    pub fn promoted(&self) {
+        self.promotions.inc();
     }
 
     /// Counts acks whose settlement the buffer has committed.
@@ -158,9 +223,10 @@ impl SiteMetrics {
     /// Reads the buffer and the forwarder's state now and renders every metric as OpenMetrics
     /// text. If the buffer cannot be read, its gauges keep their last values (and a warning is
     /// logged); the rest is still current.
-    pub async fn render(&self, buffer: &Buffer, forwarding: &ForwardState) -> String {
+    pub async fn render(&self, buffer: &Buffer, forwarding: &ForwardState, pair: &Pair) -> String {
         let stats = buffer.stats().await;
         let forward = forwarding.snapshot();
+        let pair = pair.status();
         let now = Utc::now();
         let _scrape = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
         match stats {
@@ -181,6 +247,14 @@ impl SiteMetrics {
                 .last_forward_at
                 .map_or(0.0, |at| at.timestamp_millis() as f64 / 1000.0),
         );
+        self.pair_active.set(i64::from(pair.role == Role::Active));
+        self.pair_term
+            .set(i64::try_from(pair.term).unwrap_or(i64::MAX));
+        self.pair_peer_connected.set(i64::from(pair.peer_connected));
+        self.standby_lag_rows
+            .set(gauge_count(pair.standby_lag_rows));
+        self.standby_lag.set(pair.standby_lag_seconds);
+        self.active_silent.set(pair.active_silent_seconds);
         let mut text = String::new();
         // Writing to a String cannot fail; an encoder error would be a bug in a metric.
         if let Err(error) = encode(&mut text, &self.registry) {
@@ -194,11 +268,16 @@ impl SiteMetrics {
         self: Arc<Self>,
         buffer: Buffer,
         forwarding: Arc<ForwardState>,
+        pair: Arc<Pair>,
     ) -> impl Fn() -> BoxFuture<'static, String> + Clone + Send + Sync + 'static {
         move || {
-            let (metrics, buffer, forwarding) =
-                (Arc::clone(&self), buffer.clone(), Arc::clone(&forwarding));
-            async move { metrics.render(&buffer, &forwarding).await }.boxed()
+            let (metrics, buffer, forwarding, pair) = (
+                Arc::clone(&self),
+                buffer.clone(),
+                Arc::clone(&forwarding),
+                Arc::clone(&pair),
+            );
+            async move { metrics.render(&buffer, &forwarding, &pair).await }.boxed()
         }
     }
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use outbox_proto::pem;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::Deserialize;
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, Uri};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig, Uri};
 
 /// The `[tls]` section as written. Paths are relative to the working directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
@@ -123,7 +123,18 @@ impl TlsConfig {
         central_url: &str,
         handshake_timeout: Duration,
     ) -> Result<Option<ClientTlsConfig>> {
-        if !is_https(central_url) {
+        self.client_config_for(central_url, self.domain.as_deref(), handshake_timeout)
+    }
+
+    /// [`Self::client_config`] for any `url` (central's or the pair peer's), with the name its
+    /// certificate must carry when it is not the URL's host.
+    pub fn client_config_for(
+        &self,
+        url: &str,
+        domain: Option<&str>,
+        handshake_timeout: Duration,
+    ) -> Result<Option<ClientTlsConfig>> {
+        if !is_https(url) {
             return Ok(None);
         }
         let mut config = ClientTlsConfig::new().timeout(handshake_timeout);
@@ -150,10 +161,63 @@ impl TlsConfig {
             check_key_matches(roots, chain, private_key, cert_path, key_path)?;
             config = config.identity(Identity::from_pem(cert, key));
         }
-        if let Some(domain) = &self.domain {
-            config = config.domain_name(domain.clone());
+        if let Some(domain) = domain {
+            config = config.domain_name(domain.to_owned());
         }
         Ok(Some(config))
+    }
+
+    /// Checks the pair link's keys: TLS (`https://` peer, `tls.cert`, `tls.key` and `tls.ca`,
+    /// which both nodes' certificates chain to) or plaintext (`http://` peer, and `listen` on
+    /// loopback unless `allow_plaintext`).
+    pub fn check_pair(&self, peer_url: &str, listen: SocketAddr) -> Result<()> {
+        let identity = self.cert.is_some() && self.key.is_some();
+        match (is_https(peer_url), identity) {
+            (true, true) if self.ca.is_none() => Err(config_error(
+                "ca",
+                "required for the pair link: the CA both nodes' certificates chain to",
+            )),
+            (true, true) => Ok(()),
+            (true, false) => Err(config_error(
+                "cert",
+                "required for an https:// pair.peer_url: each node of the pair presents its \
+                 certificate (Common Name = site_id) to the other",
+            )),
+            (false, true) => Err(config_error(
+                "cert",
+                "is set, so the pair link uses TLS: make pair.peer_url https://",
+            )),
+            (false, false) if listen.ip().is_loopback() || self.allow_plaintext => Ok(()),
+            (false, false) => Err(config_error(
+                "cert",
+                format!(
+                    "pair.listen {listen} is not a loopback address: set tls.cert, tls.key and \
+                     tls.ca to protect the pair link (it carries every notification), or set \
+                     tls.allow_plaintext = true"
+                ),
+            )),
+        }
+    }
+
+    /// The TLS server side of the pair link, `None` for plaintext: this node's certificate, and
+    /// a client certificate chaining to `tls.ca` required at the handshake.
+    pub fn pair_server_config(&self) -> Result<Option<ServerTlsConfig>> {
+        let (Some(cert_path), Some(key_path), Some(ca_path)) = (&self.cert, &self.key, &self.ca)
+        else {
+            return Ok(None);
+        };
+        let cert = read("cert", cert_path)?;
+        let key = read("key", key_path)?;
+        let ca = read("ca", ca_path)?;
+        certificates("ca", ca_path, &ca)?;
+        certificates("cert", cert_path, &cert)?;
+        pem::private_key(key_path, &key).map_err(|problem| config_error("key", problem))?;
+        Ok(Some(
+            ServerTlsConfig::new()
+                .identity(Identity::from_pem(cert, key))
+                .client_ca_root(Certificate::from_pem(ca))
+                .client_auth_optional(false),
+        ))
     }
 }
 

@@ -1,64 +1,15 @@
 //! Proto <-> domain conversions for central. Every inbound field is checked here (through the
 //! content types' constructors) before anything reaches the store.
 
-use outbox_proto::content::{ContentError, ScriptOrigin};
-use outbox_proto::time::{from_timestamp, to_timestamp};
+use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::status::Status;
-use crate::domain::{NotificationContent, NotificationId, NotificationType, SiteId, Submission};
 use crate::store::{InsertOutcome, NotificationState};
 
-/// Checks a proto enum value for the `type` field. UNSPECIFIED and unknown values are rejected.
-pub fn notification_type(value: i32) -> Result<NotificationType, ContentError> {
-    match v1::NotificationType::try_from(value) {
-        Ok(v1::NotificationType::Email) => Ok(NotificationType::Email),
-        Ok(v1::NotificationType::Webhook) => Ok(NotificationType::Webhook),
-        Ok(v1::NotificationType::Unspecified) => Err(ContentError::new(
-            "type",
-            "must be set (NOTIFICATION_TYPE_EMAIL or NOTIFICATION_TYPE_WEBHOOK)",
-        )),
-        Err(_) => Err(ContentError::new(
-            "type",
-            format!("{value} is not a known notification type"),
-        )),
-    }
-}
-
-pub fn notification_type_to_proto(kind: NotificationType) -> v1::NotificationType {
-    match kind {
-        NotificationType::Email => v1::NotificationType::Email,
-        NotificationType::Webhook => v1::NotificationType::Webhook,
-    }
-}
-
-/// Validates a submit into a domain [`Submission`]; the error names the first bad field.
-pub fn submission(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
-    let id = NotificationId::parse(&msg.notification_id, "notification_id")?;
-    let kind = notification_type(msg.r#type)?;
-    let content =
-        NotificationContent::parse(kind, msg.list_name, msg.subject, msg.body, msg.type_data)?;
-    let site = SiteId::parse(msg.source_site_id)?;
-    let enqueued_at = msg
-        .site_enqueued_at
-        .as_ref()
-        .ok_or_else(|| ContentError::new("site_enqueued_at", "is required"))
-        .and_then(|ts| {
-            from_timestamp(ts)
-                .ok_or_else(|| ContentError::new("site_enqueued_at", "is not a valid timestamp"))
-        })?;
-    let origin = ScriptOrigin::parse(
-        msg.source_instance_id,
-        msg.source_script,
-        msg.origin_execution_id.as_deref(),
-        msg.origin_parent_execution_id.as_deref(),
-    )?;
-    Ok(Submission {
-        id,
-        content,
-        provenance: origin.at_site(site, enqueued_at),
-    })
-}
+pub use outbox_proto::submission::{
+    notification_type, notification_type_to_proto, parse as submission,
+};
 
 pub fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationSubmitAck {
     match outcome {

@@ -11,8 +11,8 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
 use outbox_proto::v1::site_notify_server::SiteNotify;
 use outbox_proto::v1::{
-    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatusView,
-    SendRequest, SendResponse,
+    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRoleView,
+    NotificationStatusView, PromoteRequest, SendRequest, SendResponse,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
@@ -22,6 +22,7 @@ use crate::buffer::Buffer;
 use crate::domain::{LocalStatus, NotificationId, SiteId};
 use crate::forwarder::{ForwardState, error_chain};
 use crate::metrics::SiteMetrics;
+use crate::pair::{Pair, Role};
 
 /// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
 /// it as needed) and a bounded wait per call.
@@ -90,6 +91,7 @@ pub struct SiteNotifyService {
     forwarding: Arc<ForwardState>,
     central: CentralStatus,
     metrics: Arc<SiteMetrics>,
+    pair: Arc<Pair>,
 }
 
 impl SiteNotifyService {
@@ -99,6 +101,7 @@ impl SiteNotifyService {
         forwarding: Arc<ForwardState>,
         central: CentralStatus,
         metrics: Arc<SiteMetrics>,
+        pair: Arc<Pair>,
     ) -> Self {
         Self {
             site,
@@ -106,9 +109,13 @@ impl SiteNotifyService {
             forwarding,
             central,
             metrics,
+            pair,
         }
     }
 }
+
+/// How long `Promote` waits for the node to become active before answering with its role.
+const PROMOTE_WAIT: Duration = Duration::from_secs(10);
 
 #[tonic::async_trait]
 impl SiteNotify for SiteNotifyService {
@@ -116,6 +123,8 @@ impl SiteNotify for SiteNotifyService {
         let notification = convert::send_request(request.into_inner(), &self.site, Utc::now())
             .map_err(invalid_argument)?;
         let id = notification.id;
+        // Held until the row is committed: a standby refuses, and a step-down waits for it.
+        let _active = self.pair.while_active().await?;
         self.buffer
             .enqueue(notification)
             .await
@@ -159,6 +168,7 @@ impl SiteNotify for SiteNotifyService {
         let stats = self.buffer.stats().await.map_err(buffer_status)?;
         let forwarding = self.forwarding.snapshot();
         let oldest_age_seconds = stats.oldest_age_seconds(Utc::now());
+        let pair = self.pair.status();
         Ok(Response::new(BufferStats {
             depth: stats.depth,
             oldest_enqueued_at: stats.oldest_enqueued_at.map(to_timestamp),
@@ -167,6 +177,36 @@ impl SiteNotify for SiteNotifyService {
             central_reachable: forwarding.central_reachable,
             rejected: stats.rejected,
             in_flight: forwarding.in_flight,
+            role: pair.role.to_proto().into(),
+            term: pair.term,
+            node_name: pair.node_name,
+            peer_connected: pair.peer_connected,
+            standby_lag_rows: pair.standby_lag_rows,
+            standby_lag_seconds: pair.standby_lag_seconds,
+            active_node: pair.active_node,
+            active_silent_seconds: pair.active_silent_seconds,
         }))
+    }
+
+    async fn promote(
+        &self,
+        _request: Request<PromoteRequest>,
+    ) -> Result<Response<NodeRoleView>, Status> {
+        let mut role = self.pair.watch_role();
+        if role.borrow().role == Role::Standby {
+            tracing::warn!("promotion requested through the local API");
+            self.pair.request_promotion();
+            let promoted = role.wait_for(|now| now.role == Role::Active);
+            match tokio::time::timeout(PROMOTE_WAIT, promoted).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(_)) => return Err(Status::unavailable("the node is shutting down")),
+                Err(_) => {
+                    return Err(Status::deadline_exceeded(format!(
+                        "not active within {PROMOTE_WAIT:?}; the promotion goes on, see the logs"
+                    )));
+                }
+            }
+        }
+        Ok(Response::new(self.pair.view().to_proto()))
     }
 }

@@ -19,5 +19,6 @@ mod ingest;
 mod leader;
 mod mail;
 mod operations;
+mod pair;
 mod secrets;
 mod tls;

@@ -10,6 +10,13 @@
 //!   forwarder's cursor depends on that: without it, a row enqueued after the buffer drained could
 //!   get the seq of an already-sent row and be skipped.
 //! - Reads use the read-only pool and see the last commit; they never block the writer.
+//! - Every committed change is announced after its commit: [`Buffer::head`] moves to the newest
+//!   seq, [`Buffer::removals`] carries the seqs that left `buffered`. A standby's replication
+//!   stream is built from these ([`pair`] has the pair's own tables and operations).
+
+mod pair;
+
+pub use pair::{Adopted, PairRecord, ReplicaChanges, RetainedSpan};
 
 use std::path::Path;
 use std::sync::Arc;
@@ -17,7 +24,7 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 use group_commit::{Database, Durability, Options};
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, broadcast, watch};
 
 use crate::domain::{
     Body, BufferStats, BufferedNotification, ContentError, ListName, LocalStatus,
@@ -44,7 +51,7 @@ pub type Result<T, E = BufferError> = std::result::Result<T, E>;
 pub use crate::domain::Seq;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -88,6 +95,10 @@ const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, subject, body,
      source_site_id, source_instance_id, source_script, origin_execution_id, \
      origin_parent_execution_id, enqueued_at";
 
+/// Removal announcements a slow replication stream may fall behind by before it is reset (and
+/// resumed from the table). Each is one settle job's seqs, so this is thousands of acks.
+const REMOVALS_BACKLOG: usize = 4096;
+
 /// Read connections. The forwarder holds at most one read at a time and `GetStatus` /
 /// `GetBufferStats` are light, so a few are plenty.
 const READERS: usize = 4;
@@ -122,6 +133,11 @@ pub struct Buffer {
     /// Signalled after each committed enqueue so the forwarder wakes without polling.
     /// `notify_one` stores a permit when nobody waits, so a wake-up is never lost.
     enqueued: Arc<Notify>,
+    /// The newest seq committed to `buffered`, for the replication stream (which, unlike the
+    /// forwarder's permit, any number of streams can watch).
+    head: watch::Sender<Seq>,
+    /// Seqs that left `buffered`, announced after each commit that removed rows.
+    removed: broadcast::Sender<Arc<[Seq]>>,
 }
 
 impl Buffer {
@@ -132,11 +148,47 @@ impl Buffer {
         // Every acked Send must survive power loss, not just a process crash.
         options.durability = Durability::Full;
         options.readers = READERS;
-        let db = Database::open(&options, migrate)?;
+        let mut head = Seq::START;
+        let db = Database::open(&options, |conn| {
+            migrate(conn)?;
+            head = select_head(conn)?;
+            Ok(())
+        })?;
         Ok(Self {
             db,
             enqueued: Arc::new(Notify::new()),
+            head: watch::Sender::new(head),
+            removed: broadcast::Sender::new(REMOVALS_BACKLOG),
         })
+    }
+
+    /// The newest seq ever committed to `buffered` (rows since deleted included).
+    pub fn head(&self) -> watch::Receiver<Seq> {
+        self.head.subscribe()
+    }
+
+    /// Announcements of the seqs that leave `buffered`, from now on.
+    pub fn removals(&self) -> broadcast::Receiver<Arc<[Seq]>> {
+        self.removed.subscribe()
+    }
+
+    /// Records a committed insert: the head moves forward (never back) and the forwarder wakes.
+    fn announce_insert(&self, seq: Seq) {
+        self.head.send_if_modified(|head| {
+            let newer = seq > *head;
+            if newer {
+                *head = seq;
+            }
+            newer
+        });
+        self.enqueued.notify_one();
+    }
+
+    fn announce_removals(&self, seqs: Vec<Seq>) {
+        if !seqs.is_empty() {
+            // No receiver (no standby attached) is not an error.
+            let _ = self.removed.send(seqs.into());
+        }
     }
 
     /// Fires after each committed enqueue.
@@ -150,7 +202,7 @@ impl Buffer {
             .db
             .write(move |conn| insert_buffered(conn, &notification))
             .await?;
-        self.enqueued.notify_one();
+        self.announce_insert(seq);
         Ok(seq)
     }
 
@@ -170,7 +222,10 @@ impl Buffer {
             return Ok(0);
         }
         let now = Utc::now().timestamp_millis();
-        self.db
+        let mut gone: Vec<Seq> = acked.clone();
+        gone.extend(rejected.iter().map(|(seq, _)| *seq));
+        let settled = self
+            .db
             .write(move |conn| {
                 let mut settled = 0;
                 for (seq, reason) in &rejected {
@@ -179,9 +234,13 @@ impl Buffer {
                 for seq in &acked {
                     settled += delete_buffered(conn, *seq)?;
                 }
-                Ok(settled)
+                Ok::<_, BufferError>(settled)
             })
-            .await
+            .await?;
+        // Every requested seq, settled now or before: removing an absent row is a no-op for a
+        // standby too, and a row acked twice must not stay on it.
+        self.announce_removals(gone);
+        Ok(settled)
     }
 
     /// Deletes acked rows (see [`Self::settle`]).
@@ -227,18 +286,68 @@ fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
         txn.pragma_update(None, "user_version", 1)?;
         txn.commit()?;
     }
+    if version < 2 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(pair::SCHEMA_V2)?;
+        txn.pragma_update(None, "user_version", 2)?;
+        txn.commit()?;
+    }
     Ok(())
 }
 
+/// The newest seq ever handed out: AUTOINCREMENT keeps it in `sqlite_sequence` even after the
+/// row is gone (and raises it when a replica inserts a higher explicit seq).
+fn select_head(conn: &Connection) -> Result<Seq, group_commit::Error> {
+    let head: Option<i64> = conn
+        .query_row(
+            "SELECT seq FROM sqlite_sequence WHERE name = 'buffered'",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    Ok(Seq(head.unwrap_or(0)))
+}
+
 fn insert_buffered(conn: &Connection, n: &BufferedNotification) -> Result<Seq> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO buffered (notification_id, type, list_name, subject, body, type_data,
-             source_site_id, source_instance_id, source_script, origin_execution_id,
-             origin_parent_execution_id, enqueued_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
-    )?;
+    insert_row(conn, Insert::New, n)?;
+    Ok(Seq(conn.last_insert_rowid()))
+}
+
+/// How [`insert_row`] places a row.
+#[derive(Debug, Clone, Copy)]
+enum Insert {
+    /// A fresh row with the next seq (a Send).
+    New,
+    /// A fresh row with the next seq unless the notification is already buffered (an adopted
+    /// row); the caller learns which from the changed-row count.
+    NewUnlessHeld,
+    /// A copy of the active's row at its seq there, replacing whatever held that seq or that
+    /// notification (a standby applying a batch).
+    Replica(Seq),
+}
+
+/// Inserts one row; returns how many rows changed (0 when [`Insert::NewUnlessHeld`] skipped it).
+fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Result<usize> {
+    const COLUMNS: &str = "notification_id, type, list_name, subject, body, type_data, \
+         source_site_id, source_instance_id, source_script, origin_execution_id, \
+         origin_parent_execution_id, enqueued_at";
+    const VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12";
+    let (verb, seq) = match how {
+        Insert::New => ("INSERT", None),
+        Insert::NewUnlessHeld => ("INSERT OR IGNORE", None),
+        Insert::Replica(seq) => ("INSERT OR REPLACE", Some(seq.0)),
+    };
+    let sql = match seq {
+        None => format!("{verb} INTO buffered ({COLUMNS}) VALUES ({VALUES})"),
+        Some(_) => format!("{verb} INTO buffered ({COLUMNS}, seq) VALUES ({VALUES}, ?13)"),
+    };
+    let mut stmt = conn.prepare_cached(&sql)?;
     let p = &n.provenance;
-    stmt.execute(params![
+    let origin = p.origin_execution_id.map(|u| u.hyphenated().to_string());
+    let parent = p
+        .origin_parent_execution_id
+        .map(|u| u.hyphenated().to_string());
+    let row = params![
         n.id.to_string(),
         n.content.kind.as_str(),
         n.content.list_name.as_str(),
@@ -248,12 +357,19 @@ fn insert_buffered(conn: &Connection, n: &BufferedNotification) -> Result<Seq> {
         p.source_site_id.as_str(),
         p.source_instance_id,
         p.source_script,
-        p.origin_execution_id.map(|u| u.hyphenated().to_string()),
-        p.origin_parent_execution_id
-            .map(|u| u.hyphenated().to_string()),
+        origin,
+        parent,
         p.site_enqueued_at.timestamp_millis(),
-    ])?;
-    Ok(Seq(conn.last_insert_rowid()))
+    ];
+    let changed = match seq {
+        None => stmt.execute(row)?,
+        Some(seq) => {
+            let mut with_seq: Vec<&dyn rusqlite::ToSql> = row.to_vec();
+            with_seq.push(&seq);
+            stmt.execute(with_seq.as_slice())?
+        }
+    };
+    Ok(changed)
 }
 
 fn select_after(conn: &Connection, after: Seq, limit: i64) -> Result<Page> {

@@ -1,0 +1,88 @@
+//! A `NotificationSubmit` on the wire <-> a validated [`Submission`]. One home for both
+//! directions: central decodes what sites forward, a site encodes its buffer rows for central,
+//! and the two nodes of a site pair exchange rows in the same message, so a row crosses every
+//! hop byte for byte and re-passes every content rule wherever it lands.
+
+use crate::content::{
+    ContentError, NotificationContent, NotificationId, NotificationType, Provenance, ScriptOrigin,
+    SiteId, Submission,
+};
+use crate::time::{from_timestamp, to_timestamp};
+use crate::v1;
+
+/// Checks a proto enum value for the `type` field. UNSPECIFIED and unknown values are rejected:
+/// a submit always says what it is (a script's `Send` may leave it unset; the site fills it in).
+pub fn notification_type(value: i32) -> Result<NotificationType, ContentError> {
+    match v1::NotificationType::try_from(value) {
+        Ok(v1::NotificationType::Email) => Ok(NotificationType::Email),
+        Ok(v1::NotificationType::Webhook) => Ok(NotificationType::Webhook),
+        Ok(v1::NotificationType::Unspecified) => Err(ContentError::new(
+            "type",
+            "must be set (NOTIFICATION_TYPE_EMAIL or NOTIFICATION_TYPE_WEBHOOK)",
+        )),
+        Err(_) => Err(ContentError::new(
+            "type",
+            format!("{value} is not a known notification type"),
+        )),
+    }
+}
+
+pub fn notification_type_to_proto(kind: NotificationType) -> v1::NotificationType {
+    match kind {
+        NotificationType::Email => v1::NotificationType::Email,
+        NotificationType::Webhook => v1::NotificationType::Webhook,
+    }
+}
+
+/// Validates a submit; the error names the first bad field.
+pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
+    let id = NotificationId::parse(&msg.notification_id, "notification_id")?;
+    let kind = notification_type(msg.r#type)?;
+    let content =
+        NotificationContent::parse(kind, msg.list_name, msg.subject, msg.body, msg.type_data)?;
+    let site = SiteId::parse(msg.source_site_id)?;
+    let enqueued_at = msg
+        .site_enqueued_at
+        .as_ref()
+        .ok_or_else(|| ContentError::new("site_enqueued_at", "is required"))
+        .and_then(|ts| {
+            from_timestamp(ts)
+                .ok_or_else(|| ContentError::new("site_enqueued_at", "is not a valid timestamp"))
+        })?;
+    let origin = ScriptOrigin::parse(
+        msg.source_instance_id,
+        msg.source_script,
+        msg.origin_execution_id.as_deref(),
+        msg.origin_parent_execution_id.as_deref(),
+    )?;
+    Ok(Submission {
+        id,
+        content,
+        provenance: origin.at_site(site, enqueued_at),
+    })
+}
+
+/// The submit for a notification; [`parse`] gives back the same id, content and provenance.
+pub fn encode(
+    id: NotificationId,
+    content: &NotificationContent,
+    provenance: &Provenance,
+) -> v1::NotificationSubmit {
+    let p = provenance;
+    v1::NotificationSubmit {
+        notification_id: id.to_string(),
+        r#type: notification_type_to_proto(content.kind).into(),
+        list_name: content.list_name.as_str().to_owned(),
+        subject: content.subject.as_str().to_owned(),
+        body: content.body.as_str().to_owned(),
+        type_data: content.type_data.as_str().to_owned(),
+        source_site_id: p.source_site_id.as_str().to_owned(),
+        source_instance_id: p.source_instance_id.clone(),
+        source_script: p.source_script.clone(),
+        site_enqueued_at: Some(to_timestamp(p.site_enqueued_at)),
+        origin_execution_id: p.origin_execution_id.map(|u| u.hyphenated().to_string()),
+        origin_parent_execution_id: p
+            .origin_parent_execution_id
+            .map(|u| u.hyphenated().to_string()),
+    }
+}

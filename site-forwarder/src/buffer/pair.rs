@@ -1,0 +1,462 @@
+//! The buffer's side of a site pair: the node's persisted role, and the operations replication
+//! needs (a standby applying the active's batches, the active adopting a former active's rows,
+//! the spans of seqs a resuming standby may keep).
+//!
+//! Invariants:
+//! - `pair_state` has at most one row. It is written in the same transaction as the buffer
+//!   change it describes (a batch and its `replicated_through`, a hand-over and the end of
+//!   `holds_own_rows`), so a crash never leaves the two disagreeing.
+//! - `holds_own_rows` is set whenever the node may hold rows its peer lacks: from the moment it
+//!   is active (it accepts Sends) until it has handed every row to the active. While it is set,
+//!   the node's rows are never deleted by replication.
+//! - A standby stores the active's rows at the active's seqs; AUTOINCREMENT then starts any
+//!   seq it hands out once promoted above all of them.
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{Buffer, BufferError, Insert, Result, insert_row};
+use crate::domain::{BufferedNotification, Seq};
+use crate::pair::Role;
+
+/// Version 2: the node's place in its pair.
+pub(super) const SCHEMA_V2: &str = "
+CREATE TABLE pair_state (
+    id                 INTEGER PRIMARY KEY CHECK (id = 1),
+    role               TEXT NOT NULL,
+    term               INTEGER NOT NULL,
+    holds_own_rows     INTEGER NOT NULL,
+    replicated_through INTEGER NOT NULL
+);
+";
+
+/// The node's persisted place in its pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PairRecord {
+    pub role: Role,
+    /// The highest term this node has been active in or followed an active in.
+    pub term: u64,
+    /// The buffer may hold rows the peer lacks (see the module invariants).
+    pub holds_own_rows: bool,
+    /// The highest seq copied from the active being followed; 0 = nothing copied yet.
+    pub replicated_through: Seq,
+}
+
+/// One or more replication batches as a standby applies them, in one transaction: the spans,
+/// then the adds, then the removes.
+#[derive(Debug, Default)]
+pub struct ReplicaChanges {
+    /// Spans in which the standby keeps only the listed seqs.
+    pub retained: Vec<RetainedSpan>,
+    /// Rows to copy at the active's seqs, in seq order.
+    pub adds: Vec<(Seq, BufferedNotification)>,
+    /// Seqs the active no longer holds.
+    pub removes: Vec<Seq>,
+}
+
+/// Of the seqs `from..=through`, only those in `kept` (sorted, disjoint, inclusive ranges) are
+/// still buffered on the active.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetainedSpan {
+    pub from: Seq,
+    pub through: Seq,
+    pub kept: Vec<(Seq, Seq)>,
+}
+
+impl RetainedSpan {
+    /// The ranges of the span that are not kept: what a standby deletes.
+    pub fn gaps(&self) -> Vec<(Seq, Seq)> {
+        let mut gaps = Vec::new();
+        let mut next = self.from.0;
+        for &(first, last) in &self.kept {
+            let first = first.0.max(self.from.0);
+            let last = last.0.min(self.through.0);
+            if first > last {
+                continue;
+            }
+            if first > next {
+                gaps.push((Seq(next), Seq(first - 1)));
+            }
+            next = next.max(last.saturating_add(1));
+        }
+        if next <= self.through.0 {
+            gaps.push((Seq(next), self.through));
+        }
+        gaps
+    }
+}
+
+/// What [`Buffer::adopt`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Adopted {
+    pub adopted: usize,
+    pub already_held: usize,
+}
+
+impl Buffer {
+    /// The node's persisted place in its pair; `None` before it was ever part of one.
+    pub async fn pair_record(&self) -> Result<Option<PairRecord>> {
+        self.db.read(select_pair_record).await
+    }
+
+    /// Persists a role change; `replicated_through` is kept as stored unless `reset_copy`.
+    pub async fn save_role(
+        &self,
+        role: Role,
+        term: u64,
+        holds_own_rows: bool,
+        reset_copy: bool,
+    ) -> Result<()> {
+        self.db
+            .write(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "INSERT INTO pair_state (id, role, term, holds_own_rows, replicated_through)
+                     VALUES (1, ?1, ?2, ?3, 0)
+                     ON CONFLICT (id) DO UPDATE SET role = ?1, term = ?2, holds_own_rows = ?3,
+                         replicated_through = CASE WHEN ?4 THEN 0 ELSE replicated_through END",
+                )?;
+                stmt.execute(params![
+                    role.as_str(),
+                    i64::try_from(term).unwrap_or(i64::MAX),
+                    holds_own_rows,
+                    reset_copy
+                ])?;
+                Ok(())
+            })
+            .await
+    }
+
+    /// Applies replication batches in one transaction and records how far the copy reaches.
+    pub async fn apply_replica(&self, changes: ReplicaChanges) -> Result<()> {
+        let through = changes.adds.iter().map(|(seq, _)| *seq).max();
+        let applied = self
+            .db
+            .write(move |conn| {
+                // Spans first: they describe the active before any of these adds were read,
+                // and a row added now may fall in one of their gaps.
+                let mut delete_span =
+                    conn.prepare_cached("DELETE FROM buffered WHERE seq BETWEEN ?1 AND ?2")?;
+                for span in &changes.retained {
+                    for (first, last) in span.gaps() {
+                        delete_span.execute([first.0, last.0])?;
+                    }
+                }
+                for (seq, row) in &changes.adds {
+                    insert_row(conn, Insert::Replica(*seq), row)?;
+                }
+                let mut delete = conn.prepare_cached("DELETE FROM buffered WHERE seq = ?1")?;
+                for seq in &changes.removes {
+                    delete.execute([seq.0])?;
+                }
+                if let Some(through) = through {
+                    conn.prepare_cached(
+                        "UPDATE pair_state SET replicated_through = max(replicated_through, ?1)",
+                    )?
+                    .execute([through.0])?;
+                }
+                Ok::<_, BufferError>(())
+            })
+            .await;
+        applied?;
+        if let Some(through) = through {
+            // Only moves the head forward: what a promotion starts the replication stream from.
+            self.announce_insert(through);
+        }
+        Ok(())
+    }
+
+    /// The buffered seqs after `after` up to `through`, as a span of at most `max_rows` rows:
+    /// the span ends at `through` when the rest fits, else at the last row read.
+    pub async fn retained_span(
+        &self,
+        after: Seq,
+        through: Seq,
+        max_rows: usize,
+    ) -> Result<RetainedSpan> {
+        let limit = i64::try_from(max_rows).unwrap_or(i64::MAX);
+        self.db
+            .read(move |conn| {
+                let mut stmt = conn.prepare_cached(
+                    "SELECT seq FROM buffered WHERE seq > ?1 AND seq <= ?2 ORDER BY seq LIMIT ?3",
+                )?;
+                let seqs = stmt
+                    .query_map(params![after.0, through.0, limit], |r| r.get::<_, i64>(0))?
+                    .collect::<rusqlite::Result<Vec<i64>>>()?;
+                let full = seqs.len() as i64 == limit;
+                let end = match seqs.last() {
+                    Some(last) if full => Seq(*last),
+                    _ => through,
+                };
+                let mut kept: Vec<(Seq, Seq)> = Vec::new();
+                for seq in seqs {
+                    match kept.last_mut() {
+                        Some((_, last)) if last.0 + 1 == seq => *last = Seq(seq),
+                        _ => kept.push((Seq(seq), Seq(seq))),
+                    }
+                }
+                Ok(RetainedSpan {
+                    from: Seq(after.0 + 1),
+                    through: end,
+                    kept,
+                })
+            })
+            .await
+    }
+
+    /// Stores rows handed over by a node that stopped being active, each under a new seq here,
+    /// skipping notifications already buffered. Answered once they are committed.
+    pub async fn adopt(&self, rows: Vec<BufferedNotification>) -> Result<Adopted> {
+        let (adopted, head) = self
+            .db
+            .write(move |conn| {
+                let mut adopted = Adopted::default();
+                for row in &rows {
+                    match insert_row(conn, Insert::NewUnlessHeld, row)? {
+                        0 => adopted.already_held += 1,
+                        _ => adopted.adopted += 1,
+                    }
+                }
+                Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid())))
+            })
+            .await?;
+        if adopted.adopted > 0 {
+            self.announce_insert(head);
+        }
+        Ok(adopted)
+    }
+
+    /// Ends a hand-over: every row up to `through` is now held by the active, so they are
+    /// deleted here, and the node becomes an empty standby that copies the active from scratch.
+    pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<usize> {
+        let deleted = self
+            .db
+            .write(move |conn| {
+                let deleted = conn
+                    .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
+                    .execute([through.0])?;
+                conn.prepare_cached(
+                    "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
+                         replicated_through = 0",
+                )?
+                .execute(params![
+                    Role::Standby.as_str(),
+                    i64::try_from(term).unwrap_or(i64::MAX)
+                ])?;
+                Ok::<_, BufferError>(deleted)
+            })
+            .await?;
+        Ok(deleted)
+    }
+}
+
+fn select_pair_record(conn: &Connection) -> Result<Option<PairRecord>> {
+    let row = conn
+        .prepare_cached(
+            "SELECT role, term, holds_own_rows, replicated_through FROM pair_state WHERE id = 1",
+        )?
+        .query_row([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)?,
+                r.get::<_, bool>(2)?,
+                r.get::<_, i64>(3)?,
+            ))
+        })
+        .optional()?;
+    let Some((role, term, holds_own_rows, through)) = row else {
+        return Ok(None);
+    };
+    let role = Role::from_db(&role)
+        .ok_or_else(|| BufferError::Corrupt(format!("pair_state.role {role:?} is not a role")))?;
+    Ok(Some(PairRecord {
+        role,
+        term: u64::try_from(term).unwrap_or(0),
+        holds_own_rows,
+        replicated_through: Seq(through),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::Utc;
+
+    use super::*;
+    use crate::domain::{
+        Body, ListName, NotificationContent, NotificationType, ScriptOrigin, SiteId, Subject,
+        TypeData,
+    };
+
+    fn notification(subject: &str) -> BufferedNotification {
+        BufferedNotification::new(
+            NotificationContent {
+                kind: NotificationType::Email,
+                list_name: ListName::parse("ops".into()).unwrap(),
+                subject: Subject::parse(subject.into()).unwrap(),
+                body: Body::parse("Level 97%".into()).unwrap(),
+                type_data: TypeData::empty(),
+            },
+            ScriptOrigin::parse("node-1".into(), "tank.py".into(), None, None).unwrap(),
+            SiteId::parse("site-a".into()).unwrap(),
+            Utc::now(),
+        )
+    }
+
+    fn open(dir: &tempfile::TempDir, name: &str) -> Buffer {
+        Buffer::open(&dir.path().join(name)).unwrap()
+    }
+
+    fn span(from: i64, through: i64, kept: &[(i64, i64)]) -> RetainedSpan {
+        RetainedSpan {
+            from: Seq(from),
+            through: Seq(through),
+            kept: kept.iter().map(|(a, b)| (Seq(*a), Seq(*b))).collect(),
+        }
+    }
+
+    #[test]
+    fn gaps_are_the_span_minus_the_kept_ranges() {
+        let seqs = |gaps: Vec<(Seq, Seq)>| gaps.iter().map(|(a, b)| (a.0, b.0)).collect::<Vec<_>>();
+        assert_eq!(seqs(span(1, 10, &[]).gaps()), vec![(1, 10)]);
+        assert_eq!(seqs(span(1, 10, &[(1, 10)]).gaps()), vec![]);
+        assert_eq!(
+            seqs(span(1, 10, &[(2, 3), (6, 6)]).gaps()),
+            vec![(1, 1), (4, 5), (7, 10)]
+        );
+        assert_eq!(seqs(span(5, 8, &[(1, 6)]).gaps()), vec![(7, 8)]);
+        assert_eq!(seqs(span(5, 4, &[]).gaps()), vec![], "an empty span");
+    }
+
+    #[tokio::test]
+    async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let active = open(&dir, "active.db");
+        let standby = open(&dir, "standby.db");
+        standby
+            .save_role(Role::Standby, 1, false, true)
+            .await
+            .unwrap();
+        let mut seqs = Vec::new();
+        for i in 0..5 {
+            seqs.push(
+                active
+                    .enqueue(notification(&format!("n{i}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        let page = active.next_after(Seq::START, 10).await.unwrap();
+        standby
+            .apply_replica(ReplicaChanges {
+                adds: page.rows.clone(),
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            standby.next_after(Seq::START, 10).await.unwrap().rows,
+            page.rows
+        );
+        let record = standby.pair_record().await.unwrap().unwrap();
+        assert_eq!(record.replicated_through, seqs[4]);
+
+        // Rows 1 and 3 leave the active while the standby is away; on resume it keeps the rest.
+        active.remove(vec![seqs[1], seqs[3]]).await.unwrap();
+        let span = active
+            .retained_span(Seq::START, seqs[4], 1000)
+            .await
+            .unwrap();
+        assert_eq!(
+            span.kept,
+            vec![(seqs[0], seqs[0]), (seqs[2], seqs[2]), (seqs[4], seqs[4])]
+        );
+        standby
+            .apply_replica(ReplicaChanges {
+                retained: vec![span],
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        let left: Vec<Seq> = standby
+            .next_after(Seq::START, 10)
+            .await
+            .unwrap()
+            .rows
+            .iter()
+            .map(|(s, _)| *s)
+            .collect();
+        assert_eq!(left, vec![seqs[0], seqs[2], seqs[4]]);
+
+        // Promoted, it hands out seqs above every copied one.
+        let own = standby.enqueue(notification("own")).await.unwrap();
+        assert!(own > seqs[4]);
+    }
+
+    #[tokio::test]
+    async fn a_span_of_a_big_buffer_is_cut_at_the_row_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir, "b.db");
+        for i in 0..5 {
+            buffer
+                .enqueue(notification(&format!("n{i}")))
+                .await
+                .unwrap();
+        }
+        let first = buffer.retained_span(Seq::START, Seq(5), 2).await.unwrap();
+        assert_eq!((first.from, first.through), (Seq(1), Seq(2)));
+        let rest = buffer
+            .retained_span(first.through, Seq(5), 10)
+            .await
+            .unwrap();
+        assert_eq!((rest.from, rest.through), (Seq(3), Seq(5)));
+        assert_eq!(rest.kept, vec![(Seq(3), Seq(5))]);
+    }
+
+    #[tokio::test]
+    async fn adoption_skips_held_rows_and_a_finished_handover_empties_the_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let active = open(&dir, "active.db");
+        let old = open(&dir, "old.db");
+        old.save_role(Role::Active, 1, true, true).await.unwrap();
+        let shared = notification("shared");
+        active.enqueue(shared.clone()).await.unwrap();
+        let head = active.head();
+        old.enqueue(shared.clone()).await.unwrap();
+        let through = old
+            .enqueue(notification("only on the old active"))
+            .await
+            .unwrap();
+
+        let rows: Vec<_> = old
+            .next_after(Seq::START, 10)
+            .await
+            .unwrap()
+            .rows
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        let adopted = active.adopt(rows).await.unwrap();
+        assert_eq!(
+            adopted,
+            Adopted {
+                adopted: 1,
+                already_held: 1
+            }
+        );
+        assert_eq!(active.stats().await.unwrap().depth, 2);
+        assert!(
+            head.has_changed().unwrap(),
+            "adoption wakes the replication stream"
+        );
+
+        assert_eq!(old.finish_handover(through, 2).await.unwrap(), 2);
+        assert_eq!(old.stats().await.unwrap().depth, 0);
+        assert_eq!(
+            old.pair_record().await.unwrap(),
+            Some(PairRecord {
+                role: Role::Standby,
+                term: 2,
+                holds_own_rows: false,
+                replicated_through: Seq::START,
+            })
+        );
+    }
+}

@@ -1,0 +1,140 @@
+//! Handing a former active's buffer to the active before it becomes a standby.
+//!
+//! A node that was active may hold rows its peer never saw: Sends it acked after its last
+//! replicated batch, or during a partition. It gives every row to the active (`Adopt`, which
+//! skips what the active already holds) oldest first, and deletes its rows only once all of
+//! them are committed there. A crash in between repeats the hand-over, which is idempotent by
+//! notification id; a row the active had already forwarded and deleted is forwarded once more,
+//! and central answers DUPLICATE.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
+use outbox_proto::v1::site_pair_client::SitePairClient;
+use outbox_proto::v1::{AdoptRequest, GetRoleRequest, NotificationSubmit};
+use prost::Message;
+use tonic::transport::{Channel, Endpoint};
+
+use super::source::BATCH_BYTES;
+use super::{NodeView, Pair, Role};
+use crate::buffer::{Buffer, BufferError};
+use crate::domain::Seq;
+use crate::forwarder::error_chain;
+use crate::grpc::convert;
+
+/// Rows read per query during a hand-over.
+const PAGE_ROWS: usize = 256;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandoverError {
+    #[error("cannot connect to the peer: {0}")]
+    Connect(String),
+    #[error("the peer did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the peer refused: {0}")]
+    Refused(tonic::Status),
+    #[error("the peer is not active ({0:?}); nobody to hand the buffer to yet")]
+    PeerNotActive(Role),
+    #[error("the peer answered with a role this build does not know")]
+    UnknownRole,
+    #[error(transparent)]
+    Buffer(#[from] BufferError),
+}
+
+/// Gives every buffered row to the active at `endpoint`, then empties the buffer and records
+/// this node as a standby with nothing copied. Returns how many rows the active adopted.
+pub async fn hand_over(
+    buffer: &Buffer,
+    pair: &Arc<Pair>,
+    endpoint: &Endpoint,
+    timeout: Duration,
+) -> Result<usize, HandoverError> {
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| HandoverError::Connect(error_chain(&e)))?;
+    let mut client = SitePairClient::new(channel).max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    let active = role_of(&mut client, timeout).await?;
+    if active.role != Role::Active {
+        return Err(HandoverError::PeerNotActive(active.role));
+    }
+    pair.heard_from(Some(active.clone()));
+
+    let mut cursor = Seq::START;
+    let mut adopted = 0;
+    loop {
+        let page = buffer.next_after(cursor, PAGE_ROWS).await?;
+        let Some(last) = page.last_seq() else { break };
+        if !page.unreadable.is_empty() {
+            // They can never be forwarded by anyone: set aside here, as the forwarder would.
+            let rejected = page
+                .unreadable
+                .iter()
+                .map(|(seq, _, problem)| (*seq, format!("invalid in the site buffer: {problem}")))
+                .collect();
+            buffer.settle(Vec::new(), rejected).await?;
+        }
+        let mut chunk: Vec<NotificationSubmit> = Vec::new();
+        let mut bytes = 0;
+        for (_, row) in &page.rows {
+            let submit = convert::submit(row);
+            bytes += submit.encoded_len();
+            chunk.push(submit);
+            if bytes >= BATCH_BYTES {
+                adopted += adopt(
+                    &mut client,
+                    pair,
+                    &active,
+                    std::mem::take(&mut chunk),
+                    timeout,
+                )
+                .await?;
+                bytes = 0;
+            }
+        }
+        if !chunk.is_empty() {
+            adopted += adopt(&mut client, pair, &active, chunk, timeout).await?;
+        }
+        cursor = last;
+    }
+    let deleted = buffer.finish_handover(cursor, active.term).await?;
+    tracing::info!(
+        active = %active.name, adopted, deleted,
+        "handed the buffer over to the active node; now following it as standby"
+    );
+    Ok(adopted)
+}
+
+async fn role_of(
+    client: &mut SitePairClient<Channel>,
+    timeout: Duration,
+) -> Result<NodeView, HandoverError> {
+    let view = tokio::time::timeout(timeout, client.get_role(GetRoleRequest {}))
+        .await
+        .map_err(|_| HandoverError::Timeout(timeout))?
+        .map_err(HandoverError::Refused)?
+        .into_inner();
+    NodeView::from_proto(view).ok_or(HandoverError::UnknownRole)
+}
+
+async fn adopt(
+    client: &mut SitePairClient<Channel>,
+    pair: &Pair,
+    active: &NodeView,
+    notifications: Vec<NotificationSubmit>,
+    timeout: Duration,
+) -> Result<usize, HandoverError> {
+    let request = AdoptRequest {
+        node_name: pair.name().to_owned(),
+        term: active.term,
+        notifications,
+    };
+    let answer = tokio::time::timeout(timeout, client.adopt(request))
+        .await
+        .map_err(|_| HandoverError::Timeout(timeout))?
+        .map_err(HandoverError::Refused)?
+        .into_inner();
+    pair.heard_from(None);
+    Ok(answer.adopted as usize)
+}

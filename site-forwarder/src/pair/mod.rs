@@ -1,0 +1,391 @@
+//! An active/standby pair of site-forwarders. Only the active accepts Sends and forwards to
+//! central; the standby follows it over one `Replicate` stream ([`source`] on the active,
+//! [`replica`] on the standby) and keeps a copy of its buffer, and takes over when the active
+//! falls silent or an operator promotes it ([`node`] runs a node through its roles).
+//!
+//! Why nothing is lost or sent twice:
+//! - A Send is acked after its local commit, never waiting for the standby. What the standby
+//!   lacks at a failover (the replication lag, reported as `standby_lag_rows`/`_seconds`) stays
+//!   on the old active's disk: when that node returns it hands every row over to the new
+//!   active ([`handover`]) before it deletes anything, and only then becomes a standby.
+//! - Both nodes may forward the same row (after a promotion, or while a partition lets both
+//!   believe they are active): central's idempotent insert answers DUPLICATE to the second, so
+//!   central stores and delivers each notification once.
+//! - Two active nodes resolve by rank ([`NodeView::outranks`]): the higher term stays active,
+//!   the other steps down (hand-over, then standby). Every promotion raises the term.
+//!
+//! [`Pair`] is the state the gRPC services and the node share: the role (behind a lock that a
+//! Send holds while it commits, so stepping down waits for Sends in progress and no row lands
+//! after the hand-over read the buffer) and the live figures for `GetBufferStats` and metrics.
+
+pub mod handover;
+pub mod node;
+pub mod replica;
+pub mod service;
+pub mod source;
+
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use outbox_proto::v1;
+use serde::Deserialize;
+use tokio::sync::{Notify, RwLock, RwLockReadGuard, watch};
+use tokio::time::Instant;
+use tonic::transport::Endpoint;
+
+use crate::config::{Config, PairConfig};
+use crate::forwarder::ForwardError;
+
+/// A node's role in its pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Active,
+    Standby,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Active => "active",
+            Role::Standby => "standby",
+        }
+    }
+
+    pub fn from_db(text: &str) -> Option<Self> {
+        match text {
+            "active" => Some(Role::Active),
+            "standby" => Some(Role::Standby),
+            _ => None,
+        }
+    }
+
+    pub fn to_proto(self) -> v1::NodeRole {
+        match self {
+            Role::Active => v1::NodeRole::Active,
+            Role::Standby => v1::NodeRole::Standby,
+        }
+    }
+}
+
+/// A node as its peer sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    pub role: Role,
+    pub term: u64,
+    pub send_addr: String,
+}
+
+impl NodeView {
+    /// Of two active nodes, whether `self` stays active: the higher term, or with equal terms
+    /// (two nodes both configured active that never met) the lower name.
+    pub fn outranks(&self, other: &NodeView) -> bool {
+        (self.term, std::cmp::Reverse(&self.name)) > (other.term, std::cmp::Reverse(&other.name))
+    }
+
+    pub fn to_proto(&self) -> v1::NodeRoleView {
+        v1::NodeRoleView {
+            node_name: self.name.clone(),
+            role: self.role.to_proto().into(),
+            term: self.term,
+            send_addr: self.send_addr.clone(),
+        }
+    }
+
+    /// `None` when the role is not one this build knows.
+    pub fn from_proto(view: v1::NodeRoleView) -> Option<Self> {
+        let role = match v1::NodeRole::try_from(view.role).ok()? {
+            v1::NodeRole::Active => Role::Active,
+            v1::NodeRole::Standby => Role::Standby,
+            v1::NodeRole::Unspecified => return None,
+        };
+        Some(Self {
+            name: view.node_name,
+            role,
+            term: view.term,
+            send_addr: view.send_addr,
+        })
+    }
+}
+
+/// The role and term as the services see them. Changed only by [`node`], under the write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoleState {
+    pub role: Role,
+    pub term: u64,
+}
+
+/// What the standby knows of the active it follows.
+#[derive(Debug, Clone, Default)]
+struct Following {
+    active: Option<NodeView>,
+}
+
+/// The pair state shared by `SiteNotify`, `SitePair`, metrics and the node task.
+#[derive(Debug)]
+pub struct Pair {
+    /// `None` for a single node, which is always active.
+    config: Option<PairConfig>,
+    name: String,
+    send_addr: String,
+    role: RwLock<RoleState>,
+    /// Mirrors `role` for readers that must not wait on the lock (stats, metrics).
+    role_now: watch::Sender<RoleState>,
+    promote: Notify,
+    following: Mutex<Following>,
+    /// Active: replication streams currently open to a standby. Standby: 1 while following.
+    peer_streams: AtomicU64,
+    standby_lag_rows: AtomicU64,
+    standby_lag_ms: AtomicU64,
+    /// Standby: when the active was last heard from (any batch, heartbeat or answer).
+    last_heard: Mutex<Instant>,
+    following_now: AtomicBool,
+}
+
+/// The pair's figures at one moment, for `GetBufferStats` and `/metrics`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PairStatus {
+    pub role: Role,
+    pub term: u64,
+    pub node_name: String,
+    pub peer_connected: bool,
+    pub standby_lag_rows: u64,
+    pub standby_lag_seconds: f64,
+    pub active_node: String,
+    pub active_silent_seconds: f64,
+}
+
+impl Pair {
+    /// The pair state at start-up, in `initial` (the node task settles the real role first).
+    pub fn new(config: &Config, initial: RoleState) -> Self {
+        let name = config
+            .pair
+            .as_ref()
+            .map_or_else(|| config.site_id.clone(), |p| p.node_name.clone());
+        let send_addr = config
+            .pair
+            .as_ref()
+            .and_then(|p| p.send_addr.clone())
+            .unwrap_or_else(|| config.listen_addr.to_string());
+        Self {
+            config: config.pair.clone(),
+            name,
+            send_addr,
+            role: RwLock::new(initial),
+            role_now: watch::Sender::new(initial),
+            promote: Notify::new(),
+            following: Mutex::new(Following::default()),
+            peer_streams: AtomicU64::new(0),
+            standby_lag_rows: AtomicU64::new(0),
+            standby_lag_ms: AtomicU64::new(0),
+            last_heard: Mutex::new(Instant::now()),
+            following_now: AtomicBool::new(false),
+        }
+    }
+
+    pub fn config(&self) -> Option<&PairConfig> {
+        self.config.as_ref()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn role_now(&self) -> RoleState {
+        *self.role_now.borrow()
+    }
+
+    pub fn watch_role(&self) -> watch::Receiver<RoleState> {
+        self.role_now.subscribe()
+    }
+
+    pub fn view(&self) -> NodeView {
+        let now = self.role_now();
+        NodeView {
+            name: self.name.clone(),
+            role: now.role,
+            term: now.term,
+            send_addr: self.send_addr.clone(),
+        }
+    }
+
+    /// Holds the role for the duration of a buffer write that only the active may make (a Send,
+    /// an adoption): `Err` with the status to answer when this node is not active.
+    pub async fn while_active(&self) -> Result<RwLockReadGuard<'_, RoleState>, tonic::Status> {
+        let guard = self.role.read().await;
+        match guard.role {
+            Role::Active => Ok(guard),
+            Role::Standby => Err(self.not_active()),
+        }
+    }
+
+    /// The refusal a standby gives, naming the active when it knows it.
+    pub fn not_active(&self) -> tonic::Status {
+        let active = lock(&self.following).active.clone();
+        let whom = match active {
+            Some(active) => format!(
+                "send to the active node {} at {}",
+                active.name, active.send_addr
+            ),
+            None => format!(
+                "send to the active node (its peer at {}; not reached yet)",
+                self.config
+                    .as_ref()
+                    .map_or("(none configured)", |c| c.peer_url.as_str())
+            ),
+        };
+        tonic::Status::unavailable(format!(
+            "this site-forwarder ({}) is the standby of its pair and accepts no Sends; {whom}",
+            self.name
+        ))
+    }
+
+    /// Changes the role; waits for every Send and adoption in progress to finish first, so none
+    /// commits under the old role after this returns.
+    pub(crate) async fn set_role(&self, state: RoleState) {
+        let mut guard = self.role.write().await;
+        *guard = state;
+        self.role_now.send_replace(state);
+    }
+
+    /// Asks the node task to promote this node now (a standby); see [`node`].
+    pub fn request_promotion(&self) {
+        self.promote.notify_one();
+    }
+
+    pub(crate) fn promotion_requested(&self) -> &Notify {
+        &self.promote
+    }
+
+    pub(crate) fn heard_from(&self, active: Option<NodeView>) {
+        *lock(&self.last_heard) = Instant::now();
+        if let Some(active) = active {
+            lock(&self.following).active = Some(active);
+        }
+    }
+
+    pub(crate) fn last_heard(&self) -> Instant {
+        *lock(&self.last_heard)
+    }
+
+    pub(crate) fn active_followed(&self) -> Option<NodeView> {
+        lock(&self.following).active.clone()
+    }
+
+    pub(crate) fn set_following(&self, following: bool) {
+        self.following_now.store(following, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stream_opened(&self) {
+        self.peer_streams.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn stream_closed(&self) {
+        self.peer_streams.fetch_sub(1, Ordering::Relaxed);
+        self.standby_lag_rows.store(0, Ordering::Relaxed);
+        self.standby_lag_ms.store(0, Ordering::Relaxed);
+    }
+
+    pub(crate) fn set_standby_lag(&self, rows: u64, age: Duration) {
+        self.standby_lag_rows.store(rows, Ordering::Relaxed);
+        self.standby_lag_ms.store(
+            u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    pub fn status(&self) -> PairStatus {
+        let now = self.role_now();
+        let active = self.active_followed();
+        let standby = now.role == Role::Standby;
+        PairStatus {
+            role: now.role,
+            term: now.term,
+            node_name: self.name.clone(),
+            peer_connected: if standby {
+                self.following_now.load(Ordering::Relaxed)
+            } else {
+                self.peer_streams.load(Ordering::Relaxed) > 0
+            },
+            standby_lag_rows: if standby {
+                0
+            } else {
+                self.standby_lag_rows.load(Ordering::Relaxed)
+            },
+            standby_lag_seconds: if standby {
+                0.0
+            } else {
+                self.standby_lag_ms.load(Ordering::Relaxed) as f64 / 1000.0
+            },
+            active_node: match (standby, active) {
+                (true, Some(active)) => active.name,
+                _ => String::new(),
+            },
+            active_silent_seconds: if standby && self.config.is_some() {
+                self.last_heard().elapsed().as_secs_f64()
+            } else {
+                0.0
+            },
+        }
+    }
+}
+
+/// The peer's `SitePair` endpoint, with TLS from `[tls]` for an `https://` URL.
+pub fn peer_endpoint(config: &Config, pair: &PairConfig) -> Result<Endpoint, ForwardError> {
+    let mut endpoint =
+        Endpoint::from_shared(pair.peer_url.clone()).map_err(|source| ForwardError::BadUrl {
+            url: pair.peer_url.clone(),
+            source,
+        })?;
+    if let Some(tls) = config.tls.client_config_for(
+        &pair.peer_url,
+        pair.peer_domain.as_deref(),
+        config.connect_timeout,
+    )? {
+        endpoint = endpoint
+            .tls_config(tls)
+            .map_err(|source| ForwardError::TlsConfig {
+                url: pair.peer_url.clone(),
+                source,
+            })?;
+    }
+    Ok(endpoint
+        .connect_timeout(config.connect_timeout)
+        .tcp_nodelay(true)
+        .http2_keep_alive_interval(pair.heartbeat_interval())
+        .keep_alive_timeout(pair.failover_timeout)
+        .keep_alive_while_idle(true))
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the data (plain
+/// figures) is still usable.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, term: u64) -> NodeView {
+        NodeView {
+            name: name.into(),
+            role: Role::Active,
+            term,
+            send_addr: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_higher_term_outranks_then_the_lower_name() {
+        assert!(view("b", 3).outranks(&view("a", 2)));
+        assert!(!view("a", 2).outranks(&view("b", 3)));
+        assert!(view("a", 2).outranks(&view("b", 2)));
+        assert!(!view("b", 2).outranks(&view("a", 2)));
+        assert!(!view("a", 2).outranks(&view("a", 2)), "never both ways");
+    }
+}

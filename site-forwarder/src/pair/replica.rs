@@ -1,0 +1,189 @@
+//! The standby's side of `Replicate`: connect to the active, say what is already copied, apply
+//! every batch durably and confirm it.
+//!
+//! Invariants:
+//! - A batch is confirmed only after it is committed here; the active's reported lag is
+//!   therefore what a failover without the active's disk would lose.
+//! - Batches that arrived together are applied in one transaction, in order (each batch's adds
+//!   before its removes), and confirmed by the last one's number.
+//! - Every batch (heartbeats included) counts as hearing from the active; nothing else does.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
+use outbox_proto::v1::site_pair_client::SitePairClient;
+use outbox_proto::v1::{ReplicaHello, ReplicaMessage, ReplicationBatch, replica_message};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Endpoint;
+
+use super::source::{WINDOW, span_from_proto};
+use super::{NodeView, Pair, Role};
+use crate::buffer::{Buffer, BufferError, PairRecord, ReplicaChanges};
+use crate::domain::{BufferedNotification, Seq};
+use crate::forwarder::error_chain;
+
+/// Why following the active stopped (the standby then retries, until it is promoted).
+#[derive(Debug, thiserror::Error)]
+pub enum FollowError {
+    #[error("cannot connect to the peer: {0}")]
+    Connect(String),
+    #[error("the peer did not open the replication stream: {0}")]
+    Open(tonic::Status),
+    #[error("the peer did not answer within {0:?}")]
+    Timeout(Duration),
+    #[error("the replication stream broke: {0}")]
+    Stream(tonic::Status),
+    #[error("the peer closed the replication stream")]
+    Closed,
+    #[error("the peer's first batch did not say who it is")]
+    NoHello,
+    #[error(transparent)]
+    Buffer(#[from] BufferError),
+}
+
+/// Follows the active at `endpoint` until the stream ends; always returns why.
+pub async fn follow(
+    buffer: &Buffer,
+    pair: &Arc<Pair>,
+    endpoint: &Endpoint,
+    open_timeout: Duration,
+) -> FollowError {
+    let outcome = follow_inner(buffer, pair, endpoint, open_timeout).await;
+    pair.set_following(false);
+    match outcome {
+        Ok(never) => match never {},
+        Err(e) => e,
+    }
+}
+
+enum Never {}
+
+async fn follow_inner(
+    buffer: &Buffer,
+    pair: &Arc<Pair>,
+    endpoint: &Endpoint,
+    open_timeout: Duration,
+) -> Result<Never, FollowError> {
+    let record = buffer.pair_record().await?.unwrap_or(PairRecord {
+        role: Role::Standby,
+        term: 0,
+        holds_own_rows: false,
+        replicated_through: Seq::START,
+    });
+    let channel = endpoint
+        .connect()
+        .await
+        .map_err(|e| FollowError::Connect(error_chain(&e)))?;
+    let mut client = SitePairClient::new(channel).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES);
+    // Confirmations never outnumber the active's window, so this never fills.
+    let (confirm, confirmations) = mpsc::channel(WINDOW + 4);
+    let hello = ReplicaMessage {
+        message: Some(replica_message::Message::Hello(ReplicaHello {
+            node_name: pair.name().to_owned(),
+            term: record.term,
+            replicated_through: record.replicated_through.0,
+        })),
+    };
+    let _ = confirm.send(hello).await;
+    let mut batches = tokio::time::timeout(
+        open_timeout,
+        client.replicate(ReceiverStream::new(confirmations)),
+    )
+    .await
+    .map_err(|_| FollowError::Timeout(open_timeout))?
+    .map_err(FollowError::Open)?
+    .into_inner();
+
+    let first = tokio::time::timeout(open_timeout, batches.next())
+        .await
+        .map_err(|_| FollowError::Timeout(open_timeout))?;
+    let first = match first {
+        Some(Ok(batch)) => batch,
+        Some(Err(status)) => return Err(FollowError::Stream(status)),
+        None => return Err(FollowError::Closed),
+    };
+    let active = first
+        .active
+        .clone()
+        .and_then(NodeView::from_proto)
+        .ok_or(FollowError::NoHello)?;
+    if active.term != record.term {
+        // A different term means a different history: the active sends a full copy, so the
+        // copy restarts from nothing here too.
+        buffer
+            .save_role(Role::Standby, active.term, false, true)
+            .await?;
+    }
+    tracing::info!(
+        active = %active.name, term = active.term, replicated_through = record.replicated_through.0,
+        "following the active node"
+    );
+    pair.heard_from(Some(active));
+    pair.set_following(true);
+
+    let mut pending = vec![first];
+    loop {
+        // Everything that arrived together is applied in one transaction.
+        while pending.len() < WINDOW {
+            match batches.next().now_or_never() {
+                Some(Some(Ok(batch))) => pending.push(batch),
+                Some(Some(Err(status))) => return Err(FollowError::Stream(status)),
+                Some(None) => return Err(FollowError::Closed),
+                None => break,
+            }
+        }
+        let last = pending.last().map_or(0, |b| b.batch);
+        buffer
+            .apply_replica(changes(std::mem::take(&mut pending)))
+            .await?;
+        pair.heard_from(None);
+        let confirmed = ReplicaMessage {
+            message: Some(replica_message::Message::AppliedBatch(last)),
+        };
+        if confirm.send(confirmed).await.is_err() {
+            return Err(FollowError::Closed);
+        }
+        match batches.next().await {
+            Some(Ok(batch)) => pending.push(batch),
+            Some(Err(status)) => return Err(FollowError::Stream(status)),
+            None => return Err(FollowError::Closed),
+        }
+    }
+}
+
+/// The buffer changes of `batches`, in order.
+fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
+    let mut changes = ReplicaChanges::default();
+    for batch in batches {
+        // Each batch's adds precede its removes; a later batch's adds follow earlier removes,
+        // which is harmless: a seq is never reused on the active once removed.
+        changes
+            .retained
+            .extend(batch.retained.iter().map(span_from_proto));
+        for row in batch.adds {
+            let Some(notification) = row.notification else {
+                continue;
+            };
+            match outbox_proto::submission::parse(notification) {
+                Ok(n) => changes.adds.push((
+                    Seq(row.seq),
+                    BufferedNotification {
+                        id: n.id,
+                        content: n.content,
+                        provenance: n.provenance,
+                    },
+                )),
+                Err(problem) => tracing::error!(
+                    seq = row.seq, %problem,
+                    "the active sent a row that breaks the content rules; not copied"
+                ),
+            }
+        }
+        changes.removes.extend(batch.removes.into_iter().map(Seq));
+    }
+    changes
+}

@@ -1,0 +1,165 @@
+//! `SitePair`: what a node serves its peer on `pair.listen`. Handlers stay thin: check the
+//! caller and this node's role, then hand over to [`super::source`] or the buffer.
+//!
+//! On a TLS pair link the peer has already presented a certificate chaining to `tls.ca`; it must
+//! also name this site (Common Name = `site_id`), so a certificate issued to another site cannot
+//! read or inject this site's notifications.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_proto::v1::site_pair_server::SitePair;
+use outbox_proto::v1::{
+    AdoptRequest, AdoptResponse, GetRoleRequest, NodeRoleView, ReplicaMessage, ReplicationBatch,
+    replica_message,
+};
+use tokio::sync::mpsc;
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::source::{self, Hello, WINDOW};
+use super::{Pair, Role};
+use crate::buffer::Buffer;
+use crate::domain::{BufferedNotification, Seq, SiteId};
+use crate::grpc::buffer_status;
+
+pub struct SitePairService {
+    site: SiteId,
+    buffer: Buffer,
+    pair: Arc<Pair>,
+    /// Whether the link is TLS, so callers must present this site's certificate.
+    tls: bool,
+    hello_timeout: Duration,
+    heartbeat: Duration,
+}
+
+impl SitePairService {
+    pub fn new(
+        site: SiteId,
+        buffer: Buffer,
+        pair: Arc<Pair>,
+        tls: bool,
+        hello_timeout: Duration,
+        heartbeat: Duration,
+    ) -> Self {
+        Self {
+            site,
+            buffer,
+            pair,
+            tls,
+            hello_timeout,
+            heartbeat,
+        }
+    }
+
+    fn check_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        if !self.tls {
+            return Ok(());
+        }
+        match outbox_proto::pem::client_common_name(request) {
+            Some(name) if name == self.site.as_str() => Ok(()),
+            Some(name) => Err(Status::permission_denied(format!(
+                "the client certificate names {name:?}, not this site ({})",
+                self.site
+            ))),
+            None => Err(Status::unauthenticated(
+                "a client certificate naming this site is required",
+            )),
+        }
+    }
+}
+
+type BatchStream = ReceiverStream<Result<ReplicationBatch, Status>>;
+
+#[tonic::async_trait]
+impl SitePair for SitePairService {
+    type ReplicateStream = BatchStream;
+
+    async fn replicate(
+        &self,
+        request: Request<Streaming<ReplicaMessage>>,
+    ) -> Result<Response<BatchStream>, Status> {
+        self.check_peer(&request)?;
+        if self.pair.role_now().role != Role::Active {
+            return Err(Status::failed_precondition(format!(
+                "{} is not the active node of its pair",
+                self.pair.name()
+            )));
+        }
+        let mut inbound = request.into_inner();
+        let first = tokio::time::timeout(self.hello_timeout, inbound.next())
+            .await
+            .map_err(|_| Status::deadline_exceeded("no hello from the standby"))?;
+        let hello = match first {
+            Some(Ok(ReplicaMessage {
+                message: Some(replica_message::Message::Hello(hello)),
+            })) => hello,
+            Some(Ok(_)) => {
+                return Err(Status::invalid_argument(
+                    "message: the first message must be the hello",
+                ));
+            }
+            Some(Err(status)) => return Err(status),
+            None => return Err(Status::cancelled("the standby closed the stream")),
+        };
+        if hello.replicated_through < 0 {
+            return Err(Status::invalid_argument(
+                "hello.replicated_through: must not be negative",
+            ));
+        }
+        let hello = Hello {
+            node_name: hello.node_name,
+            term: hello.term,
+            replicated_through: Seq(hello.replicated_through),
+        };
+        let (out, batches) = mpsc::channel(WINDOW);
+        tokio::spawn(source::stream_to_standby(
+            self.buffer.clone(),
+            Arc::clone(&self.pair),
+            hello,
+            inbound,
+            out,
+            self.heartbeat,
+        ));
+        Ok(Response::new(ReceiverStream::new(batches)))
+    }
+
+    async fn adopt(
+        &self,
+        request: Request<AdoptRequest>,
+    ) -> Result<Response<AdoptResponse>, Status> {
+        self.check_peer(&request)?;
+        let request = request.into_inner();
+        let mut rows = Vec::with_capacity(request.notifications.len());
+        for (i, submit) in request.notifications.into_iter().enumerate() {
+            let n = outbox_proto::submission::parse(submit)
+                .map_err(|e| Status::invalid_argument(format!("notifications[{i}].{e}")))?;
+            rows.push(BufferedNotification {
+                id: n.id,
+                content: n.content,
+                provenance: n.provenance,
+            });
+        }
+        // Held while the rows commit: a step-down waits for it, so nothing is adopted by a node
+        // that is already handing its own buffer over.
+        let _active = self.pair.while_active().await?;
+        let adopted = self.buffer.adopt(rows).await.map_err(buffer_status)?;
+        tracing::info!(
+            from = %request.node_name, adopted = adopted.adopted, already_held = adopted.already_held,
+            "adopted rows handed over by the peer"
+        );
+        Ok(Response::new(AdoptResponse {
+            adopted: u32::try_from(adopted.adopted).unwrap_or(u32::MAX),
+            already_held: u32::try_from(adopted.already_held).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn get_role(
+        &self,
+        request: Request<GetRoleRequest>,
+    ) -> Result<Response<NodeRoleView>, Status> {
+        self.check_peer(&request)?;
+        Ok(Response::new(self.pair.view().to_proto()))
+    }
+}

@@ -1,0 +1,383 @@
+//! The active's side of `Replicate`: one task per standby stream that turns the buffer's
+//! committed changes into batches.
+//!
+//! A stream starts from the standby's hello. When the standby copied from this active in this
+//! term, it resumes: first the spans saying which of its rows (up to `replicated_through`) are
+//! still buffered here, then every row after it. Otherwise it gets a full copy: the same spans
+//! (so it drops whatever it holds that is not here), then every row.
+//!
+//! Invariants:
+//! - Removals are subscribed to before the first read, and each batch's removals are drained
+//!   after its rows were read; the standby applies a batch's adds before its removes. So a row
+//!   deleted here is never left on the standby by an add that overtook its removal.
+//! - At most [`WINDOW`] batches are unconfirmed; the rest waits in the buffer, not in memory.
+//! - A removal backlog the stream cannot keep up with ends the stream; the standby reconnects
+//!   and resumes from the table, which is always right.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_proto::v1::{
+    ReplicaMessage, ReplicatedRow, ReplicationBatch, RetainedSpan as ProtoSpan, SeqRange,
+    replica_message,
+};
+use prost::Message;
+use tokio::sync::{broadcast, mpsc};
+use tokio::time::Instant;
+use tokio_stream::StreamExt;
+use tonic::{Status, Streaming};
+
+use super::{Pair, Role};
+use crate::buffer::{Buffer, RetainedSpan};
+use crate::domain::Seq;
+use crate::grpc::convert;
+
+/// Unconfirmed batches per stream. Each is at most [`BATCH_BYTES`] plus one row, so this bounds
+/// what a slow standby pins in memory and in flight (~32 MiB).
+pub const WINDOW: usize = 32;
+/// A batch closes once its rows pass this size (a row is at most ~280 KiB, so a batch stays far
+/// below the 4 MiB message limit).
+pub const BATCH_BYTES: usize = 1 << 20;
+/// Rows read from the buffer per query.
+const PAGE_ROWS: usize = 256;
+/// Seqs per retained span: 64 Ki seqs is at most 1 MiB of ranges even when none are adjacent.
+const SPAN_ROWS: usize = 65_536;
+
+/// The first message of a stream, from the standby.
+#[derive(Debug, Clone)]
+pub struct Hello {
+    pub node_name: String,
+    pub term: u64,
+    pub replicated_through: Seq,
+}
+
+/// Streams the buffer to one standby until it goes away, this node stops being active, or the
+/// stream breaks. `out` is the response stream.
+pub async fn stream_to_standby(
+    buffer: Buffer,
+    pair: Arc<Pair>,
+    hello: Hello,
+    mut inbound: Streaming<ReplicaMessage>,
+    out: mpsc::Sender<Result<ReplicationBatch, Status>>,
+    heartbeat: Duration,
+) {
+    pair.stream_opened();
+    let outcome = Session::new(buffer, Arc::clone(&pair), hello.clone(), heartbeat)
+        .run(&mut inbound, &out)
+        .await;
+    pair.stream_closed();
+    match outcome {
+        Ok(()) => tracing::info!(standby = %hello.node_name, "replication stream ended"),
+        Err(status) => {
+            tracing::info!(standby = %hello.node_name, reason = %status.message(), "replication stream ended");
+            let _ = out.send(Err(status)).await;
+        }
+    }
+}
+
+/// A batch sent and not yet confirmed.
+#[derive(Debug)]
+struct Unconfirmed {
+    batch: u64,
+    /// Highest seq among its adds, if any.
+    last_seq: Option<Seq>,
+    /// Enqueue time of its oldest add, if any.
+    oldest: Option<DateTime<Utc>>,
+}
+
+struct Session {
+    buffer: Buffer,
+    pair: Arc<Pair>,
+    hello: Hello,
+    heartbeat: Duration,
+    next_batch: u64,
+    /// Last seq read for this stream.
+    cursor: Seq,
+    /// Highest seq the standby confirmed.
+    confirmed: Seq,
+    unconfirmed: VecDeque<Unconfirmed>,
+    /// Removals collected and not yet sent.
+    removes: Vec<Seq>,
+    /// When the last batch went out: a heartbeat follows one interval of silence.
+    last_sent: Instant,
+}
+
+impl Session {
+    fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, heartbeat: Duration) -> Self {
+        Self {
+            buffer,
+            pair,
+            hello,
+            heartbeat,
+            next_batch: 1,
+            cursor: Seq::START,
+            confirmed: Seq::START,
+            unconfirmed: VecDeque::new(),
+            removes: Vec::new(),
+            last_sent: Instant::now(),
+        }
+    }
+
+    async fn run(
+        &mut self,
+        inbound: &mut Streaming<ReplicaMessage>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
+        // Before any read, so no removal committed after it can be missed.
+        let mut removals = self.buffer.removals();
+        let mut head = self.buffer.head();
+        let mut role = self.pair.watch_role();
+        let term = role.borrow().term;
+        let through = self.hello.replicated_through;
+        let resume = self.hello.term == term && through > Seq::START;
+        if resume {
+            self.cursor = through;
+            self.confirmed = through;
+        }
+        tracing::info!(
+            standby = %self.hello.node_name, resume, from_seq = self.cursor.0,
+            "a standby is following this node"
+        );
+        self.send_spans(through, out).await?;
+
+        loop {
+            let mut more = false;
+            if self.unconfirmed.len() < WINDOW {
+                more = self.send_rows(&mut removals, out).await?;
+            }
+            // Removals that came without rows, and the heartbeat when nothing else was sent.
+            if !self.removes.is_empty() || Instant::now() >= self.last_sent + self.heartbeat {
+                drain(&mut removals, &mut self.removes)?;
+                self.send(Vec::new(), out).await?;
+            }
+            self.report_lag(*head.borrow());
+            if more && self.unconfirmed.len() < WINDOW {
+                continue;
+            }
+            tokio::select! {
+                changed = head.changed(), if self.unconfirmed.len() < WINDOW => {
+                    if changed.is_err() {
+                        return Err(Status::unavailable("the buffer closed"));
+                    }
+                }
+                removed = removals.recv() => match removed {
+                    Ok(seqs) => self.removes.extend(seqs.iter().copied()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Err(fell_behind()),
+                    Err(broadcast::error::RecvError::Closed) => {
+                        return Err(Status::unavailable("the buffer closed"));
+                    }
+                },
+                message = inbound.next() => match message {
+                    Some(Ok(ReplicaMessage { message: Some(replica_message::Message::AppliedBatch(n)) })) => {
+                        self.confirm(n);
+                    }
+                    Some(Ok(_)) => return Err(Status::invalid_argument(
+                        "message: after the hello, only applied_batch is expected",
+                    )),
+                    Some(Err(status)) => return Err(status),
+                    None => return Ok(()),
+                },
+                changed = role.changed() => {
+                    if changed.is_err() || role.borrow().role != Role::Active {
+                        return Err(Status::failed_precondition(
+                            "this node is no longer the active one of its pair",
+                        ));
+                    }
+                }
+                () = tokio::time::sleep_until(self.last_sent + self.heartbeat) => {}
+                () = out.closed() => return Ok(()),
+            }
+        }
+    }
+
+    /// The spans of seqs `1..=through` still buffered here, in as many batches as they need;
+    /// the first batch also names this node.
+    async fn send_spans(
+        &mut self,
+        through: Seq,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
+        let mut after = Seq::START;
+        let mut first = true;
+        loop {
+            let mut batch = ReplicationBatch::default();
+            if first {
+                batch.active = Some(self.pair.view().to_proto());
+                first = false;
+            }
+            if after < through {
+                let span = self
+                    .buffer
+                    .retained_span(after, through, SPAN_ROWS)
+                    .await
+                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                after = span.through;
+                batch.retained.push(span_to_proto(&span));
+            }
+            self.send_batch(batch, None, None, out).await?;
+            if after >= through {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads the rows after the cursor and sends them in batches of at most [`BATCH_BYTES`],
+    /// each with the removals drained after its rows were read. `true` when the read was full
+    /// (there may be more).
+    async fn send_rows(
+        &mut self,
+        removals: &mut broadcast::Receiver<Arc<[Seq]>>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<bool, Status> {
+        let page = self
+            .buffer
+            .next_after(self.cursor, PAGE_ROWS)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let full = page.rows.len() + page.unreadable.len() == PAGE_ROWS;
+        // Rows that break the content rules are not copied: the forwarder moves them to the
+        // rejected table, which announces their removal.
+        if let Some(last) = page.last_seq() {
+            self.cursor = self.cursor.max(last);
+        }
+        let mut adds: Vec<ReplicatedRow> = Vec::new();
+        let mut bytes = 0;
+        for (seq, row) in page.rows {
+            let notification = convert::submit(&row);
+            bytes += notification.encoded_len();
+            adds.push(ReplicatedRow {
+                seq: seq.0,
+                notification: Some(notification),
+            });
+            if bytes >= BATCH_BYTES {
+                drain(removals, &mut self.removes)?;
+                self.send(std::mem::take(&mut adds), out).await?;
+                bytes = 0;
+            }
+        }
+        if !adds.is_empty() {
+            drain(removals, &mut self.removes)?;
+            self.send(adds, out).await?;
+        }
+        Ok(full)
+    }
+
+    /// Sends `adds` with every removal collected so far.
+    async fn send(
+        &mut self,
+        adds: Vec<ReplicatedRow>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
+        let last_seq = adds.iter().map(|r| Seq(r.seq)).max();
+        let oldest = adds
+            .iter()
+            .filter_map(|r| r.notification.as_ref()?.site_enqueued_at.as_ref())
+            .filter_map(outbox_proto::time::from_timestamp)
+            .min();
+        let batch = ReplicationBatch {
+            adds,
+            removes: std::mem::take(&mut self.removes)
+                .into_iter()
+                .map(|s| s.0)
+                .collect(),
+            ..ReplicationBatch::default()
+        };
+        self.send_batch(batch, last_seq, oldest, out).await
+    }
+
+    async fn send_batch(
+        &mut self,
+        mut batch: ReplicationBatch,
+        last_seq: Option<Seq>,
+        oldest: Option<DateTime<Utc>>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
+        batch.batch = self.next_batch;
+        batch.head_seq = self.buffer.head().borrow().0;
+        self.unconfirmed.push_back(Unconfirmed {
+            batch: self.next_batch,
+            last_seq,
+            oldest,
+        });
+        self.next_batch += 1;
+        self.last_sent = Instant::now();
+        out.send(Ok(batch))
+            .await
+            .map_err(|_| Status::cancelled("the standby went away"))
+    }
+
+    /// The standby committed every batch up to `n`.
+    fn confirm(&mut self, n: u64) {
+        while let Some(front) = self.unconfirmed.front() {
+            if front.batch > n {
+                break;
+            }
+            if let Some(seq) = front.last_seq {
+                self.confirmed = self.confirmed.max(seq);
+            }
+            self.unconfirmed.pop_front();
+        }
+    }
+
+    /// Rows committed here that the standby has not confirmed, and the age of the oldest.
+    fn report_lag(&self, head: Seq) {
+        let rows = u64::try_from(head.0.saturating_sub(self.confirmed.0)).unwrap_or(0);
+        let oldest = self.unconfirmed.iter().filter_map(|u| u.oldest).min();
+        let age = match oldest {
+            Some(at) if rows > 0 => (Utc::now() - at).to_std().unwrap_or_default(),
+            _ => Duration::ZERO,
+        };
+        self.pair.set_standby_lag(rows, age);
+    }
+}
+
+/// Moves every removal announced so far into `into`.
+fn drain(
+    removals: &mut broadcast::Receiver<Arc<[Seq]>>,
+    into: &mut Vec<Seq>,
+) -> Result<(), Status> {
+    loop {
+        match removals.try_recv() {
+            Ok(seqs) => into.extend(seqs.iter().copied()),
+            Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => {
+                return Ok(());
+            }
+            Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(fell_behind()),
+        }
+    }
+}
+
+fn fell_behind() -> Status {
+    Status::resource_exhausted(
+        "the standby fell too far behind the removals; reconnect to resume from the buffer",
+    )
+}
+
+pub fn span_to_proto(span: &RetainedSpan) -> ProtoSpan {
+    ProtoSpan {
+        from_seq: span.from.0,
+        through_seq: span.through.0,
+        kept: span
+            .kept
+            .iter()
+            .map(|(first, last)| SeqRange {
+                first: first.0,
+                last: last.0,
+            })
+            .collect(),
+    }
+}
+
+pub fn span_from_proto(span: &ProtoSpan) -> RetainedSpan {
+    RetainedSpan {
+        from: Seq(span.from_seq),
+        through: Seq(span.through_seq),
+        kept: span
+            .kept
+            .iter()
+            .map(|r| (Seq(r.first), Seq(r.last)))
+            .collect(),
+    }
+}
