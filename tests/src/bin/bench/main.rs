@@ -28,6 +28,7 @@ mod report;
 mod rig;
 mod services;
 mod site_figures;
+mod standby;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -157,9 +158,10 @@ enum SeedsMode {
 }
 
 /// Every figure group, in the order they run; each `-seeds` group right after ours.
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "send",
     "send-latency",
+    "standby",
     "forward",
     "ingest",
     "dispatch",
@@ -228,7 +230,8 @@ impl Args {
 fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
     let rows = |n: u64| report::number(n as f64);
     let m = |key: &'static str, label: String, unit, target| {
-        let involves_central = !(key.starts_with("send") || key == "memory.site_rss");
+        let involves_central =
+            !(key.starts_with("send") || key.starts_with("standby") || key == "memory.site_rss");
         let label = if involves_central && backend.is_mssql() {
             format!("{label} [central on MS SQL]")
         } else {
@@ -265,6 +268,45 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             ),
             "ms",
             Some(Target::AtMost(10.0)),
+        ),
+        m(
+            "standby.ratio",
+            "site Send with a standby attached / alone".into(),
+            "x",
+            Some(Target::AtLeast(0.9)),
+        ),
+        m(
+            "standby.rate",
+            format!("  site Send with a standby, {} callers", s.callers),
+            "/s",
+            None,
+        ),
+        m(
+            "standby.alone_rate",
+            "  site Send alone (same run)".into(),
+            "/s",
+            None,
+        ),
+        m(
+            "standby.p99",
+            format!(
+                "site Send latency p99 with a standby at {}/s offered",
+                rows(s.send_rate as u64)
+            ),
+            "ms",
+            Some(Target::AtMost(10.0)),
+        ),
+        m(
+            "standby.lag_rows_max",
+            "standby lag under closed-loop Sends, max".into(),
+            "rows",
+            None,
+        ),
+        m(
+            "standby.lag_ms_p99",
+            "standby lag under closed-loop Sends, p99".into(),
+            "ms",
+            None,
         ),
         m(
             "forward.rate",
@@ -357,6 +399,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
     match group {
         "send" => site_figures::send_rate(rig).await,
         "send-latency" => site_figures::send_latency(rig).await,
+        "standby" => standby::standby(rig).await,
         "forward" => site_figures::forward(rig).await,
         "ingest" => central_figures::ingest(rig).await,
         "dispatch" => central_figures::dispatch(rig, Profile::Ours).await,
