@@ -42,6 +42,10 @@ pub const WINDOW: usize = 32;
 pub const BATCH_BYTES: usize = 1 << 20;
 /// Rows read from the buffer per query.
 const PAGE_ROWS: usize = 256;
+/// Shortest gap between two batches. Each batch costs the standby one fsync, on a disk it may
+/// share with the active; gathering a few milliseconds of Sends per batch keeps that to at most
+/// 200 per second under any load, for a lag that stays in milliseconds.
+const LINGER: Duration = Duration::from_millis(5);
 /// Seqs per retained span: 64 Ki seqs is at most 1 MiB of ranges even when none are adjacent.
 const SPAN_ROWS: usize = 65_536;
 
@@ -145,6 +149,7 @@ impl Session {
         loop {
             let mut more = false;
             if self.unconfirmed.len() < WINDOW {
+                tokio::time::sleep_until(self.last_sent + LINGER).await;
                 more = self.send_rows(&mut removals, out).await?;
             }
             // Removals that came without rows, and the heartbeat when nothing else was sent.

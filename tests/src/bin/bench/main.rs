@@ -271,7 +271,7 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
         ),
         m(
             "standby.ratio",
-            "site Send with a standby attached / alone".into(),
+            "site Send with a standby (at nice 19) / alone".into(),
             "x",
             Some(Target::AtLeast(0.9)),
         ),
@@ -279,6 +279,12 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "standby.rate",
             format!("  site Send with a standby, {} callers", s.callers),
             "/s",
+            None,
+        ),
+        m(
+            "standby.shared_ratio",
+            "  same, standby at normal priority on the same cores".into(),
+            "x",
             None,
         ),
         m(
