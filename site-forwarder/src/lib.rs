@@ -163,6 +163,9 @@ pub async fn run(
         metrics.clone(),
         Arc::clone(&pair),
     );
+    // A child token: shutdown ends the replication streams at once (the standby reconnects to
+    // whichever node is active) and the pair endpoint with them.
+    let stop_pair = shutdown.child_token();
     let pair_server = match &config.pair {
         None => None,
         Some(pair_config) => {
@@ -184,6 +187,7 @@ pub async fn run(
                 tls.is_some(),
                 config.request_timeout,
                 pair_config.heartbeat_interval(),
+                stop_pair.clone(),
             );
             tracing::info!(
                 node = %pair_config.node_name, role = pair.role_now().role.as_str(),
@@ -216,7 +220,6 @@ pub async fn run(
     // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
     let forwarding = tokio::spawn(node.run(stop_forwarding.clone()));
-    let stop_pair = shutdown.child_token();
     let pair_serving = match pair_serving {
         None => None,
         Some((listener, tls, service)) => {

@@ -86,13 +86,31 @@ impl Pki {
             .iter()
             .map(|n| n.to_string())
             .collect::<Vec<_>>();
-        self.issue("central", names, ExtendedKeyUsagePurpose::ServerAuth)
+        self.issue("central", names, &[ExtendedKeyUsagePurpose::ServerAuth])
     }
 
     /// A client certificate whose Subject Common Name is `common_name` (a site id, or an
     /// operator's name).
     pub fn client_cert(&self, common_name: &str) -> Result<CertFiles> {
-        self.issue(common_name, Vec::new(), ExtendedKeyUsagePurpose::ClientAuth)
+        self.issue(
+            common_name,
+            Vec::new(),
+            &[ExtendedKeyUsagePurpose::ClientAuth],
+        )
+    }
+
+    /// A site pair node's certificate: Common Name `site_id`, valid for [`SERVER_NAMES`], for
+    /// both ends of the pair link (each node serves its peer and calls it).
+    pub fn node_cert(&self, site_id: &str) -> Result<CertFiles> {
+        let names = SERVER_NAMES.iter().map(|n| n.to_string()).collect();
+        self.issue(
+            site_id,
+            names,
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
+        )
     }
 
     /// A tonic client configuration trusting this CA, presenting `identity` if given.
@@ -109,7 +127,7 @@ impl Pki {
         &self,
         common_name: &str,
         names: Vec<String>,
-        usage: ExtendedKeyUsagePurpose,
+        usages: &[ExtendedKeyUsagePurpose],
     ) -> Result<CertFiles> {
         let mut params = CertificateParams::new(names)
             .with_context(|| format!("certificate parameters for {common_name:?}"))?;
@@ -117,7 +135,7 @@ impl Pki {
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
-        params.extended_key_usages = vec![usage];
+        params.extended_key_usages = usages.to_vec();
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate()?;

@@ -16,6 +16,7 @@ use outbox_proto::v1::{
 use tokio::sync::mpsc;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::source::{self, Hello, WINDOW};
@@ -32,6 +33,8 @@ pub struct SitePairService {
     tls: bool,
     hello_timeout: Duration,
     heartbeat: Duration,
+    /// Cancelled at shutdown; ends the replication streams.
+    stop: CancellationToken,
 }
 
 impl SitePairService {
@@ -42,6 +45,7 @@ impl SitePairService {
         tls: bool,
         hello_timeout: Duration,
         heartbeat: Duration,
+        stop: CancellationToken,
     ) -> Self {
         Self {
             site,
@@ -50,6 +54,7 @@ impl SitePairService {
             tls,
             hello_timeout,
             heartbeat,
+            stop,
         }
     }
 
@@ -121,6 +126,7 @@ impl SitePair for SitePairService {
             inbound,
             out,
             self.heartbeat,
+            self.stop.clone(),
         ));
         Ok(Response::new(ReceiverStream::new(batches)))
     }

@@ -27,6 +27,7 @@ use prost::Message;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::{Pair, Role};
@@ -57,8 +58,8 @@ pub struct Hello {
     pub replicated_through: Seq,
 }
 
-/// Streams the buffer to one standby until it goes away, this node stops being active, or the
-/// stream breaks. `out` is the response stream.
+/// Streams the buffer to one standby until it goes away, this node stops being active, the
+/// stream breaks, or `stop` (shutdown). `out` is the response stream.
 pub async fn stream_to_standby(
     buffer: Buffer,
     pair: Arc<Pair>,
@@ -66,11 +67,15 @@ pub async fn stream_to_standby(
     mut inbound: Streaming<ReplicaMessage>,
     out: mpsc::Sender<Result<ReplicationBatch, Status>>,
     heartbeat: Duration,
+    stop: CancellationToken,
 ) {
     pair.stream_opened();
-    let outcome = Session::new(buffer, Arc::clone(&pair), hello.clone(), heartbeat)
-        .run(&mut inbound, &out)
-        .await;
+    let mut session = Session::new(buffer, Arc::clone(&pair), hello.clone(), heartbeat);
+    let outcome = tokio::select! {
+        outcome = session.run(&mut inbound, &out) => outcome,
+        // Shutting down: the stream ends now rather than holding the server's drain.
+        () = stop.cancelled() => Ok(()),
+    };
     pair.stream_closed();
     match outcome {
         Ok(()) => tracing::info!(standby = %hello.node_name, "replication stream ended"),
@@ -85,8 +90,10 @@ pub async fn stream_to_standby(
 #[derive(Debug)]
 struct Unconfirmed {
     batch: u64,
-    /// Highest seq among its adds, if any.
-    last_seq: Option<Seq>,
+    /// The stream's cursor when it was sent: once it is confirmed, the standby holds every row
+    /// up to here that the active still held when it was read (rows already gone never need
+    /// copying).
+    through: Seq,
     /// Enqueue time of its oldest add, if any.
     oldest: Option<DateTime<Utc>>,
 }
@@ -221,7 +228,9 @@ impl Session {
                 after = span.through;
                 batch.retained.push(span_to_proto(&span));
             }
-            self.send_batch(batch, None, None, out).await?;
+            // Spans copy nothing: the cursor they leave confirmed is where the stream starts.
+            let cursor = self.cursor;
+            self.send_batch(batch, cursor, None, out).await?;
             if after >= through {
                 return Ok(());
             }
@@ -236,6 +245,9 @@ impl Session {
         removals: &mut broadcast::Receiver<Arc<[Seq]>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<bool, Status> {
+        // Every row up to this head is committed, so the read below sees all of them that
+        // still exist.
+        let head = *self.buffer.head().borrow();
         let page = self
             .buffer
             .next_after(self.cursor, PAGE_ROWS)
@@ -246,6 +258,11 @@ impl Session {
         // rejected table, which announces their removal.
         if let Some(last) = page.last_seq() {
             self.cursor = self.cursor.max(last);
+        }
+        if !full {
+            // The rest up to the head is gone already (forwarded and deleted before it was
+            // read): nothing to copy, and the standby is not behind on it.
+            self.cursor = self.cursor.max(head);
         }
         let mut adds: Vec<ReplicatedRow> = Vec::new();
         let mut bytes = 0;
@@ -275,7 +292,12 @@ impl Session {
         adds: Vec<ReplicatedRow>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
-        let last_seq = adds.iter().map(|r| Seq(r.seq)).max();
+        // A batch cut mid-page covers only up to its own last row.
+        let through = adds
+            .iter()
+            .map(|r| Seq(r.seq))
+            .max()
+            .map_or(self.cursor, |last| last.min(self.cursor));
         let oldest = adds
             .iter()
             .filter_map(|r| r.notification.as_ref()?.site_enqueued_at.as_ref())
@@ -289,13 +311,13 @@ impl Session {
                 .collect(),
             ..ReplicationBatch::default()
         };
-        self.send_batch(batch, last_seq, oldest, out).await
+        self.send_batch(batch, through, oldest, out).await
     }
 
     async fn send_batch(
         &mut self,
         mut batch: ReplicationBatch,
-        last_seq: Option<Seq>,
+        through: Seq,
         oldest: Option<DateTime<Utc>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
@@ -303,7 +325,7 @@ impl Session {
         batch.head_seq = self.buffer.head().borrow().0;
         self.unconfirmed.push_back(Unconfirmed {
             batch: self.next_batch,
-            last_seq,
+            through,
             oldest,
         });
         self.next_batch += 1;
@@ -319,9 +341,7 @@ impl Session {
             if front.batch > n {
                 break;
             }
-            if let Some(seq) = front.last_seq {
-                self.confirmed = self.confirmed.max(seq);
-            }
+            self.confirmed = self.confirmed.max(front.through);
             self.unconfirmed.pop_front();
         }
     }

@@ -38,14 +38,18 @@ struct NodeSpec {
     buffer: PathBuf,
     central: SocketAddr,
     failover_timeout: Duration,
+    /// TLS to central and between the nodes; plaintext when `None`.
+    tls: Option<site_forwarder::tls::TlsConfig>,
 }
 
 impl NodeSpec {
     fn config(&self) -> Config {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         let mut config = Config::new("site-a");
         config.listen_addr = self.send;
         config.buffer_path = self.buffer.clone();
-        config.central_url = format!("http://{}", self.central);
+        config.central_url = format!("{scheme}://{}", self.central);
+        config.tls = self.tls.clone().unwrap_or_default();
         config.forward_retry_interval = Duration::from_millis(100);
         config.connect_timeout = Duration::from_secs(1);
         config.request_timeout = Duration::from_secs(5);
@@ -53,7 +57,7 @@ impl NodeSpec {
             node_name: self.name.into(),
             initial_role: self.role,
             listen: self.pair,
-            peer_url: format!("http://{}", self.peer),
+            peer_url: format!("{scheme}://{}", self.peer),
             peer_domain: None,
             send_addr: None,
             failover_timeout: self.failover_timeout,
@@ -102,6 +106,7 @@ async fn pair_specs(dir: &Path, central: SocketAddr) -> (NodeSpec, NodeSpec) {
         buffer: dir.join("a.db"),
         central,
         failover_timeout: FAILOVER_TIMEOUT,
+        tls: None,
     };
     let b = NodeSpec {
         name: "b",
@@ -552,5 +557,66 @@ async fn an_old_active_rejoins_as_standby_and_both_buffers_converge() {
     .await;
     assert_each_stored_and_mailed_once(&Db::open(&central.db), &sink, &sent).await;
     wait_for_depth(a.send, 0).await;
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_nodes_follow_each_other_and_refuse_another_sites_certificate() {
+    use outbox_proto::v1::site_pair_client::SitePairClient;
+    use outbox_tests::pki::Pki;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "plant").unwrap();
+    let server = pki.server_cert().unwrap();
+    let node = pki.node_cert("site-a").unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.tls.cert = Some(server.cert.clone());
+    config.tls.key = Some(server.key.clone());
+    config.tls.client_ca = Some(pki.ca_cert().to_path_buf());
+    let central = Central::start_tls(config, pki.client_tls(Some(&node)).unwrap()).await;
+
+    let (mut a, mut b) = pair_specs(dir.path(), central.addr).await;
+    let tls = site_forwarder::tls::TlsConfig {
+        ca: Some(pki.ca_cert().to_path_buf()),
+        cert: Some(node.cert.clone()),
+        key: Some(node.key.clone()),
+        ..Default::default()
+    };
+    a.tls = Some(tls.clone());
+    b.tls = Some(tls);
+    let node_a = Node::start(&a).await;
+    let node_b = Node::start(&b).await;
+    wait_for_role(b.send, v1::NodeRole::Standby).await;
+    let acked: HashSet<String> = send_n(a.send, 5, "tls").await.into_iter().collect();
+    assert_each_stored_and_mailed_once(&Db::open(&central.db), &sink, &acked).await;
+
+    // A certificate from the same CA but for another site is refused by the pair port.
+    let other = pki.node_cert("site-b").unwrap();
+    let channel = crate::harness::tls_channel(a.pair, pki.client_tls(Some(&other)).unwrap())
+        .await
+        .unwrap();
+    let refused = SitePairClient::new(channel)
+        .get_role(v1::GetRoleRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().contains("site-b"),
+        "{}",
+        refused.message()
+    );
+    // Without a certificate the handshake itself fails.
+    let anonymous = crate::harness::tls_channel(a.pair, pki.client_tls(None).unwrap()).await;
+    let refused = match anonymous {
+        Err(_) => true,
+        Ok(channel) => SitePairClient::new(channel)
+            .get_role(v1::GetRoleRequest {})
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a caller without a certificate is refused");
+    node_a.stop().await;
+    node_b.stop().await;
     central.stop().await;
 }
