@@ -14,7 +14,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthConfig, Authenticator};
-use crate::dispatcher::DispatcherSettings;
+use crate::dispatcher::{DispatcherSettings, WakePolicy};
 use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
@@ -515,7 +515,7 @@ impl Config {
                 lease_ttl: d.lease_ttl,
                 renew_interval,
                 claim_timeout: d.claim_timeout,
-                wake_on_events: d.wake_on_events,
+                wake: WakePolicy::from_wake_on_events(d.wake_on_events),
                 claim_batch: d.claim_batch,
                 drain_timeout: self.shutdown_timeout,
             },
