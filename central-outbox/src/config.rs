@@ -3,6 +3,10 @@
 //! flags. Unknown keys are errors, and every validation message names the key, so a typo fails
 //! start-up instead of silently running with a default. Defaults are documented in
 //! `deploy/central-outbox.toml`.
+//!
+//! Keys with a fixed set of values (`smtp.tls`, `*.backoff`, `lists[].type`,
+//! `lists[].webhook_format`, `log.format`) are serde enums: a value outside the set is refused
+//! while the file is read, by a message that names the key and lists the values it accepts.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -14,7 +18,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthConfig, Authenticator};
-use crate::dispatcher::DispatcherSettings;
+use crate::dispatcher::{DispatcherSettings, WakePolicy};
 use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
@@ -173,9 +177,8 @@ pub struct SmtpConfig {
     pub host: String,
     #[serde(default = "default_smtp_port")]
     pub port: u16,
-    /// `none`, `starttls` or `tls`.
     #[serde(default = "default_tls")]
-    pub tls: String,
+    pub tls: SmtpTls,
     #[serde(default)]
     pub username: Option<String>,
     /// PLAIN/LOGIN password; leave unset when `oauth` is set (XOAUTH2).
@@ -190,9 +193,8 @@ pub struct SmtpConfig {
     pub max_retries: i64,
     #[serde(default = "default_retry_delay", with = "humantime_serde")]
     pub retry_delay: Duration,
-    /// `fixed` or `exponential` (full jitter, capped at `max_retry_delay`).
     #[serde(default = "default_backoff")]
-    pub backoff: String,
+    pub backoff: BackoffKind,
     #[serde(default = "default_max_retry_delay", with = "humantime_serde")]
     pub max_retry_delay: Duration,
     #[serde(default = "default_max_connections")]
@@ -249,8 +251,8 @@ pub struct OAuthConfig {
 fn default_smtp_port() -> u16 {
     25
 }
-fn default_tls() -> String {
-    "starttls".into()
+fn default_tls() -> SmtpTls {
+    SmtpTls::StartTls
 }
 fn default_max_retries() -> i64 {
     10
@@ -258,8 +260,8 @@ fn default_max_retries() -> i64 {
 fn default_retry_delay() -> Duration {
     Duration::from_secs(60)
 }
-fn default_backoff() -> String {
-    "fixed".into()
+fn default_backoff() -> BackoffKind {
+    BackoffKind::Fixed
 }
 fn default_max_retry_delay() -> Duration {
     Duration::from_secs(3600)
@@ -284,7 +286,7 @@ pub struct WebhookConfig {
     pub max_retries: i64,
     #[serde(with = "humantime_serde")]
     pub retry_delay: Duration,
-    pub backoff: String,
+    pub backoff: BackoffKind,
     #[serde(with = "humantime_serde")]
     pub max_retry_delay: Duration,
     pub max_concurrent_connections: u32,
@@ -298,7 +300,7 @@ impl Default for WebhookConfig {
             timeout: Duration::from_secs(10),
             max_retries: default_max_retries(),
             retry_delay: default_retry_delay(),
-            backoff: "exponential".into(),
+            backoff: BackoffKind::Exponential,
             max_retry_delay: default_max_retry_delay(),
             max_concurrent_connections: 8,
             rate_limit_per_second: None,
@@ -311,25 +313,20 @@ impl Default for WebhookConfig {
 #[serde(deny_unknown_fields)]
 pub struct ListConfig {
     pub name: String,
-    /// `email` (the default) or `webhook`.
-    #[serde(default = "default_list_type", rename = "type")]
-    pub kind: String,
+    #[serde(default, rename = "type")]
+    pub kind: ListType,
     /// Email lists: the addresses.
     #[serde(default)]
     pub recipients: Vec<String>,
     /// Webhook lists: the endpoint URLs (https, or http to loopback).
     #[serde(default)]
     pub endpoints: Vec<String>,
-    /// Webhook lists: `generic` (default), `teams` or `slack`.
+    /// Webhook lists; unset: `generic`.
     #[serde(default)]
-    pub webhook_format: Option<String>,
+    pub webhook_format: Option<WebhookFormatKind>,
     /// Webhook lists: HMAC-SHA256 signing key (at least 16 characters).
     #[serde(default)]
     pub webhook_secret: Option<String>,
-}
-
-fn default_list_type() -> String {
-    "email".into()
 }
 
 impl ListConfig {
@@ -337,7 +334,7 @@ impl ListConfig {
     pub fn email(name: impl Into<String>, recipients: Vec<String>) -> Self {
         Self {
             name: name.into(),
-            kind: default_list_type(),
+            kind: ListType::Email,
             recipients,
             endpoints: Vec::new(),
             webhook_format: None,
@@ -345,14 +342,18 @@ impl ListConfig {
         }
     }
 
-    /// A webhook list posting in `format` (generic, teams or slack).
-    pub fn webhook(name: impl Into<String>, endpoints: Vec<String>, format: &str) -> Self {
+    /// A webhook list posting in `format`.
+    pub fn webhook(
+        name: impl Into<String>,
+        endpoints: Vec<String>,
+        format: WebhookFormatKind,
+    ) -> Self {
         Self {
             name: name.into(),
-            kind: "webhook".into(),
+            kind: ListType::Webhook,
             recipients: Vec::new(),
             endpoints,
-            webhook_format: Some(format.into()),
+            webhook_format: Some(format),
             webhook_secret: None,
         }
     }
@@ -361,8 +362,7 @@ impl ListConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct LogConfig {
-    /// `text` or `json`.
-    pub format: String,
+    pub format: LogFormat,
     /// A tracing `EnvFilter` directive; `RUST_LOG` wins when set.
     pub filter: String,
 }
@@ -370,10 +370,87 @@ pub struct LogConfig {
 impl Default for LogConfig {
     fn default() -> Self {
         Self {
-            format: "text".into(),
+            format: LogFormat::Text,
             filter: "info".into(),
         }
     }
+}
+
+/// `smtp.tls`: how the SMTP connection is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SmtpTls {
+    /// Plain text.
+    None,
+    /// Plain text upgraded by STARTTLS, which the server must offer.
+    StartTls,
+    /// TLS from the first byte (usually port 465).
+    Tls,
+}
+
+impl From<SmtpTls> for TlsMode {
+    fn from(tls: SmtpTls) -> Self {
+        match tls {
+            SmtpTls::None => Self::None,
+            SmtpTls::StartTls => Self::StartTls,
+            SmtpTls::Tls => Self::Implicit,
+        }
+    }
+}
+
+/// `smtp.backoff` and `webhook.backoff`: how the delay grows between retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackoffKind {
+    /// `retry_delay` every time.
+    Fixed,
+    /// Doubling from `retry_delay` with full jitter, capped at `max_retry_delay`.
+    Exponential,
+}
+
+/// `lists[].type`: the channel a list delivers on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ListType {
+    #[default]
+    Email,
+    Webhook,
+}
+
+impl From<ListType> for NotificationType {
+    fn from(kind: ListType) -> Self {
+        match kind {
+            ListType::Email => Self::Email,
+            ListType::Webhook => Self::Webhook,
+        }
+    }
+}
+
+/// `lists[].webhook_format`: the body shape a webhook list's endpoints expect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WebhookFormatKind {
+    Generic,
+    Teams,
+    Slack,
+}
+
+impl From<WebhookFormatKind> for WebhookFormat {
+    fn from(format: WebhookFormatKind) -> Self {
+        match format {
+            WebhookFormatKind::Generic => Self::Generic,
+            WebhookFormatKind::Teams => Self::Teams,
+            WebhookFormatKind::Slack => Self::Slack,
+        }
+    }
+}
+
+/// `log.format`: the shape of log lines on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Command-line values that override the file and the environment.
@@ -515,7 +592,7 @@ impl Config {
                 lease_ttl: d.lease_ttl,
                 renew_interval,
                 claim_timeout: d.claim_timeout,
-                wake_on_events: d.wake_on_events,
+                wake: WakePolicy::from_wake_on_events(d.wake_on_events),
                 claim_batch: d.claim_batch,
                 drain_timeout: self.shutdown_timeout,
             },
@@ -565,25 +642,24 @@ fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
 }
 
 /// The pacing and retry keys both channels share, as one struct for one conversion.
-struct PolicyKeys<'a> {
+struct PolicyKeys {
     section: &'static str,
     max_retries: i64,
     retry_delay: Duration,
-    backoff: &'a str,
+    backoff: BackoffKind,
     max_retry_delay: Duration,
     max_concurrent_connections: u32,
     rate_limit_per_second: Option<f64>,
     rate_limit_burst: Option<u32>,
 }
 
-fn delivery_policy(k: PolicyKeys<'_>) -> anyhow::Result<DeliveryPolicy> {
+fn delivery_policy(k: PolicyKeys) -> anyhow::Result<DeliveryPolicy> {
     let section = k.section;
     let backoff = match k.backoff {
-        "fixed" => Backoff::Fixed,
-        "exponential" => Backoff::Exponential {
+        BackoffKind::Fixed => Backoff::Fixed,
+        BackoffKind::Exponential => Backoff::Exponential {
             cap: k.max_retry_delay,
         },
-        other => bail!("{section}.backoff: {other:?} is not one of fixed, exponential"),
     };
     let rate_limit = match (k.rate_limit_per_second, k.rate_limit_burst) {
         (None, None) => None,
@@ -602,8 +678,7 @@ fn delivery_policy(k: PolicyKeys<'_>) -> anyhow::Result<DeliveryPolicy> {
 }
 
 fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
-    let tls = TlsMode::parse(&c.tls)
-        .with_context(|| format!("smtp.tls: {:?} is not one of none, starttls, tls", c.tls))?;
+    let tls = TlsMode::from(c.tls);
     let auth = match (&c.username, &c.password, &c.oauth) {
         (None, None, None) => SmtpAuth::None,
         (Some(username), Some(password), None) => SmtpAuth::Password {
@@ -630,7 +705,7 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
         section: "smtp",
         max_retries: c.max_retries,
         retry_delay: c.retry_delay,
-        backoff: &c.backoff,
+        backoff: c.backoff,
         max_retry_delay: c.max_retry_delay,
         max_concurrent_connections: c.max_concurrent_connections,
         rate_limit_per_second: c.rate_limit_per_second,
@@ -655,7 +730,7 @@ fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
         section: "webhook",
         max_retries: c.max_retries,
         retry_delay: c.retry_delay,
-        backoff: &c.backoff,
+        backoff: c.backoff,
         max_retry_delay: c.max_retry_delay,
         max_concurrent_connections: c.max_concurrent_connections,
         rate_limit_per_second: c.rate_limit_per_second,
@@ -670,26 +745,12 @@ fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
 }
 
 fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
-    let kind = match c.kind.as_str() {
-        "email" => NotificationType::Email,
-        "webhook" => NotificationType::Webhook,
-        other => bail!("lists[{index}].type: {other:?} is not one of email, webhook"),
-    };
-    let webhook_format = c
-        .webhook_format
-        .as_deref()
-        .map(|f| {
-            WebhookFormat::parse(f).with_context(|| {
-                format!("lists[{index}].webhook_format: {f:?} is not one of generic, teams, slack")
-            })
-        })
-        .transpose()?;
     NotificationList::parse(ListInput {
         name: c.name.clone(),
-        kind: Some(kind),
+        kind: Some(c.kind.into()),
         recipients: c.recipients.clone(),
         endpoints: c.endpoints.clone(),
-        webhook_format,
+        webhook_format: c.webhook_format.map(WebhookFormat::from),
         webhook_secret: c.webhook_secret.clone(),
     })
     .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
@@ -738,7 +799,20 @@ mod tests {
         );
         let err =
             from_toml("[smtp]\nhost = 'h'\nfrom_address = 'a@x.test'\ntls = 'ssl'").unwrap_err();
-        assert!(err.to_string().starts_with("smtp.tls"), "{err}");
+        assert_names_key_and_values(&err, "smtp.tls", &["none", "starttls", "tls"]);
+        let err = from_toml("[log]\nformat = 'xml'").unwrap_err();
+        assert_names_key_and_values(&err, "log.format", &["text", "json"]);
+    }
+
+    /// A value outside a key's set is refused by serde while the file is read: the message
+    /// names the key (as figment writes it) and every value the key accepts.
+    #[track_caller]
+    fn assert_names_key_and_values(err: &anyhow::Error, key: &str, values: &[&str]) {
+        let text = format!("{err:#}");
+        assert!(text.contains(&format!("key \"default.{key}\"")), "{text}");
+        for value in values {
+            assert!(text.contains(&format!("`{value}`")), "{value}: {text}");
+        }
     }
 
     #[test]
@@ -838,7 +912,9 @@ mod tests {
         );
         assert!(from_toml(&format!("{key}{hooks_secret}")).is_ok());
         let err = from_toml(&format!("{smtp}backoff = 'linear'")).unwrap_err();
-        assert!(err.to_string().starts_with("smtp.backoff"), "{err}");
+        assert_names_key_and_values(&err, "smtp.backoff", &["fixed", "exponential"]);
+        let err = from_toml("[webhook]\nbackoff = 'linear'").unwrap_err();
+        assert_names_key_and_values(&err, "webhook.backoff", &["fixed", "exponential"]);
         let err = from_toml(&format!("{smtp}rate_limit_burst = 3")).unwrap_err();
         assert!(
             err.to_string().starts_with("smtp.rate_limit_burst"),
@@ -862,10 +938,13 @@ mod tests {
             "{hooks}endpoints = ['https://h.test/a']\nwebhook_format = 'x'"
         ))
         .unwrap_err();
-        assert!(
-            err.to_string().starts_with("lists[0].webhook_format"),
-            "{err}"
+        assert_names_key_and_values(
+            &err,
+            "lists.0.webhook_format",
+            &["generic", "teams", "slack"],
         );
+        let err = from_toml("[[lists]]\nname = 'ops'\ntype = 'sms'").unwrap_err();
+        assert_names_key_and_values(&err, "lists.0.type", &["email", "webhook"]);
         let err = from_toml("[webhook]\nmax_concurrent_connections = 0").unwrap_err();
         assert!(
             err.to_string()

@@ -14,16 +14,12 @@ pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
 pub mod health;
-pub mod lease;
 pub mod metrics;
 pub mod purge;
 pub mod secrets;
 pub mod store;
 pub mod telemetry;
 pub mod tls;
-
-#[cfg(test)]
-mod dispatcher_tests;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, LogFormat};
 
 pub fn init(log: &LogConfig) -> anyhow::Result<()> {
     let filter = EnvFilter::try_from_default_env()
@@ -12,10 +12,9 @@ pub fn init(log: &LogConfig) -> anyhow::Result<()> {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    match log.format.as_str() {
-        "text" => builder.try_init(),
-        "json" => builder.json().try_init(),
-        other => anyhow::bail!("log.format: {other:?} is not one of text, json"),
+    match log.format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
     }
     .map_err(|e| anyhow::anyhow!("cannot install the log subscriber: {e}"))
 }

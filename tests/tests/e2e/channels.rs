@@ -9,7 +9,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use central_outbox::config::{Config as CentralConfig, ListConfig, OAuthConfig, WebhookConfig};
+use central_outbox::config::{
+    BackoffKind, Config as CentralConfig, ListConfig, OAuthConfig, SmtpTls, WebhookConfig,
+    WebhookFormatKind,
+};
 use outbox_proto::v1;
 use outbox_tests::oauth_server::OAuthServer;
 use outbox_tests::smtp_sink::{AuthRequirement, Behaviour, SinkOptions, SmtpSink};
@@ -246,7 +249,7 @@ async fn starttls_required_against_a_server_without_starttls_parks() {
     let dir = tempfile::tempdir().unwrap();
     let sink = smtp_sink().await;
     let mut config = central_config(dir.path(), Some(sink.addr()));
-    config.smtp.as_mut().unwrap().tls = "starttls".into();
+    config.smtp.as_mut().unwrap().tls = SmtpTls::StartTls;
     let central = Central::start(config).await;
     let id = send(&central, submit("Tank 4 high level", "Level 97%")).await;
 
@@ -563,7 +566,7 @@ fn webhook_config(dir: &Path, lists: Vec<ListConfig>) -> CentralConfig {
         timeout: Duration::from_millis(500),
         max_retries: 5,
         retry_delay: Duration::from_millis(200),
-        backoff: "fixed".into(),
+        backoff: BackoffKind::Fixed,
         ..WebhookConfig::default()
     };
     config.lists.extend(lists);
@@ -571,7 +574,7 @@ fn webhook_config(dir: &Path, lists: Vec<ListConfig>) -> CentralConfig {
 }
 
 /// A signed webhook list.
-fn hook_list(name: &str, endpoints: Vec<String>, format: &str) -> ListConfig {
+fn hook_list(name: &str, endpoints: Vec<String>, format: WebhookFormatKind) -> ListConfig {
     ListConfig {
         webhook_secret: Some(HOOK_SECRET.into()),
         ..ListConfig::webhook(name, endpoints, format)
@@ -591,7 +594,11 @@ fn hook_submit(list: &str, subject: &str, body: &str) -> v1::NotificationSubmit 
 async fn a_2xx_webhook_delivers_a_signed_generic_document_with_an_idempotency_key() {
     let dir = tempfile::tempdir().unwrap();
     let server = WebhookServer::start().await.unwrap();
-    let lists = vec![hook_list("hooks", vec![server.url("/hook")], "generic")];
+    let lists = vec![hook_list(
+        "hooks",
+        vec![server.url("/hook")],
+        WebhookFormatKind::Generic,
+    )];
     let central = Central::start(webhook_config(dir.path(), lists)).await;
     let msg = v1::NotificationSubmit {
         type_data: r#"{"tank":4,"level":97}"#.into(),
@@ -681,7 +688,11 @@ async fn webhook_500_503_408_and_timeouts_retry_then_deliver() {
     for (name, reply, _) in &cases {
         let server = WebhookServer::start().await.unwrap();
         server.set_responses(vec![reply.clone()]);
-        lists.push(hook_list(name, vec![server.url("/hook")], "generic"));
+        lists.push(hook_list(
+            name,
+            vec![server.url("/hook")],
+            WebhookFormatKind::Generic,
+        ));
         servers.push(server);
     }
     let central = Central::start(webhook_config(dir.path(), lists)).await;
@@ -728,7 +739,11 @@ async fn webhook_429_with_retry_after_is_not_retried_sooner() {
     let dir = tempfile::tempdir().unwrap();
     let server = WebhookServer::start().await.unwrap();
     server.set_responses(vec![Reply::status(429).with_retry_after("2")]);
-    let lists = vec![hook_list("hooks", vec![server.url("/hook")], "generic")];
+    let lists = vec![hook_list(
+        "hooks",
+        vec![server.url("/hook")],
+        WebhookFormatKind::Generic,
+    )];
     let central = Central::start(webhook_config(dir.path(), lists)).await;
     let id = send(
         &central,
@@ -772,7 +787,7 @@ async fn webhook_404_and_301_park_with_the_status() {
         lists.push(hook_list(
             &format!("hooks-{status}"),
             vec![server.url("/hook")],
-            "generic",
+            WebhookFormatKind::Generic,
         ));
         servers.push(server);
     }
@@ -800,8 +815,16 @@ async fn teams_and_slack_webhooks_have_their_shapes() {
     let dir = tempfile::tempdir().unwrap();
     let server = WebhookServer::start().await.unwrap();
     let lists = vec![
-        ListConfig::webhook("teams", vec![server.url("/teams")], "teams"),
-        ListConfig::webhook("slack", vec![server.url("/slack")], "slack"),
+        ListConfig::webhook(
+            "teams",
+            vec![server.url("/teams")],
+            WebhookFormatKind::Teams,
+        ),
+        ListConfig::webhook(
+            "slack",
+            vec![server.url("/slack")],
+            WebhookFormatKind::Slack,
+        ),
     ];
     let central = Central::start(webhook_config(dir.path(), lists)).await;
     let subject = "Tank 4 <high> & rising";
@@ -849,7 +872,7 @@ async fn a_list_with_one_failing_endpoint_is_not_delivered() {
     let lists = vec![hook_list(
         "hooks",
         vec![good.url("/hook"), bad.url("/hook")],
-        "generic",
+        WebhookFormatKind::Generic,
     )];
     let mut config = webhook_config(dir.path(), lists);
     config.webhook.max_retries = 3;

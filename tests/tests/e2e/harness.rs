@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use central_outbox::auth::AuthMode;
-use central_outbox::config::{Config as CentralConfig, ListConfig, SmtpConfig};
+use central_outbox::config::{Config as CentralConfig, ListConfig, SmtpConfig, SmtpTls};
 use chrono::Utc;
 use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
@@ -147,7 +147,7 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     // module's tests turn authentication on.
     config.auth.mode = AuthMode::None;
     config.smtp = smtp.map(|addr| SmtpConfig {
-        tls: "none".into(),
+        tls: SmtpTls::None,
         max_retries: 5,
         retry_delay: Duration::from_millis(300),
         timeout: Duration::from_secs(5),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use central_outbox::config::{Config as CentralConfig, ListConfig, OAuthConfig};
+use central_outbox::config::{Config as CentralConfig, ListConfig, OAuthConfig, WebhookFormatKind};
 use outbox_proto::time::to_duration;
 use outbox_proto::v1;
 use outbox_tests::oauth_server::OAuthServer;
@@ -68,7 +68,7 @@ fn hook_submit(list: &str, subject: &str) -> v1::NotificationSubmit {
 fn hook_list(name: &str, endpoint: String, secret: &str) -> ListConfig {
     ListConfig {
         webhook_secret: Some(secret.into()),
-        ..ListConfig::webhook(name, vec![endpoint], "generic")
+        ..ListConfig::webhook(name, vec![endpoint], WebhookFormatKind::Generic)
     }
 }
 

@@ -6,8 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::pool::Param;
-use super::{MsSqlStore, at, decode, result_set, sql, text};
+use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
@@ -22,14 +21,9 @@ use crate::store::{
 /// never makes) run in several transactions.
 const IDS_PER_STATEMENT: usize = 1000;
 
-fn id_param(id: NotificationId) -> Param {
-    Param::Guid(Some(*id.as_uuid()))
-}
-
 pub async fn state(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationState>> {
-    let mut results = store
-        .batch("state", sql::SELECT_STATE, &[id_param(id)])
-        .await?;
+    let stmt = sql::select_state(id);
+    let mut results = store.batch("state", &stmt.sql, &stmt.params).await?;
     result_set(&mut results, 0, "state")?
         .first()
         .map(decode::state)
@@ -59,9 +53,8 @@ pub async fn query(store: &MsSqlStore, page: &PageRequest) -> Result<Page> {
 }
 
 pub async fn detail(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationDetail>> {
-    let mut results = store
-        .batch("detail", sql::SELECT_DETAIL, &[id_param(id)])
-        .await?;
+    let stmt = sql::select_detail(id);
+    let mut results = store.batch("detail", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "detail")?;
     let Some(row) = rows.first() else {
         return Ok(None);
@@ -129,14 +122,9 @@ pub async fn act_on_ids(
     }
     let mut answers: HashMap<NotificationId, ActionResult> = HashMap::new();
     for chunk in distinct.chunks(IDS_PER_STATEMENT) {
-        let mut params = vec![text(action.as_str()), text(actor.as_str())];
-        params.extend(chunk.iter().copied().map(id_param));
+        let stmt = sql::act_on_these(action, actor.as_str(), chunk);
         let mut results = store
-            .batch(
-                "operator action",
-                &sql::act_on_ids(action, chunk.len()),
-                &params,
-            )
+            .batch("operator action", &stmt.sql, &stmt.params)
             .await?;
         let rows = result_set(&mut results, 0, "operator action")?;
         if rows.len() != chunk.len() {
@@ -214,12 +202,12 @@ pub async fn act_on_filter(
 }
 
 pub async fn kpis(store: &MsSqlStore, p: &KpiParams) -> Result<Kpis> {
-    let params = [
-        at(p.now),
-        at(stuck_cutoff(p.now, p.stuck_age_threshold)),
-        at(stuck_cutoff(p.now, p.delivered_window)),
-    ];
-    let mut results = store.batch("KPIs", sql::KPIS, &params).await?;
+    let stmt = sql::kpis(
+        p.now,
+        stuck_cutoff(p.now, p.stuck_age_threshold),
+        stuck_cutoff(p.now, p.delivered_window),
+    );
+    let mut results = store.batch("KPIs", &stmt.sql, &stmt.params).await?;
     let age = |created: Option<DateTime<Utc>>| {
         created.map(|c| (p.now - c).to_std().unwrap_or(Duration::ZERO))
     };
@@ -269,8 +257,8 @@ pub async fn purge_terminal(
     resolved_before: DateTime<Utc>,
     batch: u32,
 ) -> Result<PurgeReport> {
-    let params = [at(resolved_before), Param::BigInt(Some(i64::from(batch)))];
-    let mut results = store.batch("purge", sql::PURGE_TERMINAL, &params).await?;
+    let stmt = sql::purge_terminal(resolved_before, batch);
+    let mut results = store.batch("purge", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "purge")?;
     let row = rows
         .first()

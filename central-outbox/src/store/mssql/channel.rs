@@ -12,8 +12,7 @@ use std::time::Duration;
 use tiberius::Row;
 
 use super::dispatch::single_count;
-use super::pool::Param;
-use super::{MsSqlStore, decode, millis_i64, result_set, sql, text};
+use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
     SmtpAuth, SmtpSettings, Stored, TlsMode,
@@ -83,9 +82,8 @@ fn targets_by_list(rows: &[Row]) -> Result<BTreeMap<String, Vec<String>>> {
 }
 
 pub async fn list(store: &MsSqlStore, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
-    let mut results = store
-        .batch("list", sql::SELECT_LIST, &[text(name.as_str())])
-        .await?;
+    let stmt = sql::select_list(name.as_str());
+    let mut results = store.batch("list", &stmt.sql, &stmt.params).await?;
     let lists = result_set(&mut results, 0, "list")?;
     let Some(row) = lists.first() else {
         return Ok(None);
@@ -135,19 +133,12 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
     let mut targets = list.target_names();
     targets.sort();
     targets.dedup();
-    let mut params = vec![
-        text(list.name.as_str()),
-        text(list.kind().as_str()),
-        Param::Text(format),
-        Param::Text(secret),
-    ];
-    params.extend(targets.into_iter().map(|t| Param::Text(Some(t))));
-    let statement = sql::replace_list(params.len() - 4);
+    let stmt = sql::replace_list_with(list.name.as_str(), list.kind(), format, secret, targets);
     // Two replicas creating the same new list at start-up: the loser's insert fails on the key
     // and is rolled back; run again, it updates the winner's row.
-    match store.batch_raw(&statement, &params).await {
+    match store.batch_raw(&stmt.sql, &stmt.params).await {
         Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
-            store.batch("upsert list", &statement, &params).await?;
+            store.batch("upsert list", &stmt.sql, &stmt.params).await?;
         }
         other => {
             other.map_err(|e| super::error::to_store_error("upsert list", &e))?;
@@ -157,9 +148,8 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
 }
 
 pub async fn delete_list(store: &MsSqlStore, name: &ListName) -> Result<bool> {
-    let mut results = store
-        .batch("delete list", sql::DELETE_LIST, &[text(name.as_str())])
-        .await?;
+    let stmt = sql::delete_list(name.as_str());
+    let mut results = store.batch("delete list", &stmt.sql, &stmt.params).await?;
     Ok(single_count(&mut results, "Deleted", "delete list")? > 0)
 }
 
@@ -240,8 +230,9 @@ fn read_smtp(row: &Row, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
 }
 
 pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSettings>>> {
+    let stmt = sql::select_channel(EMAIL_CHANNEL);
     let mut results = store
-        .batch("SMTP settings", sql::SELECT_CHANNEL, &[text(EMAIL_CHANNEL)])
+        .batch("SMTP settings", &stmt.sql, &stmt.params)
         .await?;
     result_set(&mut results, 0, "SMTP settings")?
         .first()
@@ -250,14 +241,13 @@ pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSetti
 }
 
 pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Result<()> {
-    let (username, password, oauth) = match &s.auth {
-        SmtpAuth::None => (None, None, None),
-        SmtpAuth::Password { username, password } => (
-            Some(username.clone()),
+    let (password, oauth) = match &s.auth {
+        SmtpAuth::None => (None, None),
+        SmtpAuth::Password { password, .. } => (
             Some(store.secrets.seal(password, Slot::SmtpPassword)?),
             None,
         ),
-        SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), None, Some(oauth)),
+        SmtpAuth::XOAuth2 { oauth, .. } => (None, Some(oauth)),
     };
     let client_secret = oauth
         .map(|o| {
@@ -266,41 +256,12 @@ pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Resu
                 .seal(&o.client_secret, Slot::OAuthClientSecret)
         })
         .transpose()?;
-    let p = &s.policy;
-    let max_retry_delay = match p.backoff {
-        Backoff::Fixed => None,
-        Backoff::Exponential { cap } => Some(millis_i64(cap)),
-    };
-    let params = [
-        text(EMAIL_CHANNEL),
-        text(&s.host),
-        Param::Int(Some(i32::from(s.port))),
-        text(s.tls.as_str()),
-        text(s.auth.mechanism()),
-        Param::Text(username),
-        Param::Text(password),
-        text(s.from_address.as_str()),
-        Param::BigInt(Some(p.max_retries)),
-        Param::BigInt(Some(millis_i64(p.retry_delay))),
-        text(p.backoff.as_str()),
-        Param::BigInt(max_retry_delay),
-        Param::Int(Some(
-            i32::try_from(p.max_concurrent_connections).unwrap_or(i32::MAX),
-        )),
-        Param::Float(p.rate_limit.map(|r| r.per_second)),
-        Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
-        Param::BigInt(Some(millis_i64(s.timeout))),
-        Param::BigInt(Some(millis_i64(s.overall_timeout))),
-        Param::Text(oauth.map(|o| o.token_url.clone())),
-        Param::Text(oauth.map(|o| o.client_id.clone())),
-        Param::Text(client_secret),
-        Param::Text(oauth.map(|o| o.scope.clone())),
-    ];
-    match store.batch_raw(sql::REPLACE_CHANNEL, &params).await {
+    let stmt = sql::replace_channel(EMAIL_CHANNEL, s, password, client_secret);
+    match store.batch_raw(&stmt.sql, &stmt.params).await {
         // As for lists: a concurrent first insert; run again, it updates.
         Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
             store
-                .batch("SMTP settings", sql::REPLACE_CHANNEL, &params)
+                .batch("SMTP settings", &stmt.sql, &stmt.params)
                 .await?;
         }
         other => {
@@ -311,8 +272,9 @@ pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Resu
 }
 
 pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
+    let stmt = sql::delete_channel(EMAIL_CHANNEL);
     let mut results = store
-        .batch("SMTP settings", sql::DELETE_CHANNEL, &[text(EMAIL_CHANNEL)])
+        .batch("SMTP settings", &stmt.sql, &stmt.params)
         .await?;
     Ok(single_count(&mut results, "Deleted", "SMTP settings")? > 0)
 }
@@ -326,7 +288,7 @@ pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
 pub async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
     let secrets = &store.secrets;
     let mut report = ResealReport::default();
-    let mut updates: Vec<(&'static str, Vec<Param>)> = Vec::new();
+    let mut updates: Vec<sql::Statement> = Vec::new();
     let mut results = store.batch("secrets", sql::SELECT_SECRETS, &[]).await?;
     for row in result_set(&mut results, 0, "secrets")? {
         let name = decode::text(&row, "Name")?;
@@ -334,14 +296,7 @@ pub async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
         let outcome = secrets.reseal(&stored, Slot::WebhookSecret(&name))?;
         report.count(&outcome);
         if let Resealed::Replace(sealed) = outcome {
-            updates.push((
-                sql::RESEAL_LIST_SECRET,
-                vec![
-                    text(&name),
-                    Param::Text(Some(stored)),
-                    Param::Text(Some(sealed)),
-                ],
-            ));
+            updates.push(sql::reseal_list_secret(&name, stored, sealed));
         }
     }
     for row in result_set(&mut results, 1, "secrets")? {
@@ -363,21 +318,14 @@ pub async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
         if password.is_none() && client_secret.is_none() {
             continue;
         }
-        let (old_password, new_password) = password.unzip();
-        let (old_client_secret, new_client_secret) = client_secret.unzip();
-        updates.push((
-            sql::RESEAL_CHANNEL_SECRETS,
-            vec![
-                text(&channel),
-                Param::Text(old_password),
-                Param::Text(new_password),
-                Param::Text(old_client_secret),
-                Param::Text(new_client_secret),
-            ],
+        updates.push(sql::reseal_channel_secrets(
+            &channel,
+            password,
+            client_secret,
         ));
     }
-    for (statement, params) in updates {
-        store.batch("secrets", statement, &params).await?;
+    for stmt in updates {
+        store.batch("secrets", &stmt.sql, &stmt.params).await?;
     }
     Ok(report)
 }

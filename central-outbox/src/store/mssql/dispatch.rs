@@ -8,8 +8,7 @@ use std::time::Duration;
 use tiberius::Row;
 
 use super::error::{ErrorClass, classify, to_store_error};
-use super::pool::Param;
-use super::{MsSqlStore, decode, millis_i32, millis_i64, result_set, sql, text};
+use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::{NotificationId, NotificationType};
 use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
@@ -20,12 +19,12 @@ pub async fn acquire_lease(
     holder: &str,
     ttl: Duration,
 ) -> Result<Option<LeaseEpoch>> {
-    let params = [text(name), text(holder), Param::Int(Some(millis_i32(ttl)))];
+    let stmt = sql::acquire_lease(name, holder, ttl);
     // Two nodes creating a never-held lease at once: one insert fails on the key and is rolled
     // back; run again, it finds the other's row and answers by the usual rule.
-    let mut results = match store.lease_batch_raw(sql::ACQUIRE_LEASE, &params).await {
+    let mut results = match store.lease_batch_raw(&stmt.sql, &stmt.params).await {
         Err(e) if classify(&e) == ErrorClass::DuplicateKey => store
-            .lease_batch_raw(sql::ACQUIRE_LEASE, &params)
+            .lease_batch_raw(&stmt.sql, &stmt.params)
             .await
             .map_err(|e| to_store_error("acquire lease", &e))?,
         other => other.map_err(|e| to_store_error("acquire lease", &e))?,
@@ -42,9 +41,9 @@ pub async fn release_lease(
     holder: &str,
     epoch: LeaseEpoch,
 ) -> Result<bool> {
-    let params = [text(name), text(holder), Param::BigInt(Some(epoch.0))];
+    let stmt = sql::release_lease(name, holder, epoch);
     let mut results = store
-        .lease_batch_raw(sql::RELEASE_LEASE, &params)
+        .lease_batch_raw(&stmt.sql, &stmt.params)
         .await
         .map_err(|e| to_store_error("release lease", &e))?;
     Ok(single_count(&mut results, "Released", "release lease")? > 0)
@@ -74,14 +73,8 @@ pub async fn claim_due(
     if limit == 0 {
         return Ok(Vec::new());
     }
-    let params = [
-        Param::BigInt(Some(epoch.0)),
-        Param::Int(Some(millis_i32(claim_timeout))),
-        Param::BigInt(Some(i64::try_from(limit).unwrap_or(i64::MAX))),
-        text(kind.as_str()),
-        text(lease),
-    ];
-    let mut results = store.batch("claim", sql::CLAIM_DUE, &params).await?;
+    let stmt = sql::claim_due(lease, epoch, kind, limit, claim_timeout);
+    let mut results = store.batch("claim", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "claim")?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -150,14 +143,14 @@ fn decode_claim(
 
 async fn park_invalid(store: &MsSqlStore, epoch: LeaseEpoch, row: InvalidRow) -> Result<()> {
     tracing::error!(row_id = row.row_id, problem = %row.problem, "parking undeliverable stored row");
-    let params = [
-        Param::BigInt(Some(row.row_id)),
-        Param::BigInt(Some(epoch.0)),
-        text(&invalid_row_error(&row.problem)),
-        Param::Guid(Some(row.id)),
-        Param::Int(Some(row.attempt_no)),
-    ];
-    store.batch("claim", sql::PARK_INVALID, &params).await?;
+    let stmt = sql::park_invalid(
+        row.row_id,
+        epoch,
+        &invalid_row_error(&row.problem),
+        NotificationId::from_uuid(row.id),
+        row.attempt_no,
+    );
+    store.batch("claim", &stmt.sql, &stmt.params).await?;
     Ok(())
 }
 
@@ -166,27 +159,9 @@ pub async fn record_outcome(
     lease: &str,
     record: &AttemptRecord,
 ) -> Result<bool> {
-    let t = &record.transition;
-    let delivered_at = t.delivered_at();
-    let params = [
-        text(t.status.as_str()),
-        Param::Int(Some(i32::try_from(t.retry_count).unwrap_or(i32::MAX))),
-        Param::Text(t.last_error.clone()),
-        Param::Time(t.next_attempt_at),
-        Param::Time(delivered_at),
-        Param::Time(t.resolved_at),
-        Param::Text(t.resolved_targets.clone()),
-        Param::BigInt(Some(record.row_id)),
-        Param::BigInt(Some(record.epoch.0)),
-        text(lease),
-        Param::Guid(Some(*record.id.as_uuid())),
-        Param::Int(Some(i32::try_from(record.attempt_no).unwrap_or(i32::MAX))),
-        text(record.outcome.as_str()),
-        Param::BigInt(Some(millis_i64(record.duration))),
-        Param::Text(record.error.clone()),
-    ];
+    let stmt = sql::record_outcome(lease, record);
     let mut results = store
-        .batch("record outcome", sql::RECORD_OUTCOME, &params)
+        .batch("record outcome", &stmt.sql, &stmt.params)
         .await?;
     Ok(single_count(&mut results, "Applied", "record outcome")? == 1)
 }

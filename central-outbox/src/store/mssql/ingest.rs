@@ -12,35 +12,13 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use super::error::{ErrorClass, classify, to_store_error};
-use super::pool::Param;
-use super::{MsSqlStore, at, decode, result_set, sql, text};
+use super::{MsSqlStore, decode, result_set, sql};
 use crate::store::{InsertOutcome, NewNotification, Result, StoreError};
 
 /// Rows per INSERT statement: 13 parameters each stays well inside SQL Server's 2100 parameters
 /// per request, and the VALUES list inside its 1000-row limit.
 const ROWS_PER_STATEMENT: usize = 100;
 const _: () = assert!(ROWS_PER_STATEMENT * sql::SUBMIT_COLUMNS <= 2100);
-
-/// The parameters of one row, in `sql::SUBMIT_COLUMNS` order.
-fn row_params(new: &NewNotification, params: &mut Vec<Param>) {
-    let s = &new.submission;
-    let p = &s.provenance;
-    params.extend([
-        Param::Guid(Some(*s.id.as_uuid())),
-        text(s.content.kind.as_str()),
-        text(s.content.list_name.as_str()),
-        text(s.content.subject.as_str()),
-        text(s.content.body.as_str()),
-        text(s.content.type_data.as_str()),
-        Param::Binary(new.hash.0.to_vec()),
-        text(p.source_site_id.as_str()),
-        text(&p.source_instance_id),
-        text(&p.source_script),
-        Param::Guid(p.origin_execution_id),
-        Param::Guid(p.origin_parent_execution_id),
-        at(p.site_enqueued_at),
-    ]);
-}
 
 fn outcome(inserted: bool, stored: &[u8], submitted: &[u8; 32]) -> InsertOutcome {
     if inserted {
@@ -69,14 +47,8 @@ pub async fn submit(store: &MsSqlStore, batch: &[NewNotification]) -> Result<Vec
     let mut stored_hash: HashMap<Uuid, Vec<u8>> = HashMap::new();
     for chunk in unique.chunks(ROWS_PER_STATEMENT) {
         let rows: Vec<&NewNotification> = chunk.iter().map(|&i| &batch[i]).collect();
-        let mut params = Vec::with_capacity(rows.len() * sql::SUBMIT_COLUMNS);
-        for new in &rows {
-            row_params(new, &mut params);
-        }
-        match store
-            .batch_raw(&sql::insert_batch(rows.len()), &params)
-            .await
-        {
+        let stmt = sql::insert_rows(&rows);
+        match store.batch_raw(&stmt.sql, &stmt.params).await {
             Ok(mut results) => {
                 let mut reported: HashMap<Uuid, bool> = HashMap::new();
                 for row in result_set(&mut results, 0, "submit")? {
@@ -126,15 +98,12 @@ pub async fn submit(store: &MsSqlStore, batch: &[NewNotification]) -> Result<Vec
 
 /// One plain INSERT; a duplicate key means the id is stored, and its hash decides.
 async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(InsertOutcome, Vec<u8>)> {
-    let mut params = Vec::with_capacity(sql::SUBMIT_COLUMNS);
-    row_params(new, &mut params);
-    match store.batch_raw(sql::INSERT_ONE, &params).await {
+    let stmt = sql::insert_one(new);
+    match store.batch_raw(&stmt.sql, &stmt.params).await {
         Ok(_) => Ok((InsertOutcome::Accepted, new.hash.0.to_vec())),
         Err(e) if classify(&e) == ErrorClass::DuplicateKey => {
-            let id = Param::Guid(Some(*new.submission.id.as_uuid()));
-            let mut results = store
-                .batch("submit", sql::SELECT_CONTENT_HASH, &[id])
-                .await?;
+            let stmt = sql::select_content_hash(new.submission.id);
+            let mut results = store.batch("submit", &stmt.sql, &stmt.params).await?;
             let rows = result_set(&mut results, 0, "submit")?;
             let row = rows.first().ok_or_else(|| {
                 StoreError::Unavailable("submit: duplicate key, but the row is gone".into())

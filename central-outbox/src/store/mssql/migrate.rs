@@ -10,7 +10,7 @@
 use std::time::Duration;
 
 use super::error::to_store_error;
-use super::pool::{Manager, Param};
+use super::pool::Manager;
 use super::{decode, result_set, sql};
 use crate::store::{Result, StoreError};
 
@@ -43,11 +43,11 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
     // The lock wait is one server response, so it must end before the driver's per-response
     // timeout (`lock_timeout`) gives up on the connection. A replica that waits longer than that
     // fails start-up, and its supervisor starts it again.
-    let wait_ms = i32::try_from(lock_timeout.mul_f64(0.8).as_millis()).unwrap_or(i32::MAX);
+    let lock = sql::migration_lock(lock_timeout.mul_f64(0.8));
     let bound = lock_timeout * 4;
     let run = async {
         let mut results = conn
-            .batch(sql::MIGRATION_LOCK, &[Param::Int(Some(wait_ms))])
+            .batch(&lock.sql, &lock.params)
             .await
             .map_err(|e| to_store_error("migrations: lock", &e))?;
         let granted = match result_set(&mut results, 0, "migrations: lock")?.first() {
@@ -84,11 +84,8 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
                 name = migration.name,
                 "applying MS SQL migration"
             );
-            let params = [
-                Param::Int(Some(migration.version)),
-                Param::Text(Some(migration.name.to_owned())),
-            ];
-            conn.batch(&sql::migration(migration.sql), &params)
+            let stmt = sql::apply_migration(migration);
+            conn.batch(&stmt.sql, &stmt.params)
                 .await
                 .map_err(|e| to_store_error("migrations: apply", &e))?;
         }

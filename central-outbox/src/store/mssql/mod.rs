@@ -215,14 +215,6 @@ fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-fn text(value: &str) -> Param {
-    Param::Text(Some(value.to_owned()))
-}
-
-fn at(instant: DateTime<Utc>) -> Param {
-    Param::Time(Some(instant))
-}
-
 impl OutboxStore for MsSqlStore {
     async fn ping(&self) -> Result<()> {
         self.batch("health probe", sql::PING, &[]).await.map(drop)

@@ -4,9 +4,12 @@
 //! - One batch per unit of work, starting `SET XACT_ABORT ON` so any error rolls the whole
 //!   transaction back; writes that touch several rows or tables run in one explicit transaction,
 //!   which also makes a deadlock victim (1205) safe to run again.
-//! - Values are always bound (`@P1`, `@P2`, ...), never spliced into the text. The statements
-//!   whose shape varies (filters, row counts) are built from the fixed fragments below, with
-//!   placeholders numbered by [`Statement::bind`].
+//! - Values are always bound (`@P1`, `@P2`, ...), never spliced into the text. Each statement
+//!   with parameters has a function right after its text that takes the values in domain terms
+//!   and returns the [`Statement`] with every value under the placeholder it fills, so the text
+//!   and what it is bound with are read together. The statements whose shape varies (filters,
+//!   row counts) are built from the fixed fragments below, with placeholders numbered by
+//!   [`Statement::bind`].
 //! - Columns are qualified wherever an OUTPUT clause is present; OUTPUT goes INTO a table
 //!   variable whose columns match it in order.
 //! - Portable to Babelfish for PostgreSQL: no MERGE, no CREATE OR ALTER, no update through a
@@ -20,11 +23,90 @@
 //! Each statement has a committed snapshot under `sql/` beside this file, which the tests compare
 //! and parse as T-SQL (see `tests` below); set `UPDATE_SNAPSHOTS=1` to rewrite them.
 
+use std::borrow::Cow;
+use std::time::Duration;
+
 use chrono::{DateTime, Utc};
 
+use super::migrate::Migration;
 use super::pool::Param;
+use super::{millis_i32, millis_i64};
+use crate::domain::channel::{SmtpAuth, SmtpSettings};
 use crate::domain::history::OperatorAction;
 use crate::domain::query::NotificationFilter;
+use crate::domain::retry::Backoff;
+use crate::domain::{NotificationId, NotificationType};
+use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
+
+/// A statement with its parameters, in placeholder order: a fixed text with the values its
+/// function beside it binds, or one assembled from fixed fragments.
+#[derive(Debug, Default)]
+pub struct Statement {
+    pub sql: Cow<'static, str>,
+    pub params: Vec<Param>,
+}
+
+impl Statement {
+    /// A fixed statement, whose values are then bound with [`Self::set`].
+    fn fixed(sql: &'static str) -> Self {
+        Self {
+            sql: Cow::Borrowed(sql),
+            params: Vec::new(),
+        }
+    }
+
+    /// A statement to assemble, starting with `sql`.
+    pub fn new(sql: &str) -> Self {
+        Self {
+            sql: Cow::Owned(sql.to_owned()),
+            params: Vec::new(),
+        }
+    }
+
+    /// Binds `value` to `placeholder`, which must be the next one (`@P1`, then `@P2`, ...):
+    /// each fixed statement's function names every value by the placeholder it fills, beside
+    /// the text that uses it. Out of order is a bug in this file, caught by debug builds and by
+    /// the tests (`every_placeholder_is_bound_once`).
+    fn set(mut self, placeholder: &str, value: Param) -> Self {
+        self.params.push(value);
+        debug_assert_eq!(
+            placeholder,
+            format!("@P{}", self.params.len()),
+            "parameters bound out of order"
+        );
+        self
+    }
+
+    /// Binds a value and returns its placeholder.
+    pub fn bind(&mut self, value: Param) -> String {
+        self.params.push(value);
+        format!("@P{}", self.params.len())
+    }
+
+    pub fn push(&mut self, fragment: &str) {
+        self.sql.to_mut().push_str(fragment);
+    }
+
+    /// Appends `before`, a fresh placeholder for `value`, then `after`.
+    fn push_bound(&mut self, before: &str, value: Param, after: &str) {
+        let placeholder = self.bind(value);
+        self.push(before);
+        self.push(&placeholder);
+        self.push(after);
+    }
+}
+
+fn text(value: &str) -> Param {
+    Param::Text(Some(value.to_owned()))
+}
+
+fn guid(id: NotificationId) -> Param {
+    Param::Guid(Some(*id.as_uuid()))
+}
+
+fn int(value: u32) -> Param {
+    Param::Int(Some(i32::try_from(value).unwrap_or(i32::MAX)))
+}
 
 /// Prepends the settings every batch starts with.
 macro_rules! batch {
@@ -74,6 +156,11 @@ DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME
 EXEC @result = sp_getapplock @Resource = @resource, @LockMode = N'Exclusive', @LockOwner = N'Session', @LockTimeout = @P1;
 SELECT @result AS Result;";
 
+/// [`MIGRATION_LOCK`], waiting up to `wait` for the lock.
+pub fn migration_lock(wait: Duration) -> Statement {
+    Statement::fixed(MIGRATION_LOCK).set("@P1", Param::Int(Some(millis_i32(wait))))
+}
+
 pub const MIGRATION_UNLOCK: &str = "\
 DECLARE @resource nvarchar(255) = N'central-outbox/schema-migrations/' + DB_NAME();
 EXEC sp_releaseapplock @Resource = @resource, @LockOwner = N'Session';";
@@ -103,11 +190,51 @@ pub fn migration(file: &str) -> String {
     )
 }
 
+/// Applies migration `m` (see [`migration`]).
+pub fn apply_migration(m: &Migration) -> Statement {
+    Statement {
+        sql: Cow::Owned(migration(m.sql)),
+        params: Vec::new(),
+    }
+    .set("@P1", Param::Int(Some(m.version)))
+    .set("@P2", text(m.name))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Ingest
 
 /// The columns of one submitted row, in the order [`insert_batch`] and [`INSERT_ONE`] bind them.
 pub const SUBMIT_COLUMNS: usize = 13;
+
+/// One submitted row's values, in the order of the VALUES columns of [`insert_batch`] and
+/// [`INSERT_ONE`] (NotificationId ... SiteEnqueuedAt).
+fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
+    let s = &new.submission;
+    let p = &s.provenance;
+    [
+        guid(s.id),
+        text(s.content.kind.as_str()),
+        text(s.content.list_name.as_str()),
+        text(s.content.subject.as_str()),
+        text(s.content.body.as_str()),
+        text(s.content.type_data.as_str()),
+        Param::Binary(new.hash.0.to_vec()),
+        text(p.source_site_id.as_str()),
+        text(&p.source_instance_id),
+        text(&p.source_script),
+        Param::Guid(p.origin_execution_id),
+        Param::Guid(p.origin_parent_execution_id),
+        at(p.site_enqueued_at),
+    ]
+}
+
+/// [`insert_batch`] of `rows`, each row's values in [`SUBMIT_COLUMNS`] placeholders of its own.
+pub fn insert_rows(rows: &[&NewNotification]) -> Statement {
+    Statement {
+        sql: Cow::Owned(insert_batch(rows.len())),
+        params: rows.iter().flat_map(|new| submitted_row(new)).collect(),
+    }
+}
 
 /// Inserts every row whose id is not stored yet, then reports for each id in the batch its
 /// stored content hash and whether this batch inserted it. Not an upsert: a row that exists is
@@ -152,9 +279,21 @@ pub const INSERT_ONE: &str = batch!(
 VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, N'Pending', @P8, @P9, @P10, @P11, @P12, @P13, SYSUTCDATETIME(), SYSUTCDATETIME());"
 );
 
+/// [`INSERT_ONE`] of `new`.
+pub fn insert_one(new: &NewNotification) -> Statement {
+    Statement {
+        sql: Cow::Borrowed(INSERT_ONE),
+        params: submitted_row(new).into(),
+    }
+}
+
 /// The stored content hash of an id (after a duplicate-key error).
 pub const SELECT_CONTENT_HASH: &str =
     batch!("SELECT n.ContentHash FROM dbo.Notifications AS n WHERE n.NotificationId = @P1;");
+
+pub fn select_content_hash(id: NotificationId) -> Statement {
+    Statement::fixed(SELECT_CONTENT_HASH).set("@P1", guid(id))
+}
 
 // ---------------------------------------------------------------------------------------------
 // Leases, claims and outcomes
@@ -182,6 +321,13 @@ COMMIT TRANSACTION;
 SELECT h.Epoch FROM @held AS h;"
 );
 
+pub fn acquire_lease(name: &str, holder: &str, ttl: Duration) -> Statement {
+    Statement::fixed(ACQUIRE_LEASE)
+        .set("@P1", text(name))
+        .set("@P2", text(holder))
+        .set("@P3", Param::Int(Some(millis_i32(ttl))))
+}
+
 /// Expires lease @P1 now if holder @P2 still holds it at epoch @P3, and ends that tenure: the
 /// epoch moves on, so nothing more is recorded under it and a re-take starts a new one.
 /// Result: rows changed.
@@ -193,6 +339,13 @@ FROM dbo.Leases AS l
 WHERE l.Name = @P1 AND l.Holder = @P2 AND l.Epoch = @P3 AND l.ExpiresAt > @now;
 SELECT @@ROWCOUNT AS Released;"
 );
+
+pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
+    Statement::fixed(RELEASE_LEASE)
+        .set("@P1", text(name))
+        .set("@P2", text(holder))
+        .set("@P3", Param::BigInt(Some(epoch.0)))
+}
 
 /// Claims up to @P3 due rows of type @P4 for @P2 milliseconds under epoch @P1 of lease @P5, and
 /// writes their InFlight attempt rows, in one transaction. Due rows come from two small
@@ -264,6 +417,24 @@ FROM @claimed AS c
 ORDER BY c.NextAttemptAt, c.Id;"
 );
 
+pub fn claim_due(
+    lease: &str,
+    epoch: LeaseEpoch,
+    kind: NotificationType,
+    limit: usize,
+    claim_timeout: Duration,
+) -> Statement {
+    Statement::fixed(CLAIM_DUE)
+        .set("@P1", Param::BigInt(Some(epoch.0)))
+        .set("@P2", Param::Int(Some(millis_i32(claim_timeout))))
+        .set(
+            "@P3",
+            Param::BigInt(Some(i64::try_from(limit).unwrap_or(i64::MAX))),
+        )
+        .set("@P4", text(kind.as_str()))
+        .set("@P5", text(lease))
+}
+
 /// Parks a claimed row whose stored content no longer passes validation (it can never be
 /// delivered), and closes its InFlight attempt with the reason. @P1: row id, @P2: epoch,
 /// @P3: reason, @P4: notification id, @P5: attempt number.
@@ -280,6 +451,21 @@ FROM dbo.NotificationAttempts AS a
 WHERE a.NotificationId = @P4 AND a.AttemptNo = @P5;
 COMMIT TRANSACTION;"
 );
+
+pub fn park_invalid(
+    row_id: i64,
+    epoch: LeaseEpoch,
+    reason: &str,
+    id: NotificationId,
+    attempt_no: i32,
+) -> Statement {
+    Statement::fixed(PARK_INVALID)
+        .set("@P1", Param::BigInt(Some(row_id)))
+        .set("@P2", Param::BigInt(Some(epoch.0)))
+        .set("@P3", text(reason))
+        .set("@P4", guid(id))
+        .set("@P5", Param::Int(Some(attempt_no)))
+}
 
 /// Applies an attempt's transition to row @P8 only if it is still claimed by attempt @P12 under
 /// epoch @P9 and no other node has taken lease @P10 since (it is still at epoch @P9, lapsed or
@@ -311,6 +497,28 @@ COMMIT TRANSACTION;
 SELECT @applied AS Applied;"
 );
 
+/// [`RECORD_OUTCOME`] of `record` under lease `lease`: the row's new state (@P1-@P7), the claim
+/// it must still be under (@P8-@P10, @P12), and the attempt row's outcome (@P11-@P15).
+pub fn record_outcome(lease: &str, record: &AttemptRecord) -> Statement {
+    let t = &record.transition;
+    Statement::fixed(RECORD_OUTCOME)
+        .set("@P1", text(t.status.as_str()))
+        .set("@P2", int(t.retry_count))
+        .set("@P3", Param::Text(t.last_error.clone()))
+        .set("@P4", Param::Time(t.next_attempt_at))
+        .set("@P5", Param::Time(t.delivered_at()))
+        .set("@P6", Param::Time(t.resolved_at))
+        .set("@P7", Param::Text(t.resolved_targets.clone()))
+        .set("@P8", Param::BigInt(Some(record.row_id)))
+        .set("@P9", Param::BigInt(Some(record.epoch.0)))
+        .set("@P10", text(lease))
+        .set("@P11", guid(record.id))
+        .set("@P12", int(record.attempt_no))
+        .set("@P13", text(record.outcome.as_str()))
+        .set("@P14", Param::BigInt(Some(millis_i64(record.duration))))
+        .set("@P15", Param::Text(record.error.clone()))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Operator side
 
@@ -322,6 +530,10 @@ pub const SELECT_STATE: &str = batch!(
 FROM dbo.Notifications AS n
 WHERE n.NotificationId = @P1;"
 );
+
+pub fn select_state(id: NotificationId) -> Statement {
+    Statement::fixed(SELECT_STATE).set("@P1", guid(id))
+}
 
 /// One notification's state and content (first result) and its history oldest first (second).
 pub const SELECT_DETAIL: &str = batch!(
@@ -336,38 +548,8 @@ WHERE a.NotificationId = @P1
 ORDER BY a.AttemptNo;"
 );
 
-/// A statement being assembled from fixed fragments, with its parameters.
-#[derive(Debug, Default)]
-pub struct Statement {
-    pub sql: String,
-    pub params: Vec<Param>,
-}
-
-impl Statement {
-    pub fn new(sql: &str) -> Self {
-        Self {
-            sql: sql.to_owned(),
-            params: Vec::new(),
-        }
-    }
-
-    /// Binds a value and returns its placeholder.
-    pub fn bind(&mut self, value: Param) -> String {
-        self.params.push(value);
-        format!("@P{}", self.params.len())
-    }
-
-    pub fn push(&mut self, fragment: &str) {
-        self.sql.push_str(fragment);
-    }
-
-    /// Appends `before`, a fresh placeholder for `value`, then `after`.
-    fn push_bound(&mut self, before: &str, value: Param, after: &str) {
-        let placeholder = self.bind(value);
-        self.push(before);
-        self.push(&placeholder);
-        self.push(after);
-    }
+pub fn select_detail(id: NotificationId) -> Statement {
+    Statement::fixed(SELECT_DETAIL).set("@P1", guid(id))
 }
 
 fn at(instant: DateTime<Utc>) -> Param {
@@ -490,9 +672,9 @@ DECLARE @targets TABLE (Ord bigint NOT NULL PRIMARY KEY, NotificationId uniqueid
 DECLARE @changed TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY, AttemptCount int NOT NULL);
 ";
 
-/// Applies an operator action (@P1: history outcome, @P2: actor) to `ids` distinct ids in one
-/// transaction, then returns one row per id in order: whether it changed, and its state now
-/// (all NULL if there is no such notification).
+/// Applies an operator action (@P1: history outcome, @P2: actor) to `ids` distinct ids (@P3...)
+/// in one transaction, then returns one row per id in order: whether it changed, and its state
+/// now (all NULL if there is no such notification).
 pub fn act_on_ids(action: OperatorAction, ids: usize) -> String {
     let retry = action == OperatorAction::Retry;
     let values: Vec<String> = (0..ids)
@@ -513,6 +695,18 @@ ORDER BY t.Ord;",
         action_update(retry, None),
         state_columns!()
     )
+}
+
+/// [`act_on_ids`] for these distinct `ids`, recorded as done by `actor`.
+pub fn act_on_these(action: OperatorAction, actor: &str, ids: &[NotificationId]) -> Statement {
+    let mut stmt = Statement {
+        sql: Cow::Owned(act_on_ids(action, ids.len())),
+        params: Vec::new(),
+    }
+    .set("@P1", text(action.as_str()))
+    .set("@P2", text(actor));
+    stmt.params.extend(ids.iter().copied().map(guid));
+    stmt
 }
 
 /// Applies an operator action (recorded as done by `actor`) to the oldest `limit` Parked rows
@@ -571,6 +765,17 @@ GROUP BY n.SourceSiteId
 ORDER BY n.SourceSiteId;"
 );
 
+pub fn kpis(
+    now: DateTime<Utc>,
+    stuck_before: DateTime<Utc>,
+    delivered_since: DateTime<Utc>,
+) -> Statement {
+    Statement::fixed(KPIS)
+        .set("@P1", at(now))
+        .set("@P2", at(stuck_before))
+        .set("@P3", at(delivered_since))
+}
+
 /// Deletes up to @P2 terminal rows resolved before @P1, oldest first, and their history, in one
 /// transaction. The DELETE re-checks the condition (an operator may have retried a row since
 /// it was picked). Result: rows and history entries deleted.
@@ -597,6 +802,12 @@ COMMIT TRANSACTION;
 SELECT COUNT_BIG(*) AS Notifications, COUNT_BIG(CASE WHEN g.Status = N'Parked' THEN 1 END) AS Parked, @history AS HistoryEntries FROM @gone AS g;"
 );
 
+pub fn purge_terminal(resolved_before: DateTime<Utc>, batch: u32) -> Statement {
+    Statement::fixed(PURGE_TERMINAL)
+        .set("@P1", at(resolved_before))
+        .set("@P2", Param::BigInt(Some(i64::from(batch))))
+}
+
 // ---------------------------------------------------------------------------------------------
 // Lists and channel settings
 
@@ -618,6 +829,10 @@ SELECT r.ListName, r.Address
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;"
 );
+
+pub fn select_list(name: &str) -> Statement {
+    Statement::fixed(SELECT_LIST).set("@P1", text(name))
+}
 
 /// Every list by name (first result) and every target (second).
 pub const SELECT_LISTS: &str = batch!(
@@ -662,6 +877,28 @@ WHERE r.ListName = @P1;
     )
 }
 
+/// [`replace_list`] of list `name` with its `targets` (each once); `format` and `secret` (sealed)
+/// only for a webhook list.
+pub fn replace_list_with(
+    name: &str,
+    kind: NotificationType,
+    format: Option<String>,
+    secret: Option<String>,
+    targets: Vec<String>,
+) -> Statement {
+    let mut stmt = Statement {
+        sql: Cow::Owned(replace_list(targets.len())),
+        params: Vec::new(),
+    }
+    .set("@P1", text(name))
+    .set("@P2", text(kind.as_str()))
+    .set("@P3", Param::Text(format))
+    .set("@P4", Param::Text(secret));
+    stmt.params
+        .extend(targets.into_iter().map(|t| Param::Text(Some(t))));
+    stmt
+}
+
 /// Deletes list @P1 and its targets. Result: lists deleted (0 or 1).
 pub const DELETE_LIST: &str = batch!(
     "DECLARE @deleted int;
@@ -677,12 +914,20 @@ COMMIT TRANSACTION;
 SELECT @deleted AS Deleted;"
 );
 
+pub fn delete_list(name: &str) -> Statement {
+    Statement::fixed(DELETE_LIST).set("@P1", text(name))
+}
+
 /// The settings of channel @P1.
 pub const SELECT_CHANNEL: &str = batch!(
     "SELECT c.Host, c.Port, c.TlsMode, c.AuthMechanism, c.Username, c.Password, c.FromAddress, c.MaxRetries, c.RetryDelayMs, c.Backoff, c.MaxRetryDelayMs, c.MaxConcurrentConnections, c.RateLimitPerSecond, c.RateLimitBurst, c.TimeoutMs, c.OverallTimeoutMs, c.OAuthTokenUrl, c.OAuthClientId, c.OAuthClientSecret, c.OAuthScope, c.UpdatedAt
 FROM dbo.ChannelConfig AS c
 WHERE c.Channel = @P1;"
 );
+
+pub fn select_channel(channel: &str) -> Statement {
+    Statement::fixed(SELECT_CHANNEL).set("@P1", text(channel))
+}
 
 /// Creates or replaces channel @P1's settings (@P2..@P21 in SELECT_CHANNEL's column order,
 /// without UpdatedAt), in one transaction.
@@ -704,6 +949,51 @@ WHERE NOT EXISTS (SELECT 1 FROM dbo.ChannelConfig AS x WHERE x.Channel = @P1);
 COMMIT TRANSACTION;"
 );
 
+/// [`REPLACE_CHANNEL`] of email channel `channel` with settings `s`, whose password and OAuth
+/// client secret are given sealed (`None` when its authentication has none).
+pub fn replace_channel(
+    channel: &str,
+    s: &SmtpSettings,
+    password: Option<String>,
+    client_secret: Option<String>,
+) -> Statement {
+    let (username, oauth) = match &s.auth {
+        SmtpAuth::None => (None, None),
+        SmtpAuth::Password { username, .. } => (Some(username.clone()), None),
+        SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), Some(oauth)),
+    };
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(millis_i64(cap)),
+    };
+    Statement::fixed(REPLACE_CHANNEL)
+        .set("@P1", text(channel))
+        .set("@P2", text(&s.host))
+        .set("@P3", Param::Int(Some(i32::from(s.port))))
+        .set("@P4", text(s.tls.as_str()))
+        .set("@P5", text(s.auth.mechanism()))
+        .set("@P6", Param::Text(username))
+        .set("@P7", Param::Text(password))
+        .set("@P8", text(s.from_address.as_str()))
+        .set("@P9", Param::BigInt(Some(p.max_retries)))
+        .set("@P10", Param::BigInt(Some(millis_i64(p.retry_delay))))
+        .set("@P11", text(p.backoff.as_str()))
+        .set("@P12", Param::BigInt(max_retry_delay))
+        .set("@P13", int(p.max_concurrent_connections))
+        .set("@P14", Param::Float(p.rate_limit.map(|r| r.per_second)))
+        .set(
+            "@P15",
+            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+        )
+        .set("@P16", Param::BigInt(Some(millis_i64(s.timeout))))
+        .set("@P17", Param::BigInt(Some(millis_i64(s.overall_timeout))))
+        .set("@P18", Param::Text(oauth.map(|o| o.token_url.clone())))
+        .set("@P19", Param::Text(oauth.map(|o| o.client_id.clone())))
+        .set("@P20", Param::Text(client_secret))
+        .set("@P21", Param::Text(oauth.map(|o| o.scope.clone())))
+}
+
 /// Deletes channel @P1's settings. Result: rows deleted.
 pub const DELETE_CHANNEL: &str = batch!(
     "DELETE c
@@ -711,6 +1001,10 @@ FROM dbo.ChannelConfig AS c
 WHERE c.Channel = @P1;
 SELECT @@ROWCOUNT AS Deleted;"
 );
+
+pub fn delete_channel(channel: &str) -> Statement {
+    Statement::fixed(DELETE_CHANNEL).set("@P1", text(channel))
+}
 
 /// Every stored secret, for the start-up re-seal: lists' webhook secrets (first result), the
 /// channels' password and OAuth client secret (second).
@@ -732,6 +1026,13 @@ FROM dbo.NotificationLists AS l
 WHERE l.Name = @P1 AND l.WebhookSecret = @P2;"
 );
 
+pub fn reseal_list_secret(name: &str, old: String, new: String) -> Statement {
+    Statement::fixed(RESEAL_LIST_SECRET)
+        .set("@P1", text(name))
+        .set("@P2", Param::Text(Some(old)))
+        .set("@P3", Param::Text(Some(new)))
+}
+
 /// Replaces channel @P1's password @P2 with @P3 and its OAuth client secret @P4 with @P5, each
 /// only while it is still the old value (a NULL old value leaves that column alone: NULL equals
 /// nothing).
@@ -742,6 +1043,22 @@ SET c.Password = CASE WHEN c.Password = @P2 THEN @P3 ELSE c.Password END,
 FROM dbo.ChannelConfig AS c
 WHERE c.Channel = @P1;"
 );
+
+/// [`RESEAL_CHANNEL_SECRETS`] of `channel`: each secret as (old, new), or `None` to leave it.
+pub fn reseal_channel_secrets(
+    channel: &str,
+    password: Option<(String, String)>,
+    client_secret: Option<(String, String)>,
+) -> Statement {
+    let (old_password, new_password) = password.unzip();
+    let (old_client_secret, new_client_secret) = client_secret.unzip();
+    Statement::fixed(RESEAL_CHANNEL_SECRETS)
+        .set("@P1", text(channel))
+        .set("@P2", Param::Text(old_password))
+        .set("@P3", Param::Text(new_password))
+        .set("@P4", Param::Text(old_client_secret))
+        .set("@P5", Param::Text(new_client_secret))
+}
 
 /// Every statement, rendered, by snapshot name: the fixed ones as they are, the built ones for
 /// representative inputs (every filter field set, a keyset cursor, two rows or ids).
@@ -785,11 +1102,15 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ("select_detail", SELECT_DETAIL.to_owned()),
         (
             "query_first_page",
-            query(&NotificationFilter::default(), None, 51).sql,
+            query(&NotificationFilter::default(), None, 51)
+                .sql
+                .into_owned(),
         ),
         (
             "query_every_filter_after_cursor",
-            query(&full_filter, Some((instant, 42)), 51).sql,
+            query(&full_filter, Some((instant, 42)), 51)
+                .sql
+                .into_owned(),
         ),
         ("act_on_ids_retry_2", act_on_ids(OperatorAction::Retry, 2)),
         (
@@ -798,11 +1119,15 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ),
         (
             "act_on_filter_retry",
-            act_on_filter(OperatorAction::Retry, "ann", &parked_only, 1000).sql,
+            act_on_filter(OperatorAction::Retry, "ann", &parked_only, 1000)
+                .sql
+                .into_owned(),
         ),
         (
             "act_on_filter_discard",
-            act_on_filter(OperatorAction::Discard, "ann", &parked_only, 1000).sql,
+            act_on_filter(OperatorAction::Discard, "ann", &parked_only, 1000)
+                .sql
+                .into_owned(),
         ),
         ("kpis", KPIS.to_owned()),
         ("purge_terminal", PURGE_TERMINAL.to_owned()),
@@ -965,6 +1290,157 @@ mod tests {
         let batch = insert_batch(3);
         assert!(batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS)));
         assert!(!batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS + 1)));
+    }
+
+    /// Every statement bound through its function, with sample values.
+    fn bound_statements() -> Vec<(&'static str, Statement)> {
+        use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+        use crate::domain::retry::Transition;
+        use crate::domain::status::Status;
+        use crate::domain::{NotificationContent, SiteId, Submission};
+        use outbox_proto::content::ScriptOrigin;
+
+        let now = Utc::now();
+        let content = NotificationContent::parse(
+            NotificationType::Email,
+            "ops".into(),
+            "Tank 4 high level".into(),
+            "level 97%".into(),
+            String::new(),
+        )
+        .unwrap();
+        let origin = ScriptOrigin::parse("node-1".into(), "alarm.py".into(), None, None).unwrap();
+        let new = NewNotification::new(Submission {
+            id: NotificationId::generate(),
+            content,
+            provenance: origin.at_site(SiteId::parse("north".into()).unwrap(), now),
+        });
+        let id = new.submission.id;
+        let result: std::result::Result<Delivered, DeliveryError> =
+            Err(DeliveryError::transient("relay busy"));
+        let record = AttemptRecord {
+            row_id: 7,
+            id,
+            attempt_no: 2,
+            epoch: LeaseEpoch(3),
+            outcome: AttemptOutcome::of(&result),
+            error: Some("relay busy".into()),
+            duration: Duration::from_millis(40),
+            transition: Transition {
+                status: Status::Retrying,
+                retry_count: 1,
+                next_attempt_at: Some(now),
+                last_error: Some("relay busy".into()),
+                resolved_at: None,
+                resolved_targets: None,
+            },
+        };
+        let smtp = crate::config::Config {
+            smtp: Some(crate::config::SmtpConfig::new(
+                "relay.test",
+                25,
+                "outbox@plant.test",
+            )),
+            ..Default::default()
+        }
+        .validate()
+        .unwrap()
+        .smtp
+        .unwrap();
+        let filter = NotificationFilter {
+            statuses: vec![Status::Parked],
+            subject_contains: Some("tank".into()),
+            ..Default::default()
+        };
+        let secret = || Some(("old".to_owned(), "new".to_owned()));
+        vec![
+            ("migration_lock", migration_lock(Duration::from_secs(5))),
+            (
+                "apply_migration",
+                apply_migration(&super::super::migrate::MIGRATIONS[0]),
+            ),
+            ("insert_rows", insert_rows(&[&new, &new])),
+            ("insert_one", insert_one(&new)),
+            ("select_content_hash", select_content_hash(id)),
+            (
+                "acquire_lease",
+                acquire_lease("dispatcher", "node", Duration::from_secs(15)),
+            ),
+            (
+                "release_lease",
+                release_lease("dispatcher", "node", LeaseEpoch(3)),
+            ),
+            (
+                "claim_due",
+                claim_due(
+                    "dispatcher",
+                    LeaseEpoch(3),
+                    NotificationType::Email,
+                    10,
+                    Duration::from_secs(120),
+                ),
+            ),
+            ("park_invalid", park_invalid(7, LeaseEpoch(3), "bad", id, 2)),
+            ("record_outcome", record_outcome("dispatcher", &record)),
+            ("select_state", select_state(id)),
+            ("select_detail", select_detail(id)),
+            ("query", query(&filter, Some((now, 7)), 51)),
+            (
+                "act_on_these",
+                act_on_these(OperatorAction::Retry, "ann", &[id, id]),
+            ),
+            (
+                "act_on_filter",
+                act_on_filter(OperatorAction::Discard, "ann", &filter, 10),
+            ),
+            ("kpis", kpis(now, now, now)),
+            ("purge_terminal", purge_terminal(now, 100)),
+            ("select_list", select_list("ops")),
+            (
+                "replace_list_with",
+                replace_list_with(
+                    "ops",
+                    NotificationType::Email,
+                    None,
+                    None,
+                    vec!["a@plant.test".into(), "b@plant.test".into()],
+                ),
+            ),
+            ("delete_list", delete_list("ops")),
+            ("select_channel", select_channel("email")),
+            (
+                "replace_channel",
+                replace_channel("email", &smtp, None, None),
+            ),
+            ("delete_channel", delete_channel("email")),
+            (
+                "reseal_list_secret",
+                reseal_list_secret("hooks", "old".into(), "new".into()),
+            ),
+            (
+                "reseal_channel_secrets",
+                reseal_channel_secrets("email", secret(), secret()),
+            ),
+        ]
+    }
+
+    /// Each statement's function binds exactly one value per placeholder its text uses: @P1 to
+    /// @Pn, each used, none missing, for n values. (A value bound to the wrong placeholder of
+    /// a fixed statement is caught by `Statement::set`, which names each one.)
+    #[test]
+    fn every_placeholder_is_bound_once() {
+        for (name, stmt) in bound_statements() {
+            let mut used = std::collections::BTreeSet::new();
+            for (i, _) in stmt.sql.match_indices("@P") {
+                let digits: String = stmt.sql[i + 2..]
+                    .chars()
+                    .take_while(char::is_ascii_digit)
+                    .collect();
+                used.insert(digits.parse::<usize>().unwrap());
+            }
+            let bound: std::collections::BTreeSet<usize> = (1..=stmt.params.len()).collect();
+            assert_eq!(used, bound, "{name}: placeholders used vs values bound");
+        }
     }
 
     /// Every statement parses as T-SQL (sqlglot, tsql dialect), and none is only accepted as an

@@ -22,9 +22,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use central_outbox::dispatcher::DISPATCHER_LEASE;
 use central_outbox::domain::kpi::KpiParams;
 use central_outbox::grpc::convert;
-use central_outbox::lease::DISPATCHER_LEASE;
 use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore, ScratchDatabase};
 use central_outbox::store::{InsertOutcome, NewNotification, OutboxStore};
 use serde_json::{Value, json};

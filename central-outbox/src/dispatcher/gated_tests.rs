@@ -16,9 +16,10 @@ use outbox_proto::content::ScriptOrigin;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use super::memory_store::{Gate, email};
 use crate::config_cache::ConfigCache;
 use crate::delivery::Adapters;
-use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings};
+use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, WakePolicy};
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
@@ -37,38 +38,6 @@ use crate::store::{
 
 /// Far longer than a healthy run needs; reaching it fails the test.
 const DEADLINE: Duration = Duration::from_secs(30);
-
-/// Holds callers until opened, counting those waiting.
-#[derive(Debug)]
-struct Gate {
-    open: watch::Sender<bool>,
-    waiting: AtomicUsize,
-}
-
-impl Gate {
-    fn closed() -> Self {
-        Self {
-            open: watch::Sender::new(false),
-            waiting: AtomicUsize::new(0),
-        }
-    }
-
-    async fn pass(&self) {
-        self.waiting.fetch_add(1, Ordering::SeqCst);
-        let mut open = self.open.subscribe();
-        // Err only if the sender is gone, which it is not while `self` lives.
-        let _ = open.wait_for(|open| *open).await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
-    }
-
-    fn open(&self) {
-        self.open.send_replace(true);
-    }
-
-    fn close(&self) {
-        self.open.send_replace(false);
-    }
-}
 
 /// SQLite with gates in front of claims, outcomes and lease renewals, counting renewals.
 #[derive(Debug)]
@@ -238,7 +207,7 @@ async fn start() -> Rig {
         renew_interval: TTL / 3,
         claim_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(20),
-        wake_on_events: true,
+        wake: WakePolicy::OnEvents,
         claim_batch: None,
     };
     let dispatcher = Dispatcher::new(
@@ -430,23 +399,6 @@ impl crate::delivery::Deliver for ScriptedDelivery {
     }
 }
 
-fn email(subject: &str) -> NewNotification {
-    let content = NotificationContent::parse(
-        NotificationType::Email,
-        "ops".into(),
-        subject.into(),
-        "body".into(),
-        String::new(),
-    )
-    .unwrap();
-    let origin = ScriptOrigin::parse("node-1".into(), "alarm.py".into(), None, None).unwrap();
-    NewNotification::new(Submission {
-        id: NotificationId::generate(),
-        content,
-        provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
-    })
-}
-
 /// A delivery that panics costs only its own attempt: with two slots, one held by a slow
 /// delivery and one by the panicking one, the third row starts as soon as the panic is caught
 /// (it used to wait for the slow delivery: the panicked task's slot was only recounted once
@@ -504,7 +456,7 @@ async fn a_panicking_delivery_frees_its_slot_and_is_recorded() {
             renew_interval: Duration::from_secs(10),
             claim_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(20),
-            wake_on_events: true,
+            wake: WakePolicy::OnEvents,
             claim_batch: None,
         },
         settings.webhook,

@@ -1,5 +1,7 @@
-//! The dispatcher lease, kept by a task of its own: take it, renew it every `renew_interval`,
-//! publish what is held, release it when told to stop.
+//! The dispatcher lease: kept by a task of its own, [`LeaseKeeper`] (take it, renew it every
+//! `renew_interval`, publish what is held, release it when told to stop), and followed by the
+//! dispatch loop through [`LeaseView`] (claim only under a lease still valid, drop work claimed
+//! under an epoch another node has held since).
 //!
 //! Renewal must never wait behind the dispatcher's own work: a sweep blocked on a slow claim, a
 //! burst of ingest or a long purge used to delay it past the TTL, and the node then lost its
@@ -160,5 +162,104 @@ impl<S: OutboxStore> LeaseKeeper<S> {
             }
             Err(_) => tracing::warn!("releasing the dispatcher lease timed out; it expires"),
         }
+    }
+}
+
+/// What the dispatch loop knows of its lease: the epoch it may claim under now, and the epoch
+/// its queued and running work was claimed under (which outlives a lapse). It republishes the
+/// former to whoever works only on the leader (the purge) or reports it (metrics).
+pub(super) struct LeaseView {
+    metrics: Arc<Metrics>,
+    /// What the keeper last published.
+    held: watch::Receiver<Option<HeldLease>>,
+    /// The epoch this node dispatches under now: the keeper's, while still valid.
+    now: Option<LeaseEpoch>,
+    /// The epoch of the work queued and under way, which outlives a lapse of `now`: kept if
+    /// the keeper renews with it, dropped if another epoch (another holder) comes between.
+    tenure: Option<LeaseEpoch>,
+    /// When the lease we last saw renewed runs out, measured from before the renewal was sent.
+    deadline: Option<Instant>,
+    /// Publishes `now`.
+    published: watch::Sender<Option<LeaseEpoch>>,
+}
+
+/// What following the keeper's news means for the work queued and under way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub(super) enum Tenure {
+    /// Claimed under the epoch still held (or nothing was claimed): it carries on.
+    Kept,
+    /// Another node held the lease since that work was claimed: its outcomes would be refused
+    /// and the successor redelivers it, so it is to be dropped.
+    Lost,
+}
+
+impl LeaseView {
+    pub(super) fn new(held: watch::Receiver<Option<HeldLease>>, metrics: Arc<Metrics>) -> Self {
+        Self {
+            metrics,
+            held,
+            now: None,
+            tenure: None,
+            deadline: None,
+            published: watch::Sender::new(None),
+        }
+    }
+
+    /// The epoch this node may claim and start rows under, `None` while it may not.
+    pub(super) fn current(&self) -> Option<LeaseEpoch> {
+        self.now
+    }
+
+    /// When the lease runs out unless a renewal comes first.
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        self.deadline
+    }
+
+    /// The epoch this node dispatches under, as published to the purge.
+    pub(super) fn subscribe(&self) -> watch::Receiver<Option<LeaseEpoch>> {
+        self.published.subscribe()
+    }
+
+    /// Waits for the keeper's next news; `None` once the keeper is gone.
+    pub(super) async fn changed(&mut self) -> Option<Option<HeldLease>> {
+        self.held.changed().await.ok()?;
+        Some(*self.held.borrow_and_update())
+    }
+
+    /// Takes what the keeper published: a lease still valid is dispatched under. Another epoch,
+    /// or none (another node holds the lease), means another node held it since this node
+    /// claimed what it has queued and under way: that work is [`Tenure::Lost`].
+    pub(super) fn follow(&mut self, held: Option<HeldLease>) -> Tenure {
+        let epoch = held.map(|h| h.epoch);
+        let tenure = if self.tenure.is_some() && self.tenure != epoch {
+            Tenure::Lost
+        } else {
+            Tenure::Kept
+        };
+        self.tenure = epoch;
+        let valid = held.filter(HeldLease::is_valid);
+        self.deadline = valid.map(|h| h.valid_until);
+        self.set(valid.map(|h| h.epoch));
+        tenure
+    }
+
+    /// The lease ran out without a successful renewal: no claiming or starting until it is
+    /// renewed. The tenure stands: if this node renews before another takes the lease, it
+    /// keeps its epoch and its work.
+    pub(super) fn expired(&mut self) {
+        self.deadline = None;
+        self.set(None);
+    }
+
+    /// Publishes that this node dispatches under `lease` (`None`: not at all).
+    pub(super) fn set(&mut self, lease: Option<LeaseEpoch>) {
+        self.now = lease;
+        self.metrics.set_lease(lease.is_some(), lease.map(|e| e.0));
+        self.published.send_if_modified(|held| {
+            let changed = *held != lease;
+            *held = lease;
+            changed
+        });
     }
 }

@@ -1,0 +1,147 @@
+//! One delivery attempt of one claimed row: resolve its list, deliver through the channel's
+//! adapter within the attempt's time bound, turn the answer into the row's next state, and
+//! record that outcome under the claim's epoch.
+//!
+//! An attempt never fails its caller: a panic in the adapter, a timeout and an unknown list are
+//! all outcomes like any other, recorded on the row. Its time bound is at most half the claim
+//! timeout, so no successor can claim the row while the attempt is still under way.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use futures_util::FutureExt;
+
+use super::lease::DISPATCHER_LEASE;
+use crate::config_cache::ConfigCache;
+use crate::delivery::{ChannelSettings, Deliver};
+use crate::domain::NotificationType;
+use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+use crate::domain::retry::RetryPolicy;
+use crate::metrics::Metrics;
+use crate::store::{AttemptRecord, ClaimedNotification, OutboxStore};
+
+/// A delivery whose channel has answered, with what is to be recorded.
+pub(super) struct Finished {
+    pub(super) kind: NotificationType,
+    pub(super) record: AttemptRecord,
+}
+
+/// How long one attempt of `channel` may take. It may not outlive its claim, or a successor
+/// could deliver it concurrently; and it is bounded by the channel's own overall timeout.
+pub(super) fn attempt_timeout(claim_timeout: Duration, channel: &ChannelSettings) -> Duration {
+    let claim_bound = claim_timeout / 2;
+    match channel {
+        ChannelSettings::Email(Some(s)) => s.overall_timeout.min(claim_bound),
+        // Every endpoint of a list is posted to within one attempt.
+        ChannelSettings::Webhook(s) => s.timeout.saturating_mul(4).min(claim_bound),
+        ChannelSettings::Email(None) => claim_bound,
+    }
+}
+
+/// One delivery attempt of one claimed row, run as its own task.
+pub(super) struct Attempt<S, D> {
+    pub(super) store: Arc<S>,
+    pub(super) metrics: Arc<Metrics>,
+    pub(super) delivery: Arc<D>,
+    pub(super) config: Arc<ConfigCache>,
+    pub(super) channel: ChannelSettings,
+    pub(super) retry: RetryPolicy,
+    pub(super) timeout: Duration,
+}
+
+impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
+    /// Delivers, and returns what to record and which channel's slot it frees.
+    pub(super) async fn run(self, notification: ClaimedNotification) -> Finished {
+        let kind = notification.content.kind;
+        let started = Instant::now();
+        // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
+        // is recorded as a transient failure (retried, then parked like any other), and the
+        // task still returns, so its channel slot is freed at once.
+        let attempt = AssertUnwindSafe(self.deliver(&notification)).catch_unwind();
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(panic)) => {
+                let reason = panic_message(panic.as_ref());
+                tracing::error!(id = %notification.id, %reason, "a delivery attempt panicked");
+                Err(DeliveryError::transient(format!(
+                    "the delivery attempt panicked: {reason}"
+                )))
+            }
+            Err(_) => Err(DeliveryError::transient(format!(
+                "delivery attempt timed out after {}s",
+                self.timeout.as_secs()
+            ))),
+        };
+        let transition = self.retry.transition(
+            notification.retry_count,
+            &result,
+            Utc::now(),
+            fastrand::f64(),
+        );
+        let record = AttemptRecord {
+            row_id: notification.row_id,
+            id: notification.id,
+            attempt_no: notification.attempt_no,
+            epoch: notification.epoch,
+            outcome: AttemptOutcome::of(&result),
+            error: result.as_ref().err().map(|e| e.message().to_owned()),
+            duration: started.elapsed(),
+            transition,
+        };
+        self.metrics
+            .attempt_finished(kind, record.outcome, record.duration);
+        Finished { kind, record }
+    }
+
+    async fn deliver(&self, n: &ClaimedNotification) -> Result<Delivered, DeliveryError> {
+        let list = self
+            .config
+            .list(&*self.store, &n.content.list_name)
+            .await
+            .map_err(|e| DeliveryError::transient(format!("cannot resolve the list: {e}")))?
+            .ok_or_else(|| {
+                DeliveryError::permanent(format!(
+                    "unknown notification list {:?}",
+                    n.content.list_name.as_str()
+                ))
+            })?;
+        if list.kind() != n.content.kind {
+            return Err(DeliveryError::permanent(format!(
+                "notification list {:?} is a {} list, not {}",
+                list.name.as_str(),
+                list.kind(),
+                n.content.kind
+            )));
+        }
+        self.delivery.deliver(&self.channel, &list, n).await
+    }
+}
+
+/// Writes a finished attempt's outcome, fenced by its claim epoch (see the store).
+pub(super) async fn record_outcome<S: OutboxStore>(store: Arc<S>, record: AttemptRecord) {
+    let id = record.id;
+    let status = record.transition.status;
+    match store.record_outcome(DISPATCHER_LEASE, record).await {
+        Ok(true) => tracing::debug!(%id, %status, "attempt recorded"),
+        Ok(false) => tracing::warn!(
+            %id,
+            "attempt outcome not recorded: the claim or lease was lost meanwhile"
+        ),
+        Err(e) => tracing::error!(
+            %id,
+            error = %e,
+            "cannot record the attempt; the row becomes due again after its claim expires"
+        ),
+    }
+}
+
+/// The text a panic was raised with, when it was a string (as `panic!` makes it).
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a non-text panic payload")
+}

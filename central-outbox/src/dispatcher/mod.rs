@@ -1,0 +1,409 @@
+//! The dispatcher: while this node holds the `dispatcher` lease, it claims due notifications and
+//! delivers each through its channel's adapter, recording every attempt.
+//!
+//! One loop, woken by whichever comes first: ingest (a new row), a finished delivery (a free
+//! slot), the poll interval (retries coming due, rows other replicas ingested), a rate-limit
+//! token coming due, or lease renewal. Each wake runs one sweep, [`Dispatcher::dispatch_once`]
+//! (under the default [`WakePolicy`]):
+//! for each channel, claim as many rows as it has free delivery slots and rate-limit tokens,
+//! start one task per row. Sweeps never overlap because only this loop runs them. A delivery task
+//! never fails the loop: its outcome, whatever it is, is recorded on its own row.
+//!
+//! An attempt frees its slot as soon as the channel has answered, and its outcome is written by
+//! a separate task: the write then shares a group commit with the claim of the row that takes
+//! the slot, instead of the two waiting for one fsync each in turn.
+//!
+//! The lease is kept by `LeaseKeeper`, a task of its own, so renewing it never waits for a
+//! sweep. This loop follows what the keeper publishes: it claims only while it holds a lease
+//! that is still valid. When the lease lapses (no renewal succeeded for its TTL) it stops
+//! claiming and starting rows, but keeps the rows it claimed and lets deliveries under way
+//! finish: each is bounded to half the claim timeout, so no successor can have claimed its row
+//! meanwhile, and its outcome is recorded if no other node has taken the lease since (the
+//! store's fence). A node that re-takes its own lapsed lease keeps its epoch, so those
+//! outcomes stand and its queued rows start. When another node holds the lease, deliveries
+//! under way are aborted and queued rows dropped: their outcomes would be refused and the
+//! successor redelivers them. On shutdown no new claims are made, deliveries under way get
+//! `drain_timeout` while the keeper goes on renewing, and then the lease is released so a
+//! successor takes over at once; rows still claimed become due again when their claim expires.
+//!
+//! This module is the loop; its parts live beside it: the lease (`lease`: the keeper and the
+//! loop's view of it), channel pacing (`pacing`: slots, rate limits, the queue of claimed rows),
+//! one attempt (`attempt`: delivering one row and recording its outcome) and the wake policy
+//! ([`WakePolicy`]: when a wake-up sweeps, which is all the timer-only mode changes).
+
+mod attempt;
+mod lease;
+mod pacing;
+mod wake;
+
+#[cfg(test)]
+mod gated_tests;
+#[cfg(test)]
+mod memory_store;
+#[cfg(test)]
+mod paused_tests;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config_cache::ConfigCache;
+use crate::delivery::{Adapters, ChannelSettings, Deliver};
+use crate::domain::NotificationType;
+use crate::domain::channel::{SmtpSettings, WebhookSettings};
+use crate::metrics::Metrics;
+use crate::store::{LeaseEpoch, OutboxStore, StoreError};
+use attempt::{Attempt, Finished, attempt_timeout, record_outcome};
+use lease::{LeaseKeeper, LeaseSettings, LeaseView, Tenure};
+use pacing::{CHANNELS, Pacing};
+use wake::{Step, Wake};
+
+pub use lease::DISPATCHER_LEASE;
+pub use wake::WakePolicy;
+
+/// Timing of the dispatcher. Defaults documented in `deploy/central-outbox.toml`.
+#[derive(Debug, Clone)]
+pub struct DispatcherSettings {
+    /// Identifies this node as lease holder; unique per process.
+    pub node_id: String,
+    /// Longest a due row waits when nothing wakes the dispatcher.
+    pub poll_interval: Duration,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// How often the lease is renewed (well under `lease_ttl`).
+    pub renew_interval: Duration,
+    /// How long a claimed row stays claimed; after it the row is due again (at-least-once).
+    pub claim_timeout: Duration,
+    /// How long in-flight deliveries may run after shutdown begins.
+    pub drain_timeout: Duration,
+    /// Which wake-ups sweep: every event (the default), or the poll timer alone.
+    pub wake: WakePolicy,
+    /// Rows claimed per sweep and channel. `None` (the default): the free delivery slots plus
+    /// two rows per connection (never more than the rate limit allows), so that
+    /// while a backlog drains, a slot that frees up starts its next row from the local queue
+    /// instead of waiting for a claim to commit. `Some(n)`: up to n. Either way a sweep claims
+    /// only when nothing is queued, and queued rows start as slots free up.
+    pub claim_batch: Option<usize>,
+}
+
+/// What one sweep did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepOutcome {
+    /// This node does not hold the lease.
+    NotLeader,
+    /// Claimed and started this many deliveries (0: nothing was due, or no slot or token free).
+    Started(usize),
+}
+
+/// The dispatch loop of one node, delivering through `D` (the real adapters, or a test's).
+pub struct Dispatcher<S, D = Adapters> {
+    store: Arc<S>,
+    metrics: Arc<Metrics>,
+    delivery: Arc<D>,
+    config: Arc<ConfigCache>,
+    settings: DispatcherSettings,
+    webhook: WebhookSettings,
+    wake: Arc<Notify>,
+    /// Keeps the lease; taken and spawned by `run`.
+    keeper: Option<LeaseKeeper<S>>,
+    /// What this node knows of its lease.
+    lease: LeaseView,
+    pacing: Pacing,
+    /// Email settings of the last sweep, to log clamping warnings once per change.
+    warned_for: Option<SmtpSettings>,
+    /// Deliveries under way: each holds one slot of its channel.
+    in_flight: JoinSet<Finished>,
+    /// Outcomes of finished deliveries being written; they hold no slot.
+    recording: JoinSet<()>,
+}
+
+impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
+    pub fn new(
+        store: Arc<S>,
+        metrics: Arc<Metrics>,
+        delivery: Arc<D>,
+        config: Arc<ConfigCache>,
+        settings: DispatcherSettings,
+        webhook: WebhookSettings,
+        wake: Arc<Notify>,
+    ) -> Self {
+        for warning in webhook.policy.retry_policy().1 {
+            tracing::warn!("webhook configuration: {warning}");
+        }
+        let keeper = LeaseKeeper::new(
+            Arc::clone(&store),
+            Arc::clone(&metrics),
+            LeaseSettings {
+                node_id: settings.node_id.clone(),
+                ttl: settings.lease_ttl,
+                renew_interval: settings.renew_interval,
+            },
+        );
+        let lease = LeaseView::new(keeper.subscribe(), Arc::clone(&metrics));
+        Self {
+            store,
+            metrics,
+            delivery,
+            config,
+            settings,
+            webhook,
+            wake,
+            keeper: Some(keeper),
+            lease,
+            pacing: Pacing::default(),
+            warned_for: None,
+            in_flight: JoinSet::new(),
+            recording: JoinSet::new(),
+        }
+    }
+
+    /// The lease epoch this node holds, `None` while it is not the dispatcher.
+    pub fn lease_watch(&self) -> tokio::sync::watch::Receiver<Option<LeaseEpoch>> {
+        self.lease.subscribe()
+    }
+
+    /// Runs until `shutdown` is cancelled, then drains and releases the lease.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let keeper_stop = CancellationToken::new();
+        let keeper = self
+            .keeper
+            .take()
+            .map(|keeper| tokio::spawn(keeper.run(keeper_stop.clone())));
+        let mut poll = tokio::time::interval(self.settings.poll_interval);
+        poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let policy = self.settings.wake;
+        loop {
+            let lease_deadline = self.lease.deadline();
+            let throttled_until = self.pacing.throttled_until();
+            let wake = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                () = sleep_until(lease_deadline), if lease_deadline.is_some() => {
+                    self.lease_expired();
+                    continue;
+                }
+                Some(held) = self.lease.changed() => {
+                    if self.lease.follow(held) == Tenure::Lost {
+                        self.abort_in_flight();
+                    }
+                    Wake::Lease
+                }
+                Some(_) = self.recording.join_next(), if !self.recording.is_empty() => continue,
+                Some(finished) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
+                    self.finished(finished);
+                    // Collect every other finished task too, so one sweep fills all free slots.
+                    while let Some(finished) = self.in_flight.try_join_next() {
+                        self.finished(finished);
+                    }
+                    Wake::Finished
+                }
+                () = self.wake.notified(), if policy.hears_ingest() => Wake::Ingest,
+                () = sleep_until(throttled_until), if throttled_until.is_some() => Wake::Throttle,
+                _ = poll.tick() => Wake::Poll,
+            };
+            match policy.step(wake) {
+                Step::Sweep => {
+                    if let Err(e) = self.dispatch_once().await {
+                        tracing::error!(error = %e, "dispatch sweep failed");
+                    }
+                }
+                Step::StartQueued => self.start_all_queued(),
+                Step::Nothing => {}
+            }
+        }
+        self.drain().await;
+        keeper_stop.cancel();
+        if let Some(keeper) = keeper
+            && let Err(e) = keeper.await
+        {
+            tracing::error!(error = %e, "the lease keeper failed");
+        }
+        self.lease.set(None);
+    }
+
+    /// Frees the slot of a finished delivery and starts recording its outcome.
+    fn finished(&mut self, finished: Result<Finished, tokio::task::JoinError>) {
+        match finished {
+            Ok(Finished { kind, record }) => {
+                self.pacing.finished(kind);
+                self.recording
+                    .spawn(record_outcome(Arc::clone(&self.store), record));
+            }
+            // Aborted when another node took the lease (the counts were reset then). A panic in
+            // the adapter is caught inside the task (`Attempt::run`); one anywhere else loses
+            // the channel it ran on, so recount once the set is empty.
+            Err(e) => {
+                if e.is_panic() {
+                    tracing::error!(error = %e, "a delivery task panicked outside its attempt");
+                }
+                if self.in_flight.is_empty() {
+                    self.pacing.free_all_slots();
+                }
+            }
+        }
+    }
+
+    /// The lease ran out without a successful renewal: stop claiming and starting. Rows claimed
+    /// but not started stay queued, and deliveries under way go on: if this node renews before
+    /// another takes the lease, it keeps its epoch and carries on with them (a queued row that
+    /// has waited too long is still given back, see `Pacing::start_next`); if another node
+    /// takes it, they are dropped then. See the module documentation.
+    fn lease_expired(&mut self) {
+        tracing::warn!(
+            in_flight = self.in_flight.len(),
+            "dispatcher lease expired without renewal; no new claims until it is renewed"
+        );
+        self.lease.expired();
+    }
+
+    /// Aborts every delivery under way and drops outcomes not yet written.
+    fn abort_in_flight(&mut self) {
+        if !self.in_flight.is_empty() || !self.recording.is_empty() {
+            tracing::warn!(
+                in_flight = self.in_flight.len(),
+                "another node holds the dispatcher lease; cancelling in-flight deliveries"
+            );
+        }
+        if !self.in_flight.is_empty() {
+            self.in_flight.abort_all();
+        }
+        // The lease is another node's, so these writes would be refused anyway.
+        if !self.recording.is_empty() {
+            self.recording.abort_all();
+        }
+        // Claimed but never started: due again when their claims expire.
+        self.pacing.drop_all();
+    }
+
+    /// One sweep: for each channel, claim up to its free slots and rate-limit tokens and start
+    /// the deliveries.
+    pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, StoreError> {
+        let Some(epoch) = self.lease.current() else {
+            return Ok(SweepOutcome::NotLeader);
+        };
+        let email = self.config.smtp_settings(&*self.store).await?;
+        self.note_email_settings(email.as_ref());
+        self.pacing.sweep_begins();
+        let mut started = 0;
+        for kind in CHANNELS {
+            let channel = match kind {
+                NotificationType::Email => ChannelSettings::Email(email.clone()),
+                NotificationType::Webhook => ChannelSettings::Webhook(self.webhook.clone()),
+            };
+            started += self.dispatch_channel(epoch, kind, channel).await?;
+        }
+        Ok(SweepOutcome::Started(started))
+    }
+
+    async fn dispatch_channel(
+        &mut self,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        channel: ChannelSettings,
+    ) -> Result<usize, StoreError> {
+        self.pacing.set_settings(kind, channel);
+        let mut started = self.start_queued(kind);
+        let want = self.pacing.claim_size(kind, self.settings.claim_batch);
+        if want == 0 {
+            return Ok(started);
+        }
+        let claimed = self
+            .store
+            .claim_due(
+                DISPATCHER_LEASE,
+                epoch,
+                kind,
+                want,
+                self.settings.claim_timeout,
+            )
+            .await?;
+        self.pacing.queue(kind, claimed);
+        started += self.start_queued(kind);
+        Ok(started)
+    }
+
+    fn start_all_queued(&mut self) {
+        for kind in CHANNELS {
+            self.start_queued(kind);
+        }
+    }
+
+    /// Starts queued rows of one channel while it has a free slot and a rate-limit token, and
+    /// only while this node holds the lease.
+    fn start_queued(&mut self, kind: NotificationType) -> usize {
+        if self.lease.current().is_none() {
+            return 0;
+        }
+        let Some(channel) = self.pacing.settings(kind).cloned() else {
+            return 0;
+        };
+        let (retry, _) = channel.policy().retry_policy();
+        let timeout = attempt_timeout(self.settings.claim_timeout, &channel);
+        // A row waiting longer than this could not finish before its claim runs out.
+        let stale_after = self.settings.claim_timeout / 2;
+        let mut started = 0;
+        while let Some(notification) = self.pacing.start_next(kind, stale_after) {
+            started += 1;
+            let attempt = Attempt {
+                store: Arc::clone(&self.store),
+                metrics: Arc::clone(&self.metrics),
+                delivery: Arc::clone(&self.delivery),
+                config: Arc::clone(&self.config),
+                channel: channel.clone(),
+                retry,
+                timeout,
+            };
+            self.in_flight.spawn(attempt.run(notification));
+        }
+        started
+    }
+
+    fn note_email_settings(&mut self, settings: Option<&SmtpSettings>) {
+        if self.warned_for.as_ref() == settings {
+            return;
+        }
+        if let Some(s) = settings {
+            for warning in s.policy.retry_policy().1 {
+                tracing::warn!("SMTP configuration: {warning}");
+            }
+        }
+        self.warned_for = settings.cloned();
+    }
+
+    async fn drain(&mut self) {
+        if self.in_flight.is_empty() && self.recording.is_empty() {
+            return;
+        }
+        tracing::info!(in_flight = self.in_flight.len(), "draining deliveries");
+        let drained = tokio::time::timeout(self.settings.drain_timeout, async {
+            while let Some(finished) = self.in_flight.join_next().await {
+                if let Ok(Finished { record, .. }) = finished {
+                    self.recording
+                        .spawn(record_outcome(Arc::clone(&self.store), record));
+                }
+            }
+            while self.recording.join_next().await.is_some() {}
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                aborted = self.in_flight.len() + self.recording.len(),
+                "drain timeout: aborting deliveries; their rows are retried after the claim timeout"
+            );
+            self.in_flight.abort_all();
+            self.recording.abort_all();
+            while self.in_flight.join_next().await.is_some() {}
+            while self.recording.join_next().await.is_some() {}
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
