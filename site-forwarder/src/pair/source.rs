@@ -45,7 +45,8 @@ pub const BATCH_BYTES: usize = 1 << 20;
 const PAGE_ROWS: usize = 256;
 /// Shortest gap between two batches. Each batch costs the standby one fsync, on a disk it may
 /// share with the active; gathering a few milliseconds of Sends per batch keeps that to at most
-/// 200 per second under any load, for a lag that stays in milliseconds.
+/// 200 per second under any load, for a lag that stays in milliseconds. A stream that is behind
+/// (its last read was a full page) does not wait: its batches are full anyway.
 const LINGER: Duration = Duration::from_millis(5);
 /// Seqs per retained span: 64 Ki seqs is at most 1 MiB of ranges even when none are adjacent.
 const SPAN_ROWS: usize = 65_536;
@@ -153,10 +154,12 @@ impl Session {
         );
         self.send_spans(through, out).await?;
 
+        let mut more = false;
         loop {
-            let mut more = false;
             if self.unconfirmed.len() < WINDOW {
-                tokio::time::sleep_until(self.last_sent + LINGER).await;
+                if !more {
+                    tokio::time::sleep_until(self.last_sent + LINGER).await;
+                }
                 more = self.send_rows(&mut removals, out).await?;
             }
             // Removals that came without rows, and the heartbeat when nothing else was sent.
