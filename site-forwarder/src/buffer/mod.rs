@@ -503,12 +503,13 @@ fn select_stats(conn: &Connection) -> Result<BufferStats> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::domain::ScriptOrigin;
     use uuid::Uuid;
 
-    fn notification(subject: &str) -> BufferedNotification {
+    /// A valid notification with `subject`, for buffer tests.
+    pub(crate) fn notification(subject: &str) -> BufferedNotification {
         BufferedNotification::new(
             NotificationContent {
                 kind: NotificationType::Email,

@@ -277,28 +277,8 @@ fn select_pair_record(conn: &Connection) -> Result<Option<PairRecord>> {
 
 #[cfg(test)]
 mod tests {
-    use chrono::Utc;
-
     use super::*;
-    use crate::domain::{
-        Body, ListName, NotificationContent, NotificationType, ScriptOrigin, SiteId, Subject,
-        TypeData,
-    };
-
-    fn notification(subject: &str) -> BufferedNotification {
-        BufferedNotification::new(
-            NotificationContent {
-                kind: NotificationType::Email,
-                list_name: ListName::parse("ops".into()).unwrap(),
-                subject: Subject::parse(subject.into()).unwrap(),
-                body: Body::parse("Level 97%".into()).unwrap(),
-                type_data: TypeData::empty(),
-            },
-            ScriptOrigin::parse("node-1".into(), "tank.py".into(), None, None).unwrap(),
-            SiteId::parse("site-a".into()).unwrap(),
-            Utc::now(),
-        )
-    }
+    use crate::buffer::tests::notification;
 
     fn open(dir: &tempfile::TempDir, name: &str) -> Buffer {
         Buffer::open(&dir.path().join(name)).unwrap()

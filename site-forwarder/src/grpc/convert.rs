@@ -63,23 +63,7 @@ pub fn send_request(
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
 /// after a reconnect is identical to the first send.
 pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
-    let p = &n.provenance;
-    v1::NotificationSubmit {
-        notification_id: n.id.to_string(),
-        r#type: type_to_proto(n.content.kind).into(),
-        list_name: n.content.list_name.as_str().to_owned(),
-        subject: n.content.subject.as_str().to_owned(),
-        body: n.content.body.as_str().to_owned(),
-        type_data: n.content.type_data.as_str().to_owned(),
-        source_site_id: p.source_site_id.as_str().to_owned(),
-        source_instance_id: p.source_instance_id.clone(),
-        source_script: p.source_script.clone(),
-        site_enqueued_at: Some(to_timestamp(p.site_enqueued_at)),
-        origin_execution_id: p.origin_execution_id.map(|u| u.hyphenated().to_string()),
-        origin_parent_execution_id: p
-            .origin_parent_execution_id
-            .map(|u| u.hyphenated().to_string()),
-    }
+    outbox_proto::submission::encode(n.id, &n.content, &n.provenance)
 }
 
 /// The status view of a notification still in the local buffer.
