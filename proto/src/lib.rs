@@ -1,11 +1,12 @@
 //! The `outbox.v1` contract shared by the site-forwarder, central-outbox and their clients:
-//! generated protobuf types and tonic stubs, the descriptor set for server reflection, the wire
-//! limits, and the content rules a notification must satisfy.
+//! generated protobuf types and tonic stubs, the descriptor set for server reflection, the
+//! transport limit, PEM loading, and the conversions between wire messages and the validated
+//! content types.
 //!
-//! The content rules live here, beside the contract, because both ends enforce them: a forwarder
-//! refuses at `Send` what central would reject, so nothing unforwardable is ever buffered.
+//! The content rules themselves are not here: they live in the `outbox-domain` crate, which has
+//! no transport, and `submission` is the one place a `NotificationSubmit` becomes those types
+//! (and back).
 
-pub mod content;
 pub mod limits;
 pub mod pem;
 pub mod submission;

@@ -3,12 +3,12 @@
 //! and the two nodes of a site pair exchange rows in the same message, so a row crosses every
 //! hop byte for byte and re-passes every content rule wherever it lands.
 
-use crate::content::{
+use crate::time::{from_timestamp, to_timestamp};
+use crate::v1;
+use outbox_domain::{
     ContentError, NotificationContent, NotificationId, NotificationType, Provenance, ScriptOrigin,
     SiteId, Submission,
 };
-use crate::time::{from_timestamp, to_timestamp};
-use crate::v1;
 
 /// Checks a proto enum value for the `type` field. UNSPECIFIED and unknown values are rejected:
 /// a submit always says what it is (a script's `Send` may leave it unset; the site fills it in).

@@ -1,12 +1,12 @@
 //! The forwarder's domain: what a buffered notification is, where a notification stands locally,
 //! and the figures the buffer reports. Plain data built from the validated content types of
-//! `outbox_proto::content`, so holding a [`BufferedNotification`] proves every content rule held
+//! `outbox_domain`, so holding a [`BufferedNotification`] proves every content rule held
 //! when it was accepted. This module knows nothing of tonic, prost or rusqlite; the gRPC edge and
 //! the buffer convert to and from it.
 
 use chrono::{DateTime, Utc};
 
-pub use outbox_proto::content::{
+pub use outbox_domain::{
     Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,
     Provenance, ScriptOrigin, SiteId, Subject, TypeData,
 };

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use outbox_proto::content::ScriptOrigin;
+use outbox_domain::ScriptOrigin;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

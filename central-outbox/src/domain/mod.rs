@@ -12,7 +12,7 @@ pub mod retry;
 pub mod status;
 pub mod webhook;
 
-pub use outbox_proto::content::{
+pub use outbox_domain::{
     Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,
     Provenance, SiteId, Subject, Submission, TypeData,
 };

@@ -5,7 +5,7 @@
 //! LastError and on its attempt row (PermanentFailure), so the history says why.
 
 use chrono::{DateTime, Utc};
-use outbox_proto::content::ScriptOrigin;
+use outbox_domain::ScriptOrigin;
 
 use super::{ClaimedNotification, LeaseEpoch};
 use crate::domain::{

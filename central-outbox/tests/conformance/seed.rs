@@ -15,7 +15,7 @@ use central_outbox::store::{
     AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState, OutboxStore,
 };
 use chrono::{DateTime, Utc};
-use outbox_proto::content::ScriptOrigin;
+use outbox_domain::ScriptOrigin;
 
 pub const LEASE: &str = "dispatcher";
 

@@ -1,7 +1,8 @@
 //! Central ingest: idempotency, conflicts and bad input, over real gRPC into a real SQLite file;
 //! and how both entry points (central's ingest, the site's `Send`) answer a request too large.
 
-use outbox_proto::limits::{MAX_BODY_BYTES, MAX_GRPC_MESSAGE_BYTES};
+use outbox_domain::limits::MAX_BODY_BYTES;
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1;
 use tokio_stream::StreamExt;
 use tonic::{Code, Status};

@@ -22,7 +22,7 @@ use central_outbox::domain::channel::{
 };
 use central_outbox::domain::retry::Backoff;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType};
-use outbox_proto::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
+use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 use outbox_tests::smtp_sink::{ReceivedMail, SmtpSink};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};

@@ -1298,7 +1298,7 @@ mod tests {
         use crate::domain::retry::Transition;
         use crate::domain::status::Status;
         use crate::domain::{NotificationContent, SiteId, Submission};
-        use outbox_proto::content::ScriptOrigin;
+        use outbox_domain::ScriptOrigin;
 
         let now = Utc::now();
         let content = NotificationContent::parse(

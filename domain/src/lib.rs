@@ -2,6 +2,13 @@
 //! end checks it. Each type can only be built through a constructor that checks its rule, so a
 //! value of the type is proof the rule holds. Errors name the wire field and the limit, because
 //! they are shown verbatim to the script or operator who sent the bad value.
+//!
+//! Both services depend on this crate: a forwarder refuses at `Send` what central would reject,
+//! so nothing unforwardable is ever buffered. It has no transport dependency (no tonic, prost or
+//! rustls), so the rules cannot reach for one; `outbox_proto::submission` converts the wire
+//! messages to and from these types.
+
+pub mod limits;
 
 use std::fmt;
 

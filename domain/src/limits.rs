@@ -1,0 +1,20 @@
+//! Content limits: the largest values a notification's fields may hold. Both services enforce
+//! them through the content types, and clients may rely on them. Each is generous for a
+//! human-readable notification and small enough that a flood of maximal messages cannot exhaust
+//! memory on a site node. The transport's own limit (the largest gRPC message) is in
+//! `outbox_proto::limits`.
+
+/// Longest list name, in characters. List names are short identifiers chosen by operators.
+pub const MAX_LIST_NAME_CHARS: usize = 128;
+/// Longest subject, in characters: plenty for a one-line summary. Central folds the Subject
+/// header into short lines whatever its length, so the limit is about readability, not RFC 5322's
+/// 998-octet line cap.
+pub const MAX_SUBJECT_CHARS: usize = 500;
+/// Largest body, in bytes (256 KiB): a long alarm report, never an attachment.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+/// Largest `type_data` JSON text, in bytes.
+pub const MAX_TYPE_DATA_BYTES: usize = 16 * 1024;
+/// Longest site id, in characters.
+pub const MAX_SITE_ID_CHARS: usize = 64;
+/// Longest `source_instance_id` / `source_script`, in characters.
+pub const MAX_SOURCE_FIELD_CHARS: usize = 256;
