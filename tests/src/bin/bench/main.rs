@@ -271,20 +271,20 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
         ),
         m(
             "standby.ratio",
-            "site Send with a standby (at nice 19) / alone".into(),
+            "site Send with a standby on the same 2 cores / alone".into(),
             "x",
             Some(Target::AtLeast(0.9)),
+        ),
+        m(
+            "standby.active_cpu_per_send",
+            "  active's CPU per Send, with a standby / alone".into(),
+            "x",
+            None,
         ),
         m(
             "standby.rate",
             format!("  site Send with a standby, {} callers", s.callers),
             "/s",
-            None,
-        ),
-        m(
-            "standby.shared_ratio",
-            "  same, standby at normal priority on the same cores".into(),
-            "x",
             None,
         ),
         m(

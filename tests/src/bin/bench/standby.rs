@@ -2,11 +2,12 @@
 //! to the same site alone, measured back to back in one run so the ratio compares like with
 //! like, and how far the standby trails the active meanwhile.
 //!
-//! In production the standby is another machine. Here all three processes (load, active,
-//! standby) share 2 cores, so the rate is measured twice: with the standby at normal priority
-//! (what co-locating costs: its CPU comes out of the active's), and at `nice 19`, where it only
-//! gets what the active and the load leave idle, standing in for a node of its own. The lag is
-//! sampled in the first, where the standby is not starved.
+//! In production the standby is another machine. Here the load generator, the active and the
+//! standby share 2 cores, so the standby's own work (about a quarter of a core at full load)
+//! comes out of what the active and the load generator get; the figure is a lower bound.
+//! (Running the standby at `nice 19` did not change it measurably, so it is not offered.) What
+//! replication costs the active itself is its CPU time per Send against the site alone's,
+//! reported beside it.
 //!
 //! Both nodes run with no central reachable (like the other Send figures), so the figures are
 //! the acceptance path plus replication. The lag is sampled from the active's GetBufferStats
@@ -39,7 +40,9 @@ pub async fn standby(rig: &mut Rig) -> Result<RunRecord> {
     // The same site alone first.
     let alone = lone_site(rig, dir.path(), None).await?;
     flush_disk();
+    let alone_cpu = CpuWindow::start(&[("site", alone.pid())]);
     let alone_rate = send_closed_loop(rig, &alone).await?.rate;
+    let alone_cores = alone_cpu.cores().get("site").copied().unwrap_or(0.0);
     alone.stop().await?;
 
     let (active, standby) = start_pair(rig, dir.path()).await?;
@@ -54,6 +57,10 @@ pub async fn standby(rig: &mut Rig) -> Result<RunRecord> {
     let closed = closed?;
     let lag = lag?;
     let cores = cpu.cores();
+    // CPU time per Send on the active against the site alone: what replication costs the node
+    // that takes the Sends, whatever the standby's own work takes from this shared machine.
+    let active_cores = cores.get("active").copied().unwrap_or(0.0);
+    let cost_ratio = (active_cores / closed.rate) / (alone_cores / alone_rate);
 
     let clients = site_clients(&active, rig.sizes.callers).await?;
     let sizes = rig.sizes.clone();
@@ -72,27 +79,19 @@ pub async fn standby(rig: &mut Rig) -> Result<RunRecord> {
         );
     }
     let latency = open.latencies_after(sizes.warmup);
-    // The same load with the standby at the lowest CPU priority: it then runs on what the active
-    // and the load leave idle, as on a node of its own (the figure the target is about; the
-    // shared-core figure above is what co-locating both nodes on 2 cores costs).
-    catch_up(&active).await?;
-    renice(standby.pid())?;
-    let apart = send_closed_loop(rig, &active).await?;
     // Everything the active holds reaches the standby once the load stops.
     let caught_up = catch_up(&active).await?;
     active.stop().await?;
     standby.stop().await?;
     Ok(RunRecord::new()
-        .value("standby.rate", apart.rate)
+        .value("standby.rate", closed.rate)
         .value("standby.alone_rate", alone_rate)
-        .value("standby.ratio", apart.rate / alone_rate)
-        .value("standby.shared_rate", closed.rate)
-        .value("standby.shared_ratio", closed.rate / alone_rate)
+        .value("standby.ratio", closed.rate / alone_rate)
+        .value("standby.active_cpu_per_send", cost_ratio)
         .value("standby.p99", latency.p99)
         .value("standby.lag_rows_max", lag.rows_max as f64)
         .value("standby.lag_ms_p99", lag.ms.p99)
-        .detail("closed_loop_shared_cores", closed.to_json())
-        .detail("closed_loop_standby_niced", apart.to_json())
+        .detail("closed_loop", closed.to_json())
         .detail("latency", latency.to_json())
         .detail("lag_ms", lag.ms.to_json())
         .detail("catch_up_ms", json!(caught_up.as_secs_f64() * 1000.0))
@@ -169,16 +168,4 @@ async fn sample_lag(active: &Service, rig: &Rig) -> Result<Lag> {
         rows_max,
         ms: Percentiles::of(ms),
     })
-}
-
-/// Lowers a process to the lowest CPU priority (`renice -n 19`).
-fn renice(pid: u32) -> Result<()> {
-    let status = std::process::Command::new("renice")
-        .args(["-n", "19", "-p", &pid.to_string()])
-        .stdout(std::process::Stdio::null())
-        .status()?;
-    if !status.success() {
-        bail!("renice -n 19 -p {pid}: {status}");
-    }
-    Ok(())
 }
