@@ -238,19 +238,40 @@ fn run_in_savepoint<T, E: From<Error>>(
 }
 
 fn configure_writer(conn: &Connection, durability: Durability) -> Result<(), Error> {
-    conn.pragma_update(None, "journal_mode", "WAL")?;
+    // Another process (a second replica, the sqlite3 CLI) may hold the write lock briefly.
+    conn.busy_timeout(LOCK_WAIT)?;
+    enter_wal(conn)?;
     let sync = match durability {
         Durability::Full => "FULL",
         Durability::Normal => "NORMAL",
     };
     conn.pragma_update(None, "synchronous", sync)?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    // Another process (a second replica, the sqlite3 CLI) may hold the write lock briefly.
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     // Prepared statements are reused across batches; the default cache of 16 is too small for
     // the statements of a whole store.
     conn.set_prepared_statement_cache_capacity(64);
     keep_plans(conn)
+}
+
+/// How long a connection waits for another process's lock before giving up.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Puts the file in WAL mode. Switching a new file takes an exclusive lock, and SQLite answers
+/// "database is locked" at once, without its busy wait, when another process (a replica
+/// starting at the same moment) holds any lock; so that answer is retried here for up to
+/// [`LOCK_WAIT`]. Once the file is in WAL mode the pragma needs no lock.
+fn enter_wal(conn: &Connection) -> Result<(), Error> {
+    let started = std::time::Instant::now();
+    loop {
+        match conn.pragma_update(None, "journal_mode", "WAL") {
+            Err(rusqlite::Error::SqliteFailure(e, _))
+                if e.code == rusqlite::ErrorCode::DatabaseBusy && started.elapsed() < LOCK_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            other => return Ok(other?),
+        }
+    }
 }
 
 /// Turns on SQLite's query planner stability guarantee. Without it a cached statement whose
@@ -409,7 +430,7 @@ fn open_reader(path: &Path) -> Result<Connection, Error> {
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    conn.busy_timeout(LOCK_WAIT)?;
     conn.set_prepared_statement_cache_capacity(32);
     keep_plans(&conn)?;
     Ok(conn)

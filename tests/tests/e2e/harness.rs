@@ -55,9 +55,19 @@ where
 }
 
 /// A port that was free a moment ago, for a server that must come back on the same address.
+/// Never the same port twice in this test process: the kernel may hand a just-released port
+/// out again, and two servers of one test (or of two tests running at once) given the same
+/// port would fail to start.
 pub async fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        if HANDED_OUT.lock().unwrap().insert(addr.port()) {
+            return addr;
+        }
+    }
 }
 
 /// Waits until the server at `addr` reports SERVING on `grpc.health.v1.Health`. A bound port
