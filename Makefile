@@ -54,7 +54,7 @@ BABELFISH_DIR ?= ../shared/babelfish
 ## Every end-to-end module but `channels`, which checks how each SMTP reply, webhook status and
 ## OAuth answer is classified: adapter logic that does not touch the store differently, and ten
 ## centrals at once on one thread, too slow for Babelfish's first-run statement costs.
-MSSQL_E2E_MODULES = admin:: auth:: crash:: delivery:: forwarding:: ingest:: leader:: operations:: \
+MSSQL_E2E_MODULES = admin:: auth:: crash:: delivery:: forwarding:: ingest:: leader:: operations:: pair:: \
 	secrets:: tls::
 ## The conformance suite's MS SQL tests are #[ignore]d (a plain `cargo test` has no server), so
 ## they are asked for here.
