@@ -16,7 +16,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_proto::pem;
@@ -118,7 +117,8 @@ impl TlsConfig {
                 let key = read("key", key_path)?;
                 let chain = certificates("cert", cert_path, &cert)?;
                 let private_key = private_key("key", key_path, &key)?;
-                check_key_matches(chain, private_key, cert_path, key_path)?;
+                pem::check_key_fits(chain, private_key, cert_path, key_path)
+                    .map_err(|problem| config_error("key", problem))?;
                 let client_ca = match &self.client_ca {
                     Some(path) => {
                         let pem = read("client_ca", path)?;
@@ -203,32 +203,6 @@ fn certificates(
 
 fn private_key(key: &'static str, path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>> {
     pem::private_key(path, bytes).map_err(|problem| config_error(key, problem))
-}
-
-/// Builds the server side of rustls once, which checks that the key belongs to the first
-/// certificate: tonic would otherwise find out only when the server starts.
-fn check_key_matches(
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    cert_path: &Path,
-    key_path: &Path,
-) -> Result<()> {
-    rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| config_error("cert", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map(drop)
-        .map_err(|e| {
-            config_error(
-                "key",
-                format!(
-                    "{} does not fit the certificate in {}: {e}",
-                    key_path.display(),
-                    cert_path.display()
-                ),
-            )
-        })
 }
 
 #[cfg(test)]

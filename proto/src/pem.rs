@@ -58,3 +58,30 @@ pub fn common_name(der: &[u8]) -> Option<String> {
         .ok()??;
     Some(name.value().into_owned())
 }
+
+/// Checks that `key` belongs to the first certificate of the chain `cert` (both PEM files, read
+/// and parsed by the caller), as rustls does when it builds a configuration: found here, at
+/// start-up, a mismatch names both files instead of failing the first handshake. The message
+/// reads "<key> does not fit the certificate in <cert>: <why>".
+pub fn check_key_fits(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    cert_path: &Path,
+    key_path: &Path,
+) -> Result<(), String> {
+    rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .map(drop)
+    .map_err(|e| {
+        format!(
+            "{} does not fit the certificate in {}: {e}",
+            key_path.display(),
+            cert_path.display()
+        )
+    })
+}

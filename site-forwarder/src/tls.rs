@@ -14,11 +14,10 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_proto::pem;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig, Uri};
 
@@ -158,7 +157,8 @@ impl TlsConfig {
             let chain = certificates("cert", cert_path, &cert)?;
             let private_key =
                 pem::private_key(key_path, &key).map_err(|problem| config_error("key", problem))?;
-            check_key_matches(roots, chain, private_key, cert_path, key_path)?;
+            pem::check_key_fits(chain, private_key, cert_path, key_path)
+                .map_err(|problem| config_error("key", problem))?;
             config = config.identity(Identity::from_pem(cert, key));
         }
         if let Some(domain) = domain {
@@ -252,33 +252,6 @@ fn certificates(
     bytes: &[u8],
 ) -> Result<Vec<CertificateDer<'static>>> {
     pem::certificates(path, bytes).map_err(|problem| config_error(key, problem))
-}
-
-/// Builds the client side of rustls once, which checks that the key belongs to the first
-/// certificate: tonic would otherwise find out only at the first connection.
-fn check_key_matches(
-    roots: rustls::RootCertStore,
-    chain: Vec<CertificateDer<'static>>,
-    key: PrivateKeyDer<'static>,
-    cert_path: &Path,
-    key_path: &Path,
-) -> Result<()> {
-    rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| config_error("cert", e.to_string()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map(drop)
-        .map_err(|e| {
-            config_error(
-                "key",
-                format!(
-                    "{} does not fit the certificate in {}: {e}",
-                    key_path.display(),
-                    cert_path.display()
-                ),
-            )
-        })
 }
 
 #[cfg(test)]
