@@ -28,7 +28,6 @@ use std::sync::Arc;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_notify_server::SiteNotifyServer;
-use outbox_proto::v1::site_pair_server::SitePairServer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -43,7 +42,7 @@ use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
 use crate::pair::node::{self, Node};
-use crate::pair::service::SitePairService;
+use crate::pair::service::PairEndpoint;
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -166,41 +165,21 @@ pub async fn run(
     // A child token: shutdown ends the replication streams at once (the standby reconnects to
     // whichever node is active) and the pair endpoint with them.
     let stop_pair = shutdown.child_token();
-    let pair_server = match &config.pair {
+    let pair_endpoint = match &config.pair {
         None => None,
-        Some(pair_config) => {
-            let listener = TcpListener::bind(pair_config.listen)
-                .await
-                .map_err(|source| RunError::PairListen {
-                    addr: pair_config.listen,
-                    source,
-                })?;
-            let tls = config
-                .tls
-                .pair_server_config()
-                .map_err(|e| RunError::Config(e.to_string()))?;
-            let peer = pair::peer_endpoint(&config, pair_config)?;
-            let service = SitePairService::new(
+        Some(pair_config) => Some(
+            PairEndpoint::bind(
+                &config,
+                pair_config,
                 site.clone(),
                 buffer.clone(),
                 Arc::clone(&pair),
-                tls.is_some(),
-                config.request_timeout,
-                pair_config.heartbeat_interval(),
                 stop_pair.clone(),
-            );
-            tracing::info!(
-                node = %pair_config.node_name, role = pair.role_now().role.as_str(),
-                term = pair.role_now().term, listen = %pair_config.listen, peer = %pair_config.peer_url,
-                "site pair: serving the peer"
-            );
-            Some((listener, tls, service, (pair_config.clone(), peer)))
-        }
+            )
+            .await?,
+        ),
     };
-    let (pair_serving, peer) = match pair_server {
-        None => (None, None),
-        Some((listener, tls, service, peer)) => (Some((listener, tls, service)), Some(peer)),
-    };
+    let peer = pair_endpoint.as_ref().map(PairEndpoint::peer);
     let node = Node::new(
         buffer,
         config.clone(),
@@ -220,31 +199,7 @@ pub async fn run(
     // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
     let forwarding = tokio::spawn(node.run(stop_forwarding.clone()));
-    let pair_serving = match pair_serving {
-        None => None,
-        Some((listener, tls, service)) => {
-            let mut builder = Server::builder();
-            if let Some(tls) = tls {
-                builder = builder.tls_config(tls).map_err(|e| {
-                    RunError::Config(format!("tls.cert: cannot serve the pair link with it: {e}"))
-                })?;
-            }
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-            let stop = stop_pair.clone();
-            let serving = builder
-                .add_service(
-                    SitePairServer::new(service)
-                        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
-                        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
-                )
-                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned());
-            Some(tokio::spawn(async move {
-                if let Err(error) = serving.await {
-                    tracing::error!(%error, "the pair endpoint failed; the peer cannot reach this node");
-                }
-            }))
-        }
-    };
+    let pair_serving = pair_endpoint.map(PairEndpoint::serve);
     // Same reason for a child token; the endpoint lives exactly as long as the gRPC server.
     let stop_metrics = shutdown.child_token();
     let metrics_serving = metrics_listener.map(|listener| {

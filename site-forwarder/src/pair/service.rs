@@ -1,5 +1,6 @@
-//! `SitePair`: what a node serves its peer on `pair.listen`. Handlers stay thin: check the
-//! caller and this node's role, then hand over to [`super::source`] or the buffer.
+//! `SitePair`: what a node serves its peer on `pair.listen` ([`PairEndpoint`] binds and serves
+//! it). Handlers stay thin: check the caller and this node's role, then hand over to
+//! [`super::source`] or the buffer.
 //!
 //! On a TLS pair link the peer has already presented a certificate chaining to `tls.ca`; it must
 //! also name this site (Common Name = `site_id`), so a certificate issued to another site cannot
@@ -8,22 +9,114 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_pair_server::SitePair;
+use outbox_proto::v1::site_pair_server::SitePairServer;
 use outbox_proto::v1::{
     AdoptRequest, AdoptResponse, GetRoleRequest, NodeRoleView, ReplicaMessage, ReplicationBatch,
     replica_message,
 };
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::source::{self, Hello, WINDOW};
 use super::{Pair, Role};
+use crate::RunError;
 use crate::buffer::Buffer;
+use crate::config::{Config, PairConfig};
 use crate::domain::{BufferedNotification, Seq, SiteId};
 use crate::grpc::buffer_status;
+
+/// The pair endpoint of a node: bound at start-up (so a busy port stops start-up), served by
+/// [`PairEndpoint::serve`] until the stop token.
+pub struct PairEndpoint {
+    listener: TcpListener,
+    /// With the TLS configuration applied, when the link is TLS.
+    server: Server,
+    service: SitePairService,
+    peer: (PairConfig, Endpoint),
+}
+
+impl PairEndpoint {
+    /// Binds `pair.listen` and reads the TLS files; checks the peer's URL.
+    pub async fn bind(
+        config: &Config,
+        pair_config: &PairConfig,
+        site: SiteId,
+        buffer: Buffer,
+        pair: Arc<Pair>,
+        stop: CancellationToken,
+    ) -> Result<Self, RunError> {
+        let listener = TcpListener::bind(pair_config.listen)
+            .await
+            .map_err(|source| RunError::PairListen {
+                addr: pair_config.listen,
+                source,
+            })?;
+        let tls = config
+            .tls
+            .pair_server_config()
+            .map_err(|e| RunError::Config(e.to_string()))?;
+        let peer = super::peer_endpoint(config, pair_config)?;
+        let mut server = Server::builder();
+        if let Some(tls) = tls.clone() {
+            server = server.tls_config(tls).map_err(|e| {
+                RunError::Config(format!("tls.cert: cannot serve the pair link with it: {e}"))
+            })?;
+        }
+        tracing::info!(
+            node = %pair_config.node_name, role = pair.role_now().role.as_str(),
+            term = pair.role_now().term, listen = %pair_config.listen, peer = %pair_config.peer_url,
+            "site pair: serving the peer"
+        );
+        let service = SitePairService {
+            site,
+            buffer,
+            pair,
+            tls: tls.is_some(),
+            hello_timeout: config.request_timeout,
+            heartbeat: pair_config.heartbeat_interval(),
+            stop,
+        };
+        Ok(Self {
+            listener,
+            server,
+            service,
+            peer: (pair_config.clone(), peer),
+        })
+    }
+
+    /// The peer's settings and endpoint, for the node task.
+    pub fn peer(&self) -> (PairConfig, Endpoint) {
+        self.peer.clone()
+    }
+
+    /// Serves `SitePair` until the stop token given to [`Self::bind`].
+    pub fn serve(self) -> JoinHandle<()> {
+        let stop = self.service.stop.clone();
+        let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
+        let mut server = self.server;
+        tokio::spawn(async move {
+            let serving = server
+                .add_service(
+                    SitePairServer::new(self.service)
+                        .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES)
+                        .max_encoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+                )
+                .serve_with_incoming_shutdown(incoming, stop.cancelled_owned());
+            if let Err(error) = serving.await {
+                tracing::error!(%error, "the pair endpoint failed; the peer cannot reach this node");
+            }
+        })
+    }
+}
 
 pub struct SitePairService {
     site: SiteId,
@@ -38,26 +131,6 @@ pub struct SitePairService {
 }
 
 impl SitePairService {
-    pub fn new(
-        site: SiteId,
-        buffer: Buffer,
-        pair: Arc<Pair>,
-        tls: bool,
-        hello_timeout: Duration,
-        heartbeat: Duration,
-        stop: CancellationToken,
-    ) -> Self {
-        Self {
-            site,
-            buffer,
-            pair,
-            tls,
-            hello_timeout,
-            heartbeat,
-            stop,
-        }
-    }
-
     fn check_peer<T>(&self, request: &Request<T>) -> Result<(), Status> {
         if !self.tls {
             return Ok(());
