@@ -270,4 +270,48 @@ mod tests {
         assert!(text.contains("last_error: smtp 451\n"));
         assert!(!text.contains("delivered_at"));
     }
+
+    #[test]
+    fn stats_show_the_pair_from_each_side() {
+        let standby = BufferStats {
+            role: NodeRole::Standby.into(),
+            term: 3,
+            node_name: "site-a-2".into(),
+            peer_connected: true,
+            active_node: "site-a-1".into(),
+            active_silent_seconds: 0.25,
+            ..Default::default()
+        };
+        let text = format_stats(&standby);
+        for line in [
+            "node: site-a-2\n",
+            "role: standby\n",
+            "term: 3\n",
+            "peer_connected: true\n",
+            "active_node: site-a-1\n",
+            "active_silent_seconds: 0.250\n",
+        ] {
+            assert!(text.contains(line), "{line:?} in {text}");
+        }
+        assert!(!text.contains("standby_lag"), "{text}");
+
+        let active = BufferStats {
+            role: NodeRole::Active.into(),
+            standby_lag_rows: 12,
+            standby_lag_seconds: 0.5,
+            ..Default::default()
+        };
+        let text = format_stats(&active);
+        assert!(text.contains("role: active\n") && text.contains("standby_lag_rows: 12\n"));
+        assert!(text.contains("standby_lag_seconds: 0.500\n"), "{text}");
+        assert_eq!(
+            format_role(&NodeRoleView {
+                node_name: "site-a-2".into(),
+                role: NodeRole::Active.into(),
+                term: 4,
+                send_addr: String::new(),
+            }),
+            "site-a-2 is active (term 4)\n"
+        );
+    }
 }

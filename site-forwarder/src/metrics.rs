@@ -313,4 +313,31 @@ mod tests {
         );
         assert!(text.ends_with("# EOF\n"));
     }
+
+    #[tokio::test]
+    async fn pair_gauges_show_the_role_and_the_term() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = Buffer::open(&dir.path().join("b.db")).unwrap();
+        let pair = Pair::new(
+            &crate::config::Config::new("site-a"),
+            crate::pair::RoleState {
+                role: Role::Standby,
+                term: 7,
+            },
+        );
+        let metrics = SiteMetrics::new();
+        metrics.promoted();
+        let text = metrics
+            .render(&buffer, &ForwardState::default(), &pair)
+            .await;
+        assert_eq!(
+            sample(&text, "outbox_site_pair_active"),
+            Some(0.0),
+            "{text}"
+        );
+        assert_eq!(sample(&text, "outbox_site_pair_term"), Some(7.0));
+        assert_eq!(sample(&text, "outbox_site_pair_peer_connected"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_site_standby_lag_rows"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_site_promotions_total"), Some(1.0));
+    }
 }
