@@ -139,14 +139,9 @@ pub async fn run(
     let pair = Arc::new(Pair::new(&config, starting));
     let state = Arc::new(ForwardState::default());
     let metrics = Arc::new(SiteMetrics::new());
+    // Built now, so a bad central_url or TLS file stops start-up, not the first forward (the
+    // node task builds the forwarder from the same, already checked, settings).
     let endpoint = forwarder::central_endpoint(&config)?;
-    // Checked now so that a bad central_url or TLS file stops start-up, not the first forward.
-    forwarder::Forwarder::new(
-        buffer.clone(),
-        &config,
-        Arc::clone(&state),
-        Arc::clone(&metrics),
-    )?;
     let central = CentralStatus::new(
         &endpoint,
         config.central_url.clone(),

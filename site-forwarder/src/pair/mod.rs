@@ -117,12 +117,6 @@ pub struct RoleState {
     pub term: u64,
 }
 
-/// What the standby knows of the active it follows.
-#[derive(Debug, Clone, Default)]
-struct Following {
-    active: Option<NodeView>,
-}
-
 /// The pair state shared by `SiteNotify`, `SitePair`, metrics and the node task.
 #[derive(Debug)]
 pub struct Pair {
@@ -134,7 +128,8 @@ pub struct Pair {
     /// Mirrors `role` for readers that must not wait on the lock (stats, metrics).
     role_now: watch::Sender<RoleState>,
     promote: Notify,
-    following: Mutex<Following>,
+    /// Standby: the active it follows (or last followed), as the active described itself.
+    active: Mutex<Option<NodeView>>,
     /// Active: replication streams currently open to a standby. Standby: 1 while following.
     peer_streams: AtomicU64,
     standby_lag_rows: AtomicU64,
@@ -176,7 +171,7 @@ impl Pair {
             role: RwLock::new(initial),
             role_now: watch::Sender::new(initial),
             promote: Notify::new(),
-            following: Mutex::new(Following::default()),
+            active: Mutex::new(None),
             peer_streams: AtomicU64::new(0),
             standby_lag_rows: AtomicU64::new(0),
             standby_lag_ms: AtomicU64::new(0),
@@ -223,7 +218,7 @@ impl Pair {
 
     /// The refusal a standby gives, naming the active when it knows it.
     pub fn not_active(&self) -> tonic::Status {
-        let active = lock(&self.following).active.clone();
+        let active = lock(&self.active).clone();
         let whom = match active {
             Some(active) => format!(
                 "send to the active node {} at {}",
@@ -262,7 +257,7 @@ impl Pair {
     pub(crate) fn heard_from(&self, active: Option<NodeView>) {
         *lock(&self.last_heard) = Instant::now();
         if let Some(active) = active {
-            lock(&self.following).active = Some(active);
+            *lock(&self.active) = Some(active);
         }
     }
 
@@ -271,7 +266,7 @@ impl Pair {
     }
 
     pub(crate) fn active_followed(&self) -> Option<NodeView> {
-        lock(&self.following).active.clone()
+        lock(&self.active).clone()
     }
 
     pub(crate) fn set_following(&self, following: bool) {

@@ -194,10 +194,7 @@ impl Node {
     async fn follow_forever(&self, endpoint: &Endpoint) -> std::convert::Infallible {
         let mut reported = false;
         loop {
-            let error = match self.follow_once(endpoint).await {
-                Ok(error) => error,
-                Err(error) => error,
-            };
+            let error = self.follow_once(endpoint).await;
             if reported {
                 tracing::debug!(%error, "still cannot follow the active node");
             } else {
@@ -208,26 +205,32 @@ impl Node {
         }
     }
 
-    async fn follow_once(&self, endpoint: &Endpoint) -> Result<String, String> {
-        let record = self.buffer.pair_record().await.map_err(|e| e.to_string())?;
-        if record.is_some_and(|r: PairRecord| r.holds_own_rows) {
-            handover::hand_over(
+    /// Hands over (when this node holds rows of its own) and follows the active until that
+    /// stops; returns why it stopped.
+    async fn follow_once(&self, endpoint: &Endpoint) -> String {
+        let record = match self.buffer.pair_record().await {
+            Ok(record) => record,
+            Err(e) => return e.to_string(),
+        };
+        if record.is_some_and(|r: PairRecord| r.holds_own_rows)
+            && let Err(e) = handover::hand_over(
                 &self.buffer,
                 &self.pair,
                 endpoint,
                 self.config.request_timeout,
             )
             .await
-            .map_err(|e| format!("hand-over: {e}"))?;
+        {
+            return format!("hand-over: {e}");
         }
-        let error = replica::follow(
+        replica::follow(
             &self.buffer,
             &self.pair,
             endpoint,
             self.config.request_timeout,
         )
-        .await;
-        Ok(error.to_string())
+        .await
+        .to_string()
     }
 
     async fn promote(&self, reason: &str, shutdown: &CancellationToken) {

@@ -60,14 +60,12 @@ pub async fn follow(
     }
 }
 
-enum Never {}
-
 async fn follow_inner(
     buffer: &Buffer,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
     open_timeout: Duration,
-) -> Result<Never, FollowError> {
+) -> Result<std::convert::Infallible, FollowError> {
     let record = buffer.pair_record().await?.unwrap_or(PairRecord {
         role: Role::Standby,
         term: 0,

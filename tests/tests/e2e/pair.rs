@@ -348,6 +348,7 @@ fn spawn_pair_senders(
         tasks.spawn(async move {
             let mut clients: [Option<SiteNotifyClient<Channel>>; 2] = [None, None];
             let mut node = 0;
+            let mut refused_in_a_row = 0;
             loop {
                 if acked.lock().unwrap().len() >= total {
                     return;
@@ -367,23 +368,48 @@ fn spawn_pair_senders(
                     None => Err(tonic::Status::unavailable("not connected")),
                 };
                 match sent {
-                    Ok(reply) => acked.lock().unwrap().push((
-                        reply.into_inner().notification_id,
-                        node,
-                        Instant::now(),
-                    )),
+                    Ok(reply) => {
+                        refused_in_a_row = 0;
+                        acked.lock().unwrap().push((
+                            reply.into_inner().notification_id,
+                            node,
+                            Instant::now(),
+                        ));
+                    }
                     Err(_) => {
                         // The other node, as a script given both addresses would; a refused
                         // or failed Send stored nothing and carries no promise.
                         clients[node] = None;
                         node = 1 - node;
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        refused_in_a_row += 1;
+                        // Both refused (the standby is not promoted yet): wait until one of
+                        // them is active instead of hammering both.
+                        if refused_in_a_row >= 2 {
+                            wait_for_an_active(addrs).await;
+                            refused_in_a_row = 0;
+                        }
                     }
                 }
             }
         });
     }
     tasks
+}
+
+/// Waits until one node of the pair reports itself active.
+async fn wait_for_an_active(addrs: [SocketAddr; 2]) {
+    eventually("a node of the pair is active", || async move {
+        for addr in addrs {
+            if stats(addr)
+                .await
+                .is_some_and(|s| s.role == i32::from(v1::NodeRole::Active))
+            {
+                return Some(());
+            }
+        }
+        None
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
