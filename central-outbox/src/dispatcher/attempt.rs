@@ -119,21 +119,35 @@ impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
     }
 }
 
-/// Writes a finished attempt's outcome, fenced by its claim epoch (see the store).
-pub(super) async fn record_outcome<S: OutboxStore>(store: Arc<S>, record: AttemptRecord) {
-    let id = record.id;
-    let status = record.transition.status;
-    match store.record_outcome(DISPATCHER_LEASE, record).await {
-        Ok(true) => tracing::debug!(%id, %status, "attempt recorded"),
-        Ok(false) => tracing::warn!(
-            %id,
-            "attempt outcome not recorded: the claim or lease was lost meanwhile"
-        ),
-        Err(e) => tracing::error!(
-            %id,
-            error = %e,
-            "cannot record the attempt; the row becomes due again after its claim expires"
-        ),
+/// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch (see
+/// the store).
+pub(super) async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<AttemptRecord>) {
+    let ids: Vec<_> = records
+        .iter()
+        .map(|r| (r.id, r.transition.status))
+        .collect();
+    match store.record_outcomes(DISPATCHER_LEASE, records).await {
+        Ok(applied) => {
+            for ((id, status), applied) in ids.into_iter().zip(applied) {
+                if applied {
+                    tracing::debug!(%id, %status, "attempt recorded");
+                } else {
+                    tracing::warn!(
+                        %id,
+                        "attempt outcome not recorded: the claim or lease was lost meanwhile"
+                    );
+                }
+            }
+        }
+        Err(e) => {
+            for (id, _) in ids {
+                tracing::error!(
+                    %id,
+                    error = %e,
+                    "cannot record the attempt; the row becomes due again after its claim expires"
+                );
+            }
+        }
     }
 }
 

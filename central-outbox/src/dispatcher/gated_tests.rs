@@ -93,9 +93,13 @@ impl OutboxStore for GatedStore {
             .claim_due(lease, epoch, kind, limit, claim_timeout)
             .await
     }
-    async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
+    async fn record_outcomes(
+        &self,
+        lease: &'static str,
+        records: Vec<AttemptRecord>,
+    ) -> Result<Vec<bool>> {
         self.outcomes.pass().await;
-        self.inner.record_outcome(lease, record).await
+        self.inner.record_outcomes(lease, records).await
     }
     async fn query(&self, page: PageRequest) -> Result<Page> {
         self.inner.query(page).await

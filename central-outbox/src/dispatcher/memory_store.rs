@@ -192,6 +192,28 @@ impl MemoryStore {
         }
     }
 
+    /// Applies one outcome if its claim still stands; whether it did.
+    fn apply_outcome(&self, record: AttemptRecord) -> bool {
+        let mut state = self.state();
+        // Lapsed or not, the lease must still be at the claim's epoch.
+        if state.lease.as_ref().map(|l| l.epoch) != Some(record.epoch) {
+            return false;
+        }
+        let Some(row) = state.rows.iter_mut().find(|r| r.submission.id == record.id) else {
+            return false;
+        };
+        let claimed_by_this_attempt = row
+            .claim
+            .is_some_and(|c| c.epoch == record.epoch && c.attempt_no == record.attempt_no);
+        if !claimed_by_this_attempt {
+            return false;
+        }
+        row.claim = None;
+        row.status = record.transition.status;
+        row.outcomes.push(record);
+        true
+    }
+
     /// How many claims have claimed rows so far.
     pub(super) fn claims(&self) -> usize {
         self.state().claims
@@ -328,27 +350,20 @@ impl OutboxStore for MemoryStore {
         Ok(claimed)
     }
 
-    async fn record_outcome(&self, _lease: &'static str, record: AttemptRecord) -> Result<bool> {
-        let mut state = self.state();
-        // Lapsed or not, the lease must still be at the claim's epoch.
-        if state.lease.as_ref().map(|l| l.epoch) != Some(record.epoch) {
-            return Ok(false);
+    async fn record_outcomes(
+        &self,
+        _lease: &'static str,
+        records: Vec<AttemptRecord>,
+    ) -> Result<Vec<bool>> {
+        let mut applied = Vec::with_capacity(records.len());
+        for record in records {
+            let done = self.apply_outcome(record);
+            if done {
+                self.recorded.send_modify(|n| *n += 1);
+            }
+            applied.push(done);
         }
-        let Some(row) = state.rows.iter_mut().find(|r| r.submission.id == record.id) else {
-            return Ok(false);
-        };
-        let claimed_by_this_attempt = row
-            .claim
-            .is_some_and(|c| c.epoch == record.epoch && c.attempt_no == record.attempt_no);
-        if !claimed_by_this_attempt {
-            return Ok(false);
-        }
-        row.claim = None;
-        row.status = record.transition.status;
-        row.outcomes.push(record);
-        drop(state);
-        self.recorded.send_modify(|n| *n += 1);
-        Ok(true)
+        Ok(applied)
     }
 
     async fn query(&self, _page: PageRequest) -> Result<Page> {

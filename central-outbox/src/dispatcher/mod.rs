@@ -11,7 +11,10 @@
 //!
 //! An attempt frees its slot as soon as the channel has answered, and its outcome is written by
 //! a separate task: the write then shares a group commit with the claim of the row that takes
-//! the slot, instead of the two waiting for one fsync each in turn.
+//! the slot, instead of the two waiting for one fsync each in turn. Outcomes are written by at
+//! most [`RECORDERS`] tasks at a time, each taking every outcome that finished while the others
+//! wrote: one store call per group, not per delivery, which is what a server that spends more
+//! on a call than on a row (MS SQL, above all Babelfish) needs to keep up.
 //!
 //! The lease is kept by `LeaseKeeper`, a task of its own, so renewing it never waits for a
 //! sweep. This loop follows what the keeper publishes: it claims only while it holds a lease
@@ -55,14 +58,18 @@ use crate::delivery::{Adapters, ChannelSettings, Deliver};
 use crate::domain::NotificationType;
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
 use crate::metrics::Metrics;
-use crate::store::{LeaseEpoch, OutboxStore, StoreError};
-use attempt::{Attempt, Finished, attempt_timeout, record_outcome};
+use crate::store::{AttemptRecord, LeaseEpoch, OutboxStore, StoreError};
+use attempt::{Attempt, Finished, attempt_timeout, record_outcomes};
 use lease::{LeaseKeeper, LeaseSettings, LeaseView, Tenure};
 use pacing::{CHANNELS, Pacing};
 use wake::{Step, Wake};
 
 pub use lease::DISPATCHER_LEASE;
 pub use wake::WakePolicy;
+
+/// Outcome writes under way at most. Two: one can be committing while the next gathers what
+/// finished meanwhile, without a dozen small writes competing for the database.
+const RECORDERS: usize = 2;
 
 /// Timing of the dispatcher. Defaults documented in `deploy/central-outbox.toml`.
 #[derive(Debug, Clone)]
@@ -116,7 +123,9 @@ pub struct Dispatcher<S, D = Adapters> {
     warned_for: Option<SmtpSettings>,
     /// Deliveries under way: each holds one slot of its channel.
     in_flight: JoinSet<Finished>,
-    /// Outcomes of finished deliveries being written; they hold no slot.
+    /// Outcomes of finished deliveries waiting for a recorder; they hold no slot.
+    unwritten: Vec<AttemptRecord>,
+    /// Outcome writes under way (at most [`RECORDERS`]).
     recording: JoinSet<()>,
 }
 
@@ -156,6 +165,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             pacing: Pacing::default(),
             warned_for: None,
             in_flight: JoinSet::new(),
+            unwritten: Vec::new(),
             recording: JoinSet::new(),
         }
     }
@@ -191,7 +201,10 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                     }
                     Wake::Lease
                 }
-                Some(_) = self.recording.join_next(), if !self.recording.is_empty() => continue,
+                Some(_) = self.recording.join_next(), if !self.recording.is_empty() => {
+                    self.write_outcomes();
+                    continue;
+                }
                 Some(finished) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                     self.finished(finished);
                     // Collect every other finished task too, so one sweep fills all free slots.
@@ -229,8 +242,8 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
         match finished {
             Ok(Finished { kind, record }) => {
                 self.pacing.finished(kind);
-                self.recording
-                    .spawn(record_outcome(Arc::clone(&self.store), record));
+                self.unwritten.push(record);
+                self.write_outcomes();
             }
             // Aborted when another node took the lease (the counts were reset then). A panic in
             // the adapter is caught inside the task (`Attempt::run`); one anywhere else loses
@@ -244,6 +257,16 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                 }
             }
         }
+    }
+
+    /// Starts writing the waiting outcomes, all in one call, if a recorder is free.
+    fn write_outcomes(&mut self) {
+        if self.unwritten.is_empty() || self.recording.len() >= RECORDERS {
+            return;
+        }
+        let records = std::mem::take(&mut self.unwritten);
+        self.recording
+            .spawn(record_outcomes(Arc::clone(&self.store), records));
     }
 
     /// The lease ran out without a successful renewal: stop claiming and starting. Rows claimed
@@ -261,7 +284,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
 
     /// Aborts every delivery under way and drops outcomes not yet written.
     fn abort_in_flight(&mut self) {
-        if !self.in_flight.is_empty() || !self.recording.is_empty() {
+        if !self.in_flight.is_empty() || !self.recording.is_empty() || !self.unwritten.is_empty() {
             tracing::warn!(
                 in_flight = self.in_flight.len(),
                 "another node holds the dispatcher lease; cancelling in-flight deliveries"
@@ -274,6 +297,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
         if !self.recording.is_empty() {
             self.recording.abort_all();
         }
+        self.unwritten.clear();
         // Claimed but never started: due again when their claims expire.
         self.pacing.drop_all();
     }
@@ -374,27 +398,33 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
     }
 
     async fn drain(&mut self) {
-        if self.in_flight.is_empty() && self.recording.is_empty() {
+        if self.in_flight.is_empty() && self.recording.is_empty() && self.unwritten.is_empty() {
             return;
         }
         tracing::info!(in_flight = self.in_flight.len(), "draining deliveries");
         let drained = tokio::time::timeout(self.settings.drain_timeout, async {
             while let Some(finished) = self.in_flight.join_next().await {
                 if let Ok(Finished { record, .. }) = finished {
-                    self.recording
-                        .spawn(record_outcome(Arc::clone(&self.store), record));
+                    self.unwritten.push(record);
+                    self.write_outcomes();
                 }
             }
-            while self.recording.join_next().await.is_some() {}
+            loop {
+                self.write_outcomes();
+                if self.recording.join_next().await.is_none() {
+                    break;
+                }
+            }
         })
         .await;
         if drained.is_err() {
             tracing::warn!(
-                aborted = self.in_flight.len() + self.recording.len(),
+                aborted = self.in_flight.len() + self.recording.len() + self.unwritten.len(),
                 "drain timeout: aborting deliveries; their rows are retried after the claim timeout"
             );
             self.in_flight.abort_all();
             self.recording.abort_all();
+            self.unwritten.clear();
             while self.in_flight.join_next().await.is_some() {}
             while self.recording.join_next().await.is_some() {}
         }

@@ -6,7 +6,7 @@
 //!   content hash is `Duplicate`, with another hash `Conflict`, and the stored row is unchanged.
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
 //!   InFlight attempt row in the same transaction.
-//! - `record_outcome` applies only if the row is still claimed by that attempt (epoch and
+//! - `record_outcomes` applies each outcome only if the row is still claimed by that attempt (epoch and
 //!   attempt number) and no other holder has taken the lease since (it is still at that epoch,
 //!   lapsed or not); otherwise it changes nothing and returns false.
 //! - `acquire_lease` bumps the epoch only when the holder changes: a holder re-taking its own
@@ -114,13 +114,27 @@ pub trait OutboxStore: Send + Sync + 'static {
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
 
-    /// Applies an attempt's outcome if its claim still stands (see the module contract). Returns
-    /// whether it was applied.
+    /// Applies each attempt's outcome whose claim still stands (see the module contract), all
+    /// committed before it returns. One answer per record, in order: whether it was applied.
+    /// The dispatcher writes the outcomes that finished together in one call, because a call
+    /// costs a server far more than a row does.
+    fn record_outcomes(
+        &self,
+        lease: &'static str,
+        records: Vec<AttemptRecord>,
+    ) -> impl Future<Output = Result<Vec<bool>>> + Send;
+
+    /// [`Self::record_outcomes`] of one record.
     fn record_outcome(
         &self,
         lease: &'static str,
         record: AttemptRecord,
-    ) -> impl Future<Output = Result<bool>> + Send;
+    ) -> impl Future<Output = Result<bool>> + Send {
+        async move {
+            let applied = self.record_outcomes(lease, vec![record]).await?;
+            Ok(applied.first().copied().unwrap_or(false))
+        }
+    }
 
     /// One page of notifications matching the filter, newest first.
     fn query(&self, page: PageRequest) -> impl Future<Output = Result<Page>> + Send;

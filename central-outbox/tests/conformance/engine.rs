@@ -440,6 +440,120 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &
     );
 }
 
+/// The outcome of `claim` under `result`, with the error text the result carries.
+fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>) -> AttemptRecord {
+    let policy = RetryPolicy::clamped(5, Duration::from_secs(30), Backoff::Fixed).0;
+    AttemptRecord {
+        row_id: claim.row_id,
+        id: claim.id,
+        attempt_no: claim.attempt_no,
+        epoch: claim.epoch,
+        outcome: AttemptOutcome::of(&result),
+        error: result.as_ref().err().map(|e| e.message().to_owned()),
+        duration: Duration::from_millis(42),
+        transition: policy.transition(claim.retry_count, &result, Utc::now(), 0.5),
+    }
+}
+
+/// Outcomes written in one call each stand or fall on their own claim, come back in order, and
+/// store their texts and instants exactly as one-at-a-time writes do: quotes, backslashes, line
+/// breaks and any Unicode included.
+pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(store: &S) {
+    let rows: Vec<NewNotification> = (0..6).map(|i| new_row(&format!("group {i}"))).collect();
+    store.submit(rows).await.unwrap();
+    let long = Duration::from_secs(600);
+    let epoch = store
+        .acquire_lease(LEASE, "node-a", long)
+        .await
+        .unwrap()
+        .unwrap();
+    let claimed = claim(store, epoch, NotificationType::Email, 10, long).await;
+    assert_eq!(claimed.len(), 6);
+    let tricky = "421 \"busy\" at C:\\relay\n\ttry later: é ✓ 😀 \u{1}";
+    let plain = "550 5.1.1 <nobody@plant.test>: user unknown, é ✓";
+    let targets = || {
+        Ok(Delivered {
+            resolved_targets: vec![
+                "\"Ops Desk\" <ops@plant.test>".into(),
+                "b@plant.test".into(),
+            ],
+        })
+    };
+    let mut stale = outcome(&claimed[4], targets());
+    stale.attempt_no += 1;
+    let records = vec![
+        outcome(&claimed[0], targets()),
+        outcome(
+            &claimed[1],
+            Ok(Delivered {
+                resolved_targets: vec!["a@plant.test".into()],
+            }),
+        ),
+        outcome(&claimed[2], Err(DeliveryError::transient(tricky))),
+        outcome(&claimed[3], Err(DeliveryError::permanent(plain))),
+        stale,
+        outcome(&claimed[5], Err(DeliveryError::transient("timed out"))),
+        // The same attempt twice: its claim is gone after the first.
+        outcome(&claimed[5], targets()),
+    ];
+    let expected: Vec<AttemptRecord> = records.clone();
+    let applied = store.record_outcomes(LEASE, records).await.unwrap();
+    assert_eq!(applied, [true, true, true, true, false, true, false]);
+
+    let ids: Vec<NotificationId> = claimed.iter().map(|c| c.id).collect();
+    let detail = |i: usize| store.detail(ids[i]);
+    let close =
+        |stored: Option<chrono::DateTime<Utc>>, wanted: Option<chrono::DateTime<Utc>>| match (
+            stored, wanted,
+        ) {
+            (Some(s), Some(w)) => (s - w).num_microseconds().unwrap().abs() < 1_000,
+            (s, w) => s.is_none() && w.is_none(),
+        };
+    for (i, status) in [
+        (0, Status::Delivered),
+        (1, Status::Delivered),
+        (2, Status::Retrying),
+        (3, Status::Parked),
+        (4, Status::Pending),
+        (5, Status::Retrying),
+    ] {
+        let d = detail(i).await.unwrap().unwrap();
+        assert_eq!(d.state.status, status, "row {i}");
+        if i == 4 {
+            continue;
+        }
+        let t = &expected[i].transition;
+        assert_eq!(d.state.retry_count, t.retry_count, "row {i}");
+        assert_eq!(d.state.last_error, t.last_error, "row {i}");
+        assert_eq!(d.resolved_targets, t.resolved_targets, "row {i}");
+        assert!(close(d.state.next_attempt_at, t.next_attempt_at), "row {i}");
+        assert!(close(d.state.resolved_at, t.resolved_at), "row {i}");
+        assert!(close(d.state.delivered_at, t.delivered_at()), "row {i}");
+        let attempt = d.history.last().unwrap();
+        assert_eq!(attempt.error, expected[i].error, "row {i}");
+        assert_eq!(
+            attempt.event,
+            HistoryEvent::Attempt {
+                outcome: expected[i].outcome,
+                duration: Some(Duration::from_millis(42)),
+                lease_epoch: epoch.0
+            },
+            "row {i}"
+        );
+    }
+    let d = detail(2).await.unwrap().unwrap();
+    assert_eq!(d.state.last_error.as_deref(), Some(tricky));
+    assert_eq!(
+        detail(0)
+            .await
+            .unwrap()
+            .unwrap()
+            .resolved_targets
+            .as_deref(),
+        Some("\"Ops Desk\" <ops@plant.test>, b@plant.test")
+    );
+}
+
 pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
     let row = new_row("rescue me");
     let id = row.submission.id;

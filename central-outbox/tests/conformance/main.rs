@@ -130,6 +130,10 @@ macro_rules! backend {
                 engine::an_outcome_applies_only_to_its_own_attempt
             );
             behaviour!(
+                outcomes_recorded_together_apply_each_on_its_own,
+                engine::outcomes_recorded_together_apply_each_on_its_own
+            );
+            behaviour!(
                 a_due_retry_is_claimed_before_newer_rows,
                 engine::a_due_retry_is_claimed_before_newer_rows
             );

@@ -3,6 +3,7 @@
 //! the claim's epoch, a row being due) is evaluated inside the statement that changes the row,
 //! on the database's clock.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use tiberius::Row;
@@ -154,11 +155,63 @@ async fn park_invalid(store: &MsSqlStore, epoch: LeaseEpoch, row: InvalidRow) ->
     Ok(())
 }
 
-pub async fn record_outcome(
+/// Outcomes per [`sql::RECORD_OUTCOMES`] call at most: its JSON stays a few hundred KiB.
+const OUTCOMES_PER_CALL: usize = 256;
+
+/// Records each outcome, in as few calls as it can: groups of [`sql::RECORD_OUTCOMES`], and
+/// [`sql::RECORD_OUTCOME`] for an outcome whose texts cannot travel in the JSON (see
+/// [`sql::travels_in_json`]). A group never holds a row twice, and a row's outcomes are written
+/// in the order given, so the answers are those of writing them one by one.
+pub async fn record_outcomes(
     store: &MsSqlStore,
     lease: &str,
-    record: &AttemptRecord,
-) -> Result<bool> {
+    records: &[AttemptRecord],
+) -> Result<Vec<bool>> {
+    let mut applied = vec![false; records.len()];
+    let mut group: Vec<usize> = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        let repeats_a_row = group.iter().any(|&g| records[g].row_id == record.row_id);
+        if repeats_a_row || group.len() == OUTCOMES_PER_CALL {
+            record_group(store, lease, records, &mut group, &mut applied).await?;
+        }
+        if sql::travels_in_json(record) {
+            group.push(i);
+        } else {
+            applied[i] = record_one(store, lease, record).await?;
+        }
+    }
+    record_group(store, lease, records, &mut group, &mut applied).await?;
+    Ok(applied)
+}
+
+/// Writes the outcomes `group` indexes with one [`sql::RECORD_OUTCOMES`] call, notes which were
+/// applied, and empties the group.
+async fn record_group(
+    store: &MsSqlStore,
+    lease: &str,
+    records: &[AttemptRecord],
+    group: &mut Vec<usize>,
+    applied: &mut [bool],
+) -> Result<()> {
+    if group.is_empty() {
+        return Ok(());
+    }
+    let members: Vec<&AttemptRecord> = group.iter().map(|&i| &records[i]).collect();
+    let stmt = sql::record_outcomes(lease, &members);
+    let mut results = store
+        .batch("record outcomes", &stmt.sql, &stmt.params)
+        .await?;
+    let done = result_set(&mut results, 0, "record outcomes")?
+        .iter()
+        .map(|row| decode::req::<i64>(row, "Id"))
+        .collect::<Result<HashSet<i64>>>()?;
+    for i in group.drain(..) {
+        applied[i] = done.contains(&records[i].row_id);
+    }
+    Ok(())
+}
+
+async fn record_one(store: &MsSqlStore, lease: &str, record: &AttemptRecord) -> Result<bool> {
     let stmt = sql::record_outcome(lease, record);
     let mut results = store
         .batch("record outcome", &stmt.sql, &stmt.params)

@@ -4,7 +4,8 @@
 //! Replicas starting together serialise on an exclusive, session-owned application lock
 //! (`sp_getapplock`) taken on a connection of its own: the first applies what is missing, the
 //! others wait, then find nothing to do. Each migration commits together with its
-//! `SchemaMigrations` row, so a crash mid-way leaves the previous version intact. The lock
+//! `SchemaMigrations` row (a file's `GO`-separated batches run in one transaction), so a crash
+//! mid-way leaves the previous version intact. The lock
 //! belongs to the session, so closing the connection releases it whatever happened.
 
 use std::time::Duration;
@@ -25,12 +26,20 @@ pub struct Migration {
 }
 
 /// Every migration, in order. Append only: an applied migration is never edited.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    name: "initial",
-    snapshot: "migration_0001_initial",
-    sql: include_str!("../../../../migrations/mssql/0001_initial.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "initial",
+        snapshot: "migration_0001_initial",
+        sql: include_str!("../../../../migrations/mssql/0001_initial.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "dispatch_procedures",
+        snapshot: "migration_0002_dispatch_procedures",
+        sql: include_str!("../../../../migrations/mssql/0002_dispatch_procedures.sql"),
+    },
+];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the
 /// lock is not granted in time (another replica is migrating).
@@ -84,10 +93,18 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
                 name = migration.name,
                 "applying MS SQL migration"
             );
-            let stmt = sql::apply_migration(migration);
-            conn.batch(&stmt.sql, &stmt.params)
+            conn.batch(sql::MIGRATION_BEGIN, &[])
                 .await
-                .map_err(|e| to_store_error("migrations: apply", &e))?;
+                .map_err(|e| to_store_error("migrations: begin", &e))?;
+            for batch in sql::migration_batches(migration.sql) {
+                conn.batch(batch, &[])
+                    .await
+                    .map_err(|e| to_store_error("migrations: apply", &e))?;
+            }
+            let record = sql::migration_record(migration);
+            conn.batch(&record.sql, &record.params)
+                .await
+                .map_err(|e| to_store_error("migrations: record", &e))?;
         }
         conn.batch(sql::MIGRATION_UNLOCK, &[])
             .await
@@ -112,11 +129,31 @@ mod tests {
             assert!(m.version > previous, "{}", m.name);
             previous = m.version;
             // Plain CREATE guarded by an existence check, so a re-run (or a DBA's manual run)
-            // is harmless and Babelfish accepts it.
+            // is harmless and Babelfish accepts it: a table or index is created only if it is
+            // missing (`IF ... BEGIN CREATE`), a column added only if missing, and a procedure
+            // dropped if present just before it is created.
             assert!(!m.sql.contains("CREATE OR ALTER"));
-            let creates = m.sql.matches("\nCREATE ").count();
-            let guards = m.sql.matches("\nIF ").count();
-            assert_eq!(creates, guards, "every CREATE in {} is guarded", m.name);
+            let lines: Vec<&str> = m.sql.lines().collect();
+            for (i, line) in lines.iter().enumerate() {
+                let guarded = |at: usize| lines[..at].last().is_some_and(|l| l.starts_with("IF "));
+                if let Some(name) = line.strip_prefix("CREATE PROCEDURE ") {
+                    let drop = format!("    DROP PROCEDURE {name};");
+                    assert!(
+                        m.sql.contains(&drop),
+                        "{}: {name} is not dropped first",
+                        m.name
+                    );
+                } else if line.starts_with("CREATE ") {
+                    let at = if i > 0 && lines[i - 1] == "BEGIN" {
+                        i - 1
+                    } else {
+                        i
+                    };
+                    assert!(guarded(at), "{}: unguarded {line}", m.name);
+                } else if line.trim_start().starts_with("ALTER TABLE") {
+                    assert!(guarded(i), "{}: unguarded {line}", m.name);
+                }
+            }
         }
     }
 }

@@ -257,8 +257,12 @@ impl OutboxStore for MsSqlStore {
         dispatch::claim_due(self, lease, epoch, kind, limit, claim_timeout).await
     }
 
-    async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
-        dispatch::record_outcome(self, lease, &record).await
+    async fn record_outcomes(
+        &self,
+        lease: &'static str,
+        records: Vec<AttemptRecord>,
+    ) -> Result<Vec<bool>> {
+        dispatch::record_outcomes(self, lease, &records).await
     }
 
     async fn query(&self, page: PageRequest) -> Result<Page> {

@@ -159,9 +159,18 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
-    async fn record_outcome(&self, lease: &'static str, record: AttemptRecord) -> Result<bool> {
+    async fn record_outcomes(
+        &self,
+        lease: &'static str,
+        records: Vec<AttemptRecord>,
+    ) -> Result<Vec<bool>> {
         self.db
-            .write(move |conn| apply_outcome(conn, lease, &record))
+            .write(move |conn| {
+                records
+                    .iter()
+                    .map(|record| apply_outcome(conn, lease, record))
+                    .collect()
+            })
             .await
     }
 

@@ -7,6 +7,7 @@ not model), since such a statement was not really checked. Prints `ok NAME` per 
 """
 
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -28,8 +29,13 @@ class FallbackDetector(logging.Handler):
 def check(path, detector):
     detector.messages.clear()
     text = path.read_text(encoding="utf-8")
+    # A migration's batches are separated by lines holding only GO, as SQL Server's tools
+    # (and the migration runner) split them; GO itself is not T-SQL.
+    batches = re.split(r"(?im)^[ \t]*GO[ \t]*$", text)
+    trees = []
     try:
-        trees = sqlglot.parse(text, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
+        for batch in batches:
+            trees += sqlglot.parse(batch, read="tsql", error_level=sqlglot.ErrorLevel.RAISE)
     except sqlglot.errors.ParseError as e:
         return [f"syntax error: {e}"]
     problems = [f"not parsed (fallback): {m}" for m in detector.messages]
