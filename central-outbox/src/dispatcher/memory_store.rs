@@ -128,6 +128,8 @@ struct State {
     lists: HashMap<ListName, NotificationList>,
     /// `claim_due` calls that claimed at least one row.
     claims: usize,
+    /// `claim_due` calls that found nothing due.
+    empty_claims: usize,
 }
 
 /// See the module documentation.
@@ -217,6 +219,11 @@ impl MemoryStore {
     /// How many claims have claimed rows so far.
     pub(super) fn claims(&self) -> usize {
         self.state().claims
+    }
+
+    /// How many claims found nothing due so far.
+    pub(super) fn empty_claims(&self) -> usize {
+        self.state().empty_claims
     }
 
     /// Another node takes the lease, bypassing the gate (its own connection to the database):
@@ -344,7 +351,9 @@ impl OutboxStore for MemoryStore {
                 epoch,
             });
         }
-        if !claimed.is_empty() {
+        if claimed.is_empty() {
+            state.empty_claims += 1;
+        } else {
             state.claims += 1;
         }
         Ok(claimed)

@@ -219,7 +219,10 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             };
             match policy.step(wake) {
                 Step::Sweep => {
-                    if let Err(e) = self.dispatch_once().await {
+                    if wake != Wake::Finished {
+                        self.pacing.due_may_have_changed();
+                    }
+                    if let Err(e) = self.sweep().await {
                         tracing::error!(error = %e, "dispatch sweep failed");
                     }
                 }
@@ -302,9 +305,15 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
         self.pacing.drop_all();
     }
 
-    /// One sweep: for each channel, claim up to its free slots and rate-limit tokens and start
-    /// the deliveries.
+    /// One sweep, as after a wake-up that may have made rows due: for each channel, claim up to
+    /// its free slots and rate-limit tokens and start the deliveries.
     pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, StoreError> {
+        self.pacing.due_may_have_changed();
+        self.sweep().await
+    }
+
+    /// One sweep; a channel whose last claim came back short claims nothing (see `Pacing`).
+    async fn sweep(&mut self) -> Result<SweepOutcome, StoreError> {
         let Some(epoch) = self.lease.current() else {
             return Ok(SweepOutcome::NotLeader);
         };
@@ -344,7 +353,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                 self.settings.claim_timeout,
             )
             .await?;
-        self.pacing.queue(kind, claimed);
+        self.pacing.queue(kind, want, claimed);
         started += self.start_queued(kind);
         Ok(started)
     }

@@ -5,7 +5,10 @@
 //! `max_concurrent_connections` (at least one); a delivery starts only with a whole rate-limit
 //! token, which it consumes; a sweep claims only when nothing of the channel is queued, so rows
 //! start in the order they were claimed (oldest due first); a queued row that waited past half
-//! its claim is never started (see [`Pacing::start_next`]).
+//! its claim is never started (see [`Pacing::start_next`]); a channel whose last claim found
+//! fewer due rows than it asked for is not claimed again until something may have made more
+//! rows due (see [`Pacing::due_may_have_changed`]), so finished deliveries do not each cost an
+//! empty claim of an idle channel.
 //!
 //! Time is read from tokio's clock, which is the system clock except under a test's paused
 //! clock: there, the pacing follows the test's time exactly.
@@ -42,6 +45,9 @@ struct ChannelState {
     bucket: Option<TokenBucket>,
     queue: VecDeque<(ClaimedNotification, Instant)>,
     settings: Option<ChannelSettings>,
+    /// The last claim found fewer due rows than it asked for: none is left until a row is
+    /// ingested, a retry comes due or another replica ingests (the poll timer).
+    drained: bool,
 }
 
 impl ChannelState {
@@ -101,7 +107,7 @@ impl Pacing {
         let state = &mut self.channels[channel_index(kind)];
         let slots = state.slots();
         let free = slots.saturating_sub(state.in_flight);
-        if !state.queue.is_empty() || free == 0 {
+        if !state.queue.is_empty() || free == 0 || state.drained {
             return 0;
         }
         let tokens = state
@@ -120,12 +126,29 @@ impl Pacing {
         claim_batch.unwrap_or_else(|| (free + 2 * slots).min(tokens))
     }
 
-    /// Queues freshly claimed rows of `kind`, stamped with when they were claimed.
-    pub(super) fn queue(&mut self, kind: NotificationType, claimed: Vec<ClaimedNotification>) {
+    /// Queues the rows a claim of `wanted` rows of `kind` took, stamped with when they were
+    /// claimed. Fewer than wanted: the channel has nothing more due for now.
+    pub(super) fn queue(
+        &mut self,
+        kind: NotificationType,
+        wanted: usize,
+        claimed: Vec<ClaimedNotification>,
+    ) {
         let claimed_at = now();
-        self.channels[channel_index(kind)]
+        let state = &mut self.channels[channel_index(kind)];
+        state.drained = claimed.len() < wanted;
+        state
             .queue
             .extend(claimed.into_iter().map(|n| (n, claimed_at)));
+    }
+
+    /// Something may have made rows due (a row ingested, the poll timer, a lease change): every
+    /// channel claims again at its next sweep. Only a finished delivery does not count: it frees
+    /// a slot but makes nothing due.
+    pub(super) fn due_may_have_changed(&mut self) {
+        for state in &mut self.channels {
+            state.drained = false;
+        }
     }
 
     /// The next queued row of `kind` to start, if the channel has a free slot and a rate-limit

@@ -505,6 +505,39 @@ async fn queued_rows_that_waited_past_half_their_claim_are_given_back() {
     rig.stop().await;
 }
 
+/// A channel whose claim came back short is not claimed again for every finished delivery:
+/// twenty deliveries on one connection cost the idle webhook channel one empty claim, not
+/// twenty, and the email channel one at the end. A row ingested afterwards wakes the loop and
+/// is claimed and delivered at once.
+#[tokio::test(start_paused = true)]
+async fn finished_deliveries_do_not_claim_a_channel_that_had_nothing_due() {
+    let store = store(smtp(1, None));
+    let ids: Vec<_> = (0..20)
+        .map(|i| store.add(email(&format!("row {i}"))))
+        .collect();
+    let mut settings = settings(Duration::from_secs(60));
+    settings.poll_interval = Duration::from_secs(3600);
+    let rig = Rig::start(Arc::clone(&store), settings).await;
+    for id in &ids {
+        rig.until_row(*id, "every row is delivered", delivered)
+            .await;
+    }
+    // Claims of 3 (the free slot plus two per connection) until the rows run out.
+    assert_eq!(store.claims(), 7);
+    let empty = store.empty_claims();
+    assert!(
+        empty <= 2,
+        "{empty} empty claims for 20 deliveries: finished deliveries claimed idle channels"
+    );
+
+    let late = store.add(email("after the backlog"));
+    rig.wake.notify_one();
+    rig.until_row(late, "the ingested row is delivered", delivered)
+        .await;
+    assert_eq!(store.claims(), 8);
+    rig.stop().await;
+}
+
 /// Stepping `dispatch_once` by hand: without the lease a sweep does nothing; with it, a sweep
 /// on a channel with two connections claims the free slots plus two rows per connection and
 /// starts two; the next sweep, with both slots busy and rows queued, neither claims nor starts.
