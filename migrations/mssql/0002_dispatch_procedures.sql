@@ -1,5 +1,6 @@
--- The dispatcher's two busiest statements as stored procedures: claiming due rows, and
--- recording a group of attempt outcomes. A call then sends the server a one-line EXEC instead
+-- The dispatcher's statements as stored procedures: claiming due rows and recording a group of
+-- attempt outcomes (its busiest), and taking or renewing its lease (which must stay quick
+-- however busy the server is). A call then sends the server a one-line EXEC instead
 -- of a long batch, and the body is compiled once per session rather than parsed on every call:
 -- on Babelfish, parsing was most of the server's time per delivery (claiming 4 of 3,000 due
 -- rows: ~54 ms as a batch, ~2 ms as this procedure; recording 2 outcomes: ~0.7 ms); on SQL
@@ -7,9 +8,9 @@
 --
 -- The statements' rules are those of the batches in sql.rs (XACT_ABORT, one transaction, every
 -- condition re-checked in the statement that changes the row, the database's clock). Two
--- Babelfish findings shape them. Neither uses OUTPUT: inside a procedure, Babelfish 4.4 loses the
+-- Babelfish findings shape them. None uses OUTPUT: inside a procedure, Babelfish 4.4 loses the
 -- target table of an UPDATE's OUTPUT clause when it plans the statement again, and the call fails
--- with "missing FROM-clause entry for table". Neither declares a table variable: each one costs
+-- with "missing FROM-clause entry for table". None declares a table variable: each one costs
 -- Babelfish ~0.7 ms per call (it creates a temporary table). A later
 -- change to a procedure is a new migration that drops and creates it again (Babelfish rejects
 -- the create-or-alter form). Batches are separated by GO lines, because CREATE PROCEDURE must
@@ -154,5 +155,42 @@ JOIN OPENJSON(@Outcomes) WITH (
 ) AS o ON o.NotificationId = a.NotificationId AND o.AttemptNo = a.AttemptNo
 JOIN dbo.Notifications AS n ON n.Id = o.Id
 WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND a.Outcome = N'InFlight';
+COMMIT TRANSACTION;
+END;
+GO
+
+IF OBJECT_ID(N'dbo.AcquireLease', N'P') IS NOT NULL
+    DROP PROCEDURE dbo.AcquireLease;
+GO
+
+-- Takes or renews lease @Name for @Holder for @TtlMs milliseconds: renews (same epoch) if the
+-- holder was the last to hold it, even if it lapsed (nobody held it in between, so its claims
+-- are still its own); takes it with the next epoch if another holder's lease has lapsed; creates
+-- it at epoch 1 if it never existed. Returns the epoch held, or no row. Two nodes creating a
+-- never-held lease at once: one insert fails on the key (the caller runs it again). The lease
+-- row this call wrote is the one with its holder and its new expiry (the UPDATE keeps the row
+-- locked until the commit).
+CREATE PROCEDURE dbo.AcquireLease
+    @Name nvarchar(64),
+    @Holder nvarchar(1024),
+    @TtlMs int
+AS
+BEGIN
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @until datetime2(3) = DATEADD(millisecond, @TtlMs, @now);
+BEGIN TRANSACTION;
+UPDATE dbo.Leases
+SET Epoch = CASE WHEN Holder = @Holder THEN Epoch ELSE Epoch + 1 END,
+    Holder = @Holder,
+    ExpiresAt = @until
+WHERE Name = @Name AND (Holder = @Holder OR ExpiresAt <= @now);
+INSERT INTO dbo.Leases (Name, Holder, Epoch, ExpiresAt)
+SELECT @Name, @Holder, 1, @until
+WHERE NOT EXISTS (SELECT 1 FROM dbo.Leases AS x WHERE x.Name = @Name);
+SELECT l.Epoch
+FROM dbo.Leases AS l
+WHERE l.Name = @Name AND l.Holder = @Holder AND l.ExpiresAt = @until;
 COMMIT TRANSACTION;
 END;

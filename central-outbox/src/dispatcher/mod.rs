@@ -191,15 +191,22 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             let wake = tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
-                () = sleep_until(lease_deadline), if lease_deadline.is_some() => {
-                    self.lease_expired();
-                    continue;
-                }
+                // Ahead of the deadline: a renewal published while a sweep held this loop
+                // moves the deadline on, and must be seen before the old deadline is judged.
                 Some(held) = self.lease.changed() => {
+                    let before = self.lease.current();
                     if self.lease.follow(held) == Tenure::Lost {
                         self.abort_in_flight();
                     }
+                    // A renewal makes nothing due; a lease taken (or re-taken) may find rows.
+                    if self.lease.current() != before {
+                        self.pacing.due_may_have_changed();
+                    }
                     Wake::Lease
+                }
+                () = sleep_until(lease_deadline), if lease_deadline.is_some() => {
+                    self.lease_expired();
+                    continue;
                 }
                 Some(_) = self.recording.join_next(), if !self.recording.is_empty() => {
                     self.write_outcomes();
@@ -219,7 +226,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             };
             match policy.step(wake) {
                 Step::Sweep => {
-                    if wake != Wake::Finished {
+                    if matches!(wake, Wake::Ingest | Wake::Poll) {
                         self.pacing.due_may_have_changed();
                     }
                     if let Err(e) = self.sweep().await {

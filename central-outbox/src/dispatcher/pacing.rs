@@ -142,9 +142,9 @@ impl Pacing {
             .extend(claimed.into_iter().map(|n| (n, claimed_at)));
     }
 
-    /// Something may have made rows due (a row ingested, the poll timer, a lease change): every
-    /// channel claims again at its next sweep. Only a finished delivery does not count: it frees
-    /// a slot but makes nothing due.
+    /// Something may have made rows due (a row ingested, the poll timer, a lease taken): every
+    /// channel claims again at its next sweep. A finished delivery or a lease renewal does not
+    /// count: it makes nothing due.
     pub(super) fn due_may_have_changed(&mut self) {
         for state in &mut self.channels {
             state.drained = false;
