@@ -14,6 +14,7 @@ pub mod dispatcher;
 pub mod domain;
 pub mod grpc;
 pub mod health;
+pub mod kpi_gauges;
 pub mod metrics;
 pub mod purge;
 pub mod secrets;
@@ -128,8 +129,9 @@ struct Listeners {
     metrics: Option<TcpListener>,
 }
 
-/// Serves `/metrics` until `shutdown`. KPIs and the lease are read at scrape time, so the
-/// gauges always agree with what GetKpis answers at that moment.
+/// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI gauges are brought
+/// up to date at scrape time within the bounds of [`kpi_gauges`] (one query at a time, figures
+/// reused for a second, a scrape waits half a second at most).
 fn spawn_metrics<S: OutboxStore>(
     listener: TcpListener,
     store: Arc<S>,
@@ -137,16 +139,16 @@ fn spawn_metrics<S: OutboxStore>(
     kpis: KpiSettings,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
-    let render = move || -> BoxFuture<'static, String> {
+    let read: kpi_gauges::ReadKpis = Box::new(move || {
         let store = Arc::clone(&store);
+        Box::pin(async move { store.kpis(kpis.at(chrono::Utc::now())).await })
+    });
+    let gauges = kpi_gauges::KpiGauges::new(read, Arc::clone(&metrics));
+    let render = move || -> BoxFuture<'static, String> {
+        let gauges = Arc::clone(&gauges);
         let metrics = Arc::clone(&metrics);
         Box::pin(async move {
-            match store.kpis(kpis.at(chrono::Utc::now())).await {
-                Ok(figures) => metrics.set_kpis(&figures),
-                // The scrape still answers (counters are valid); the KPI gauges keep their last
-                // values, and the error is in the log.
-                Err(e) => tracing::warn!(error = %e, "metrics: cannot compute KPIs"),
-            }
+            gauges.refresh().await;
             metrics.render()
         })
     };

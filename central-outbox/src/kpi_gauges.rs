@@ -1,0 +1,149 @@
+//! Keeps the KPI gauges of `/metrics` current without letting scrapes load the database.
+//!
+//! A scrape asks for fresh figures; [`KpiGauges::refresh`] starts one KPI query if none is
+//! running and the last figures are older than [`REUSE`], and waits for it at most [`WAIT`].
+//! A scrape that arrives while a query runs waits for that one instead of starting another, and a
+//! query that outlasts the wait finishes in the background for the next scrape. On a busy MS SQL
+//! server each scrape used to run its own KPI query (whole-table aggregates, seconds each there);
+//! several watchers scraping piled them up and took the CPU the dispatcher and its lease needed,
+//! and the scrapes themselves took seconds.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::BoxFuture;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::domain::kpi::Kpis;
+use crate::metrics::Metrics;
+use crate::store::Result;
+
+/// Figures younger than this are served again.
+pub const REUSE: Duration = Duration::from_secs(1);
+/// Longest a scrape waits for a KPI query; after it, the gauges keep their last values.
+pub const WAIT: Duration = Duration::from_millis(500);
+
+/// Reads the KPIs now (the store's KPI query, in the service).
+pub type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Kpis>> + Send + Sync>;
+
+/// The KPI gauges' refresher; one per process, shared by every scrape.
+pub struct KpiGauges {
+    read: ReadKpis,
+    metrics: Arc<Metrics>,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// When the gauges were last set from a KPI query.
+    read_at: Option<Instant>,
+    /// The query under way, if any: its receiver turns true when it has finished.
+    running: Option<watch::Receiver<bool>>,
+}
+
+impl KpiGauges {
+    pub fn new(read: ReadKpis, metrics: Arc<Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            read,
+            metrics,
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    /// Brings the gauges up to date, as far as [`REUSE`] and [`WAIT`] allow.
+    pub async fn refresh(self: &Arc<Self>) {
+        let mut done = {
+            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if state.read_at.is_some_and(|at| at.elapsed() < REUSE) {
+                return;
+            }
+            match &state.running {
+                Some(running) => running.clone(),
+                None => {
+                    let (finished, running) = watch::channel(false);
+                    state.running = Some(running.clone());
+                    tokio::spawn(Arc::clone(self).query(finished));
+                    running
+                }
+            }
+        };
+        // Err: the query's task ended without a word (it panicked); the gauges stay as they were.
+        let _ = tokio::time::timeout(WAIT, done.wait_for(|finished| *finished)).await;
+    }
+
+    async fn query(self: Arc<Self>, finished: watch::Sender<bool>) {
+        let figures = (self.read)().await;
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match figures {
+            Ok(figures) => {
+                self.metrics.set_kpis(&figures);
+                state.read_at = Some(Instant::now());
+            }
+            // The scrape still answers (counters are valid); the KPI gauges keep their last
+            // values, and the error is in the log.
+            Err(e) => tracing::warn!(error = %e, "metrics: cannot compute KPIs"),
+        }
+        state.running = None;
+        finished.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// A KPI source that counts its queries, each taking `takes` on tokio's clock.
+    fn counted(takes: Duration) -> (Arc<KpiGauges>, Arc<AtomicUsize>) {
+        let queries = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&queries);
+        let read: ReadKpis = Box::new(move || {
+            let counter = Arc::clone(&counter);
+            Box::pin(async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(takes).await;
+                Ok(Kpis::default())
+            })
+        });
+        (KpiGauges::new(read, Arc::new(Metrics::new())), queries)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn concurrent_scrapes_share_one_query_and_reuse_its_figures() {
+        let (gauges, queries) = counted(Duration::from_millis(100));
+        let scrapes: Vec<_> = (0..5)
+            .map(|_| {
+                let gauges = Arc::clone(&gauges);
+                tokio::spawn(async move { gauges.refresh().await })
+            })
+            .collect();
+        for scrape in scrapes {
+            scrape.await.unwrap();
+        }
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+        // Within REUSE of the last figures: no query.
+        gauges.refresh().await;
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+        tokio::time::sleep(REUSE).await;
+        gauges.refresh().await;
+        assert_eq!(queries.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_query_holds_a_scrape_no_longer_than_the_wait_and_is_not_repeated() {
+        let (gauges, queries) = counted(WAIT * 10);
+        let started = tokio::time::Instant::now();
+        gauges.refresh().await;
+        assert_eq!(started.elapsed(), WAIT);
+        // The next scrape joins the query still under way instead of starting another.
+        gauges.refresh().await;
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+        // Two waits have passed; the query finishes at 10 waits. Just after that, its figures
+        // are served (for REUSE) without another query.
+        tokio::time::sleep(WAIT * 8 + Duration::from_millis(100)).await;
+        gauges.refresh().await;
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+    }
+}
