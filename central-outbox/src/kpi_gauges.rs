@@ -21,8 +21,9 @@ use crate::store::Result;
 
 /// Figures younger than this are served again.
 pub const REUSE: Duration = Duration::from_secs(1);
-/// Longest a scrape waits for a KPI query; after it, the gauges keep their last values.
-pub const WAIT: Duration = Duration::from_millis(500);
+/// Longest a scrape waits for a KPI query; after it, the gauges keep their last values. Well
+/// inside Prometheus's default scrape timeout (10 s).
+pub const WAIT: Duration = Duration::from_secs(2);
 
 /// Reads the KPIs now (the store's KPI query, in the service).
 pub type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Kpis>> + Send + Sync>;

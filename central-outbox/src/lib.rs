@@ -131,7 +131,7 @@ struct Listeners {
 
 /// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI gauges are brought
 /// up to date at scrape time within the bounds of [`kpi_gauges`] (one query at a time, figures
-/// reused for a second, a scrape waits half a second at most).
+/// reused for a second, a scrape waits two seconds at most).
 fn spawn_metrics<S: OutboxStore>(
     listener: TcpListener,
     store: Arc<S>,

@@ -340,10 +340,17 @@ async fn metrics_queue_depth_matches_get_kpis() {
     assert_eq!(kpis.sites.len(), 1);
     assert_eq!(kpis.sites[0].source_site_id, "site-a");
 
-    let scrape = metrics_endpoint::get(metrics_addr, "/metrics")
-        .await
-        .unwrap();
-    assert_eq!(scrape.status, 200);
+    // The KPI gauges are refreshed at scrape time, but a scrape waits for the KPI query only so
+    // long (on a cold MS SQL connection it can take longer): it shows the figures once read.
+    let scrape = eventually("a scrape shows the KPIs GetKpis answered", || async move {
+        let scrape = metrics_endpoint::get(metrics_addr, "/metrics")
+            .await
+            .unwrap();
+        assert_eq!(scrape.status, 200);
+        (metrics_endpoint::sample(&scrape.body, "outbox_queue_depth") == Some(4.0))
+            .then_some(scrape)
+    })
+    .await;
     let sample = |series: &str| metrics_endpoint::sample(&scrape.body, series);
     assert_eq!(
         sample("outbox_queue_depth"),
