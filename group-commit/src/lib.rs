@@ -15,6 +15,11 @@
 //!   ahead of every queued ordinary job: the dispatcher's lease renewal must never wait behind a
 //!   burst of ingest or a purge. The wait is bounded by the one transaction already running.
 //!
+//! - [`Database::write_then`] runs a job's follow-up on the writer thread right after the
+//!   transaction holding the job committed, before any caller of that transaction is answered,
+//!   in the order the jobs ran: so follow-ups see commits in commit order (a store announcing new
+//!   rows in seq order relies on that), and never see a job that failed or was not committed.
+//!
 //! Reads go through a small pool of separate read-only connections; in WAL mode they see the last
 //! committed state and never block the writer.
 
@@ -146,7 +151,24 @@ impl Database {
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let (job, answered) = make_job(job);
+        self.write_then(job, |_: &T| {}).await
+    }
+
+    /// [`Self::write`], and `committed` runs with the job's result on the writer thread once the
+    /// transaction holding the job has committed, before the caller is answered. Follow-ups run
+    /// in the order their jobs ran, which is commit order; none runs for a job that failed or
+    /// whose transaction did not commit. They hold up the writer, so they must be short (take a
+    /// lock, send on a channel) and must not block or panic.
+    pub async fn write_then<T, E>(
+        &self,
+        job: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+        committed: impl FnOnce(&T) + Send + 'static,
+    ) -> Result<T, E>
+    where
+        T: Send + 'static,
+        E: From<Error> + Send + 'static,
+    {
+        let (job, answered) = make_job(job, committed);
         self.jobs
             .send(job)
             .await
@@ -165,7 +187,7 @@ impl Database {
         T: Send + 'static,
         E: From<Error> + Send + 'static,
     {
-        let (job, answered) = make_job(job);
+        let (job, answered) = make_job(job, |_: &T| {});
         self.priority
             .send(job)
             .map_err(|_| E::from(Error::WriterStopped))?;
@@ -185,9 +207,11 @@ impl Database {
     }
 }
 
-/// Wraps `job` for the writer: run in its own savepoint, answered once the commit is known.
+/// Wraps `job` for the writer: run in its own savepoint, followed up by `committed` and answered
+/// once the commit is known.
 fn make_job<T, E>(
     job: impl FnOnce(&Connection) -> Result<T, E> + Send + 'static,
+    committed: impl FnOnce(&T) + Send + 'static,
 ) -> (Job, oneshot::Receiver<Result<T, E>>)
 where
     T: Send + 'static,
@@ -199,9 +223,14 @@ where
             Ok(txn) => run_in_savepoint(txn, job),
             Err(e) => Err(E::from(e)),
         };
-        Box::new(move |committed: Result<(), Error>| {
-            let result = match committed {
-                Ok(()) => outcome,
+        Box::new(move |commit: Result<(), Error>| {
+            let result = match commit {
+                Ok(()) => {
+                    if let Ok(value) = &outcome {
+                        committed(value);
+                    }
+                    outcome
+                }
                 // A failed job has no writes to lose: report its own error, not the commit's.
                 Err(e) => outcome.and(Err(E::from(e))),
             };
@@ -514,6 +543,52 @@ mod tests {
             vec![1, 3],
             "the failed job's first insert was rolled back"
         );
+    }
+
+    /// Follow-ups see every committed job once, in commit order (here: rowid order), and never a
+    /// job that failed; each has run by the time its caller is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn follow_ups_run_in_commit_order_and_only_for_committed_jobs() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = open(&dir);
+        let seen = Arc::new(Mutex::new(Vec::<i64>::new()));
+        let mut tasks = tokio::task::JoinSet::new();
+        for i in 0..300_i64 {
+            let db = db.clone();
+            let seen = Arc::clone(&seen);
+            tasks.spawn(async move {
+                let record = Arc::clone(&seen);
+                let rowid = db
+                    .write_then(
+                        move |c| {
+                            if i % 50 == 7 {
+                                // Fails after writing: rolled back, so no follow-up.
+                                c.execute("INSERT INTO t (v) VALUES ('doomed')", [])?;
+                                return Err(Error::TaskFailed("refused".into()));
+                            }
+                            c.execute("INSERT INTO t (v) VALUES ('x')", [])?;
+                            Ok::<_, Error>(c.last_insert_rowid())
+                        },
+                        move |rowid| record.lock().unwrap().push(*rowid),
+                    )
+                    .await;
+                if let Ok(rowid) = rowid {
+                    assert!(
+                        seen.lock().unwrap().contains(&rowid),
+                        "answered before its follow-up ran"
+                    );
+                }
+                rowid.ok()
+            });
+        }
+        let mut committed = Vec::new();
+        while let Some(done) = tasks.join_next().await {
+            committed.extend(done.unwrap());
+        }
+        committed.sort_unstable();
+        let seen = seen.lock().unwrap().clone();
+        assert_eq!(committed.len(), 294);
+        assert_eq!(seen, committed, "each committed job once, in commit order");
     }
 
     /// A priority job queued behind a long transaction and a backlog of ordinary jobs runs in

@@ -629,3 +629,151 @@ async fn metrics_count_what_central_acked() {
     site.shut_down().await;
     central_stop.cancel();
 }
+
+/// `configure` for one node of an in-process pair whose buffer lives at `buffer`.
+fn pair_node(
+    name: &'static str,
+    role: crate::pair::Role,
+    listen: SocketAddr,
+    peer: SocketAddr,
+    buffer: std::path::PathBuf,
+) -> impl FnOnce(&mut Config) {
+    move |config| {
+        config.buffer_path = buffer;
+        config.pair = Some(crate::config::PairConfig {
+            node_name: name.into(),
+            initial_role: role,
+            listen,
+            peer_url: format!("http://{peer}"),
+            peer_domain: None,
+            send_addr: None,
+            // Far above the test's length: nobody is promoted while it runs.
+            failover_timeout: Duration::from_secs(60),
+        });
+    }
+}
+
+/// The notification ids in a buffer file's `buffered` table, read beside its writer.
+fn buffered_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT notification_id FROM buffered")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Sends `n` notifications on 8 connections at once; returns their ids.
+async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
+    let mut tasks = tokio::task::JoinSet::new();
+    for caller in 0..8 {
+        let mut client = site.client.clone();
+        let tag = tag.to_owned();
+        tasks.spawn(async move {
+            let mut ids = Vec::new();
+            for i in (caller..n).step_by(8) {
+                let reply = client.send(send_request(&format!("{tag} {i}"))).await;
+                ids.push(reply.unwrap().into_inner().notification_id);
+            }
+            ids
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(done) = tasks.join_next().await {
+        ids.extend(done.unwrap());
+    }
+    ids
+}
+
+/// The standby ends up with exactly the active's rows whichever way they reached it: read
+/// back from the table (sent before it attached, or while it was down) or handed over in
+/// memory (sent while it follows).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
+    use crate::pair::Role;
+    let central = unused_addr().await;
+    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let active = start_site_with(
+        central,
+        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
+    )
+    .await;
+    let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
+
+    let mut sent = send_concurrently(&active, 300, "before").await;
+    let mut standby = start_site_with(central, standby_config()).await;
+    standby
+        .wait_for("the rows sent before it attached", |s| s.depth == 300)
+        .await;
+    sent.extend(send_concurrently(&active, 600, "while following").await);
+    standby
+        .wait_for("the rows sent while it follows", |s| s.depth == 900)
+        .await;
+    let expected: std::collections::BTreeSet<String> = sent.iter().cloned().collect();
+    assert_eq!(buffered_ids(&b_buffer), expected);
+
+    // Down and back: it resumes, reading what it missed from the table.
+    standby.shut_down().await;
+    sent.extend(send_concurrently(&active, 200, "while away").await);
+    let mut standby = start_site_with(central, standby_config()).await;
+    sent.extend(send_concurrently(&active, 200, "after").await);
+    standby
+        .wait_for("every row after the restart", |s| s.depth == 1300)
+        .await;
+    let expected: std::collections::BTreeSet<String> = sent.into_iter().collect();
+    assert_eq!(buffered_ids(&b_buffer), expected);
+    assert_eq!(buffered_ids(&a_buffer), expected);
+    standby.shut_down().await;
+    active.shut_down().await;
+}
+
+/// Rows central acks leave the standby too, including those acked while they were still
+/// held in memory for the stream: it never keeps a row the active deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_drops_every_row_central_acked() {
+    use crate::pair::Role;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central_stop = CancellationToken::new();
+    let central = FakeCentral::default();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let b_buffer = dir.path().join("b.db");
+    let active = start_site_with(
+        central_addr,
+        pair_node("a", Role::Active, a_pair, b_pair, dir.path().join("a.db")),
+    )
+    .await;
+    let mut standby = start_site_with(
+        central_addr,
+        pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
+    )
+    .await;
+    standby
+        .wait_for("the standby to follow", |s| s.active_node == "a")
+        .await;
+
+    let sent = send_concurrently(&active, 600, "acked").await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while central.stored_ids().len() < sent.len() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "central got them all"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    standby
+        .wait_for("the standby to drop every acked row", |s| s.depth == 0)
+        .await;
+    assert!(buffered_ids(&b_buffer).is_empty());
+    standby.shut_down().await;
+    active.shut_down().await;
+    central_stop.cancel();
+}

@@ -10,16 +10,20 @@
 //!   forwarder's cursor depends on that: without it, a row enqueued after the buffer drained could
 //!   get the seq of an already-sent row and be skipped.
 //! - Reads use the read-only pool and see the last commit; they never block the writer.
-//! - Every committed change is announced after its commit: [`Buffer::head`] moves to the newest
-//!   seq, [`Buffer::removals`] carries the seqs that left `buffered`. A standby's replication
+//! - Every committed change is announced after its commit, from the writer's follow-ups and so
+//!   in commit order: [`Buffer::head`] moves to the newest seq, [`Buffer::removals`] carries the
+//!   seqs that left `buffered`, and while a replication stream is attached the new rows are kept
+//!   in memory ([`recent`]) for it to copy without reading them back. A standby's replication
 //!   stream is built from these ([`pair`] has the pair's own tables and operations).
 
 mod pair;
+pub mod recent;
 
 pub use pair::{Adopted, PairRecord, ReplicaChanges, RetainedSpan};
+pub use recent::RecentPage;
 
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use chrono::{DateTime, Utc};
 use group_commit::{Database, Durability, Options};
@@ -126,18 +130,103 @@ impl Page {
     }
 }
 
-/// The site's buffer. Cheap to clone; all clones share the writer, the readers and the wake-up.
+/// The site's buffer. Cheap to clone; all clones share the writer, the readers and the
+/// announcements.
 #[derive(Clone, Debug)]
 pub struct Buffer {
     db: Database,
+    announce: Arc<Announcements>,
+}
+
+/// What the buffer tells the rest of the node after each commit. Made from the writer's
+/// follow-ups (`group_commit::Database::write_then`), so in commit order.
+#[derive(Debug)]
+struct Announcements {
     /// Signalled after each committed enqueue so the forwarder wakes without polling.
     /// `notify_one` stores a permit when nobody waits, so a wake-up is never lost.
     enqueued: Arc<Notify>,
     /// The newest seq committed to `buffered`, for the replication stream (which, unlike the
     /// forwarder's permit, any number of streams can watch).
     head: watch::Sender<Seq>,
-    /// Seqs that left `buffered`, announced after each commit that removed rows.
+    /// Seqs that left `buffered`, announced after each commit that removed rows (under the
+    /// `recent` lock, see [`recent`]).
     removed: broadcast::Sender<Arc<[Seq]>>,
+    /// The rows committed most recently, for replication streams. Locked briefly by the
+    /// writer's follow-ups and by a stream taking a page.
+    recent: Mutex<recent::RecentRows>,
+}
+
+impl Announcements {
+    fn recent(&self) -> std::sync::MutexGuard<'_, recent::RecentRows> {
+        // A poisoned lock only means a thread panicked while holding it; the recent rows are
+        // then cleared rather than trusted (streams read the table).
+        self.recent.lock().unwrap_or_else(|poisoned| {
+            let mut recent = poisoned.into_inner();
+            recent.clear();
+            recent
+        })
+    }
+
+    /// A committed insert: the head moves forward (never back) and the forwarder wakes.
+    fn inserted(&self, seq: Seq) {
+        self.head.send_if_modified(|head| {
+            let newer = seq > *head;
+            if newer {
+                *head = seq;
+            }
+            newer
+        });
+        self.enqueued.notify_one();
+    }
+
+    /// A committed Send: kept for the replication streams, then the head moves.
+    fn sent(&self, seq: Seq, row: Arc<BufferedNotification>) {
+        self.recent().committed(seq, row);
+        self.inserted(seq);
+    }
+
+    /// A commit that changed `buffered` other than by Sends and removals (`head`: its newest
+    /// insert): the recent rows no longer describe the table, so streams read it until the
+    /// next Send.
+    fn other_change(&self, head: Option<Seq>) {
+        self.recent().clear();
+        if let Some(head) = head {
+            self.inserted(head);
+        }
+    }
+
+    fn removed(&self, seqs: Vec<Seq>) {
+        if !seqs.is_empty() {
+            // Under the lock, so a stream taking recent rows either misses a removed row or
+            // takes it before this announcement, which it then receives.
+            let mut recent = self.recent();
+            recent.removed(&seqs);
+            // No receiver (no standby attached) is not an error.
+            let _ = self.removed.send(seqs.into());
+        }
+    }
+}
+
+/// A replication stream's hold on the buffer's recent rows: they are kept while one exists.
+#[derive(Debug)]
+pub struct RecentReader {
+    announce: Arc<Announcements>,
+    id: recent::ReaderId,
+}
+
+impl RecentReader {
+    /// Up to `max_rows` rows committed after `cursor`, from memory; `None` when they must be
+    /// read from the table ([`Buffer::next_after`]). The cursor only moves forward: rows up to
+    /// it, and those returned, are not kept for this reader any longer.
+    pub fn after(&self, cursor: Seq, max_rows: usize) -> Option<RecentPage> {
+        self.announce.recent().after(self.id, cursor, max_rows)
+    }
+}
+
+impl Drop for RecentReader {
+    fn drop(&mut self) {
+        self.announce.recent().detach(self.id);
+    }
 }
 
 impl Buffer {
@@ -152,58 +241,60 @@ impl Buffer {
         let db = Database::open(&options, |conn| {
             migrate(conn)?;
             head = select_head(conn)?;
+            keep_job_journals_in_memory(conn)?;
             Ok(())
         })?;
         Ok(Self {
             db,
-            enqueued: Arc::new(Notify::new()),
-            head: watch::Sender::new(head),
-            removed: broadcast::Sender::new(REMOVALS_BACKLOG),
+            announce: Arc::new(Announcements {
+                enqueued: Arc::new(Notify::new()),
+                head: watch::Sender::new(head),
+                removed: broadcast::Sender::new(REMOVALS_BACKLOG),
+                recent: Mutex::default(),
+            }),
         })
     }
 
     /// The newest seq ever committed to `buffered` (rows since deleted included).
     pub fn head(&self) -> watch::Receiver<Seq> {
-        self.head.subscribe()
+        self.announce.head.subscribe()
+    }
+
+    /// The newest seq ever committed to `buffered`, now.
+    pub fn head_now(&self) -> Seq {
+        *self.announce.head.borrow()
     }
 
     /// Announcements of the seqs that leave `buffered`, from now on.
     pub fn removals(&self) -> broadcast::Receiver<Arc<[Seq]>> {
-        self.removed.subscribe()
+        self.announce.removed.subscribe()
     }
 
-    /// Records a committed insert: the head moves forward (never back) and the forwarder wakes.
-    fn announce_insert(&self, seq: Seq) {
-        self.head.send_if_modified(|head| {
-            let newer = seq > *head;
-            if newer {
-                *head = seq;
-            }
-            newer
-        });
-        self.enqueued.notify_one();
-    }
-
-    fn announce_removals(&self, seqs: Vec<Seq>) {
-        if !seqs.is_empty() {
-            // No receiver (no standby attached) is not an error.
-            let _ = self.removed.send(seqs.into());
+    /// Keeps the rows committed from now on in memory while the reader lives.
+    pub fn recent_rows(&self) -> RecentReader {
+        let id = self.announce.recent().attach();
+        RecentReader {
+            announce: Arc::clone(&self.announce),
+            id,
         }
     }
 
     /// Fires after each committed enqueue.
     pub fn enqueued(&self) -> &Arc<Notify> {
-        &self.enqueued
+        &self.announce.enqueued
     }
 
     /// Stores a notification durably; returns once it is committed.
     pub async fn enqueue(&self, notification: BufferedNotification) -> Result<Seq> {
-        let seq = self
-            .db
-            .write(move |conn| insert_buffered(conn, &notification))
-            .await?;
-        self.announce_insert(seq);
-        Ok(seq)
+        let row = Arc::new(notification);
+        let announced = Arc::clone(&row);
+        let announce = Arc::clone(&self.announce);
+        self.db
+            .write_then(
+                move |conn| insert_buffered(conn, &row),
+                move |seq| announce.sent(*seq, announced),
+            )
+            .await
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.
@@ -224,23 +315,24 @@ impl Buffer {
         let now = Utc::now().timestamp_millis();
         let mut gone: Vec<Seq> = acked.clone();
         gone.extend(rejected.iter().map(|(seq, _)| *seq));
-        let settled = self
-            .db
-            .write(move |conn| {
-                let mut settled = 0;
-                for (seq, reason) in &rejected {
-                    settled += move_to_rejected(conn, *seq, reason, now)?;
-                }
-                for seq in &acked {
-                    settled += delete_buffered(conn, *seq)?;
-                }
-                Ok::<_, BufferError>(settled)
-            })
-            .await?;
-        // Every requested seq, settled now or before: removing an absent row is a no-op for a
-        // standby too, and a row acked twice must not stay on it.
-        self.announce_removals(gone);
-        Ok(settled)
+        let announce = Arc::clone(&self.announce);
+        self.db
+            .write_then(
+                move |conn| {
+                    let mut settled = 0;
+                    for (seq, reason) in &rejected {
+                        settled += move_to_rejected(conn, *seq, reason, now)?;
+                    }
+                    for seq in &acked {
+                        settled += delete_buffered(conn, *seq)?;
+                    }
+                    Ok::<_, BufferError>(settled)
+                },
+                // Every requested seq, settled now or before: removing an absent row is a no-op
+                // for a standby too, and a row acked twice must not stay on it.
+                move |_| announce.removed(gone),
+            )
+            .await
     }
 
     /// Deletes acked rows (see [`Self::settle`]).
@@ -295,6 +387,20 @@ fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
     Ok(())
 }
 
+/// Keeps the writer's statement journals in memory. Every write job runs in its own savepoint
+/// (see `group_commit`), and SQLite copies each page a savepoint or a statement changes into a
+/// sub-journal so that alone can be rolled back; past 64 KiB that journal spills to a temporary
+/// file. A standby's batch (hundreds of rows in one job) went past it every time: writing,
+/// truncating and finally deleting that file was 45% of the standby's CPU in a profile. The
+/// journal only serves a rollback inside the running transaction and is never read after a
+/// crash (the WAL is), so keeping it in memory changes no durability; it holds at most the
+/// pages one job changes (a standby's batch: a few MiB). Set after the migrations, which keep
+/// their temporary files on disk.
+fn keep_job_journals_in_memory(conn: &Connection) -> Result<(), group_commit::Error> {
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    Ok(())
+}
+
 /// The newest seq ever handed out: AUTOINCREMENT keeps it in `sqlite_sequence` even after the
 /// row is gone (and raises it when a replica inserts a higher explicit seq).
 fn select_head(conn: &Connection) -> Result<Seq, group_commit::Error> {
@@ -321,55 +427,74 @@ enum Insert {
     /// A fresh row with the next seq unless the notification is already buffered (an adopted
     /// row); the caller learns which from the changed-row count.
     NewUnlessHeld,
+    /// A copy of the active's row at its seq there, unless that seq or that notification is
+    /// held already (the caller then replaces it).
+    ReplicaUnlessHeld(Seq),
     /// A copy of the active's row at its seq there, replacing whatever held that seq or that
     /// notification (a standby applying a batch).
     Replica(Seq),
 }
 
-/// Inserts one row; returns how many rows changed (0 when [`Insert::NewUnlessHeld`] skipped it).
+/// The columns [`insert_row`] binds as `?1` to `?12`, and the seq as `?13` for a replica.
+macro_rules! insert_sql {
+    ($verb:literal $(, $seq_column:literal, $seq_value:literal)? $(; $tail:literal)?) => {
+        concat!(
+            $verb,
+            " INTO buffered (notification_id, type, list_name, subject, body, type_data, \
+             source_site_id, source_instance_id, source_script, origin_execution_id, \
+             origin_parent_execution_id, enqueued_at", $($seq_column,)? ") \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12", $($seq_value,)? ")",
+            $($tail)?
+        )
+    };
+}
+
+/// Inserts one row; returns how many rows changed (0 when an `...UnlessHeld` insert skipped it).
 fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Result<usize> {
-    const COLUMNS: &str = "notification_id, type, list_name, subject, body, type_data, \
-         source_site_id, source_instance_id, source_script, origin_execution_id, \
-         origin_parent_execution_id, enqueued_at";
-    const VALUES: &str = "?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12";
-    let (verb, seq) = match how {
-        Insert::New => ("INSERT", None),
-        Insert::NewUnlessHeld => ("INSERT OR IGNORE", None),
-        Insert::Replica(seq) => ("INSERT OR REPLACE", Some(seq.0)),
+    // Fixed texts, so the statement cache finds them without building a string per row.
+    let (sql, seq) = match how {
+        Insert::New => (insert_sql!("INSERT"), None),
+        Insert::NewUnlessHeld => (insert_sql!("INSERT OR IGNORE"), None),
+        Insert::ReplicaUnlessHeld(seq) => (
+            insert_sql!("INSERT", ", seq", ", ?13"; " ON CONFLICT DO NOTHING"),
+            Some(seq.0),
+        ),
+        Insert::Replica(seq) => (
+            insert_sql!("INSERT OR REPLACE", ", seq", ", ?13"),
+            Some(seq.0),
+        ),
     };
-    let sql = match seq {
-        None => format!("{verb} INTO buffered ({COLUMNS}) VALUES ({VALUES})"),
-        Some(_) => format!("{verb} INTO buffered ({COLUMNS}, seq) VALUES ({VALUES}, ?13)"),
-    };
-    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut stmt = conn.prepare_cached(sql)?;
     let p = &n.provenance;
-    let origin = p.origin_execution_id.map(|u| u.hyphenated().to_string());
-    let parent = p
-        .origin_parent_execution_id
-        .map(|u| u.hyphenated().to_string());
-    let row = params![
-        n.id.to_string(),
-        n.content.kind.as_str(),
-        n.content.list_name.as_str(),
-        n.content.subject.as_str(),
-        n.content.body.as_str(),
-        n.content.type_data.as_str(),
-        p.source_site_id.as_str(),
-        p.source_instance_id,
-        p.source_script,
-        origin,
-        parent,
-        p.site_enqueued_at.timestamp_millis(),
-    ];
-    let changed = match seq {
-        None => stmt.execute(row)?,
-        Some(seq) => {
-            let mut with_seq: Vec<&dyn rusqlite::ToSql> = row.to_vec();
-            with_seq.push(&seq);
-            stmt.execute(with_seq.as_slice())?
-        }
-    };
-    Ok(changed)
+    let mut id = uuid::Uuid::encode_buffer();
+    let mut origin = uuid::Uuid::encode_buffer();
+    let mut parent = uuid::Uuid::encode_buffer();
+    stmt.raw_bind_parameter(1, &*n.id.as_uuid().hyphenated().encode_lower(&mut id))?;
+    stmt.raw_bind_parameter(2, n.content.kind.as_str())?;
+    stmt.raw_bind_parameter(3, n.content.list_name.as_str())?;
+    stmt.raw_bind_parameter(4, n.content.subject.as_str())?;
+    stmt.raw_bind_parameter(5, n.content.body.as_str())?;
+    stmt.raw_bind_parameter(6, n.content.type_data.as_str())?;
+    stmt.raw_bind_parameter(7, p.source_site_id.as_str())?;
+    stmt.raw_bind_parameter(8, p.source_instance_id.as_str())?;
+    stmt.raw_bind_parameter(9, p.source_script.as_str())?;
+    stmt.raw_bind_parameter(
+        10,
+        p.origin_execution_id
+            .as_ref()
+            .map(|u| &*u.hyphenated().encode_lower(&mut origin)),
+    )?;
+    stmt.raw_bind_parameter(
+        11,
+        p.origin_parent_execution_id
+            .as_ref()
+            .map(|u| &*u.hyphenated().encode_lower(&mut parent)),
+    )?;
+    stmt.raw_bind_parameter(12, p.site_enqueued_at.timestamp_millis())?;
+    if let Some(seq) = seq {
+        stmt.raw_bind_parameter(13, seq)?;
+    }
+    Ok(stmt.raw_execute()?)
 }
 
 fn select_after(conn: &Connection, after: Seq, limit: i64) -> Result<Page> {

@@ -17,6 +17,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{Buffer, BufferError, Insert, Result, insert_row};
 use crate::domain::{BufferedNotification, Seq};
 use crate::pair::Role;
+use std::sync::Arc;
 
 /// Version 2: the node's place in its pair.
 pub(super) const SCHEMA_V2: &str = "
@@ -128,40 +129,43 @@ impl Buffer {
     /// Applies replication batches in one transaction and records how far the copy reaches.
     pub async fn apply_replica(&self, changes: ReplicaChanges) -> Result<()> {
         let through = changes.adds.iter().map(|(seq, _)| *seq).max();
-        let applied = self
-            .db
-            .write(move |conn| {
-                // Spans first: they describe the active before any of these adds were read,
-                // and a row added now may fall in one of their gaps.
-                let mut delete_span =
-                    conn.prepare_cached("DELETE FROM buffered WHERE seq BETWEEN ?1 AND ?2")?;
-                for span in &changes.retained {
-                    for (first, last) in span.gaps() {
-                        delete_span.execute([first.0, last.0])?;
+        let announce = Arc::clone(&self.announce);
+        self.db
+            .write_then(
+                move |conn| {
+                    // Spans first: they describe the active before any of these adds were read,
+                    // and a row added now may fall in one of their gaps.
+                    let mut delete_span =
+                        conn.prepare_cached("DELETE FROM buffered WHERE seq BETWEEN ?1 AND ?2")?;
+                    for span in &changes.retained {
+                        for (first, last) in span.gaps() {
+                            delete_span.execute([first.0, last.0])?;
+                        }
                     }
-                }
-                for (seq, row) in &changes.adds {
-                    insert_row(conn, Insert::Replica(*seq), row)?;
-                }
-                let mut delete = conn.prepare_cached("DELETE FROM buffered WHERE seq = ?1")?;
-                for seq in &changes.removes {
-                    delete.execute([seq.0])?;
-                }
-                if let Some(through) = through {
-                    conn.prepare_cached(
+                    for (seq, row) in &changes.adds {
+                        // Nearly always a seq and a notification this node does not hold yet: the
+                        // plain insert, which (unlike a REPLACE) needs no statement journal. A
+                        // full copy over an older one replaces what it finds.
+                        if insert_row(conn, Insert::ReplicaUnlessHeld(*seq), row)? == 0 {
+                            insert_row(conn, Insert::Replica(*seq), row)?;
+                        }
+                    }
+                    let mut delete = conn.prepare_cached("DELETE FROM buffered WHERE seq = ?1")?;
+                    for seq in &changes.removes {
+                        delete.execute([seq.0])?;
+                    }
+                    if let Some(through) = through {
+                        conn.prepare_cached(
                         "UPDATE pair_state SET replicated_through = max(replicated_through, ?1)",
                     )?
                     .execute([through.0])?;
-                }
-                Ok::<_, BufferError>(())
-            })
-            .await;
-        applied?;
-        if let Some(through) = through {
-            // Only moves the head forward: what a promotion starts the replication stream from.
-            self.announce_insert(through);
-        }
-        Ok(())
+                    }
+                    Ok::<_, BufferError>(())
+                },
+                // The head only moves forward: what a promotion starts the replication stream from.
+                move |()| announce.other_change(through),
+            )
+            .await
     }
 
     /// The buffered seqs after `after` up to `through`, as a span of at most `max_rows` rows:
@@ -205,44 +209,53 @@ impl Buffer {
     /// Stores rows handed over by a node that stopped being active, each under a new seq here,
     /// skipping notifications already buffered. Answered once they are committed.
     pub async fn adopt(&self, rows: Vec<BufferedNotification>) -> Result<Adopted> {
-        let (adopted, head) = self
+        let announce = Arc::clone(&self.announce);
+        let (adopted, _) = self
             .db
-            .write(move |conn| {
-                let mut adopted = Adopted::default();
-                for row in &rows {
-                    match insert_row(conn, Insert::NewUnlessHeld, row)? {
-                        0 => adopted.already_held += 1,
-                        _ => adopted.adopted += 1,
+            .write_then(
+                move |conn| {
+                    let mut adopted = Adopted::default();
+                    for row in &rows {
+                        match insert_row(conn, Insert::NewUnlessHeld, row)? {
+                            0 => adopted.already_held += 1,
+                            _ => adopted.adopted += 1,
+                        }
                     }
-                }
-                Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid())))
-            })
+                    Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid())))
+                },
+                move |(adopted, head)| {
+                    if adopted.adopted > 0 {
+                        announce.other_change(Some(*head));
+                    }
+                },
+            )
             .await?;
-        if adopted.adopted > 0 {
-            self.announce_insert(head);
-        }
         Ok(adopted)
     }
 
     /// Ends a hand-over: every row up to `through` is now held by the active, so they are
     /// deleted here, and the node becomes an empty standby that copies the active from scratch.
     pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<usize> {
+        let announce = Arc::clone(&self.announce);
         let deleted = self
             .db
-            .write(move |conn| {
-                let deleted = conn
-                    .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
-                    .execute([through.0])?;
-                conn.prepare_cached(
-                    "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
+            .write_then(
+                move |conn| {
+                    let deleted = conn
+                        .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
+                        .execute([through.0])?;
+                    conn.prepare_cached(
+                        "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
                          replicated_through = 0",
-                )?
-                .execute(params![
-                    Role::Standby.as_str(),
-                    i64::try_from(term).unwrap_or(i64::MAX)
-                ])?;
-                Ok::<_, BufferError>(deleted)
-            })
+                    )?
+                    .execute(params![
+                        Role::Standby.as_str(),
+                        i64::try_from(term).unwrap_or(i64::MAX)
+                    ])?;
+                    Ok::<_, BufferError>(deleted)
+                },
+                move |_| announce.other_change(None),
+            )
             .await?;
         Ok(deleted)
     }
@@ -368,6 +381,105 @@ mod tests {
         // Promoted, it hands out seqs above every copied one.
         let own = standby.enqueue(notification("own")).await.unwrap();
         assert!(own > seqs[4]);
+    }
+
+    #[tokio::test]
+    async fn a_copied_row_replaces_what_held_its_seq_or_its_notification() {
+        let dir = tempfile::tempdir().unwrap();
+        let standby = open(&dir, "standby.db");
+        standby
+            .save_role(Role::Standby, 1, false, true)
+            .await
+            .unwrap();
+        let (old, moved) = (notification("old"), notification("moved"));
+        standby
+            .apply_replica(ReplicaChanges {
+                adds: vec![(Seq(1), old.clone()), (Seq(2), moved.clone())],
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        // Another history (a full copy in a later term): seq 1 is another row now, and the
+        // notification at seq 2 sits at seq 3.
+        let new = notification("new");
+        standby
+            .apply_replica(ReplicaChanges {
+                adds: vec![(Seq(1), new.clone()), (Seq(3), moved.clone())],
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        let rows = standby.next_after(Seq::START, 10).await.unwrap().rows;
+        assert_eq!(rows, vec![(Seq(1), new), (Seq(3), moved)]);
+        assert!(!standby.contains(old.id).await.unwrap());
+    }
+
+    /// The recent rows a replication stream takes are exactly the Sends committed since it
+    /// attached; any other change to the table sends it back to reading the table.
+    #[tokio::test]
+    async fn recent_rows_are_the_sends_and_other_changes_forget_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let active = open(&dir, "active.db");
+        let before = active.enqueue(notification("before")).await.unwrap();
+        let reader = active.recent_rows();
+        assert!(reader.after(before, 10).is_none(), "nothing kept yet");
+        let mut seqs = Vec::new();
+        for i in 0..3 {
+            seqs.push(
+                active
+                    .enqueue(notification(&format!("n{i}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        assert!(
+            reader.after(Seq::START, 10).is_none(),
+            "the row sent before attaching is read from the table"
+        );
+        let page = reader.after(before, 10).unwrap();
+        let table = active.next_after(before, 10).await.unwrap().rows;
+        let taken: Vec<_> = page.rows.iter().map(|(s, n)| (*s, (**n).clone())).collect();
+        assert_eq!(taken, table, "the same rows as the table holds");
+        assert_eq!(page.through, seqs[2]);
+
+        // A removal is skipped, and passed.
+        let mut more = Vec::new();
+        for i in 3..6 {
+            more.push(
+                active
+                    .enqueue(notification(&format!("n{i}")))
+                    .await
+                    .unwrap(),
+            );
+        }
+        active.remove(vec![more[1], more[2]]).await.unwrap();
+        let page = reader.after(seqs[2], 10).unwrap();
+        let left: Vec<Seq> = page.rows.iter().map(|(s, _)| *s).collect();
+        assert_eq!(left, vec![more[0]]);
+        assert_eq!(page.through, more[2]);
+        let seqs = more;
+
+        // An adoption hands out seqs the recent rows never saw.
+        active.adopt(vec![notification("adopted")]).await.unwrap();
+        assert!(reader.after(seqs[2], 10).is_none());
+        let after_adoption = active.enqueue(notification("next")).await.unwrap();
+        assert!(reader.after(seqs[2], 10).is_none(), "the adopted row");
+        let page = reader.after(Seq(after_adoption.0 - 1), 10).unwrap();
+        assert_eq!(page.rows.len(), 1);
+
+        // So do a standby's batch and the end of a hand-over.
+        active
+            .apply_replica(ReplicaChanges {
+                adds: vec![(Seq(after_adoption.0 + 1), notification("copied"))],
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert!(reader.after(Seq(after_adoption.0 - 1), 10).is_none());
+        let next = active.enqueue(notification("again")).await.unwrap();
+        assert!(reader.after(Seq(next.0 - 1), 10).is_some());
+        active.finish_handover(next, 2).await.unwrap();
+        assert!(reader.after(Seq(next.0 - 1), 10).is_none());
     }
 
     #[tokio::test]

@@ -6,10 +6,18 @@
 //! still buffered here, then every row after it. Otherwise it gets a full copy: the same spans
 //! (so it drops whatever it holds that is not here), then every row.
 //!
+//! Rows come from memory while the stream keeps up: the buffer keeps the rows it committed
+//! since the stream attached ([`crate::buffer::recent`]), in seq order, and the stream takes
+//! those after its cursor. When the cursor is before what memory covers (a resume, a full copy,
+//! a standby that fell behind, any change other than a Send) it reads the table instead, which
+//! is always right; memory only saves reading back and decoding what was just written.
+//!
 //! Invariants:
 //! - Removals are subscribed to before the first read, and each batch's removals are drained
-//!   after its rows were read; the standby applies a batch's adds before its removes. So a row
-//!   deleted here is never left on the standby by an add that overtook its removal.
+//!   after its rows were read (from the table or from memory, where a removal is marked under
+//!   the same lock it is announced with); the standby applies a batch's adds before its
+//!   removes. So a row deleted here is never left on the standby by an add that overtook its
+//!   removal.
 //! - At most [`WINDOW`] batches are unconfirmed; the rest waits in the buffer, not in memory.
 //! - A removal backlog the stream cannot keep up with ends the stream; the standby reconnects
 //!   and resumes from the table, which is always right.
@@ -31,8 +39,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::{Pair, Role};
-use crate::buffer::{Buffer, RetainedSpan};
-use crate::domain::Seq;
+use crate::buffer::{Buffer, RecentReader, RetainedSpan};
+use crate::domain::{BufferedNotification, Seq};
 use crate::grpc::convert;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
@@ -43,7 +51,7 @@ pub const WINDOW: usize = 8;
 /// A batch closes once its rows pass this size (a row is at most ~280 KiB, so a batch stays far
 /// below the 4 MiB message limit).
 pub const BATCH_BYTES: usize = 1 << 20;
-/// Rows read from the buffer per query.
+/// Rows read from the buffer (or taken from memory) per page.
 const PAGE_ROWS: usize = 256;
 /// Shortest gap between two batches. Each batch costs the standby one fsync, on a disk it may
 /// share with the active; gathering a few milliseconds of Sends per batch keeps that to at most
@@ -141,6 +149,8 @@ impl Session {
     ) -> Result<(), Status> {
         // Before any read, so no removal committed after it can be missed.
         let mut removals = self.buffer.removals();
+        // Rows committed from now on stay in memory for this stream.
+        let recent = self.buffer.recent_rows();
         let mut head = self.buffer.head();
         let mut role = self.pair.watch_role();
         let term = role.borrow().term;
@@ -162,7 +172,7 @@ impl Session {
                 if !more {
                     tokio::time::sleep_until(self.last_sent + LINGER).await;
                 }
-                more = self.send_rows(&mut removals, out).await?;
+                more = self.send_rows(&recent, &mut removals, out).await?;
             }
             // Removals that came without rows, and the heartbeat when nothing else was sent.
             if !self.removes.is_empty() || Instant::now() >= self.last_sent + self.heartbeat {
@@ -242,36 +252,25 @@ impl Session {
         }
     }
 
-    /// Reads the rows after the cursor and sends them in batches of at most [`BATCH_BYTES`],
-    /// each with the removals drained after its rows were read. `true` when the read was full
-    /// (there may be more).
+    /// Takes the rows after the cursor (from memory, else from the table) and sends them in
+    /// batches of at most [`BATCH_BYTES`], each with the removals drained after its rows were
+    /// read. `true` when the page was full (there may be more).
     async fn send_rows(
         &mut self,
+        recent: &RecentReader,
         removals: &mut broadcast::Receiver<Arc<[Seq]>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<bool, Status> {
-        // Every row up to this head is committed, so the read below sees all of them that
-        // still exist.
-        let head = *self.buffer.head().borrow();
-        let page = self
-            .buffer
-            .next_after(self.cursor, PAGE_ROWS)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
-        let full = page.rows.len() + page.unreadable.len() == PAGE_ROWS;
-        // Rows that break the content rules are not copied: the forwarder moves them to the
-        // rejected table, which announces their removal.
-        if let Some(last) = page.last_seq() {
-            self.cursor = self.cursor.max(last);
-        }
-        if !full {
-            // The rest up to the head is gone already (forwarded and deleted before it was
-            // read): nothing to copy, and the standby is not behind on it.
-            self.cursor = self.cursor.max(head);
-        }
+        let (rows, full) = match recent.after(self.cursor, PAGE_ROWS) {
+            Some(page) => {
+                self.cursor = self.cursor.max(page.through);
+                (page.rows, page.full)
+            }
+            None => self.read_rows().await?,
+        };
         let mut adds: Vec<ReplicatedRow> = Vec::new();
         let mut bytes = 0;
-        for (seq, row) in page.rows {
+        for (seq, row) in rows {
             let notification = convert::submit(&row);
             bytes += notification.encoded_len();
             adds.push(ReplicatedRow {
@@ -289,6 +288,35 @@ impl Session {
             self.send(adds, out).await?;
         }
         Ok(full)
+    }
+
+    /// The rows after the cursor as read from the table; moves the cursor past them.
+    async fn read_rows(&mut self) -> Result<(Vec<(Seq, Arc<BufferedNotification>)>, bool), Status> {
+        // Every row up to this head is committed, so the read below sees all of them that
+        // still exist.
+        let head = self.buffer.head_now();
+        let page = self
+            .buffer
+            .next_after(self.cursor, PAGE_ROWS)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let full = page.rows.len() + page.unreadable.len() == PAGE_ROWS;
+        // Rows that break the content rules are not copied: the forwarder moves them to the
+        // rejected table, which announces their removal.
+        if let Some(last) = page.last_seq() {
+            self.cursor = self.cursor.max(last);
+        }
+        if !full {
+            // The rest up to the head is gone already (forwarded and deleted before it was
+            // read): nothing to copy, and the standby is not behind on it.
+            self.cursor = self.cursor.max(head);
+        }
+        let rows = page
+            .rows
+            .into_iter()
+            .map(|(seq, row)| (seq, Arc::new(row)))
+            .collect();
+        Ok((rows, full))
     }
 
     /// Sends `adds` with every removal collected so far.
@@ -327,7 +355,7 @@ impl Session {
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
         batch.batch = self.next_batch;
-        batch.head_seq = self.buffer.head().borrow().0;
+        batch.head_seq = self.buffer.head_now().0;
         self.unconfirmed.push_back(Unconfirmed {
             batch: self.next_batch,
             through,
