@@ -194,18 +194,25 @@ async fn claim_once_due_again<S: OutboxStore>(
 }
 
 fn delivered(claim: &ClaimedNotification) -> AttemptRecord {
-    let result: Result<Delivered, DeliveryError> = Ok(Delivered {
-        resolved_targets: vec!["a@plant.test".into()],
-    });
-    let policy = RetryPolicy::clamped(5, Duration::from_secs(1), Backoff::Fixed).0;
+    outcome(
+        claim,
+        Ok(Delivered {
+            resolved_targets: vec!["a@plant.test".into()],
+        }),
+    )
+}
+
+/// The outcome of `claim` under `result`, with the error text the result carries.
+fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>) -> AttemptRecord {
+    let policy = RetryPolicy::clamped(5, Duration::from_secs(30), Backoff::Fixed).0;
     AttemptRecord {
         row_id: claim.row_id,
         id: claim.id,
         attempt_no: claim.attempt_no,
         epoch: claim.epoch,
         outcome: AttemptOutcome::of(&result),
-        error: None,
-        duration: Duration::from_millis(5),
+        error: result.as_ref().err().map(|e| e.message().to_owned()),
+        duration: Duration::from_millis(42),
         transition: policy.transition(claim.retry_count, &result, Utc::now(), 0.5),
     }
 }
@@ -438,21 +445,6 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &
         store.state(id).await.unwrap().unwrap().status,
         Status::Delivered
     );
-}
-
-/// The outcome of `claim` under `result`, with the error text the result carries.
-fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>) -> AttemptRecord {
-    let policy = RetryPolicy::clamped(5, Duration::from_secs(30), Backoff::Fixed).0;
-    AttemptRecord {
-        row_id: claim.row_id,
-        id: claim.id,
-        attempt_no: claim.attempt_no,
-        epoch: claim.epoch,
-        outcome: AttemptOutcome::of(&result),
-        error: result.as_ref().err().map(|e| e.message().to_owned()),
-        duration: Duration::from_millis(42),
-        transition: policy.transition(claim.retry_count, &result, Utc::now(), 0.5),
-    }
 }
 
 /// Outcomes written in one call each stand or fall on their own claim, come back in order, and
