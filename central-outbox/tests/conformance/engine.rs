@@ -453,12 +453,8 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &
 pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(store: &S) {
     let rows: Vec<NewNotification> = (0..6).map(|i| new_row(&format!("group {i}"))).collect();
     store.submit(rows).await.unwrap();
+    let epoch = seed::lease(store).await;
     let long = Duration::from_secs(600);
-    let epoch = store
-        .acquire_lease(LEASE, "node-a", long)
-        .await
-        .unwrap()
-        .unwrap();
     let claimed = claim(store, epoch, NotificationType::Email, 10, long).await;
     assert_eq!(claimed.len(), 6);
     let tricky = "421 \"busy\" at C:\\relay\n\ttry later: é ✓ 😀 \u{1}";

@@ -12,7 +12,7 @@ use tokio::task::JoinSet;
 
 use crate::harness::{
     CentralDatabase, Db, Process, Site, binary, database_url, eventually, free_addr, send_request,
-    wait_until_serving,
+    wait_until_serving, wait_until_stored,
 };
 
 /// Total notifications sent in each crash test.
@@ -180,15 +180,7 @@ async fn site_killed_mid_stream_loses_no_acked_send() {
     let acked = acked.lock().unwrap().clone();
     assert!(!acked.is_empty());
     let expected = acked.len();
-    eventually("every acked Send reaches central", || {
-        let stored: HashSet<String> = db
-            .strings("SELECT NotificationId FROM Notifications")
-            .into_iter()
-            .collect();
-        let done = acked.is_subset(&stored);
-        async move { done.then_some(()) }
-    })
-    .await;
+    wait_until_stored(&db, &acked).await;
     assert_exactly_once(&db, &acked);
     // Sends in flight at the kill may have committed without their caller hearing back; they
     // are delivered too, so central may hold a few more rows than were acked, never fewer.

@@ -3,6 +3,7 @@
 //!
 //! Waiting is always for a condition with a deadline ([`eventually`]), never a fixed delay.
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -329,6 +330,19 @@ pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
         origin_execution_id: None,
         origin_parent_execution_id: None,
     }
+}
+
+/// Waits until every notification id in `ids` is stored in central's table.
+pub async fn wait_until_stored(db: &Db, ids: &HashSet<String>) {
+    eventually("every acked Send is stored at central", || {
+        let stored: HashSet<String> = db
+            .strings("SELECT NotificationId FROM Notifications")
+            .into_iter()
+            .collect();
+        let done = ids.is_subset(&stored);
+        async move { done.then_some(()) }
+    })
+    .await;
 }
 
 /// Waits until the notification reaches `status` in central's table.

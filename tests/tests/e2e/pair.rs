@@ -21,7 +21,7 @@ use tonic::transport::Channel;
 
 use crate::harness::{
     Central, Db, Process, binary, central_config, channel, eventually, free_addr, send_request,
-    smtp_sink, wait_until_serving,
+    smtp_sink, wait_until_serving, wait_until_stored,
 };
 
 /// Short, so the tests see failovers quickly; heartbeats go every fifth of it.
@@ -229,15 +229,7 @@ async fn assert_each_stored_and_mailed_once(
     sink: &outbox_tests::smtp_sink::SmtpSink,
     acked: &HashSet<String>,
 ) {
-    eventually("every acked Send is stored at central", || {
-        let stored: HashSet<String> = db
-            .strings("SELECT NotificationId FROM Notifications")
-            .into_iter()
-            .collect();
-        let done = acked.is_subset(&stored);
-        async move { done.then_some(()) }
-    })
-    .await;
+    wait_until_stored(db, acked).await;
     // Sends acked just before a kill (whose answers the callers never saw) may still be on
     // their way: the stored set is read again until every stored row has its mail.
     let stored_ids = eventually("every stored notification is mailed", || {
