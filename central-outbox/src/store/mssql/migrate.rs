@@ -39,6 +39,14 @@ pub const MIGRATIONS: &[Migration] = &[
         snapshot: "migration_0002_dispatch_procedures",
         sql: include_str!("../../../../migrations/mssql/0002_dispatch_procedures.sql"),
     },
+    Migration {
+        version: 3,
+        name: "list_recipients_without_fk_on_babelfish",
+        snapshot: "migration_0003_list_recipients_without_fk_on_babelfish",
+        sql: include_str!(
+            "../../../../migrations/mssql/0003_list_recipients_without_fk_on_babelfish.sql"
+        ),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

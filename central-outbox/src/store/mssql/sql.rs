@@ -901,17 +901,20 @@ pub fn replace_list_with(
     stmt
 }
 
-/// Deletes list @P1 and its targets. Result: lists deleted (0 or 1).
+/// Deletes list @P1 and its targets. Result: lists deleted (0 or 1). The list's row goes first:
+/// it is the lock every writer of the list takes, so a replace running at the same time either
+/// finishes before (and its targets are deleted here) or starts after (and writes the list
+/// anew); no target is left without its list, with or without the foreign key (migration 0003).
 pub const DELETE_LIST: &str = batch!(
     "DECLARE @deleted int;
 BEGIN TRANSACTION;
-DELETE r
-FROM dbo.NotificationListRecipients AS r
-WHERE r.ListName = @P1;
 DELETE l
 FROM dbo.NotificationLists AS l
 WHERE l.Name = @P1;
 SET @deleted = @@ROWCOUNT;
+DELETE r
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;
 COMMIT TRANSACTION;
 SELECT @deleted AS Deleted;"
 );
