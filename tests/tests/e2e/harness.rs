@@ -55,18 +55,26 @@ where
     }
 }
 
-/// A port that was free a moment ago, for a server that must come back on the same address.
-/// Never the same port twice in this test process: the kernel may hand a just-released port
-/// out again, and two servers of one test (or of two tests running at once) given the same
-/// port would fail to start.
+/// A port that was free a moment ago, for a server that is bound later (by the code under
+/// test, or again after a restart). Taken from below the kernel's ephemeral range (32768 and up
+/// by default): a port in that range can be taken meanwhile by any outgoing connection or
+/// port-0 bind of a test running at once, and the server then fails to start; a port below it
+/// is taken only by an explicit bind. Never the same port twice in this test process; the
+/// starting point depends on the process id, so two test processes rarely probe the same ports.
 pub async fn free_addr() -> SocketAddr {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    const FIRST: u16 = 20_000;
+    const LAST: u16 = 32_000;
+    static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
     loop {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        if HANDED_OUT.lock().unwrap().insert(addr.port()) {
-            return addr;
+        let port = {
+            let mut next = NEXT.lock().unwrap();
+            let span = u32::from(LAST - FIRST);
+            let port = next.unwrap_or(FIRST + (std::process::id() % span) as u16);
+            *next = Some(if port + 1 >= LAST { FIRST } else { port + 1 });
+            port
+        };
+        if let Ok(listener) = TcpListener::bind(("127.0.0.1", port)).await {
+            return listener.local_addr().unwrap();
         }
     }
 }

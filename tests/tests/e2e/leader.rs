@@ -268,6 +268,11 @@ impl LeaderWatch {
                             leaders.push((node.clone(), epoch));
                         }
                     }
+                    // A replica paused while this look went on is left out: what it said
+                    // before the pause is not to be set beside what another said after it
+                    // (on a slow database a look takes seconds, enough for the lease to move).
+                    let paused_now = paused.lock().unwrap().clone();
+                    leaders.retain(|(node, _)| !paused_now.contains(node));
                     let lease = db
                         .rows(
                             "SELECT Holder, Epoch FROM Leases WHERE Name = 'dispatcher'",
