@@ -53,15 +53,22 @@ impl ConfigCache {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The SMTP settings if a fresh copy is at hand, without a store call. `None`: the store
+    /// must be read (no copy, an old one, or no settings stored: absence is never cached).
+    pub fn fresh_smtp_settings(&self) -> Option<SmtpSettings> {
+        let generation = self.generation.load(Ordering::Acquire);
+        lock(&self.smtp)
+            .as_ref()
+            .and_then(|e| e.fresh(generation, Instant::now()))
+    }
+
     /// The stored SMTP settings, `None` when there are none.
     pub async fn smtp_settings<S: OutboxStore>(&self, store: &S) -> Result<Option<SmtpSettings>> {
-        let generation = self.generation.load(Ordering::Acquire);
-        let cached = lock(&self.smtp)
-            .as_ref()
-            .and_then(|e| e.fresh(generation, Instant::now()));
+        let cached = self.fresh_smtp_settings();
         if cached.is_some() {
             return Ok(cached);
         }
+        let generation = self.generation.load(Ordering::Acquire);
         let read_at = Instant::now();
         let value = store.smtp_settings().await?.map(|s| s.value);
         *lock(&self.smtp) = value.clone().map(|value| Entry {

@@ -152,7 +152,7 @@ pub(super) async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<
 }
 
 /// The text a panic was raised with, when it was a string (as `panic!` makes it).
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
     panic
         .downcast_ref::<&str>()
         .copied()

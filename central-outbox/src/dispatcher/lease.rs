@@ -211,6 +211,11 @@ impl LeaseView {
         self.now
     }
 
+    /// The epoch the work queued and under way was claimed under, which outlives a lapse.
+    pub(super) fn tenure(&self) -> Option<LeaseEpoch> {
+        self.tenure
+    }
+
     /// When the lease runs out unless a renewal comes first.
     pub(super) fn deadline(&self) -> Option<Instant> {
         self.deadline

@@ -138,6 +138,8 @@ pub(super) struct MemoryStore {
     state: Mutex<State>,
     /// Lease calls (take, renew, release) wait here while it is closed.
     pub(super) leases: Gate,
+    /// A sweep's calls (claims, SMTP settings reads) wait here while it is closed.
+    pub(super) sweeps: Gate,
     /// Bumped whenever an outcome is recorded, so a test can wait for one.
     recorded: watch::Sender<usize>,
 }
@@ -151,6 +153,7 @@ impl MemoryStore {
                 ..State::default()
             }),
             leases: Gate::opened(),
+            sweeps: Gate::opened(),
             recorded: watch::Sender::new(0),
         }
     }
@@ -315,6 +318,7 @@ impl OutboxStore for MemoryStore {
         limit: usize,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
+        self.sweeps.pass().await;
         let now = Instant::now();
         let mut state = self.state();
         if !state
@@ -434,6 +438,7 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        self.sweeps.pass().await;
         Ok(self.state().smtp.clone().map(|s| Stored {
             value: s,
             updated_at: Utc::now(),

@@ -2,12 +2,14 @@
 //! delivers each through its channel's adapter, recording every attempt.
 //!
 //! One loop, woken by whichever comes first: ingest (a new row), a finished delivery (a free
-//! slot), the poll interval (retries coming due, rows other replicas ingested), a rate-limit
-//! token coming due, or lease renewal. Each wake runs one sweep, [`Dispatcher::dispatch_once`]
-//! (under the default [`WakePolicy`]):
-//! for each channel, claim as many rows as it has free delivery slots and rate-limit tokens,
-//! start one task per row. Sweeps never overlap because only this loop runs them. A delivery task
-//! never fails the loop: its outcome, whatever it is, is recorded on its own row.
+//! slot), a claim answering, the poll interval (retries coming due, rows other replicas
+//! ingested), a rate-limit token coming due, or lease renewal. Each wake runs one sweep (under
+//! the default [`WakePolicy`]): start queued rows in the free slots, then for each channel with
+//! room, claim as many rows as it has free delivery slots and rate-limit tokens, and start one
+//! task per row when the claim answers. The loop itself never waits for the database: claims and
+//! the SMTP settings read run as tasks (`sweep`), at most one claim per channel at a time, so a
+//! slow claim never holds up rows already claimed. A delivery task never fails the loop: its
+//! outcome, whatever it is, is recorded on its own row.
 //!
 //! An attempt frees its slot as soon as the channel has answered, and its outcome is written by
 //! a separate task: the write then shares a group commit with the claim of the row that takes
@@ -31,12 +33,14 @@
 //!
 //! This module is the loop; its parts live beside it: the lease (`lease`: the keeper and the
 //! loop's view of it), channel pacing (`pacing`: slots, rate limits, the queue of claimed rows),
-//! one attempt (`attempt`: delivering one row and recording its outcome) and the wake policy
-//! ([`WakePolicy`]: when a wake-up sweeps, which is all the timer-only mode changes).
+//! a sweep's store calls (`sweep`), one attempt (`attempt`: delivering one row and recording
+//! its outcome) and the wake policy ([`WakePolicy`]: when a wake-up sweeps, which is all the
+//! timer-only mode changes).
 
 mod attempt;
 mod lease;
 mod pacing;
+mod sweep;
 mod wake;
 
 #[cfg(test)]
@@ -62,6 +66,7 @@ use crate::store::{AttemptRecord, LeaseEpoch, OutboxStore, StoreError};
 use attempt::{Attempt, Finished, attempt_timeout, record_outcomes};
 use lease::{LeaseKeeper, LeaseSettings, LeaseView, Tenure};
 use pacing::{CHANNELS, Pacing};
+use sweep::{Answer, SweepCalls};
 use wake::{Step, Wake};
 
 pub use lease::DISPATCHER_LEASE;
@@ -127,6 +132,8 @@ pub struct Dispatcher<S, D = Adapters> {
     unwritten: Vec<AttemptRecord>,
     /// Outcome writes under way (at most [`RECORDERS`]).
     recording: JoinSet<()>,
+    /// The sweeps' settings reads and claims under way (see `sweep`).
+    sweep_calls: SweepCalls,
 }
 
 impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
@@ -167,6 +174,7 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             in_flight: JoinSet::new(),
             unwritten: Vec::new(),
             recording: JoinSet::new(),
+            sweep_calls: SweepCalls::default(),
         }
     }
 
@@ -212,6 +220,17 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                     self.write_outcomes();
                     continue;
                 }
+                answer = self.sweep_calls.next(), if !self.sweep_calls.is_empty() => {
+                    let claim = matches!(answer, Answer::Claimed { .. });
+                    match self.answered(answer) {
+                        Ok(_) if claim => Wake::Claimed,
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::error!(error = %e, "dispatch sweep failed");
+                            continue;
+                        }
+                    }
+                }
                 Some(finished) = self.in_flight.join_next(), if !self.in_flight.is_empty() => {
                     self.finished(finished);
                     // Collect every other finished task too, so one sweep fills all free slots.
@@ -229,11 +248,11 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                     if matches!(wake, Wake::Ingest | Wake::Poll) {
                         self.pacing.due_may_have_changed();
                     }
-                    if let Err(e) = self.sweep().await {
-                        tracing::error!(error = %e, "dispatch sweep failed");
-                    }
+                    self.sweep();
                 }
-                Step::StartQueued => self.start_all_queued(),
+                Step::StartQueued => {
+                    self.start_all_queued();
+                }
                 Step::Nothing => {}
             }
         }
@@ -313,18 +332,79 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
     }
 
     /// One sweep, as after a wake-up that may have made rows due: for each channel, claim up to
-    /// its free slots and rate-limit tokens and start the deliveries.
+    /// its free slots and rate-limit tokens and start the deliveries. Unlike the loop, this
+    /// waits for the sweep's store calls (stepping the dispatcher by hand).
     pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, StoreError> {
         self.pacing.due_may_have_changed();
-        self.sweep().await
+        if self.lease.current().is_none() {
+            return Ok(SweepOutcome::NotLeader);
+        }
+        let mut started = self.sweep();
+        while !self.sweep_calls.is_empty() {
+            let answer = self.sweep_calls.next().await;
+            started += self.answered(answer)?;
+        }
+        Ok(SweepOutcome::Started(started))
     }
 
-    /// One sweep; a channel whose last claim came back short claims nothing (see `Pacing`).
-    async fn sweep(&mut self) -> Result<SweepOutcome, StoreError> {
+    /// One sweep: starts what is queued, then claims for each channel that has room (a channel
+    /// whose last claim came back short claims nothing, see `Pacing`). The claims are sent, not
+    /// awaited; with no fresh copy of the SMTP settings, they wait for a settings read, sent
+    /// here too. Returns the deliveries started now.
+    fn sweep(&mut self) -> usize {
         let Some(epoch) = self.lease.current() else {
-            return Ok(SweepOutcome::NotLeader);
+            return 0;
         };
-        let email = self.config.smtp_settings(&*self.store).await?;
+        let started = self.start_all_queued();
+        if self.sweep_calls.reading_settings() {
+            return started;
+        }
+        match self.config.fresh_smtp_settings() {
+            Some(email) => started + self.claim_for_each_channel(epoch, Some(email)),
+            None => {
+                self.sweep_calls
+                    .read_settings(Arc::clone(&self.config), Arc::clone(&self.store));
+                started
+            }
+        }
+    }
+
+    /// Takes what a sweep's store call answered; returns the deliveries started. A claim's rows
+    /// are queued and started (dropped if another node held the lease since they were
+    /// claimed); settings go on to the claims they were read for.
+    fn answered(&mut self, answer: Answer) -> Result<usize, StoreError> {
+        match answer {
+            Answer::Settings(email) => {
+                let email = (*email)?;
+                Ok(match self.lease.current() {
+                    Some(epoch) => self.claim_for_each_channel(epoch, email),
+                    None => 0,
+                })
+            }
+            Answer::Claimed {
+                kind,
+                wanted,
+                epoch,
+                rows,
+            } => {
+                let (rows, failed) = match rows {
+                    Ok(rows) => (Some(rows), None),
+                    Err(e) => (None, Some(e)),
+                };
+                let rows = rows.filter(|_| self.lease.tenure() == Some(epoch));
+                self.pacing.claim_answered(kind, wanted, rows);
+                let started = self.start_queued(kind);
+                match failed {
+                    Some(e) => Err(e),
+                    None => Ok(started),
+                }
+            }
+        }
+    }
+
+    /// For each channel: takes the settings `email` (the email channel's) and the configured
+    /// webhook settings, starts what is queued and sends a claim if the channel has room.
+    fn claim_for_each_channel(&mut self, epoch: LeaseEpoch, email: Option<SmtpSettings>) -> usize {
         self.note_email_settings(email.as_ref());
         self.pacing.sweep_begins();
         let mut started = 0;
@@ -333,42 +413,28 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
                 NotificationType::Email => ChannelSettings::Email(email.clone()),
                 NotificationType::Webhook => ChannelSettings::Webhook(self.webhook.clone()),
             };
-            started += self.dispatch_channel(epoch, kind, channel).await?;
+            self.pacing.set_settings(kind, channel);
+            started += self.start_queued(kind);
+            let wanted = self.pacing.claim_size(kind, self.settings.claim_batch);
+            if wanted > 0 {
+                self.pacing.claim_sent(kind);
+                self.sweep_calls.claim(
+                    Arc::clone(&self.store),
+                    kind,
+                    wanted,
+                    epoch,
+                    self.settings.claim_timeout,
+                );
+            }
         }
-        Ok(SweepOutcome::Started(started))
+        started
     }
 
-    async fn dispatch_channel(
-        &mut self,
-        epoch: LeaseEpoch,
-        kind: NotificationType,
-        channel: ChannelSettings,
-    ) -> Result<usize, StoreError> {
-        self.pacing.set_settings(kind, channel);
-        let mut started = self.start_queued(kind);
-        let want = self.pacing.claim_size(kind, self.settings.claim_batch);
-        if want == 0 {
-            return Ok(started);
-        }
-        let claimed = self
-            .store
-            .claim_due(
-                DISPATCHER_LEASE,
-                epoch,
-                kind,
-                want,
-                self.settings.claim_timeout,
-            )
-            .await?;
-        self.pacing.queue(kind, want, claimed);
-        started += self.start_queued(kind);
-        Ok(started)
-    }
-
-    fn start_all_queued(&mut self) {
-        for kind in CHANNELS {
-            self.start_queued(kind);
-        }
+    fn start_all_queued(&mut self) -> usize {
+        CHANNELS
+            .into_iter()
+            .map(|kind| self.start_queued(kind))
+            .sum()
     }
 
     /// Starts queued rows of one channel while it has a free slot and a rate-limit token, and
@@ -414,11 +480,20 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
     }
 
     async fn drain(&mut self) {
-        if self.in_flight.is_empty() && self.recording.is_empty() && self.unwritten.is_empty() {
+        if self.in_flight.is_empty()
+            && self.recording.is_empty()
+            && self.unwritten.is_empty()
+            && self.sweep_calls.is_empty()
+        {
             return;
         }
         tracing::info!(in_flight = self.in_flight.len(), "draining deliveries");
         let drained = tokio::time::timeout(self.settings.drain_timeout, async {
+            // Claims under way finish before the lease is released; their rows are not started
+            // and are due again when their claims expire, like rows still queued.
+            while !self.sweep_calls.is_empty() {
+                self.sweep_calls.next().await;
+            }
             while let Some(finished) = self.in_flight.join_next().await {
                 if let Ok(Finished { record, .. }) = finished {
                     self.unwritten.push(record);

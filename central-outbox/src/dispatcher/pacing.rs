@@ -3,8 +3,9 @@
 //!
 //! Invariants: a channel never has more deliveries under way than its
 //! `max_concurrent_connections` (at least one); a delivery starts only with a whole rate-limit
-//! token, which it consumes; a sweep claims only when nothing of the channel is queued, so rows
-//! start in the order they were claimed (oldest due first); a queued row that waited past half
+//! token, which it consumes; a sweep claims only when nothing of the channel is queued and no
+//! claim of it is under way, so rows start in the order they were claimed (oldest due first),
+//! and a channel has at most one claim under way; a queued row that waited past half
 //! its claim is never started (see [`Pacing::start_next`]); a channel whose last claim found
 //! fewer due rows than it asked for is not claimed again until something may have made more
 //! rows due (see [`Pacing::due_may_have_changed`]), so finished deliveries do not each cost an
@@ -45,9 +46,14 @@ struct ChannelState {
     bucket: Option<TokenBucket>,
     queue: VecDeque<(ClaimedNotification, Instant)>,
     settings: Option<ChannelSettings>,
-    /// The last claim found fewer due rows than it asked for: none is left until a row is
-    /// ingested, a retry comes due or another replica ingests (the poll timer).
+    /// The last claim found fewer due rows than it asked for (or failed): none is left until a
+    /// row is ingested, a retry comes due or another replica ingests (the poll timer).
     drained: bool,
+    /// A claim of this channel is under way.
+    claiming: bool,
+    /// Something may have made rows due since the claim under way read the table, so a short
+    /// answer does not mean nothing is left.
+    due_changed_while_claiming: bool,
 }
 
 impl ChannelState {
@@ -95,8 +101,9 @@ impl Pacing {
         self.channels[channel_index(kind)].settings.as_ref()
     }
 
-    /// How many rows a sweep should claim for `kind` now: none while rows are queued, no slot is
-    /// free or no token is left (then the loop is told when the next token comes). Otherwise
+    /// How many rows a sweep should claim for `kind` now: none while rows are queued or a claim
+    /// is under way, no slot is free or no token is left (then the loop is told when the next
+    /// token comes). Otherwise
     /// `claim_batch`, or the free slots plus two rows per connection, bounded by the tokens.
     pub(super) fn claim_size(
         &mut self,
@@ -107,7 +114,7 @@ impl Pacing {
         let state = &mut self.channels[channel_index(kind)];
         let slots = state.slots();
         let free = slots.saturating_sub(state.in_flight);
-        if !state.queue.is_empty() || free == 0 || state.drained {
+        if !state.queue.is_empty() || state.claiming || free == 0 || state.drained {
             return 0;
         }
         let tokens = state
@@ -126,20 +133,34 @@ impl Pacing {
         claim_batch.unwrap_or_else(|| (free + 2 * slots).min(tokens))
     }
 
-    /// Queues the rows a claim of `wanted` rows of `kind` took, stamped with when they were
-    /// claimed. Fewer than wanted: the channel has nothing more due for now.
-    pub(super) fn queue(
+    /// A claim of `kind` was sent; until [`Pacing::claim_answered`], none other is.
+    pub(super) fn claim_sent(&mut self, kind: NotificationType) {
+        let state = &mut self.channels[channel_index(kind)];
+        state.claiming = true;
+        state.due_changed_while_claiming = false;
+    }
+
+    /// The claim of `kind` under way answered: with the rows it took out of `wanted` (queued,
+    /// stamped with when they were claimed), or `None` when it failed or its rows are not to be
+    /// worked (another node held the lease since). A short or failed claim leaves the channel
+    /// drained, unless something made rows due meanwhile, so a failing database is retried on
+    /// the next ingest or poll, not on every finished delivery.
+    pub(super) fn claim_answered(
         &mut self,
         kind: NotificationType,
         wanted: usize,
-        claimed: Vec<ClaimedNotification>,
+        claimed: Option<Vec<ClaimedNotification>>,
     ) {
         let claimed_at = now();
         let state = &mut self.channels[channel_index(kind)];
-        state.drained = claimed.len() < wanted;
-        state
-            .queue
-            .extend(claimed.into_iter().map(|n| (n, claimed_at)));
+        state.claiming = false;
+        let short = claimed.as_ref().is_none_or(|rows| rows.len() < wanted);
+        state.drained = short && !state.due_changed_while_claiming;
+        if let Some(claimed) = claimed {
+            state
+                .queue
+                .extend(claimed.into_iter().map(|n| (n, claimed_at)));
+        }
     }
 
     /// Something may have made rows due (a row ingested, the poll timer, a lease taken): every
@@ -148,6 +169,7 @@ impl Pacing {
     pub(super) fn due_may_have_changed(&mut self) {
         for state in &mut self.channels {
             state.drained = false;
+            state.due_changed_while_claiming = state.claiming;
         }
     }
 

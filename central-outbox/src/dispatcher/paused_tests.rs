@@ -189,12 +189,13 @@ fn dispatcher(
     script: &Arc<Script>,
     settings: DispatcherSettings,
     wake: Arc<Notify>,
+    config: Arc<ConfigCache>,
 ) -> Dispatcher<MemoryStore, Script> {
     Dispatcher::new(
         Arc::clone(store),
         Arc::new(Metrics::new()),
         Arc::clone(script),
-        Arc::new(ConfigCache::new()),
+        config,
         settings,
         Config::default().validate().unwrap().webhook,
         wake,
@@ -207,6 +208,8 @@ struct Rig {
     script: Arc<Script>,
     /// What ingest would notify.
     wake: Arc<Notify>,
+    /// The dispatcher's copy of the SMTP settings and lists.
+    config: Arc<ConfigCache>,
     lease: watch::Receiver<Option<LeaseEpoch>>,
     /// Every value the dispatcher published as its lease, with when.
     leases_seen: watch::Receiver<Vec<(Instant, Option<LeaseEpoch>)>>,
@@ -222,7 +225,14 @@ impl Rig {
         let script = Arc::new(Script::new());
         let wake = Arc::new(Notify::new());
         let started_at = Instant::now();
-        let dispatcher = dispatcher(&store, &script, settings, Arc::clone(&wake));
+        let config = Arc::new(ConfigCache::new());
+        let dispatcher = dispatcher(
+            &store,
+            &script,
+            settings,
+            Arc::clone(&wake),
+            Arc::clone(&config),
+        );
         let mut lease = dispatcher.lease_watch();
         let (record, leases_seen) = watch::channel(vec![(started_at, None)]);
         let mut follow = lease.clone();
@@ -244,6 +254,7 @@ impl Rig {
             store,
             script,
             wake,
+            config,
             lease,
             leases_seen,
             shutdown,
@@ -505,6 +516,59 @@ async fn queued_rows_that_waited_past_half_their_claim_are_given_back() {
     rig.stop().await;
 }
 
+/// The database stops answering a sweep's calls while rows claimed ahead wait in the queue: the
+/// sweep woken by an ingested row waits for its settings read, and meanwhile the queued rows
+/// start as the slot frees up (a loop that waited for the read would hold them until they were
+/// too old to start and gave them back). Once the database answers, the ingested row is claimed
+/// and delivered.
+#[tokio::test(start_paused = true)]
+async fn rows_claimed_ahead_start_while_a_sweep_waits_for_the_database() {
+    let claim_timeout = Duration::from_secs(10);
+    let store = store(smtp(1, None));
+    let first = store.add(email("hold: first"));
+    let queued = [store.add(email("queued 1")), store.add(email("queued 2"))];
+    let rig = Rig::start(store, settings(claim_timeout)).await;
+    rig.script
+        .until("the first delivery starts", |log| log.starts.len() == 1)
+        .await;
+    for id in queued {
+        assert_eq!(rig.store.row(id).attempts, 1, "claimed ahead and queued");
+    }
+
+    rig.store.sweeps.close();
+    rig.config.invalidate();
+    let late = rig.store.add(email("ingested while the database is slow"));
+    rig.wake.notify_one();
+    rig.at(Duration::from_secs(1)).await;
+    let waiting = || {
+        rig.store
+            .sweeps
+            .waiting
+            .load(std::sync::atomic::Ordering::SeqCst)
+    };
+    assert_eq!(waiting(), 1, "the sweep's settings read is held");
+
+    rig.script.release_holds();
+    for id in [first].into_iter().chain(queued) {
+        let row = rig.until_row(id, "the row is delivered", delivered).await;
+        assert_eq!(row.attempts, 1, "given back: {row:?}");
+    }
+    assert_eq!(
+        rig.since_start(Instant::now()),
+        Duration::from_secs(1),
+        "the queued rows waited for the database"
+    );
+    assert_eq!(waiting(), 1, "the read answered while the gate was closed");
+    assert_eq!(rig.store.row(late).attempts, 0);
+
+    rig.store.sweeps.open();
+    let row = rig
+        .until_row(late, "the ingested row is delivered", delivered)
+        .await;
+    assert_eq!(row.attempts, 1);
+    rig.stop().await;
+}
+
 /// A channel whose claim came back short is not claimed again for every finished delivery:
 /// twenty deliveries on one connection cost the idle webhook channel one empty claim, not
 /// twenty, and the email channel one at the end. A row ingested afterwards wakes the loop and
@@ -551,6 +615,7 @@ async fn a_sweep_claims_free_slots_plus_two_per_connection_and_starts_the_free_s
         &script,
         settings(Duration::from_secs(60)),
         Arc::new(Notify::new()),
+        Arc::new(ConfigCache::new()),
     );
     assert_eq!(
         dispatcher.dispatch_once().await.unwrap(),

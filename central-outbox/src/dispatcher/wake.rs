@@ -27,6 +27,9 @@ pub(super) enum Wake {
     Lease,
     /// Deliveries finished, freeing their slots.
     Finished,
+    /// A claim answered: its rows are queued, and a channel that may have more due can claim
+    /// again.
+    Claimed,
     /// A row was ingested on this node.
     Ingest,
     /// A rate-limited channel's next token came due.
@@ -57,7 +60,7 @@ impl WakePolicy {
     pub(super) fn step(self, wake: Wake) -> Step {
         match (self, wake) {
             (Self::OnEvents, _) | (Self::TimerOnly, Wake::Poll) => Step::Sweep,
-            (Self::TimerOnly, Wake::Finished | Wake::Throttle) => Step::StartQueued,
+            (Self::TimerOnly, Wake::Finished | Wake::Throttle | Wake::Claimed) => Step::StartQueued,
             (Self::TimerOnly, Wake::Lease | Wake::Ingest) => Step::Nothing,
         }
     }
@@ -78,6 +81,7 @@ mod tests {
         let all = [
             Wake::Lease,
             Wake::Finished,
+            Wake::Claimed,
             Wake::Ingest,
             Wake::Throttle,
             Wake::Poll,
@@ -89,6 +93,7 @@ mod tests {
         assert_eq!(timer.step(Wake::Poll), Step::Sweep);
         assert_eq!(timer.step(Wake::Finished), Step::StartQueued);
         assert_eq!(timer.step(Wake::Throttle), Step::StartQueued);
+        assert_eq!(timer.step(Wake::Claimed), Step::StartQueued);
         assert_eq!(timer.step(Wake::Lease), Step::Nothing);
         assert!(!timer.hears_ingest());
         assert!(WakePolicy::OnEvents.hears_ingest());
