@@ -70,6 +70,21 @@ pub async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: Outbo
             InsertOutcome::Duplicate
         ]
     );
+    // One row at a time (a backend may store a single row another way): each outcome again.
+    let c = new_row("tank 3 high");
+    for (row, expected) in [
+        (c.clone(), InsertOutcome::Accepted),
+        (c, InsertOutcome::Duplicate),
+        (a.clone(), InsertOutcome::Duplicate),
+        (changed(&a, "tank 1 EMPTY"), InsertOutcome::Conflict),
+    ] {
+        let subject = row.submission.content.subject.as_str().to_owned();
+        assert_eq!(
+            store.submit(vec![row]).await.unwrap(),
+            [expected],
+            "{subject}"
+        );
+    }
     let stored = store.detail(a.submission.id).await.unwrap().unwrap();
     assert_eq!(stored.state.subject, "tank 1 high");
     assert_eq!(stored.state.status, Status::Pending);

@@ -1,6 +1,7 @@
 //! Idempotent ingest: a submit batch becomes one INSERT per chunk of rows, which stores the ids
 //! not yet stored and reports each id's stored content hash, so that every row's outcome
-//! (Accepted, Duplicate, Conflict) comes back in the same round trip. A stored row is never
+//! (Accepted, Duplicate, Conflict) comes back in the same round trip (a single row calls the
+//! procedure `dbo.SubmitNotification` instead, which answers the same). A stored row is never
 //! changed.
 //!
 //! When another replica inserts one of the same new ids at the same moment, the chunk fails

@@ -47,6 +47,12 @@ pub const MIGRATIONS: &[Migration] = &[
             "../../../../migrations/mssql/0003_list_recipients_without_fk_on_babelfish.sql"
         ),
     },
+    Migration {
+        version: 4,
+        name: "submit_procedure",
+        snapshot: "migration_0004_submit_procedure",
+        sql: include_str!("../../../../migrations/mssql/0004_submit_procedure.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

@@ -246,10 +246,15 @@ fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
     ]
 }
 
-/// [`insert_batch`] of `rows`, each row's values in [`SUBMIT_COLUMNS`] placeholders of its own.
+/// [`insert_batch`] of `rows`, each row's values in [`SUBMIT_COLUMNS`] placeholders of its own;
+/// a single row goes through [`SUBMIT_ONE`] instead, which answers the same.
 pub fn insert_rows(rows: &[&NewNotification]) -> Statement {
+    let sql = match rows.len() {
+        1 => Cow::Borrowed(SUBMIT_ONE),
+        n => Cow::Owned(insert_batch(n)),
+    };
     Statement {
-        sql: Cow::Owned(insert_batch(rows.len())),
+        sql,
         params: rows.iter().flat_map(|new| submitted_row(new)).collect(),
     }
 }
@@ -289,6 +294,13 @@ WHERE n.NotificationId IN ({});",
         ids.join(", ")
     )
 }
+
+/// [`insert_batch`] of a single row, through the stored procedure of migration 0004
+/// (migrations/mssql/0004_submit_procedure.sql: on Babelfish ~0.9 ms against ~3 ms for the batch
+/// of one row). Parameters and result as [`insert_batch`]'s.
+pub const SUBMIT_ONE: &str = batch!(
+    "EXEC dbo.SubmitNotification @NotificationId = @P1, @Type = @P2, @ListName = @P3, @Subject = @P4, @Body = @P5, @TypeData = @P6, @ContentHash = @P7, @SourceSiteId = @P8, @SourceInstanceId = @P9, @SourceScript = @P10, @OriginExecutionId = @P11, @OriginParentExecutionId = @P12, @SiteEnqueuedAt = @P13;"
+);
 
 /// The plain INSERT of one row; a duplicate id fails with 2627/2601 and leaves the stored row
 /// as it was. Parameters as one row of [`insert_batch`].
@@ -1102,6 +1114,7 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ("select_content_hash", SELECT_CONTENT_HASH.to_owned()),
         ("acquire_lease", ACQUIRE_LEASE.to_owned()),
         ("release_lease", RELEASE_LEASE.to_owned()),
+        ("submit_one", SUBMIT_ONE.to_owned()),
         ("claim_due", CLAIM_DUE.to_owned()),
         ("park_invalid", PARK_INVALID.to_owned()),
         ("record_outcome", RECORD_OUTCOME.to_owned()),
@@ -1252,6 +1265,7 @@ mod tests {
             SELECT_SECRETS,
             RESEAL_LIST_SECRET,
             RESEAL_CHANNEL_SECRETS,
+            SUBMIT_ONE,
         ];
         let declared = source.matches("\npub const ").count();
         // SUBMIT_COLUMNS is a number, not a statement.
