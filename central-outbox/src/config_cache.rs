@@ -4,21 +4,35 @@
 //! Reading them from the store for each delivery cost a trip to a read connection per row, a
 //! sixth of the dispatch rate in `make bench`. A copy is used for at most [`MAX_AGE`]; a change
 //! made through this node's admin API ([`ConfigCache::invalidate`]) is seen at once, one made on
-//! another replica within `MAX_AGE`. Absence is never cached: a notification is parked for a
-//! missing list or missing SMTP settings only on a fresh read, so configuring them and sending
-//! right away (on any replica) never parks anything.
+//! another replica within `MAX_AGE` and one read. Absence is never cached: a notification is
+//! parked for a missing list or missing SMTP settings only on a fresh read, so configuring them
+//! and sending right away (on any replica) never parks anything.
+//!
+//! A list older than `MAX_AGE` is still served, for up to [`MAX_STALE`] more, while one task
+//! reads it again: an attempt never waits for the database to re-read a list it already has.
+//! On Babelfish under load that read took over two seconds, every attempt started after the
+//! copy expired waited for it, and some ran out their time bound (half the claim) before the
+//! relay was even called.
+//!
+//! Ages are measured on tokio's clock, so a test on a paused clock can age the copies.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::domain::ListName;
 use crate::domain::channel::{NotificationList, SmtpSettings};
 use crate::store::{OutboxStore, Result};
 
-/// Longest a cached value is used.
+/// Longest a cached value is used as it is.
 pub const MAX_AGE: Duration = Duration::from_secs(1);
+
+/// How long past [`MAX_AGE`] a list may still be served while it is read again. Beyond it (the
+/// store failing all along) an attempt reads the list itself, and fails if it cannot.
+pub const MAX_STALE: Duration = Duration::from_secs(30);
 
 /// Cached SMTP settings and lists. Shared by the dispatcher and the admin service.
 #[derive(Debug, Default)]
@@ -27,6 +41,8 @@ pub struct ConfigCache {
     generation: AtomicU64,
     smtp: Mutex<Option<Entry<SmtpSettings>>>,
     lists: Mutex<HashMap<ListName, Entry<Arc<NotificationList>>>>,
+    /// Lists being read again in the background, each by one task.
+    refreshing: Mutex<HashSet<ListName>>,
 }
 
 #[derive(Debug, Clone)]
@@ -79,20 +95,53 @@ impl ConfigCache {
         Ok(value)
     }
 
-    /// The list called `name`, `None` when there is none.
+    /// The list called `name`, `None` when there is none. A copy past [`MAX_AGE`] is served
+    /// while a background task reads the list again (see the module documentation).
     pub async fn list<S: OutboxStore>(
+        self: &Arc<Self>,
+        store: &Arc<S>,
+        name: &ListName,
+    ) -> Result<Option<Arc<NotificationList>>> {
+        let generation = self.generation.load(Ordering::Acquire);
+        let copy = lock(&self.lists)
+            .get(name)
+            .filter(|e| e.generation == generation)
+            .map(|e| (e.read_at.elapsed(), Arc::clone(&e.value)));
+        match copy {
+            Some((age, list)) if age < MAX_AGE => Ok(Some(list)),
+            Some((age, list)) if age < MAX_AGE + MAX_STALE => {
+                self.read_list_in_background(store, name);
+                Ok(Some(list))
+            }
+            _ => self.read_list(&**store, name).await,
+        }
+    }
+
+    /// Starts one task reading list `name` again, unless one is under way.
+    fn read_list_in_background<S: OutboxStore>(self: &Arc<Self>, store: &Arc<S>, name: &ListName) {
+        if !lock(&self.refreshing).insert(name.clone()) {
+            return;
+        }
+        let (cache, store, name) = (Arc::clone(self), Arc::clone(store), name.clone());
+        tokio::spawn(async move {
+            if let Err(e) = cache.read_list(&*store, &name).await {
+                tracing::warn!(
+                    list = name.as_str(),
+                    error = %e,
+                    "cannot read the list again; its copy is used meanwhile"
+                );
+            }
+            lock(&cache.refreshing).remove(&name);
+        });
+    }
+
+    /// Reads list `name` from the store and keeps the copy (forgets it if there is none).
+    async fn read_list<S: OutboxStore>(
         &self,
         store: &S,
         name: &ListName,
     ) -> Result<Option<Arc<NotificationList>>> {
         let generation = self.generation.load(Ordering::Acquire);
-        let now = Instant::now();
-        let cached = lock(&self.lists)
-            .get(name)
-            .and_then(|e| e.fresh(generation, now));
-        if cached.is_some() {
-            return Ok(cached);
-        }
         let read_at = Instant::now();
         let value = store.list(name).await?.map(|s| Arc::new(s.value));
         let mut lists = lock(&self.lists);
@@ -111,8 +160,8 @@ impl ConfigCache {
                 lists.remove(name);
             }
         }
-        // Lists deleted elsewhere would otherwise stay here for good.
-        lists.retain(|_, e| now.duration_since(e.read_at) < MAX_AGE);
+        // Lists deleted elsewhere, and no longer asked for, would otherwise stay here for good.
+        lists.retain(|_, e| e.read_at.elapsed() < MAX_AGE + MAX_STALE);
         Ok(value)
     }
 }
@@ -146,9 +195,10 @@ mod tests {
     #[tokio::test]
     async fn a_local_change_is_seen_at_once_and_absence_is_never_cached() {
         let dir = tempfile::tempdir().unwrap();
-        let store =
-            SqliteStore::open(&dir.path().join("c.db"), group_commit::Durability::Full).unwrap();
-        let cache = ConfigCache::new();
+        let store = Arc::new(
+            SqliteStore::open(&dir.path().join("c.db"), group_commit::Durability::Full).unwrap(),
+        );
+        let cache = Arc::new(ConfigCache::new());
         let ops = ListName::parse("ops".into()).unwrap();
 
         // Missing: not remembered, so a list created right after is found.
@@ -172,6 +222,6 @@ mod tests {
         cache.invalidate();
         assert!(cache.list(&store, &ops).await.unwrap().is_none());
 
-        assert!(cache.smtp_settings(&store).await.unwrap().is_none());
+        assert!(cache.smtp_settings(&*store).await.unwrap().is_none());
     }
 }

@@ -98,7 +98,7 @@ impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
     async fn deliver(&self, n: &ClaimedNotification) -> Result<Delivered, DeliveryError> {
         let list = self
             .config
-            .list(&*self.store, &n.content.list_name)
+            .list(&self.store, &n.content.list_name)
             .await
             .map_err(|e| DeliveryError::transient(format!("cannot resolve the list: {e}")))?
             .ok_or_else(|| {

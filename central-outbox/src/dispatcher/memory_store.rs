@@ -140,6 +140,8 @@ pub(super) struct MemoryStore {
     pub(super) leases: Gate,
     /// A sweep's calls (claims, SMTP settings reads) wait here while it is closed.
     pub(super) sweeps: Gate,
+    /// List reads wait here while it is closed.
+    pub(super) list_reads: Gate,
     /// Bumped whenever an outcome is recorded, so a test can wait for one.
     recorded: watch::Sender<usize>,
 }
@@ -154,6 +156,7 @@ impl MemoryStore {
             }),
             leases: Gate::opened(),
             sweeps: Gate::opened(),
+            list_reads: Gate::opened(),
             recorded: watch::Sender::new(0),
         }
     }
@@ -419,6 +422,7 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        self.list_reads.pass().await;
         Ok(self.state().lists.get(name).map(|l| Stored {
             value: l.clone(),
             updated_at: Utc::now(),

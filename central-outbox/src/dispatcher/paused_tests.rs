@@ -22,7 +22,7 @@ use super::lease::HeldLease;
 use super::memory_store::{MemoryStore, Row, email};
 use super::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, SweepOutcome, WakePolicy};
 use crate::config::{Config, SmtpConfig};
-use crate::config_cache::ConfigCache;
+use crate::config_cache::{ConfigCache, MAX_AGE};
 use crate::delivery::{ChannelSettings, Deliver};
 use crate::domain::NotificationId;
 use crate::domain::channel::{ListInput, NotificationList, SmtpSettings};
@@ -566,6 +566,41 @@ async fn rows_claimed_ahead_start_while_a_sweep_waits_for_the_database() {
         .until_row(late, "the ingested row is delivered", delivered)
         .await;
     assert_eq!(row.attempts, 1);
+    rig.stop().await;
+}
+
+/// The database stops answering list reads once the list has been read: a delivery after the
+/// copy's `MAX_AGE` uses the copy while the list is read again, instead of waiting for the read
+/// (on a slow database, long enough to run out its time bound before calling the relay).
+#[tokio::test(start_paused = true)]
+async fn a_delivery_uses_the_list_copy_while_the_list_is_read_again() {
+    let store = store(smtp(1, None));
+    let first = store.add(email("first"));
+    let rig = Rig::start(store, settings(Duration::from_secs(60))).await;
+    rig.until_row(first, "the first row is delivered", delivered)
+        .await;
+
+    rig.store.list_reads.close();
+    let later = MAX_AGE + Duration::from_secs(1);
+    rig.at(later).await;
+    let second = rig.store.add(email("after the copy aged"));
+    rig.wake.notify_one();
+    let row = rig
+        .until_row(second, "the second row is delivered", delivered)
+        .await;
+    assert_eq!(row.attempts, 1);
+    assert_eq!(
+        rig.since_start(Instant::now()),
+        later,
+        "the delivery waited for the list read"
+    );
+    let waiting = rig
+        .store
+        .list_reads
+        .waiting
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(waiting, 1, "one read of the list is under way");
+    rig.store.list_reads.open();
     rig.stop().await;
 }
 
