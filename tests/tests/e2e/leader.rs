@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use outbox_proto::v1;
 use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
@@ -218,19 +218,33 @@ async fn wait_for_leader(replicas: &[Replica], after: i64) -> (usize, i64) {
 /// One look at the cluster.
 #[derive(Debug)]
 struct Look {
-    /// Replicas whose `/metrics` said they hold the lease, with the epoch they hold it under.
-    leaders: Vec<(String, i64)>,
+    /// Replicas whose `/metrics` said they hold the lease.
+    leaders: Vec<Reading>,
     /// The `Leases` row: holder and epoch.
     lease: Option<(String, i64)>,
+}
+
+/// A replica's `/metrics` saying it holds the lease under `epoch`, at some moment between
+/// `asked` and `answered`.
+#[derive(Debug)]
+struct Reading {
+    node: String,
+    epoch: i64,
+    asked: Instant,
+    answered: Instant,
 }
 
 /// Looks at every replica's lease gauges and the `Leases` row, every [`LOOK_INTERVAL`], until
 /// [`LeaderWatch::finish`].
 ///
-/// One look scrapes the replicas one after another, not at one instant. That still finds no false
-/// double leader, because a leader stops calling itself one (its own timer, started before its
-/// last renewal was sent) before the database lets anyone else take the lease, and a replica
-/// shutting down stops answering scrapes before it releases the lease. A replica that cannot run
+/// One look scrapes the replicas one after another, not at one instant, and on a slow database
+/// a scrape takes seconds (it may wait for the KPI query): long enough for a leader scraped
+/// early in the look to hand over to one scraped late. So two leaders in one look prove two at
+/// once only in the other order: a replica still leading under an older epoch when asked after
+/// another had answered that it led under a newer one. A leader stops calling itself one (its
+/// own timer, started before its last renewal was sent) before the database lets anyone else
+/// take the lease, so that never happens; the order of the scrapes alternates from look to look,
+/// so a lasting double leader is caught whichever replica comes first. A replica that cannot run
 /// that timer, being stopped or having had its lease ended behind its back, is paused in the
 /// watch by the test meanwhile.
 struct LeaderWatch {
@@ -260,19 +274,29 @@ impl LeaderWatch {
                 while !stop.is_cancelled() {
                     tick.tick().await;
                     let mut leaders = Vec::new();
-                    for (node, metrics) in &targets {
+                    let mut order: Vec<&(String, SocketAddr)> = targets.iter().collect();
+                    if looks.len() % 2 == 1 {
+                        order.reverse();
+                    }
+                    for (node, metrics) in order {
                         if paused.lock().unwrap().contains(node) {
                             continue;
                         }
+                        let asked = Instant::now();
                         if let Leadership::Leader(epoch) = leadership(*metrics).await {
-                            leaders.push((node.clone(), epoch));
+                            leaders.push(Reading {
+                                node: node.clone(),
+                                epoch,
+                                asked,
+                                answered: Instant::now(),
+                            });
                         }
                     }
                     // A replica paused while this look went on is left out: what it said
                     // before the pause is not to be set beside what another said after it
                     // (on a slow database a look takes seconds, enough for the lease to move).
                     let paused_now = paused.lock().unwrap().clone();
-                    leaders.retain(|(node, _)| !paused_now.contains(node));
+                    leaders.retain(|r| !paused_now.contains(&r.node));
                     let lease = db
                         .rows(
                             "SELECT Holder, Epoch FROM Leases WHERE Name = 'dispatcher'",
@@ -315,12 +339,19 @@ impl LeaderWatch {
             );
         };
         for look in &looks {
-            assert!(
-                look.leaders.len() <= 1,
-                "two replicas led at once: {look:?}"
-            );
-            for (node, epoch) in &look.leaders {
-                hold(*epoch, node, "/metrics");
+            for older in &look.leaders {
+                for newer in look.leaders.iter().filter(|r| r.epoch > older.epoch) {
+                    assert!(
+                        older.asked <= newer.answered,
+                        "two replicas led at once ({} still under epoch {} after {} under {}): \
+                         {look:?}",
+                        older.node,
+                        older.epoch,
+                        newer.node,
+                        newer.epoch
+                    );
+                }
+                hold(older.epoch, &older.node, "/metrics");
             }
             if let Some((holder, epoch)) = &look.lease {
                 hold(*epoch, holder, "the Leases row");
