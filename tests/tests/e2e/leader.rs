@@ -256,13 +256,16 @@ struct LeaderWatch {
 }
 
 impl LeaderWatch {
-    fn start(replicas: &[&Replica], db: &Path) -> Self {
+    /// Starts looking, and returns once the first look is taken: what the test does next (a
+    /// pause, a kill) comes after the watch has seen how things stood.
+    async fn start(replicas: &[&Replica], db: &Path) -> Self {
         let targets: Vec<(String, SocketAddr)> = replicas
             .iter()
             .map(|r| (r.node.clone(), r.metrics))
             .collect();
         let paused = Arc::new(Mutex::new(HashSet::new()));
         let stop = CancellationToken::new();
+        let (taken, mut looks_taken) = tokio::sync::watch::channel(0usize);
         let task = tokio::spawn({
             let paused = Arc::clone(&paused);
             let stop = stop.clone();
@@ -304,10 +307,15 @@ impl LeaderWatch {
                         )
                         .pop();
                     looks.push(Look { leaders, lease });
+                    taken.send_replace(looks.len());
                 }
                 looks
             }
         });
+        looks_taken
+            .wait_for(|taken| *taken >= 1)
+            .await
+            .expect("the leader watch takes its first look");
         Self { paused, stop, task }
     }
 
@@ -530,7 +538,7 @@ async fn three_replicas_one_dispatcher() {
     let db_path = dir.path().join("central.db");
     let (leader, epoch) = wait_for_leader(&replicas, 0).await;
     let all: Vec<&Replica> = replicas.iter().collect();
-    let watch = LeaderWatch::start(&all, &db_path);
+    let watch = LeaderWatch::start(&all, &db_path).await;
 
     let ids = submit_spread(&all, N).await;
     let db = Db::open(&db_path);
@@ -572,7 +580,7 @@ async fn leader_killed_mid_flight_successor_delivers_everything() {
     let db_path = dir.path().join("central.db");
     let (leader, killed_epoch) = wait_for_leader(&replicas, 0).await;
     let all: Vec<&Replica> = replicas.iter().collect();
-    let watch = LeaderWatch::start(&all, &db_path);
+    let watch = LeaderWatch::start(&all, &db_path).await;
 
     let ids = submit_spread(&all, N).await;
     sink.wait_for_messages(DELIVERED_BEFORE_KILL, DEADLINE)
@@ -722,7 +730,7 @@ async fn stalled_leader_cannot_overwrite_its_successor() {
     let old = Replica::start(dir.path(), "central-old", &sink, timings).await;
     let (_, old_epoch) = wait_for_leader(std::slice::from_ref(&old), 0).await;
     let new = Replica::start(dir.path(), "central-new", &sink, timings).await;
-    let watch = LeaderWatch::start(&[&old, &new], &db_path);
+    let watch = LeaderWatch::start(&[&old, &new], &db_path).await;
 
     // The old leader starts as many deliveries as it has connections, each session waiting on
     // the sink's greeting, and by default claims some rows ahead into its local queue.
@@ -833,7 +841,7 @@ async fn leader_shutdown_hands_over_at_once() {
     let first = Replica::start(dir.path(), "central-first", &sink, timings).await;
     let (_, first_epoch) = wait_for_leader(std::slice::from_ref(&first), 0).await;
     let second = Replica::start(dir.path(), "central-second", &sink, timings).await;
-    let watch = LeaderWatch::start(&[&first, &second], &db_path);
+    let watch = LeaderWatch::start(&[&first, &second], &db_path).await;
     let db = Db::open(&db_path);
     let mut ids = submit_spread(&[&first, &second], N).await;
     wait_all_delivered(&db, N).await;
@@ -899,7 +907,7 @@ async fn deposed_leader_outcomes_are_refused_by_the_database() {
     let old = Replica::start(dir.path(), "central-old", &sink, old_timings).await;
     let (_, old_epoch) = wait_for_leader(std::slice::from_ref(&old), 0).await;
     let new = Replica::start(dir.path(), "central-new", &sink, new_timings).await;
-    let watch = LeaderWatch::start(&[&old, &new], &db_path);
+    let watch = LeaderWatch::start(&[&old, &new], &db_path).await;
 
     sink.pause_replies();
     let ids = submit_spread(&[&old], CONNECTIONS).await;
