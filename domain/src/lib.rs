@@ -9,6 +9,9 @@
 //! messages to and from these types.
 
 pub mod limits;
+mod priority;
+
+pub use priority::Priority;
 
 use std::fmt;
 
@@ -348,6 +351,9 @@ pub struct Submission {
     pub id: NotificationId,
     pub content: NotificationContent,
     pub provenance: Provenance,
+    /// How urgent it is. Not content: a resubmit differing only in priority is the same
+    /// notification, and the stored priority stands.
+    pub priority: Priority,
 }
 
 fn optional_uuid(text: Option<&str>, field: &'static str) -> Result<Option<Uuid>> {

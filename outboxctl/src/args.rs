@@ -11,7 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use outbox_proto::v1;
 
-use crate::filter::{TimeBound, parse_status, parse_time_bound};
+use crate::filter::{TimeBound, parse_priority, parse_status, parse_time_bound};
 
 pub mod channel;
 
@@ -110,6 +110,9 @@ pub struct SelectArgs {
     /// Only this delivery channel.
     #[arg(long = "type", value_enum)]
     pub kind: Option<ChannelArg>,
+    /// Only these priorities (repeatable): critical, high, normal, low.
+    #[arg(long, value_parser = parse_priority)]
+    pub priority: Vec<v1::NotificationPriority>,
     /// Only notifications from this source site.
     #[arg(long)]
     pub site: Option<String>,
@@ -131,6 +134,7 @@ impl SelectArgs {
     /// Whether any filter flag was given (the bulk forms need `--all-parked` for them).
     pub fn is_set(&self) -> bool {
         self.kind.is_some()
+            || !self.priority.is_empty()
             || self.site.is_some()
             || self.list.is_some()
             || self.since.is_some()
@@ -245,6 +249,46 @@ mod tests {
     fn json_is_accepted_after_the_subcommand() {
         let cli = Cli::try_parse_from(["outboxctl", "kpis", "--json"]).unwrap();
         assert!(cli.json);
+    }
+
+    #[test]
+    fn priority_is_a_repeatable_filter_on_list_retry_and_discard() {
+        let cli = Cli::try_parse_from([
+            "outboxctl",
+            "list",
+            "--priority",
+            "critical",
+            "--priority",
+            "HIGH",
+        ])
+        .unwrap();
+        let Command::List(list) = cli.command else {
+            panic!("not list");
+        };
+        assert_eq!(
+            list.select.priority,
+            [
+                v1::NotificationPriority::Critical,
+                v1::NotificationPriority::High
+            ]
+        );
+        for verb in ["retry", "discard"] {
+            let cli = Cli::try_parse_from(["outboxctl", verb, "--all-parked", "--priority", "low"])
+                .unwrap();
+            let (Command::Retry(args) | Command::Discard(args)) = cli.command else {
+                panic!("not {verb}");
+            };
+            assert_eq!(args.select.priority, [v1::NotificationPriority::Low]);
+            assert!(args.select.is_set(), "a filter flag");
+        }
+        let err = Cli::try_parse_from(["outboxctl", "list", "--priority", "urgent"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("'urgent'") && err.contains("--priority"),
+            "{err}"
+        );
+        assert!(err.contains("critical, high, normal, low"), "{err}");
     }
 
     #[test]

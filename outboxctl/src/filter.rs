@@ -1,5 +1,5 @@
-//! Turns the filter flags into a `NotificationFilter`: status names, channel, site, list,
-//! creation-time bounds and subject keyword.
+//! Turns the filter flags into a `NotificationFilter`: status and priority names, channel, site,
+//! list, creation-time bounds and subject keyword.
 //!
 //! Relative ages (`--since 1h`) are resolved against one `now` taken when the filter is built, so
 //! every page of a listing and every call of a bulk action uses the same bounds (a page token is
@@ -32,6 +32,33 @@ pub fn parse_status(text: &str) -> Result<v1::NotificationStatus, String> {
             let names: Vec<&str> = STATUSES.iter().map(|(name, _)| *name).collect();
             format!(
                 "unknown status {text:?} (expected one of {})",
+                names.join(", ")
+            )
+        })
+}
+
+/// The priorities, most urgent first; UNSPECIFIED is not one (central refuses it in a filter).
+const PRIORITIES: [(&str, v1::NotificationPriority); 4] = [
+    ("critical", v1::NotificationPriority::Critical),
+    ("high", v1::NotificationPriority::High),
+    ("normal", v1::NotificationPriority::Normal),
+    ("low", v1::NotificationPriority::Low),
+];
+
+/// `high`, `High` or `NOTIFICATION_PRIORITY_HIGH` (as grpcurl prints it).
+pub fn parse_priority(text: &str) -> Result<v1::NotificationPriority, String> {
+    let lower = text.trim().to_ascii_lowercase();
+    let short = lower
+        .strip_prefix("notification_priority_")
+        .unwrap_or(&lower);
+    PRIORITIES
+        .iter()
+        .find(|(name, _)| *name == short)
+        .map(|(_, priority)| *priority)
+        .ok_or_else(|| {
+            let names: Vec<&str> = PRIORITIES.iter().map(|(name, _)| *name).collect();
+            format!(
+                "unknown priority {text:?} (expected one of {})",
                 names.join(", ")
             )
         })
@@ -101,6 +128,9 @@ pub fn build(
     let mut statuses: Vec<i32> = statuses.iter().map(|s| i32::from(*s)).collect();
     statuses.sort_unstable();
     statuses.dedup();
+    let mut priorities: Vec<i32> = select.priority.iter().map(|p| i32::from(*p)).collect();
+    priorities.sort_unstable();
+    priorities.dedup();
     Ok(v1::NotificationFilter {
         statuses,
         r#type: select
@@ -113,6 +143,7 @@ pub fn build(
         created_to: created_to.map(to_timestamp),
         stuck_only,
         subject_contains: select.subject.clone().unwrap_or_default(),
+        priorities,
     })
 }
 
@@ -124,6 +155,17 @@ pub fn describe(select: &SelectArgs) -> String {
             "type {}",
             crate::render::channel_name(kind.proto().into())
         ));
+    }
+    if !select.priority.is_empty() {
+        // Most urgent first, each once, whatever order the flags came in: the proto values
+        // run from CRITICAL (1) to LOW (4).
+        let priorities: std::collections::BTreeSet<i32> =
+            select.priority.iter().map(|p| i32::from(*p)).collect();
+        let names: Vec<String> = priorities
+            .into_iter()
+            .map(crate::render::priority_name)
+            .collect();
+        parts.push(format!("priority {}", names.join(" or ")));
     }
     if let Some(site) = &select.site {
         parts.push(format!("site {site}"));
@@ -169,6 +211,26 @@ mod tests {
     }
 
     #[test]
+    fn priority_names_are_case_insensitive_and_accept_proto_names() {
+        assert_eq!(
+            parse_priority("critical"),
+            Ok(v1::NotificationPriority::Critical)
+        );
+        assert_eq!(parse_priority("LOW"), Ok(v1::NotificationPriority::Low));
+        assert_eq!(
+            parse_priority("NOTIFICATION_PRIORITY_HIGH"),
+            Ok(v1::NotificationPriority::High)
+        );
+        let err = parse_priority("unspecified").unwrap_err();
+        assert!(
+            err.starts_with("unknown priority \"unspecified\"")
+                && err.contains("critical, high, normal, low"),
+            "{err}"
+        );
+        assert!(parse_priority("urgent").is_err());
+    }
+
+    #[test]
     fn time_bounds_are_rfc3339_or_an_age() {
         let at = parse_time_bound("2026-11-21T10:00:00+01:00").unwrap();
         assert_eq!(
@@ -195,6 +257,11 @@ mod tests {
             since: Some(TimeBound::Ago(Duration::from_secs(7200))),
             until: None,
             subject: Some("tank".into()),
+            priority: vec![
+                v1::NotificationPriority::Low,
+                v1::NotificationPriority::Critical,
+                v1::NotificationPriority::Low,
+            ],
         };
         let filter = build(
             &select,
@@ -221,6 +288,24 @@ mod tests {
         assert!(filter.created_to.is_none());
         assert!(filter.stuck_only);
         assert_eq!(filter.subject_contains, "tank");
+        assert_eq!(
+            filter.priorities,
+            vec![
+                i32::from(v1::NotificationPriority::Critical),
+                i32::from(v1::NotificationPriority::Low)
+            ]
+        );
+        assert_eq!(
+            describe(&select),
+            "parked notifications with type email, priority critical or low, \
+             site site-b, list ops, created since the given time, subject containing \"tank\""
+        );
+    }
+
+    #[test]
+    fn no_priority_flag_selects_every_priority() {
+        let filter = build(&SelectArgs::default(), &[], false, Utc::now()).unwrap();
+        assert!(filter.priorities.is_empty());
     }
 
     #[test]

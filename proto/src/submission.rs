@@ -6,8 +6,8 @@
 use crate::time::{from_timestamp, to_timestamp};
 use crate::v1;
 use outbox_domain::{
-    ContentError, NotificationContent, NotificationId, NotificationType, Provenance, ScriptOrigin,
-    SiteId, Submission,
+    ContentError, NotificationContent, NotificationId, NotificationType, Priority, Provenance,
+    ScriptOrigin, SiteId, Submission,
 };
 
 /// Checks a proto enum value for the `type` field. UNSPECIFIED and unknown values are rejected:
@@ -34,6 +34,32 @@ pub fn notification_type_to_proto(kind: NotificationType) -> v1::NotificationTyp
     }
 }
 
+/// Checks a proto enum value for a `priority` field: UNSPECIFIED is NORMAL, an unknown value is
+/// refused (a newer sender's priority this build cannot order must not pass as normal).
+pub fn priority(value: i32, field: &'static str) -> Result<Priority, ContentError> {
+    match v1::NotificationPriority::try_from(value) {
+        Ok(v1::NotificationPriority::Unspecified | v1::NotificationPriority::Normal) => {
+            Ok(Priority::Normal)
+        }
+        Ok(v1::NotificationPriority::Critical) => Ok(Priority::Critical),
+        Ok(v1::NotificationPriority::High) => Ok(Priority::High),
+        Ok(v1::NotificationPriority::Low) => Ok(Priority::Low),
+        Err(_) => Err(ContentError::new(
+            field,
+            format!("{value} is not a known priority"),
+        )),
+    }
+}
+
+pub fn priority_to_proto(priority: Priority) -> v1::NotificationPriority {
+    match priority {
+        Priority::Critical => v1::NotificationPriority::Critical,
+        Priority::High => v1::NotificationPriority::High,
+        Priority::Normal => v1::NotificationPriority::Normal,
+        Priority::Low => v1::NotificationPriority::Low,
+    }
+}
+
 /// Validates a submit; the error names the first bad field.
 pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
     let id = NotificationId::parse(&msg.notification_id, "notification_id")?;
@@ -55,18 +81,22 @@ pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
         msg.origin_execution_id.as_deref(),
         msg.origin_parent_execution_id.as_deref(),
     )?;
+    let priority = priority(msg.priority, "priority")?;
     Ok(Submission {
         id,
         content,
         provenance: origin.at_site(site, enqueued_at),
+        priority,
     })
 }
 
-/// The submit for a notification; [`parse`] gives back the same id, content and provenance.
+/// The submit for a notification; [`parse`] gives back the same id, content, provenance and
+/// priority.
 pub fn encode(
     id: NotificationId,
     content: &NotificationContent,
     provenance: &Provenance,
+    priority: Priority,
 ) -> v1::NotificationSubmit {
     let p = provenance;
     v1::NotificationSubmit {
@@ -84,5 +114,6 @@ pub fn encode(
         origin_parent_execution_id: p
             .origin_parent_execution_id
             .map(|u| u.hyphenated().to_string()),
+        priority: priority_to_proto(priority).into(),
     }
 }

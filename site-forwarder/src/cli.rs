@@ -8,13 +8,18 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use chrono::SecondsFormat;
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use outbox_proto::submission::priority_to_proto;
 use outbox_proto::time::from_timestamp;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
     BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRole, NodeRoleView,
-    NotificationStatus, NotificationStatusView, NotificationType, PromoteRequest, SendRequest,
+    NotificationPriority, NotificationStatus, NotificationStatusView, NotificationType,
+    PromoteRequest, SendRequest,
 };
 use tonic::transport::{Channel, Endpoint};
+
+use crate::domain::Priority;
 
 /// Default address of the local API, matching the server's default `listen_addr`.
 pub const DEFAULT_ADDR: &str = "http://127.0.0.1:50052";
@@ -42,6 +47,16 @@ pub enum TypeArg {
     Webhook,
 }
 
+/// Parses `--priority`: one of the domain's priority names (`critical`, `high`, `normal`,
+/// `low`). Listing them as possible values makes clap name them in `--help` and in the error
+/// for anything else.
+pub fn priority_arg() -> impl TypedValueParser<Value = Priority> {
+    PossibleValuesParser::new(Priority::ALL.map(Priority::as_str)).try_map(|name| {
+        // Cannot miss: the possible values are exactly the names `parse_name` knows.
+        Priority::parse_name(&name).ok_or_else(|| format!("{name:?} is not a priority"))
+    })
+}
+
 /// What `site-forwarder send` sends.
 #[derive(Debug, Clone, Default)]
 pub struct SendArgs {
@@ -54,6 +69,7 @@ pub struct SendArgs {
     pub instance: String,
     pub execution_id: Option<String>,
     pub parent_execution_id: Option<String>,
+    pub priority: Priority,
 }
 
 async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
@@ -90,6 +106,7 @@ pub async fn send(addrs: &[String], args: SendArgs) -> Result<String> {
         source_script: args.script,
         origin_execution_id: args.execution_id,
         origin_parent_execution_id: args.parent_execution_id,
+        priority: priority_to_proto(args.priority).into(),
     };
     let mut last = None;
     for addr in addrs {
@@ -171,6 +188,18 @@ pub fn status_name(status: i32) -> &'static str {
     }
 }
 
+/// UNSPECIFIED reads as normal: it is what a central that predates priorities answers, and
+/// it treats every notification as normal.
+fn priority_name(priority: i32) -> &'static str {
+    match NotificationPriority::try_from(priority) {
+        Ok(NotificationPriority::Critical) => "critical",
+        Ok(NotificationPriority::High) => "high",
+        Ok(NotificationPriority::Normal | NotificationPriority::Unspecified) => "normal",
+        Ok(NotificationPriority::Low) => "low",
+        Err(_) => "unknown",
+    }
+}
+
 fn type_name(kind: i32) -> &'static str {
     match NotificationType::try_from(kind) {
         Ok(NotificationType::Email) => "Email",
@@ -191,6 +220,7 @@ pub fn format_status(view: &NotificationStatusView) -> String {
     let _ = writeln!(out, "{}", status_name(view.status));
     let _ = writeln!(out, "id: {}", view.notification_id);
     let _ = writeln!(out, "type: {}", type_name(view.r#type));
+    let _ = writeln!(out, "priority: {}", priority_name(view.priority));
     let _ = writeln!(out, "list: {}", view.list_name);
     let _ = writeln!(out, "site: {}", view.source_site_id);
     let _ = writeln!(out, "retry_count: {}", view.retry_count);
@@ -269,6 +299,16 @@ mod tests {
         assert!(text.contains("retry_count: 2\n"));
         assert!(text.contains("last_error: smtp 451\n"));
         assert!(!text.contains("delivered_at"));
+        assert!(
+            text.contains("priority: normal\n"),
+            "unspecified reads as normal: {text}"
+        );
+
+        let critical = NotificationStatusView {
+            priority: NotificationPriority::Critical.into(),
+            ..view
+        };
+        assert!(format_status(&critical).contains("priority: critical\n"));
     }
 
     #[test]

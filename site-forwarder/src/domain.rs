@@ -7,8 +7,8 @@
 use chrono::{DateTime, Utc};
 
 pub use outbox_domain::{
-    Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,
-    Provenance, ScriptOrigin, SiteId, Subject, TypeData,
+    Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType, Priority,
+    Provenance, ScriptOrigin, SiteId, Subject, Submission, TypeData,
 };
 
 /// Position of a row in the buffer. Strictly increasing in enqueue order and never reused (the
@@ -23,13 +23,17 @@ impl Seq {
 }
 
 /// One notification accepted by `Send`: content, provenance (including the site id and the
-/// site's clock at enqueue time) and the id the caller was given. Stored verbatim, so every
-/// resubmit after a reconnect carries exactly the same content and central answers DUPLICATE.
+/// site's clock at enqueue time), priority and the id the caller was given. Stored verbatim, so
+/// every resubmit after a reconnect carries exactly the same content and central answers
+/// DUPLICATE.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferedNotification {
     pub id: NotificationId,
     pub content: NotificationContent,
     pub provenance: Provenance,
+    /// Forwarded unchanged: central, not the site, orders delivery by it. The forwarder still
+    /// sends the buffer oldest first, since its cursor relies on seq order.
+    pub priority: Priority,
 }
 
 impl BufferedNotification {
@@ -41,6 +45,7 @@ impl BufferedNotification {
         origin: ScriptOrigin,
         site: SiteId,
         enqueued_at: DateTime<Utc>,
+        priority: Priority,
     ) -> Self {
         let enqueued_at =
             DateTime::from_timestamp_millis(enqueued_at.timestamp_millis()).unwrap_or(enqueued_at);
@@ -48,11 +53,25 @@ impl BufferedNotification {
             id: NotificationId::generate(),
             content,
             provenance: origin.at_site(site, enqueued_at),
+            priority,
         }
     }
 
     pub fn enqueued_at(&self) -> DateTime<Utc> {
         self.provenance.site_enqueued_at
+    }
+}
+
+/// A notification the peer node sent (a replicated or adopted row), checked by
+/// `outbox_proto::submission::parse`: the same id, content, provenance and priority.
+impl From<Submission> for BufferedNotification {
+    fn from(s: Submission) -> Self {
+        Self {
+            id: s.id,
+            content: s.content,
+            provenance: s.provenance,
+            priority: s.priority,
+        }
     }
 }
 
@@ -64,6 +83,7 @@ pub enum LocalStatus {
         kind: NotificationType,
         list_name: String,
         enqueued_at: DateTime<Utc>,
+        priority: Priority,
     },
     /// Central rejected it; it sits in the local `rejected` table and will never be forwarded.
     Rejected { reason: String },

@@ -9,6 +9,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use site_forwarder::cli::{self, DEFAULT_ADDR, SendArgs, TypeArg};
 use site_forwarder::config::{Config, LogConfig, LogFormat, Overrides};
+use site_forwarder::domain::Priority;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Debug, Parser)]
@@ -86,6 +87,14 @@ struct SendCommand {
     /// Sending instance (`source_instance_id`).
     #[arg(long, default_value = "")]
     instance: String,
+    /// How urgent it is; central delivers higher priorities first.
+    #[arg(
+        long,
+        value_parser = cli::priority_arg(),
+        ignore_case = true,
+        default_value_t = Priority::Normal
+    )]
+    priority: Priority,
     /// The forwarder's address; for a pair, both nodes' (repeat the flag or separate with
     /// commas): the first that accepts the Send gets it.
     #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
@@ -161,6 +170,7 @@ async fn send(args: SendCommand) -> anyhow::Result<()> {
         instance: args.instance,
         execution_id: None,
         parent_execution_id: None,
+        priority: args.priority,
     };
     let id = cli::send(&args.addr, request).await?;
     println!("{id}");
@@ -197,5 +207,55 @@ async fn stop_signal() -> std::io::Result<&'static str> {
     {
         tokio::signal::ctrl_c().await?;
         Ok("ctrl-c")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn send(extra: &[&str]) -> Result<SendCommand, clap::Error> {
+        let mut argv = vec![
+            "site-forwarder",
+            "send",
+            "--list",
+            "ops",
+            "--subject",
+            "s",
+            "--body",
+            "b",
+        ];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv)?.command {
+            Command::Send(args) => Ok(args),
+            other => panic!("not send: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_command_line_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn send_priority_defaults_to_normal_and_takes_each_name() {
+        assert_eq!(send(&[]).unwrap().priority, Priority::Normal);
+        for priority in Priority::ALL {
+            let args = send(&["--priority", priority.as_str()]).unwrap();
+            assert_eq!(args.priority, priority);
+            let upper = priority.as_str().to_ascii_uppercase();
+            assert_eq!(send(&["--priority", &upper]).unwrap().priority, priority);
+        }
+    }
+
+    #[test]
+    fn an_unknown_priority_is_refused_naming_the_flag_and_the_names() {
+        let err = send(&["--priority", "urgent"]).unwrap_err().to_string();
+        assert!(
+            err.contains("'urgent'") && err.contains("--priority"),
+            "{err}"
+        );
+        assert!(err.contains("critical, high, normal, low"), "{err}");
     }
 }

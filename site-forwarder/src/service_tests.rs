@@ -15,8 +15,9 @@ use outbox_proto::v1::notification_ingest_server::{NotificationIngest, Notificat
 use outbox_proto::v1::notification_outbox_server::{NotificationOutbox, NotificationOutboxServer};
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    self, BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationStatus,
-    NotificationStatusView, NotificationSubmit, NotificationSubmitAck, SendRequest, SubmitOutcome,
+    self, BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationPriority,
+    NotificationStatus, NotificationStatusView, NotificationSubmit, NotificationSubmitAck,
+    SendRequest, SubmitOutcome,
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -443,6 +444,41 @@ async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
     central_stop.cancel();
 }
 
+/// The priority a script gives reaches central unchanged (none given: normal), and the site
+/// shows it while the notification waits in the buffer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_priority_is_shown_while_buffered_and_forwarded_to_central() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    drop(listener);
+    let mut site = start_site(central_addr).await;
+
+    let mut urgent = send_request("urgent");
+    urgent.priority = NotificationPriority::Critical.into();
+    let critical = site.client.send(urgent).await.unwrap().into_inner();
+    let normal = site.send("unspecified").await;
+    let view = site.status(&critical.notification_id).await.unwrap();
+    assert_eq!(view.status(), NotificationStatus::Forwarding);
+    assert_eq!(view.priority(), NotificationPriority::Critical);
+    let view = site.status(&normal).await.unwrap();
+    assert_eq!(view.priority(), NotificationPriority::Normal);
+
+    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let central = FakeCentral::default();
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    site.wait_for("the buffer to drain", |s| s.depth == 0).await;
+    let stored = central.stored.lock().unwrap().clone();
+    assert_eq!(
+        stored[&critical.notification_id].priority(),
+        NotificationPriority::Critical
+    );
+    assert_eq!(stored[&normal].priority(), NotificationPriority::Normal);
+
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_rejects_bad_input_and_buffers_nothing() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -454,7 +490,13 @@ async fn send_rejects_bad_input_and_buffers_nothing() {
     bad_subject.subject = "hi\r\nBcc: victim@example.com".into();
     let mut bad_type = send_request("x");
     bad_type.r#type = 42;
-    for (request, field) in [(bad_subject, "subject"), (bad_type, "type")] {
+    let mut bad_priority = send_request("x");
+    bad_priority.priority = 42;
+    for (request, field) in [
+        (bad_subject, "subject"),
+        (bad_type, "type"),
+        (bad_priority, "priority"),
+    ] {
         let err = site.client.send(request).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().starts_with(&format!("{field}: ")), "{err:?}");
@@ -667,7 +709,22 @@ fn buffered_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> 
         .unwrap()
 }
 
-/// Sends `n` notifications on 8 connections at once; returns their ids.
+/// The notification ids in a buffer file's `buffered` table with their priority ranks.
+fn buffered_priorities(buffer: &std::path::Path) -> std::collections::BTreeMap<String, i64> {
+    let conn =
+        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT notification_id, priority FROM buffered")
+        .unwrap();
+    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Sends `n` notifications on 8 connections at once, cycling through every priority value
+/// (unspecified included); returns their ids.
 async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
     let mut tasks = tokio::task::JoinSet::new();
     for caller in 0..8 {
@@ -676,7 +733,9 @@ async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
         tasks.spawn(async move {
             let mut ids = Vec::new();
             for i in (caller..n).step_by(8) {
-                let reply = client.send(send_request(&format!("{tag} {i}"))).await;
+                let mut request = send_request(&format!("{tag} {i}"));
+                request.priority = i32::try_from(i % 5).unwrap();
+                let reply = client.send(request).await;
                 ids.push(reply.unwrap().into_inner().notification_id);
             }
             ids
@@ -729,6 +788,11 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
     let expected: std::collections::BTreeSet<String> = sent.into_iter().collect();
     assert_eq!(buffered_ids(&b_buffer), expected);
     assert_eq!(buffered_ids(&a_buffer), expected);
+    // Each row with the priority it was sent with (an unspecified one stored as normal).
+    let priorities = buffered_priorities(&b_buffer);
+    assert_eq!(priorities, buffered_priorities(&a_buffer));
+    let ranks: std::collections::BTreeSet<i64> = priorities.values().copied().collect();
+    assert_eq!(ranks, (0..4).collect());
     standby.shut_down().await;
     active.shut_down().await;
 }

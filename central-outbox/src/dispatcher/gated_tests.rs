@@ -24,6 +24,7 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::status::Status;
 use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
@@ -85,12 +86,12 @@ impl OutboxStore for GatedStore {
         lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        limit: usize,
+        lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
         self.claims.pass().await;
         self.inner
-            .claim_due(lease, epoch, kind, limit, claim_timeout)
+            .claim_due(lease, epoch, kind, lanes, claim_timeout)
             .await
     }
     async fn record_outcomes(
@@ -201,6 +202,7 @@ async fn start() -> Rig {
             id,
             content,
             provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
+            priority: Default::default(),
         })])
         .await
         .unwrap();

@@ -28,9 +28,10 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::status::Status;
 use crate::domain::{
-    ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
+    ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
 };
 use crate::store::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
@@ -91,6 +92,7 @@ pub(super) fn email(subject: &str) -> NewNotification {
         id: NotificationId::generate(),
         content,
         provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
+        priority: Priority::Normal,
     })
 }
 
@@ -318,9 +320,12 @@ impl OutboxStore for MemoryStore {
         _lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        limit: usize,
+        lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
+        // In stored order whatever the lanes: the dispatcher tests here are about pacing and
+        // the lease; the serve order is the real stores' (conformance suite).
+        let limit = lanes.total();
         self.sweeps.pass().await;
         let now = Instant::now();
         let mut state = self.state();
@@ -353,6 +358,7 @@ impl OutboxStore for MemoryStore {
                 id: row.submission.id,
                 content: row.submission.content.clone(),
                 provenance: row.submission.provenance.clone(),
+                priority: row.submission.priority,
                 retry_count: 0,
                 attempt_no: row.attempts,
                 epoch,

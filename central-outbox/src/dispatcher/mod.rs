@@ -417,11 +417,11 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
             started += self.start_queued(kind);
             let wanted = self.pacing.claim_size(kind, self.settings.claim_batch);
             if wanted > 0 {
-                self.pacing.claim_sent(kind);
+                let lanes = self.pacing.claim_sent(kind, wanted);
                 self.sweep_calls.claim(
                     Arc::clone(&self.store),
                     kind,
-                    wanted,
+                    lanes,
                     epoch,
                     self.settings.claim_timeout,
                 );

@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use crate::delivery::ChannelSettings;
 use crate::domain::NotificationType;
 use crate::domain::rate::TokenBucket;
+use crate::domain::serve_order::{ClaimLanes, LongestWaitingShare};
 use crate::store::ClaimedNotification;
 
 /// The channels, in the order a sweep serves them.
@@ -54,6 +55,8 @@ struct ChannelState {
     /// Something may have made rows due since the claim under way read the table, so a short
     /// answer does not mean nothing is left.
     due_changed_while_claiming: bool,
+    /// Which of this channel's claimed rows go to the longest-waiting (`domain::serve_order`).
+    share: LongestWaitingShare,
 }
 
 impl ChannelState {
@@ -133,11 +136,13 @@ impl Pacing {
         claim_batch.unwrap_or_else(|| (free + 2 * slots).min(tokens))
     }
 
-    /// A claim of `kind` was sent; until [`Pacing::claim_answered`], none other is.
-    pub(super) fn claim_sent(&mut self, kind: NotificationType) {
+    /// A claim of `wanted` rows of `kind` is sent, split between the orders of
+    /// `domain::serve_order`; until [`Pacing::claim_answered`], no other claim of it is.
+    pub(super) fn claim_sent(&mut self, kind: NotificationType, wanted: usize) -> ClaimLanes {
         let state = &mut self.channels[channel_index(kind)];
         state.claiming = true;
         state.due_changed_while_claiming = false;
+        state.share.split(wanted)
     }
 
     /// The claim of `kind` under way answered: with the rows it took out of `wanted` (queued,
@@ -157,6 +162,7 @@ impl Pacing {
         let short = claimed.as_ref().is_none_or(|rows| rows.len() < wanted);
         state.drained = short && !state.due_changed_while_claiming;
         if let Some(claimed) = claimed {
+            state.share.claimed(claimed.len());
             state
                 .queue
                 .extend(claimed.into_iter().map(|n| (n, claimed_at)));

@@ -19,6 +19,7 @@ use super::lease::DISPATCHER_LEASE;
 use crate::config_cache::ConfigCache;
 use crate::domain::NotificationType;
 use crate::domain::channel::SmtpSettings;
+use crate::domain::serve_order::ClaimLanes;
 use crate::store::{ClaimedNotification, LeaseEpoch, OutboxStore, Result, StoreError};
 
 /// What a sweep's store call answered.
@@ -68,20 +69,20 @@ impl SweepCalls {
         });
     }
 
-    /// Claims up to `wanted` due rows of `kind` under `epoch` for `claim_timeout`.
+    /// Claims due rows of `kind` in `lanes` under `epoch` for `claim_timeout`.
     pub(super) fn claim<S: OutboxStore>(
         &mut self,
         store: Arc<S>,
         kind: NotificationType,
-        wanted: usize,
+        lanes: ClaimLanes,
         epoch: LeaseEpoch,
         claim_timeout: Duration,
     ) {
         self.tasks.spawn(async move {
-            let claim = store.claim_due(DISPATCHER_LEASE, epoch, kind, wanted, claim_timeout);
+            let claim = store.claim_due(DISPATCHER_LEASE, epoch, kind, lanes, claim_timeout);
             Answer::Claimed {
                 kind,
-                wanted,
+                wanted: lanes.total(),
                 epoch,
                 rows: caught(claim).await,
             }

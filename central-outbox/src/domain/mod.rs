@@ -9,11 +9,12 @@ pub mod kpi;
 pub mod query;
 pub mod rate;
 pub mod retry;
+pub mod serve_order;
 pub mod status;
 pub mod webhook;
 
 pub use outbox_domain::{
-    Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType,
+    Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType, Priority,
     Provenance, SiteId, Subject, Submission, TypeData,
 };
 

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use super::status::Status;
-use super::{ContentError, NotificationType};
+use super::{ContentError, NotificationType, Priority};
 
 /// Longest subject keyword accepted (the subject itself is at most this long).
 pub const MAX_KEYWORD_CHARS: usize = 500;
@@ -18,6 +18,7 @@ pub const MAX_PAGE_SIZE: usize = 500;
 pub struct NotificationFilter {
     pub statuses: Vec<Status>,
     pub kind: Option<NotificationType>,
+    pub priorities: Vec<Priority>,
     pub source_site_id: Option<String>,
     pub list_name: Option<String>,
     /// CreatedAt >= this.

@@ -100,9 +100,25 @@ pub fn filter(
             statuses.push(status);
         }
     }
+    let mut priorities = Vec::with_capacity(msg.priorities.len());
+    for value in msg.priorities {
+        // UNSPECIFIED means NORMAL where a notification is sent, but in a filter it would be
+        // a silent "normal": the caller must name what they look for.
+        if value == i32::from(v1::NotificationPriority::Unspecified) {
+            return Err(ContentError::new(
+                "filter.priorities",
+                "NOTIFICATION_PRIORITY_UNSPECIFIED is not a priority to filter by",
+            ));
+        }
+        let priority = outbox_proto::submission::priority(value, "filter.priorities")?;
+        if !priorities.contains(&priority) {
+            priorities.push(priority);
+        }
+    }
     NotificationFilter {
         statuses,
         kind: optional_type(msg.r#type, "filter.type")?,
+        priorities,
         source_site_id: optional_name(msg.source_site_id, "filter.source_site_id")?,
         list_name: optional_name(msg.list_name, "filter.list_name")?,
         created_from: optional_time(msg.created_from, "filter.created_from")?,

@@ -8,7 +8,7 @@ use crate::domain::status::Status;
 use crate::store::{InsertOutcome, NotificationState};
 
 pub use outbox_proto::submission::{
-    notification_type, notification_type_to_proto, parse as submission,
+    notification_type, notification_type_to_proto, parse as submission, priority_to_proto,
 };
 
 pub fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationSubmitAck {
@@ -67,6 +67,7 @@ pub fn state_view(state: NotificationState, stuck: bool) -> v1::NotificationStat
         subject: state.subject,
         resolved_at: state.resolved_at.map(to_timestamp),
         stuck,
+        priority: priority_to_proto(state.priority).into(),
     }
 }
 
@@ -88,12 +89,18 @@ mod tests {
             site_enqueued_at: Some(to_timestamp(chrono::Utc::now())),
             origin_execution_id: None,
             origin_parent_execution_id: None,
+            priority: v1::NotificationPriority::High.into(),
         }
     }
 
     #[test]
     fn accepts_a_valid_submit() {
-        assert!(submission(valid()).is_ok());
+        let accepted = submission(valid()).unwrap();
+        assert_eq!(accepted.priority, crate::domain::Priority::High);
+        let mut unspecified = valid();
+        unspecified.priority = v1::NotificationPriority::Unspecified.into();
+        let accepted = submission(unspecified).unwrap();
+        assert_eq!(accepted.priority, crate::domain::Priority::Normal);
     }
 
     #[test]
@@ -108,6 +115,7 @@ mod tests {
             ("body", |m| m.body.clear()),
             ("source_site_id", |m| m.source_site_id.clear()),
             ("site_enqueued_at", |m| m.site_enqueued_at = None),
+            ("priority", |m| m.priority = 9),
             ("origin_execution_id", |m| {
                 m.origin_execution_id = Some("nope".into())
             }),

@@ -9,8 +9,8 @@ use outbox_domain::ScriptOrigin;
 
 use super::{ClaimedNotification, LeaseEpoch};
 use crate::domain::{
-    Body, ListName, NotificationContent, NotificationId, NotificationType, SiteId, Subject,
-    TypeData,
+    Body, ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId,
+    Subject, TypeData,
 };
 
 /// The columns of a claimed row, as stored.
@@ -32,6 +32,8 @@ pub struct StoredClaim {
     pub origin_parent_execution_id: Option<String>,
     /// `None` when the stored value is not a valid timestamp (SQLite stores milliseconds).
     pub site_enqueued_at: Option<DateTime<Utc>>,
+    /// The stored rank (`Priority::rank`).
+    pub priority: i64,
 }
 
 impl StoredClaim {
@@ -57,11 +59,14 @@ impl StoredClaim {
         let enqueued = self
             .site_enqueued_at
             .ok_or("SiteEnqueuedAt is not a valid timestamp")?;
+        let priority = Priority::from_rank(self.priority)
+            .ok_or_else(|| format!("unknown priority rank {}", self.priority))?;
         Ok(ClaimedNotification {
             row_id: self.row_id,
             id: self.id,
             content,
             provenance: origin.at_site(site, enqueued),
+            priority,
             retry_count: self.retry_count,
             attempt_no: self.attempt_no,
             epoch,

@@ -4,8 +4,10 @@
 //! Contract every backend keeps (checked by the shared conformance tests):
 //! - `submit` commits before it returns; an id is stored at most once; a resubmit with the same
 //!   content hash is `Duplicate`, with another hash `Conflict`, and the stored row is unchanged.
+//! - `submit` gives each new row its serve turn (`domain::serve_order::serve_turn`).
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
-//!   InFlight attempt row in the same transaction.
+//!   InFlight attempt row in the same transaction; it takes rows in the orders of
+//!   `domain::serve_order`.
 //! - `record_outcomes` applies each outcome only if the row is still claimed by that attempt (epoch and
 //!   attempt number) and no other holder has taken the lease since (it is still at that epoch,
 //!   lapsed or not); otherwise it changes nothing and returns false.
@@ -36,6 +38,7 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{ListName, NotificationId, NotificationType};
 
 /// A store operation failed. None of these are the caller's fault; the request may be retried,
@@ -102,15 +105,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         epoch: LeaseEpoch,
     ) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Claims up to `limit` due rows of one channel (oldest due first) for `claim_timeout` under
-    /// `epoch`, writing an InFlight attempt row for each. Claims nothing if `epoch` does not hold
-    /// the lease.
+    /// Claims due rows of one channel for `claim_timeout` under `epoch`, writing an InFlight
+    /// attempt row for each: up to `lanes.longest_waiting` rows due longest, then up to
+    /// `lanes.in_turn` more by priority and serve turn (`domain::serve_order`), returned in that
+    /// order. Claims nothing if `epoch` does not hold the lease.
     fn claim_due(
         &self,
         lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        limit: usize,
+        lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
 

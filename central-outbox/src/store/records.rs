@@ -13,7 +13,8 @@ use crate::domain::query::Cursor;
 use crate::domain::retry::Transition;
 use crate::domain::status::Status;
 use crate::domain::{
-    ContentHash, NotificationContent, NotificationId, NotificationType, Provenance, Submission,
+    ContentHash, NotificationContent, NotificationId, NotificationType, Priority, Provenance,
+    Submission,
 };
 
 /// A validated submission with its content hash, ready to insert.
@@ -50,6 +51,7 @@ pub struct NotificationState {
     pub list_name: String,
     pub subject: String,
     pub source_site_id: String,
+    pub priority: Priority,
     pub retry_count: u32,
     pub last_error: Option<String>,
     pub site_enqueued_at: DateTime<Utc>,
@@ -124,6 +126,7 @@ pub struct ClaimedNotification {
     pub id: NotificationId,
     pub content: NotificationContent,
     pub provenance: Provenance,
+    pub priority: Priority,
     pub retry_count: u32,
     pub attempt_no: u32,
     pub epoch: LeaseEpoch,

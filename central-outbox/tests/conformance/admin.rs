@@ -12,6 +12,7 @@ use central_outbox::domain::history::{ActionRefusal, Actor, HistoryEvent, Operat
 use central_outbox::domain::kpi::{KpiParams, KpiValues};
 use central_outbox::domain::query::{Cursor, NotificationFilter, PageRequest};
 use central_outbox::domain::retry::Backoff;
+use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::webhook::WebhookFormat;
 use central_outbox::domain::{ListName, NotificationId, NotificationType};
@@ -341,7 +342,7 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
             seed::LEASE,
             epoch,
             NotificationType::Email,
-            10,
+            ClaimLanes::in_turn(10),
             Duration::from_secs(60),
         )
         .await

@@ -8,6 +8,7 @@ use std::time::Duration;
 use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use central_outbox::domain::history::HistoryEvent;
 use central_outbox::domain::retry::{Backoff, RetryPolicy, Transition};
+use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Submission};
 use central_outbox::store::{
@@ -175,7 +176,7 @@ async fn claim<S: OutboxStore>(
     timeout: Duration,
 ) -> Vec<ClaimedNotification> {
     store
-        .claim_due(LEASE, epoch, kind, limit, timeout)
+        .claim_due(LEASE, epoch, kind, ClaimLanes::in_turn(limit), timeout)
         .await
         .unwrap()
 }
@@ -672,7 +673,13 @@ where
             let mut mine = Vec::new();
             loop {
                 let batch = store
-                    .claim_due(LEASE, epoch, NotificationType::Email, 4, long)
+                    .claim_due(
+                        LEASE,
+                        epoch,
+                        NotificationType::Email,
+                        ClaimLanes::in_turn(4),
+                        long,
+                    )
                     .await
                     .unwrap();
                 if batch.is_empty() {

@@ -18,6 +18,7 @@ mod seed;
 mod admin;
 mod engine;
 mod purge;
+mod serve_order;
 
 use std::future::Future;
 use std::io::Write;
@@ -168,6 +169,22 @@ macro_rules! backend {
             behaviour!(
                 purge_removes_only_terminal_rows_past_retention,
                 purge::purge_removes_only_terminal_rows_past_retention
+            );
+            behaviour!(
+                claims_take_the_most_urgent_first,
+                serve_order::claims_take_the_most_urgent_first
+            );
+            behaviour!(
+                sites_take_turns_within_a_priority,
+                serve_order::sites_take_turns_within_a_priority
+            );
+            behaviour!(
+                the_longest_waiting_share_takes_the_oldest_due_row,
+                serve_order::the_longest_waiting_share_takes_the_oldest_due_row
+            );
+            behaviour!(
+                priority_is_stored_shown_and_filtered,
+                serve_order::priority_is_stored_shown_and_filtered
             );
         }
     };

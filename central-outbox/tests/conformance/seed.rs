@@ -7,9 +7,10 @@ use std::time::Duration;
 use central_outbox::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use central_outbox::domain::history::{Actor, OperatorAction};
 use central_outbox::domain::retry::{Backoff, RetryPolicy};
+use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{
-    NotificationContent, NotificationId, NotificationType, SiteId, Submission,
+    NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
 };
 use central_outbox::store::{
     AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState, OutboxStore,
@@ -26,6 +27,7 @@ pub struct Spec {
     pub list: &'static str,
     pub kind: NotificationType,
     pub subject: String,
+    pub priority: Priority,
     /// Where delivery should leave it.
     pub end: End,
 }
@@ -48,8 +50,14 @@ impl Spec {
             list,
             kind: NotificationType::Email,
             subject: subject.to_owned(),
+            priority: Priority::Normal,
             end,
         }
+    }
+
+    pub fn priority(mut self, priority: Priority) -> Self {
+        self.priority = priority;
+        self
     }
 
     pub fn webhook(mut self) -> Self {
@@ -83,6 +91,7 @@ pub fn submission(spec: &Spec) -> NewNotification {
         id: NotificationId::generate(),
         content,
         provenance: origin.at_site(SiteId::parse(spec.site.into()).expect("site"), Utc::now()),
+        priority: spec.priority,
     })
 }
 
@@ -116,7 +125,13 @@ pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
             let of_kind = seeded.iter().filter(|s| s.spec.kind == kind).count();
             claimed.extend(
                 store
-                    .claim_due(LEASE, epoch, kind, of_kind, Duration::from_secs(60))
+                    .claim_due(
+                        LEASE,
+                        epoch,
+                        kind,
+                        ClaimLanes::in_turn(of_kind),
+                        Duration::from_secs(60),
+                    )
                     .await
                     .expect("claim"),
             );
@@ -167,7 +182,8 @@ async fn submit<S: OutboxStore>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
         .collect()
 }
 
-async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end: End) {
+/// Records `end` as the outcome of `claim`, as the dispatcher would.
+pub async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end: End) {
     let now = Utc::now();
     let (result, at): (Result<Delivered, DeliveryError>, DateTime<Utc>) = match end {
         End::Delivered => (

@@ -8,7 +8,8 @@ use outbox_proto::v1;
 use super::table::{Table, truncate};
 use super::{
     age, age_since, auth_name, backoff_name, channel_name, duration_human, history_kind_name,
-    is_webhook, outcome_name, status_name, time_human, tls_name, webhook_format_name,
+    is_webhook, outcome_name, priority_name, status_name, time_human, tls_name,
+    webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -47,12 +48,13 @@ fn notifications(rows: &[v1::NotificationStatusView], next: &str, now: DateTime<
         return "no notifications match\n".to_owned();
     }
     let mut table = Table::new(&[
-        "ID", "STATUS", "TYPE", "SITE", "LIST", "RETRIES", "AGE", "SUBJECT",
+        "ID", "STATUS", "PRIORITY", "TYPE", "SITE", "LIST", "RETRIES", "AGE", "SUBJECT",
     ]);
     for v in rows {
         table.row(vec![
             v.notification_id.clone(),
             status_cell(v),
+            priority_name(v.priority),
             channel_name(v.r#type),
             v.source_site_id.clone(),
             v.list_name.clone(),
@@ -102,6 +104,7 @@ fn status_fields(
     vec![
         ("notification", v.notification_id.clone()),
         ("status", status_cell(v)),
+        ("priority", priority_name(v.priority)),
         ("type", channel_name(v.r#type)),
         ("list", v.list_name.clone()),
         ("site", v.source_site_id.clone()),
@@ -354,12 +357,20 @@ mod tests {
                 nanos: 0,
             }),
             stuck: true,
+            priority: v1::NotificationPriority::Critical.into(),
             ..Default::default()
         };
         let text = notifications(&[row], "tok", now);
         let lines: Vec<&str> = text.lines().collect();
         assert!(lines[0].starts_with("ID "), "{text}");
-        assert!(lines[1].contains("pending (stuck)"), "{text}");
+        assert!(
+            lines[0].contains(" STATUS           PRIORITY  TYPE "),
+            "{text}"
+        );
+        assert!(
+            lines[1].contains("pending (stuck)  critical  email "),
+            "{text}"
+        );
         assert!(lines[1].contains("3m 12s"), "{text}");
         assert!(lines[2].contains("--page-token tok"), "{text}");
     }
@@ -375,6 +386,32 @@ mod tests {
         assert_eq!(field(&text, "auth"), Some("none"), "{text}");
         assert_eq!(field(&text, "rate limit"), Some("none"), "{text}");
         assert!(!text.contains("oauth"), "{text}");
+    }
+
+    #[test]
+    fn status_and_detail_blocks_show_the_priority() {
+        let now = Utc::now();
+        let view = v1::NotificationStatusView {
+            notification_id: "0190-a".into(),
+            priority: v1::NotificationPriority::Low.into(),
+            ..Default::default()
+        };
+        let text = render(&Report::Status(view.clone()), now);
+        assert_eq!(field(&text, "priority"), Some("low"), "{text}");
+        let text = render(
+            &Report::Detail(v1::NotificationDetail {
+                notification: Some(view),
+                ..Default::default()
+            }),
+            now,
+        );
+        assert_eq!(field(&text, "priority"), Some("low"), "{text}");
+        let unspecified = render(&Report::Status(v1::NotificationStatusView::default()), now);
+        assert_eq!(
+            field(&unspecified, "priority"),
+            Some("normal"),
+            "{unspecified}"
+        );
     }
 
     /// The value of a `key  value` line.

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{
     auth_name, backoff_name, channel_name, duration_json, history_kind_name, is_webhook,
-    outcome_name, status_name, time_json, tls_name, webhook_format_name,
+    outcome_name, priority_name, status_name, time_json, tls_name, webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -45,6 +45,7 @@ pub fn status_view(v: &v1::NotificationStatusView) -> Value {
         "notification_id": v.notification_id,
         "status": status_name(v.status),
         "type": channel_name(v.r#type),
+        "priority": priority_name(v.priority),
         "list_name": v.list_name,
         "source_site_id": v.source_site_id,
         "subject": v.subject,
@@ -187,9 +188,28 @@ mod tests {
         let value = status_view(&view);
         assert_eq!(value["status"], "parked");
         assert_eq!(value["type"], "email");
+        assert_eq!(value["priority"], "normal", "unspecified reads as normal");
         assert_eq!(value["retry_count"], 3);
         assert_eq!(value["created_at"], "2026-11-21T10:00:00Z");
         assert_eq!(value["delivered_at"], Value::Null);
+    }
+
+    #[test]
+    fn the_priority_is_in_rows_and_in_the_detail() {
+        let view = v1::NotificationStatusView {
+            priority: v1::NotificationPriority::High.into(),
+            ..Default::default()
+        };
+        let rows = render(&Report::Notifications {
+            rows: vec![view.clone()],
+            next_page_token: String::new(),
+        });
+        assert_eq!(rows["notifications"][0]["priority"], "high");
+        let detail = render(&Report::Detail(v1::NotificationDetail {
+            notification: Some(view),
+            ..Default::default()
+        }));
+        assert_eq!(detail["notification"]["priority"], "high");
     }
 
     #[test]

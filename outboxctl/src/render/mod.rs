@@ -42,6 +42,19 @@ pub fn channel_name(value: i32) -> String {
     )
 }
 
+/// UNSPECIFIED reads as normal: it is what a central that predates priorities answers, and it
+/// treats every notification as normal.
+pub fn priority_name(value: i32) -> String {
+    match v1::NotificationPriority::try_from(value) {
+        Ok(v1::NotificationPriority::Unspecified) => "normal".to_owned(),
+        full => short_name(
+            full.ok().as_ref().map(|p| p.as_str_name()),
+            "NOTIFICATION_PRIORITY_",
+            value,
+        ),
+    }
+}
+
 pub fn history_kind_name(value: i32) -> String {
     let full = v1::HistoryEntryKind::try_from(value).ok();
     short_name(
@@ -228,6 +241,13 @@ mod tests {
         );
         assert_eq!(webhook_format_name(0), "generic");
         assert_eq!(webhook_format_name(42), "unknown_42");
+        assert_eq!(
+            priority_name(v1::NotificationPriority::Critical.into()),
+            "critical"
+        );
+        assert_eq!(priority_name(v1::NotificationPriority::Low.into()), "low");
+        assert_eq!(priority_name(0), "normal");
+        assert_eq!(priority_name(9), "unknown_9");
     }
 
     #[test]

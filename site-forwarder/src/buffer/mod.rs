@@ -32,7 +32,7 @@ use tokio::sync::{Notify, broadcast, watch};
 
 use crate::domain::{
     Body, BufferStats, BufferedNotification, ContentError, ListName, LocalStatus,
-    NotificationContent, NotificationId, NotificationType, SiteId, Subject, TypeData,
+    NotificationContent, NotificationId, NotificationType, Priority, SiteId, Subject, TypeData,
 };
 
 /// Why a buffer operation failed.
@@ -55,7 +55,7 @@ pub type Result<T, E = BufferError> = std::result::Result<T, E>;
 pub use crate::domain::Seq;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -94,10 +94,19 @@ CREATE TABLE rejected (
 );
 ";
 
-/// Column list shared by the SELECTs that decode a row with [`decode_row`].
+/// Version 3: the notification's priority, as its `Priority::rank` (0 critical .. 3 low). Rows
+/// written before it read back as normal (rank 2), what they were sent as: a buffer written by
+/// the previous binary opens and forwards unchanged.
+const SCHEMA_V3: &str = "
+ALTER TABLE buffered ADD COLUMN priority INTEGER NOT NULL DEFAULT 2;
+ALTER TABLE rejected ADD COLUMN priority INTEGER NOT NULL DEFAULT 2;
+";
+
+/// Column list shared by the SELECTs that decode a row with [`decode_row`], and by
+/// [`move_to_rejected`], which copies these columns from `buffered` to `rejected`.
 const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, subject, body, type_data, \
      source_site_id, source_instance_id, source_script, origin_execution_id, \
-     origin_parent_execution_id, enqueued_at";
+     origin_parent_execution_id, enqueued_at, priority";
 
 /// Removal announcements a slow replication stream may fall behind by before it is reset (and
 /// resumed from the table). Each is one settle job's seqs, so this is thousands of acks.
@@ -384,6 +393,12 @@ fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
         txn.pragma_update(None, "user_version", 2)?;
         txn.commit()?;
     }
+    if version < 3 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V3)?;
+        txn.pragma_update(None, "user_version", 3)?;
+        txn.commit()?;
+    }
     Ok(())
 }
 
@@ -435,15 +450,16 @@ enum Insert {
     Replica(Seq),
 }
 
-/// The columns [`insert_row`] binds as `?1` to `?12`, and the seq as `?13` for a replica.
+/// The columns [`insert_row`] binds as `?1` to `?13`, and the seq as `?14` for a replica.
 macro_rules! insert_sql {
     ($verb:literal $(, $seq_column:literal, $seq_value:literal)? $(; $tail:literal)?) => {
         concat!(
             $verb,
             " INTO buffered (notification_id, type, list_name, subject, body, type_data, \
              source_site_id, source_instance_id, source_script, origin_execution_id, \
-             origin_parent_execution_id, enqueued_at", $($seq_column,)? ") \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12", $($seq_value,)? ")",
+             origin_parent_execution_id, enqueued_at, priority", $($seq_column,)? ") \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13",
+            $($seq_value,)? ")",
             $($tail)?
         )
     };
@@ -456,11 +472,11 @@ fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Resul
         Insert::New => (insert_sql!("INSERT"), None),
         Insert::NewUnlessHeld => (insert_sql!("INSERT OR IGNORE"), None),
         Insert::ReplicaUnlessHeld(seq) => (
-            insert_sql!("INSERT", ", seq", ", ?13"; " ON CONFLICT DO NOTHING"),
+            insert_sql!("INSERT", ", seq", ", ?14"; " ON CONFLICT DO NOTHING"),
             Some(seq.0),
         ),
         Insert::Replica(seq) => (
-            insert_sql!("INSERT OR REPLACE", ", seq", ", ?13"),
+            insert_sql!("INSERT OR REPLACE", ", seq", ", ?14"),
             Some(seq.0),
         ),
     };
@@ -491,8 +507,9 @@ fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Resul
             .map(|u| &*u.hyphenated().encode_lower(&mut parent)),
     )?;
     stmt.raw_bind_parameter(12, p.site_enqueued_at.timestamp_millis())?;
+    stmt.raw_bind_parameter(13, n.priority.rank())?;
     if let Some(seq) = seq {
-        stmt.raw_bind_parameter(13, seq)?;
+        stmt.raw_bind_parameter(14, seq)?;
     }
     Ok(stmt.raw_execute()?)
 }
@@ -531,9 +548,13 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, Co
     let origin: Option<String> = row.get(10)?;
     let parent: Option<String> = row.get(11)?;
     let enqueued_ms: i64 = row.get(12)?;
+    let rank: i64 = row.get(13)?;
     Ok((|| {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| ContentError::new("type", format!("{kind:?} is not a known type")))?;
+        let priority = Priority::from_rank(rank).ok_or_else(|| {
+            ContentError::new("priority", format!("rank {rank} is not a known priority"))
+        })?;
         let site_enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| ContentError::new("site_enqueued_at", "is out of range"))?;
         let origin = crate::domain::ScriptOrigin::parse(
@@ -552,6 +573,7 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, Co
                 type_data: TypeData::parse(type_data)?,
             },
             provenance: origin.at_site(SiteId::parse(site)?, site_enqueued_at),
+            priority,
         })
     })())
 }
@@ -577,7 +599,7 @@ fn delete_buffered(conn: &Connection, seq: Seq) -> Result<usize> {
 fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
     let id = id.to_string();
     let mut buffered = conn.prepare_cached(
-        "SELECT type, list_name, enqueued_at FROM buffered WHERE notification_id = ?1",
+        "SELECT type, list_name, enqueued_at, priority FROM buffered WHERE notification_id = ?1",
     )?;
     let row = buffered
         .query_row([&id], |r| {
@@ -585,18 +607,22 @@ fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
                 r.get::<_, i64>(2)?,
+                r.get::<_, i64>(3)?,
             ))
         })
         .optional()?;
-    if let Some((kind, list_name, enqueued_ms)) = row {
+    if let Some((kind, list_name, enqueued_ms, rank)) = row {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown type {kind:?}")))?;
         let enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: enqueued_at out of range")))?;
+        let priority = Priority::from_rank(rank)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown priority rank {rank}")))?;
         return Ok(LocalStatus::Buffered {
             kind,
             list_name,
             enqueued_at,
+            priority,
         });
     }
     let mut rejected =
@@ -652,7 +678,16 @@ pub(crate) mod tests {
             .unwrap(),
             SiteId::parse("site-a".into()).unwrap(),
             Utc::now(),
+            Priority::Normal,
         )
+    }
+
+    /// Like [`notification`], with `priority`.
+    pub(crate) fn with_priority(subject: &str, priority: Priority) -> BufferedNotification {
+        BufferedNotification {
+            priority,
+            ..notification(subject)
+        }
     }
 
     fn open(dir: &tempfile::TempDir) -> Buffer {
@@ -745,6 +780,7 @@ pub(crate) mod tests {
                 kind: NotificationType::Email,
                 list_name: "ops".into(),
                 enqueued_at: n.enqueued_at(),
+                priority: Priority::Normal,
             }
         );
         assert_eq!(
@@ -816,5 +852,150 @@ pub(crate) mod tests {
         assert_eq!(page.unreadable[0].0, bad);
         assert!(page.unreadable[0].2.starts_with("subject:"));
         assert_eq!(page.last_seq(), Some(bad));
+    }
+
+    #[tokio::test]
+    async fn each_priority_round_trips_through_the_buffer_and_into_rejected() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let mut sent = Vec::new();
+        for priority in Priority::ALL {
+            let n = with_priority(priority.as_str(), priority);
+            sent.push((buffer.enqueue(n.clone()).await.unwrap(), n));
+        }
+        assert_eq!(buffer.next_after(Seq::START, 10).await.unwrap().rows, sent);
+        let (critical_seq, critical) = &sent[0];
+        let Ok(LocalStatus::Buffered { priority, .. }) = buffer.local_status(critical.id).await
+        else {
+            panic!("still buffered");
+        };
+        assert_eq!(priority, Priority::Critical);
+
+        // A rejected row keeps its priority beside the reason.
+        assert!(buffer.reject(*critical_seq, "no".into()).await.unwrap());
+        let rank: i64 = buffer
+            .db
+            .read(|c| {
+                c.query_row("SELECT priority FROM rejected", [], |r| r.get(0))
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(rank, i64::from(Priority::Critical.rank()));
+    }
+
+    /// The default the v3 migration gives rows written before it must be normal's rank.
+    #[test]
+    fn the_schema_default_is_normals_rank() {
+        let default = format!("DEFAULT {}", Priority::Normal.rank());
+        assert_eq!(
+            SCHEMA_V3.matches(default.as_str()).count(),
+            2,
+            "{SCHEMA_V3}"
+        );
+    }
+
+    /// A buffer the previous binary wrote (schema v2, no priority column) opens, and its rows,
+    /// waiting or rejected, read back as normal.
+    #[tokio::test]
+    async fn a_version_2_buffer_is_upgraded_and_its_rows_read_as_normal() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("buffer.db");
+        let n = notification("written by the old binary");
+        {
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(SCHEMA_V1).unwrap();
+            conn.execute_batch(pair::SCHEMA_V2).unwrap();
+            conn.pragma_update(None, "user_version", 2).unwrap();
+            let p = &n.provenance;
+            conn.execute(
+                "INSERT INTO buffered (notification_id, type, list_name, subject, body, \
+                 type_data, source_site_id, source_instance_id, source_script, \
+                 origin_execution_id, origin_parent_execution_id, enqueued_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                params![
+                    n.id.to_string(),
+                    n.content.kind.as_str(),
+                    n.content.list_name.as_str(),
+                    n.content.subject.as_str(),
+                    n.content.body.as_str(),
+                    n.content.type_data.as_str(),
+                    p.source_site_id.as_str(),
+                    p.source_instance_id.as_str(),
+                    p.source_script.as_str(),
+                    p.origin_execution_id.map(|u| u.to_string()),
+                    p.origin_parent_execution_id.map(|u| u.to_string()),
+                    p.site_enqueued_at.timestamp_millis(),
+                ],
+            )
+            .unwrap();
+            conn.execute(
+                "INSERT INTO rejected (seq, notification_id, type, list_name, subject, body, \
+                 type_data, source_site_id, source_instance_id, source_script, enqueued_at, \
+                 reason, rejected_at) \
+                 VALUES (99, ?1, 'email', 'ops', 's', 'b', '', 'site-a', 'node-1', 'x.py', 0, \
+                 'no such list', 0)",
+                [NotificationId::generate().to_string()],
+            )
+            .unwrap();
+        }
+
+        let buffer = Buffer::open(&path).unwrap();
+        let page = buffer.next_after(Seq::START, 10).await.unwrap();
+        assert_eq!(page.rows.len(), 1);
+        assert_eq!(page.rows[0].1, n, "the same row, read as normal");
+        assert_eq!(page.rows[0].1.priority, Priority::Normal);
+        let ranks: Vec<i64> = buffer
+            .db
+            .read(|c| {
+                c.prepare("SELECT priority FROM rejected")?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(ranks, vec![i64::from(Priority::Normal.rank())]);
+        let version: i64 = buffer
+            .db
+            .read(|c| {
+                c.query_row("PRAGMA user_version", [], |r| r.get(0))
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+
+        // New rows take their own priority beside the old one.
+        let high = with_priority("new", Priority::High);
+        buffer.enqueue(high.clone()).await.unwrap();
+        let rows = buffer.next_after(Seq::START, 10).await.unwrap().rows;
+        assert_eq!(rows.last().map(|(_, r)| r), Some(&high));
+    }
+
+    #[tokio::test]
+    async fn an_unknown_priority_rank_is_reported_as_a_bad_row() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let good = buffer.enqueue(notification("good")).await.unwrap();
+        let bad = buffer.enqueue(notification("bad")).await.unwrap();
+        buffer
+            .db
+            .write(move |c| {
+                c.execute("UPDATE buffered SET priority = 7 WHERE seq = ?1", [bad.0])
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        let page = buffer.next_after(Seq::START, 10).await.unwrap();
+        assert_eq!(page.rows.len(), 1);
+        assert_eq!(page.rows[0].0, good);
+        assert_eq!(page.unreadable.len(), 1);
+        assert_eq!(page.unreadable[0].0, bad);
+        assert!(
+            page.unreadable[0].2.starts_with("priority:"),
+            "{:?}",
+            page.unreadable
+        );
     }
 }

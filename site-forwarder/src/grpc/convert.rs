@@ -8,7 +8,7 @@ use outbox_proto::v1;
 
 use crate::domain::{
     BufferedNotification, ContentError, NotificationContent, NotificationId, NotificationType,
-    ScriptOrigin, SiteId,
+    Priority, ScriptOrigin, SiteId,
 };
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
@@ -52,18 +52,22 @@ pub fn send_request(
         msg.origin_execution_id.as_deref(),
         msg.origin_parent_execution_id.as_deref(),
     )?;
+    // The rule central applies to a submit: UNSPECIFIED is normal, a value this build does not
+    // know is refused rather than buffered as something it is not.
+    let priority = outbox_proto::submission::priority(msg.priority, "priority")?;
     Ok(BufferedNotification::new(
         content,
         origin,
         site.clone(),
         now,
+        priority,
     ))
 }
 
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
 /// after a reconnect is identical to the first send.
 pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
-    outbox_proto::submission::encode(n.id, &n.content, &n.provenance)
+    outbox_proto::submission::encode(n.id, &n.content, &n.provenance, n.priority)
 }
 
 /// The status view of a notification still in the local buffer.
@@ -73,6 +77,7 @@ pub fn forwarding_view(
     kind: NotificationType,
     list_name: String,
     enqueued_at: DateTime<Utc>,
+    priority: Priority,
 ) -> v1::NotificationStatusView {
     v1::NotificationStatusView {
         notification_id: id.to_string(),
@@ -81,6 +86,7 @@ pub fn forwarding_view(
         list_name,
         source_site_id: site.as_str().to_owned(),
         site_enqueued_at: Some(to_timestamp(enqueued_at)),
+        priority: outbox_proto::submission::priority_to_proto(priority).into(),
         ..Default::default()
     }
 }
@@ -100,6 +106,7 @@ mod tests {
             source_script: "tank.py".into(),
             origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
             origin_parent_execution_id: None,
+            priority: v1::NotificationPriority::Unspecified.into(),
         }
     }
 
@@ -117,6 +124,7 @@ mod tests {
         assert_eq!(n.content.subject.as_str(), "Tank 4 high level");
         assert_eq!(n.provenance.source_site_id.as_str(), "site-a");
         assert_eq!(n.enqueued_at().timestamp_millis(), now.timestamp_millis());
+        assert_eq!(n.priority, Priority::Normal, "unspecified means normal");
 
         let submit = submit(&n);
         assert_eq!(submit.notification_id, n.id.to_string());
@@ -124,6 +132,7 @@ mod tests {
         assert_eq!(submit.source_site_id, "site-a");
         assert_eq!(submit.origin_execution_id, origin);
         assert_eq!(submit.origin_parent_execution_id, None);
+        assert_eq!(submit.priority(), v1::NotificationPriority::Normal);
     }
 
     #[test]
@@ -154,6 +163,8 @@ mod tests {
                 "origin_parent_execution_id",
                 Box::new(|m| m.origin_parent_execution_id = Some("nope".into())),
             ),
+            ("priority", Box::new(|m| m.priority = 99)),
+            ("priority", Box::new(|m| m.priority = -1)),
         ];
         for (field, break_it) in cases {
             let mut msg = valid();
@@ -162,6 +173,43 @@ mod tests {
             assert_eq!(err.field, field);
             assert!(err.to_string().starts_with(&format!("{field}: ")), "{err}");
         }
+    }
+
+    /// Each priority is kept from the `Send` through the submit central gets, and through the
+    /// conversion a standby (replication) and an adopting active (hand-over) apply to the
+    /// submits their peer sends: the row they store is the one the sender buffered.
+    #[test]
+    fn each_priority_survives_send_submit_and_the_peers_parse() {
+        for (proto, priority) in [
+            (v1::NotificationPriority::Critical, Priority::Critical),
+            (v1::NotificationPriority::High, Priority::High),
+            (v1::NotificationPriority::Normal, Priority::Normal),
+            (v1::NotificationPriority::Low, Priority::Low),
+        ] {
+            let mut msg = valid();
+            msg.priority = proto.into();
+            let n = send_request(msg, &site(), Utc::now()).unwrap();
+            assert_eq!(n.priority, priority);
+            let submit = submit(&n);
+            assert_eq!(submit.priority(), proto);
+            let copied =
+                BufferedNotification::from(outbox_proto::submission::parse(submit).unwrap());
+            assert_eq!(copied, n);
+        }
+    }
+
+    #[test]
+    fn the_forwarding_view_shows_the_priority() {
+        let view = forwarding_view(
+            NotificationId::generate(),
+            &site(),
+            NotificationType::Email,
+            "ops".into(),
+            Utc::now(),
+            Priority::High,
+        );
+        assert_eq!(view.priority(), v1::NotificationPriority::High);
+        assert_eq!(view.status(), v1::NotificationStatus::Forwarding);
     }
 
     #[test]

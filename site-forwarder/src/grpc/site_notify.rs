@@ -147,12 +147,14 @@ impl SiteNotify for SiteNotifyService {
                 kind,
                 list_name,
                 enqueued_at,
+                priority,
             } => Ok(Response::new(convert::forwarding_view(
                 id,
                 &self.site,
                 kind,
                 list_name,
                 enqueued_at,
+                priority,
             ))),
             LocalStatus::Rejected { reason } => Err(Status::failed_precondition(format!(
                 "rejected by central: {reason}"

@@ -167,14 +167,10 @@ fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
                 continue;
             };
             match outbox_proto::submission::parse(notification) {
-                Ok(n) => changes.adds.push((
-                    Seq(row.seq),
-                    BufferedNotification {
-                        id: n.id,
-                        content: n.content,
-                        provenance: n.provenance,
-                    },
-                )),
+                // Priority included: a promoted standby forwards the row as it was sent.
+                Ok(n) => changes
+                    .adds
+                    .push((Seq(row.seq), BufferedNotification::from(n))),
                 Err(problem) => tracing::error!(
                     seq = row.seq, %problem,
                     "the active sent a row that breaks the content rules; not copied"

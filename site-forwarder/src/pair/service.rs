@@ -214,11 +214,8 @@ impl SitePair for SitePairService {
         for (i, submit) in request.notifications.into_iter().enumerate() {
             let n = outbox_proto::submission::parse(submit)
                 .map_err(|e| Status::invalid_argument(format!("notifications[{i}].{e}")))?;
-            rows.push(BufferedNotification {
-                id: n.id,
-                content: n.content,
-                provenance: n.provenance,
-            });
+            // Priority included: the adopted row is forwarded as the old active would have.
+            rows.push(BufferedNotification::from(n));
         }
         // Held while the rows commit: a step-down waits for it, so nothing is adopted by a node
         // that is already handing its own buffer over.

@@ -319,6 +319,7 @@ pub fn send_request(subject: &str, body: &str) -> v1::SendRequest {
         source_script: "level_alarm.py".into(),
         origin_execution_id: None,
         origin_parent_execution_id: None,
+        priority: v1::NotificationPriority::Unspecified.into(),
     }
 }
 
@@ -337,6 +338,7 @@ pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
         site_enqueued_at: Some(to_timestamp(Utc::now())),
         origin_execution_id: None,
         origin_parent_execution_id: None,
+        priority: v1::NotificationPriority::Unspecified.into(),
     }
 }
 

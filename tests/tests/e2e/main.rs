@@ -21,4 +21,5 @@ mod mail;
 mod operations;
 mod pair;
 mod secrets;
+mod serve_order;
 mod tls;

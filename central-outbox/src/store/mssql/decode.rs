@@ -61,6 +61,7 @@ pub fn state(row: &Row) -> Result<NotificationState> {
         list_name: text(row, "ListName")?,
         subject: text(row, "Subject")?,
         source_site_id: text(row, "SourceSiteId")?,
+        priority: Default::default(),
         retry_count: count(row, "RetryCount")?,
         last_error: opt_text(row, "LastError")?,
         site_enqueued_at: time(row, "SiteEnqueuedAt")?,

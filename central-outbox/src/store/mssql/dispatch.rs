@@ -133,6 +133,7 @@ fn decode_claim(
         origin_execution_id: execution,
         origin_parent_execution_id: parent,
         site_enqueued_at: Some(enqueued),
+        priority: 2,
     };
     Ok(stored.validate(epoch).map_err(|problem| InvalidRow {
         row_id,

@@ -251,10 +251,11 @@ impl OutboxStore for MsSqlStore {
         lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        limit: usize,
+        lanes: crate::domain::serve_order::ClaimLanes,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
-        dispatch::claim_due(self, lease, epoch, kind, limit, claim_timeout).await
+        // WIP: MS SQL does not store the serve order yet.
+        dispatch::claim_due(self, lease, epoch, kind, lanes.total(), claim_timeout).await
     }
 
     async fn record_outcomes(

@@ -1088,6 +1088,7 @@ pub fn catalog() -> Vec<(&'static str, String)> {
     let full_filter = NotificationFilter {
         statuses: vec![Status::Parked, Status::Retrying],
         kind: Some(NotificationType::Email),
+        priorities: Vec::new(),
         source_site_id: Some("north".into()),
         list_name: Some("ops".into()),
         created_from: Some(instant),
@@ -1349,6 +1350,7 @@ mod tests {
             id: NotificationId::generate(),
             content,
             provenance: origin.at_site(SiteId::parse("north".into()).unwrap(), now),
+            priority: Default::default(),
         });
         let id = new.submission.id;
         let result: std::result::Result<Delivered, DeliveryError> =

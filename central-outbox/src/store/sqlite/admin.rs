@@ -8,12 +8,12 @@ use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
 use super::{at_ms, corrupt, ms};
-use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
+use crate::domain::{NotificationType, Priority};
 use crate::store::{
     ActionResult, FilterActionReport, NotificationDetail, NotificationId, NotificationState, Page,
     PurgeReport, Result, StoreError,
@@ -22,7 +22,7 @@ use crate::store::{
 /// The columns [`read_state`] reads, in its order.
 const STATE_COLUMNS: &str = "Id, NotificationId, Status, Type, ListName, Subject, SourceSiteId,
     RetryCount, LastError, SiteEnqueuedAt, CreatedAt, LastAttemptAt, NextAttemptAt, DeliveredAt,
-    ResolvedAt";
+    ResolvedAt, Priority";
 
 /// A row read with [`STATE_COLUMNS`], before its enums are decoded.
 struct StateRow {
@@ -41,6 +41,7 @@ struct StateRow {
     next_attempt_at: Option<i64>,
     delivered_at: Option<i64>,
     resolved_at: Option<i64>,
+    priority: i64,
 }
 
 fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
@@ -60,6 +61,7 @@ fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
         next_attempt_at: row.get(12)?,
         delivered_at: row.get(13)?,
         resolved_at: row.get(14)?,
+        priority: row.get(15)?,
     })
 }
 
@@ -75,6 +77,8 @@ impl StateRow {
             list_name: self.list_name,
             subject: self.subject,
             source_site_id: self.source_site_id,
+            priority: Priority::from_rank(self.priority)
+                .ok_or_else(|| corrupt(format!("priority rank {}", self.priority)))?,
             retry_count: self.retry_count,
             last_error: self.last_error,
             site_enqueued_at: at_ms("SiteEnqueuedAt", self.site_enqueued_at)?,
@@ -119,6 +123,14 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
     }
     if let Some(kind) = filter.kind {
         arg(sql, " AND Type = ?", Value::Text(kind.as_str().into()));
+    }
+    if !filter.priorities.is_empty() {
+        sql.push_str(" AND Priority IN (");
+        for (i, priority) in filter.priorities.iter().enumerate() {
+            let sep = if i == 0 { "?" } else { ", ?" };
+            arg(sql, sep, Value::Integer(priority.rank().into()));
+        }
+        sql.push(')');
     }
     if let Some(site) = &filter.source_site_id {
         arg(sql, " AND SourceSiteId = ?", Value::Text(site.clone()));

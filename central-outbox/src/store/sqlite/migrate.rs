@@ -27,6 +27,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "channels",
         sql: include_str!("../../../../migrations/sqlite/0003_channels.sql"),
     },
+    Migration {
+        version: 4,
+        name: "serve_order",
+        sql: include_str!("../../../../migrations/sqlite/0004_serve_order.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
@@ -84,6 +89,48 @@ mod tests {
             .query_row("SELECT COUNT(*) FROM SchemaMigrations", [], |r| r.get(0))
             .unwrap();
         assert_eq!(versions, MIGRATIONS.len() as i64);
+    }
+
+    /// A database at version 3 with rows waiting: the upgrade numbers each site's waiting rows
+    /// from 1 in due order (so the sites take turns at once), leaves resolved rows alone, and
+    /// makes every existing row normal.
+    #[test]
+    fn upgrading_gives_waiting_rows_their_turns() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for m in MIGRATIONS.iter().filter(|m| m.version <= 3) {
+            conn.execute_batch(m.sql).unwrap();
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS SchemaMigrations (
+                     Version INTEGER PRIMARY KEY, Name TEXT NOT NULL, AppliedAt INTEGER NOT NULL);
+                 INSERT INTO SchemaMigrations VALUES ({}, '{}', 0);",
+                m.version, m.name
+            ))
+            .unwrap();
+        }
+        // (id, site, status, due): north's due order is 3, 1; south has one; 4 is delivered.
+        for (id, site, status, due) in [
+            (1, "north", "Retrying", 20),
+            (2, "south", "Pending", 15),
+            (3, "north", "Pending", 10),
+            (4, "north", "Delivered", 5),
+        ] {
+            conn.execute(
+                "INSERT INTO Notifications (Id, NotificationId, Type, ListName, Subject, Body,
+                     ContentHash, Status, SourceSiteId, SiteEnqueuedAt, CreatedAt, NextAttemptAt)
+                 VALUES (?1, ?1, 'Email', 'ops', 's', 'b', x'00', ?3, ?2, 0, 0, ?4)",
+                rusqlite::params![id, site, status, due],
+            )
+            .unwrap();
+        }
+        apply(&mut conn).unwrap();
+        let turns: Vec<(i64, i64, i64)> = conn
+            .prepare("SELECT Id, ServeTurn, Priority FROM Notifications ORDER BY Id")
+            .unwrap()
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .unwrap()
+            .collect::<rusqlite::Result<_>>()
+            .unwrap();
+        assert_eq!(turns, [(1, 2, 2), (2, 1, 2), (3, 1, 2), (4, 0, 2)]);
     }
 
     #[test]

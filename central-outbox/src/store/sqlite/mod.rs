@@ -27,6 +27,7 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::serve_order::{ClaimLanes, serve_turn};
 use crate::domain::{ListName, NotificationId, NotificationType};
 use crate::secrets::{Keyring, ResealReport};
 
@@ -148,14 +149,14 @@ impl OutboxStore for SqliteStore {
         lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        limit: usize,
+        lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
-        if limit == 0 {
+        if lanes.total() == 0 {
             return Ok(Vec::new());
         }
         self.db
-            .write(move |conn| claim(conn, lease, epoch, kind, limit, claim_timeout, Utc::now()))
+            .write(move |conn| claim(conn, lease, epoch, kind, lanes, claim_timeout, Utc::now()))
             .await
     }
 
@@ -282,9 +283,22 @@ fn insert_idempotently(
         "INSERT INTO Notifications (
              NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status,
              SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
-             OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14)
+             OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority,
+             ServeTurn)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, ?15,
+                 ?16)
          ON CONFLICT (NotificationId) DO NOTHING",
+    )?;
+    // The two reads of `serve_turn`, each one seek in a partial index of waiting rows
+    // (IX_Notifications_Serve, IX_Notifications_Site_Turn).
+    let mut head_turn = conn.prepare_cached(
+        "SELECT MIN(ServeTurn) FROM Notifications
+         WHERE Status IN ('Pending', 'Retrying') AND Type = ?1 AND Priority = ?2",
+    )?;
+    let mut site_turn = conn.prepare_cached(
+        "SELECT MAX(ServeTurn) FROM Notifications
+         WHERE Status IN ('Pending', 'Retrying') AND Type = ?1 AND Priority = ?2
+           AND SourceSiteId = ?3",
     )?;
     let mut stored_hash =
         conn.prepare_cached("SELECT ContentHash FROM Notifications WHERE NotificationId = ?1")?;
@@ -293,6 +307,13 @@ fn insert_idempotently(
         let s = &new.submission;
         let p = &s.provenance;
         let id = s.id.to_string();
+        let rank = s.priority.rank();
+        let head: Option<i64> =
+            head_turn.query_row(params![s.content.kind.as_str(), rank], |row| row.get(0))?;
+        let site_last: Option<i64> = site_turn.query_row(
+            params![s.content.kind.as_str(), rank, p.source_site_id.as_str()],
+            |row| row.get(0),
+        )?;
         let inserted = insert.execute(params![
             id,
             s.content.kind.as_str(),
@@ -308,6 +329,8 @@ fn insert_idempotently(
             p.origin_parent_execution_id.map(|u| u.to_string()),
             ms(p.site_enqueued_at),
             ms(now),
+            rank,
+            serve_turn(head, site_last),
         ])?;
         let outcome = if inserted == 1 {
             InsertOutcome::Accepted
@@ -353,48 +376,80 @@ fn upsert_lease(
     Ok(epoch.map(LeaseEpoch))
 }
 
+/// The claim statement of one order of `domain::serve_order`: takes up to `?4` due rows of type
+/// `?6` in that order, stamping the claim (until `?1`, epoch `?2`, at `?3`) only while epoch `?2`
+/// holds lease `?5`. Every row has its due time in NextAttemptAt (its creation time when stored,
+/// the retry time after a failure, the operator's time after a Retry; NULL is a row stored
+/// before that rule, due now). Fixed texts, so the statement cache finds them.
+macro_rules! claim_sql {
+    ($order:literal) => {
+        concat!(
+            "UPDATE Notifications
+             SET ClaimedUntil = ?1, ClaimEpoch = ?2, LastAttemptAt = ?3,
+                 AttemptCount = AttemptCount + 1
+             WHERE Id IN (
+                     SELECT Id FROM Notifications
+                     WHERE Status IN ('Pending', 'Retrying') AND Type = ?6
+                       AND (NextAttemptAt IS NULL OR NextAttemptAt <= ?3)
+                       AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?3)
+                     ORDER BY ",
+            $order,
+            "
+                     LIMIT ?4)
+               AND EXISTS (SELECT 1 FROM Leases
+                           WHERE Name = ?5 AND Epoch = ?2 AND ExpiresAt > ?3)
+             RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
+                       AttemptCount, SourceSiteId, SourceInstanceId, SourceScript,
+                       OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority,
+                       ServeTurn, COALESCE(NextAttemptAt, 0)"
+        )
+    };
+}
+
+/// Rule 3 of `domain::serve_order`: due longest first (IX_Notifications_Type_Due).
+const CLAIM_LONGEST_WAITING: &str = claim_sql!("NextAttemptAt, Id");
+/// Rules 1 and 2: most urgent first, then by serve turn (IX_Notifications_Serve).
+const CLAIM_IN_TURN: &str = claim_sql!("Priority, ServeTurn, Id");
+
 /// Claims due rows under `epoch` (only while that epoch holds the lease) and writes their
-/// InFlight attempt rows, oldest due first: every row gets its due time in NextAttemptAt (its
-/// creation time when stored, the retry time after a failure, the operator's time after a
-/// Retry), so one index serves new rows and retries alike and a backlog of new rows cannot
-/// starve a retry that came due before them. (NULL there is a row stored before this rule:
-/// those sort first and are finite.) A row whose stored content no longer passes validation cannot be
-/// delivered: it is parked here with the reason rather than failing the whole claim.
+/// InFlight attempt rows: the longest-waiting share first, then the rest in turn (see
+/// `OutboxStore::claim_due`). A row whose stored content no longer passes validation cannot
+/// be delivered: it is parked here with the reason rather than failing the whole claim.
 fn claim(
     conn: &Connection,
     lease: &str,
     epoch: LeaseEpoch,
     kind: NotificationType,
-    limit: usize,
+    lanes: ClaimLanes,
     claim_timeout: Duration,
     now: DateTime<Utc>,
 ) -> Result<Vec<ClaimedNotification>> {
     let now_ms = ms(now);
     let until = now_ms.saturating_add(duration_ms(claim_timeout));
-    let mut stmt = conn.prepare_cached(
-        "UPDATE Notifications
-         SET ClaimedUntil = ?1, ClaimEpoch = ?2, LastAttemptAt = ?3,
-             AttemptCount = AttemptCount + 1
-         WHERE Id IN (
-                 SELECT Id FROM Notifications
-                 WHERE Status IN ('Pending', 'Retrying') AND Type = ?6
-                   AND (NextAttemptAt IS NULL OR NextAttemptAt <= ?3)
-                   AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?3)
-                 ORDER BY NextAttemptAt, Id
-                 LIMIT ?4)
-           AND EXISTS (SELECT 1 FROM Leases
-                       WHERE Name = ?5 AND Epoch = ?2 AND ExpiresAt > ?3)
-         RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
-                   AttemptCount, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
-                   OriginParentExecutionId, SiteEnqueuedAt",
-    )?;
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let rows = stmt
-        .query_map(
-            params![until, epoch.0, now_ms, limit, lease, kind.as_str()],
-            |row| Ok(ClaimedRow::read(row)),
-        )?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut rows = Vec::with_capacity(lanes.total());
+    for (sql, limit, in_turn) in [
+        (CLAIM_LONGEST_WAITING, lanes.longest_waiting, false),
+        (CLAIM_IN_TURN, lanes.in_turn, true),
+    ] {
+        if limit == 0 {
+            continue;
+        }
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut lane = conn
+            .prepare_cached(sql)?
+            .query_map(
+                params![until, epoch.0, now_ms, limit, lease, kind.as_str()],
+                ClaimedRow::read,
+            )?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        // RETURNING gives rows in no particular order: put them back in the lane's.
+        if in_turn {
+            lane.sort_by_key(|r| (r.priority, r.serve_turn, r.row_id));
+        } else {
+            lane.sort_by_key(|r| (r.due_ms, r.row_id));
+        }
+        rows.extend(lane);
+    }
 
     let mut attempt = conn.prepare_cached(
         "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, LeaseEpoch)
@@ -402,7 +457,6 @@ fn claim(
     )?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
-        let row = row?;
         attempt.execute(params![
             row.notification_id,
             row.attempt_no,
@@ -454,6 +508,10 @@ struct ClaimedRow {
     origin_execution_id: Option<String>,
     origin_parent_execution_id: Option<String>,
     site_enqueued_at: i64,
+    priority: i64,
+    serve_turn: i64,
+    /// NextAttemptAt, 0 when NULL: the longest-waiting order.
+    due_ms: i64,
 }
 
 impl ClaimedRow {
@@ -474,6 +532,9 @@ impl ClaimedRow {
             origin_execution_id: row.get(12)?,
             origin_parent_execution_id: row.get(13)?,
             site_enqueued_at: row.get(14)?,
+            priority: row.get(15)?,
+            serve_turn: row.get(16)?,
+            due_ms: row.get(17)?,
         })
     }
 
@@ -496,6 +557,7 @@ impl ClaimedRow {
             origin_execution_id: self.origin_execution_id.clone(),
             origin_parent_execution_id: self.origin_parent_execution_id.clone(),
             site_enqueued_at: DateTime::from_timestamp_millis(self.site_enqueued_at),
+            priority: self.priority,
         }
         .validate(epoch)
     }

@@ -45,6 +45,7 @@ pub fn submit() -> v1::NotificationSubmit {
         site_enqueued_at: Some(to_timestamp(Utc::now())),
         origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
         origin_parent_execution_id: None,
+        priority: v1::NotificationPriority::Normal.into(),
     }
 }
 

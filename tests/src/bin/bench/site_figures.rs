@@ -39,6 +39,7 @@ pub fn send_request() -> v1::SendRequest {
         source_script: SOURCE_SCRIPT.into(),
         origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
         origin_parent_execution_id: None,
+        priority: v1::NotificationPriority::Normal.into(),
     }
 }
 
