@@ -18,7 +18,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthConfig, Authenticator};
-use crate::dispatcher::{DispatcherSettings, WakePolicy};
+use crate::dispatcher::DispatcherSettings;
 use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
@@ -105,8 +105,11 @@ pub struct DispatcherConfig {
     pub renew_interval: Option<Duration>,
     #[serde(with = "humantime_serde")]
     pub claim_timeout: Duration,
-    /// Sweep on events (ingest here, finished deliveries) and not only on the poll timer.
-    pub wake_on_events: bool,
+    /// Removed: the dispatcher always wakes on events. Still read so that a file written for
+    /// an older version that says `true` keeps working; `false` (the timer-only loop) is
+    /// refused with a message saying so.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wake_on_events: Option<bool>,
     /// Rows claimed per sweep and channel; unset: the free delivery slots plus two per
     /// connection, queued locally.
     pub claim_batch: Option<usize>,
@@ -118,7 +121,7 @@ impl Default for DispatcherConfig {
             poll_interval: Duration::from_secs(1),
             lease_ttl: Duration::from_secs(15),
             renew_interval: None,
-            wake_on_events: true,
+            wake_on_events: None,
             claim_batch: None,
             claim_timeout: Duration::from_secs(120),
         }
@@ -521,6 +524,12 @@ impl Config {
         if renew_interval.is_zero() || renew_interval * 2 > d.lease_ttl {
             bail!("dispatcher.renew_interval: must be positive and at most half of lease_ttl");
         }
+        if d.wake_on_events == Some(false) {
+            bail!(
+                "dispatcher.wake_on_events: the timer-only dispatcher was removed (the dispatcher \
+                 always wakes on ingest and finished deliveries); remove the key"
+            );
+        }
         if d.claim_batch == Some(0) || d.claim_batch.is_some_and(|n| n > 10_000) {
             bail!("dispatcher.claim_batch: must be between 1 and 10000");
         }
@@ -592,7 +601,6 @@ impl Config {
                 lease_ttl: d.lease_ttl,
                 renew_interval,
                 claim_timeout: d.claim_timeout,
-                wake: WakePolicy::from_wake_on_events(d.wake_on_events),
                 claim_batch: d.claim_batch,
                 drain_timeout: self.shutdown_timeout,
             },
@@ -792,6 +800,14 @@ mod tests {
         );
         let err = from_toml("database = 'mssql://db'").unwrap_err();
         assert!(err.to_string().starts_with("database:"), "{err}");
+        // The timer-only loop is gone: asking for it is refused by name; a file that still
+        // says `true` (the old default) starts as before.
+        let err = from_toml("[dispatcher]\nwake_on_events = false").unwrap_err();
+        assert!(
+            err.to_string().starts_with("dispatcher.wake_on_events"),
+            "{err}"
+        );
+        assert!(from_toml("[dispatcher]\nwake_on_events = true").is_ok());
         let err = from_toml("[dispatcher]\npoll_interval = '0s'").unwrap_err();
         assert!(
             err.to_string().starts_with("dispatcher.poll_interval"),

@@ -13,20 +13,12 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use futures_util::FutureExt;
 
-use super::lease::DISPATCHER_LEASE;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver};
-use crate::domain::NotificationType;
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::retry::RetryPolicy;
 use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, OutboxStore};
-
-/// A delivery whose channel has answered, with what is to be recorded.
-pub(super) struct Finished {
-    pub(super) kind: NotificationType,
-    pub(super) record: AttemptRecord,
-}
 
 /// How long one attempt of `channel` may take. It may not outlive its claim, or a successor
 /// could deliver it concurrently; and it is bounded by the channel's own overall timeout.
@@ -52,8 +44,8 @@ pub(super) struct Attempt<S, D> {
 }
 
 impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
-    /// Delivers, and returns what to record and which channel's slot it frees.
-    pub(super) async fn run(self, notification: ClaimedNotification) -> Finished {
+    /// Delivers, and returns what to record.
+    pub(super) async fn run(self, notification: ClaimedNotification) -> AttemptRecord {
         let kind = notification.content.kind;
         let started = Instant::now();
         // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
@@ -92,7 +84,7 @@ impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
         };
         self.metrics
             .attempt_finished(kind, record.outcome, record.duration);
-        Finished { kind, record }
+        record
     }
 
     async fn deliver(&self, n: &ClaimedNotification) -> Result<Delivered, DeliveryError> {
@@ -116,38 +108,6 @@ impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
             )));
         }
         self.delivery.deliver(&self.channel, &list, n).await
-    }
-}
-
-/// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch (see
-/// the store).
-pub(super) async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<AttemptRecord>) {
-    let ids: Vec<_> = records
-        .iter()
-        .map(|r| (r.id, r.transition.status))
-        .collect();
-    match store.record_outcomes(DISPATCHER_LEASE, records).await {
-        Ok(applied) => {
-            for ((id, status), applied) in ids.into_iter().zip(applied) {
-                if applied {
-                    tracing::debug!(%id, %status, "attempt recorded");
-                } else {
-                    tracing::warn!(
-                        %id,
-                        "attempt outcome not recorded: the claim or lease was lost meanwhile"
-                    );
-                }
-            }
-        }
-        Err(e) => {
-            for (id, _) in ids {
-                tracing::error!(
-                    %id,
-                    error = %e,
-                    "cannot record the attempt; the row becomes due again after its claim expires"
-                );
-            }
-        }
     }
 }
 

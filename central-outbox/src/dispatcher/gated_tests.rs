@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::memory_store::{Gate, email};
 use crate::config_cache::ConfigCache;
 use crate::delivery::Adapters;
-use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, WakePolicy};
+use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings};
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
@@ -213,7 +213,6 @@ async fn start() -> Rig {
         renew_interval: TTL / 3,
         claim_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(20),
-        wake: WakePolicy::OnEvents,
         claim_batch: None,
     };
     let dispatcher = Dispatcher::new(
@@ -462,7 +461,6 @@ async fn a_panicking_delivery_frees_its_slot_and_is_recorded() {
             renew_interval: Duration::from_secs(10),
             claim_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(20),
-            wake: WakePolicy::OnEvents,
             claim_batch: None,
         },
         settings.webhook,

@@ -165,6 +165,32 @@ impl<S: OutboxStore> LeaseKeeper<S> {
     }
 }
 
+/// What this node may do under the lease, as the dispatcher publishes it to its channel loops.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Mandate {
+    /// The epoch this node may claim and start rows under now; `None` while it may not (no
+    /// lease, or a lapsed one).
+    pub(super) now: Option<LeaseEpoch>,
+    /// The epoch the work queued and under way belongs to, which outlives a lapse of `now`.
+    pub(super) scope: Option<EpochScope>,
+}
+
+impl Mandate {
+    /// The epoch of the work queued and under way.
+    pub(super) fn tenure(&self) -> Option<LeaseEpoch> {
+        self.scope.as_ref().map(|s| s.epoch)
+    }
+}
+
+/// One lease epoch's work: every delivery started under it holds `token`, a child of the
+/// dispatcher's, cancelled when another node takes the lease (the successor redelivers; an
+/// outcome recorded now would be refused) or when a drain runs out of time.
+#[derive(Debug, Clone)]
+pub(super) struct EpochScope {
+    pub(super) epoch: LeaseEpoch,
+    pub(super) token: CancellationToken,
+}
+
 /// What the dispatch loop knows of its lease: the epoch it may claim under now, and the epoch
 /// its queued and running work was claimed under (which outlives a lapse). It republishes the
 /// former to whoever works only on the leader (the purge) or reports it (metrics).

@@ -213,13 +213,12 @@ async fn connection_dropped_mid_data_is_retried() {
 }
 
 #[tokio::test]
-async fn timer_only_sweeps_with_a_claim_batch_deliver_every_row_one_at_a_time() {
-    // The system this replaces: sweep only on the poll timer, claim a batch, deliver it one at a
-    // time. The benchmark compares against this mode; it must still deliver everything once.
+async fn a_claim_batch_on_one_connection_delivers_every_row_once_one_at_a_time() {
+    // Claims of a fixed batch, queued and delivered one at a time over one connection: every
+    // row is delivered once and nothing is left InFlight.
     let dir = tempfile::tempdir().unwrap();
     let sink = smtp_sink().await;
     let mut config = central_config(dir.path(), Some(sink.addr()));
-    config.dispatcher.wake_on_events = false;
     config.dispatcher.claim_batch = Some(4);
     if let Some(smtp) = config.smtp.as_mut() {
         smtp.max_concurrent_connections = 1;

@@ -1,0 +1,94 @@
+//! The recorder: one task that writes every finished attempt's outcome, fenced by its claim's
+//! epoch (see the store). Deliveries hand their records over a bounded channel and free their
+//! slot at once, so an outcome write shares a commit with the claim of the row that takes the
+//! slot instead of the two waiting for one commit each in turn.
+//!
+//! At most [`WRITES`] writes are under way, each taking every record that arrived while the
+//! others wrote: one store call per group, not per delivery, which is what a server that spends
+//! more on a call than on a row (MS SQL, above all Babelfish) needs to keep up. The task ends
+//! once every sender is gone and every record received is written.
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use tokio::task::{JoinHandle, JoinSet};
+
+use super::lease::DISPATCHER_LEASE;
+use crate::store::{AttemptRecord, OutboxStore};
+
+/// Outcome writes under way at most. Two: one can be committing while the next gathers what
+/// finished meanwhile, without a dozen small writes competing for the database.
+const WRITES: usize = 2;
+
+/// Records waiting for a write at most. Each delivery sends one record when it finishes, so
+/// this bounds only a burst of finishes while both writes are slow; a delivery waits (holding
+/// no slot) when it is full.
+const BACKLOG: usize = 4096;
+
+/// Most records one write takes.
+const PER_WRITE: usize = 1024;
+
+/// Starts the recorder; returns where to send records, and the task (which ends once every
+/// sender is dropped and all it received is written).
+pub(super) fn start<S: OutboxStore>(
+    store: Arc<S>,
+) -> (mpsc::Sender<AttemptRecord>, JoinHandle<()>) {
+    let (records, mut received) = mpsc::channel(BACKLOG);
+    let task = tokio::spawn(async move {
+        let mut writes = JoinSet::new();
+        let mut open = true;
+        loop {
+            tokio::select! {
+                biased;
+                Some(_) = writes.join_next(), if !writes.is_empty() => {}
+                batch = next_batch(&mut received), if open && writes.len() < WRITES => {
+                    match batch {
+                        Some(batch) => {
+                            writes.spawn(record_outcomes(Arc::clone(&store), batch));
+                        }
+                        None => open = false,
+                    }
+                }
+                else => break,
+            }
+        }
+    });
+    (records, task)
+}
+
+/// Every record waiting now (at least one); `None` once the channel is closed and empty.
+async fn next_batch(received: &mut mpsc::Receiver<AttemptRecord>) -> Option<Vec<AttemptRecord>> {
+    let mut batch = Vec::new();
+    (received.recv_many(&mut batch, PER_WRITE).await > 0).then_some(batch)
+}
+
+/// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch.
+async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<AttemptRecord>) {
+    let ids: Vec<_> = records
+        .iter()
+        .map(|r| (r.id, r.transition.status))
+        .collect();
+    match store.record_outcomes(DISPATCHER_LEASE, records).await {
+        Ok(applied) => {
+            for ((id, status), applied) in ids.into_iter().zip(applied) {
+                if applied {
+                    tracing::debug!(%id, %status, "attempt recorded");
+                } else {
+                    tracing::warn!(
+                        %id,
+                        "attempt outcome not recorded: the claim or lease was lost meanwhile"
+                    );
+                }
+            }
+        }
+        Err(e) => {
+            for (id, _) in ids {
+                tracing::error!(
+                    %id,
+                    error = %e,
+                    "cannot record the attempt; the row becomes due again after its claim expires"
+                );
+            }
+        }
+    }
+}
