@@ -19,8 +19,8 @@ use chrono::{DateTime, Utc};
 use uuid::Uuid;
 
 use crate::limits::{
-    MAX_BODY_BYTES, MAX_LIST_NAME_CHARS, MAX_SITE_ID_CHARS, MAX_SOURCE_FIELD_CHARS,
-    MAX_SUBJECT_CHARS, MAX_TYPE_DATA_BYTES,
+    MAX_BODY_BYTES, MAX_CONDITION_KEY_CHARS, MAX_LIST_NAME_CHARS, MAX_SITE_ID_CHARS,
+    MAX_SOURCE_FIELD_CHARS, MAX_SUBJECT_CHARS, MAX_TYPE_DATA_BYTES,
 };
 
 /// A value broke a content rule. `field` is the wire field name.
@@ -160,6 +160,12 @@ text_newtype!(
     /// Identifier of the site a notification came from.
     SiteId
 );
+text_newtype!(
+    /// The condition a notification is about (e.g. `tank4.level.high`): a newer notification
+    /// with the same key, list and site supersedes older undelivered ones, and clearing the key
+    /// ends them.
+    ConditionKey
+);
 
 impl ListName {
     pub fn parse(text: String) -> Result<Self> {
@@ -259,6 +265,33 @@ impl SiteId {
     }
 }
 
+impl ConditionKey {
+    /// `field` names the wire field for the error (`condition_key` in a Send or submit).
+    pub fn parse(text: String, field: &'static str) -> Result<Self> {
+        require_non_empty(&text, field)?;
+        require_max_chars(&text, MAX_CONDITION_KEY_CHARS, field)?;
+        if !text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '/'))
+        {
+            return Err(ContentError::new(
+                field,
+                "may contain only ASCII letters, digits, '.', '_', '-', ':' and '/'",
+            ));
+        }
+        Ok(Self(text))
+    }
+
+    /// An optional key as the wire carries it: empty means none.
+    pub fn parse_optional(text: String, field: &'static str) -> Result<Option<Self>> {
+        if text.is_empty() {
+            Ok(None)
+        } else {
+            Self::parse(text, field).map(Some)
+        }
+    }
+}
+
 /// What is delivered: the channel, the list and the message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotificationContent {
@@ -354,6 +387,11 @@ pub struct Submission {
     /// How urgent it is. Not content: a resubmit differing only in priority is the same
     /// notification, and the stored priority stands.
     pub priority: Priority,
+    /// The condition it is about, if any. Not content, like the priority.
+    pub condition_key: Option<ConditionKey>,
+    /// Set when a ClearCondition at the site ended it while it was still buffered there:
+    /// central stores it as Cleared and never delivers it.
+    pub cleared_at_site: Option<DateTime<Utc>>,
 }
 
 fn optional_uuid(text: Option<&str>, field: &'static str) -> Result<Option<Uuid>> {
@@ -413,6 +451,28 @@ mod tests {
         assert!(err.to_string().contains("CR and LF"));
         assert!(Subject::parse("bad\nsubject".into()).is_err());
         assert!(Subject::parse("Tank 4 high level".into()).is_ok());
+    }
+
+    #[test]
+    fn condition_keys_are_short_tag_names() {
+        assert_eq!(
+            ConditionKey::parse("tank4.level.high".into(), "condition_key")
+                .unwrap()
+                .as_str(),
+            "tank4.level.high"
+        );
+        assert!(ConditionKey::parse("plant/area-2:pump_7".into(), "condition_key").is_ok());
+        for bad in ["", "tank 4", "tank4\nhigh", "tänk"] {
+            let err = ConditionKey::parse(bad.into(), "condition_key").unwrap_err();
+            assert_eq!(err.field, "condition_key", "{bad:?}");
+        }
+        let err = ConditionKey::parse("k".repeat(MAX_CONDITION_KEY_CHARS + 1), "condition_key")
+            .unwrap_err();
+        assert!(err.to_string().contains("the limit is 128"), "{err}");
+        assert_eq!(
+            ConditionKey::parse_optional(String::new(), "k").unwrap(),
+            None
+        );
     }
 
     #[test]

@@ -16,5 +16,7 @@ pub const MAX_BODY_BYTES: usize = 256 * 1024;
 pub const MAX_TYPE_DATA_BYTES: usize = 16 * 1024;
 /// Longest site id, in characters.
 pub const MAX_SITE_ID_CHARS: usize = 64;
+/// Longest condition key, in characters: a dotted tag name such as `tank4.level.high`.
+pub const MAX_CONDITION_KEY_CHARS: usize = 128;
 /// Longest `source_instance_id` / `source_script`, in characters.
 pub const MAX_SOURCE_FIELD_CHARS: usize = 256;

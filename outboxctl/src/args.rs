@@ -116,6 +116,9 @@ pub struct SelectArgs {
     /// Only notifications from this source site.
     #[arg(long)]
     pub site: Option<String>,
+    /// Only notifications about this condition key (e.g. tank4.level.high).
+    #[arg(long)]
+    pub condition_key: Option<String>,
     /// Only notifications sent to this notification list.
     #[arg(long)]
     pub list: Option<String>,
@@ -136,6 +139,7 @@ impl SelectArgs {
         self.kind.is_some()
             || !self.priority.is_empty()
             || self.site.is_some()
+            || self.condition_key.is_some()
             || self.list.is_some()
             || self.since.is_some()
             || self.until.is_some()

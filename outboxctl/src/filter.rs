@@ -12,12 +12,14 @@ use outbox_proto::v1;
 use crate::args::SelectArgs;
 
 /// The statuses an operator can filter on; FORWARDING exists only at a site.
-const STATUSES: [(&str, v1::NotificationStatus); 5] = [
+const STATUSES: [(&str, v1::NotificationStatus); 7] = [
     ("pending", v1::NotificationStatus::Pending),
     ("retrying", v1::NotificationStatus::Retrying),
     ("delivered", v1::NotificationStatus::Delivered),
     ("parked", v1::NotificationStatus::Parked),
     ("discarded", v1::NotificationStatus::Discarded),
+    ("superseded", v1::NotificationStatus::Superseded),
+    ("cleared", v1::NotificationStatus::Cleared),
 ];
 
 /// `parked`, `Parked` or `NOTIFICATION_STATUS_PARKED` (as grpcurl prints it).
@@ -144,6 +146,7 @@ pub fn build(
         stuck_only,
         subject_contains: select.subject.clone().unwrap_or_default(),
         priorities,
+        condition_key: select.condition_key.clone().unwrap_or_default(),
     })
 }
 
@@ -169,6 +172,9 @@ pub fn describe(select: &SelectArgs) -> String {
     }
     if let Some(site) = &select.site {
         parts.push(format!("site {site}"));
+    }
+    if let Some(key) = &select.condition_key {
+        parts.push(format!("condition {key}"));
     }
     if let Some(list) = &select.list {
         parts.push(format!("list {list}"));
@@ -253,6 +259,7 @@ mod tests {
         let select = SelectArgs {
             kind: Some(crate::args::ChannelArg::Email),
             site: Some("site-b".into()),
+            condition_key: Some("tank4.level.high".into()),
             list: Some("ops".into()),
             since: Some(TimeBound::Ago(Duration::from_secs(7200))),
             until: None,
@@ -283,6 +290,7 @@ mod tests {
         );
         assert_eq!(filter.r#type(), v1::NotificationType::Email);
         assert_eq!(filter.source_site_id, "site-b");
+        assert_eq!(filter.condition_key, "tank4.level.high");
         assert_eq!(filter.list_name, "ops");
         assert_eq!(filter.created_from.unwrap().seconds, now.timestamp() - 7200);
         assert!(filter.created_to.is_none());
@@ -298,7 +306,8 @@ mod tests {
         assert_eq!(
             describe(&select),
             "parked notifications with type email, priority critical or low, \
-             site site-b, list ops, created since the given time, subject containing \"tank\""
+             site site-b, condition tank4.level.high, list ops, created since the given time, \
+             subject containing \"tank\""
         );
     }
 

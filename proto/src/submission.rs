@@ -6,7 +6,7 @@
 use crate::time::{from_timestamp, to_timestamp};
 use crate::v1;
 use outbox_domain::{
-    ContentError, NotificationContent, NotificationId, NotificationType, Priority, Provenance,
+    ConditionKey, ContentError, NotificationContent, NotificationId, NotificationType, Priority,
     ScriptOrigin, SiteId, Submission,
 };
 
@@ -82,23 +82,35 @@ pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
         msg.origin_parent_execution_id.as_deref(),
     )?;
     let priority = priority(msg.priority, "priority")?;
+    let condition_key = ConditionKey::parse_optional(msg.condition_key, "condition_key")?;
+    let cleared_at_site = msg
+        .cleared_at_site
+        .as_ref()
+        .map(|ts| {
+            from_timestamp(ts)
+                .ok_or_else(|| ContentError::new("cleared_at_site", "is not a valid timestamp"))
+        })
+        .transpose()?;
     Ok(Submission {
         id,
         content,
         provenance: origin.at_site(site, enqueued_at),
         priority,
+        condition_key,
+        cleared_at_site,
     })
 }
 
-/// The submit for a notification; [`parse`] gives back the same id, content, provenance and
-/// priority.
-pub fn encode(
-    id: NotificationId,
-    content: &NotificationContent,
-    provenance: &Provenance,
-    priority: Priority,
-) -> v1::NotificationSubmit {
-    let p = provenance;
+/// The submit for a notification; [`parse`] gives back the same submission.
+pub fn encode(submission: &Submission) -> v1::NotificationSubmit {
+    let Submission {
+        id,
+        content,
+        provenance: p,
+        priority,
+        condition_key,
+        cleared_at_site,
+    } = submission;
     v1::NotificationSubmit {
         notification_id: id.to_string(),
         r#type: notification_type_to_proto(content.kind).into(),
@@ -114,6 +126,11 @@ pub fn encode(
         origin_parent_execution_id: p
             .origin_parent_execution_id
             .map(|u| u.hyphenated().to_string()),
-        priority: priority_to_proto(priority).into(),
+        priority: priority_to_proto(*priority).into(),
+        condition_key: condition_key
+            .as_ref()
+            .map(|k| k.as_str().to_owned())
+            .unwrap_or_default(),
+        cleared_at_site: cleared_at_site.map(to_timestamp),
     }
 }

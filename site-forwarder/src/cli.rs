@@ -1,8 +1,9 @@
-//! Client side of the `site-forwarder` binary: `send`, `status`, `stats` and `promote` against a
-//! running forwarder's local `SiteNotify` API, and the plain-text rendering of their answers.
-//! `send` takes the addresses of both nodes of a pair and uses the first that accepts. Output is
-//! meant for scripts as much as for people: `send` prints only the id; every failure is one line
-//! on stderr carrying the gRPC status message, with a non-zero exit.
+//! Client side of the `site-forwarder` binary: `send`, `clear`, `status`, `stats` and `promote`
+//! against a running forwarder's local `SiteNotify` API, and the plain-text rendering of their
+//! answers. `send` and `clear` take the addresses of both nodes of a pair and use the first that
+//! accepts. Output is meant for scripts as much as for people: `send` prints only the id, `clear`
+//! only the count; every failure is one line on stderr carrying the gRPC status message, with a
+//! non-zero exit.
 
 use std::fmt::Write as _;
 use std::time::Duration;
@@ -13,9 +14,9 @@ use outbox_proto::submission::priority_to_proto;
 use outbox_proto::time::from_timestamp;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRole, NodeRoleView,
-    NotificationPriority, NotificationStatus, NotificationStatusView, NotificationType,
-    PromoteRequest, SendRequest,
+    BufferStats, ClearConditionRequest, GetBufferStatsRequest, GetNotificationStatusRequest,
+    NodeRole, NodeRoleView, NotificationPriority, NotificationStatus, NotificationStatusView,
+    NotificationType, PromoteRequest, SendRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -70,6 +71,8 @@ pub struct SendArgs {
     pub execution_id: Option<String>,
     pub parent_execution_id: Option<String>,
     pub priority: Priority,
+    /// Empty: none.
+    pub condition_key: String,
 }
 
 async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
@@ -88,9 +91,8 @@ async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
     Ok(SiteNotifyClient::new(channel))
 }
 
-/// Sends one notification to the first of `addrs` that accepts it; returns its id. A node that
-/// cannot be reached, or answers UNAVAILABLE (a standby, a buffer that cannot write), is
-/// skipped: nothing was stored there. Any other answer (INVALID_ARGUMENT, ...) is final.
+/// Sends one notification to the first of `addrs` that accepts it; returns its id (see
+/// [`on_first_accepting`]).
 pub async fn send(addrs: &[String], args: SendArgs) -> Result<String> {
     let kind = match args.kind {
         TypeArg::Email => NotificationType::Email,
@@ -107,18 +109,47 @@ pub async fn send(addrs: &[String], args: SendArgs) -> Result<String> {
         origin_execution_id: args.execution_id,
         origin_parent_execution_id: args.parent_execution_id,
         priority: priority_to_proto(args.priority).into(),
+        condition_key: args.condition_key,
     };
+    on_first_accepting(addrs, async |mut client| {
+        let response = client.send(request.clone()).await?;
+        Ok(response.into_inner().notification_id)
+    })
+    .await
+}
+
+/// Clears a condition at the first of `addrs` that accepts it (see [`on_first_accepting`]);
+/// returns how many buffered notifications it ended there.
+pub async fn clear(addrs: &[String], condition_key: String) -> Result<u32> {
+    let request = ClearConditionRequest {
+        condition_key,
+        source_site_id: String::new(),
+    };
+    on_first_accepting(addrs, async |mut client| {
+        let response = client.clear_condition(request.clone()).await?;
+        Ok(response.into_inner().cleared)
+    })
+    .await
+}
+
+/// Makes `call` on the first of `addrs` that accepts it. A node that cannot be reached, or
+/// answers UNAVAILABLE (a standby, a buffer that cannot write), is skipped: nothing was stored
+/// there. Any other answer (INVALID_ARGUMENT, ...) is final.
+async fn on_first_accepting<T>(
+    addrs: &[String],
+    mut call: impl AsyncFnMut(SiteNotifyClient<Channel>) -> Result<T, tonic::Status>,
+) -> Result<T> {
     let mut last = None;
     for addr in addrs {
-        let mut client = match connect(addr).await {
+        let client = match connect(addr).await {
             Ok(client) => client,
             Err(e) => {
                 last = Some(e);
                 continue;
             }
         };
-        match client.send(request.clone()).await {
-            Ok(response) => return Ok(response.into_inner().notification_id),
+        match call(client).await {
+            Ok(answer) => return Ok(answer),
             Err(status) if status.code() == tonic::Code::Unavailable => {
                 last = Some(CliError::Rpc(status));
             }
@@ -184,6 +215,8 @@ pub fn status_name(status: i32) -> &'static str {
         Ok(NotificationStatus::Parked) => "Parked",
         Ok(NotificationStatus::Discarded) => "Discarded",
         Ok(NotificationStatus::Forwarding) => "Forwarding",
+        Ok(NotificationStatus::Superseded) => "Superseded",
+        Ok(NotificationStatus::Cleared) => "Cleared",
         Ok(NotificationStatus::Unspecified) | Err(_) => "Unknown",
     }
 }
@@ -223,6 +256,9 @@ pub fn format_status(view: &NotificationStatusView) -> String {
     let _ = writeln!(out, "priority: {}", priority_name(view.priority));
     let _ = writeln!(out, "list: {}", view.list_name);
     let _ = writeln!(out, "site: {}", view.source_site_id);
+    if !view.condition_key.is_empty() {
+        let _ = writeln!(out, "condition_key: {}", view.condition_key);
+    }
     let _ = writeln!(out, "retry_count: {}", view.retry_count);
     if !view.last_error.is_empty() {
         let _ = writeln!(out, "last_error: {}", view.last_error);
@@ -309,6 +345,23 @@ mod tests {
             ..view
         };
         assert!(format_status(&critical).contains("priority: critical\n"));
+        assert!(!text.contains("condition_key"), "none named: {text}");
+    }
+
+    #[test]
+    fn a_cleared_notification_shows_its_status_and_key() {
+        let view = NotificationStatusView {
+            status: NotificationStatus::Cleared.into(),
+            condition_key: "tank4.level.high".into(),
+            ..Default::default()
+        };
+        let text = format_status(&view);
+        assert!(text.starts_with("Cleared\n"), "{text}");
+        assert!(text.contains("condition_key: tank4.level.high\n"), "{text}");
+        assert_eq!(
+            status_name(NotificationStatus::Superseded.into()),
+            "Superseded"
+        );
     }
 
     #[test]

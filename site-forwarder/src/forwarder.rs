@@ -13,6 +13,9 @@
 //!   everything still buffered from the oldest row. Rows acked just before the break may be sent
 //!   twice; central answers DUPLICATE and nothing is stored twice.
 //! - Every wait also watches the shutdown token, so shutdown stops sending at once.
+//! - A row a pending clear holds (`PendingClears::holds`: an unmarked row buffered after a clear
+//!   of its condition key that central has not applied yet) stops the stream at that row until
+//!   central has; the [`crate::clears`] task, run here beside the stream, sends the clears.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -32,6 +35,7 @@ use tonic::Streaming;
 use tonic::transport::Endpoint;
 
 use crate::buffer::{Buffer, BufferError, Page};
+use crate::clears::ClearSender;
 use crate::config::Config;
 use crate::domain::{NotificationId, Seq};
 use crate::grpc::convert;
@@ -233,6 +237,7 @@ pub struct Forwarder {
     window_size: usize,
     state: Arc<ForwardState>,
     metrics: Arc<SiteMetrics>,
+    clears: ClearSender,
 }
 
 /// What one batch of acks asks of the buffer.
@@ -252,9 +257,11 @@ impl Forwarder {
         state: Arc<ForwardState>,
         metrics: Arc<SiteMetrics>,
     ) -> Result<Self> {
+        let endpoint = central_endpoint(config)?;
         Ok(Self {
+            clears: ClearSender::new(buffer.clone(), &endpoint, config),
             buffer,
-            endpoint: central_endpoint(config)?,
+            endpoint,
             central_url: config.central_url.clone(),
             retry_interval: config.forward_retry_interval,
             open_timeout: config.request_timeout,
@@ -264,14 +271,19 @@ impl Forwarder {
         })
     }
 
-    /// Forwards until `shutdown` is cancelled, reconnecting after every break.
+    /// Forwards, and sends the pending clears, until `shutdown` is cancelled.
     pub async fn run(self, shutdown: CancellationToken) {
+        tokio::join!(self.forward(&shutdown), self.clears.run(&shutdown));
+    }
+
+    /// Forwards until `shutdown` is cancelled, reconnecting after every break.
+    async fn forward(&self, shutdown: &CancellationToken) {
         let mut window = ForwardWindow::new(self.window_size);
         // Whether the last failure was already reported as a warning.
         let mut reported = false;
         loop {
             window.restart();
-            let outcome = self.session(&mut window, &shutdown).await;
+            let outcome = self.session(&mut window, shutdown).await;
             let was_reachable = self.state.set_reachable(false);
             self.state.set_in_flight(0);
             match outcome {
@@ -327,6 +339,9 @@ impl Forwarder {
         tracing::info!(central = %self.central_url, "forwarding stream to central is open");
 
         let wake = Arc::clone(self.buffer.enqueued());
+        // A clear reaching central may release a held row.
+        let mut clears = self.buffer.pending_clears();
+        let mut clears_open = true;
         // When the stream last made progress; only meaningful while submits are outstanding.
         let mut last_progress = Instant::now();
         loop {
@@ -350,6 +365,10 @@ impl Forwarder {
                     }
                 }
                 () = wake.notified(), if window.free() > 0 => {}
+                changed = clears.changed(), if clears_open && window.free() > 0 => {
+                    // Cannot fail while this forwarder holds the buffer; never spin on it.
+                    clears_open = changed.is_ok();
+                }
                 () = tokio::time::sleep_until(stall_at), if !window.is_empty() => {
                     return Err(ForwardError::Stalled(STALL_TIMEOUT));
                 }
@@ -357,7 +376,8 @@ impl Forwarder {
         }
     }
 
-    /// Sends buffered rows after the cursor until the window is full or the buffer has no more.
+    /// Sends buffered rows after the cursor until the window is full, the buffer has no more,
+    /// or a row must wait for a pending clear (the cursor then stays before it).
     async fn fill(
         &self,
         window: &mut ForwardWindow,
@@ -365,12 +385,20 @@ impl Forwarder {
     ) -> Result<()> {
         while window.free() > 0 {
             let limit = window.free().min(PAGE_ROWS);
-            let page = self.buffer.next_after(window.cursor(), limit).await?;
+            let (page, clears) = self.buffer.next_to_forward(window.cursor(), limit).await?;
             if page.is_empty() {
                 return Ok(());
             }
-            self.reject_unreadable(window, &page).await?;
+            let held = page
+                .rows
+                .iter()
+                .find(|(seq, row)| clears.holds(*seq, row))
+                .map(|(seq, _)| *seq);
+            self.reject_unreadable(window, &page, held).await?;
             for (seq, notification) in page.rows {
+                if held.is_some_and(|held| seq >= held) {
+                    return Ok(());
+                }
                 submits
                     .send(convert::submit(&notification))
                     .await
@@ -382,12 +410,19 @@ impl Forwarder {
     }
 
     /// Rows that fail the content rules can never be accepted; set them aside like a rejection.
-    async fn reject_unreadable(&self, window: &mut ForwardWindow, page: &Page) -> Result<()> {
-        if page.unreadable.is_empty() {
-            return Ok(());
-        }
-        let mut rejected = Vec::with_capacity(page.unreadable.len());
-        for (seq, id, problem) in &page.unreadable {
+    /// Only those before `held` (a row that waits): the cursor must not pass it.
+    async fn reject_unreadable(
+        &self,
+        window: &mut ForwardWindow,
+        page: &Page,
+        held: Option<Seq>,
+    ) -> Result<()> {
+        let unreadable = page
+            .unreadable
+            .iter()
+            .filter(|(seq, _, _)| held.is_none_or(|held| *seq < held));
+        let mut rejected = Vec::new();
+        for (seq, id, problem) in unreadable {
             tracing::warn!(
                 notification_id = %id, %problem,
                 "buffered notification breaks the content rules; moved to the rejected table"
@@ -395,7 +430,9 @@ impl Forwarder {
             rejected.push((*seq, format!("invalid in the site buffer: {problem}")));
             window.skip_to(*seq);
         }
-        self.buffer.settle(Vec::new(), rejected).await?;
+        if !rejected.is_empty() {
+            self.buffer.settle(Vec::new(), rejected).await?;
+        }
         Ok(())
     }
 

@@ -6,12 +6,14 @@
 //! the command line, sets up tracing and calls it (or the client commands in [`cli`]).
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
-//! [`forwarder`] (the stream to central), [`pair`] (an active/standby pair: roles, replication,
+//! [`forwarder`] (the stream to central), [`clears`] (the central half of `ClearCondition`),
+//! [`pair`] (an active/standby pair: roles, replication,
 //! failover), [`grpc`] (the local API and conversions), [`metrics`] (Prometheus, served on
 //! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
 //! for the local port), [`config`].
 
 pub mod buffer;
+pub mod clears;
 pub mod cli;
 pub mod config;
 pub mod domain;

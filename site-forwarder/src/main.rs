@@ -1,5 +1,6 @@
-//! The `site-forwarder` binary: `serve` runs the service; `send`, `status`, `stats` and `promote` are small
-//! clients of a running one. Only parsing, tracing set-up and signal handling live here.
+//! The `site-forwarder` binary: `serve` runs the service; `send`, `clear`, `status`, `stats` and
+//! `promote` are small clients of a running one. Only parsing, tracing set-up and signal
+//! handling live here.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,6 +30,9 @@ enum Command {
     Serve(ServeArgs),
     /// Send one notification through a running forwarder; prints its id.
     Send(SendCommand),
+    /// End this site's notifications of a condition that are not delivered yet (ClearCondition);
+    /// prints how many were still in the buffer. Central clears the ones it already has.
+    Clear(ClearCommand),
     /// Show where a notification is.
     Status {
         /// The notification id returned by `send`.
@@ -95,8 +99,23 @@ struct SendCommand {
         default_value_t = Priority::Normal
     )]
     priority: Priority,
+    /// The condition it is about (e.g. tank4.level.high): a newer notification with the same
+    /// key and list supersedes it, and `clear --key` ends it.
+    #[arg(long, default_value = "")]
+    condition_key: String,
     /// The forwarder's address; for a pair, both nodes' (repeat the flag or separate with
     /// commas): the first that accepts the Send gets it.
+    #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
+    addr: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+struct ClearCommand {
+    /// The condition key to clear.
+    #[arg(long)]
+    key: String,
+    /// The forwarder's address; for a pair, both nodes' (repeat the flag or separate with
+    /// commas): the first that accepts the clear gets it.
     #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
     addr: Vec<String>,
 }
@@ -107,6 +126,10 @@ async fn main() -> ExitCode {
     let outcome = match cli.command {
         Command::Serve(args) => serve(args).await,
         Command::Send(args) => send(args).await,
+        Command::Clear(args) => cli::clear(&args.addr, args.key)
+            .await
+            .map(|cleared| println!("{cleared}"))
+            .map_err(Into::into),
         Command::Status { id, addr } => cli::status(&addr, id)
             .await
             .map(|view| print!("{}", cli::format_status(&view)))
@@ -171,6 +194,7 @@ async fn send(args: SendCommand) -> anyhow::Result<()> {
         execution_id: None,
         parent_execution_id: None,
         priority: args.priority,
+        condition_key: args.condition_key,
     };
     let id = cli::send(&args.addr, request).await?;
     println!("{id}");
@@ -247,6 +271,27 @@ mod tests {
             let upper = priority.as_str().to_ascii_uppercase();
             assert_eq!(send(&["--priority", &upper]).unwrap().priority, priority);
         }
+    }
+
+    #[test]
+    fn send_takes_a_condition_key_and_clear_requires_one() {
+        assert_eq!(send(&[]).unwrap().condition_key, "");
+        let args = send(&["--condition-key", "tank4.level.high"]).unwrap();
+        assert_eq!(args.condition_key, "tank4.level.high");
+
+        let clear = |argv: &[&str]| {
+            let mut all = vec!["site-forwarder", "clear"];
+            all.extend_from_slice(argv);
+            Cli::try_parse_from(all).map(|cli| cli.command)
+        };
+        let Ok(Command::Clear(args)) = clear(&["--key", "k1", "--addr", "http://a,http://b"])
+        else {
+            panic!("clear parses");
+        };
+        assert_eq!(args.key, "k1");
+        assert_eq!(args.addr, vec!["http://a", "http://b"]);
+        let err = clear(&[]).unwrap_err().to_string();
+        assert!(err.contains("--key"), "{err}");
     }
 
     #[test]

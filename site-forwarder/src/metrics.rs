@@ -49,6 +49,7 @@ pub struct SiteMetrics {
     forwarded: Family<OutcomeLabels, Counter>,
     buffer_depth: Gauge,
     buffer_rejected: Gauge,
+    pending_clears: Gauge,
     oldest_age: SecondsGauge,
     central_reachable: Gauge,
     in_flight: Gauge,
@@ -102,6 +103,13 @@ impl SiteMetrics {
             "outbox_site_buffer_rejected",
             "Notifications central rejected, kept in the local rejected table",
             buffer_rejected.clone(),
+        );
+        let pending_clears = Gauge::default();
+        registry.register(
+            "outbox_site_pending_clears",
+            "Condition keys cleared at the site whose clear central has not applied yet (it waits \
+             for the rows buffered before it to be forwarded, and for central)",
+            pending_clears.clone(),
         );
         let oldest_age = SecondsGauge::default();
         registry.register_with_unit(
@@ -187,6 +195,7 @@ impl SiteMetrics {
             forwarded,
             buffer_depth,
             buffer_rejected,
+            pending_clears,
             oldest_age,
             central_reachable,
             in_flight,
@@ -233,6 +242,7 @@ impl SiteMetrics {
             Ok(stats) => {
                 self.buffer_depth.set(gauge_count(stats.depth));
                 self.buffer_rejected.set(gauge_count(stats.rejected));
+                self.pending_clears.set(gauge_count(stats.pending_clears));
                 self.oldest_age.set(stats.oldest_age_seconds(now));
             }
             Err(error) => {

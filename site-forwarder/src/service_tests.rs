@@ -1,13 +1,13 @@
 //! In-process tests of [`crate::run`] against a fake central: a small `NotificationIngest` +
-//! `NotificationOutbox` server that records submits and answers as told. They check the
-//! forwarder's side of the contract (delete only on ack, reject aside, resend after a broken
-//! stream, UNAVAILABLE when central is away); the real central is exercised by the workspace's
-//! end-to-end tests.
+//! `NotificationOutbox` server that records submits and clears and answers as told. They check
+//! the forwarder's side of the contract (delete only on ack, reject aside, resend after a broken
+//! stream, UNAVAILABLE when central is away, a clear ordered among the notifications); the real
+//! central is exercised by the workspace's end-to-end tests.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,9 +15,9 @@ use outbox_proto::v1::notification_ingest_server::{NotificationIngest, Notificat
 use outbox_proto::v1::notification_outbox_server::{NotificationOutbox, NotificationOutboxServer};
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    self, BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NotificationPriority,
-    NotificationStatus, NotificationStatusView, NotificationSubmit, NotificationSubmitAck,
-    SendRequest, SubmitOutcome,
+    self, BufferStats, ClearConditionRequest, ClearConditionResponse, GetBufferStatsRequest,
+    GetNotificationStatusRequest, NotificationPriority, NotificationStatus, NotificationStatusView,
+    NotificationSubmit, NotificationSubmitAck, SendRequest, SubmitOutcome,
 };
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -29,13 +29,31 @@ use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::config::Config;
 
+/// What central received, in the order it received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Received {
+    /// A submit it answered, and whether it came marked cleared at the site.
+    Submit { id: String, cleared_at_site: bool },
+    /// The ack of a submit on the stream, as it went out.
+    Acked { id: String },
+    /// A ClearCondition it applied.
+    Clear { key: String, site: String },
+}
+
 /// Central as far as the forwarder can tell: stores submits by id, rejects subjects containing
-/// "reject", and can break its first stream after one submit.
+/// "reject", can break its first stream after one submit or hold its acks on the stream
+/// (`acks_held`), and records the clears it applies (refusing the first `fail_clears` with
+/// UNAVAILABLE).
 #[derive(Clone, Default)]
 struct FakeCentral {
     stored: Arc<Mutex<HashMap<String, NotificationSubmit>>>,
     submits_seen: Arc<Mutex<Vec<String>>>,
+    received: Arc<Mutex<Vec<Received>>>,
     break_first_stream: Arc<AtomicBool>,
+    /// While true, the stream receives and stores submits but sends no ack.
+    acks_held: Arc<tokio::sync::watch::Sender<bool>>,
+    fail_clears: Arc<AtomicUsize>,
+    clear_attempts: Arc<AtomicUsize>,
 }
 
 impl FakeCentral {
@@ -44,6 +62,10 @@ impl FakeCentral {
             .lock()
             .unwrap()
             .push(msg.notification_id.clone());
+        self.received.lock().unwrap().push(Received::Submit {
+            id: msg.notification_id.clone(),
+            cleared_at_site: msg.cleared_at_site.is_some(),
+        });
         let id = msg.notification_id.clone();
         if msg.subject.contains("reject") {
             return NotificationSubmitAck {
@@ -69,6 +91,44 @@ impl FakeCentral {
         let mut ids: Vec<_> = self.stored.lock().unwrap().keys().cloned().collect();
         ids.sort();
         ids
+    }
+
+    fn received(&self) -> Vec<Received> {
+        self.received.lock().unwrap().clone()
+    }
+
+    /// Where in [`Self::received`] the first submit of `id` is.
+    fn submitted_at(&self, id: &str) -> Option<usize> {
+        self.received()
+            .iter()
+            .position(|r| matches!(r, Received::Submit { id: seen, .. } if seen == id))
+    }
+
+    /// Where in [`Self::received`] the ack of `id` went out first.
+    fn acked_at(&self, id: &str) -> Option<usize> {
+        self.received()
+            .iter()
+            .position(|r| matches!(r, Received::Acked { id: seen } if seen == id))
+    }
+
+    /// Where in [`Self::received`] the first applied clear of `key` is.
+    fn cleared_at(&self, key: &str) -> Option<usize> {
+        self.received()
+            .iter()
+            .position(|r| matches!(r, Received::Clear { key: seen, .. } if seen == key))
+    }
+
+    /// Waits until `done` holds of what central received, failing after a generous deadline.
+    async fn wait_for(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !done(self) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}: {:?}",
+                self.received()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 }
 
@@ -107,12 +167,53 @@ impl NotificationIngest for FakeCentral {
                         .await;
                     return;
                 }
-                if tx.send(Ok(central.ack(msg))).await.is_err() {
+                let ack = central.ack(msg);
+                let mut held = central.acks_held.subscribe();
+                if held.wait_for(|held| !*held).await.is_err() {
+                    return;
+                }
+                central.received.lock().unwrap().push(Received::Acked {
+                    id: ack.notification_id.clone(),
+                });
+                if tx.send(Ok(ack)).await.is_err() {
                     return;
                 }
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+
+    async fn clear_condition(
+        &self,
+        request: Request<ClearConditionRequest>,
+    ) -> Result<Response<ClearConditionResponse>, Status> {
+        self.clear_attempts.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .fail_clears
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(Status::unavailable("central restarting"));
+        }
+        let request = request.into_inner();
+        let cleared = self
+            .stored
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|n| {
+                n.condition_key == request.condition_key
+                    && n.source_site_id == request.source_site_id
+                    && n.cleared_at_site.is_none()
+            })
+            .count();
+        self.received.lock().unwrap().push(Received::Clear {
+            key: request.condition_key,
+            site: request.source_site_id,
+        });
+        Ok(Response::new(ClearConditionResponse {
+            cleared: u32::try_from(cleared).unwrap(),
+        }))
     }
 }
 
@@ -250,6 +351,8 @@ async fn start_central(central: FakeCentral, listener: TcpListener, stop: Cancel
 struct Site {
     addr: SocketAddr,
     client: SiteNotifyClient<Channel>,
+    /// The buffer file, for reading it beside the running site.
+    buffer: std::path::PathBuf,
     stop: CancellationToken,
     done: tokio::task::JoinHandle<Result<(), crate::RunError>>,
     _dir: tempfile::TempDir,
@@ -269,6 +372,7 @@ async fn start_site_with(central: SocketAddr, configure: impl FnOnce(&mut Config
     config.connect_timeout = Duration::from_secs(2);
     config.request_timeout = Duration::from_secs(2);
     configure(&mut config);
+    let buffer = config.buffer_path.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
@@ -279,6 +383,7 @@ async fn start_site_with(central: SocketAddr, configure: impl FnOnce(&mut Config
     Site {
         addr,
         client,
+        buffer,
         stop,
         done,
         _dir: dir,
@@ -303,6 +408,31 @@ impl Site {
             .unwrap()
             .into_inner()
             .notification_id
+    }
+
+    /// Sends a notification about the condition `key`.
+    async fn send_keyed(&mut self, subject: &str, key: &str) -> String {
+        let request = SendRequest {
+            condition_key: key.into(),
+            ..send_request(subject)
+        };
+        self.client
+            .send(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .notification_id
+    }
+
+    async fn clear(&mut self, key: &str) -> Result<u32, Status> {
+        self.client
+            .clear_condition(ClearConditionRequest {
+                condition_key: key.into(),
+                // A site clears its own keys whatever this says.
+                source_site_id: "another-site".into(),
+            })
+            .await
+            .map(|response| response.into_inner().cleared)
     }
 
     async fn stats(&mut self) -> BufferStats {
@@ -839,5 +969,308 @@ async fn a_standby_drops_every_row_central_acked() {
     assert!(buffered_ids(&b_buffer).is_empty());
     standby.shut_down().await;
     active.shut_down().await;
+    central_stop.cancel();
+}
+
+/// The notification ids of a buffer file's rows that a clear marked.
+fn marked_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT notification_id FROM buffered WHERE cleared_at IS NOT NULL")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// The keys of a buffer file's pending clears.
+fn pending_clear_keys(buffer: &std::path::Path) -> Vec<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT condition_key FROM pending_clears ORDER BY condition_key")
+        .unwrap();
+    stmt.query_map([], |r| r.get(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// Waits until `done` holds, failing after a generous deadline.
+async fn eventually(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A key reaches central with the notification; a clear after the notification was acked marks
+/// nothing here (it is central's now) and reaches central, for this site whatever the request
+/// said; a row of another key is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_key_is_forwarded_and_a_later_clear_goes_to_central() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central = FakeCentral::default();
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let mut site = start_site(central_addr).await;
+
+    let keyed = site.send_keyed("Tank 4 high", "tank4.level.high").await;
+    let other = site.send_keyed("Pump 7 stopped", "pump7.running").await;
+    site.wait_for("the buffer to drain", |s| s.depth == 0).await;
+    let stored = central.stored.lock().unwrap().clone();
+    assert_eq!(stored[&keyed].condition_key, "tank4.level.high");
+    assert_eq!(stored[&keyed].cleared_at_site, None);
+
+    assert_eq!(site.clear("tank4.level.high").await.unwrap(), 0);
+    central
+        .wait_for("the clear", |c| c.cleared_at("tank4.level.high").is_some())
+        .await;
+    assert!(central.received().contains(&Received::Clear {
+        key: "tank4.level.high".into(),
+        site: "site-a".into(),
+    }));
+    assert!(central.cleared_at("pump7.running").is_none());
+    assert_eq!(central.stored.lock().unwrap()[&other].cleared_at_site, None);
+    eventually("the pending clear to be deleted", || {
+        pending_clear_keys(&site.buffer).is_empty()
+    })
+    .await;
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+/// The whole ordering while central is away: the clear marks the key's buffered rows (GetStatus
+/// says CLEARED); when central returns they arrive marked, THEN central is asked to clear the
+/// key (retried after a refusal), and only then goes the row of the key sent after the clear.
+/// Rows of another key or none are sent unmarked and never wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_while_central_is_away_reaches_central_after_the_rows_before_it() {
+    let central_addr = unused_addr().await;
+    let mut site = start_site(central_addr).await;
+    let key = "tank4.level.high";
+
+    let first = site.send_keyed("high", key).await;
+    let second = site.send_keyed("still high", key).await;
+    let other_key = site.send_keyed("pump stopped", "pump7.running").await;
+    let no_key = site.send("plain").await;
+    assert_eq!(site.clear(key).await.unwrap(), 2);
+    assert_eq!(site.clear(key).await.unwrap(), 0, "already cleared");
+    let after = site.send_keyed("high again", key).await;
+
+    let view = site.status(&first).await.unwrap();
+    assert_eq!(view.status(), NotificationStatus::Cleared);
+    assert_eq!(view.condition_key, key);
+    let view = site.status(&other_key).await.unwrap();
+    assert_eq!(view.status(), NotificationStatus::Forwarding);
+    assert_eq!(view.condition_key, "pump7.running");
+    assert_eq!(
+        site.status(&after).await.unwrap().status(),
+        NotificationStatus::Forwarding
+    );
+    assert_eq!(pending_clear_keys(&site.buffer), vec![key.to_owned()]);
+
+    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let central = FakeCentral::default();
+    central.fail_clears.store(1, Ordering::SeqCst);
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    site.wait_for("the buffer to drain", |s| s.depth == 0).await;
+
+    let stored = central.stored.lock().unwrap().clone();
+    for id in [&first, &second] {
+        assert!(stored[id].cleared_at_site.is_some(), "{id} arrives cleared");
+    }
+    for id in [&other_key, &no_key, &after] {
+        assert_eq!(stored[id].cleared_at_site, None, "{id} is not touched");
+    }
+    let clear = central.cleared_at(key).expect("central applied the clear");
+    for id in [&first, &second] {
+        assert!(
+            central.submitted_at(id).unwrap() < clear,
+            "{id} before the clear: {:?}",
+            central.received()
+        );
+    }
+    assert!(
+        central.submitted_at(&after).unwrap() > clear,
+        "the row sent after the clear waits for it: {:?}",
+        central.received()
+    );
+    assert!(
+        central.clear_attempts.load(Ordering::SeqCst) >= 2,
+        "retried"
+    );
+    assert!(central.cleared_at("pump7.running").is_none());
+    eventually("the pending clear to be deleted", || {
+        pending_clear_keys(&site.buffer).is_empty()
+    })
+    .await;
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_condition_keys_are_refused_naming_the_field() {
+    let mut site = start_site(unused_addr().await).await;
+    for bad in ["tank 4", "tänk", &"k".repeat(129)] {
+        let request = SendRequest {
+            condition_key: bad.to_string(),
+            ..send_request("x")
+        };
+        let err = site.client.send(request).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().starts_with("condition_key: "), "{err:?}");
+    }
+    for bad in ["", "tank 4"] {
+        let err = site.clear(bad).await.unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument);
+        assert!(err.message().starts_with("condition_key: "), "{err:?}");
+    }
+    assert_eq!(site.stats().await.depth, 0);
+    assert!(pending_clear_keys(&site.buffer).is_empty());
+    site.shut_down().await;
+}
+
+/// A clear committed while central is away is not lost by a restart: its marks and its pending
+/// central half are on disk, and the restarted site finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_clear_survives_a_restart() {
+    let central_addr = unused_addr().await;
+    let dir = tempfile::tempdir().unwrap();
+    let buffer = dir.path().join("buffer.db");
+    let configure = || {
+        let buffer = buffer.clone();
+        move |config: &mut Config| config.buffer_path = buffer
+    };
+    let mut site = start_site_with(central_addr, configure()).await;
+    let id = site.send_keyed("high", "tank4.level.high").await;
+    assert_eq!(site.clear("tank4.level.high").await.unwrap(), 1);
+    site.shut_down().await;
+
+    let mut site = start_site_with(central_addr, configure()).await;
+    assert_eq!(
+        site.status(&id).await.unwrap().status(),
+        NotificationStatus::Cleared
+    );
+    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let central = FakeCentral::default();
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    central
+        .wait_for("the clear", |c| c.cleared_at("tank4.level.high").is_some())
+        .await;
+    assert!(central.submitted_at(&id).unwrap() < central.cleared_at("tank4.level.high").unwrap());
+    assert!(
+        central.stored.lock().unwrap()[&id]
+            .cleared_at_site
+            .is_some()
+    );
+    site.wait_for("the buffer to drain", |s| s.depth == 0).await;
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+/// The standby's copy follows the clears: rows a clear marks while it follows are copied again
+/// marked, and so are rows marked while it was away, once it resumes. A standby refuses a clear
+/// as it refuses a Send: only the active's clears reach central.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
+    use crate::pair::Role;
+    let central = unused_addr().await;
+    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let dir = tempfile::tempdir().unwrap();
+    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
+    let mut active = start_site_with(
+        central,
+        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
+    )
+    .await;
+    let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
+    let mut standby = start_site_with(central, standby_config()).await;
+
+    let high = [
+        active.send_keyed("high", "tank4.level.high").await,
+        active.send_keyed("still high", "tank4.level.high").await,
+    ];
+    let pump = active.send_keyed("pump stopped", "pump7.running").await;
+    standby
+        .wait_for("the rows to be copied", |s| s.depth == 3)
+        .await;
+    assert!(marked_ids(&b_buffer).is_empty());
+    assert_eq!(active.clear("tank4.level.high").await.unwrap(), 2);
+    let expected: std::collections::BTreeSet<String> = high.iter().cloned().collect();
+    eventually("the standby to copy the marks", || {
+        marked_ids(&b_buffer) == expected
+    })
+    .await;
+    let err = standby.clear("tank4.level.high").await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    assert!(err.message().contains("standby"), "{err:?}");
+    assert!(pending_clear_keys(&b_buffer).is_empty());
+
+    // Marked while the standby is away: a resume copies the marks it missed.
+    standby.shut_down().await;
+    assert_eq!(active.clear("pump7.running").await.unwrap(), 1);
+    let mut standby = start_site_with(central, standby_config()).await;
+    let mut expected = expected;
+    expected.insert(pump);
+    eventually("the resumed standby to copy the marks", || {
+        marked_ids(&b_buffer) == expected
+    })
+    .await;
+    assert_eq!(marked_ids(&a_buffer), expected);
+    assert_eq!(buffered_ids(&b_buffer), buffered_ids(&a_buffer));
+    assert_eq!(standby.stats().await.depth, 3);
+    standby.shut_down().await;
+    active.shut_down().await;
+}
+
+/// A row already on the stream, unmarked, when the clear is committed is marked here but
+/// reaches central as it was sent: central is asked to clear the key only after that row's ack
+/// (the watermark), so the clear finds it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_in_flight_at_the_clear_is_acked_before_central_is_asked_to_clear() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central = FakeCentral::default();
+    central.acks_held.send_replace(true);
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let mut site = start_site(central_addr).await;
+
+    let id = site.send_keyed("high", "tank4.level.high").await;
+    central
+        .wait_for("the submit", |c| c.submitted_at(&id).is_some())
+        .await;
+    assert_eq!(site.clear("tank4.level.high").await.unwrap(), 1);
+    assert_eq!(
+        site.status(&id).await.unwrap().status(),
+        NotificationStatus::Cleared
+    );
+    central.acks_held.send_replace(false);
+    central
+        .wait_for("the clear", |c| c.cleared_at("tank4.level.high").is_some())
+        .await;
+    assert!(
+        central.acked_at(&id).unwrap() < central.cleared_at("tank4.level.high").unwrap(),
+        "{:?}",
+        central.received()
+    );
+    assert_eq!(
+        central.stored.lock().unwrap()[&id].cleared_at_site,
+        None,
+        "sent before the clear"
+    );
+    site.shut_down().await;
     central_stop.cancel();
 }

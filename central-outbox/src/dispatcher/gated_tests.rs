@@ -94,6 +94,14 @@ impl OutboxStore for GatedStore {
             .claim_due(lease, epoch, kind, lanes, claim_timeout)
             .await
     }
+    async fn clear_condition(
+        &self,
+        site: &crate::domain::SiteId,
+        key: &crate::domain::ConditionKey,
+        actor: Actor,
+    ) -> Result<Vec<NotificationId>> {
+        self.inner.clear_condition(site, key, actor).await
+    }
     async fn record_outcomes(
         &self,
         lease: &'static str,
@@ -203,6 +211,8 @@ async fn start() -> Rig {
             content,
             provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
             priority: Default::default(),
+            condition_key: None,
+            cleared_at_site: None,
         })])
         .await
         .unwrap();

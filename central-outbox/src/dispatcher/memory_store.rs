@@ -93,6 +93,8 @@ pub(super) fn email(subject: &str) -> NewNotification {
         content,
         provenance: origin.at_site(SiteId::parse("site-a".into()).unwrap(), Utc::now()),
         priority: Priority::Normal,
+        condition_key: None,
+        cleared_at_site: None,
     })
 }
 
@@ -386,6 +388,15 @@ impl OutboxStore for MemoryStore {
             applied.push(done);
         }
         Ok(applied)
+    }
+
+    async fn clear_condition(
+        &self,
+        _site: &SiteId,
+        _key: &crate::domain::ConditionKey,
+        _actor: Actor,
+    ) -> Result<Vec<NotificationId>> {
+        kept_elsewhere()
     }
 
     async fn query(&self, _page: PageRequest) -> Result<Page> {

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
+use super::NotificationId;
 use super::delivery::AttemptOutcome;
 use super::status::Status;
 
@@ -90,6 +91,21 @@ pub enum HistoryEvent {
         action: OperatorAction,
         actor: String,
     },
+    /// A newer notification with the same condition key, list and site ended this one.
+    Superseded { by: NotificationId },
+    /// Its condition was cleared, by `actor`: the site (`site <id>`, at the site or through
+    /// central's ClearCondition), or an operator.
+    Cleared { actor: String },
+}
+
+/// The stored names of the condition-key history entries (the attempts table's Outcome
+/// column; its Actor column holds the replacing notification's id or who cleared).
+pub const SUPERSEDED_ENTRY: &str = "Superseded";
+pub const CLEARED_ENTRY: &str = "Cleared";
+
+/// The actor recorded when a site clears one of its conditions.
+pub fn site_actor(site: &str) -> Actor {
+    Actor::new(&format!("site {site}"))
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -14,8 +14,8 @@ pub mod status;
 pub mod webhook;
 
 pub use outbox_domain::{
-    Body, ContentError, ListName, NotificationContent, NotificationId, NotificationType, Priority,
-    Provenance, SiteId, Subject, Submission, TypeData,
+    Body, ConditionKey, ContentError, ListName, NotificationContent, NotificationId,
+    NotificationType, Priority, Provenance, SiteId, Subject, Submission, TypeData,
 };
 
 use sha2::{Digest, Sha256};

@@ -19,6 +19,8 @@ pub struct NotificationFilter {
     pub statuses: Vec<Status>,
     pub kind: Option<NotificationType>,
     pub priorities: Vec<Priority>,
+    /// Exactly this condition key.
+    pub condition_key: Option<String>,
     pub source_site_id: Option<String>,
     pub list_name: Option<String>,
     /// CreatedAt >= this.

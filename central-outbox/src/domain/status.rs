@@ -6,6 +6,8 @@
 //!                         |-> transient failure -> Retrying -> [attempt] ...
 //!                         |-> permanent failure, or retries exhausted -> Parked
 //! Parked --Retry--> Pending      Parked --Discard--> Discarded
+//! Pending/Retrying (not claimed) --a newer one with its condition key--> Superseded
+//! Pending/Retrying (not claimed) --its condition cleared--> Cleared
 //! ```
 
 use std::fmt;
@@ -17,15 +19,21 @@ pub enum Status {
     Delivered,
     Parked,
     Discarded,
+    /// Final: a newer notification with the same condition key, list and site replaced it.
+    Superseded,
+    /// Final: its condition was cleared before it was delivered.
+    Cleared,
 }
 
 impl Status {
-    pub const ALL: [Status; 5] = [
+    pub const ALL: [Status; 7] = [
         Self::Pending,
         Self::Retrying,
         Self::Delivered,
         Self::Parked,
         Self::Discarded,
+        Self::Superseded,
+        Self::Cleared,
     ];
 
     /// The stable name stored in databases and shown to operators.
@@ -36,6 +44,8 @@ impl Status {
             Self::Delivered => "Delivered",
             Self::Parked => "Parked",
             Self::Discarded => "Discarded",
+            Self::Superseded => "Superseded",
+            Self::Cleared => "Cleared",
         }
     }
 

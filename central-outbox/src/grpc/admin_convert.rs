@@ -34,6 +34,8 @@ pub fn status_from_proto(value: i32, field: &'static str) -> Result<Status, Cont
         Ok(v1::NotificationStatus::Delivered) => Ok(Status::Delivered),
         Ok(v1::NotificationStatus::Parked) => Ok(Status::Parked),
         Ok(v1::NotificationStatus::Discarded) => Ok(Status::Discarded),
+        Ok(v1::NotificationStatus::Superseded) => Ok(Status::Superseded),
+        Ok(v1::NotificationStatus::Cleared) => Ok(Status::Cleared),
         Ok(v1::NotificationStatus::Forwarding) => Err(ContentError::new(
             field,
             "FORWARDING is reported by site-forwarders only; central never stores it",
@@ -119,6 +121,7 @@ pub fn filter(
         statuses,
         kind: optional_type(msg.r#type, "filter.type")?,
         priorities,
+        condition_key: optional_name(msg.condition_key, "filter.condition_key")?,
         source_site_id: optional_name(msg.source_site_id, "filter.source_site_id")?,
         list_name: optional_name(msg.list_name, "filter.list_name")?,
         created_from: optional_time(msg.created_from, "filter.created_from")?,
@@ -188,6 +191,14 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
                 OperatorAction::Discard => v1::HistoryEntryKind::OperatorDiscard,
             }
             .into();
+            view.actor = actor;
+        }
+        HistoryEvent::Superseded { by } => {
+            view.kind = v1::HistoryEntryKind::Superseded.into();
+            view.superseded_by = by.to_string();
+        }
+        HistoryEvent::Cleared { actor } => {
+            view.kind = v1::HistoryEntryKind::Cleared.into();
             view.actor = actor;
         }
     }

@@ -45,6 +45,8 @@ pub fn status_to_proto(status: Status) -> v1::NotificationStatus {
         Status::Delivered => v1::NotificationStatus::Delivered,
         Status::Parked => v1::NotificationStatus::Parked,
         Status::Discarded => v1::NotificationStatus::Discarded,
+        Status::Superseded => v1::NotificationStatus::Superseded,
+        Status::Cleared => v1::NotificationStatus::Cleared,
     }
 }
 
@@ -68,6 +70,7 @@ pub fn state_view(state: NotificationState, stuck: bool) -> v1::NotificationStat
         resolved_at: state.resolved_at.map(to_timestamp),
         stuck,
         priority: priority_to_proto(state.priority).into(),
+        condition_key: state.condition_key.unwrap_or_default(),
     }
 }
 
@@ -90,6 +93,8 @@ mod tests {
             origin_execution_id: None,
             origin_parent_execution_id: None,
             priority: v1::NotificationPriority::High.into(),
+            condition_key: "tank4.level.high".into(),
+            cleared_at_site: None,
         }
     }
 
@@ -116,6 +121,7 @@ mod tests {
             ("source_site_id", |m| m.source_site_id.clear()),
             ("site_enqueued_at", |m| m.site_enqueued_at = None),
             ("priority", |m| m.priority = 9),
+            ("condition_key", |m| m.condition_key = "tank 4".into()),
             ("origin_execution_id", |m| {
                 m.origin_execution_id = Some("nope".into())
             }),

@@ -17,7 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures_util::FutureExt;
 use outbox_proto::v1::notification_ingest_server::NotificationIngest;
-use outbox_proto::v1::{NotificationSubmit, NotificationSubmitAck};
+use outbox_proto::v1::{
+    ClearConditionRequest, ClearConditionResponse, NotificationSubmit, NotificationSubmitAck,
+};
 use tokio::sync::{Notify, Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_stream::Stream;
@@ -26,6 +28,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{convert, invalid_argument, store_status};
+use crate::domain::history::site_actor;
+use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
 use crate::store::{NewNotification, OutboxStore};
 use crate::tls::{TlsSettings, client_common_name};
@@ -155,6 +159,42 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
             .ok_or_else(|| Status::internal("the store returned no outcome"))?;
         self.metrics.ingested(outcome);
         Ok(Response::new(convert::ack(id, outcome)))
+    }
+
+    async fn clear_condition(
+        &self,
+        request: Request<ClearConditionRequest>,
+    ) -> Result<Response<ClearConditionResponse>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
+        let msg = request.into_inner();
+        if let Some(caller) = caller_site.as_deref()
+            && caller != msg.source_site_id
+        {
+            let reason = format!(
+                "source_site_id: {:?} is not the caller's site: its client certificate is for \
+                 {caller:?}; a site may clear only its own conditions",
+                msg.source_site_id
+            );
+            tracing::warn!(%reason, "refused a clear for another site");
+            return Err(Status::permission_denied(reason));
+        }
+        let site = SiteId::parse(msg.source_site_id).map_err(invalid_argument)?;
+        let key =
+            ConditionKey::parse(msg.condition_key, "condition_key").map_err(invalid_argument)?;
+        let cleared = self
+            .store
+            .clear_condition(&site, &key, site_actor(site.as_str()))
+            .await
+            .map_err(store_status)?;
+        tracing::info!(
+            site = site.as_str(),
+            key = key.as_str(),
+            cleared = cleared.len(),
+            "condition cleared"
+        );
+        Ok(Response::new(ClearConditionResponse {
+            cleared: u32::try_from(cleared.len()).unwrap_or(u32::MAX),
+        }))
     }
 
     type SubmitNotificationsStream = AckStream;

@@ -4,7 +4,10 @@
 //! Contract every backend keeps (checked by the shared conformance tests):
 //! - `submit` commits before it returns; an id is stored at most once; a resubmit with the same
 //!   content hash is `Duplicate`, with another hash `Conflict`, and the stored row is unchanged.
-//! - `submit` gives each new row its serve turn (`domain::serve_order::serve_turn`).
+//! - `submit` gives each new row its serve turn (`domain::serve_order::serve_turn`); a new row
+//!   with a condition key supersedes the waiting (unclaimed Pending/Retrying) rows of its site,
+//!   list and key enqueued at the site no later than it, each with a history entry naming it;
+//!   a row the site cleared before forwarding it is stored Cleared, never due.
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
 //!   InFlight attempt row in the same transaction; it takes rows in the orders of
 //!   `domain::serve_order`.
@@ -39,7 +42,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::{ListName, NotificationId, NotificationType};
+use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 
 /// A store operation failed. None of these are the caller's fault; the request may be retried,
 /// except `Secrets`, which needs a `[secrets]` key configured (or names damaged data).
@@ -117,6 +120,16 @@ pub trait OutboxStore: Send + Sync + 'static {
         lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
+
+    /// Ends every notification of `site` with condition key `key` that is waiting (Pending or
+    /// Retrying, and not claimed) as Cleared, with a history entry naming `actor`; returns
+    /// their ids. Delivered rows, and rows being delivered, are never touched.
+    fn clear_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
+    ) -> impl Future<Output = Result<Vec<NotificationId>>> + Send;
 
     /// Applies each attempt's outcome whose claim still stands (see the module contract), all
     /// committed before it returns. One answer per record, in order: whether it was applied.

@@ -52,6 +52,7 @@ pub struct NotificationState {
     pub subject: String,
     pub source_site_id: String,
     pub priority: Priority,
+    pub condition_key: Option<String>,
     pub retry_count: u32,
     pub last_error: Option<String>,
     pub site_enqueued_at: DateTime<Utc>,

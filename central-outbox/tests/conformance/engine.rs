@@ -586,9 +586,9 @@ pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
     let history = store.detail(id).await.unwrap().unwrap().history;
     let outcomes: Vec<AttemptOutcome> = history
         .iter()
-        .map(|e| match e.event {
-            HistoryEvent::Attempt { outcome, .. } => outcome,
-            HistoryEvent::Operator { .. } => panic!("no operator acted"),
+        .map(|e| match &e.event {
+            HistoryEvent::Attempt { outcome, .. } => *outcome,
+            other => panic!("only attempts happened: {other:?}"),
         })
         .collect();
     assert_eq!(

@@ -16,6 +16,7 @@
 mod seed;
 
 mod admin;
+mod conditions;
 mod engine;
 mod purge;
 mod serve_order;
@@ -185,6 +186,18 @@ macro_rules! backend {
             behaviour!(
                 priority_is_stored_shown_and_filtered,
                 serve_order::priority_is_stored_shown_and_filtered
+            );
+            behaviour!(
+                a_newer_keyed_notification_supersedes_the_older_waiting_ones,
+                conditions::a_newer_keyed_notification_supersedes_the_older_waiting_ones
+            );
+            behaviour!(
+                clearing_a_condition_ends_only_that_sites_waiting_rows,
+                conditions::clearing_a_condition_ends_only_that_sites_waiting_rows
+            );
+            behaviour!(
+                a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered,
+                conditions::a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered
             );
         }
     };

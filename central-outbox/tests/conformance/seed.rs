@@ -10,7 +10,8 @@ use central_outbox::domain::retry::{Backoff, RetryPolicy};
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{
-    NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
+    ConditionKey, NotificationContent, NotificationId, NotificationType, Priority, SiteId,
+    Submission,
 };
 use central_outbox::store::{
     AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState, OutboxStore,
@@ -28,6 +29,7 @@ pub struct Spec {
     pub kind: NotificationType,
     pub subject: String,
     pub priority: Priority,
+    pub condition_key: Option<ConditionKey>,
     /// Where delivery should leave it.
     pub end: End,
 }
@@ -51,8 +53,14 @@ impl Spec {
             kind: NotificationType::Email,
             subject: subject.to_owned(),
             priority: Priority::Normal,
+            condition_key: None,
             end,
         }
+    }
+
+    pub fn condition_key(mut self, key: &str) -> Self {
+        self.condition_key = Some(ConditionKey::parse(key.into(), "condition_key").expect("key"));
+        self
     }
 
     pub fn priority(mut self, priority: Priority) -> Self {
@@ -92,6 +100,8 @@ pub fn submission(spec: &Spec) -> NewNotification {
         content,
         provenance: origin.at_site(SiteId::parse(spec.site.into()).expect("site"), Utc::now()),
         priority: spec.priority,
+        condition_key: spec.condition_key.clone(),
+        cleared_at_site: None,
     })
 }
 

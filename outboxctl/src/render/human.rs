@@ -109,6 +109,7 @@ fn status_fields(
         ("list", v.list_name.clone()),
         ("site", v.source_site_id.clone()),
         ("subject", v.subject.clone()),
+        ("condition", or_dash(&v.condition_key)),
         ("retries", v.retry_count.to_string()),
         ("last error", or_dash(&v.last_error)),
         ("created", with_age(v.created_at.as_ref(), now)),
@@ -159,7 +160,9 @@ fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
     }
     let mut table = Table::new(&["#", "AT", "KIND", "OUTCOME", "TOOK", "BY", "ERROR"]);
     for h in &d.history {
-        let by = if h.actor.is_empty() {
+        let by = if !h.superseded_by.is_empty() {
+            h.superseded_by.clone()
+        } else if h.actor.is_empty() {
             format!("lease {}", h.lease_epoch)
         } else {
             h.actor.clone()

@@ -46,6 +46,7 @@ pub fn status_view(v: &v1::NotificationStatusView) -> Value {
         "status": status_name(v.status),
         "type": channel_name(v.r#type),
         "priority": priority_name(v.priority),
+        "condition_key": v.condition_key,
         "list_name": v.list_name,
         "source_site_id": v.source_site_id,
         "subject": v.subject,
@@ -85,6 +86,7 @@ fn history_entry(h: &v1::HistoryEntry) -> Value {
         "error": h.error,
         "lease_epoch": h.lease_epoch,
         "actor": h.actor,
+        "superseded_by": h.superseded_by,
     })
 }
 

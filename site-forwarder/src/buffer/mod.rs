@@ -11,15 +11,19 @@
 //!   get the seq of an already-sent row and be skipped.
 //! - Reads use the read-only pool and see the last commit; they never block the writer.
 //! - Every committed change is announced after its commit, from the writer's follow-ups and so
-//!   in commit order: [`Buffer::head`] moves to the newest seq, [`Buffer::removals`] carries the
-//!   seqs that left `buffered`, and while a replication stream is attached the new rows are kept
-//!   in memory ([`recent`]) for it to copy without reading them back. A standby's replication
-//!   stream is built from these ([`pair`] has the pair's own tables and operations).
+//!   in commit order: [`Buffer::head`] moves to the newest seq, [`Buffer::row_changes`] carries
+//!   the seqs that left `buffered` and those a clear marked, [`Buffer::pending_clears`] the
+//!   pending clears, and while a replication stream is attached the new rows are kept in memory
+//!   ([`recent`]) for it to copy without reading them back. A standby's replication stream is
+//!   built from these ([`pair`] has the pair's own tables and operations, [`clears`] the
+//!   ClearCondition ones).
 
+mod clears;
 mod pair;
 pub mod recent;
 
-pub use pair::{Adopted, PairRecord, ReplicaChanges, RetainedSpan};
+pub use clears::ConditionCleared;
+pub use pair::{Adopted, HandoverFinished, PairRecord, ReplicaChanges, RetainedSpan};
 pub use recent::RecentPage;
 
 use std::path::Path;
@@ -31,8 +35,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::{Notify, broadcast, watch};
 
 use crate::domain::{
-    Body, BufferStats, BufferedNotification, ContentError, ListName, LocalStatus,
-    NotificationContent, NotificationId, NotificationType, Priority, SiteId, Subject, TypeData,
+    Body, BufferStats, BufferedNotification, BufferedStatus, ConditionKey, ContentError, ListName,
+    LocalStatus, NotificationContent, NotificationId, NotificationType, PendingClears, Priority,
+    SiteId, Subject, TypeData,
 };
 
 /// Why a buffer operation failed.
@@ -55,7 +60,7 @@ pub type Result<T, E = BufferError> = std::result::Result<T, E>;
 pub use crate::domain::Seq;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -106,11 +111,11 @@ ALTER TABLE rejected ADD COLUMN priority INTEGER NOT NULL DEFAULT 2;
 /// [`move_to_rejected`], which copies these columns from `buffered` to `rejected`.
 const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, subject, body, type_data, \
      source_site_id, source_instance_id, source_script, origin_execution_id, \
-     origin_parent_execution_id, enqueued_at, priority";
+     origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at";
 
-/// Removal announcements a slow replication stream may fall behind by before it is reset (and
+/// Row change announcements a slow replication stream may fall behind by before it is reset (and
 /// resumed from the table). Each is one settle job's seqs, so this is thousands of acks.
-const REMOVALS_BACKLOG: usize = 4096;
+const CHANGES_BACKLOG: usize = 4096;
 
 /// Read connections. The forwarder holds at most one read at a time and `GetStatus` /
 /// `GetBufferStats` are light, so a few are plenty.
@@ -139,6 +144,15 @@ impl Page {
     }
 }
 
+/// A committed change to rows already in `buffered`, as replication streams must copy it.
+#[derive(Debug, Clone)]
+pub enum RowChange {
+    /// These seqs left `buffered` (acked, rejected).
+    Removed(Arc<[Seq]>),
+    /// A clear marked the rows at these seqs cleared: a standby holding them must get them again.
+    Marked(Arc<[Seq]>),
+}
+
 /// The site's buffer. Cheap to clone; all clones share the writer, the readers and the
 /// announcements.
 #[derive(Clone, Debug)]
@@ -157,9 +171,11 @@ struct Announcements {
     /// The newest seq committed to `buffered`, for the replication stream (which, unlike the
     /// forwarder's permit, any number of streams can watch).
     head: watch::Sender<Seq>,
-    /// Seqs that left `buffered`, announced after each commit that removed rows (under the
-    /// `recent` lock, see [`recent`]).
-    removed: broadcast::Sender<Arc<[Seq]>>,
+    /// Seqs that left `buffered` or were marked cleared, announced after each commit that
+    /// removed or marked rows (under the `recent` lock, see [`recent`]).
+    changes: broadcast::Sender<RowChange>,
+    /// The pending clears as last committed, for the forwarder and the clear sender.
+    pending_clears: watch::Sender<PendingClears>,
     /// The rows committed most recently, for replication streams. Locked briefly by the
     /// writer's follow-ups and by a stream taking a page.
     recent: Mutex<recent::RecentRows>,
@@ -211,8 +227,24 @@ impl Announcements {
             let mut recent = self.recent();
             recent.removed(&seqs);
             // No receiver (no standby attached) is not an error.
-            let _ = self.removed.send(seqs.into());
+            let _ = self.changes.send(RowChange::Removed(seqs.into()));
         }
+    }
+
+    /// A commit that marked the rows at `seqs` cleared. The recent rows hold them unmarked, so
+    /// they are forgotten, under the same lock as the announcement: a stream either took a row
+    /// before and receives the announcement (and copies it again), or reads it marked.
+    fn marked(&self, seqs: Vec<Seq>) {
+        if !seqs.is_empty() {
+            let mut recent = self.recent();
+            recent.clear();
+            let _ = self.changes.send(RowChange::Marked(seqs.into()));
+        }
+    }
+
+    /// The pending clears changed; `clears` is what the commit left.
+    fn pending_clears(&self, clears: PendingClears) {
+        self.pending_clears.send_replace(clears);
     }
 }
 
@@ -247,9 +279,11 @@ impl Buffer {
         options.durability = Durability::Full;
         options.readers = READERS;
         let mut head = Seq::START;
+        let mut pending_clears = PendingClears::default();
         let db = Database::open(&options, |conn| {
             migrate(conn)?;
             head = select_head(conn)?;
+            pending_clears = clears::select_pending(conn, clears::Invalid::Report)?;
             keep_job_journals_in_memory(conn)?;
             Ok(())
         })?;
@@ -258,7 +292,8 @@ impl Buffer {
             announce: Arc::new(Announcements {
                 enqueued: Arc::new(Notify::new()),
                 head: watch::Sender::new(head),
-                removed: broadcast::Sender::new(REMOVALS_BACKLOG),
+                changes: broadcast::Sender::new(CHANGES_BACKLOG),
+                pending_clears: watch::Sender::new(pending_clears),
                 recent: Mutex::default(),
             }),
         })
@@ -274,9 +309,9 @@ impl Buffer {
         *self.announce.head.borrow()
     }
 
-    /// Announcements of the seqs that leave `buffered`, from now on.
-    pub fn removals(&self) -> broadcast::Receiver<Arc<[Seq]>> {
-        self.announce.removed.subscribe()
+    /// Announcements of the seqs that leave `buffered` or are marked cleared, from now on.
+    pub fn row_changes(&self) -> broadcast::Receiver<RowChange> {
+        self.announce.changes.subscribe()
     }
 
     /// Keeps the rows committed from now on in memory while the reader lives.
@@ -358,7 +393,7 @@ impl Buffer {
     pub async fn contains(&self, id: NotificationId) -> Result<bool> {
         Ok(matches!(
             self.local_status(id).await?,
-            LocalStatus::Buffered { .. }
+            LocalStatus::Buffered(_)
         ))
     }
 
@@ -397,6 +432,12 @@ fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
         let txn = conn.transaction()?;
         txn.execute_batch(SCHEMA_V3)?;
         txn.pragma_update(None, "user_version", 3)?;
+        txn.commit()?;
+    }
+    if version < 4 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(clears::SCHEMA_V4)?;
+        txn.pragma_update(None, "user_version", 4)?;
         txn.commit()?;
     }
     Ok(())
@@ -450,15 +491,16 @@ enum Insert {
     Replica(Seq),
 }
 
-/// The columns [`insert_row`] binds as `?1` to `?13`, and the seq as `?14` for a replica.
+/// The columns [`insert_row`] binds as `?1` to `?15`, and the seq as `?16` for a replica.
 macro_rules! insert_sql {
     ($verb:literal $(, $seq_column:literal, $seq_value:literal)? $(; $tail:literal)?) => {
         concat!(
             $verb,
             " INTO buffered (notification_id, type, list_name, subject, body, type_data, \
              source_site_id, source_instance_id, source_script, origin_execution_id, \
-             origin_parent_execution_id, enqueued_at, priority", $($seq_column,)? ") \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13",
+             origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at",
+            $($seq_column,)?
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15",
             $($seq_value,)? ")",
             $($tail)?
         )
@@ -472,11 +514,11 @@ fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Resul
         Insert::New => (insert_sql!("INSERT"), None),
         Insert::NewUnlessHeld => (insert_sql!("INSERT OR IGNORE"), None),
         Insert::ReplicaUnlessHeld(seq) => (
-            insert_sql!("INSERT", ", seq", ", ?14"; " ON CONFLICT DO NOTHING"),
+            insert_sql!("INSERT", ", seq", ", ?16"; " ON CONFLICT DO NOTHING"),
             Some(seq.0),
         ),
         Insert::Replica(seq) => (
-            insert_sql!("INSERT OR REPLACE", ", seq", ", ?14"),
+            insert_sql!("INSERT OR REPLACE", ", seq", ", ?16"),
             Some(seq.0),
         ),
     };
@@ -508,8 +550,10 @@ fn insert_row(conn: &Connection, how: Insert, n: &BufferedNotification) -> Resul
     )?;
     stmt.raw_bind_parameter(12, p.site_enqueued_at.timestamp_millis())?;
     stmt.raw_bind_parameter(13, n.priority.rank())?;
+    stmt.raw_bind_parameter(14, n.condition_key.as_ref().map(ConditionKey::as_str))?;
+    stmt.raw_bind_parameter(15, n.cleared_at_site.map(|at| at.timestamp_millis()))?;
     if let Some(seq) = seq {
-        stmt.raw_bind_parameter(14, seq)?;
+        stmt.raw_bind_parameter(16, seq)?;
     }
     Ok(stmt.raw_execute()?)
 }
@@ -549,6 +593,8 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, Co
     let parent: Option<String> = row.get(11)?;
     let enqueued_ms: i64 = row.get(12)?;
     let rank: i64 = row.get(13)?;
+    let condition_key: Option<String> = row.get(14)?;
+    let cleared_ms: Option<i64> = row.get(15)?;
     Ok((|| {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| ContentError::new("type", format!("{kind:?} is not a known type")))?;
@@ -557,6 +603,12 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, Co
         })?;
         let site_enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| ContentError::new("site_enqueued_at", "is out of range"))?;
+        let cleared_at_site = cleared_ms
+            .map(|ms| {
+                DateTime::from_timestamp_millis(ms)
+                    .ok_or_else(|| ContentError::new("cleared_at", "is out of range"))
+            })
+            .transpose()?;
         let origin = crate::domain::ScriptOrigin::parse(
             source_instance_id,
             source_script,
@@ -574,6 +626,10 @@ fn decode_row(row: &Row<'_>) -> rusqlite::Result<Result<BufferedNotification, Co
             },
             provenance: origin.at_site(SiteId::parse(site)?, site_enqueued_at),
             priority,
+            condition_key: condition_key
+                .map(|key| ConditionKey::parse(key, "condition_key"))
+                .transpose()?,
+            cleared_at_site,
         })
     })())
 }
@@ -599,31 +655,43 @@ fn delete_buffered(conn: &Connection, seq: Seq) -> Result<usize> {
 fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
     let id = id.to_string();
     let mut buffered = conn.prepare_cached(
-        "SELECT type, list_name, enqueued_at, priority FROM buffered WHERE notification_id = ?1",
+        "SELECT type, list_name, enqueued_at, priority, condition_key, cleared_at FROM buffered
+         WHERE notification_id = ?1",
     )?;
     let row = buffered
         .query_row([&id], |r| {
             Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, String>(1)?,
-                r.get::<_, i64>(2)?,
-                r.get::<_, i64>(3)?,
+                (
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ),
+                (r.get::<_, Option<String>>(4)?, r.get::<_, Option<i64>>(5)?),
             ))
         })
         .optional()?;
-    if let Some((kind, list_name, enqueued_ms, rank)) = row {
+    if let Some(((kind, list_name, enqueued_ms, rank), (condition_key, cleared_ms))) = row {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown type {kind:?}")))?;
         let enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: enqueued_at out of range")))?;
         let priority = Priority::from_rank(rank)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown priority rank {rank}")))?;
-        return Ok(LocalStatus::Buffered {
+        let cleared_at = cleared_ms
+            .map(|ms| {
+                DateTime::from_timestamp_millis(ms)
+                    .ok_or_else(|| BufferError::Corrupt(format!("{id}: cleared_at out of range")))
+            })
+            .transpose()?;
+        return Ok(LocalStatus::Buffered(BufferedStatus {
             kind,
             list_name,
             enqueued_at,
             priority,
-        });
+            condition_key,
+            cleared_at,
+        }));
     }
     let mut rejected =
         conn.prepare_cached("SELECT reason FROM rejected WHERE notification_id = ?1")?;
@@ -646,10 +714,13 @@ fn select_stats(conn: &Connection) -> Result<BufferStats> {
         )
         .optional()?;
     let rejected: i64 = conn.query_row("SELECT COUNT(*) FROM rejected", [], |r| r.get(0))?;
+    let pending_clears: i64 =
+        conn.query_row("SELECT COUNT(*) FROM pending_clears", [], |r| r.get(0))?;
     Ok(BufferStats {
         depth: u64::try_from(depth).unwrap_or(0),
         oldest_enqueued_at: oldest.and_then(DateTime::from_timestamp_millis),
         rejected: u64::try_from(rejected).unwrap_or(0),
+        pending_clears: u64::try_from(pending_clears).unwrap_or(0),
     })
 }
 
@@ -661,7 +732,7 @@ pub(crate) mod tests {
 
     /// A valid notification with `subject`, for buffer tests.
     pub(crate) fn notification(subject: &str) -> BufferedNotification {
-        BufferedNotification::new(
+        crate::domain::accepted_send(
             NotificationContent {
                 kind: NotificationType::Email,
                 list_name: ListName::parse("ops".into()).unwrap(),
@@ -679,6 +750,7 @@ pub(crate) mod tests {
             SiteId::parse("site-a".into()).unwrap(),
             Utc::now(),
             Priority::Normal,
+            None,
         )
     }
 
@@ -776,12 +848,14 @@ pub(crate) mod tests {
         buffer.enqueue(notification("t")).await.unwrap();
         assert_eq!(
             buffer.local_status(n.id).await.unwrap(),
-            LocalStatus::Buffered {
+            LocalStatus::Buffered(BufferedStatus {
                 kind: NotificationType::Email,
                 list_name: "ops".into(),
-                enqueued_at: n.enqueued_at(),
+                enqueued_at: n.provenance.site_enqueued_at,
                 priority: Priority::Normal,
-            }
+                condition_key: None,
+                cleared_at: None,
+            })
         );
         assert_eq!(
             buffer
@@ -792,7 +866,10 @@ pub(crate) mod tests {
         );
         let stats = buffer.stats().await.unwrap();
         assert_eq!(stats.depth, 2);
-        assert_eq!(stats.oldest_enqueued_at, Some(n.enqueued_at()));
+        assert_eq!(
+            stats.oldest_enqueued_at,
+            Some(n.provenance.site_enqueued_at)
+        );
         assert_eq!(stats.rejected, 0);
     }
 
@@ -865,11 +942,10 @@ pub(crate) mod tests {
         }
         assert_eq!(buffer.next_after(Seq::START, 10).await.unwrap().rows, sent);
         let (critical_seq, critical) = &sent[0];
-        let Ok(LocalStatus::Buffered { priority, .. }) = buffer.local_status(critical.id).await
-        else {
+        let Ok(LocalStatus::Buffered(status)) = buffer.local_status(critical.id).await else {
             panic!("still buffered");
         };
-        assert_eq!(priority, Priority::Critical);
+        assert_eq!(status.priority, Priority::Critical);
 
         // A rejected row keeps its priority beside the reason.
         assert!(buffer.reject(*critical_seq, "no".into()).await.unwrap());

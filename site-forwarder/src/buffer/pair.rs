@@ -10,11 +10,14 @@
 //!   is active (it accepts Sends) until it has handed every row to the active. While it is set,
 //!   the node's rows are never deleted by replication.
 //! - A standby stores the active's rows at the active's seqs; AUTOINCREMENT then starts any
-//!   seq it hands out once promoted above all of them.
+//!   seq it hands out once promoted above all of them. A row the active marked cleared comes
+//!   again at the same seq and replaces the copy.
+//! - Pending clears belong to the node's own history: the end of a hand-over drops them with
+//!   the rows (their watermarks describe seqs the node no longer holds).
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Buffer, BufferError, Insert, Result, insert_row};
+use super::{Buffer, BufferError, Insert, Result, clears, insert_row};
 use crate::domain::{BufferedNotification, Seq};
 use crate::pair::Role;
 use std::sync::Arc;
@@ -84,6 +87,16 @@ impl RetainedSpan {
         }
         gaps
     }
+}
+
+/// What [`Buffer::finish_handover`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct HandoverFinished {
+    /// Rows deleted (the active holds them now).
+    pub deleted: usize,
+    /// Keys of the pending clears dropped: central is not asked to clear what it received
+    /// before them (the replication protocol cannot hand them to the active).
+    pub dropped_clears: Vec<String>,
 }
 
 /// What [`Buffer::adopt`] did.
@@ -207,26 +220,32 @@ impl Buffer {
     }
 
     /// Stores rows handed over by a node that stopped being active, each under a new seq here,
-    /// skipping notifications already buffered. Answered once they are committed.
+    /// skipping notifications already buffered; a held copy of a row the node marked cleared is
+    /// marked here too. Answered once they are committed.
     pub async fn adopt(&self, rows: Vec<BufferedNotification>) -> Result<Adopted> {
         let announce = Arc::clone(&self.announce);
-        let (adopted, _) = self
+        let (adopted, _, _) = self
             .db
             .write_then(
                 move |conn| {
                     let mut adopted = Adopted::default();
+                    let mut marked = Vec::new();
                     for row in &rows {
                         match insert_row(conn, Insert::NewUnlessHeld, row)? {
-                            0 => adopted.already_held += 1,
+                            0 => {
+                                adopted.already_held += 1;
+                                marked.extend(clears::mark_held_copy(conn, row)?);
+                            }
                             _ => adopted.adopted += 1,
                         }
                     }
-                    Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid())))
+                    Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid()), marked))
                 },
-                move |(adopted, head)| {
+                move |(adopted, head, marked)| {
                     if adopted.adopted > 0 {
                         announce.other_change(Some(*head));
                     }
+                    announce.marked(marked.clone());
                 },
             )
             .await?;
@@ -235,15 +254,17 @@ impl Buffer {
 
     /// Ends a hand-over: every row up to `through` is now held by the active, so they are
     /// deleted here, and the node becomes an empty standby that copies the active from scratch.
-    pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<usize> {
+    /// Its pending clears go too (see the module invariants).
+    pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<HandoverFinished> {
         let announce = Arc::clone(&self.announce);
-        let deleted = self
+        let finished = self
             .db
             .write_then(
                 move |conn| {
                     let deleted = conn
                         .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
                         .execute([through.0])?;
+                    let dropped_clears = clears::drop_pending(conn)?;
                     conn.prepare_cached(
                         "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
                          replicated_through = 0",
@@ -252,12 +273,20 @@ impl Buffer {
                         Role::Standby.as_str(),
                         i64::try_from(term).unwrap_or(i64::MAX)
                     ])?;
-                    Ok::<_, BufferError>(deleted)
+                    Ok::<_, BufferError>(HandoverFinished {
+                        deleted,
+                        dropped_clears,
+                    })
                 },
-                move |_| announce.other_change(None),
+                move |finished| {
+                    announce.other_change(None);
+                    if !finished.dropped_clears.is_empty() {
+                        announce.pending_clears(crate::domain::PendingClears::default());
+                    }
+                },
             )
             .await?;
-        Ok(deleted)
+        Ok(finished)
     }
 }
 
@@ -539,7 +568,7 @@ mod tests {
             "adoption wakes the replication stream"
         );
 
-        assert_eq!(old.finish_handover(through, 2).await.unwrap(), 2);
+        assert_eq!(old.finish_handover(through, 2).await.unwrap().deleted, 2);
         assert_eq!(old.stats().await.unwrap().depth, 0);
         assert_eq!(
             old.pair_record().await.unwrap(),
@@ -550,5 +579,55 @@ mod tests {
                 replicated_through: Seq::START,
             })
         );
+    }
+
+    /// A row the old active marked cleared is handed over marked, and marks the copy the
+    /// active already held; the hand-over ends the old active's pending clears.
+    #[tokio::test]
+    async fn a_handover_carries_the_marks_and_ends_the_pending_clears() {
+        use crate::domain::{ConditionKey, SiteId};
+        let dir = tempfile::tempdir().unwrap();
+        let active = open(&dir, "active.db");
+        let old = open(&dir, "old.db");
+        old.save_role(Role::Active, 1, true, true).await.unwrap();
+        let key = ConditionKey::parse("k1".into(), "condition_key").unwrap();
+        let about = |subject: &str| BufferedNotification {
+            condition_key: Some(key.clone()),
+            ..notification(subject)
+        };
+        let (held, new) = (about("held by both"), about("only on the old active"));
+        let held_seq = active.enqueue(held.clone()).await.unwrap();
+        old.enqueue(held.clone()).await.unwrap();
+        let through = old.enqueue(new.clone()).await.unwrap();
+        let site = SiteId::parse("site-a".into()).unwrap();
+        let cleared = old
+            .clear_condition(&site, key.clone(), chrono::Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(cleared.marked, 2);
+
+        let mut changes = active.row_changes();
+        let rows: Vec<_> = old
+            .next_after(Seq::START, 10)
+            .await
+            .unwrap()
+            .rows
+            .into_iter()
+            .map(|(_, n)| n)
+            .collect();
+        assert!(rows.iter().all(|n| n.cleared_at_site.is_some()));
+        active.adopt(rows).await.unwrap();
+        let copies = active.next_after(Seq::START, 10).await.unwrap().rows;
+        assert_eq!(copies.len(), 2);
+        assert!(copies.iter().all(|(_, n)| n.cleared_at_site.is_some()));
+        match changes.try_recv().unwrap() {
+            crate::buffer::RowChange::Marked(seqs) => assert_eq!(&*seqs, &[held_seq]),
+            other => panic!("{other:?}"),
+        }
+
+        let finished = old.finish_handover(through, 2).await.unwrap();
+        assert_eq!(finished.dropped_clears, vec!["k1".to_owned()]);
+        assert!(old.pending_clears_now().is_empty());
+        assert_eq!(old.stats().await.unwrap().pending_clears, 0);
     }
 }

@@ -201,6 +201,7 @@ fn size_of_row(row: &BufferedNotification) -> usize {
         + p.source_site_id.as_str().len()
         + p.source_instance_id.len()
         + p.source_script.len()
+        + row.condition_key.as_ref().map_or(0, |k| k.as_str().len())
 }
 
 #[cfg(test)]

@@ -7,8 +7,8 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::{
-    BufferedNotification, ContentError, NotificationContent, NotificationId, NotificationType,
-    Priority, ScriptOrigin, SiteId,
+    BufferedNotification, BufferedStatus, ConditionKey, ContentError, NotificationContent,
+    NotificationId, NotificationType, ScriptOrigin, SiteId, accepted_send,
 };
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
@@ -55,38 +55,44 @@ pub fn send_request(
     // The rule central applies to a submit: UNSPECIFIED is normal, a value this build does not
     // know is refused rather than buffered as something it is not.
     let priority = outbox_proto::submission::priority(msg.priority, "priority")?;
-    Ok(BufferedNotification::new(
+    let condition_key = ConditionKey::parse_optional(msg.condition_key, "condition_key")?;
+    Ok(accepted_send(
         content,
         origin,
         site.clone(),
         now,
         priority,
+        condition_key,
     ))
 }
 
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
-/// after a reconnect is identical to the first send.
+/// after a reconnect is identical to the first send (but for `cleared_at_site` once a clear
+/// marked it, which is not content).
 pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
-    outbox_proto::submission::encode(n.id, &n.content, &n.provenance, n.priority)
+    outbox_proto::submission::encode(n)
 }
 
-/// The status view of a notification still in the local buffer.
-pub fn forwarding_view(
+/// The status view of a notification still in the local buffer: FORWARDING, or CLEARED once a
+/// clear ended it (it reaches central as such and is never delivered).
+pub fn buffered_view(
     id: NotificationId,
+    view: BufferedStatus,
     site: &SiteId,
-    kind: NotificationType,
-    list_name: String,
-    enqueued_at: DateTime<Utc>,
-    priority: Priority,
 ) -> v1::NotificationStatusView {
+    let status = match view.cleared_at {
+        Some(_) => v1::NotificationStatus::Cleared,
+        None => v1::NotificationStatus::Forwarding,
+    };
     v1::NotificationStatusView {
         notification_id: id.to_string(),
-        status: v1::NotificationStatus::Forwarding.into(),
-        r#type: type_to_proto(kind).into(),
-        list_name,
+        status: status.into(),
+        r#type: type_to_proto(view.kind).into(),
+        list_name: view.list_name,
         source_site_id: site.as_str().to_owned(),
-        site_enqueued_at: Some(to_timestamp(enqueued_at)),
-        priority: outbox_proto::submission::priority_to_proto(priority).into(),
+        site_enqueued_at: Some(to_timestamp(view.enqueued_at)),
+        priority: outbox_proto::submission::priority_to_proto(view.priority).into(),
+        condition_key: view.condition_key.unwrap_or_default(),
         ..Default::default()
     }
 }
@@ -94,6 +100,7 @@ pub fn forwarding_view(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::Priority;
 
     fn valid() -> v1::SendRequest {
         v1::SendRequest {
@@ -107,6 +114,7 @@ mod tests {
             origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
             origin_parent_execution_id: None,
             priority: v1::NotificationPriority::Unspecified.into(),
+            condition_key: String::new(),
         }
     }
 
@@ -123,8 +131,13 @@ mod tests {
         assert_eq!(n.content.kind, NotificationType::Email);
         assert_eq!(n.content.subject.as_str(), "Tank 4 high level");
         assert_eq!(n.provenance.source_site_id.as_str(), "site-a");
-        assert_eq!(n.enqueued_at().timestamp_millis(), now.timestamp_millis());
+        assert_eq!(
+            n.provenance.site_enqueued_at.timestamp_millis(),
+            now.timestamp_millis()
+        );
         assert_eq!(n.priority, Priority::Normal, "unspecified means normal");
+        assert_eq!(n.condition_key, None, "empty means none");
+        assert_eq!(n.cleared_at_site, None);
 
         let submit = submit(&n);
         assert_eq!(submit.notification_id, n.id.to_string());
@@ -133,6 +146,8 @@ mod tests {
         assert_eq!(submit.origin_execution_id, origin);
         assert_eq!(submit.origin_parent_execution_id, None);
         assert_eq!(submit.priority(), v1::NotificationPriority::Normal);
+        assert_eq!(submit.condition_key, "");
+        assert_eq!(submit.cleared_at_site, None);
     }
 
     #[test]
@@ -165,6 +180,14 @@ mod tests {
             ),
             ("priority", Box::new(|m| m.priority = 99)),
             ("priority", Box::new(|m| m.priority = -1)),
+            (
+                "condition_key",
+                Box::new(|m| m.condition_key = "tank 4".into()),
+            ),
+            (
+                "condition_key",
+                Box::new(|m| m.condition_key = "k".repeat(129)),
+            ),
         ];
         for (field, break_it) in cases {
             let mut msg = valid();
@@ -192,24 +215,61 @@ mod tests {
             assert_eq!(n.priority, priority);
             let submit = submit(&n);
             assert_eq!(submit.priority(), proto);
-            let copied =
-                BufferedNotification::from(outbox_proto::submission::parse(submit).unwrap());
+            let copied = outbox_proto::submission::parse(submit).unwrap();
             assert_eq!(copied, n);
         }
     }
 
+    /// The condition key, and the clear mark a ClearCondition adds, reach central's submit and
+    /// survive the peer's parse (a standby's copy, an adopted row) unchanged.
     #[test]
-    fn the_forwarding_view_shows_the_priority() {
-        let view = forwarding_view(
-            NotificationId::generate(),
-            &site(),
-            NotificationType::Email,
-            "ops".into(),
-            Utc::now(),
-            Priority::High,
+    fn the_condition_key_and_the_clear_mark_survive_send_submit_and_the_peers_parse() {
+        let mut msg = valid();
+        msg.condition_key = "tank4.level.high".into();
+        let mut n = send_request(msg, &site(), Utc::now()).unwrap();
+        assert_eq!(
+            n.condition_key.as_ref().map(ConditionKey::as_str),
+            Some("tank4.level.high")
         );
-        assert_eq!(view.priority(), v1::NotificationPriority::High);
-        assert_eq!(view.status(), v1::NotificationStatus::Forwarding);
+        let sent = submit(&n);
+        assert_eq!(sent.condition_key, "tank4.level.high");
+        assert_eq!(sent.cleared_at_site, None);
+        assert_eq!(outbox_proto::submission::parse(sent).unwrap(), n);
+
+        n.cleared_at_site = Some(crate::domain::to_buffer_precision(Utc::now()));
+        let sent = submit(&n);
+        assert!(sent.cleared_at_site.is_some());
+        assert_eq!(outbox_proto::submission::parse(sent).unwrap(), n);
+    }
+
+    #[test]
+    fn the_buffered_view_shows_priority_key_and_whether_it_was_cleared() {
+        let id = NotificationId::generate();
+        let view = BufferedStatus {
+            kind: NotificationType::Email,
+            list_name: "ops".into(),
+            enqueued_at: Utc::now(),
+            priority: Priority::High,
+            condition_key: None,
+            cleared_at: None,
+        };
+        let forwarding = buffered_view(id, view.clone(), &site());
+        assert_eq!(forwarding.notification_id, id.to_string());
+        assert_eq!(forwarding.priority(), v1::NotificationPriority::High);
+        assert_eq!(forwarding.status(), v1::NotificationStatus::Forwarding);
+        assert_eq!(forwarding.condition_key, "");
+
+        let cleared = buffered_view(
+            id,
+            BufferedStatus {
+                condition_key: Some("tank4.level.high".into()),
+                cleared_at: Some(Utc::now()),
+                ..view
+            },
+            &site(),
+        );
+        assert_eq!(cleared.status(), v1::NotificationStatus::Cleared);
+        assert_eq!(cleared.condition_key, "tank4.level.high");
     }
 
     #[test]

@@ -1,7 +1,9 @@
 //! `SiteNotify`: the local API site scripts call. `Send` answers with an id only after the
 //! notification is committed to the buffer, so an id in a script's hand is never lost.
-//! `GetStatus` answers from the buffer while the notification is there and otherwise asks central,
-//! with a bounded wait; `GetBufferStats` reports the buffer and the forwarder.
+//! `ClearCondition` likewise answers after its commit: the buffered rows of the key are marked
+//! and the central half is queued durably (`crate::clears` sends it). `GetStatus` answers from
+//! the buffer while the notification is there and otherwise asks central, with a bounded wait;
+//! `GetBufferStats` reports the buffer and the forwarder.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,15 +13,16 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
 use outbox_proto::v1::site_notify_server::SiteNotify;
 use outbox_proto::v1::{
-    BufferStats, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRoleView,
-    NotificationStatusView, PromoteRequest, SendRequest, SendResponse,
+    BufferStats, ClearConditionRequest, ClearConditionResponse, GetBufferStatsRequest,
+    GetNotificationStatusRequest, NodeRoleView, NotificationStatusView, PromoteRequest,
+    SendRequest, SendResponse,
 };
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::{buffer_status, convert, invalid_argument};
 use crate::buffer::Buffer;
-use crate::domain::{LocalStatus, NotificationId, SiteId};
+use crate::domain::{ConditionKey, LocalStatus, NotificationId, SiteId};
 use crate::forwarder::{ForwardState, error_chain};
 use crate::metrics::SiteMetrics;
 use crate::pair::{Pair, Role};
@@ -143,19 +146,9 @@ impl SiteNotify for SiteNotifyService {
         let id = NotificationId::parse(&request.get_ref().notification_id, "notification_id")
             .map_err(invalid_argument)?;
         match self.buffer.local_status(id).await.map_err(buffer_status)? {
-            LocalStatus::Buffered {
-                kind,
-                list_name,
-                enqueued_at,
-                priority,
-            } => Ok(Response::new(convert::forwarding_view(
-                id,
-                &self.site,
-                kind,
-                list_name,
-                enqueued_at,
-                priority,
-            ))),
+            LocalStatus::Buffered(view) => {
+                Ok(Response::new(convert::buffered_view(id, view, &self.site)))
+            }
             LocalStatus::Rejected { reason } => Err(Status::failed_precondition(format!(
                 "rejected by central: {reason}"
             ))),
@@ -187,6 +180,31 @@ impl SiteNotify for SiteNotifyService {
             standby_lag_seconds: pair.standby_lag_seconds,
             active_node: pair.active_node,
             active_silent_seconds: pair.active_silent_seconds,
+        }))
+    }
+
+    async fn clear_condition(
+        &self,
+        request: Request<ClearConditionRequest>,
+    ) -> Result<Response<ClearConditionResponse>, Status> {
+        // `source_site_id` is central's business: a site clears its own keys only.
+        let key = ConditionKey::parse(request.into_inner().condition_key, "condition_key")
+            .map_err(invalid_argument)?;
+        // Held until the clear is committed, as for a Send: only the active's clears reach
+        // central, and a step-down waits for this one before handing the buffer over.
+        let _active = self.pair.while_active().await?;
+        let cleared = self
+            .buffer
+            .clear_condition(&self.site, key, Utc::now())
+            .await
+            .map_err(buffer_status)?;
+        tracing::info!(
+            condition_key = %cleared.pending.condition_key, marked = cleared.marked,
+            up_to_seq = cleared.pending.up_to.0,
+            "condition cleared: buffered notifications marked, central's half queued"
+        );
+        Ok(Response::new(ClearConditionResponse {
+            cleared: u32::try_from(cleared.marked).unwrap_or(u32::MAX),
         }))
     }
 

@@ -5,7 +5,9 @@
 //! skips what the active already holds) oldest first, and deletes its rows only once all of
 //! them are committed there. A crash in between repeats the hand-over, which is idempotent by
 //! notification id; a row the active had already forwarded and deleted is forwarded once more,
-//! and central answers DUPLICATE.
+//! and central answers DUPLICATE. A row marked cleared is handed over marked (the active marks
+//! its own copy if it holds one). The node's pending clears cannot be handed over (`Adopt`
+//! carries notifications only): they are dropped with a warning naming their keys.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -98,9 +100,16 @@ pub async fn hand_over(
         }
         cursor = last;
     }
-    let deleted = buffer.finish_handover(cursor, active.term).await?;
+    let finished = buffer.finish_handover(cursor, active.term).await?;
+    if !finished.dropped_clears.is_empty() {
+        tracing::warn!(
+            condition_keys = ?finished.dropped_clears,
+            "pending clears dropped at the hand-over: central is not asked to clear the \
+             notifications of these keys it received before the clear"
+        );
+    }
     tracing::info!(
-        active = %active.name, adopted, deleted,
+        active = %active.name, adopted, deleted = finished.deleted,
         "handed the buffer over to the active node; now following it as standby"
     );
     Ok(adopted)

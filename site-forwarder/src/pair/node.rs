@@ -46,8 +46,10 @@ pub async fn starting_role(buffer: &Buffer, config: &Config) -> Result<RoleState
     }
     let role = pair.initial_role;
     let term = u64::from(role == Role::Active);
-    // A standby that already has rows was a single node before: they are its own.
-    let holds_own_rows = role == Role::Active || buffer.stats().await?.depth > 0;
+    // A standby that already has rows or pending clears was a single node before: they are its
+    // own (a hand-over gives the rows to the active and ends the clears).
+    let stats = buffer.stats().await?;
+    let holds_own_rows = role == Role::Active || stats.depth > 0 || stats.pending_clears > 0;
     buffer.save_role(role, term, holds_own_rows, true).await?;
     Ok(RoleState { role, term })
 }

@@ -23,7 +23,7 @@ use tonic::transport::Endpoint;
 use super::source::{WINDOW, span_from_proto};
 use super::{NodeView, Pair, Role};
 use crate::buffer::{Buffer, BufferError, PairRecord, ReplicaChanges};
-use crate::domain::{BufferedNotification, Seq};
+use crate::domain::Seq;
 use crate::forwarder::error_chain;
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
@@ -167,10 +167,9 @@ fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
                 continue;
             };
             match outbox_proto::submission::parse(notification) {
-                // Priority included: a promoted standby forwards the row as it was sent.
-                Ok(n) => changes
-                    .adds
-                    .push((Seq(row.seq), BufferedNotification::from(n))),
+                // Priority, condition key and the clear mark included: a promoted standby
+                // forwards the row as the active would have.
+                Ok(n) => changes.adds.push((Seq(row.seq), n)),
                 Err(problem) => tracing::error!(
                     seq = row.seq, %problem,
                     "the active sent a row that breaks the content rules; not copied"

@@ -31,7 +31,7 @@ use super::{Pair, Role};
 use crate::RunError;
 use crate::buffer::Buffer;
 use crate::config::{Config, PairConfig};
-use crate::domain::{BufferedNotification, Seq, SiteId};
+use crate::domain::{Seq, SiteId};
 use crate::grpc::buffer_status;
 
 /// The pair endpoint of a node: bound at start-up (so a busy port stops start-up), served by
@@ -214,8 +214,9 @@ impl SitePair for SitePairService {
         for (i, submit) in request.notifications.into_iter().enumerate() {
             let n = outbox_proto::submission::parse(submit)
                 .map_err(|e| Status::invalid_argument(format!("notifications[{i}].{e}")))?;
-            // Priority included: the adopted row is forwarded as the old active would have.
-            rows.push(BufferedNotification::from(n));
+            // Priority, condition key and the clear mark included: the adopted row is forwarded
+            // as the old active would have.
+            rows.push(n);
         }
         // Held while the rows commit: a step-down waits for it, so nothing is adopted by a node
         // that is already handing its own buffer over.

@@ -19,10 +19,16 @@
 //!   removes. So a row deleted here is never left on the standby by an add that overtook its
 //!   removal.
 //! - At most [`WINDOW`] batches are unconfirmed; the rest waits in the buffer, not in memory.
-//! - A removal backlog the stream cannot keep up with ends the stream; the standby reconnects
+//! - A row a clear marks after the standby got it is copied again at the same seq, which
+//!   replaces the standby's unmarked copy: marks are announced like removals (under the same
+//!   lock as the recent rows, which a mark empties), and the stream re-reads the marked rows
+//!   from the table, draining the announcements after that read. A resumed stream first copies
+//!   again every marked row up to where the standby's copy reaches, for the marks it missed.
+//!   So a promoted standby never forwards unmarked a row the active had cleared.
+//! - A change backlog the stream cannot keep up with ends the stream; the standby reconnects
 //!   and resumes from the table, which is always right.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,7 +45,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::{Pair, Role};
-use crate::buffer::{Buffer, RecentReader, RetainedSpan};
+use crate::buffer::{Buffer, RecentReader, RetainedSpan, RowChange};
 use crate::domain::{BufferedNotification, Seq};
 use crate::grpc::convert;
 
@@ -122,6 +128,8 @@ struct Session {
     unconfirmed: VecDeque<Unconfirmed>,
     /// Removals collected and not yet sent.
     removes: Vec<Seq>,
+    /// Seqs marked cleared since the standby may have copied them, not yet copied again.
+    remarked: BTreeSet<Seq>,
     /// When the last batch went out: a heartbeat follows one interval of silence.
     last_sent: Instant,
 }
@@ -138,6 +146,7 @@ impl Session {
             confirmed: Seq::START,
             unconfirmed: VecDeque::new(),
             removes: Vec::new(),
+            remarked: BTreeSet::new(),
             last_sent: Instant::now(),
         }
     }
@@ -147,8 +156,8 @@ impl Session {
         inbound: &mut Streaming<ReplicaMessage>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
-        // Before any read, so no removal committed after it can be missed.
-        let mut removals = self.buffer.removals();
+        // Before any read, so no removal or mark committed after it can be missed.
+        let mut changes = self.buffer.row_changes();
         // Rows committed from now on stay in memory for this stream.
         let recent = self.buffer.recent_rows();
         let mut head = self.buffer.head();
@@ -165,6 +174,15 @@ impl Session {
             "a standby is following this node"
         );
         self.send_spans(through, out).await?;
+        if resume {
+            // The standby's copies of rows marked while it was away are unmarked.
+            let marked = self
+                .buffer
+                .marked_seqs(through)
+                .await
+                .map_err(|e| Status::unavailable(e.to_string()))?;
+            self.remarked.extend(marked);
+        }
 
         let mut more = false;
         loop {
@@ -172,12 +190,16 @@ impl Session {
                 if !more {
                     tokio::time::sleep_until(self.last_sent + LINGER).await;
                 }
-                more = self.send_rows(&recent, &mut removals, out).await?;
+                more = self.send_rows(&recent, &mut changes, out).await?;
+            }
+            if self.unconfirmed.len() < WINDOW && !self.remarked.is_empty() {
+                self.send_marked(&mut changes, out).await?;
+                more |= !self.remarked.is_empty();
             }
             // Removals that came without rows, and the heartbeat when nothing else was sent.
             if !self.removes.is_empty() || Instant::now() >= self.last_sent + self.heartbeat {
-                drain(&mut removals, &mut self.removes)?;
-                self.send(Vec::new(), out).await?;
+                self.drain(&mut changes)?;
+                self.send(Vec::new(), None, out).await?;
             }
             self.report_lag(*head.borrow());
             if more && self.unconfirmed.len() < WINDOW {
@@ -189,8 +211,8 @@ impl Session {
                         return Err(Status::unavailable("the buffer closed"));
                     }
                 }
-                removed = removals.recv() => match removed {
-                    Ok(seqs) => self.removes.extend(seqs.iter().copied()),
+                change = changes.recv() => match change {
+                    Ok(change) => self.note(change),
                     Err(broadcast::error::RecvError::Lagged(_)) => return Err(fell_behind()),
                     Err(broadcast::error::RecvError::Closed) => {
                         return Err(Status::unavailable("the buffer closed"));
@@ -252,13 +274,12 @@ impl Session {
         }
     }
 
-    /// Takes the rows after the cursor (from memory, else from the table) and sends them in
-    /// batches of at most [`BATCH_BYTES`], each with the removals drained after its rows were
-    /// read. `true` when the page was full (there may be more).
+    /// Takes the rows after the cursor (from memory, else from the table) and sends them.
+    /// `true` when the page was full (there may be more).
     async fn send_rows(
         &mut self,
         recent: &RecentReader,
-        removals: &mut broadcast::Receiver<Arc<[Seq]>>,
+        changes: &mut broadcast::Receiver<RowChange>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<bool, Status> {
         let (rows, full) = match recent.after(self.cursor, PAGE_ROWS) {
@@ -268,6 +289,45 @@ impl Session {
             }
             None => self.read_rows().await?,
         };
+        self.send_copies(rows, Copies::New, changes, out).await?;
+        Ok(full)
+    }
+
+    /// Copies again, as read from the table now, up to a page of the rows marked cleared since
+    /// the standby may have copied them (those gone since are left out: their removal is sent).
+    async fn send_marked(
+        &mut self,
+        changes: &mut broadcast::Receiver<RowChange>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
+        let mut seqs = Vec::with_capacity(PAGE_ROWS.min(self.remarked.len()));
+        while seqs.len() < PAGE_ROWS
+            && let Some(seq) = self.remarked.pop_first()
+        {
+            seqs.push(seq);
+        }
+        let page = self
+            .buffer
+            .rows_at(seqs)
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let rows = page
+            .rows
+            .into_iter()
+            .map(|(seq, row)| (seq, Arc::new(row)))
+            .collect();
+        self.send_copies(rows, Copies::Again, changes, out).await
+    }
+
+    /// Sends `rows` in batches of at most [`BATCH_BYTES`], each with the changes drained after
+    /// its rows were read.
+    async fn send_copies(
+        &mut self,
+        rows: Vec<(Seq, Arc<BufferedNotification>)>,
+        copies: Copies,
+        changes: &mut broadcast::Receiver<RowChange>,
+        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
+    ) -> Result<(), Status> {
         let mut adds: Vec<ReplicatedRow> = Vec::new();
         let mut bytes = 0;
         for (seq, row) in rows {
@@ -278,16 +338,19 @@ impl Session {
                 notification: Some(notification),
             });
             if bytes >= BATCH_BYTES {
-                drain(removals, &mut self.removes)?;
-                self.send(std::mem::take(&mut adds), out).await?;
+                self.drain(changes)?;
+                let adds = std::mem::take(&mut adds);
+                let oldest = copies.oldest_of(&adds);
+                self.send(adds, oldest, out).await?;
                 bytes = 0;
             }
         }
         if !adds.is_empty() {
-            drain(removals, &mut self.removes)?;
-            self.send(adds, out).await?;
+            self.drain(changes)?;
+            let oldest = copies.oldest_of(&adds);
+            self.send(adds, oldest, out).await?;
         }
-        Ok(full)
+        Ok(())
     }
 
     /// The rows after the cursor as read from the table; moves the cursor past them.
@@ -319,10 +382,12 @@ impl Session {
         Ok((rows, full))
     }
 
-    /// Sends `adds` with every removal collected so far.
+    /// Sends `adds` with every removal collected so far; `oldest` is the enqueue time of the
+    /// oldest row it copies for the first time (what the standby's lag is measured by).
     async fn send(
         &mut self,
         adds: Vec<ReplicatedRow>,
+        oldest: Option<DateTime<Utc>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
         // A batch cut mid-page covers only up to its own last row.
@@ -331,11 +396,6 @@ impl Session {
             .map(|r| Seq(r.seq))
             .max()
             .map_or(self.cursor, |last| last.min(self.cursor));
-        let oldest = adds
-            .iter()
-            .filter_map(|r| r.notification.as_ref()?.site_enqueued_at.as_ref())
-            .filter_map(outbox_proto::time::from_timestamp)
-            .min();
         let batch = ReplicationBatch {
             adds,
             removes: std::mem::take(&mut self.removes)
@@ -368,6 +428,26 @@ impl Session {
             .map_err(|_| Status::cancelled("the standby went away"))
     }
 
+    /// Collects every change announced so far.
+    fn drain(&mut self, changes: &mut broadcast::Receiver<RowChange>) -> Result<(), Status> {
+        loop {
+            match changes.try_recv() {
+                Ok(change) => self.note(change),
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => return Ok(()),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(fell_behind()),
+            }
+        }
+    }
+
+    fn note(&mut self, change: RowChange) {
+        match change {
+            RowChange::Removed(seqs) => self.removes.extend(seqs.iter().copied()),
+            RowChange::Marked(seqs) => self.remarked.extend(seqs.iter().copied()),
+        }
+    }
+
     /// The standby committed every batch up to `n`.
     fn confirm(&mut self, n: u64) {
         while let Some(front) = self.unconfirmed.front() {
@@ -391,25 +471,31 @@ impl Session {
     }
 }
 
-/// Moves every removal announced so far into `into`.
-fn drain(
-    removals: &mut broadcast::Receiver<Arc<[Seq]>>,
-    into: &mut Vec<Seq>,
-) -> Result<(), Status> {
-    loop {
-        match removals.try_recv() {
-            Ok(seqs) => into.extend(seqs.iter().copied()),
-            Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => {
-                return Ok(());
-            }
-            Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(fell_behind()),
+/// Whether a batch copies rows for the first time or again (marked since).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Copies {
+    New,
+    Again,
+}
+
+impl Copies {
+    /// The enqueue time of the oldest row the batch copies for the first time. Rows copied
+    /// again are old and already on the standby: they are no lag.
+    fn oldest_of(self, adds: &[ReplicatedRow]) -> Option<DateTime<Utc>> {
+        match self {
+            Copies::Again => None,
+            Copies::New => adds
+                .iter()
+                .filter_map(|r| r.notification.as_ref()?.site_enqueued_at.as_ref())
+                .filter_map(outbox_proto::time::from_timestamp)
+                .min(),
         }
     }
 }
 
 fn fell_behind() -> Status {
     Status::resource_exhausted(
-        "the standby fell too far behind the removals; reconnect to resume from the buffer",
+        "the standby fell too far behind the buffer's changes; reconnect to resume from the buffer",
     )
 }
 

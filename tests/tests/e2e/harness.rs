@@ -320,6 +320,7 @@ pub fn send_request(subject: &str, body: &str) -> v1::SendRequest {
         origin_execution_id: None,
         origin_parent_execution_id: None,
         priority: v1::NotificationPriority::Unspecified.into(),
+        condition_key: String::new(),
     }
 }
 
@@ -339,6 +340,8 @@ pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
         origin_execution_id: None,
         origin_parent_execution_id: None,
         priority: v1::NotificationPriority::Unspecified.into(),
+        condition_key: String::new(),
+        cleared_at_site: None,
     }
 }
 

@@ -12,6 +12,7 @@ mod harness;
 mod admin;
 mod auth;
 mod channels;
+mod conditions;
 mod crash;
 mod delivery;
 mod forwarding;

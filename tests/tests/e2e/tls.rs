@@ -343,6 +343,70 @@ async fn a_site_certificate_names_the_only_site_its_holder_may_submit_as() {
     central.stop().await;
 }
 
+/// A site may clear only its own conditions: with client certificates required, site A's
+/// certificate clearing site B's key is refused by name and ends nothing; clearing its own works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let site_a = pki.pki.client_cert("site-a").unwrap();
+    let site_b = pki.pki.client_cert("site-b").unwrap();
+    // One relay connection, held busy by a filler: the keyed notification then waits
+    // unclaimed, there to be cleared or left.
+    let sink = smtp_sink().await;
+    sink.pause_replies();
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    let email = config.smtp.as_mut().unwrap();
+    email.max_concurrent_connections = 1;
+    email.timeout = std::time::Duration::from_secs(60);
+    email.overall_timeout = std::time::Duration::from_secs(60);
+    config.tls = pki.central_tls(true);
+    let tls_a = pki.pki.client_tls(Some(&site_a)).unwrap();
+    let tls_b = pki.pki.client_tls(Some(&site_b)).unwrap();
+    let central = Central::start_tls(config, tls_a.clone()).await;
+    let mut as_a = NotificationIngestClient::new(tls_channel(central.addr, tls_a).await.unwrap());
+    let mut as_b = NotificationIngestClient::new(tls_channel(central.addr, tls_b).await.unwrap());
+    let mut filler = submit("Filler", "keeps the relay busy");
+    filler.source_site_id = "site-b".into();
+    as_b.submit_notification(filler).await.unwrap();
+    assert!(sink.wait_for_held_replies(1, DEADLINE).await);
+    let mut b_alarm = submit("Tank 9 high level", "Level 97%");
+    b_alarm.source_site_id = "site-b".into();
+    b_alarm.condition_key = "tank9.level.high".into();
+    as_b.submit_notification(b_alarm.clone()).await.unwrap();
+
+    let refused = as_a
+        .clear_condition(v1::ClearConditionRequest {
+            condition_key: "tank9.level.high".into(),
+            source_site_id: "site-b".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().starts_with("source_site_id: \"site-b\"")
+            && refused.message().contains("\"site-a\""),
+        "{}",
+        refused.message()
+    );
+    let db = Db::open(&central.db);
+    let (status, _, _) = db.row(&b_alarm.notification_id).unwrap();
+    assert_ne!(status, "Cleared", "another site's clear changed nothing");
+
+    let cleared = as_b
+        .clear_condition(v1::ClearConditionRequest {
+            condition_key: "tank9.level.high".into(),
+            source_site_id: "site-b".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(cleared.cleared, 1);
+    wait_for_status(&central.db, &b_alarm.notification_id, "Cleared").await;
+    sink.resume_replies();
+    central.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn central_refuses_plaintext_off_loopback_unless_allowed() {
     let dir = tempfile::tempdir().unwrap();

@@ -62,6 +62,7 @@ pub fn state(row: &Row) -> Result<NotificationState> {
         subject: text(row, "Subject")?,
         source_site_id: text(row, "SourceSiteId")?,
         priority: Default::default(),
+        condition_key: None,
         retry_count: count(row, "RetryCount")?,
         last_error: opt_text(row, "LastError")?,
         site_enqueued_at: time(row, "SiteEnqueuedAt")?,

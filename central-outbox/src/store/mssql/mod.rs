@@ -258,6 +258,18 @@ impl OutboxStore for MsSqlStore {
         dispatch::claim_due(self, lease, epoch, kind, lanes.total(), claim_timeout).await
     }
 
+    async fn clear_condition(
+        &self,
+        _site: &crate::domain::SiteId,
+        _key: &crate::domain::ConditionKey,
+        _actor: crate::domain::history::Actor,
+    ) -> Result<Vec<NotificationId>> {
+        // WIP: condition keys are not stored on MS SQL yet.
+        Err(StoreError::Unavailable(
+            "condition keys are not supported on MS SQL yet".into(),
+        ))
+    }
+
     async fn record_outcomes(
         &self,
         lease: &'static str,

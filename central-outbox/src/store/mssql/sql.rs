@@ -1089,6 +1089,7 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         statuses: vec![Status::Parked, Status::Retrying],
         kind: Some(NotificationType::Email),
         priorities: Vec::new(),
+        condition_key: None,
         source_site_id: Some("north".into()),
         list_name: Some("ops".into()),
         created_from: Some(instant),
@@ -1351,6 +1352,8 @@ mod tests {
             content,
             provenance: origin.at_site(SiteId::parse("north".into()).unwrap(), now),
             priority: Default::default(),
+            condition_key: None,
+            cleared_at_site: None,
         });
         let id = new.submission.id;
         let result: std::result::Result<Delivered, DeliveryError> =

@@ -9,7 +9,10 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
 use super::{at_ms, corrupt, ms};
 use crate::domain::delivery::AttemptOutcome;
-use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
+use crate::domain::history::{
+    ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent, OperatorAction,
+    SUPERSEDED_ENTRY,
+};
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
@@ -22,7 +25,7 @@ use crate::store::{
 /// The columns [`read_state`] reads, in its order.
 const STATE_COLUMNS: &str = "Id, NotificationId, Status, Type, ListName, Subject, SourceSiteId,
     RetryCount, LastError, SiteEnqueuedAt, CreatedAt, LastAttemptAt, NextAttemptAt, DeliveredAt,
-    ResolvedAt, Priority";
+    ResolvedAt, Priority, ConditionKey";
 
 /// A row read with [`STATE_COLUMNS`], before its enums are decoded.
 struct StateRow {
@@ -42,6 +45,7 @@ struct StateRow {
     delivered_at: Option<i64>,
     resolved_at: Option<i64>,
     priority: i64,
+    condition_key: Option<String>,
 }
 
 fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
@@ -62,6 +66,7 @@ fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
         delivered_at: row.get(13)?,
         resolved_at: row.get(14)?,
         priority: row.get(15)?,
+        condition_key: row.get(16)?,
     })
 }
 
@@ -79,6 +84,7 @@ impl StateRow {
             source_site_id: self.source_site_id,
             priority: Priority::from_rank(self.priority)
                 .ok_or_else(|| corrupt(format!("priority rank {}", self.priority)))?,
+            condition_key: self.condition_key,
             retry_count: self.retry_count,
             last_error: self.last_error,
             site_enqueued_at: at_ms("SiteEnqueuedAt", self.site_enqueued_at)?,
@@ -131,6 +137,9 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
             arg(sql, sep, Value::Integer(priority.rank().into()));
         }
         sql.push(')');
+    }
+    if let Some(key) = &filter.condition_key {
+        arg(sql, " AND ConditionKey = ?", Value::Text(key.clone()));
     }
     if let Some(site) = &filter.source_site_id {
         arg(sql, " AND SourceSiteId = ?", Value::Text(site.clone()));
@@ -286,6 +295,16 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
                 outcome,
                 duration: duration.map(|d| Duration::from_millis(u64::try_from(d).unwrap_or(0))),
                 lease_epoch: epoch.unwrap_or(0),
+            }
+        } else if outcome == SUPERSEDED_ENTRY {
+            let by = actor.unwrap_or_default();
+            HistoryEvent::Superseded {
+                by: NotificationId::parse(&by, "Actor")
+                    .map_err(|_| corrupt(format!("superseded by {by:?}")))?,
+            }
+        } else if outcome == CLEARED_ENTRY {
+            HistoryEvent::Cleared {
+                actor: actor.unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
             }
         } else {
             let action = [OperatorAction::Retry, OperatorAction::Discard]
@@ -511,7 +530,8 @@ pub(super) fn purge_terminal(
     let rows = conn
         .prepare_cached(
             "SELECT Id, NotificationId, Status = 'Parked' FROM Notifications
-             WHERE Status IN ('Delivered', 'Parked', 'Discarded') AND ResolvedAt < ?1
+             WHERE Status IN ('Delivered', 'Parked', 'Discarded', 'Superseded', 'Cleared')
+               AND ResolvedAt < ?1
              ORDER BY ResolvedAt LIMIT ?2",
         )?
         .query_map(params![ms(resolved_before), batch], |row| {

@@ -32,6 +32,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "serve_order",
         sql: include_str!("../../../../migrations/sqlite/0004_serve_order.sql"),
     },
+    Migration {
+        version: 5,
+        name: "condition_keys",
+        sql: include_str!("../../../../migrations/sqlite/0005_condition_keys.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -24,11 +24,12 @@ use super::{
     PurgeReport, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
-use crate::domain::history::{Actor, OperatorAction};
+use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_ENTRY, site_actor};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
-use crate::domain::{ListName, NotificationId, NotificationType};
+use crate::domain::status::Status;
+use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
 use crate::secrets::{Keyring, ResealReport};
 
 /// Central store on a SQLite file.
@@ -160,6 +161,18 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
+    async fn clear_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
+    ) -> Result<Vec<NotificationId>> {
+        let (site, key) = (site.clone(), key.clone());
+        self.db
+            .write(move |conn| clear_condition(conn, &site, &key, &actor, Utc::now()))
+            .await
+    }
+
     async fn record_outcomes(
         &self,
         lease: &'static str,
@@ -281,12 +294,13 @@ fn insert_idempotently(
 ) -> Result<Vec<InsertOutcome>> {
     let mut insert = conn.prepare_cached(
         "INSERT INTO Notifications (
-             NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status,
+             NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash,
              SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
              OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority,
-             ServeTurn)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, 'Pending', ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?14, ?15,
-                 ?16)
+             ServeTurn, ConditionKey, Status, ResolvedAt, AttemptCount)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
+                 CASE WHEN ?19 IS NULL THEN ?14 END, ?15, ?16, ?17, ?18, ?19,
+                 CASE WHEN ?19 IS NULL THEN 0 ELSE 1 END)
          ON CONFLICT (NotificationId) DO NOTHING",
     )?;
     // The two reads of `serve_turn`, each one seek in a partial index of waiting rows
@@ -331,8 +345,35 @@ fn insert_idempotently(
             ms(now),
             rank,
             serve_turn(head, site_last),
+            s.condition_key.as_ref().map(|k| k.as_str()),
+            if s.cleared_at_site.is_some() {
+                Status::Cleared
+            } else {
+                Status::Pending
+            }
+            .as_str(),
+            s.cleared_at_site.map(|_| ms(now)),
         ])?;
         let outcome = if inserted == 1 {
+            match (&s.cleared_at_site, &s.condition_key) {
+                (Some(cleared_at), _) => {
+                    // The history says who ended it and when: the site, before forwarding it.
+                    let actor = site_actor(p.source_site_id.as_str());
+                    conn.prepare_cached(
+                        "INSERT INTO NotificationAttempts
+                             (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+                         VALUES (?1, 1, ?2, ?3, ?4)",
+                    )?
+                    .execute(params![
+                        id,
+                        ms(*cleared_at),
+                        CLEARED_ENTRY,
+                        actor.as_str()
+                    ])?;
+                }
+                (None, Some(key)) => supersede_older(conn, s, key, now)?,
+                (None, None) => {}
+            }
             InsertOutcome::Accepted
         } else {
             let hash: Vec<u8> = stored_hash.query_row([&id], |row| row.get(0))?;
@@ -345,6 +386,89 @@ fn insert_idempotently(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// Ends the waiting rows that `newer` (just stored, with condition key `key`) supersedes: the
+/// unclaimed Pending/Retrying rows of its site, list and key enqueued at the site no later than
+/// it. Each gets a history entry naming `newer`.
+fn supersede_older(
+    conn: &Connection,
+    newer: &Submission,
+    key: &ConditionKey,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let now_ms = ms(now);
+    let newer_id = newer.id.to_string();
+    let ended = conn
+        .prepare_cached(
+            "UPDATE Notifications
+             SET Status = 'Superseded', ResolvedAt = ?1, NextAttemptAt = NULL,
+                 ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
+             WHERE Status IN ('Pending', 'Retrying') AND ConditionKey IS NOT NULL
+               AND SourceSiteId = ?2 AND ConditionKey = ?3 AND ListName = ?4
+               AND SiteEnqueuedAt <= ?5 AND NotificationId <> ?6
+               AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
+             RETURNING NotificationId, AttemptCount",
+        )?
+        .query_map(
+            params![
+                now_ms,
+                newer.provenance.source_site_id.as_str(),
+                key.as_str(),
+                newer.content.list_name.as_str(),
+                ms(newer.provenance.site_enqueued_at),
+                newer_id,
+            ],
+            |row| Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?)),
+        )?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut entry = conn.prepare_cached(
+        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    for (id, sequence) in ended {
+        entry.execute(params![id, sequence, now_ms, SUPERSEDED_ENTRY, newer_id])?;
+    }
+    Ok(())
+}
+
+/// Ends the waiting rows of `site` with condition key `key` as Cleared (see
+/// `OutboxStore::clear_condition`); returns their ids.
+fn clear_condition(
+    conn: &Connection,
+    site: &SiteId,
+    key: &ConditionKey,
+    actor: &Actor,
+    now: DateTime<Utc>,
+) -> Result<Vec<NotificationId>> {
+    let now_ms = ms(now);
+    let ended = conn
+        .prepare_cached(
+            "UPDATE Notifications
+             SET Status = 'Cleared', ResolvedAt = ?1, NextAttemptAt = NULL,
+                 ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
+             WHERE Status IN ('Pending', 'Retrying') AND ConditionKey IS NOT NULL
+               AND SourceSiteId = ?2 AND ConditionKey = ?3
+               AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
+             RETURNING NotificationId, AttemptCount",
+        )?
+        .query_map(params![now_ms, site.as_str(), key.as_str()], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let mut entry = conn.prepare_cached(
+        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?;
+    let mut ids = Vec::with_capacity(ended.len());
+    for (id, sequence) in ended {
+        entry.execute(params![id, sequence, now_ms, CLEARED_ENTRY, actor.as_str()])?;
+        ids.push(
+            NotificationId::parse(&id, "NotificationId")
+                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        );
+    }
+    Ok(ids)
 }
 
 /// Takes the lease if it is free, expired, or already ours; bumps the epoch only when the

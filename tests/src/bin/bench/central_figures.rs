@@ -31,6 +31,11 @@ static SUBMIT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A submit as a site-forwarder makes it, with a fresh id.
 pub fn submit() -> v1::NotificationSubmit {
+    submit_as(SITE_ID, v1::NotificationPriority::Normal)
+}
+
+/// A submit as the forwarder of site `site` makes it, with a fresh id, at `priority`.
+pub fn submit_as(site: &str, priority: v1::NotificationPriority) -> v1::NotificationSubmit {
     let (subject, body) = fixtures::content(SUBMIT_COUNTER.fetch_add(1, Ordering::Relaxed));
     v1::NotificationSubmit {
         notification_id: uuid::Uuid::now_v7().to_string(),
@@ -39,13 +44,15 @@ pub fn submit() -> v1::NotificationSubmit {
         subject,
         body,
         type_data: String::new(),
-        source_site_id: SITE_ID.into(),
+        source_site_id: site.into(),
         source_instance_id: SOURCE_INSTANCE.into(),
         source_script: SOURCE_SCRIPT.into(),
         site_enqueued_at: Some(to_timestamp(Utc::now())),
         origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
         origin_parent_execution_id: None,
-        priority: v1::NotificationPriority::Normal.into(),
+        priority: priority.into(),
+        condition_key: String::new(),
+        cleared_at_site: None,
     }
 }
 

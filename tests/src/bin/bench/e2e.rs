@@ -121,7 +121,7 @@ pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
 }
 
 /// The notification id inside a Message-ID `<id@FROM_DOMAIN>`.
-fn id_of(message_id: &str) -> Option<&str> {
+pub fn id_of(message_id: &str) -> Option<&str> {
     message_id
         .strip_prefix('<')?
         .strip_suffix('>')?

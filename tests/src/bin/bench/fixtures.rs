@@ -7,7 +7,10 @@
 //!   directly with rusqlite into a copy of a template, with exactly the columns and values the
 //!   services write (central's `insert_idempotently` and outcome update, the site's
 //!   `insert_buffered`), the same content hash, UUIDv7 ids as the site generates them, and the
-//!   same subjects and bodies the load generators send.
+//!   same subjects and bodies the load generators send. That includes each central row's place
+//!   in the serve order (`Priority`, `ServeTurn`, due time; central's `domain::serve_order`):
+//!   a row left at the column defaults (turn 0) would be served before every turn central
+//!   gives, so a notification submitted later would queue behind the whole fixture.
 //!
 //! Only the fixture writer runs with `synchronous=OFF` and an in-memory journal, on files no
 //! service has open; the services open the result with their own durable settings (the writer
@@ -109,7 +112,16 @@ pub enum CentralRows {
     Delivered,
 }
 
-/// Appends `n` notifications to central's database at `db`.
+/// Central's rank for a normal notification (`Priority` column: 0 critical .. 3 low).
+const PRIORITY_NORMAL: i64 = 2;
+
+/// Appends `n` notifications of site [`SITE_ID`], all normal, to central's database at `db`.
+///
+/// Pending rows get the serve turns central gives one site's rows stored into a channel with
+/// nothing else waiting (`insert_idempotently`: one past the site's newest waiting turn), so
+/// 1..=n in id order, and are due from when they were stored (`NextAttemptAt = CreatedAt`).
+/// Delivered rows are not waiting, so their turn is never read again; they get 1, what each
+/// got when it arrived at a central that kept up.
 pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
     let mut conn = open_bulk(db)?;
     let now = Utc::now().timestamp_millis();
@@ -122,9 +134,10 @@ pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
                  NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status,
                  SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
                  OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, AttemptCount,
-                 ResolvedTargets, LastAttemptAt, DeliveredAt, ResolvedAt)
+                 ResolvedTargets, LastAttemptAt, DeliveredAt, ResolvedAt, NextAttemptAt,
+                 Priority, ServeTurn)
              VALUES (?1, 'Email', ?2, ?3, ?4, '', ?5, ?6, ?7, ?8, ?9, ?10, NULL, ?11, ?12, ?13,
-                     ?14, ?15, ?16, ?16)",
+                     ?14, ?15, ?16, ?16, ?17, ?18, ?19)",
         )?;
         let mut attempt = txn.prepare(
             "INSERT INTO NotificationAttempts
@@ -155,6 +168,9 @@ pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
                         None::<String>,
                         None::<i64>,
                         None::<i64>,
+                        now,
+                        PRIORITY_NORMAL,
+                        i as i64 + 1,
                     ])?;
                 }
                 CentralRows::Delivered => {
@@ -177,6 +193,9 @@ pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
                         targets,
                         created + 1,
                         created + 5,
+                        None::<i64>,
+                        PRIORITY_NORMAL,
+                        1,
                     ])?;
                     attempt.execute(params![id, created + 1])?;
                 }

@@ -21,6 +21,7 @@ mod backend;
 mod central_figures;
 mod e2e;
 mod fixtures;
+mod fresh;
 mod load;
 mod memory;
 mod proc_stats;
@@ -50,7 +51,7 @@ use services::Profile;
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, forward,
-    /// ingest, dispatch, dispatch-seeds, e2e, e2e-seeds, memory.
+    /// ingest, dispatch, dispatch-seeds, e2e, e2e-seeds, fresh, memory.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -110,6 +111,25 @@ struct Args {
     /// --quick).
     #[arg(long)]
     memory_rows: Option<u64>,
+    /// Notifications of one site waiting at central in the `fresh` figure (default 20000; 2000
+    /// with --quick).
+    #[arg(long)]
+    fresh_backlog: Option<u64>,
+    /// The relay's limit in the `fresh` figure (central's `[smtp] rate_limit_per_second`).
+    #[arg(long, default_value_t = 100.0)]
+    fresh_rate_limit: f64,
+    /// Its burst (`[smtp] rate_limit_burst`; default one second's worth, central's default).
+    #[arg(long)]
+    fresh_burst: Option<u32>,
+    /// Seconds the fresh streams submit in the `fresh` figure, one notification a second each
+    /// (default 100; 10 with --quick). The backlog must last longer at the rate limit.
+    #[arg(long)]
+    fresh_seconds: Option<f64>,
+    /// Runs of `fresh` that also measure the same load in plain oldest-first order (the first
+    /// ones; default 1: those waits are set by the backlog and the rate limit, about
+    /// backlog / rate each, not by noise, and one takes that long).
+    #[arg(long)]
+    fresh_baseline_runs: Option<usize>,
     /// Where the JSON results go.
     #[arg(long, default_value = "target/bench/results.json")]
     json: PathBuf,
@@ -158,7 +178,7 @@ enum SeedsMode {
 }
 
 /// Every figure group, in the order they run; each `-seeds` group right after ours.
-const GROUPS: [&str; 10] = [
+const GROUPS: [&str; 11] = [
     "send",
     "send-latency",
     "standby",
@@ -168,6 +188,7 @@ const GROUPS: [&str; 10] = [
     "dispatch-seeds",
     "e2e",
     "e2e-seeds",
+    "fresh",
     "memory",
 ];
 
@@ -204,6 +225,15 @@ impl Args {
             memory_rows: self
                 .memory_rows
                 .unwrap_or(if quick { 100_000 } else { 1_000_000 }),
+            fresh_backlog: self
+                .fresh_backlog
+                .unwrap_or(if quick { 2_000 } else { 20_000 }),
+            fresh_rate_limit: self.fresh_rate_limit,
+            fresh_burst: self
+                .fresh_burst
+                .unwrap_or(self.fresh_rate_limit.ceil().max(1.0) as u32),
+            fresh_duration: pick(self.fresh_seconds, 100.0, 10.0),
+            fresh_baseline_runs: self.fresh_baseline_runs.unwrap_or(1),
         }
     }
 
@@ -348,6 +378,46 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             Some(Target::AtMost(50.0)),
         ),
         m(
+            "fresh.site_b.p50",
+            format!(
+                "fresh under {} backlog at {}/s: site B, normal, wait p50",
+                rows(s.fresh_backlog),
+                report::number(s.fresh_rate_limit)
+            ),
+            "ms",
+            None,
+        ),
+        m(
+            "fresh.site_b.p99",
+            "  site B, normal, wait p99".into(),
+            "ms",
+            Some(Target::AtMost(1000.0)),
+        ),
+        m(
+            "fresh.critical.p50",
+            "  backlog's site, critical, wait p50".into(),
+            "ms",
+            None,
+        ),
+        m(
+            "fresh.critical.p99",
+            "  backlog's site, critical, wait p99".into(),
+            "ms",
+            Some(Target::AtMost(1000.0)),
+        ),
+        m(
+            "fresh.oldest_first.p50",
+            "  same load, plain oldest-first order: wait p50".into(),
+            "s",
+            None,
+        ),
+        m(
+            "fresh.oldest_first.p99",
+            "  same load, plain oldest-first order: wait p99".into(),
+            "s",
+            None,
+        ),
+        m(
             "memory.central_rss",
             format!("central RSS holding {} rows", rows(s.memory_rows)),
             "MiB",
@@ -412,6 +482,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "dispatch-seeds" => central_figures::dispatch(rig, Profile::Seeds).await,
         "e2e" => e2e::e2e(rig, Profile::Ours).await,
         "e2e-seeds" => e2e::e2e(rig, Profile::Seeds).await,
+        "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
@@ -484,7 +555,7 @@ async fn run_group(group: &'static str, rig: &mut Rig, seeds: SeedsMode) -> Grou
 
 /// The configs as written for a run (addresses, paths and databases vary per run; an MS SQL
 /// connection string holds a password, so it is never written here).
-fn configs_json(backend: &Backend) -> serde_json::Value {
+fn configs_json(backend: &Backend, sizes: &Sizes) -> serde_json::Value {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
     let db = match backend {
         Backend::Sqlite => "sqlite://<run dir>/central.db".to_string(),
@@ -496,6 +567,13 @@ fn configs_json(backend: &Backend) -> serde_json::Value {
     json!({
         "central_ours": services::central_toml(addr, &db, addr, Profile::Ours),
         "central_seeds": services::central_toml(addr, &db, addr, Profile::Seeds),
+        "central_fresh": services::central_toml_with_smtp(
+            addr,
+            &db,
+            addr,
+            Profile::Ours,
+            &services::smtp_rate_limit(sizes.fresh_rate_limit, sizes.fresh_burst),
+        ),
         "site": services::site_toml(addr, Path::new("<run dir>/site.db"), addr),
         "note": "keys not written are at the service's defaults; durability is never set, so \
                  both services run WAL + synchronous=FULL",
@@ -589,7 +667,7 @@ async fn run(args: Args) -> Result<bool> {
         "central_database": central_database,
         "grpc_tls": args.tls,
         "sizes": sizes.to_json(),
-        "configs": configs_json(&backend),
+        "configs": configs_json(&backend, &sizes),
     });
     let document = report::to_json(header, &metrics, &results);
     println!();
@@ -620,9 +698,11 @@ async fn run(args: Args) -> Result<bool> {
     println!("central database: {}", backend.describe());
     println!("gRPC: {}", grpc_transport(args.tls));
     println!(
-        "median of {} runs (seeds: {}); work dir on {}; 4 KiB fsync before: {}, after: {}\n",
+        "median of {} runs (seeds: {}, fresh oldest-first: {}); work dir on {}; 4 KiB fsync \
+         before: {}, after: {}\n",
         sizes.runs,
         sizes.seeds_runs,
+        sizes.fresh_baseline_runs.min(sizes.runs),
         document["machine"]["work_dir_filesystem"]
             .as_str()
             .unwrap_or("unknown fs"),

@@ -33,6 +33,14 @@ pub struct Sizes {
     pub e2e_rate: f64,
     pub e2e_duration: Duration,
     pub memory_rows: u64,
+    /// The `fresh` figure: site A's backlog at central, the relay's limit (messages a second
+    /// and burst), and how long the fresh streams submit.
+    pub fresh_backlog: u64,
+    pub fresh_rate_limit: f64,
+    pub fresh_burst: u32,
+    pub fresh_duration: Duration,
+    /// Runs of `fresh` that also measure the oldest-first baseline (the first ones).
+    pub fresh_baseline_runs: usize,
 }
 
 impl Sizes {
@@ -51,6 +59,11 @@ impl Sizes {
             "e2e_rate_per_s": self.e2e_rate,
             "e2e_duration_s": self.e2e_duration.as_secs_f64(),
             "memory_rows": self.memory_rows,
+            "fresh_backlog": self.fresh_backlog,
+            "fresh_rate_limit_per_s": self.fresh_rate_limit,
+            "fresh_burst": self.fresh_burst,
+            "fresh_duration_s": self.fresh_duration.as_secs_f64(),
+            "fresh_baseline_runs": self.fresh_baseline_runs,
         })
     }
 }
@@ -89,6 +102,8 @@ pub struct Rig {
     memory: Option<MemoryFixtures>,
     /// Memory runs started so far (their Send-rate pairs alternate which goes first).
     memory_runs: usize,
+    /// `fresh` runs started so far (only the first ones measure the baseline).
+    fresh_runs: usize,
 }
 
 impl Rig {
@@ -152,6 +167,7 @@ impl Rig {
             filled: None,
             memory: None,
             memory_runs: 0,
+            fresh_runs: 0,
         })
     }
 
@@ -222,6 +238,12 @@ impl Rig {
     pub fn next_memory_run(&mut self) -> usize {
         self.memory_runs += 1;
         self.memory_runs - 1
+    }
+
+    /// Counts a `fresh` run; returns how many there were before it.
+    pub fn next_fresh_run(&mut self) -> usize {
+        self.fresh_runs += 1;
+        self.fresh_runs - 1
     }
 
     /// Removes the shared fixtures (unless `--keep`), reporting where they are otherwise.

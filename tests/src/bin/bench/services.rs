@@ -11,7 +11,9 @@
 //! turns TLS on: central serves mutual TLS with a throwaway CA's certificate, the site forwards
 //! over `https://` presenting a client certificate for [`SITE_ID`], and the bench's own clients
 //! of central present the same one. The site's `SiteNotify` port stays plaintext on loopback, as
-//! deployed.
+//! deployed. A second client certificate, for [`OTHER_SITE_ID`], lets the bench submit as another
+//! site ([`Service::connect_as`]): central accepts a `source_site_id` only from a caller whose
+//! certificate names that site.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -42,6 +44,8 @@ pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.exampl
 /// Domain of central's From address, and so of every Message-ID (`<id@FROM_DOMAIN>`).
 pub const FROM_DOMAIN: &str = "bench.example.test";
 pub const SITE_ID: &str = "site-bench";
+/// A second site the bench submits as, directly to central (the `fresh` figure's site B).
+pub const OTHER_SITE_ID: &str = "site-b";
 
 /// The certificates of `bench --tls`; unset without it. Set once, before the first service
 /// starts, and read by every config and client this module makes.
@@ -55,6 +59,8 @@ struct BenchTls {
     /// What the bench's clients of central use: the CA, and the site's certificate (central
     /// requires one on every connection, health checks included).
     client: ClientTlsConfig,
+    /// The same with a certificate for [`OTHER_SITE_ID`].
+    other_site_client: ClientTlsConfig,
 }
 
 /// Turns TLS on for every service started from now on, with a new CA and certificates written
@@ -64,11 +70,13 @@ pub fn enable_tls(dir: &Path) -> Result<()> {
     let central = pki.server_cert()?;
     let site = pki.client_cert(SITE_ID)?;
     let client = pki.client_tls(Some(&site))?;
+    let other_site_client = pki.client_tls(Some(&pki.client_cert(OTHER_SITE_ID)?))?;
     TLS.set(BenchTls {
         ca: pki.ca_cert().to_path_buf(),
         central,
         site,
         client,
+        other_site_client,
     })
     .map_err(|_| anyhow!("TLS is set up already"))
 }
@@ -152,6 +160,23 @@ pub fn central_toml(
     smtp: SocketAddr,
     profile: Profile,
 ) -> String {
+    central_toml_with_smtp(addr, database, smtp, profile, "")
+}
+
+/// The `[smtp]` keys of a relay that takes at most `per_second` messages a second, in bursts of
+/// up to `burst` (central's token bucket).
+pub fn smtp_rate_limit(per_second: f64, burst: u32) -> String {
+    format!("rate_limit_per_second = {per_second:?}\nrate_limit_burst = {burst}\n")
+}
+
+/// [`central_toml`] with `smtp_keys` (whole `key = value` lines) added to its `[smtp]` section.
+pub fn central_toml_with_smtp(
+    addr: SocketAddr,
+    database: &str,
+    smtp: SocketAddr,
+    profile: Profile,
+    smtp_keys: &str,
+) -> String {
     let dispatcher = match profile {
         Profile::Ours => String::new(),
         Profile::Seeds => {
@@ -175,7 +200,7 @@ pub fn central_toml(
          \n[dispatcher]\n{dispatcher}\
          \n[log]\nfilter = \"warn\"\n\
          \n[smtp]\nhost = \"{host}\"\nport = {port}\ntls = \"none\"\n\
-         from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}\
+         from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}{smtp_keys}\
          \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n{tls}",
         database = toml_string(database),
         host = smtp.ip(),
@@ -320,7 +345,13 @@ impl Service {
 
     /// A fresh HTTP/2 connection to the service (over TLS when it serves TLS).
     pub async fn connect(&self) -> Result<Channel> {
-        dial(self.addr, self.tls).await
+        dial(self.addr, self.tls, SITE_ID).await
+    }
+
+    /// A fresh connection as site `site` ([`SITE_ID`] or [`OTHER_SITE_ID`]): over TLS, with
+    /// that site's client certificate, so central lets it submit as that site.
+    pub async fn connect_as(&self, site: &str) -> Result<Channel> {
+        dial(self.addr, self.tls, site).await
     }
 
     /// `count` separate connections to the service, as [`connections`] makes them.
@@ -498,14 +529,19 @@ fn without_colours(line: &str) -> String {
 
 /// An HTTP/2 connection to `addr`, failing fast when nothing listens.
 pub async fn connect(addr: SocketAddr) -> Result<Channel> {
-    dial(addr, false).await
+    dial(addr, false, SITE_ID).await
 }
 
-/// An HTTP/2 connection to `addr`, over TLS with the bench's certificate when `tls`.
-async fn dial(addr: SocketAddr, tls: bool) -> Result<Channel> {
+/// An HTTP/2 connection to `addr`, over TLS with the bench's certificate for `site` when `tls`.
+async fn dial(addr: SocketAddr, tls: bool, site: &str) -> Result<Channel> {
     let endpoint = match (tls, TLS.get()) {
         (true, Some(config)) => {
-            Endpoint::from_shared(format!("https://{addr}"))?.tls_config(config.client.clone())?
+            let client = match site {
+                SITE_ID => &config.client,
+                OTHER_SITE_ID => &config.other_site_client,
+                other => bail!("the bench has no client certificate for site {other:?}"),
+            };
+            Endpoint::from_shared(format!("https://{addr}"))?.tls_config(client.clone())?
         }
         (true, None) => bail!("{addr} serves TLS, but the bench has no certificates"),
         (false, _) => Endpoint::from_shared(format!("http://{addr}"))?,

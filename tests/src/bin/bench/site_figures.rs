@@ -40,6 +40,7 @@ pub fn send_request() -> v1::SendRequest {
         origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
         origin_parent_execution_id: None,
         priority: v1::NotificationPriority::Normal.into(),
+        condition_key: String::new(),
     }
 }
 

@@ -1,0 +1,193 @@
+//! The central half of a site's `ClearCondition`. The local half is done when the RPC returns:
+//! the key's buffered rows are marked (they reach central as cleared) and a pending clear is
+//! committed with them. This task asks central to clear the key's notifications it received
+//! before the clear, as soon as the watermark rule allows (`PendingClears::due`: every row
+//! buffered before the clear has left the buffer), and deletes the pending clear once central
+//! applied it. The forwarder, for its part, holds back the key's rows buffered after the clear
+//! until then (`PendingClears::holds`), so the clear ends exactly what came before it.
+//!
+//! Invariants:
+//! - A pending clear leaves the buffer only after central answered it (OK, or UNIMPLEMENTED: a
+//!   central that predates ClearCondition can never apply it, and keeping it would hold the
+//!   key's later notifications forever). Any other failure is retried after the forwarder's
+//!   `forward_retry_interval`, so a clear outlives any central outage and any restart.
+//! - It runs beside the forwarder (inside [`crate::forwarder::Forwarder::run`]), so only on the
+//!   active node, and waits on events (a change to the pending clears, rows leaving the buffer,
+//!   the retry interval after a failure), never on a polling timer.
+
+use std::time::Duration;
+
+use outbox_proto::v1::ClearConditionRequest;
+use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Request};
+
+use crate::buffer::{Buffer, BufferError};
+use crate::config::Config;
+use crate::domain::{PendingClear, PendingClears};
+use crate::forwarder::error_chain;
+
+/// Why a round of clears stopped (the sender retries after the retry interval).
+#[derive(Debug, thiserror::Error)]
+pub enum ClearError {
+    #[error("central did not answer the clear of {key} within {timeout:?}")]
+    Timeout { key: String, timeout: Duration },
+    #[error(
+        "central did not apply the clear of {key}: {} ({:?})",
+        error_chain(.status),
+        .status.code()
+    )]
+    Central { key: String, status: tonic::Status },
+    #[error(transparent)]
+    Buffer(#[from] BufferError),
+}
+
+/// Sends the pending clears to central's `NotificationIngest.ClearCondition`.
+#[derive(Debug)]
+pub struct ClearSender {
+    buffer: Buffer,
+    /// Lazily connected: tonic reconnects it as needed, on the endpoint the forwarder uses.
+    central: NotificationIngestClient<Channel>,
+    central_url: String,
+    /// Whose keys they are: central clears only this site's notifications.
+    site_id: String,
+    retry_interval: Duration,
+    timeout: Duration,
+}
+
+impl ClearSender {
+    pub fn new(buffer: Buffer, endpoint: &Endpoint, config: &Config) -> Self {
+        Self {
+            buffer,
+            central: NotificationIngestClient::new(endpoint.connect_lazy()),
+            central_url: config.central_url.clone(),
+            site_id: config.site_id.clone(),
+            retry_interval: config.forward_retry_interval,
+            timeout: config.request_timeout,
+        }
+    }
+
+    /// Sends every clear as it becomes due until `shutdown`.
+    pub async fn run(&self, shutdown: &CancellationToken) {
+        let mut pending = self.buffer.pending_clears();
+        let mut changes = self.buffer.row_changes();
+        // Whether the current run of failures was already reported as a warning.
+        let mut reported = false;
+        loop {
+            // Announcements so far are covered by the look below: take them all as one wake-up.
+            drain(&mut changes);
+            let clears = pending.borrow_and_update().clone();
+            // Stopping mid-round is safe: a clear central applied but that is still pending
+            // here is sent again later, and clearing twice is a no-op.
+            let round = tokio::select! {
+                () = shutdown.cancelled() => return,
+                round = self.send_due(&clears) => round,
+            };
+            match round {
+                Ok(()) => reported = false,
+                Err(error) => {
+                    if reported {
+                        tracing::debug!(
+                            central = %self.central_url, %error,
+                            "clear still not applied at central"
+                        );
+                    } else {
+                        tracing::warn!(
+                            central = %self.central_url, %error, retry_in = ?self.retry_interval,
+                            "cannot clear a condition at central yet; will retry"
+                        );
+                        reported = true;
+                    }
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(self.retry_interval) => {}
+                    }
+                    continue;
+                }
+            }
+            tokio::select! {
+                biased;
+                () = shutdown.cancelled() => return,
+                changed = pending.changed() => {
+                    // Cannot fail while this sender holds the buffer; stop rather than spin.
+                    if changed.is_err() {
+                        return;
+                    }
+                }
+                // Rows leaving the buffer may make a clear due; with none pending they cannot.
+                change = changes.recv(), if !clears.is_empty() => {
+                    if matches!(change, Err(broadcast::error::RecvError::Closed)) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks central to apply every clear that is due now, oldest watermark first.
+    async fn send_due(&self, clears: &PendingClears) -> Result<(), ClearError> {
+        if clears.is_empty() {
+            return Ok(());
+        }
+        let oldest = self.buffer.oldest_seq().await?;
+        for clear in clears.due(oldest) {
+            self.apply_at_central(clear).await?;
+            self.buffer.forget_clear(clear.clone()).await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_at_central(&self, clear: &PendingClear) -> Result<(), ClearError> {
+        let key = clear.condition_key.as_str();
+        let mut request = Request::new(ClearConditionRequest {
+            condition_key: key.to_owned(),
+            source_site_id: self.site_id.clone(),
+        });
+        // Tells central the deadline too, so it stops working on an answer nobody awaits.
+        request.set_timeout(self.timeout);
+        let mut central = self.central.clone();
+        match tokio::time::timeout(self.timeout, central.clear_condition(request)).await {
+            Err(_) => Err(ClearError::Timeout {
+                key: key.to_owned(),
+                timeout: self.timeout,
+            }),
+            Ok(Ok(response)) => {
+                tracing::info!(
+                    condition_key = key,
+                    cleared = response.into_inner().cleared,
+                    up_to_seq = clear.up_to.0,
+                    "central applied a clear of this site"
+                );
+                Ok(())
+            }
+            Ok(Err(status)) if status.code() == Code::Unimplemented => {
+                tracing::error!(
+                    condition_key = key, central = %self.central_url,
+                    "central does not implement ClearCondition (an older central); the clear \
+                     is dropped: notifications of this key central already holds stay as they \
+                     are. Upgrade central to clear them"
+                );
+                Ok(())
+            }
+            Ok(Err(status)) => Err(ClearError::Central {
+                key: key.to_owned(),
+                status,
+            }),
+        }
+    }
+}
+
+/// Takes every announcement already received; a receiver that lagged has lost some, which only
+/// matters as a wake-up, and this is one.
+fn drain<T: Clone>(changes: &mut broadcast::Receiver<T>) {
+    loop {
+        match changes.try_recv() {
+            Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
+            Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => {
+                return;
+            }
+        }
+    }
+}
