@@ -12,7 +12,21 @@
 //!   only once central applied that very watermark, so a clear recorded while central was
 //!   applying an earlier one stays pending.
 //! - Every change to `pending_clears` is published after its commit
-//!   ([`Buffer::pending_clears`]), every marking announced as [`super::RowChange::Marked`].
+//!   ([`Buffer::pending_clears`]), before the marking it commits with is announced as
+//!   [`super::RowChange::Marked`]: a replication stream that copies the marks again has seen
+//!   the new list by then, and sends it with them or before.
+//! - A standby's pending clears are the active's, replaced as a whole by each list the active
+//!   sends ([`replace_pending`]), at the active's seqs like its rows; its head is raised to
+//!   their watermarks, so a Send it takes once promoted is above every one of them.
+//! - A clear handed over by a former active ([`adopt_clears`]) is recorded at seq 0: due at
+//!   once, and holding every unmarked row of the key here until central applied it. The former
+//!   active's rows the clear came before are all marked (the clear marked them, and marked the
+//!   copies held here during the hand-over), so none of them needs to go first; its rows after
+//!   the clear, and this node's own rows of the key (sent while it was active, after the clear
+//!   or during a partition), wait for it. A pending clear of the key this node already has is
+//!   kept with its watermark (which orders this node's own rows), and a clear as recent as one
+//!   this node already had central apply (`applied_clears`) is not recorded again: applying it
+//!   again would end this node's rows of the key sent since.
 
 use std::sync::Arc;
 
@@ -39,6 +53,34 @@ CREATE TABLE pending_clears (
     cleared_at    INTEGER NOT NULL
 );
 ";
+
+/// Version 5: per key, the `cleared_at` (Unix ms) of the latest clear central applied for this
+/// node while it was active, so that one handed over again by a former active is not applied
+/// twice. Emptied when the node hands its buffer over; the [`APPLIED_CLEARS_KEPT`] most recent
+/// keys are kept (more only where their times tie).
+pub(super) const SCHEMA_V5: &str = "
+CREATE TABLE applied_clears (
+    condition_key TEXT PRIMARY KEY,
+    cleared_at    INTEGER NOT NULL
+);
+CREATE INDEX applied_clears_by_time ON applied_clears (cleared_at);
+";
+
+/// Keys `applied_clears` remembers, the most recently cleared kept. A former active hands over
+/// clears it made before it stopped being active; forgetting one means only that, should the
+/// former active still hold it when it returns, central is asked to clear the key once more.
+/// The bound keeps a site whose keys are ever new (an id in the key) from growing the table
+/// for good.
+const APPLIED_CLEARS_KEPT: i64 = 10_000;
+
+/// What [`Buffer::adopt`] did with the clears handed over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdoptedClears {
+    /// Recorded, or merged into this node's pending clear of the key.
+    pub recorded: usize,
+    /// Not recorded: this node had central apply a clear of the key at least as recent.
+    pub already_applied: usize,
+}
 
 /// What [`Buffer::clear_condition`] committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -95,9 +137,10 @@ impl Buffer {
                         })?;
                     Ok::<_, BufferError>((marked, pending, clears))
                 },
+                // The list first: see the module invariants.
                 move |(marked, _, clears)| {
-                    announce.marked(marked.clone());
                     announce.pending_clears(clears.clone());
+                    announce.marked(marked.clone());
                 },
             )
             .await?;
@@ -134,20 +177,33 @@ impl Buffer {
             .await
     }
 
+    /// The pending clears as the table holds them now (a hand-over reads them after its rows).
+    pub async fn read_pending_clears(&self) -> Result<PendingClears> {
+        self.db
+            .read(|conn| Ok(select_pending(conn, Invalid::Report)?))
+            .await
+    }
+
     /// Deletes the pending clear once central applied it, unless a later clear of the key moved
-    /// it meanwhile (it then stays, to be sent again). Returns whether it was deleted.
+    /// it meanwhile, or a clear handed over made it more recent (it then stays, to be sent
+    /// again), and remembers it as applied. Returns whether it was deleted.
     pub async fn forget_clear(&self, clear: PendingClear) -> Result<bool> {
         let announce = Arc::clone(&self.announce);
         let (deleted, _) = self
             .db
             .write_then(
                 move |conn| {
+                    let key = clear.condition_key.as_str();
+                    let at_ms = clear.cleared_at.timestamp_millis();
                     let deleted = conn
                         .prepare_cached(
                             "DELETE FROM pending_clears
-                             WHERE condition_key = ?1 AND up_to_seq = ?2",
+                             WHERE condition_key = ?1 AND up_to_seq = ?2 AND cleared_at = ?3",
                         )?
-                        .execute(params![clear.condition_key.as_str(), clear.up_to.0])?;
+                        .execute(params![key, clear.up_to.0, at_ms])?;
+                    if deleted > 0 {
+                        remember_applied(conn, key, at_ms)?;
+                    }
                     Ok::<_, BufferError>((deleted > 0, select_pending(conn, Invalid::Report)?))
                 },
                 move |(_, clears)| announce.pending_clears(clears.clone()),
@@ -272,14 +328,101 @@ pub(super) fn mark_held_copy(conn: &Connection, row: &BufferedNotification) -> R
     Ok(seq)
 }
 
-/// Deletes every pending clear (the node's buffer is about to become a copy of another's, whose
-/// seqs their watermarks do not describe); returns their keys.
+/// Deletes every pending clear and forgets the applied ones (the node has handed them over and
+/// its buffer is about to become a copy of another's); returns the pending clears' keys.
 pub(super) fn drop_pending(conn: &Connection) -> Result<Vec<String>> {
     let keys = conn
         .prepare_cached("DELETE FROM pending_clears RETURNING condition_key")?
         .query_map([], |r| r.get(0))?
         .collect::<rusqlite::Result<_>>()?;
+    conn.prepare_cached("DELETE FROM applied_clears")?
+        .execute([])?;
     Ok(keys)
+}
+
+/// Records that central applied a clear of `key` committed at `at_ms`, keeping the most
+/// recent [`APPLIED_CLEARS_KEPT`] keys.
+fn remember_applied(conn: &Connection, key: &str, at_ms: i64) -> Result<()> {
+    conn.prepare_cached(
+        "INSERT INTO applied_clears (condition_key, cleared_at) VALUES (?1, ?2)
+         ON CONFLICT (condition_key) DO UPDATE SET
+             cleared_at = max(cleared_at, excluded.cleared_at)",
+    )?
+    .execute(params![key, at_ms])?;
+    // NULL (nothing deleted) while fewer are kept.
+    conn.prepare_cached(
+        "DELETE FROM applied_clears WHERE cleared_at < (
+             SELECT cleared_at FROM applied_clears ORDER BY cleared_at DESC LIMIT 1 OFFSET ?1)",
+    )?
+    .execute([APPLIED_CLEARS_KEPT - 1])?;
+    Ok(())
+}
+
+/// A standby takes the active's pending clears: they replace its own (an empty list deletes
+/// them all), and its head is raised to their highest watermark, so the first seq it hands out
+/// once promoted is above every one of them even when the active's rows up to there have not
+/// reached it yet. Returns the new head.
+pub(super) fn replace_pending(conn: &Connection, clears: &[PendingClear]) -> Result<Seq> {
+    conn.prepare_cached("DELETE FROM pending_clears")?
+        .execute([])?;
+    let mut insert = conn.prepare_cached(
+        "INSERT INTO pending_clears (condition_key, up_to_seq, cleared_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (condition_key) DO UPDATE SET
+             up_to_seq = max(up_to_seq, excluded.up_to_seq),
+             cleared_at = max(cleared_at, excluded.cleared_at)",
+    )?;
+    let mut highest = Seq::START;
+    for clear in clears {
+        insert.execute(params![
+            clear.condition_key.as_str(),
+            clear.up_to.0,
+            clear.cleared_at.timestamp_millis()
+        ])?;
+        highest = highest.max(clear.up_to);
+    }
+    raise_head(conn, highest)?;
+    Ok(select_head(conn)?)
+}
+
+/// Makes AUTOINCREMENT hand out seqs above `seq` from now on (it never goes back).
+fn raise_head(conn: &Connection, seq: Seq) -> Result<()> {
+    if seq <= Seq::START {
+        return Ok(());
+    }
+    let raised = conn
+        .prepare_cached("UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'buffered'")?
+        .execute([seq.0])?;
+    if raised == 0 {
+        // No row was ever inserted into `buffered`: SQLite has no entry for it yet.
+        conn.prepare_cached("INSERT INTO sqlite_sequence (name, seq) VALUES ('buffered', ?1)")?
+            .execute([seq.0])?;
+    }
+    Ok(())
+}
+
+/// Records the clears a former active handed over (see the module invariants); their
+/// `up_to` is the former active's seq and is not used.
+pub(super) fn adopt_clears(conn: &Connection, clears: &[PendingClear]) -> Result<AdoptedClears> {
+    let mut adopted = AdoptedClears::default();
+    let mut applied =
+        conn.prepare_cached("SELECT cleared_at FROM applied_clears WHERE condition_key = ?1")?;
+    let mut record = conn.prepare_cached(
+        "INSERT INTO pending_clears (condition_key, up_to_seq, cleared_at) VALUES (?1, 0, ?2)
+         ON CONFLICT (condition_key) DO UPDATE SET
+             cleared_at = max(cleared_at, excluded.cleared_at)",
+    )?;
+    for clear in clears {
+        let key = clear.condition_key.as_str();
+        let at_ms = clear.cleared_at.timestamp_millis();
+        let applied_at: Option<i64> = applied.query_row([key], |r| r.get(0)).optional()?;
+        if applied_at.is_some_and(|applied_at| applied_at >= at_ms) {
+            adopted.already_applied += 1;
+            continue;
+        }
+        record.execute(params![key, at_ms])?;
+        adopted.recorded += 1;
+    }
+    Ok(adopted)
 }
 
 #[cfg(test)]
@@ -546,7 +689,7 @@ mod tests {
             })
             .await
             .unwrap();
-        assert_eq!(version, 4);
+        assert_eq!(version, super::super::SCHEMA_VERSION);
         assert!(buffer.pending_clears_now().is_empty());
         let cleared = buffer
             .clear_condition(&site(), key("k1"), Utc::now())
@@ -557,6 +700,124 @@ mod tests {
         buffer.enqueue(keyed.clone()).await.unwrap();
         let rows = buffer.next_after(Seq::START, 10).await.unwrap().rows;
         assert_eq!(rows.last().map(|(_, r)| r), Some(&keyed));
+    }
+
+    /// A clear handed over by a former active: recorded due at once where the node has none of
+    /// the key; merged into the node's own pending clear (its watermark kept, the later time
+    /// taken, so the clear is sent again if central was applying the older one); not recorded
+    /// again once central applied a clear of the key at least as recent. The end of a
+    /// hand-over forgets what was applied.
+    #[tokio::test]
+    async fn handed_over_clears_are_merged_per_key_and_never_applied_twice() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let at = |seconds: i64| {
+            to_buffer_precision(DateTime::from_timestamp(1_700_000_000 + seconds, 0).unwrap())
+        };
+        let handed = |condition: &str, seconds: i64| PendingClear {
+            condition_key: key(condition),
+            // The former active's seq: means nothing here.
+            up_to: Seq(999),
+            cleared_at: at(seconds),
+        };
+        let stored = |buffer: &Buffer| -> Vec<(String, i64, DateTime<Utc>)> {
+            buffer
+                .pending_clears_now()
+                .iter()
+                .map(|c| (c.condition_key.to_string(), c.up_to.0, c.cleared_at))
+                .collect()
+        };
+        buffer.enqueue(about("a", "k1")).await.unwrap();
+        let own = buffer
+            .clear_condition(&site(), key("k1"), at(10))
+            .await
+            .unwrap()
+            .pending;
+        assert_eq!(own.up_to, Seq(1));
+
+        let adopted = buffer
+            .adopt(Vec::new(), vec![handed("k1", 20), handed("k2", 5)])
+            .await
+            .unwrap();
+        assert_eq!(
+            adopted.clears,
+            AdoptedClears {
+                recorded: 2,
+                already_applied: 0
+            }
+        );
+        assert_eq!(
+            stored(&buffer),
+            vec![("k2".into(), 0, at(5)), ("k1".into(), 1, at(20))]
+        );
+        // Central applied the older k1 meanwhile: the merged one stays, to be sent again.
+        assert!(!buffer.forget_clear(own).await.unwrap());
+        let merged = buffer.pending_clears_now().iter().nth(1).cloned().unwrap();
+        let k2 = buffer.pending_clears_now().iter().next().cloned().unwrap();
+        assert!(buffer.forget_clear(merged).await.unwrap());
+        assert!(buffer.forget_clear(k2).await.unwrap());
+        assert!(stored(&buffer).is_empty());
+
+        // Handed over again (a repeated hand-over): as recent as applied, nothing to do; a
+        // later clear of the key is new.
+        let adopted = buffer
+            .adopt(
+                Vec::new(),
+                vec![handed("k1", 20), handed("k2", 4), handed("k2", 6)],
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            adopted.clears,
+            AdoptedClears {
+                recorded: 1,
+                already_applied: 2
+            }
+        );
+        assert_eq!(stored(&buffer), vec![("k2".into(), 0, at(6))]);
+
+        // After a hand-over of its own the node remembers nothing applied.
+        let head = buffer.head_now();
+        let finished = buffer.finish_handover(head, 2).await.unwrap();
+        assert_eq!(finished.deleted_clears, vec!["k2".to_owned()]);
+        let applied: i64 = buffer
+            .db
+            .read(|c| {
+                c.query_row("SELECT COUNT(*) FROM applied_clears", [], |r| r.get(0))
+                    .map_err(BufferError::from)
+            })
+            .await
+            .unwrap();
+        assert_eq!(applied, 0);
+    }
+
+    /// Only the most recently cleared keys are remembered as applied.
+    #[tokio::test]
+    async fn applied_clears_keep_the_most_recent_keys() {
+        let dir = tempfile::tempdir().unwrap();
+        let buffer = open(&dir);
+        let kept = buffer
+            .db
+            .write(|conn| {
+                for i in 0..=APPLIED_CLEARS_KEPT {
+                    remember_applied(conn, &format!("k{i}"), 1_000 + i)?;
+                }
+                // Applied again, later: kept, and no other key goes.
+                remember_applied(conn, "k5", 1_000_000)?;
+                let kept: Vec<String> = conn
+                    .prepare(
+                        "SELECT condition_key FROM applied_clears ORDER BY cleared_at LIMIT 2",
+                    )?
+                    .query_map([], |r| r.get(0))?
+                    .collect::<rusqlite::Result<_>>()?;
+                let count: i64 =
+                    conn.query_row("SELECT COUNT(*) FROM applied_clears", [], |r| r.get(0))?;
+                Ok::<_, BufferError>((kept, count))
+            })
+            .await
+            .unwrap();
+        assert_eq!(kept.1, APPLIED_CLEARS_KEPT);
+        assert_eq!(kept.0, vec!["k1".to_owned(), "k2".to_owned()], "k0 went");
     }
 
     /// A stored key that breaks the rules (edited by hand) is reported and left out: the buffer

@@ -22,7 +22,7 @@ mod clears;
 mod pair;
 pub mod recent;
 
-pub use clears::ConditionCleared;
+pub use clears::{AdoptedClears, ConditionCleared};
 pub use pair::{Adopted, HandoverFinished, PairRecord, ReplicaChanges, RetainedSpan};
 pub use recent::RecentPage;
 
@@ -60,7 +60,7 @@ pub type Result<T, E = BufferError> = std::result::Result<T, E>;
 pub use crate::domain::Seq;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -438,6 +438,12 @@ fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
         let txn = conn.transaction()?;
         txn.execute_batch(clears::SCHEMA_V4)?;
         txn.pragma_update(None, "user_version", 4)?;
+        txn.commit()?;
+    }
+    if version < 5 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(clears::SCHEMA_V5)?;
+        txn.pragma_update(None, "user_version", 5)?;
         txn.commit()?;
     }
     Ok(())

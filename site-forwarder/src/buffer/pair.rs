@@ -12,13 +12,15 @@
 //! - A standby stores the active's rows at the active's seqs; AUTOINCREMENT then starts any
 //!   seq it hands out once promoted above all of them. A row the active marked cleared comes
 //!   again at the same seq and replaces the copy.
-//! - Pending clears belong to the node's own history: the end of a hand-over drops them with
-//!   the rows (their watermarks describe seqs the node no longer holds).
+//! - A standby's pending clears are the active's, as the active last listed them, at the
+//!   active's seqs like its rows; a node that hands its buffer over gives its pending clears to
+//!   the active too (after its rows), and the end of the hand-over deletes them with the rows.
+//!   How each is recorded: [`super::clears`].
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{Buffer, BufferError, Insert, Result, clears, insert_row};
-use crate::domain::{BufferedNotification, Seq};
+use super::{AdoptedClears, Buffer, BufferError, Insert, Result, clears, insert_row};
+use crate::domain::{BufferedNotification, PendingClear, Seq};
 use crate::pair::Role;
 use std::sync::Arc;
 
@@ -46,7 +48,7 @@ pub struct PairRecord {
 }
 
 /// One or more replication batches as a standby applies them, in one transaction: the spans,
-/// then the adds, then the removes.
+/// then the adds, then the removes, then the pending clears.
 #[derive(Debug, Default)]
 pub struct ReplicaChanges {
     /// Spans in which the standby keeps only the listed seqs.
@@ -55,6 +57,9 @@ pub struct ReplicaChanges {
     pub adds: Vec<(Seq, BufferedNotification)>,
     /// Seqs the active no longer holds.
     pub removes: Vec<Seq>,
+    /// The active's pending clears, all of them (the latest list of the batches), when a batch
+    /// carried them: they replace the standby's.
+    pub pending_clears: Option<Vec<PendingClear>>,
 }
 
 /// Of the seqs `from..=through`, only those in `kept` (sorted, disjoint, inclusive ranges) are
@@ -94,9 +99,9 @@ impl RetainedSpan {
 pub struct HandoverFinished {
     /// Rows deleted (the active holds them now).
     pub deleted: usize,
-    /// Keys of the pending clears dropped: central is not asked to clear what it received
-    /// before them (the replication protocol cannot hand them to the active).
-    pub dropped_clears: Vec<String>,
+    /// Keys of the pending clears deleted (handed over before, unless the hand-over says
+    /// otherwise).
+    pub deleted_clears: Vec<String>,
 }
 
 /// What [`Buffer::adopt`] did.
@@ -104,6 +109,7 @@ pub struct HandoverFinished {
 pub struct Adopted {
     pub adopted: usize,
     pub already_held: usize,
+    pub clears: AdoptedClears,
 }
 
 impl Buffer {
@@ -173,12 +179,27 @@ impl Buffer {
                     )?
                     .execute([through.0])?;
                     }
-                    Ok::<_, BufferError>(())
+                    let clears = match &changes.pending_clears {
+                        Some(list) => {
+                            let head = clears::replace_pending(conn, list)?;
+                            let stored = clears::select_pending(conn, clears::Invalid::Report)?;
+                            Some((head, stored))
+                        }
+                        None => None,
+                    };
+                    Ok::<_, BufferError>(clears)
                 },
                 // The head only moves forward: what a promotion starts the replication stream from.
-                move |()| announce.other_change(through),
+                move |clears| {
+                    let head = clears.as_ref().map(|(head, _)| *head);
+                    announce.other_change(through.max(head));
+                    if let Some((_, stored)) = clears {
+                        announce.pending_clears(stored.clone());
+                    }
+                },
             )
-            .await
+            .await?;
+        Ok(())
     }
 
     /// The buffered seqs after `after` up to `through`, as a span of at most `max_rows` rows:
@@ -221,10 +242,15 @@ impl Buffer {
 
     /// Stores rows handed over by a node that stopped being active, each under a new seq here,
     /// skipping notifications already buffered; a held copy of a row the node marked cleared is
-    /// marked here too. Answered once they are committed.
-    pub async fn adopt(&self, rows: Vec<BufferedNotification>) -> Result<Adopted> {
+    /// marked here too. Then records the node's pending clears (after the rows: see
+    /// [`super::clears`] for how). Answered once they are committed.
+    pub async fn adopt(
+        &self,
+        rows: Vec<BufferedNotification>,
+        pending_clears: Vec<PendingClear>,
+    ) -> Result<Adopted> {
         let announce = Arc::clone(&self.announce);
-        let (adopted, _, _) = self
+        let (adopted, _, _, _) = self
             .db
             .write_then(
                 move |conn| {
@@ -239,11 +265,21 @@ impl Buffer {
                             _ => adopted.adopted += 1,
                         }
                     }
-                    Ok::<_, BufferError>((adopted, Seq(conn.last_insert_rowid()), marked))
+                    let head = Seq(conn.last_insert_rowid());
+                    adopted.clears = clears::adopt_clears(conn, &pending_clears)?;
+                    let stored = if adopted.clears.recorded > 0 {
+                        Some(clears::select_pending(conn, clears::Invalid::Report)?)
+                    } else {
+                        None
+                    };
+                    Ok::<_, BufferError>((adopted, head, marked, stored))
                 },
-                move |(adopted, head, marked)| {
+                move |(adopted, head, marked, stored)| {
                     if adopted.adopted > 0 {
                         announce.other_change(Some(*head));
+                    }
+                    if let Some(stored) = stored {
+                        announce.pending_clears(stored.clone());
                     }
                     announce.marked(marked.clone());
                 },
@@ -254,7 +290,7 @@ impl Buffer {
 
     /// Ends a hand-over: every row up to `through` is now held by the active, so they are
     /// deleted here, and the node becomes an empty standby that copies the active from scratch.
-    /// Its pending clears go too (see the module invariants).
+    /// Its pending clears go too (handed over before; see the module invariants).
     pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<HandoverFinished> {
         let announce = Arc::clone(&self.announce);
         let finished = self
@@ -264,7 +300,7 @@ impl Buffer {
                     let deleted = conn
                         .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
                         .execute([through.0])?;
-                    let dropped_clears = clears::drop_pending(conn)?;
+                    let deleted_clears = clears::drop_pending(conn)?;
                     conn.prepare_cached(
                         "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
                          replicated_through = 0",
@@ -275,12 +311,12 @@ impl Buffer {
                     ])?;
                     Ok::<_, BufferError>(HandoverFinished {
                         deleted,
-                        dropped_clears,
+                        deleted_clears,
                     })
                 },
                 move |finished| {
                     announce.other_change(None);
-                    if !finished.dropped_clears.is_empty() {
+                    if !finished.deleted_clears.is_empty() {
                         announce.pending_clears(crate::domain::PendingClears::default());
                     }
                 },
@@ -489,7 +525,10 @@ mod tests {
         let seqs = more;
 
         // An adoption hands out seqs the recent rows never saw.
-        active.adopt(vec![notification("adopted")]).await.unwrap();
+        active
+            .adopt(vec![notification("adopted")], Vec::new())
+            .await
+            .unwrap();
         assert!(reader.after(seqs[2], 10).is_none());
         let after_adoption = active.enqueue(notification("next")).await.unwrap();
         assert!(reader.after(seqs[2], 10).is_none(), "the adopted row");
@@ -554,12 +593,13 @@ mod tests {
             .into_iter()
             .map(|(_, n)| n)
             .collect();
-        let adopted = active.adopt(rows).await.unwrap();
+        let adopted = active.adopt(rows, Vec::new()).await.unwrap();
         assert_eq!(
             adopted,
             Adopted {
                 adopted: 1,
-                already_held: 1
+                already_held: 1,
+                clears: AdoptedClears::default(),
             }
         );
         assert_eq!(active.stats().await.unwrap().depth, 2);
@@ -582,9 +622,12 @@ mod tests {
     }
 
     /// A row the old active marked cleared is handed over marked, and marks the copy the
-    /// active already held; the hand-over ends the old active's pending clears.
+    /// active already held; then its pending clear is handed over: due at once on the active,
+    /// holding the rows of the key it did not mark (the old active's row sent after the clear,
+    /// and the active's own) until central applied it. The end of the hand-over deletes it on
+    /// the old active.
     #[tokio::test]
-    async fn a_handover_carries_the_marks_and_ends_the_pending_clears() {
+    async fn a_handover_carries_the_marks_and_the_pending_clears() {
         use crate::domain::{ConditionKey, SiteId};
         let dir = tempfile::tempdir().unwrap();
         let active = open(&dir, "active.db");
@@ -598,13 +641,17 @@ mod tests {
         let (held, new) = (about("held by both"), about("only on the old active"));
         let held_seq = active.enqueue(held.clone()).await.unwrap();
         old.enqueue(held.clone()).await.unwrap();
-        let through = old.enqueue(new.clone()).await.unwrap();
+        old.enqueue(new.clone()).await.unwrap();
         let site = SiteId::parse("site-a".into()).unwrap();
         let cleared = old
             .clear_condition(&site, key.clone(), chrono::Utc::now())
             .await
             .unwrap();
         assert_eq!(cleared.marked, 2);
+        let after = about("sent to the old active after the clear");
+        let through = old.enqueue(after.clone()).await.unwrap();
+        let own = about("sent to the active");
+        active.enqueue(own.clone()).await.unwrap();
 
         let mut changes = active.row_changes();
         let rows: Vec<_> = old
@@ -615,19 +662,122 @@ mod tests {
             .into_iter()
             .map(|(_, n)| n)
             .collect();
-        assert!(rows.iter().all(|n| n.cleared_at_site.is_some()));
-        active.adopt(rows).await.unwrap();
-        let copies = active.next_after(Seq::START, 10).await.unwrap().rows;
-        assert_eq!(copies.len(), 2);
-        assert!(copies.iter().all(|(_, n)| n.cleared_at_site.is_some()));
+        assert_eq!(
+            rows.iter().filter(|n| n.cleared_at_site.is_some()).count(),
+            2
+        );
+        let adopted = active.adopt(rows, Vec::new()).await.unwrap();
+        assert_eq!((adopted.adopted, adopted.already_held), (2, 1));
         match changes.try_recv().unwrap() {
             crate::buffer::RowChange::Marked(seqs) => assert_eq!(&*seqs, &[held_seq]),
             other => panic!("{other:?}"),
         }
+        let handed: Vec<PendingClear> = old
+            .read_pending_clears()
+            .await
+            .unwrap()
+            .iter()
+            .cloned()
+            .collect();
+        assert_eq!(handed, vec![cleared.pending.clone()]);
+        let published = active.pending_clears();
+        let adopted = active.adopt(Vec::new(), handed).await.unwrap();
+        assert_eq!(adopted.clears.recorded, 1);
+        assert!(published.has_changed().unwrap());
+        let clears = active.pending_clears_now();
+        let recorded: Vec<_> = clears.iter().cloned().collect();
+        assert_eq!(
+            recorded,
+            vec![PendingClear {
+                up_to: Seq::START,
+                ..cleared.pending.clone()
+            }]
+        );
+        let oldest = active.oldest_seq().await.unwrap();
+        assert_eq!(clears.due(oldest).count(), 1, "due at once");
+        let copies = active.next_after(Seq::START, 10).await.unwrap().rows;
+        let waiting: Vec<_> = copies
+            .iter()
+            .filter(|(seq, row)| clears.holds(*seq, row))
+            .map(|(_, row)| row.id)
+            .collect();
+        assert_eq!(waiting, vec![own.id, after.id]);
 
         let finished = old.finish_handover(through, 2).await.unwrap();
-        assert_eq!(finished.dropped_clears, vec!["k1".to_owned()]);
+        assert_eq!(finished.deleted_clears, vec!["k1".to_owned()]);
         assert!(old.pending_clears_now().is_empty());
         assert_eq!(old.stats().await.unwrap().pending_clears, 0);
+    }
+
+    /// The active's list replaces the standby's whole (an empty one deletes them all), raises
+    /// its head to the watermarks, and a batch without a list leaves them.
+    #[tokio::test]
+    async fn a_standby_takes_the_actives_pending_clears_as_a_whole() {
+        use crate::domain::ConditionKey;
+        let dir = tempfile::tempdir().unwrap();
+        let standby = open(&dir, "standby.db");
+        standby
+            .save_role(Role::Standby, 1, false, true)
+            .await
+            .unwrap();
+        let at = crate::domain::to_buffer_precision(chrono::Utc::now());
+        let clear = |key: &str, up_to: i64| PendingClear {
+            condition_key: ConditionKey::parse(key.into(), "condition_key").unwrap(),
+            up_to: Seq(up_to),
+            cleared_at: at,
+        };
+        let listed = |buffer: &Buffer| -> Vec<PendingClear> {
+            buffer.pending_clears_now().iter().cloned().collect()
+        };
+        let mut published = standby.pending_clears();
+        // The rows up to the watermarks have not all arrived yet.
+        standby
+            .apply_replica(ReplicaChanges {
+                adds: vec![(Seq(1), notification("copied"))],
+                pending_clears: Some(vec![clear("k1", 7), clear("k2", 3)]),
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert!(published.has_changed().unwrap());
+        published.mark_unchanged();
+        assert_eq!(listed(&standby), vec![clear("k2", 3), clear("k1", 7)]);
+        assert_eq!(standby.head_now(), Seq(7));
+        assert_eq!(standby.stats().await.unwrap().pending_clears, 2);
+
+        standby
+            .apply_replica(ReplicaChanges {
+                removes: vec![Seq(1)],
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert!(!published.has_changed().unwrap());
+        assert_eq!(listed(&standby).len(), 2, "no list, no change");
+
+        standby
+            .apply_replica(ReplicaChanges {
+                pending_clears: Some(vec![clear("k1", 9)]),
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(listed(&standby), vec![clear("k1", 9)], "k2 was applied");
+        standby
+            .apply_replica(ReplicaChanges {
+                pending_clears: Some(Vec::new()),
+                ..ReplicaChanges::default()
+            })
+            .await
+            .unwrap();
+        assert!(listed(&standby).is_empty());
+        assert_eq!(standby.stats().await.unwrap().pending_clears, 0);
+        drop(standby);
+
+        // Promoted (reopened), its first Send is above every watermark it was given.
+        let standby = open(&dir, "standby.db");
+        assert_eq!(standby.head_now(), Seq(9));
+        let own = standby.enqueue(notification("own")).await.unwrap();
+        assert_eq!(own, Seq(10));
     }
 }

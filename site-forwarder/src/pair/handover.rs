@@ -6,20 +6,23 @@
 //! them are committed there. A crash in between repeats the hand-over, which is idempotent by
 //! notification id; a row the active had already forwarded and deleted is forwarded once more,
 //! and central answers DUPLICATE. A row marked cleared is handed over marked (the active marks
-//! its own copy if it holds one). The node's pending clears cannot be handed over (`Adopt`
-//! carries notifications only): they are dropped with a warning naming their keys.
+//! its own copy if it holds one). The node's pending clears go last, once every row is adopted
+//! (so every copy the active holds of a row they cleared is marked by then), in requests of at
+//! most [`MAX_PENDING_CLEARS`]; the active records them as [`crate::buffer`] describes (due at
+//! once, holding its unmarked rows of the key until central applied them). A repeated
+//! hand-over hands them over again, which changes nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_pair_client::SitePairClient;
-use outbox_proto::v1::{AdoptRequest, GetRoleRequest, NotificationSubmit};
+use outbox_proto::v1::{self, AdoptRequest, GetRoleRequest, NotificationSubmit};
 use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 
 use super::source::BATCH_BYTES;
-use super::{NodeView, Pair, Role};
+use super::{MAX_PENDING_CLEARS, NodeView, Pair, Role, clear_to_proto};
 use crate::buffer::{Buffer, BufferError};
 use crate::domain::Seq;
 use crate::forwarder::error_chain;
@@ -89,6 +92,7 @@ pub async fn hand_over(
                     pair,
                     &active,
                     std::mem::take(&mut chunk),
+                    Vec::new(),
                     timeout,
                 )
                 .await?;
@@ -96,21 +100,47 @@ pub async fn hand_over(
             }
         }
         if !chunk.is_empty() {
-            adopted += adopt(&mut client, pair, &active, chunk, timeout).await?;
+            adopted += adopt(&mut client, pair, &active, chunk, Vec::new(), timeout).await?;
         }
         cursor = last;
     }
+    // This node is a standby now and takes no clears, and its forwarder (which forgets the
+    // clears central applied) is stopped: the list read here is the one deleted below.
+    let clears = buffer.read_pending_clears().await?;
+    let handed: std::collections::HashSet<String> = clears
+        .iter()
+        .map(|c| c.condition_key.as_str().to_owned())
+        .collect();
+    let listed: Vec<v1::PendingClear> = clears.iter().map(clear_to_proto).collect();
+    for part in listed.chunks(MAX_PENDING_CLEARS) {
+        adopt(
+            &mut client,
+            pair,
+            &active,
+            Vec::new(),
+            part.to_vec(),
+            timeout,
+        )
+        .await?;
+    }
     let finished = buffer.finish_handover(cursor, active.term).await?;
-    if !finished.dropped_clears.is_empty() {
+    let dropped: Vec<&String> = finished
+        .deleted_clears
+        .iter()
+        .filter(|key| !handed.contains(*key))
+        .collect();
+    if !dropped.is_empty() {
         tracing::warn!(
-            condition_keys = ?finished.dropped_clears,
+            condition_keys = ?dropped,
             "pending clears dropped at the hand-over: central is not asked to clear the \
              notifications of these keys it received before the clear"
         );
     }
     tracing::info!(
         active = %active.name, adopted, deleted = finished.deleted,
-        "handed the buffer over to the active node; now following it as standby"
+        pending_clears = handed.len(),
+        "handed the buffer and the pending clears over to the active node; now following it \
+         as standby"
     );
     Ok(adopted)
 }
@@ -132,12 +162,14 @@ async fn adopt(
     pair: &Pair,
     active: &NodeView,
     notifications: Vec<NotificationSubmit>,
+    pending_clears: Vec<v1::PendingClear>,
     timeout: Duration,
 ) -> Result<usize, HandoverError> {
     let request = AdoptRequest {
         node_name: pair.name().to_owned(),
         term: active.term,
         notifications,
+        pending_clears,
     };
     let answer = tokio::time::timeout(timeout, client.adopt(request))
         .await

@@ -35,7 +35,48 @@ use tokio::time::Instant;
 use tonic::transport::Endpoint;
 
 use crate::config::{Config, PairConfig};
+use crate::domain::{ConditionKey, ContentError, PendingClear, Seq};
 use crate::forwarder::ForwardError;
+
+/// Most pending clears one `SitePair` message carries (a replication batch's list, an adoption
+/// request's), and so most a peer can make this node write in one go. There is one per
+/// condition key, so only thousands of distinct keys cleared during one central outage come
+/// near it. A key is at most 128 bytes, an encoded clear at most ~165 bytes, 10,000 of them
+/// ~1.6 MiB: beside a batch's rows (at most [`source::BATCH_BYTES`] and one row) a message stays
+/// under the 4 MiB limit. An active holding more replicates the oldest 10,000 (a failover then
+/// loses the central half of the rest, as all of them before they were replicated); a
+/// hand-over sends them in as many requests as they need.
+pub const MAX_PENDING_CLEARS: usize = 10_000;
+
+/// A pending clear as the pair link carries it.
+pub fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
+    v1::PendingClear {
+        condition_key: clear.condition_key.as_str().to_owned(),
+        up_to_seq: clear.up_to.0,
+        cleared_at: Some(outbox_proto::time::to_timestamp(clear.cleared_at)),
+    }
+}
+
+/// A pending clear from the peer, checked as the buffer would check its own; the error names
+/// the field.
+pub fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, ContentError> {
+    let condition_key = ConditionKey::parse(clear.condition_key, "condition_key")?;
+    if clear.up_to_seq < 0 {
+        return Err(ContentError::new("up_to_seq", "must not be negative"));
+    }
+    let cleared_at = clear
+        .cleared_at
+        .as_ref()
+        .ok_or_else(|| ContentError::new("cleared_at", "is required"))?;
+    let cleared_at = outbox_proto::time::from_timestamp(cleared_at)
+        .ok_or_else(|| ContentError::new("cleared_at", "is not a valid timestamp"))?;
+    Ok(PendingClear {
+        condition_key,
+        up_to: Seq(clear.up_to_seq),
+        // The precision the buffer keeps, so what is stored is what was sent.
+        cleared_at: crate::domain::to_buffer_precision(cleared_at),
+    })
+}
 
 /// A node's role in its pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -372,6 +413,83 @@ mod tests {
             role: Role::Active,
             term,
             send_addr: String::new(),
+        }
+    }
+
+    /// The longest list a message may carry, of the longest keys, the highest seqs and
+    /// sub-second times, fits under the message limit beside a full batch of rows (at most
+    /// `BATCH_BYTES` and one row, which is under 512 KiB).
+    #[test]
+    fn the_most_pending_clears_a_message_carries_fit_beside_a_batch_of_rows() {
+        use outbox_domain::limits::MAX_CONDITION_KEY_CHARS;
+        use prost::Message;
+        let clear = |i: usize| PendingClear {
+            condition_key: ConditionKey::parse(
+                format!("{i:0>width$}", width = MAX_CONDITION_KEY_CHARS),
+                "condition_key",
+            )
+            .unwrap(),
+            up_to: Seq(i64::MAX),
+            cleared_at: chrono::DateTime::from_timestamp(4_000_000_000, 999_000_000).unwrap(),
+        };
+        let batch = v1::ReplicationBatch {
+            batch: u64::MAX,
+            head_seq: i64::MAX,
+            pending_clears: (0..MAX_PENDING_CLEARS)
+                .map(|i| clear_to_proto(&clear(i)))
+                .collect(),
+            pending_clears_included: true,
+            ..v1::ReplicationBatch::default()
+        };
+        let bytes = batch.encoded_len();
+        assert!(bytes < 2 * 1024 * 1024, "{bytes}");
+        assert!(
+            bytes + source::BATCH_BYTES + 512 * 1024 < outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES,
+            "{bytes}"
+        );
+    }
+
+    #[test]
+    fn a_pending_clear_crosses_the_link_unchanged_and_a_bad_one_names_its_field() {
+        let at = crate::domain::to_buffer_precision(chrono::Utc::now());
+        let clear = PendingClear {
+            condition_key: ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap(),
+            up_to: Seq(42),
+            cleared_at: at,
+        };
+        let wire = clear_to_proto(&clear);
+        assert_eq!(clear_from_proto(wire.clone()).unwrap(), clear);
+        let broken = [
+            v1::PendingClear {
+                condition_key: "tank 4".into(),
+                ..wire.clone()
+            },
+            v1::PendingClear {
+                up_to_seq: -1,
+                ..wire.clone()
+            },
+            v1::PendingClear {
+                cleared_at: None,
+                ..wire.clone()
+            },
+            v1::PendingClear {
+                cleared_at: Some(prost_types::Timestamp {
+                    seconds: 0,
+                    nanos: -1,
+                }),
+                ..wire
+            },
+        ];
+        let fields: Vec<String> = broken
+            .into_iter()
+            .map(|bad| clear_from_proto(bad).unwrap_err().to_string())
+            .collect();
+        for (problem, field) in
+            fields
+                .iter()
+                .zip(["condition_key:", "up_to_seq:", "cleared_at:", "cleared_at:"])
+        {
+            assert!(problem.starts_with(field), "{problem}");
         }
     }
 

@@ -47,7 +47,7 @@ pub async fn starting_role(buffer: &Buffer, config: &Config) -> Result<RoleState
     let role = pair.initial_role;
     let term = u64::from(role == Role::Active);
     // A standby that already has rows or pending clears was a single node before: they are its
-    // own (a hand-over gives the rows to the active and ends the clears).
+    // own (a hand-over gives them to the active).
     let stats = buffer.stats().await?;
     let holds_own_rows = role == Role::Active || stats.depth > 0 || stats.pending_clears > 0;
     buffer.save_role(role, term, holds_own_rows, true).await?;

@@ -7,6 +7,9 @@
 //! - Batches that arrived together are applied in one transaction, in order (each batch's adds
 //!   before its removes), and confirmed by the last one's number.
 //! - Every batch (heartbeats included) counts as hearing from the active; nothing else does.
+//! - A batch that lists the active's pending clears replaces the standby's with that list (the
+//!   last one when several batches are applied together), in the same transaction as the
+//!   batch's rows. At most [`MAX_PENDING_CLEARS`] are taken from one list.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,7 +24,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::source::{WINDOW, span_from_proto};
-use super::{NodeView, Pair, Role};
+use super::{MAX_PENDING_CLEARS, NodeView, Pair, Role, clear_from_proto};
 use crate::buffer::{Buffer, BufferError, PairRecord, ReplicaChanges};
 use crate::domain::Seq;
 use crate::forwarder::error_chain;
@@ -177,6 +180,36 @@ fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
             }
         }
         changes.removes.extend(batch.removes.into_iter().map(Seq));
+        if batch.pending_clears_included {
+            changes.pending_clears = Some(pending_clears(batch.pending_clears));
+        }
     }
     changes
+}
+
+/// The active's list of pending clears, each checked; one that breaks the rules is left out
+/// (it could never be sent to central), and so is any beyond [`MAX_PENDING_CLEARS`] (the
+/// active sends no more).
+fn pending_clears(list: Vec<outbox_proto::v1::PendingClear>) -> Vec<crate::domain::PendingClear> {
+    if list.len() > MAX_PENDING_CLEARS {
+        tracing::error!(
+            listed = list.len(),
+            kept = MAX_PENDING_CLEARS,
+            "the active listed more pending clears than a standby takes; the rest are not copied"
+        );
+    }
+    list.into_iter()
+        .take(MAX_PENDING_CLEARS)
+        .enumerate()
+        .filter_map(|(i, clear)| match clear_from_proto(clear) {
+            Ok(clear) => Some(clear),
+            Err(problem) => {
+                tracing::error!(
+                    %problem,
+                    "the active sent pending_clears[{i}] that breaks the rules; not copied"
+                );
+                None
+            }
+        })
+        .collect()
 }

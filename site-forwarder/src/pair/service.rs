@@ -27,7 +27,7 @@ use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::source::{self, Hello, WINDOW};
-use super::{Pair, Role};
+use super::{MAX_PENDING_CLEARS, Pair, Role, clear_from_proto};
 use crate::RunError;
 use crate::buffer::Buffer;
 use crate::config::{Config, PairConfig};
@@ -218,13 +218,33 @@ impl SitePair for SitePairService {
             // as the old active would have.
             rows.push(n);
         }
+        // Bounded like the list a standby takes (see MAX_PENDING_CLEARS); the peer splits a
+        // longer one.
+        if request.pending_clears.len() > MAX_PENDING_CLEARS {
+            return Err(Status::invalid_argument(format!(
+                "pending_clears: {} entries, at most {MAX_PENDING_CLEARS} per request",
+                request.pending_clears.len()
+            )));
+        }
+        let mut clears = Vec::with_capacity(request.pending_clears.len());
+        for (i, clear) in request.pending_clears.into_iter().enumerate() {
+            let clear = clear_from_proto(clear)
+                .map_err(|e| Status::invalid_argument(format!("pending_clears[{i}].{e}")))?;
+            clears.push(clear);
+        }
         // Held while the rows commit: a step-down waits for it, so nothing is adopted by a node
         // that is already handing its own buffer over.
         let _active = self.pair.while_active().await?;
-        let adopted = self.buffer.adopt(rows).await.map_err(buffer_status)?;
+        let adopted = self
+            .buffer
+            .adopt(rows, clears)
+            .await
+            .map_err(buffer_status)?;
         tracing::info!(
             from = %request.node_name, adopted = adopted.adopted, already_held = adopted.already_held,
-            "adopted rows handed over by the peer"
+            pending_clears = adopted.clears.recorded,
+            pending_clears_already_applied = adopted.clears.already_applied,
+            "adopted rows and pending clears handed over by the peer"
         );
         Ok(Response::new(AdoptResponse {
             adopted: u32::try_from(adopted.adopted).unwrap_or(u32::MAX),

@@ -25,6 +25,15 @@
 //!   from the table, draining the announcements after that read. A resumed stream first copies
 //!   again every marked row up to where the standby's copy reaches, for the marks it missed.
 //!   So a promoted standby never forwards unmarked a row the active had cleared.
+//! - The pending clears go as a whole list: on the first batch of the stream, then on the
+//!   first batch sent after each change (a batch with nothing else goes when nothing else
+//!   does). A clear's list is published before its marks are announced, so the batch that
+//!   copies the marked rows again carries it, or an earlier one did; a row committed after the
+//!   clear is copied only once its commit is announced (from memory, or from the table up to
+//!   the announced head), which is after the list was published. A standby that has a row sent
+//!   after the clear therefore has the clear, and so does one that has a row it marked, but for
+//!   the moment between the clear's commit and its announcement (a row read from the table then
+//!   may already be marked; the list follows with the next batch).
 //! - A change backlog the stream cannot keep up with ends the stream; the standby reconnects
 //!   and resumes from the table, which is always right.
 
@@ -38,15 +47,15 @@ use outbox_proto::v1::{
     replica_message,
 };
 use prost::Message;
-use tokio::sync::{broadcast, mpsc};
+use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use super::{Pair, Role};
+use super::{MAX_PENDING_CLEARS, Pair, Role, clear_to_proto};
 use crate::buffer::{Buffer, RecentReader, RetainedSpan, RowChange};
-use crate::domain::{BufferedNotification, Seq};
+use crate::domain::{BufferedNotification, PendingClears, Seq};
 use crate::grpc::convert;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
@@ -130,6 +139,10 @@ struct Session {
     removes: Vec<Seq>,
     /// Seqs marked cleared since the standby may have copied them, not yet copied again.
     remarked: BTreeSet<Seq>,
+    /// The pending clears; a change not yet seen is a list not yet sent.
+    clears: watch::Receiver<PendingClears>,
+    /// Whether this stream already warned that it sends only the first [`MAX_PENDING_CLEARS`].
+    clears_cut_reported: bool,
     /// When the last batch went out: a heartbeat follows one interval of silence.
     last_sent: Instant,
 }
@@ -137,7 +150,6 @@ struct Session {
 impl Session {
     fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, heartbeat: Duration) -> Self {
         Self {
-            buffer,
             pair,
             hello,
             heartbeat,
@@ -147,7 +159,10 @@ impl Session {
             unconfirmed: VecDeque::new(),
             removes: Vec::new(),
             remarked: BTreeSet::new(),
+            clears: buffer.pending_clears(),
+            clears_cut_reported: false,
             last_sent: Instant::now(),
+            buffer,
         }
     }
 
@@ -161,6 +176,8 @@ impl Session {
         // Rows committed from now on stay in memory for this stream.
         let recent = self.buffer.recent_rows();
         let mut head = self.buffer.head();
+        // Only wakes the loop; `self.clears` tells whether the list was sent since it changed.
+        let mut clears_changed = self.buffer.pending_clears();
         let mut role = self.pair.watch_role();
         let term = role.borrow().term;
         let through = self.hello.replicated_through;
@@ -196,8 +213,12 @@ impl Session {
                 self.send_marked(&mut changes, out).await?;
                 more |= !self.remarked.is_empty();
             }
-            // Removals that came without rows, and the heartbeat when nothing else was sent.
-            if !self.removes.is_empty() || Instant::now() >= self.last_sent + self.heartbeat {
+            // Removals or pending clears that came without rows, and the heartbeat when nothing
+            // else was sent.
+            if !self.removes.is_empty()
+                || self.clears.has_changed().unwrap_or(false)
+                || Instant::now() >= self.last_sent + self.heartbeat
+            {
                 self.drain(&mut changes)?;
                 self.send(Vec::new(), None, out).await?;
             }
@@ -228,6 +249,11 @@ impl Session {
                     Some(Err(status)) => return Err(status),
                     None => return Ok(()),
                 },
+                changed = clears_changed.changed() => {
+                    if changed.is_err() {
+                        return Err(Status::unavailable("the buffer closed"));
+                    }
+                }
                 changed = role.changed() => {
                     if changed.is_err() || role.borrow().role != Role::Active {
                         return Err(Status::failed_precondition(
@@ -363,11 +389,15 @@ impl Session {
             .next_after(self.cursor, PAGE_ROWS)
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?;
-        let full = page.rows.len() + page.unreadable.len() == PAGE_ROWS;
+        // Rows committed after the head was read are left for the next read, once their commit
+        // is announced: until then a clear committed before them may not be published, and a
+        // row must not reach the standby ahead of the pending clears committed before it.
+        let beyond = page.last_seq().is_some_and(|last| last > head);
+        let full = page.rows.len() + page.unreadable.len() == PAGE_ROWS && !beyond;
         // Rows that break the content rules are not copied: the forwarder moves them to the
         // rejected table, which announces their removal.
         if let Some(last) = page.last_seq() {
-            self.cursor = self.cursor.max(last);
+            self.cursor = self.cursor.max(last.min(head));
         }
         if !full {
             // The rest up to the head is gone already (forwarded and deleted before it was
@@ -377,6 +407,7 @@ impl Session {
         let rows = page
             .rows
             .into_iter()
+            .filter(|(seq, _)| *seq <= head)
             .map(|(seq, row)| (seq, Arc::new(row)))
             .collect();
         Ok((rows, full))
@@ -414,6 +445,11 @@ impl Session {
         oldest: Option<DateTime<Utc>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
+        if self.next_batch == 1 || self.clears.has_changed().unwrap_or(false) {
+            let clears = self.clears.borrow_and_update().clone();
+            batch.pending_clears = self.clears_to_proto(&clears);
+            batch.pending_clears_included = true;
+        }
         batch.batch = self.next_batch;
         batch.head_seq = self.buffer.head_now().0;
         self.unconfirmed.push_back(Unconfirmed {
@@ -426,6 +462,24 @@ impl Session {
         out.send(Ok(batch))
             .await
             .map_err(|_| Status::cancelled("the standby went away"))
+    }
+
+    /// The list a batch carries: the oldest [`MAX_PENDING_CLEARS`] watermarks.
+    fn clears_to_proto(&mut self, clears: &PendingClears) -> Vec<outbox_proto::v1::PendingClear> {
+        if clears.len() > MAX_PENDING_CLEARS && !self.clears_cut_reported {
+            self.clears_cut_reported = true;
+            tracing::warn!(
+                pending_clears = clears.len(),
+                sent = MAX_PENDING_CLEARS,
+                "more pending clears than a standby takes; it gets the oldest only, so a \
+                 failover now would not ask central for the others"
+            );
+        }
+        clears
+            .iter()
+            .take(MAX_PENDING_CLEARS)
+            .map(clear_to_proto)
+            .collect()
     }
 
     /// Collects every change announced so far.
