@@ -19,8 +19,8 @@ use outbox_tests::smtp_sink::SmtpSink;
 use tokio::net::TcpListener;
 
 use crate::harness::{
-    Central, DEADLINE, Db, Process, binary, central_config, channel, free_addr, send_request,
-    smtp_sink, submit, wait_for_status, wait_until_serving,
+    Central, DEADLINE, Db, binary, central_config, channel, free_addr, send_request, smtp_sink,
+    spawn_site, submit, wait_for_status,
 };
 
 /// A submit from site `site` about `key` (empty: none).
@@ -187,28 +187,6 @@ async fn a_newer_notification_supersedes_and_a_clear_ends_the_undelivered_ones()
     central.stop().await;
 }
 
-/// A site-forwarder process for `site-a`, forwarding to `central`.
-async fn start_site(dir: &Path, central: SocketAddr) -> (Process, SocketAddr) {
-    let addr = free_addr().await;
-    let buffer = dir.join("site-a.db");
-    let args = [
-        "serve",
-        "--site-id",
-        "site-a",
-        "--listen",
-        &addr.to_string(),
-        "--buffer",
-        buffer.to_str().unwrap(),
-        "--central",
-        &format!("http://{central}"),
-    ]
-    .map(String::from);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let process = Process::spawn(&binary("site-forwarder"), &args);
-    wait_until_serving(addr).await;
-    (process, addr)
-}
-
 /// Central is down while a condition comes and goes at the site: the notifications of the key
 /// buffered before the clear (sent with `site-forwarder clear`, as a site script would) reach
 /// central as Cleared and are never mailed; another key's, and the key's next notification
@@ -224,7 +202,7 @@ async fn a_clear_at_the_site_during_a_central_outage_is_never_mailed() {
         TcpListener::bind(central_addr).await.unwrap(),
     )
     .await;
-    let (_site, site_addr) = start_site(dir.path(), central_addr).await;
+    let (_site, site_addr) = spawn_site(dir.path(), "site-a", central_addr).await;
     let mut client = SiteNotifyClient::new(channel(site_addr).await);
     let send = |subject: &str, key: &str| {
         let mut request = send_request(subject, "level 97%");

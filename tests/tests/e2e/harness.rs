@@ -410,6 +410,29 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
+/// A site-forwarder process for `site_id` (buffer `<site_id>.db` in `dir`) forwarding to
+/// `central` over plaintext, once it reports SERVING; with its `SiteNotify` address.
+pub async fn spawn_site(dir: &Path, site_id: &str, central: SocketAddr) -> (Process, SocketAddr) {
+    let addr = free_addr().await;
+    let buffer = dir.join(format!("{site_id}.db"));
+    let args = [
+        "serve",
+        "--site-id",
+        site_id,
+        "--listen",
+        &addr.to_string(),
+        "--buffer",
+        buffer.to_str().unwrap(),
+        "--central",
+        &format!("http://{central}"),
+    ]
+    .map(String::from);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let process = Process::spawn(&binary("site-forwarder"), &args);
+    wait_until_serving(addr).await;
+    (process, addr)
+}
+
 /// A service running as a real child process, killed when dropped.
 pub struct Process(pub tokio::process::Child);
 

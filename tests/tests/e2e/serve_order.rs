@@ -17,35 +17,12 @@ use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use tonic::transport::Channel;
 
 use crate::harness::{
-    Central, Db, Process, binary, central_config, channel, eventually, free_addr, send_request,
-    smtp_sink, wait_until_serving,
+    Central, Db, central_config, channel, eventually, send_request, smtp_sink, spawn_site,
 };
 
 /// Rows a site has waiting before the other notification is sent: far more than the
 /// dispatcher can have claimed while the relay holds its replies (three, see the module docs).
 const BACKLOG: usize = 30;
-
-/// A site-forwarder process for `site_id`, forwarding to `central`.
-async fn start_site(dir: &Path, site_id: &str, central: SocketAddr) -> (Process, SocketAddr) {
-    let addr = free_addr().await;
-    let buffer = dir.join(format!("{site_id}.db"));
-    let args = [
-        "serve",
-        "--site-id",
-        site_id,
-        "--listen",
-        &addr.to_string(),
-        "--buffer",
-        buffer.to_str().unwrap(),
-        "--central",
-        &format!("http://{central}"),
-    ]
-    .map(String::from);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let process = Process::spawn(&binary("site-forwarder"), &args);
-    wait_until_serving(addr).await;
-    (process, addr)
-}
 
 async fn send(
     client: &mut SiteNotifyClient<Channel>,
@@ -90,23 +67,25 @@ async fn arrival_order(sink: &outbox_tests::smtp_sink::SmtpSink, n: usize) -> Ve
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_critical_notification_overtakes_a_normal_backlog() {
+/// Central with its relay held, site A's [`BACKLOG`] of normal notifications stored while the
+/// first is held at the relay; then `late` is sent from `late_site` at `priority`, and the order
+/// the mails arrived in once the relay answers is returned (with central's database, and the
+/// directory that holds it).
+async fn backlog_then(
+    late_site: &str,
+    late: &str,
+    priority: v1::NotificationPriority,
+) -> (Vec<String>, Db, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let sink = smtp_sink().await;
     sink.pause_replies();
     let central = start_central(dir.path(), sink.addr()).await;
     let db = Db::open(&central.db);
-    let (_site, site_addr) = start_site(dir.path(), "site-a", central.addr).await;
-    let mut client = SiteNotifyClient::new(channel(site_addr).await);
-
+    let (_site_a, a_addr) = spawn_site(dir.path(), "site-a", central.addr).await;
+    let mut a = SiteNotifyClient::new(channel(a_addr).await);
     for i in 1..=BACKLOG {
-        send(
-            &mut client,
-            &format!("normal {i}"),
-            v1::NotificationPriority::Normal,
-        )
-        .await;
+        let subject = format!("site-a {i}");
+        send(&mut a, &subject, v1::NotificationPriority::Normal).await;
     }
     wait_until_stored_count(&db, BACKLOG as i64).await;
     assert!(
@@ -114,11 +93,26 @@ async fn a_critical_notification_overtakes_a_normal_backlog() {
             .await,
         "the first delivery reached the relay"
     );
-    send(&mut client, "critical", v1::NotificationPriority::Critical).await;
+    let _late_site = if late_site == "site-a" {
+        send(&mut a, late, priority).await;
+        None
+    } else {
+        let (process, addr) = spawn_site(dir.path(), late_site, central.addr).await;
+        let mut client = SiteNotifyClient::new(channel(addr).await);
+        send(&mut client, late, priority).await;
+        Some(process)
+    };
     wait_until_stored_count(&db, BACKLOG as i64 + 1).await;
     sink.resume_replies();
-
     let order = arrival_order(&sink, BACKLOG + 1).await;
+    central.stop().await;
+    (order, db, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_critical_notification_overtakes_a_normal_backlog() {
+    let (order, db, _dir) =
+        backlog_then("site-a", "critical", v1::NotificationPriority::Critical).await;
     let position = order.iter().position(|s| s == "critical").unwrap();
     // Behind at most the rows claimed before the hold (one in flight, two ahead).
     assert!(
@@ -129,45 +123,17 @@ async fn a_critical_notification_overtakes_a_normal_backlog() {
     );
     // The normal rows kept their order among themselves.
     let normals: Vec<&String> = order.iter().filter(|s| *s != "critical").collect();
-    let expected: Vec<String> = (1..=BACKLOG).map(|i| format!("normal {i}")).collect();
+    let expected: Vec<String> = (1..=BACKLOG).map(|i| format!("site-a {i}")).collect();
     assert_eq!(normals, expected.iter().collect::<Vec<_>>());
     let stored =
         db.strings("SELECT CAST(Priority AS TEXT) FROM Notifications WHERE Subject = 'critical'");
     assert_eq!(stored, ["0"], "stored as critical (rank 0)");
-    central.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_sites_fresh_notification_waits_one_turn_not_the_backlog() {
-    let dir = tempfile::tempdir().unwrap();
-    let sink = smtp_sink().await;
-    sink.pause_replies();
-    let central = start_central(dir.path(), sink.addr()).await;
-    let db = Db::open(&central.db);
-    let (_site_a, a_addr) = start_site(dir.path(), "site-a", central.addr).await;
-    let (_site_b, b_addr) = start_site(dir.path(), "site-b", central.addr).await;
-    let mut a = SiteNotifyClient::new(channel(a_addr).await);
-    let mut b = SiteNotifyClient::new(channel(b_addr).await);
-
-    for i in 1..=BACKLOG {
-        send(
-            &mut a,
-            &format!("site-a {i}"),
-            v1::NotificationPriority::Normal,
-        )
-        .await;
-    }
-    wait_until_stored_count(&db, BACKLOG as i64).await;
-    assert!(
-        sink.wait_for_held_replies(1, crate::harness::DEADLINE)
-            .await,
-        "the first delivery reached the relay"
-    );
-    send(&mut b, "site-b fresh", v1::NotificationPriority::Normal).await;
-    wait_until_stored_count(&db, BACKLOG as i64 + 1).await;
-    sink.resume_replies();
-
-    let order = arrival_order(&sink, BACKLOG + 1).await;
+    let (order, _, _dir) =
+        backlog_then("site-b", "site-b fresh", v1::NotificationPriority::Normal).await;
     let position = order.iter().position(|s| s == "site-b fresh").unwrap();
     // Behind the rows claimed before the hold and at most one turn of site A (its head row):
     // the backlog's other rows all come after it.
@@ -181,5 +147,4 @@ async fn another_sites_fresh_notification_waits_one_turn_not_the_backlog() {
         order.len() - position > BACKLOG - 4,
         "most of site A's backlog goes after site B's notification: {order:?}"
     );
-    central.stop().await;
 }

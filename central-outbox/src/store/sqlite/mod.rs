@@ -359,17 +359,8 @@ fn insert_idempotently(
                 (Some(cleared_at), _) => {
                     // The history says who ended it and when: the site, before forwarding it.
                     let actor = site_actor(p.source_site_id.as_str());
-                    conn.prepare_cached(
-                        "INSERT INTO NotificationAttempts
-                             (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-                         VALUES (?1, 1, ?2, ?3, ?4)",
-                    )?
-                    .execute(params![
-                        id,
-                        ms(*cleared_at),
-                        CLEARED_ENTRY,
-                        actor.as_str()
-                    ])?;
+                    let first = [(id.clone(), 1)];
+                    record_endings(conn, &first, ms(*cleared_at), CLEARED_ENTRY, actor.as_str())?;
                 }
                 (None, Some(key)) => supersede_older(conn, s, key, now)?,
                 (None, None) => {}
@@ -422,12 +413,25 @@ fn supersede_older(
             |row| Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?)),
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut entry = conn.prepare_cached(
+    record_endings(conn, &ended, now_ms, SUPERSEDED_ENTRY, &newer_id)
+}
+
+/// Writes the history entry of each row a supersede or clear ended: `(id, sequence)` as the
+/// ending UPDATE returned them, `entry` the stored name, `by` the Actor column (who or what
+/// ended it).
+fn record_endings(
+    conn: &Connection,
+    ended: &[(String, u32)],
+    at_ms: i64,
+    entry: &str,
+    by: &str,
+) -> Result<()> {
+    let mut insert = conn.prepare_cached(
         "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for (id, sequence) in ended {
-        entry.execute(params![id, sequence, now_ms, SUPERSEDED_ENTRY, newer_id])?;
+        insert.execute(params![id, sequence, at_ms, entry, by])?;
     }
     Ok(())
 }
@@ -456,19 +460,14 @@ fn clear_condition(
             Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut entry = conn.prepare_cached(
-        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
-    let mut ids = Vec::with_capacity(ended.len());
-    for (id, sequence) in ended {
-        entry.execute(params![id, sequence, now_ms, CLEARED_ENTRY, actor.as_str()])?;
-        ids.push(
-            NotificationId::parse(&id, "NotificationId")
-                .map_err(|e| StoreError::Corrupt(e.to_string()))?,
-        );
-    }
-    Ok(ids)
+    record_endings(conn, &ended, now_ms, CLEARED_ENTRY, actor.as_str())?;
+    ended
+        .iter()
+        .map(|(id, _)| {
+            NotificationId::parse(id, "NotificationId")
+                .map_err(|e| StoreError::Corrupt(e.to_string()))
+        })
+        .collect()
 }
 
 /// Takes the lease if it is free, expired, or already ours; bumps the epoch only when the
