@@ -25,7 +25,7 @@ use super::mail_format;
 use super::smtp_pool::{SessionError, SmtpPool};
 use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
-use crate::domain::{NotificationContent, NotificationId};
+use crate::domain::{NotificationContent, NotificationId, Priority};
 
 /// Sends notifications as email. Cheap to share.
 #[derive(Default)]
@@ -53,13 +53,14 @@ impl EmailAdapter {
         settings: &SmtpSettings,
         id: NotificationId,
         content: &NotificationContent,
+        priority: Priority,
         recipients: &[EmailAddress],
         access_token: Option<&Secret>,
     ) -> Result<Delivered, EmailError> {
         if recipients.is_empty() {
             return Err(DeliveryError::permanent("the notification list has no recipients").into());
         }
-        let message = build_message(settings, id, content, recipients)?;
+        let message = build_message(settings, id, content, priority, recipients)?;
         let pool = self.pool_for(settings, access_token)?;
         // Each step has its own timeout; this bounds the whole session, so a server trickling
         // replies cannot hold a delivery slot forever.
@@ -128,6 +129,7 @@ fn build_message(
     s: &SmtpSettings,
     id: NotificationId,
     content: &NotificationContent,
+    priority: Priority,
     recipients: &[EmailAddress],
 ) -> Result<Message, DeliveryError> {
     let from: Mailbox = s.from_address.as_str().parse().map_err(|e| {
@@ -149,8 +151,11 @@ fn build_message(
         .collect::<Result<Vec<_>, _>>()?;
     let envelope = Envelope::new(Some(from.email.clone()), to)
         .map_err(|e| DeliveryError::permanent(format!("cannot build the envelope: {e}")))?;
-    Message::builder()
-        .from(from)
+    let mut builder = Message::builder().from(from);
+    for header in mail_format::priority_headers(priority) {
+        builder = builder.raw_header(header);
+    }
+    builder
         .raw_header(mail_format::to_header())
         .raw_header(mail_format::subject_header(content.subject.as_str()))
         .message_id(Some(format!("<{id}@{}>", s.from_address.domain())))

@@ -22,9 +22,12 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use lettre::message::header::{HeaderName, HeaderValue};
+use outbox_domain::Priority;
 
 const SUBJECT: HeaderName = HeaderName::new_from_ascii_str("Subject");
 const TO: HeaderName = HeaderName::new_from_ascii_str("To");
+const IMPORTANCE: HeaderName = HeaderName::new_from_ascii_str("Importance");
+const X_PRIORITY: HeaderName = HeaderName::new_from_ascii_str("X-Priority");
 
 /// What the first line of the header holds before the value.
 const SUBJECT_PREFIX: usize = "Subject: ".len();
@@ -43,6 +46,22 @@ pub const UNDISCLOSED_RECIPIENTS: &str = "undisclosed-recipients:;";
 /// The `Subject:` header for `subject`, encoded as the module doc describes.
 pub fn subject_header(subject: &str) -> HeaderValue {
     HeaderValue::dangerous_new_pre_encoded(SUBJECT, subject.to_owned(), encode_subject(subject))
+}
+
+/// The headers mail readers show urgency by (Outlook's `Importance`, most others' `X-Priority`):
+/// critical and high mails are flagged important, low ones unimportant, normal ones carry none
+/// (so their mail is exactly what it was before priorities existed).
+pub fn priority_headers(priority: Priority) -> Vec<HeaderValue> {
+    let (importance, x_priority) = match priority {
+        Priority::Critical => ("high", "1 (Highest)"),
+        Priority::High => ("high", "2 (High)"),
+        Priority::Normal => return Vec::new(),
+        Priority::Low => ("low", "5 (Lowest)"),
+    };
+    vec![
+        HeaderValue::new(IMPORTANCE, importance.to_owned()),
+        HeaderValue::new(X_PRIORITY, x_priority.to_owned()),
+    ]
 }
 
 /// `To: undisclosed-recipients:;`.

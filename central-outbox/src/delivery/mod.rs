@@ -129,14 +129,21 @@ impl Adapters {
         let SmtpAuth::XOAuth2 { oauth, .. } = &settings.auth else {
             return self
                 .email
-                .deliver(settings, n.id, &n.content, recipients, None)
+                .deliver(settings, n.id, &n.content, n.priority, recipients, None)
                 .await
                 .map_err(EmailError::into_delivery_error);
         };
         let token = self.tokens.token(oauth, settings.timeout).await?;
         match self
             .email
-            .deliver(settings, n.id, &n.content, recipients, Some(&token))
+            .deliver(
+                settings,
+                n.id,
+                &n.content,
+                n.priority,
+                recipients,
+                Some(&token),
+            )
             .await
         {
             Err(EmailError::CredentialsRefused(e)) => {

@@ -21,7 +21,7 @@ use central_outbox::domain::channel::{
     DeliveryPolicy, EmailAddress, SmtpAuth, SmtpSettings, TlsMode,
 };
 use central_outbox::domain::retry::Backoff;
-use central_outbox::domain::{NotificationContent, NotificationId, NotificationType};
+use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Priority};
 use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 use outbox_tests::smtp_sink::{ReceivedMail, SmtpSink};
 use proptest::prelude::*;
@@ -56,6 +56,17 @@ async fn deliver(
     subject: &str,
     body: &str,
 ) -> ReceivedMail {
+    deliver_at(adapter, sink, subject, body, Priority::Normal).await
+}
+
+/// [`deliver`], at `priority`.
+async fn deliver_at(
+    adapter: &EmailAdapter,
+    sink: &SmtpSink,
+    subject: &str,
+    body: &str,
+    priority: Priority,
+) -> ReceivedMail {
     let content = NotificationContent::parse(
         NotificationType::Email,
         LIST.into(),
@@ -70,7 +81,7 @@ async fn deliver(
         .collect();
     let id = NotificationId::generate();
     adapter
-        .deliver(&settings(sink), id, &content, &recipients, None)
+        .deliver(&settings(sink), id, &content, priority, &recipients, None)
         .await
         .expect("delivered");
     // The sink records a message before it answers the final ".", so it is there now.
@@ -204,6 +215,37 @@ fn assert_well_formed(mail: &ReceivedMail, decoded: &Decoded) {
     );
     assert_eq!(decoded.content_type, "text/plain");
     assert_eq!(decoded.charset.as_deref(), Some("utf-8"));
+}
+
+/// Mail readers see how urgent a notification is: critical and high mails are flagged
+/// important, low ones unimportant, and a normal one carries neither header (its mail is the
+/// same as before priorities existed). The mail stays well formed for an independent reader.
+#[tokio::test]
+async fn the_priority_shows_in_the_mail_headers_and_normal_adds_none() {
+    let sink = SmtpSink::start().await.unwrap();
+    let adapter = EmailAdapter::new();
+    let mut python = PythonReader::start();
+    for (priority, importance, x_priority) in [
+        (Priority::Critical, Some("high"), Some("1 (Highest)")),
+        (Priority::High, Some("high"), Some("2 (High)")),
+        (Priority::Normal, None, None),
+        (Priority::Low, Some("low"), Some("5 (Lowest)")),
+    ] {
+        let mail = deliver_at(&adapter, &sink, "Tank 4 high level", "Level 97%", priority).await;
+        assert_eq!(
+            mail.header("Importance").as_deref(),
+            importance,
+            "{priority}"
+        );
+        assert_eq!(
+            mail.header("X-Priority").as_deref(),
+            x_priority,
+            "{priority}"
+        );
+        let decoded = python.read(&mail.raw);
+        assert_well_formed(&mail, &decoded);
+        assert_eq!(decoded.subject.as_deref(), Some("Tank 4 high level"));
+    }
 }
 
 #[tokio::test]
