@@ -6,7 +6,7 @@ use tiberius::{FromSql, Row};
 use uuid::Uuid;
 
 use crate::domain::status::Status;
-use crate::domain::{NotificationId, NotificationType};
+use crate::domain::{NotificationId, NotificationType, Priority};
 use crate::store::{NotificationState, Result, StoreError};
 
 fn corrupt(column: &str, problem: impl std::fmt::Display) -> StoreError {
@@ -49,6 +49,13 @@ pub fn count(row: &Row, column: &str) -> Result<u32> {
     u32::try_from(value).map_err(|_| corrupt(column, format!("negative: {value}")))
 }
 
+/// A priority rank column (`Priority::rank`).
+pub fn priority(row: &Row, column: &str) -> Result<Priority> {
+    let rank = req::<i32>(row, column)?;
+    Priority::from_rank(i64::from(rank))
+        .ok_or_else(|| corrupt(column, format!("unknown rank {rank}")))
+}
+
 /// The state columns (`sql::state_columns!`) of a row.
 pub fn state(row: &Row) -> Result<NotificationState> {
     let status = text(row, "Status")?;
@@ -61,7 +68,7 @@ pub fn state(row: &Row) -> Result<NotificationState> {
         list_name: text(row, "ListName")?,
         subject: text(row, "Subject")?,
         source_site_id: text(row, "SourceSiteId")?,
-        priority: Default::default(),
+        priority: priority(row, "Priority")?,
         condition_key: None,
         retry_count: count(row, "RetryCount")?,
         last_error: opt_text(row, "LastError")?,

@@ -10,6 +10,7 @@ use tiberius::Row;
 
 use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{NotificationId, NotificationType};
 use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
@@ -68,13 +69,13 @@ pub async fn claim_due(
     lease: &str,
     epoch: LeaseEpoch,
     kind: NotificationType,
-    limit: usize,
+    lanes: ClaimLanes,
     claim_timeout: Duration,
 ) -> Result<Vec<ClaimedNotification>> {
-    if limit == 0 {
+    if lanes.total() == 0 {
         return Ok(Vec::new());
     }
-    let stmt = sql::claim_due(lease, epoch, kind, limit, claim_timeout);
+    let stmt = sql::claim_due(lease, epoch, kind, lanes, claim_timeout);
     let mut results = store.batch("claim", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "claim")?;
     let mut claimed = Vec::with_capacity(rows.len());
@@ -116,6 +117,7 @@ fn decode_claim(
     let execution = decode::opt::<uuid::Uuid>(row, "OriginExecutionId")?.map(|u| u.to_string());
     let parent = decode::opt::<uuid::Uuid>(row, "OriginParentExecutionId")?.map(|u| u.to_string());
     let enqueued = decode::time(row, "SiteEnqueuedAt")?;
+    let priority = decode::req::<i32>(row, "Priority")?;
     let stored = StoredClaim {
         row_id,
         id: NotificationId::from_uuid(id),
@@ -133,7 +135,7 @@ fn decode_claim(
         origin_execution_id: execution,
         origin_parent_execution_id: parent,
         site_enqueued_at: Some(enqueued),
-        priority: 2,
+        priority: i64::from(priority),
     };
     Ok(stored.validate(epoch).map_err(|problem| InvalidRow {
         row_id,

@@ -2,7 +2,8 @@
 //! not yet stored and reports each id's stored content hash, so that every row's outcome
 //! (Accepted, Duplicate, Conflict) comes back in the same round trip (a single row calls the
 //! procedure `dbo.SubmitNotification` instead, which answers the same). A stored row is never
-//! changed.
+//! changed. Each new row is stored with its priority and serve turn, the turns given as if the
+//! rows were stored one by one in batch order (see `sql::insert_batch`).
 //!
 //! When another replica inserts one of the same new ids at the same moment, the chunk fails
 //! with a duplicate key (2627/2601) and is rolled back whole; its rows are then inserted one by
@@ -16,7 +17,7 @@ use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::store::{InsertOutcome, NewNotification, Result, StoreError};
 
-/// Rows per INSERT statement: 13 parameters each stays well inside SQL Server's 2100 parameters
+/// Rows per INSERT statement: 14 parameters each stays well inside SQL Server's 2100 parameters
 /// per request, and the VALUES list inside its 1000-row limit.
 const ROWS_PER_STATEMENT: usize = 100;
 const _: () = assert!(ROWS_PER_STATEMENT * sql::SUBMIT_COLUMNS <= 2100);

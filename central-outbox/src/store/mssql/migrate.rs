@@ -53,6 +53,12 @@ pub const MIGRATIONS: &[Migration] = &[
         snapshot: "migration_0004_submit_procedure",
         sql: include_str!("../../../../migrations/mssql/0004_submit_procedure.sql"),
     },
+    Migration {
+        version: 5,
+        name: "serve_order",
+        snapshot: "migration_0005_serve_order",
+        sql: include_str!("../../../../migrations/mssql/0005_serve_order.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

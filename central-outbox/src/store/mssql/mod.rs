@@ -45,6 +45,7 @@ use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{ListName, NotificationId, NotificationType};
 use crate::secrets::{Keyring, ResealReport};
 
@@ -251,11 +252,10 @@ impl OutboxStore for MsSqlStore {
         lease: &'static str,
         epoch: LeaseEpoch,
         kind: NotificationType,
-        lanes: crate::domain::serve_order::ClaimLanes,
+        lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
-        // WIP: MS SQL does not store the serve order yet.
-        dispatch::claim_due(self, lease, epoch, kind, lanes.total(), claim_timeout).await
+        dispatch::claim_due(self, lease, epoch, kind, lanes, claim_timeout).await
     }
 
     async fn clear_condition(

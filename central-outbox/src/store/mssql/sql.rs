@@ -1,7 +1,8 @@
 //! Every T-SQL statement the MS SQL backend sends, in one place. The dispatcher's two busiest
-//! (claiming and recording outcomes) call stored procedures, whose bodies are in the migration
-//! that creates them (migrations/mssql/0002_dispatch_procedures.sql): a one-line call costs a
-//! server far less to parse than the batch would.
+//! (claiming and recording outcomes) and the single-row submit call stored procedures, whose
+//! bodies are in the migrations that create them (migrations/mssql/0002_dispatch_procedures.sql,
+//! recreated by 0004 and 0005): a one-line call costs a server far less to parse than the batch
+//! would.
 //!
 //! Rules they keep:
 //! - One batch per unit of work, starting `SET XACT_ABORT ON` so any error rolls the whole
@@ -38,6 +39,7 @@ use crate::domain::channel::{SmtpAuth, SmtpSettings};
 use crate::domain::history::OperatorAction;
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
+use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{NotificationId, NotificationType};
 use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
 
@@ -123,7 +125,7 @@ macro_rules! state_columns {
     () => {
         "n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, \
          n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, \
-         n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt"
+         n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority"
     };
 }
 
@@ -222,10 +224,10 @@ pub fn migration_record(m: &Migration) -> Statement {
 // Ingest
 
 /// The columns of one submitted row, in the order [`insert_batch`] and [`INSERT_ONE`] bind them.
-pub const SUBMIT_COLUMNS: usize = 13;
+pub const SUBMIT_COLUMNS: usize = 14;
 
 /// One submitted row's values, in the order of the VALUES columns of [`insert_batch`] and
-/// [`INSERT_ONE`] (NotificationId ... SiteEnqueuedAt).
+/// [`INSERT_ONE`] (NotificationId ... SiteEnqueuedAt, Priority).
 fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
     let s = &new.submission;
     let p = &s.provenance;
@@ -243,6 +245,7 @@ fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
         Param::Guid(p.origin_execution_id),
         Param::Guid(p.origin_parent_execution_id),
         at(p.site_enqueued_at),
+        Param::Int(Some(i32::from(s.priority.rank()))),
     ]
 }
 
@@ -259,10 +262,61 @@ pub fn insert_rows(rows: &[&NewNotification]) -> Statement {
     }
 }
 
+/// The two reads of a new row's serve turn (`domain::serve_order::serve_turn`) for type `$type`,
+/// priority `$priority` and site `$site` (column references or placeholders), as the columns
+/// `Head` (the smallest turn waiting at that type and priority, in flight or not: the first
+/// entry of IX_Notifications_Serve there, whose filter `Priority >= 0` the read states to use
+/// it) and `SiteLast` (the newest turn the site has waiting there: the last entry of
+/// IX_Notifications_Site_Turn, which leaves turn 0 out, changing no turn), each NULL when
+/// nothing waits. Each is one seek (migrations/mssql/0005_serve_order.sql). No hint or stricter
+/// isolation serialises two submits at once: both may read the same turns and store the same
+/// turn, a tie the claim gives to the older row (Id), as the rule does for rows stored
+/// together.
+macro_rules! serve_turn_reads {
+    ($type:literal, $priority:literal, $site:literal) => {
+        concat!(
+            "(SELECT MIN(s.ServeTurn)
+        FROM dbo.Notifications AS s
+        WHERE s.Type = ",
+            $type,
+            " AND s.Priority = ",
+            $priority,
+            "
+          AND s.Status IN (N'Pending', N'Retrying') AND s.Priority >= 0) AS Head,
+        (SELECT MAX(l.ServeTurn)
+        FROM dbo.Notifications AS l
+        WHERE l.Type = ",
+            $type,
+            " AND l.Priority = ",
+            $priority,
+            " AND l.SourceSiteId = ",
+            $site,
+            "
+          AND l.Status IN (N'Pending', N'Retrying') AND l.ServeTurn > 0) AS SiteLast"
+        )
+    };
+}
+
 /// Inserts every row whose id is not stored yet, then reports for each id in the batch its
 /// stored content hash and whether this batch inserted it. Not an upsert: a row that exists is
 /// left as it is. Two batches inserting the same new id at once make one of them fail with
 /// 2627/2601; the caller then falls back to [`INSERT_ONE`] per row.
+///
+/// Each new row gets its serve turn as if the rows were stored one after another in batch order
+/// (as the SQLite backend stores them): a site's rows at one type and priority take consecutive
+/// turns (ROW_NUMBER in batch order, `Ord`) from one past the later of the head turn and the
+/// site's newest waiting turn ([`serve_turn_reads`], read once before the batch). When nothing
+/// waited at that type and priority, the batch's first row there starts the turns at 1, and
+/// the head it leaves is then 1 for every other site of the batch, which starts at 2. Only the
+/// rows inserted count (the window functions run after NOT EXISTS). Sites are told apart by the
+/// column's binary collation, not the default one: "North" and "north" are two sites.
+///
+/// The rows reach the INSERT in batch order, so that their Ids (which break ties between equal
+/// turns and equal due times) follow it as they do on SQLite: the window functions leave them
+/// sorted by group, and the TOP of all of them ORDER BY Ord sorts them back (checked on
+/// Babelfish; SQL Server numbers the rows as the sorted TOP hands them over, though it documents
+/// that order only for an ORDER BY on the INSERT's own SELECT). That ORDER BY is not used:
+/// Babelfish 4.4 rejects it next to OUTPUT ("syntax error at or near ORDER").
 pub fn insert_batch(rows: usize) -> String {
     let mut values = Vec::with_capacity(rows);
     let mut ids = Vec::with_capacity(rows);
@@ -271,42 +325,65 @@ pub fn insert_batch(rows: usize) -> String {
         let placeholders: Vec<String> = (first..first + SUBMIT_COLUMNS)
             .map(|i| format!("@P{i}"))
             .collect();
-        values.push(format!("({})", placeholders.join(", ")));
+        values.push(format!("({}, {})", row + 1, placeholders.join(", ")));
         ids.push(format!("@P{first}"));
     }
     format!(
         "{}{}\
 DECLARE @inserted TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);
-INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt)
+INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority, ServeTurn)
 OUTPUT inserted.NotificationId INTO @inserted
-SELECT v.NotificationId, v.Type, v.ListName, v.Subject, v.Body, v.TypeData, v.ContentHash, N'Pending', v.SourceSiteId, v.SourceInstanceId, v.SourceScript, v.OriginExecutionId, v.OriginParentExecutionId, v.SiteEnqueuedAt, @now, @now
-FROM (VALUES
-    {}
-) AS v (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt)
-WHERE NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = v.NotificationId);
+SELECT w.NotificationId, w.Type, w.ListName, w.Subject, w.Body, w.TypeData, w.ContentHash, N'Pending', w.SourceSiteId, w.SourceInstanceId, w.SourceScript, w.OriginExecutionId, w.OriginParentExecutionId, w.SiteEnqueuedAt, @now, @now, w.Priority, w.ServeTurn
+FROM (
+    SELECT TOP ({rows}) g.Ord, g.NotificationId, g.Type, g.ListName, g.Subject, g.Body, g.TypeData, g.ContentHash, g.SourceSiteId, g.SourceInstanceId, g.SourceScript, g.OriginExecutionId, g.OriginParentExecutionId, g.SiteEnqueuedAt, g.Priority,
+        CASE WHEN g.Head IS NULL AND g.SiteLast IS NULL THEN CASE WHEN g.SiteFirst = g.GroupFirst THEN 0 ELSE 1 END
+            WHEN COALESCE(g.SiteLast, 0) > COALESCE(g.Head, 0) THEN g.SiteLast
+            ELSE COALESCE(g.Head, 0) END
+        + ROW_NUMBER() OVER (PARTITION BY g.Type, g.Priority, g.SourceSiteId COLLATE Latin1_General_BIN2 ORDER BY g.Ord) AS ServeTurn
+    FROM (
+        SELECT v.Ord, v.NotificationId, v.Type, v.ListName, v.Subject, v.Body, v.TypeData, v.ContentHash, v.SourceSiteId, v.SourceInstanceId, v.SourceScript, v.OriginExecutionId, v.OriginParentExecutionId, v.SiteEnqueuedAt, v.Priority,
+            {},
+            MIN(v.Ord) OVER (PARTITION BY v.Type, v.Priority) AS GroupFirst,
+            MIN(v.Ord) OVER (PARTITION BY v.Type, v.Priority, v.SourceSiteId COLLATE Latin1_General_BIN2) AS SiteFirst
+        FROM (VALUES
+            {}
+        ) AS v (Ord, NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority)
+        WHERE NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = v.NotificationId)
+    ) AS g
+    ORDER BY g.Ord
+) AS w;
 SELECT n.NotificationId, n.ContentHash, CASE WHEN i.NotificationId IS NULL THEN 0 ELSE 1 END AS Inserted
 FROM dbo.Notifications AS n
 LEFT JOIN @inserted AS i ON i.NotificationId = n.NotificationId
 WHERE n.NotificationId IN ({});",
         batch!(""),
         declare_now!(),
-        values.join(",\n    "),
+        serve_turn_reads!("v.Type", "v.Priority", "v.SourceSiteId"),
+        values.join(",\n            "),
         ids.join(", ")
     )
 }
 
-/// [`insert_batch`] of a single row, through the stored procedure of migration 0004
-/// (migrations/mssql/0004_submit_procedure.sql: on Babelfish ~0.9 ms against ~3 ms for the batch
-/// of one row). Parameters and result as [`insert_batch`]'s.
+/// [`insert_batch`] of a single row, through the stored procedure of migration 0005
+/// (migrations/mssql/0005_serve_order.sql, first created by 0004: on Babelfish ~0.9 ms against
+/// ~3 ms for the batch of one row), which gives the row its serve turn with the reads of
+/// [`serve_turn_reads`]. Parameters and result as [`insert_batch`]'s.
 pub const SUBMIT_ONE: &str = batch!(
-    "EXEC dbo.SubmitNotification @NotificationId = @P1, @Type = @P2, @ListName = @P3, @Subject = @P4, @Body = @P5, @TypeData = @P6, @ContentHash = @P7, @SourceSiteId = @P8, @SourceInstanceId = @P9, @SourceScript = @P10, @OriginExecutionId = @P11, @OriginParentExecutionId = @P12, @SiteEnqueuedAt = @P13;"
+    "EXEC dbo.SubmitNotification @NotificationId = @P1, @Type = @P2, @ListName = @P3, @Subject = @P4, @Body = @P5, @TypeData = @P6, @ContentHash = @P7, @SourceSiteId = @P8, @SourceInstanceId = @P9, @SourceScript = @P10, @OriginExecutionId = @P11, @OriginParentExecutionId = @P12, @SiteEnqueuedAt = @P13, @Priority = @P14;"
 );
 
-/// The plain INSERT of one row; a duplicate id fails with 2627/2601 and leaves the stored row
-/// as it was. Parameters as one row of [`insert_batch`].
+/// The plain INSERT of one row, with its serve turn read as [`insert_batch`] reads it; a
+/// duplicate id fails with 2627/2601 and leaves the stored row as it was. Parameters as one
+/// row of [`insert_batch`].
 pub const INSERT_ONE: &str = batch!(
-    "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt)
-VALUES (@P1, @P2, @P3, @P4, @P5, @P6, @P7, N'Pending', @P8, @P9, @P10, @P11, @P12, @P13, SYSUTCDATETIME(), SYSUTCDATETIME());"
+    "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority, ServeTurn)
+SELECT @P1, @P2, @P3, @P4, @P5, @P6, @P7, N'Pending', @P8, @P9, @P10, @P11, @P12, @P13, SYSUTCDATETIME(), SYSUTCDATETIME(), @P14,
+    1 + CASE WHEN COALESCE(t.SiteLast, 0) > COALESCE(t.Head, 0) THEN t.SiteLast ELSE COALESCE(t.Head, 0) END
+FROM (
+    SELECT ",
+    serve_turn_reads!("@P2", "@P14", "@P8"),
+    "
+) AS t;"
 );
 
 /// [`INSERT_ONE`] of `new`.
@@ -363,30 +440,30 @@ pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
         .set("@P3", Param::BigInt(Some(epoch.0)))
 }
 
-/// Claims up to @P3 due rows of type @P4 for @P2 milliseconds under epoch @P1 of lease @P5, and
-/// writes their InFlight attempt rows, in one transaction: the stored procedure of migration
-/// 0002 (migrations/mssql/0002_dispatch_procedures.sql), which says how. Result: the claimed
-/// rows, oldest due first.
+/// Claims due rows of type @P5 for @P2 milliseconds under epoch @P1 of lease @P6, and writes
+/// their InFlight attempt rows, in one transaction: up to @P3 rows due longest, then up to @P4
+/// more by priority and serve turn (`domain::serve_order`). The stored procedure of migration
+/// 0005 (migrations/mssql/0005_serve_order.sql), which says how. Result: the claimed rows, the
+/// longest-waiting ones first (by due time), then the others in turn.
 pub const CLAIM_DUE: &str = batch!(
-    "EXEC dbo.ClaimDueNotifications @Epoch = @P1, @ClaimMs = @P2, @Limit = @P3, @Type = @P4, @Lease = @P5;"
+    "EXEC dbo.ClaimDueNotifications @Epoch = @P1, @ClaimMs = @P2, @LongestWaiting = @P3, @InTurn = @P4, @Type = @P5, @Lease = @P6;"
 );
 
 pub fn claim_due(
     lease: &str,
     epoch: LeaseEpoch,
     kind: NotificationType,
-    limit: usize,
+    lanes: ClaimLanes,
     claim_timeout: Duration,
 ) -> Statement {
+    let rows = |n: usize| Param::BigInt(Some(i64::try_from(n).unwrap_or(i64::MAX)));
     Statement::fixed(CLAIM_DUE)
         .set("@P1", Param::BigInt(Some(epoch.0)))
         .set("@P2", Param::Int(Some(millis_i32(claim_timeout))))
-        .set(
-            "@P3",
-            Param::BigInt(Some(i64::try_from(limit).unwrap_or(i64::MAX))),
-        )
-        .set("@P4", text(kind.as_str()))
-        .set("@P5", text(lease))
+        .set("@P3", rows(lanes.longest_waiting))
+        .set("@P4", rows(lanes.in_turn))
+        .set("@P5", text(kind.as_str()))
+        .set("@P6", text(lease))
 }
 
 /// Parks a claimed row whose stored content no longer passes validation (it can never be
@@ -586,6 +663,14 @@ pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
             Param::Text(Some(kind.as_str().into())),
             "",
         );
+    }
+    if !filter.priorities.is_empty() {
+        stmt.push("\n  AND n.Priority IN (");
+        for (i, priority) in filter.priorities.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            stmt.push_bound(sep, Param::Int(Some(i32::from(priority.rank()))), "");
+        }
+        stmt.push(")");
     }
     if let Some(site) = &filter.source_site_id {
         stmt.push_bound(
@@ -1081,14 +1166,14 @@ pub fn reseal_channel_secrets(
 /// representative inputs (every filter field set, a keyset cursor, two rows or ids).
 #[cfg(test)]
 pub fn catalog() -> Vec<(&'static str, String)> {
-    use crate::domain::NotificationType;
     use crate::domain::status::Status;
+    use crate::domain::{NotificationType, Priority};
 
     let instant = DateTime::from_timestamp_millis(1_700_000_000_000).unwrap_or_default();
     let full_filter = NotificationFilter {
         statuses: vec![Status::Parked, Status::Retrying],
         kind: Some(NotificationType::Email),
-        priorities: Vec::new(),
+        priorities: vec![Priority::Critical, Priority::Low],
         condition_key: None,
         source_site_id: Some("north".into()),
         list_name: Some("ops".into()),
@@ -1351,7 +1436,7 @@ mod tests {
             id: NotificationId::generate(),
             content,
             provenance: origin.at_site(SiteId::parse("north".into()).unwrap(), now),
-            priority: Default::default(),
+            priority: crate::domain::Priority::High,
             condition_key: None,
             cleared_at_site: None,
         });
@@ -1416,7 +1501,10 @@ mod tests {
                     "dispatcher",
                     LeaseEpoch(3),
                     NotificationType::Email,
-                    10,
+                    ClaimLanes {
+                        in_turn: 9,
+                        longest_waiting: 1,
+                    },
                     Duration::from_secs(120),
                 ),
             ),
