@@ -1,6 +1,5 @@
 //! Central's figures: unary ingest throughput (closed loop), and dispatch throughput to the
-//! in-process SMTP sink, with our settings and with those of the system this replaces
-//! ([`Profile::Seeds`]).
+//! in-process SMTP sink.
 //!
 //! Ingest runs central as a replica that does not hold the dispatcher lease (another holder is
 //! written into `Leases` first), so the figure is ingest alone: nothing is claimed or delivered
@@ -25,7 +24,7 @@ use crate::load::{self, Window};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
 use crate::rig::Rig;
-use crate::services::{self, LIST, Profile, SITE_ID, Service};
+use crate::services::{self, LIST, SITE_ID, Service};
 
 static SUBMIT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -61,12 +60,7 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("ingest")?;
     let db = rig.central_db(dir.path()).await?;
     db.hold_dispatcher_lease().await?;
-    let toml = services::central_toml(
-        services::free_addr()?,
-        &db.url(),
-        services::free_addr()?,
-        Profile::Ours,
-    );
+    let toml = services::central_toml(services::free_addr()?, &db.url(), services::free_addr()?);
     let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let clients: Vec<_> = central
         .connections(rig.sizes.callers)
@@ -113,20 +107,17 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
 
 /// Figure 5: central starts on `rows` Pending notifications and delivers them to the sink;
 /// deliveries per second between the first and the last message the sink received.
-pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
-    let rows = match profile {
-        Profile::Ours => rig.sizes.dispatch_rows,
-        Profile::Seeds => rig.sizes.seeds_dispatch_rows,
-    };
+pub async fn dispatch(rig: &mut Rig) -> Result<RunRecord> {
+    let rows = rig.sizes.dispatch_rows;
     if rows < 2 {
         bail!("the dispatch figure needs at least 2 rows");
     }
-    let dir = rig.run_dir(&format!("dispatch-{}", profile.name()))?;
+    let dir = rig.run_dir("dispatch")?;
     let db = rig.central_db(dir.path()).await?;
     db.add_pending_rows(rows).await?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
-    let toml = services::central_toml(services::free_addr()?, &db.url(), sink.addr(), profile);
+    let toml = services::central_toml(services::free_addr()?, &db.url(), sink.addr());
     flush_disk();
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let cpu = CpuWindow::start(&[("central", central.pid()), ("bench", own_pid())])
@@ -144,9 +135,8 @@ pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
     };
     if received < rows {
         eprintln!(
-            "bench: dispatch ({}): only {received} of {rows} delivered within {deadline:?}; \
-             the rate is over those",
-            profile.name()
+            "bench: dispatch: only {received} of {rows} delivered within {deadline:?}; the \
+             rate is over those"
         );
     }
     let span = (last.at - first.at).as_secs_f64();
@@ -154,14 +144,10 @@ pub async fn dispatch(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
         bail!("all {received} deliveries arrived at the same instant");
     }
     let distinct: HashSet<_> = receipts.iter().map(|r| &r.message_id).collect();
-    let key = match profile {
-        Profile::Ours => "dispatch.rate",
-        Profile::Seeds => "seeds.dispatch.rate",
-    };
     // N messages span N-1 intervals.
     let rate = (receipts.len() - 1) as f64 / span;
     Ok(RunRecord::new()
-        .value(key, rate)
+        .value("dispatch.rate", rate)
         .detail("rows", json!(rows))
         .detail("delivered", json!(receipts.len()))
         .detail("duplicate_messages", json!(receipts.len() - distinct.len()))

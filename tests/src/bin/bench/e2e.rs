@@ -1,8 +1,7 @@
 //! Figure 6, idle end-to-end latency: a site and central running together, Sends offered at a low
 //! fixed rate, and for each one the time from when the Send was due to when the SMTP sink (in
 //! this process, so on the same monotonic clock) received the message whose Message-ID carries
-//! its id. Run with our settings and with those of the system this replaces
-//! ([`Profile::Seeds`]).
+//! its id.
 //!
 //! Before the measured Sends, a few warm-up notifications go all the way through, so the
 //! forwarding stream and the SMTP connections are open as they would be on a live system.
@@ -20,26 +19,27 @@ use crate::load::{self, Percentiles};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
 use crate::rig::Rig;
-use crate::services::{self, FROM_DOMAIN, Profile, Service};
+use crate::services::{self, FROM_DOMAIN, Service};
 use crate::site_figures::{buffer_stats, send_once, site_clients};
 
 /// Warm-up notifications sent (and delivered) before the measured ones.
 const WARM_UP: u64 = 5;
-/// Longest the last measured notification may take after its Send: two of the `Seeds` profile's
-/// 10 s poll intervals plus slack.
+/// Longest the last measured notification may take after its Send. Generous (an idle delivery
+/// takes milliseconds on SQLite, up to about a second on Babelfish): it only bounds how long a
+/// run that lost a notification waits before failing.
 const DELIVERY_DEADLINE: Duration = Duration::from_secs(40);
 /// Connections from the simulated scripts to the site.
 const CONNECTIONS: usize = 4;
 
-pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
-    let dir = rig.run_dir(&format!("e2e-{}", profile.name()))?;
+pub async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
+    let dir = rig.run_dir("e2e")?;
     let central_db = rig.central_db(dir.path()).await?;
     let site_db = dir.path().join("site.db");
     fixtures::copy_db(&rig.site_template, &site_db)?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
     let central_addr = services::free_addr()?;
-    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr(), profile);
+    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr());
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let toml = services::site_toml(services::free_addr()?, &site_db, central_addr);
     let site = Service::site(&rig.bins, dir.path(), "site", &toml).await?;
@@ -105,13 +105,9 @@ pub async fn e2e(rig: &mut Rig, profile: Profile) -> Result<RunRecord> {
     }
     let latency = Percentiles::of(latencies);
     let send_latency = Percentiles::of(sends.samples.iter().map(|s| s.done - s.due).collect());
-    let prefix = match profile {
-        Profile::Ours => "e2e",
-        Profile::Seeds => "seeds.e2e",
-    };
     Ok(RunRecord::new()
-        .value(&format!("{prefix}.p50"), latency.p50)
-        .value(&format!("{prefix}.p99"), latency.p99)
+        .value("e2e.p50", latency.p50)
+        .value("e2e.p99", latency.p99)
         .detail("latency", latency.to_json())
         .detail("send_ack_latency", send_latency.to_json())
         .detail("offered_per_s", json!(sizes.e2e_rate))

@@ -23,8 +23,8 @@
 //! on a fresh central and ends once every fresh notification has arrived: the serve-order
 //! measurement does not wait for the rest of the backlog, the oldest-first one by its nature
 //! waits for nearly all of it (about backlog / rate: 200 s at full size). So only the first
-//! `fresh_baseline_runs` runs (default 1, as the `-seeds` groups) measure the baseline: its
-//! waits are set by the backlog and the rate, not by noise.
+//! `fresh_baseline_runs` runs (default 1) measure the baseline: its waits are set by the
+//! backlog and the rate, not by noise.
 //!
 //! A run fails rather than report a figure of another workload when a submit is not ACCEPTED,
 //! a fresh notification is not delivered within the deadline (sized from the backlog and the
@@ -47,7 +47,7 @@ use crate::load::{self, Percentiles};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
 use crate::rig::{Rig, Sizes};
-use crate::services::{self, OTHER_SITE_ID, Profile, SITE_ID, Service};
+use crate::services::{self, OTHER_SITE_ID, SITE_ID, Service};
 
 /// Notifications a second each fresh stream submits: one, as the figure is stated.
 const STREAM_RATE: f64 = 1.0;
@@ -208,7 +208,6 @@ async fn measure(rig: &mut Rig, order: Order) -> Result<Measured> {
         services::free_addr()?,
         &db.url(),
         sink.addr(),
-        Profile::Ours,
         &services::smtp_rate_limit(s.fresh_rate_limit, s.fresh_burst),
     );
     flush_disk();

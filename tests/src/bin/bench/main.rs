@@ -1,8 +1,6 @@
 //! `bench` (run by `make bench`): measures the site-forwarder and central-outbox release
 //! binaries end to end on loopback and prints one table of figures against their targets (each
-//! figure and how it is measured: BENCHMARKS.md, "The figures"), plus our settings against those
-//! of the system this replaces (the `-seeds` groups, [`Profile::Seeds`]: a 10 s timer-only poll,
-//! 100 rows per sweep, one SMTP connection), and writes the same as JSON.
+//! figure and how it is measured: BENCHMARKS.md, "The figures"), and writes the same as JSON.
 //!
 //! Each figure group starts fresh processes on fresh copies of prepared database files, runs
 //! `--runs` times and reports the median with the min–max. The services always run with their
@@ -36,13 +34,12 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use serde_json::json;
 
 use backend::Backend;
 use report::{GroupResult, GroupStatus, Metric, RunRecord, Target};
 use rig::{Rig, Sizes};
-use services::Profile;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,8 +47,8 @@ use services::Profile;
     about = "Benchmark the notification outbox end to end (see BENCHMARKS.md)"
 )]
 struct Args {
-    /// Figure groups to run, comma-separated (default: all): send, send-latency, forward,
-    /// ingest, dispatch, dispatch-seeds, e2e, e2e-seeds, fresh, memory.
+    /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
+    /// forward, ingest, dispatch, e2e, fresh, memory.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -64,15 +61,6 @@ struct Args {
     /// Runs per figure (default 3; 1 with --quick).
     #[arg(long)]
     runs: Option<usize>,
-    /// Runs per `-seeds` figure (default 1: their figures are set by the 10 s poll timer, not by
-    /// noise; three runs agreed within 4%).
-    #[arg(long)]
-    seeds_runs: Option<usize>,
-    /// The comparison with the settings of the system this replaces (the `-seeds` groups):
-    /// `auto` runs it and skips it (without failing) if central does not know the dispatcher
-    /// keys it needs; `on` fails instead; `off` leaves it out.
-    #[arg(long, value_enum, default_value_t = SeedsMode::Auto)]
-    seeds: SeedsMode,
     /// Seconds of load before measuring starts, in the throughput and Send latency figures.
     #[arg(long)]
     warmup: Option<f64>,
@@ -91,17 +79,12 @@ struct Args {
     /// Pending rows delivered in the dispatch figure (default 10000; 2000 with --quick).
     #[arg(long)]
     dispatch_rows: Option<u64>,
-    /// Pending rows delivered in `dispatch-seeds`: one more than a whole number of
-    /// 100-row sweeps, so first-to-last spans whole poll intervals (default 201; 101 with
-    /// --quick).
-    #[arg(long)]
-    seeds_dispatch_rows: Option<u64>,
     /// Longest a dispatch run waits for its deliveries, in seconds; if not all arrived, the
     /// rate is taken over those that did (and the run says so).
     #[arg(long, default_value_t = 30.0)]
     dispatch_deadline: f64,
-    /// Offered Sends per second in the end-to-end latency figure. Below what the `-seeds`
-    /// settings can deliver (10/s) so both settings are measured idle, not queueing.
+    /// Offered Sends per second in the end-to-end latency figure: low, so the path is measured
+    /// idle, not queueing.
     #[arg(long, default_value_t = 5.0)]
     e2e_rate: f64,
     /// Seconds of Sends in the end-to-end latency figure (default 20; 8 with --quick).
@@ -148,9 +131,9 @@ struct Args {
     /// CREATE DATABASE, as
     /// `server=tcp:HOST,PORT;user id=USER;password=PASSWORD;database=master;TrustServerCertificate=true`
     /// or `mssql://USER:PASSWORD@HOST:PORT/master?trust_server_certificate=true`. Every central process gets a new empty database there
-    /// (outbox_test_*), dropped when it stops. On MS SQL: ingest, dispatch, dispatch-seeds, e2e,
-    /// e2e-seeds and forward run (the site's buffer is SQLite either way); send and send-latency
-    /// do not involve central and run as without it; memory is skipped, with the reason printed
+    /// (outbox_test_*), dropped when it stops. On MS SQL: ingest, dispatch, e2e, fresh and
+    /// forward run (the site's buffer is SQLite either way); send, send-latency and standby do
+    /// not involve central and run as without it; memory is skipped, with the reason printed
     /// (its central fixture is a bulk-written SQLite file). The password is never printed or
     /// written to the results (the command line is recorded with the URL replaced).
     #[arg(
@@ -170,31 +153,18 @@ struct Args {
     tls: bool,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum SeedsMode {
-    Auto,
-    On,
-    Off,
-}
-
-/// Every figure group, in the order they run; each `-seeds` group right after ours.
-const GROUPS: [&str; 11] = [
+/// Every figure group, in the order they run.
+const GROUPS: [&str; 9] = [
     "send",
     "send-latency",
     "standby",
     "forward",
     "ingest",
     "dispatch",
-    "dispatch-seeds",
     "e2e",
-    "e2e-seeds",
     "fresh",
     "memory",
 ];
-
-fn is_seeds(group: &str) -> bool {
-    group.ends_with("-seeds")
-}
 
 impl Args {
     fn sizes(&self) -> Sizes {
@@ -205,7 +175,6 @@ impl Args {
         let runs = self.runs.unwrap_or(if quick { 1 } else { 3 }).max(1);
         Sizes {
             runs,
-            seeds_runs: self.seeds_runs.unwrap_or(1).max(1),
             warmup: pick(self.warmup, 1.0, 0.5),
             measure: pick(self.measure, 5.0, 2.0),
             callers: self.callers.max(1),
@@ -216,9 +185,6 @@ impl Args {
             dispatch_rows: self
                 .dispatch_rows
                 .unwrap_or(if quick { 2_000 } else { 10_000 }),
-            seeds_dispatch_rows: self
-                .seeds_dispatch_rows
-                .unwrap_or(if quick { 101 } else { 201 }),
             dispatch_deadline: Duration::from_secs_f64(self.dispatch_deadline),
             e2e_rate: self.e2e_rate,
             e2e_duration: pick(self.e2e_seconds, 20.0, 8.0),
@@ -250,7 +216,6 @@ impl Args {
             .into_iter()
             .filter(|g| self.only.is_empty() || self.only.iter().any(|o| o == g))
             .filter(|g| !self.skip.iter().any(|s| s == g))
-            .filter(|g| !(is_seeds(g) && self.seeds == SeedsMode::Off))
             .collect())
     }
 }
@@ -447,27 +412,6 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "/s",
             None,
         ),
-        m(
-            "seeds.dispatch.rate",
-            format!(
-                "seeds' settings: dispatch, {} rows",
-                rows(s.seeds_dispatch_rows)
-            ),
-            "/s",
-            None,
-        ),
-        m(
-            "seeds.e2e.p50",
-            format!("seeds' settings: end-to-end p50 at {}/s", s.e2e_rate),
-            "ms",
-            None,
-        ),
-        m(
-            "seeds.e2e.p99",
-            format!("seeds' settings: end-to-end p99 at {}/s", s.e2e_rate),
-            "ms",
-            None,
-        ),
     ]
 }
 
@@ -478,29 +422,16 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "standby" => standby::standby(rig).await,
         "forward" => site_figures::forward(rig).await,
         "ingest" => central_figures::ingest(rig).await,
-        "dispatch" => central_figures::dispatch(rig, Profile::Ours).await,
-        "dispatch-seeds" => central_figures::dispatch(rig, Profile::Seeds).await,
-        "e2e" => e2e::e2e(rig, Profile::Ours).await,
-        "e2e-seeds" => e2e::e2e(rig, Profile::Seeds).await,
+        "dispatch" => central_figures::dispatch(rig).await,
+        "e2e" => e2e::e2e(rig).await,
         "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }
 
-/// Central refused a key of the `Seeds` profile it does not know (a binary from before the
-/// dispatcher keys were added).
-fn lacks_seeds_keys(error: &str) -> bool {
-    error.contains("unknown field")
-        && (error.contains("wake_on_events") || error.contains("claim_batch"))
-}
-
-async fn run_group(group: &'static str, rig: &mut Rig, seeds: SeedsMode) -> GroupResult {
-    let runs = if is_seeds(group) {
-        rig.sizes.seeds_runs
-    } else {
-        rig.sizes.runs
-    };
+async fn run_group(group: &'static str, rig: &mut Rig) -> GroupResult {
+    let runs = rig.sizes.runs;
     let started = Instant::now();
     if let Some(why) = rig.backend.unsupported(group) {
         eprintln!("bench: {group}: skipped: {why}");
@@ -526,21 +457,8 @@ async fn run_group(group: &'static str, rig: &mut Rig, seeds: SeedsMode) -> Grou
                 records.push(record);
             }
             Err(error) => {
-                let message = format!("run {run}: {error:#}");
-                status =
-                    if is_seeds(group) && seeds == SeedsMode::Auto && lacks_seeds_keys(&message) {
-                        GroupStatus::Skipped(
-                            "central does not accept the seeds' dispatcher keys (wake_on_events, \
-                         claim_batch) yet"
-                                .into(),
-                        )
-                    } else {
-                        GroupStatus::Failed(message)
-                    };
-                match &status {
-                    GroupStatus::Skipped(why) => eprintln!("bench: {group}: skipped: {why}"),
-                    _ => eprintln!("bench: {group}: FAILED: {error:#}"),
-                }
+                eprintln!("bench: {group}: FAILED: {error:#}");
+                status = GroupStatus::Failed(format!("run {run}: {error:#}"));
                 break;
             }
         }
@@ -565,13 +483,11 @@ fn configs_json(backend: &Backend, sizes: &Sizes) -> serde_json::Value {
         }
     };
     json!({
-        "central_ours": services::central_toml(addr, &db, addr, Profile::Ours),
-        "central_seeds": services::central_toml(addr, &db, addr, Profile::Seeds),
+        "central": services::central_toml(addr, &db, addr),
         "central_fresh": services::central_toml_with_smtp(
             addr,
             &db,
             addr,
-            Profile::Ours,
             &services::smtp_rate_limit(sizes.fresh_rate_limit, sizes.fresh_burst),
         ),
         "site": services::site_toml(addr, Path::new("<run dir>/site.db"), addr),
@@ -649,7 +565,7 @@ async fn run(args: Args) -> Result<bool> {
     .context("preparing the empty databases")?;
     let mut results = Vec::new();
     for group in groups {
-        results.push(run_group(group, &mut rig, args.seeds).await);
+        results.push(run_group(group, &mut rig).await);
     }
     rig.finish();
     drop(tls_dir);
@@ -698,10 +614,9 @@ async fn run(args: Args) -> Result<bool> {
     println!("central database: {}", backend.describe());
     println!("gRPC: {}", grpc_transport(args.tls));
     println!(
-        "median of {} runs (seeds: {}, fresh oldest-first: {}); work dir on {}; 4 KiB fsync \
-         before: {}, after: {}\n",
+        "median of {} runs (fresh oldest-first: {}); work dir on {}; 4 KiB fsync before: {}, \
+         after: {}\n",
         sizes.runs,
-        sizes.seeds_runs,
         sizes.fresh_baseline_runs.min(sizes.runs),
         document["machine"]["work_dir_filesystem"]
             .as_str()

@@ -24,7 +24,7 @@ use crate::fixtures;
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
 use crate::rig::{Rig, check_count};
-use crate::services::{self, Profile, Service};
+use crate::services::{self, Service};
 use crate::site_figures::{buffer_stats, lone_site, send_closed_loop, send_once, site_clients};
 
 /// Lets allocator and page-cache activity of the last request settle before RSS is read.
@@ -44,7 +44,6 @@ pub async fn memory(rig: &mut Rig) -> Result<RunRecord> {
         services::free_addr()?,
         &format!("sqlite://{}", fixtures.central.display()),
         services::free_addr()?,
-        Profile::Ours,
     );
     let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let central_memory = {

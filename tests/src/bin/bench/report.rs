@@ -1,6 +1,6 @@
 //! Turning runs into the report: each figure's median over its runs with the min–max beside it,
-//! the target and whether the median meets it, our settings against those of the system this
-//! replaces (the `Seeds` profile), and the same in JSON with every run's raw values and details.
+//! the target and whether the median meets it, and the same in JSON with every run's raw values
+//! and details.
 //!
 //! Medians, because on a shared two-core machine one run can be disturbed by something else
 //! (a compaction, a page-cache flush); the median of three ignores one such run where a mean
@@ -48,8 +48,8 @@ impl RunRecord {
 #[derive(Debug)]
 pub enum GroupStatus {
     Done,
-    /// Not run, for a reason that is not a failure (e.g. the binaries lack the dispatcher keys
-    /// the `Seeds` profile sets).
+    /// Not run, for a reason that is not a failure (e.g. memory with central on MS SQL, see
+    /// `Backend::unsupported`).
     Skipped(String),
     /// A run failed: the message names the step.
     Failed(String),
@@ -139,43 +139,6 @@ fn summary_of(groups: &[GroupResult], key: &str) -> Option<Summary> {
     summarise(&values_of(groups, key))
 }
 
-/// Our figure against the `Seeds` profile's for the same workload; `higher_is_better` decides
-/// which way the ratio is taken so that a ratio above 1 always means "ours is better".
-#[derive(Debug, Clone)]
-pub struct Comparison {
-    pub label: &'static str,
-    pub unit: &'static str,
-    pub ours: &'static str,
-    pub seeds: &'static str,
-    pub higher_is_better: bool,
-}
-
-pub fn comparisons() -> Vec<Comparison> {
-    vec![
-        Comparison {
-            label: "dispatch to SMTP",
-            unit: "deliveries/s",
-            ours: "dispatch.rate",
-            seeds: "seeds.dispatch.rate",
-            higher_is_better: true,
-        },
-        Comparison {
-            label: "idle end-to-end latency p50",
-            unit: "ms",
-            ours: "e2e.p50",
-            seeds: "seeds.e2e.p50",
-            higher_is_better: false,
-        },
-        Comparison {
-            label: "idle end-to-end latency p99",
-            unit: "ms",
-            ours: "e2e.p99",
-            seeds: "seeds.e2e.p99",
-            higher_is_better: false,
-        },
-    ]
-}
-
 /// Cores used by processes other than the bench and the services, in any run of a figure,
 /// above which the report warns that the figure was disturbed. Kernel threads and the odd
 /// daemon stay far below it.
@@ -218,44 +181,6 @@ pub fn render(metrics: &[Metric], groups: &[GroupResult]) -> String {
         ["figure", "target", "median", "min – max", "met"],
         &rows,
     );
-
-    let compared: Vec<[String; 5]> = comparisons()
-        .iter()
-        .filter_map(|c| {
-            let ours = summary_of(groups, c.ours)?;
-            let seeds = summary_of(groups, c.seeds)?;
-            let ratio = if c.higher_is_better {
-                ours.median / seeds.median
-            } else {
-                seeds.median / ours.median
-            };
-            Some([
-                c.label.to_string(),
-                format!("{} {}", number(ours.median), c.unit),
-                format!("{} {}", number(seeds.median), c.unit),
-                format!("{}x", number(ratio)),
-                if c.higher_is_better {
-                    "ours / seeds".into()
-                } else {
-                    "seeds / ours".into()
-                },
-            ])
-        })
-        .collect();
-    if !compared.is_empty() {
-        out.push('\n');
-        table(
-            &mut out,
-            [
-                "ours vs the seeds' settings",
-                "ours",
-                "seeds",
-                "ratio",
-                "ratio is",
-            ],
-            &compared,
-        );
-    }
 
     let cpu: Vec<[String; 2]> = groups
         .iter()
@@ -329,8 +254,7 @@ pub fn render(metrics: &[Metric], groups: &[GroupResult]) -> String {
     out
 }
 
-/// The JSON document: `header` (machine, settings, configs) plus figures, comparisons and every
-/// run.
+/// The JSON document: `header` (machine, settings, configs) plus figures and every run.
 pub fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) -> Value {
     let figures: Vec<Value> = metrics
         .iter()
@@ -351,26 +275,6 @@ pub fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) ->
                     _ => None,
                 },
             })
-        })
-        .collect();
-    let compared: Vec<Value> = comparisons()
-        .iter()
-        .filter_map(|c| {
-            let ours = summary_of(groups, c.ours)?;
-            let seeds = summary_of(groups, c.seeds)?;
-            let (ratio, ratio_is) = if c.higher_is_better {
-                (ours.median / seeds.median, "ours / seeds")
-            } else {
-                (seeds.median / ours.median, "seeds / ours")
-            };
-            Some(json!({
-                "label": c.label,
-                "unit": c.unit,
-                "ours_median": ours.median,
-                "seeds_median": seeds.median,
-                "ratio": ratio,
-                "ratio_is": ratio_is,
-            }))
         })
         .collect();
     let group_json: serde_json::Map<String, Value> = groups
@@ -394,7 +298,6 @@ pub fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) ->
         .collect();
     if let Value::Object(map) = &mut header {
         map.insert("figures".into(), Value::Array(figures));
-        map.insert("comparison".into(), Value::Array(compared));
         map.insert("groups".into(), Value::Object(group_json));
     }
     header

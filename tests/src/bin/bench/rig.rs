@@ -15,20 +15,18 @@ use tempfile::TempDir;
 
 use crate::backend::{Backend, CentralDb};
 use crate::fixtures::{self, CentralRows};
-use crate::services::{self, Binaries, Profile, Service};
+use crate::services::{self, Binaries, Service};
 
 /// Sizes and rates every figure takes from the command line.
 #[derive(Debug, Clone)]
 pub struct Sizes {
     pub runs: usize,
-    pub seeds_runs: usize,
     pub warmup: Duration,
     pub measure: Duration,
     pub callers: usize,
     pub send_rate: f64,
     pub forward_rows: u64,
     pub dispatch_rows: u64,
-    pub seeds_dispatch_rows: u64,
     pub dispatch_deadline: Duration,
     pub e2e_rate: f64,
     pub e2e_duration: Duration,
@@ -47,14 +45,12 @@ impl Sizes {
     pub fn to_json(&self) -> Value {
         json!({
             "runs": self.runs,
-            "seeds_runs": self.seeds_runs,
             "warmup_s": self.warmup.as_secs_f64(),
             "measure_s": self.measure.as_secs_f64(),
             "callers": self.callers,
             "send_rate_per_s": self.send_rate,
             "forward_rows": self.forward_rows,
             "dispatch_rows": self.dispatch_rows,
-            "seeds_dispatch_rows": self.seeds_dispatch_rows,
             "dispatch_deadline_s": self.dispatch_deadline.as_secs_f64(),
             "e2e_rate_per_s": self.e2e_rate,
             "e2e_duration_s": self.e2e_duration.as_secs_f64(),
@@ -132,12 +128,8 @@ impl Rig {
                 .await
                 .context("trying the MS SQL server")?,
         };
-        let toml = services::central_toml(
-            services::free_addr()?,
-            &db.url(),
-            services::free_addr()?,
-            Profile::Ours,
-        );
+        let toml =
+            services::central_toml(services::free_addr()?, &db.url(), services::free_addr()?);
         let central = Service::central(&bins, &shared_path, "template-central", &toml)
             .await
             .context("creating central's empty database")?;

@@ -133,34 +133,12 @@ pub fn free_addr() -> Result<SocketAddr> {
     Ok(listener.local_addr()?)
 }
 
-/// Central's settings for a run. `Ours` leaves every dispatcher and SMTP pacing key at the
-/// service's default; `Seeds` is the system this replaces: a 10 s timer-only poll, 100 rows per
-/// sweep, one delivery at a time.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Profile {
-    Ours,
-    Seeds,
-}
-
-impl Profile {
-    pub fn name(self) -> &'static str {
-        match self {
-            Profile::Ours => "ours",
-            Profile::Seeds => "seeds",
-        }
-    }
-}
-
 /// The TOML central runs with: its database at `database` (a `sqlite://` URL or an MS SQL
 /// connection string, see [`crate::backend::CentralDb::url`]), email to the bench's SMTP sink at
-/// `smtp`, the benchmark list, logs at warn.
-pub fn central_toml(
-    addr: SocketAddr,
-    database: &str,
-    smtp: SocketAddr,
-    profile: Profile,
-) -> String {
-    central_toml_with_smtp(addr, database, smtp, profile, "")
+/// `smtp`, the benchmark list, logs at warn. Every dispatcher and SMTP pacing key is left at
+/// the service's default.
+pub fn central_toml(addr: SocketAddr, database: &str, smtp: SocketAddr) -> String {
+    central_toml_with_smtp(addr, database, smtp, "")
 }
 
 /// The `[smtp]` keys of a relay that takes at most `per_second` messages a second, in bursts of
@@ -174,19 +152,8 @@ pub fn central_toml_with_smtp(
     addr: SocketAddr,
     database: &str,
     smtp: SocketAddr,
-    profile: Profile,
     smtp_keys: &str,
 ) -> String {
-    let dispatcher = match profile {
-        Profile::Ours => String::new(),
-        Profile::Seeds => {
-            "poll_interval = \"10s\"\nwake_on_events = false\nclaim_batch = 100\n".to_string()
-        }
-    };
-    let connections = match profile {
-        Profile::Ours => String::new(),
-        Profile::Seeds => "max_concurrent_connections = 1\n".to_string(),
-    };
     let recipients = RECIPIENTS
         .iter()
         .map(|r| format!("\"{r}\""))
@@ -197,10 +164,9 @@ pub fn central_toml_with_smtp(
          database = {database}\n\
          node_id = \"bench-central\"\n\
          shutdown_timeout = \"5s\"\n\
-         \n[dispatcher]\n{dispatcher}\
          \n[log]\nfilter = \"warn\"\n\
          \n[smtp]\nhost = \"{host}\"\nport = {port}\ntls = \"none\"\n\
-         from_address = \"outbox@{FROM_DOMAIN}\"\n{connections}{smtp_keys}\
+         from_address = \"outbox@{FROM_DOMAIN}\"\n{smtp_keys}\
          \n[[lists]]\nname = \"{LIST}\"\ntype = \"email\"\nrecipients = [{recipients}]\n{tls}",
         database = toml_string(database),
         host = smtp.ip(),

@@ -21,7 +21,7 @@ use crate::load::{self, Window};
 use crate::proc_stats::{CpuWindow, flush_disk, own_pid};
 use crate::report::RunRecord;
 use crate::rig::{Rig, check_count};
-use crate::services::{self, LIST, Profile, Service};
+use crate::services::{self, LIST, Service};
 
 /// Numbers the subjects and bodies of every Send this process makes, so rows differ.
 static SEND_COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -213,12 +213,7 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
         filled.rows,
     )?;
 
-    let toml = services::central_toml(
-        central_addr,
-        &central_db.url(),
-        services::free_addr()?,
-        Profile::Ours,
-    );
+    let toml = services::central_toml(central_addr, &central_db.url(), services::free_addr()?);
     flush_disk();
     let spawned = Instant::now();
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
