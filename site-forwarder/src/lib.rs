@@ -2,8 +2,9 @@
 //! with an id; a forwarder task streams the buffer to central and deletes each row only after
 //! central acked it. Central may be away for days: the buffer grows and drains when it returns.
 //!
-//! [`run`] is the whole service, so tests start it in-process on port 0; `main.rs` only parses
-//! the command line, sets up tracing and calls it (or the client commands in [`cli`]).
+//! [`run`] is the whole service, so tests start it in-process on port 0 (with [`run_with`], on
+//! pair and metrics listeners they bound themselves); `main.rs` only parses the command line,
+//! sets up tracing and calls it (or the client commands in [`cli`]).
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
 //! [`forwarder`] (the stream to central), [`clears`] (the central half of `ClearCondition`),
@@ -80,6 +81,57 @@ impl From<ForwardError> for RunError {
     }
 }
 
+/// Listeners the caller already bound for the addresses the configuration names, used instead
+/// of binding them at start-up. Whoever binds first owns the port: a caller that picks a free
+/// port and hands its address over instead can lose it to any other socket in between (tests
+/// that run side by side do).
+#[derive(Debug, Default)]
+pub struct Listeners {
+    /// Bound to `pair.listen`.
+    pub pair: Option<TcpListener>,
+    /// Bound to `metrics_listen`.
+    pub metrics: Option<TcpListener>,
+}
+
+impl Listeners {
+    /// The listener for `addr` (a configured address, `key` in errors): the one given, which
+    /// must be bound to it, else a new one bound there.
+    async fn take(
+        given: Option<TcpListener>,
+        key: &str,
+        addr: Option<std::net::SocketAddr>,
+    ) -> Result<Option<TcpListener>, BindError> {
+        match (given, addr) {
+            (None, None) => Ok(None),
+            (None, Some(addr)) => TcpListener::bind(addr)
+                .await
+                .map(Some)
+                .map_err(|source| BindError::Io { addr, source }),
+            (Some(_), None) => Err(BindError::Mismatch(format!(
+                "{key}: not set, but a listener for it was given"
+            ))),
+            (Some(listener), Some(addr)) => match listener.local_addr() {
+                Ok(bound) if bound == addr => Ok(Some(listener)),
+                Ok(bound) => Err(BindError::Mismatch(format!(
+                    "{key}: {addr}, but the listener given for it is bound to {bound}"
+                ))),
+                Err(e) => Err(BindError::Mismatch(format!(
+                    "{key}: the listener given for it has no address: {e}"
+                ))),
+            },
+        }
+    }
+}
+
+/// Why [`Listeners::take`] has no listener.
+enum BindError {
+    Io {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    Mismatch(String),
+}
+
 /// Runs the site-forwarder on `listener` until `shutdown` is cancelled: opens the buffer, starts
 /// the forwarder, serves `SiteNotify`, health and reflection. On shutdown health turns
 /// NOT_SERVING, new connections stop, open ones get `shutdown_timeout` to finish, the forwarder
@@ -87,6 +139,16 @@ impl From<ForwardError> for RunError {
 pub async fn run(
     config: Config,
     listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), RunError> {
+    run_with(config, listener, Listeners::default(), shutdown).await
+}
+
+/// [`run`], with the pair and metrics listeners already bound by the caller.
+pub async fn run_with(
+    config: Config,
+    listener: TcpListener,
+    listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     config
@@ -108,14 +170,13 @@ pub async fn run(
              true): anyone on the network can send notifications as this site"
         );
     }
-    let metrics_listener = match config.metrics_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .map_err(|source| RunError::MetricsListen { addr, source })?,
-        ),
-        None => None,
-    };
+    let metrics_listener =
+        Listeners::take(listeners.metrics, "metrics_listen", config.metrics_listen)
+            .await
+            .map_err(|e| match e {
+                BindError::Io { addr, source } => RunError::MetricsListen { addr, source },
+                BindError::Mismatch(problem) => RunError::Config(problem),
+            })?;
 
     let path = config.buffer_path.clone();
     let buffer = tokio::task::spawn_blocking(move || Buffer::open(&path))
@@ -162,19 +223,27 @@ pub async fn run(
     // A child token: shutdown ends the replication streams at once (the standby reconnects to
     // whichever node is active) and the pair endpoint with them.
     let stop_pair = shutdown.child_token();
-    let pair_endpoint = match &config.pair {
-        None => None,
-        Some(pair_config) => Some(
-            PairEndpoint::bind(
-                &config,
-                pair_config,
-                site.clone(),
-                buffer.clone(),
-                Arc::clone(&pair),
-                stop_pair.clone(),
-            )
-            .await?,
-        ),
+    let pair_listener = Listeners::take(
+        listeners.pair,
+        "pair.listen",
+        config.pair.as_ref().map(|pair| pair.listen),
+    )
+    .await
+    .map_err(|e| match e {
+        BindError::Io { addr, source } => RunError::PairListen { addr, source },
+        BindError::Mismatch(problem) => RunError::Config(problem),
+    })?;
+    let pair_endpoint = match (&config.pair, pair_listener) {
+        (Some(pair_config), Some(listener)) => Some(PairEndpoint::new(
+            listener,
+            &config,
+            pair_config,
+            site.clone(),
+            buffer.clone(),
+            Arc::clone(&pair),
+            stop_pair.clone(),
+        )?),
+        _ => None,
     };
     let peer = pair_endpoint.as_ref().map(PairEndpoint::peer);
     let node = Node::new(

@@ -4,7 +4,9 @@
 //! Counters (Sends committed, acks settled) are counted where the work happens, after the buffer
 //! commit, so they never run ahead of the buffer. Every gauge is read at scrape time from the
 //! same sources as `GetBufferStats` (the buffer's stats query and the forwarder's
-//! [`ForwardState`]), so the two surfaces cannot drift apart.
+//! [`ForwardState`]), so the two surfaces cannot drift apart. A scrape reads the buffer first and
+//! the counters as it encodes them, so one scrape may count an ack settled meanwhile whose row
+//! its buffer gauges still show; the next scrape shows both.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -61,8 +63,8 @@ pub struct SiteMetrics {
     standby_lag: SecondsGauge,
     active_silent: SecondsGauge,
     promotions: Counter,
-    /// Held from setting the gauges to encoding them, so concurrent scrapes each render the
-    /// figures of one moment.
+    /// Held from setting the gauges to encoding them, so concurrent scrapes do not mix their
+    /// gauge values.
     scrape: Mutex<()>,
 }
 

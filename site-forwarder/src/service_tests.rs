@@ -3,6 +3,13 @@
 //! the forwarder's side of the contract (delete only on ack, reject aside, resend after a broken
 //! stream, UNAVAILABLE when central is away, a clear ordered among the notifications); the real
 //! central is exercised by the workspace's end-to-end tests.
+//!
+//! Every port a test uses stays its own from start to end: listeners are bound up front and
+//! handed to the code under test ([`crate::run_with`]), and an address with nothing behind it
+//! yet (central away, a node not started) is held by a [`Reserved`] socket. A port found free,
+//! released and bound later can be taken in between by any test running beside it (seen: a
+//! node's own SiteNotify listener landing on its pair port, a site forwarding to another test's
+//! central).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -364,6 +371,30 @@ async fn start_site(central: SocketAddr) -> Site {
 
 /// Like [`start_site`], with `configure` applied to the test config first.
 async fn start_site_with(central: SocketAddr, configure: impl FnOnce(&mut Config)) -> Site {
+    start_node(central, crate::Listeners::default(), configure).await
+}
+
+/// Like [`start_site_with`], serving the pair link on the port `pair` holds (the `pair.listen`
+/// that `configure` sets, see [`pair_node`]).
+async fn start_pair_node(
+    central: SocketAddr,
+    pair: Reserved,
+    configure: impl FnOnce(&mut Config),
+) -> Site {
+    let listeners = crate::Listeners {
+        pair: Some(pair.listen()),
+        metrics: None,
+    };
+    start_node(central, listeners, configure).await
+}
+
+/// Starts a site with `listeners` bound for it and returns once it answers, i.e. once `run`
+/// has opened the buffer (tests read its file) and serves.
+async fn start_node(
+    central: SocketAddr,
+    listeners: crate::Listeners,
+    configure: impl FnOnce(&mut Config),
+) -> Site {
     let dir = tempfile::tempdir().unwrap();
     let mut config = Config::new("site-a");
     config.buffer_path = dir.path().join("buffer.db");
@@ -376,17 +407,59 @@ async fn start_site_with(central: SocketAddr, configure: impl FnOnce(&mut Config
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stop = CancellationToken::new();
-    let done = tokio::spawn(crate::run(config, listener, stop.clone()));
-    let client = SiteNotifyClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    Site {
+    let mut done = tokio::spawn(crate::run_with(config, listener, listeners, stop.clone()));
+    let client = match SiteNotifyClient::connect(format!("http://{addr}")).await {
+        Ok(client) => client,
+        Err(error) => {
+            let run = tokio::time::timeout(Duration::from_secs(1), &mut done).await;
+            panic!("cannot connect to the site: {error:?}; its run: {run:?}");
+        }
+    };
+    let mut site = Site {
         addr,
         client,
         buffer,
         stop,
         done,
         _dir: dir,
+    };
+    site.stats().await;
+    site
+}
+
+/// A port held for a test: a socket bound to it but not listening. Connecting to it is refused,
+/// as to a central or a node that is down, and no other socket can take the port meanwhile;
+/// [`Self::listen`] turns it into the listener that serves it.
+struct Reserved {
+    socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl Reserved {
+    /// A free port on the loopback.
+    fn new() -> Self {
+        Self::at("127.0.0.1:0".parse().unwrap())
+    }
+
+    /// The port of a node or endpoint that just stopped, held again (for its restart).
+    fn again(addr: SocketAddr) -> Self {
+        Self::at(addr)
+    }
+
+    /// With SO_REUSEADDR, as the service binds its own listeners: the connections a stopped
+    /// listener leaves on the port (closing, or in TIME_WAIT) inherit it, and would otherwise
+    /// keep [`Self::again`] from binding there. A port bound this way is still never picked for
+    /// another socket's port 0 or outgoing connection.
+    fn at(addr: SocketAddr) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket.bind(addr).unwrap();
+        let addr = socket.local_addr().unwrap();
+        Self { socket, addr }
+    }
+
+    fn listen(self) -> TcpListener {
+        self.socket.listen(1024).unwrap()
     }
 }
 
@@ -436,11 +509,14 @@ impl Site {
     }
 
     async fn stats(&mut self) -> BufferStats {
-        self.client
-            .get_buffer_stats(GetBufferStatsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
+        match self.client.get_buffer_stats(GetBufferStatsRequest {}).await {
+            Ok(response) => response.into_inner(),
+            Err(error) => {
+                // A site that could not start (a port in use, say) answers nothing: say why.
+                let run = tokio::time::timeout(Duration::from_secs(1), &mut self.done).await;
+                panic!("GetBufferStats failed: {error:?}; the site's run: {run:?}");
+            }
+        }
     }
 
     async fn status(&mut self, id: &str) -> Result<NotificationStatusView, Status> {
@@ -526,10 +602,9 @@ async fn forwards_deletes_on_ack_and_sets_rejections_aside() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
-    // Reserve a port for central, then leave it closed.
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    drop(listener);
+    // Central's port, held and refusing until central comes.
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
     let mut site = start_site(central_addr).await;
 
     let first = site.send("first").await;
@@ -554,7 +629,7 @@ async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
     assert!(stats.oldest_enqueued_at.is_some());
 
     // Central comes back, but its first stream breaks after one unacked submit.
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     central.break_first_stream.store(true, Ordering::SeqCst);
     let central_stop = CancellationToken::new();
@@ -578,9 +653,8 @@ async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
 /// shows it while the notification waits in the buffer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_priority_is_shown_while_buffered_and_forwarded_to_central() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    drop(listener);
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
     let mut site = start_site(central_addr).await;
 
     let mut urgent = send_request("urgent");
@@ -593,7 +667,7 @@ async fn the_priority_is_shown_while_buffered_and_forwarded_to_central() {
     let view = site.status(&normal).await.unwrap();
     assert_eq!(view.priority(), NotificationPriority::Normal);
 
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     let central_stop = CancellationToken::new();
     start_central(central.clone(), listener, central_stop.clone()).await;
@@ -611,10 +685,8 @@ async fn the_priority_is_shown_while_buffered_and_forwarded_to_central() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_rejects_bad_input_and_buffers_nothing() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    drop(listener);
-    let mut site = start_site(central_addr).await;
+    let central = Reserved::new();
+    let mut site = start_site(central.addr).await;
 
     let mut bad_subject = send_request("x");
     bad_subject.subject = "hi\r\nBcc: victim@example.com".into();
@@ -644,10 +716,8 @@ async fn health_and_reflection_are_served() {
     use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
     use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    drop(listener);
-    let site = start_site(central_addr).await;
+    let central = Reserved::new();
+    let site = start_site(central.addr).await;
     let channel = Channel::from_shared(format!("http://{}", site.addr))
         .unwrap()
         .connect()
@@ -692,10 +762,19 @@ async fn health_and_reflection_are_served() {
     site.shut_down().await;
 }
 
-/// An address nothing listens on (bound, then released), for central or the metrics endpoint.
-async fn unused_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    listener.local_addr().unwrap()
+/// Starts a site serving `/metrics` on a listener bound here; returns it and that address.
+async fn start_site_with_metrics(central: SocketAddr) -> (Site, SocketAddr) {
+    let metrics = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics_addr = metrics.local_addr().unwrap();
+    let listeners = crate::Listeners {
+        pair: None,
+        metrics: Some(metrics),
+    };
+    let site = start_node(central, listeners, |config| {
+        config.metrics_listen = Some(metrics_addr);
+    })
+    .await;
+    (site, metrics_addr)
 }
 
 /// Scrapes `/metrics` and checks the answer is OpenMetrics text.
@@ -717,12 +796,8 @@ fn forwarded(text: &str, outcome: &str) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_mirror_the_buffer_while_central_is_away() {
-    let central_addr = unused_addr().await;
-    let metrics_addr = unused_addr().await;
-    let mut site = start_site_with(central_addr, |config| {
-        config.metrics_listen = Some(metrics_addr);
-    })
-    .await;
+    let central = Reserved::new();
+    let (mut site, metrics_addr) = start_site_with_metrics(central.addr).await;
 
     for subject in ["one", "two", "three"] {
         site.send(subject).await;
@@ -746,6 +821,8 @@ async fn metrics_mirror_the_buffer_while_central_is_away() {
     let other = metrics_endpoint::get(metrics_addr, "/").await.unwrap();
     assert_eq!(other.status, 404);
     site.shut_down().await;
+    // Held, so that nothing else answers there now.
+    let _metrics_port = Reserved::again(metrics_addr);
     assert!(
         metrics_endpoint::get(metrics_addr, "/metrics")
             .await
@@ -754,36 +831,79 @@ async fn metrics_mirror_the_buffer_while_central_is_away() {
     );
 }
 
+/// A listener handed to `run_with` stands for a configured address: one bound elsewhere, or
+/// for an address that is not configured, stops start-up naming the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_given_must_be_bound_to_the_configured_address() {
+    let central = Reserved::new();
+    let other = Reserved::new();
+    for (metrics_listen, expected) in [
+        (Some(other.addr), "metrics_listen: 127.0.0.1:"),
+        (None, "metrics_listen: not set"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = Config::new("site-a");
+        config.buffer_path = dir.path().join("buffer.db");
+        config.central_url = format!("http://{}", central.addr);
+        config.metrics_listen = metrics_listen;
+        let listeners = crate::Listeners {
+            pair: None,
+            metrics: Some(TcpListener::bind("127.0.0.1:0").await.unwrap()),
+        };
+        let site = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stop = CancellationToken::new();
+        let err = crate::run_with(config, site, listeners, stop)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, crate::RunError::Config(problem) if problem.starts_with(expected)),
+            "{err}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_central_acked() {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let central_addr = listener.local_addr().unwrap();
     let central_stop = CancellationToken::new();
-    start_central(FakeCentral::default(), listener, central_stop.clone()).await;
-    let metrics_addr = unused_addr().await;
-    let mut site = start_site_with(central_addr, |config| {
-        config.metrics_listen = Some(metrics_addr);
-    })
-    .await;
+    let central = FakeCentral::default();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (mut site, metrics_addr) = start_site_with_metrics(central_addr).await;
 
     for subject in ["first", "second", "please reject"] {
         site.send(subject).await;
     }
-    // The counters move right after the buffer commit: poll the endpoint itself.
+    // Each notification central took is counted once, when the buffer deletes it: as accepted,
+    // or as duplicate when the stream broke before its ack and central answered the resubmit
+    // DUPLICATE. Which of the two depends on timing, so they are counted together; a
+    // duplicate is only counted for a submit central received more than once.
+    let delivered =
+        |text: &str| forwarded(text, "accepted").unwrap() + forwarded(text, "duplicate").unwrap();
+    // Counters move last (after the buffer commit and the forward stamp), and a scrape reads the
+    // buffer before it renders them, so the scrape that first shows an ack counted may still
+    // show its row buffered: wait for the counters, then scrape again for the rest.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    let text = loop {
+    loop {
         let text = scrape(metrics_addr).await;
-        if forwarded(&text, "accepted") == Some(2.0) && forwarded(&text, "rejected") == Some(1.0) {
-            break text;
+        if delivered(&text) == 2.0 && forwarded(&text, "rejected") == Some(1.0) {
+            break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "timed out waiting for the acks to be counted:\n{text}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
+    let text = scrape(metrics_addr).await;
     let sample = |series: &str| metrics_endpoint::sample(&text, series);
-    assert_eq!(forwarded(&text, "duplicate"), Some(0.0));
+    assert_eq!(delivered(&text), 2.0, "{text}");
+    assert_eq!(forwarded(&text, "rejected"), Some(1.0));
+    let resubmits = central.submits_seen.lock().unwrap().len() - 3;
+    assert!(
+        forwarded(&text, "duplicate").unwrap() <= resubmits as f64,
+        "duplicates counted beyond the {resubmits} resubmits central received:\n{text}"
+    );
     assert_eq!(sample("outbox_site_buffer_depth"), Some(0.0));
     assert_eq!(sample("outbox_site_buffer_rejected"), Some(1.0));
     assert_eq!(sample("outbox_site_buffer_oldest_age_seconds"), Some(0.0));
@@ -802,7 +922,8 @@ async fn metrics_count_what_central_acked() {
     central_stop.cancel();
 }
 
-/// `configure` for one node of an in-process pair whose buffer lives at `buffer`.
+/// `configure` for one node of an in-process pair whose buffer lives at `buffer`; start it with
+/// [`start_pair_node`] on the port reserved for `listen`.
 fn pair_node(
     name: &'static str,
     role: crate::pair::Role,
@@ -884,19 +1005,22 @@ async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
     use crate::pair::Role;
-    let central = unused_addr().await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let central_port = Reserved::new();
+    let central = central_port.addr;
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let active = start_site_with(
+    let active = start_pair_node(
         central,
+        a_port,
         pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
     )
     .await;
     let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
 
     let mut sent = send_concurrently(&active, 300, "before").await;
-    let mut standby = start_site_with(central, standby_config()).await;
+    let mut standby = start_pair_node(central, b_port, standby_config()).await;
     standby
         .wait_for("the rows sent before it attached", |s| s.depth == 300)
         .await;
@@ -909,8 +1033,9 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
 
     // Down and back: it resumes, reading what it missed from the table.
     standby.shut_down().await;
+    let b_port = Reserved::again(b_pair);
     sent.extend(send_concurrently(&active, 200, "while away").await);
-    let mut standby = start_site_with(central, standby_config()).await;
+    let mut standby = start_pair_node(central, b_port, standby_config()).await;
     sent.extend(send_concurrently(&active, 200, "after").await);
     standby
         .wait_for("every row after the restart", |s| s.depth == 1300)
@@ -937,16 +1062,19 @@ async fn a_standby_drops_every_row_central_acked() {
     let central_stop = CancellationToken::new();
     let central = FakeCentral::default();
     start_central(central.clone(), listener, central_stop.clone()).await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let b_buffer = dir.path().join("b.db");
-    let active = start_site_with(
+    let mut active = start_pair_node(
         central_addr,
+        a_port,
         pair_node("a", Role::Active, a_pair, b_pair, dir.path().join("a.db")),
     )
     .await;
-    let mut standby = start_site_with(
+    let mut standby = start_pair_node(
         central_addr,
+        b_port,
         pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
     )
     .await;
@@ -955,16 +1083,26 @@ async fn a_standby_drops_every_row_central_acked() {
         .await;
 
     let sent = send_concurrently(&active, 600, "acked").await;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while central.stored_ids().len() < sent.len() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "central got them all"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    active
+        .wait_for("the active to settle every ack", |s| s.depth == 0)
+        .await;
+    let stored = central.stored_ids();
+    assert!(sent.iter().all(|id| stored.binary_search(id).is_ok()));
+    // An empty standby proves nothing yet: it can be empty for a moment while rows the active
+    // deleted are still on their way to it, their removal in a later batch. A row committed now
+    // reaches it in a batch that carries, or follows one that carried, every removal committed
+    // before (batches are applied in order): once the standby holds that row, it holds nothing
+    // else. Held unacked at central, so that it stays.
+    central.acks_held.send_replace(true);
+    let last = active.send("last").await;
+    eventually("the standby to copy the last row", || {
+        buffered_ids(&b_buffer).contains(&last)
+    })
+    .await;
+    assert_eq!(buffered_ids(&b_buffer), [last].into());
+    central.acks_held.send_replace(false);
     standby
-        .wait_for("the standby to drop every acked row", |s| s.depth == 0)
+        .wait_for("the standby to drop the last row", |s| s.depth == 0)
         .await;
     assert!(buffered_ids(&b_buffer).is_empty());
     standby.shut_down().await;
@@ -1069,8 +1207,8 @@ async fn a_condition_key_is_forwarded_and_a_later_clear_goes_to_central() {
 /// Rows of another key or none are sent unmarked and never wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clear_while_central_is_away_reaches_central_after_the_rows_before_it() {
-    let central_addr = unused_addr().await;
-    let mut site = start_site(central_addr).await;
+    let central_port = Reserved::new();
+    let mut site = start_site(central_port.addr).await;
     let key = "tank4.level.high";
 
     let first = site.send_keyed("high", key).await;
@@ -1093,7 +1231,7 @@ async fn a_clear_while_central_is_away_reaches_central_after_the_rows_before_it(
     );
     assert_eq!(pending_clear_keys(&site.buffer), vec![key.to_owned()]);
 
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     central.fail_clears.store(1, Ordering::SeqCst);
     let central_stop = CancellationToken::new();
@@ -1135,7 +1273,8 @@ async fn a_clear_while_central_is_away_reaches_central_after_the_rows_before_it(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_condition_keys_are_refused_naming_the_field() {
-    let mut site = start_site(unused_addr().await).await;
+    let central = Reserved::new();
+    let mut site = start_site(central.addr).await;
     for bad in ["tank 4", "tänk", &"k".repeat(129)] {
         let request = SendRequest {
             condition_key: bad.to_string(),
@@ -1159,7 +1298,8 @@ async fn bad_condition_keys_are_refused_naming_the_field() {
 /// central half are on disk, and the restarted site finishes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pending_clear_survives_a_restart() {
-    let central_addr = unused_addr().await;
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
     let dir = tempfile::tempdir().unwrap();
     let buffer = dir.path().join("buffer.db");
     let configure = || {
@@ -1176,7 +1316,7 @@ async fn a_pending_clear_survives_a_restart() {
         site.status(&id).await.unwrap().status(),
         NotificationStatus::Cleared
     );
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     let central_stop = CancellationToken::new();
     start_central(central.clone(), listener, central_stop.clone()).await;
@@ -1200,17 +1340,20 @@ async fn a_pending_clear_survives_a_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
     use crate::pair::Role;
-    let central = unused_addr().await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let central_port = Reserved::new();
+    let central = central_port.addr;
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_site_with(
+    let mut active = start_pair_node(
         central,
+        a_port,
         pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
     )
     .await;
     let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
-    let mut standby = start_site_with(central, standby_config()).await;
+    let mut standby = start_pair_node(central, b_port, standby_config()).await;
 
     let high = [
         active.send_keyed("high", "tank4.level.high").await,
@@ -1240,8 +1383,9 @@ async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
 
     // Marked while the standby is away: a resume copies the marks it missed.
     standby.shut_down().await;
+    let b_port = Reserved::again(b_pair);
     assert_eq!(active.clear("pump7.running").await.unwrap(), 1);
-    let mut standby = start_site_with(central, standby_config()).await;
+    let mut standby = start_pair_node(central, b_port, standby_config()).await;
     let mut expected = expected;
     expected.insert(pump);
     eventually("the resumed standby to copy the marks", || {
@@ -1345,17 +1489,21 @@ impl FakeCentral {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
     use crate::pair::Role;
-    let central_addr = unused_addr().await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_site_with(
+    let mut active = start_pair_node(
         central_addr,
+        a_port,
         pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
     )
     .await;
-    let mut standby = start_site_with(
+    let mut standby = start_pair_node(
         central_addr,
+        b_port,
         pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
     )
     .await;
@@ -1376,7 +1524,7 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
 
     active.shut_down().await;
     standby.promote().await;
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     let central_stop = CancellationToken::new();
     start_central(central.clone(), listener, central_stop.clone()).await;
@@ -1396,17 +1544,21 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clear_central_applied_leaves_the_standby() {
     use crate::pair::Role;
-    let central_addr = unused_addr().await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_site_with(
+    let mut active = start_pair_node(
         central_addr,
+        a_port,
         pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
     )
     .await;
-    let mut standby = start_site_with(
+    let mut standby = start_pair_node(
         central_addr,
+        b_port,
         pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
     )
     .await;
@@ -1419,7 +1571,7 @@ async fn a_clear_central_applied_leaves_the_standby() {
     .await;
     assert_eq!(pending_clears(&b_buffer), pending_clears(&a_buffer));
 
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     let central_stop = CancellationToken::new();
     start_central(central.clone(), listener, central_stop.clone()).await;
@@ -1450,30 +1602,34 @@ async fn a_clear_central_applied_leaves_the_standby() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_carries_the_pending_clear() {
     use crate::pair::Role;
-    let central_addr = unused_addr().await;
-    let (a_pair, b_pair) = (unused_addr().await, unused_addr().await);
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
+    let (a_port, b_port) = (Reserved::new(), Reserved::new());
+    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
     let dir = tempfile::tempdir().unwrap();
     let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
     let a_config = || pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone());
     let b_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
-    let mut a = start_site_with(central_addr, a_config()).await;
-    let mut b = start_site_with(central_addr, b_config()).await;
+    let mut a = start_pair_node(central_addr, a_port, a_config()).await;
+    let mut b = start_pair_node(central_addr, b_port, b_config()).await;
     b.wait_for("b to follow a", |s| s.active_node == "a").await;
     b.shut_down().await;
+    let b_port = Reserved::again(b_pair);
 
     let key = "tank4.level.high";
     let high = a.send_keyed("high", key).await;
     assert_eq!(a.clear(key).await.unwrap(), 1);
     let again_on_a = a.send_keyed("high again", key).await;
     a.shut_down().await;
+    let a_port = Reserved::again(a_pair);
     let on_a = pending_clears(&a_buffer);
     assert_eq!(pending_clear_keys(&a_buffer), [key]);
     assert!(pending_clear_keys(&b_buffer).is_empty());
 
-    let mut b = start_site_with(central_addr, b_config()).await;
+    let mut b = start_pair_node(central_addr, b_port, b_config()).await;
     b.promote().await;
     let again_on_b = b.send_keyed("high on b", key).await;
-    let a = start_site_with(central_addr, a_config()).await;
+    let a = start_pair_node(central_addr, a_port, a_config()).await;
     b.wait_for("a's rows and clear to be handed over", |s| {
         s.depth == 3 && pending_clear_keys(&b_buffer).len() == 1
     })
@@ -1492,7 +1648,7 @@ async fn a_handover_carries_the_pending_clear() {
     })
     .await;
 
-    let listener = TcpListener::bind(central_addr).await.unwrap();
+    let listener = central_port.listen();
     let central = FakeCentral::default();
     let central_stop = CancellationToken::new();
     start_central(central.clone(), listener, central_stop.clone()).await;

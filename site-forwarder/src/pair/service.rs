@@ -1,5 +1,5 @@
-//! `SitePair`: what a node serves its peer on `pair.listen` ([`PairEndpoint`] binds and serves
-//! it). Handlers stay thin: check the caller and this node's role, then hand over to
+//! `SitePair`: what a node serves its peer on `pair.listen` ([`PairEndpoint`] serves it).
+//! Handlers stay thin: check the caller and this node's role, then hand over to
 //! [`super::source`] or the buffer.
 //!
 //! On a TLS pair link the peer has already presented a certificate chaining to `tls.ca`; it must
@@ -34,8 +34,8 @@ use crate::config::{Config, PairConfig};
 use crate::domain::{Seq, SiteId};
 use crate::grpc::buffer_status;
 
-/// The pair endpoint of a node: bound at start-up (so a busy port stops start-up), served by
-/// [`PairEndpoint::serve`] until the stop token.
+/// The pair endpoint of a node: its listener is bound at start-up (so a busy port stops
+/// start-up), served by [`PairEndpoint::serve`] until the stop token.
 pub struct PairEndpoint {
     listener: TcpListener,
     /// With the TLS configuration applied, when the link is TLS.
@@ -45,8 +45,10 @@ pub struct PairEndpoint {
 }
 
 impl PairEndpoint {
-    /// Binds `pair.listen` and reads the TLS files; checks the peer's URL.
-    pub async fn bind(
+    /// Serves on `listener` (bound to `pair.listen`) and reads the TLS files; checks the peer's
+    /// URL.
+    pub fn new(
+        listener: TcpListener,
         config: &Config,
         pair_config: &PairConfig,
         site: SiteId,
@@ -54,12 +56,6 @@ impl PairEndpoint {
         pair: Arc<Pair>,
         stop: CancellationToken,
     ) -> Result<Self, RunError> {
-        let listener = TcpListener::bind(pair_config.listen)
-            .await
-            .map_err(|source| RunError::PairListen {
-                addr: pair_config.listen,
-                source,
-            })?;
         let tls = config
             .tls
             .pair_server_config()
@@ -98,7 +94,7 @@ impl PairEndpoint {
         self.peer.clone()
     }
 
-    /// Serves `SitePair` until the stop token given to [`Self::bind`].
+    /// Serves `SitePair` until the stop token given to [`Self::new`].
     pub fn serve(self) -> JoinHandle<()> {
         let stop = self.service.stop.clone();
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
