@@ -10,7 +10,7 @@ use central_outbox::domain::query::{NotificationFilter, PageRequest};
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{ConditionKey, NotificationId, NotificationType, SiteId};
-use central_outbox::store::{InsertOutcome, NewNotification, OutboxStore};
+use central_outbox::store::{InsertOutcome, LeaseEpoch, NewNotification, OutboxStore};
 use chrono::Utc;
 
 use crate::seed::{self, End, LEASE, Spec};
@@ -47,6 +47,24 @@ async fn last_event<S: OutboxStore>(store: &S, row: &NewNotification) -> History
         .clone()
 }
 
+/// Claims up to `rows` due email rows in turn, for long enough not to expire in a test.
+async fn claim<S: OutboxStore>(
+    store: &S,
+    epoch: LeaseEpoch,
+    rows: usize,
+) -> Vec<central_outbox::store::ClaimedNotification> {
+    store
+        .claim_due(
+            LEASE,
+            epoch,
+            NotificationType::Email,
+            ClaimLanes::in_turn(rows),
+            Duration::from_secs(600),
+        )
+        .await
+        .unwrap()
+}
+
 /// Two rows of the key to start with: one delivered, then one being delivered (claimed). Each
 /// is claimed before the next is stored, or the second would supersede the first.
 async fn delivered_and_in_flight<S: OutboxStore>(store: &S) -> (NewNotification, NewNotification) {
@@ -55,16 +73,7 @@ async fn delivered_and_in_flight<S: OutboxStore>(store: &S) -> (NewNotification,
     let epoch = seed::lease(store).await;
     for row in [&delivered, &in_flight] {
         submit(store, row).await;
-        let claimed = store
-            .claim_due(
-                LEASE,
-                epoch,
-                NotificationType::Email,
-                ClaimLanes::in_turn(2),
-                Duration::from_secs(600),
-            )
-            .await
-            .unwrap();
+        let claimed = claim(store, epoch, 2).await;
         assert_eq!(claimed.len(), 1);
         assert_eq!(claimed[0].id, row.submission.id);
         if row.submission.id == delivered.submission.id {
@@ -120,16 +129,7 @@ pub async fn a_newer_keyed_notification_supersedes_the_older_waiting_ones<S: Out
 
     // Superseded rows are never claimed: what is due is the untouched rows and the newer one.
     let epoch = seed::lease(store).await;
-    let claimed = store
-        .claim_due(
-            LEASE,
-            epoch,
-            NotificationType::Email,
-            ClaimLanes::in_turn(20),
-            Duration::from_secs(600),
-        )
-        .await
-        .unwrap();
+    let claimed = claim(store, epoch, 20).await;
     let mut subjects: Vec<&str> = claimed.iter().map(|c| c.content.subject.as_str()).collect();
     subjects.sort();
     assert_eq!(
@@ -239,16 +239,7 @@ pub async fn a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered<S: 
     assert_eq!(status(store, &older).await, Status::Pending);
 
     let epoch = seed::lease(store).await;
-    let claimed = store
-        .claim_due(
-            LEASE,
-            epoch,
-            NotificationType::Email,
-            ClaimLanes::in_turn(10),
-            Duration::from_secs(600),
-        )
-        .await
-        .unwrap();
+    let claimed = claim(store, epoch, 10).await;
     let ids: Vec<NotificationId> = claimed.iter().map(|c| c.id).collect();
     assert_eq!(ids, [older.submission.id]);
 

@@ -397,14 +397,20 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxSt
             .await
             .unwrap()
     );
-    // Lapsed again and taken by another node: the old epoch records nothing more.
-    let retaken_at = tokio::time::Instant::now();
-    tokio::time::sleep_until(retaken_at + ttl + Duration::from_millis(300)).await;
-    let e2 = store
-        .acquire_lease(LEASE, "node-b", long)
-        .await
-        .unwrap()
-        .expect("a lapsed lease is free for another node");
+    // Lapsed again and taken by another node: the old epoch records nothing more. Another node
+    // gets the lease once it has lapsed on the database's clock; asked until then, with a
+    // deadline far past the TTL.
+    let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(20);
+    let e2 = loop {
+        if let Some(epoch) = store.acquire_lease(LEASE, "node-b", long).await.unwrap() {
+            break epoch;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a lapsed lease is free for another node"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert!(e2 > e1);
     assert!(
         !store
