@@ -2,9 +2,12 @@
 //! it acknowledges is committed, so a site may delete its copy the moment it sees the ack.
 //!
 //! The stream path batches: whatever submits have already arrived (up to [`MAX_STREAM_BATCH`])
-//! go to the store as one insert job, and up to [`MAX_BATCHES_IN_FLIGHT`] such jobs per stream
-//! run at once, which lets the store's group commit fold them into few fsyncs. Acks therefore
-//! come back in any order, as the contract allows.
+//! form one batch, and one committer per stream inserts the batches in the order they arrived,
+//! folding those that queued up meanwhile (up to [`MAX_BATCHES_QUEUED`]) into one store job. A
+//! stream's rows are therefore committed in stream order: their Ids and serve turns follow the
+//! site's order, and of two submits with one condition key the later always supersedes the
+//! earlier, never the other way round. Reading and validating the next batches goes on while one
+//! commits. Acks of one batch come back in submit order; the contract does not promise it.
 //!
 //! With client certificates required (`tls.client_ca`), a caller may submit only as the site its
 //! certificate names ([`SiteIdentity`]): any other `source_site_id` is refused before validation
@@ -20,8 +23,7 @@ use outbox_proto::v1::notification_ingest_server::NotificationIngest;
 use outbox_proto::v1::{
     ClearConditionRequest, ClearConditionResponse, NotificationSubmit, NotificationSubmitAck,
 };
-use tokio::sync::{Notify, Semaphore, mpsc};
-use tokio::task::JoinSet;
+use tokio::sync::{Notify, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -42,12 +44,12 @@ pub const MAX_STREAM_BATCH: usize = 256;
 /// refused naming the field, see `limits::MAX_GRPC_MESSAGE_BYTES`); counting bytes keeps a stream
 /// of those within the same memory bound as a stream of valid ones.
 const MAX_STREAM_BATCH_BYTES: usize = MAX_STREAM_BATCH * 280 * 1024;
-/// Insert jobs one stream may have queued at the store. With the batch bounds this bounds the
-/// memory one stream can pin (4 batches in flight and one being read, about 370 MiB worst case,
-/// a few MiB typical) and keeps one busy site from monopolising the writer.
-pub const MAX_BATCHES_IN_FLIGHT: usize = 4;
+/// Batches one stream may have read ahead of its committer. With the batch bounds this bounds the
+/// memory one stream can pin (4 batches queued or committing and one being read, about 370 MiB
+/// worst case, a few MiB typical) and keeps one busy site from monopolising the writer.
+pub const MAX_BATCHES_QUEUED: usize = 4;
 /// Acks buffered towards a slow reader before the stream stops reading new submits.
-const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_IN_FLIGHT;
+const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_QUEUED;
 
 pub struct IngestService<S> {
     store: Arc<S>,
@@ -233,9 +235,9 @@ struct StreamSession<S> {
 
 impl<S: OutboxStore> StreamSession<S> {
     async fn run(self, mut inbound: Streaming<NotificationSubmit>, shutdown: CancellationToken) {
-        let slots = Arc::new(Semaphore::new(MAX_BATCHES_IN_FLIGHT));
-        let mut inserts = JoinSet::new();
         let this = Arc::new(self);
+        let (queue, queued) = mpsc::channel(MAX_BATCHES_QUEUED);
+        let committer = tokio::spawn(Arc::clone(&this).commit_in_order(queued));
         // Why the inbound stream failed, if it did; reported after the acks of what came before.
         let mut failure = None;
         loop {
@@ -244,6 +246,8 @@ impl<S: OutboxStore> StreamSession<S> {
                     let _ = this.acks.send(Err(Status::unavailable("central is shutting down"))).await;
                     break;
                 }
+                // The committer stopped (a store failure it reported, or a client not reading).
+                () = queue.closed() => return,
                 next = inbound.message() => next,
             };
             let first = match first {
@@ -255,19 +259,9 @@ impl<S: OutboxStore> StreamSession<S> {
                 }
             };
             let (batch, end) = take_ready(&mut inbound, first);
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                break;
-            };
-            let session = Arc::clone(&this);
-            inserts.spawn(async move {
-                let _slot = slot;
-                session.insert(batch).await
-            });
-            // Reap finished inserts so the set does not grow with the stream's lifetime.
-            while let Some(done) = inserts.try_join_next() {
-                if !matches!(done, Ok(true)) {
-                    return;
-                }
+            if queue.send(batch).await.is_err() {
+                // The committer stopped: a store failure it reported, or a client not reading.
+                return;
             }
             match end {
                 StreamEnd::Open => {}
@@ -279,7 +273,10 @@ impl<S: OutboxStore> StreamSession<S> {
             }
         }
         // Answer everything already received before closing the ack stream.
-        while inserts.join_next().await.is_some() {}
+        drop(queue);
+        if !matches!(committer.await, Ok(true)) {
+            return;
+        }
         if let Some(status) = failure {
             // A reset by the client, or a submit the transport refused (over the message size
             // limit): the stream cannot go on either way. Ending it with the status, rather than
@@ -287,6 +284,27 @@ impl<S: OutboxStore> StreamSession<S> {
             tracing::debug!(%status, "submit stream failed");
             let _ = this.acks.send(Err(status)).await;
         }
+    }
+
+    /// Inserts the stream's batches one store job at a time, in the order they were read; the
+    /// batches that queued up while one committed go together as the next job. Returns false when
+    /// the stream must end (store failure, or the client stopped reading acks).
+    async fn commit_in_order(
+        self: Arc<Self>,
+        mut queued: mpsc::Receiver<Vec<NotificationSubmit>>,
+    ) -> bool {
+        while let Some(mut batch) = queued.recv().await {
+            for _ in 1..MAX_BATCHES_QUEUED {
+                match queued.try_recv() {
+                    Ok(more) => batch.extend(more),
+                    Err(_) => break,
+                }
+            }
+            if !self.insert(batch).await {
+                return false;
+            }
+        }
+        true
     }
 
     /// Validates and inserts one batch, sending one ack per submit. Returns false when the stream
