@@ -8,7 +8,10 @@ use chrono::{DateTime, Utc};
 
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::delivery::AttemptOutcome;
-use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
+use crate::domain::history::{
+    ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent, OperatorAction,
+    SUPERSEDED_ENTRY,
+};
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::store::{
@@ -86,6 +89,18 @@ fn history_entry(row: &tiberius::Row) -> Result<HistoryEntry> {
             duration: decode::opt::<i64>(row, "DurationMs")?
                 .map(|d| Duration::from_millis(u64::try_from(d).unwrap_or(0))),
             lease_epoch: decode::opt::<i64>(row, "LeaseEpoch")?.unwrap_or(0),
+        }
+    } else if outcome == SUPERSEDED_ENTRY {
+        // The replacing notification's id, in Actor.
+        let by = decode::opt_text(row, "Actor")?.unwrap_or_default();
+        HistoryEvent::Superseded {
+            by: NotificationId::parse(&by, "Actor")
+                .map_err(|_| StoreError::Corrupt(format!("superseded by {by:?}")))?,
+        }
+    } else if outcome == CLEARED_ENTRY {
+        HistoryEvent::Cleared {
+            actor: decode::opt_text(row, "Actor")?
+                .unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
         }
     } else {
         let action = [OperatorAction::Retry, OperatorAction::Discard]

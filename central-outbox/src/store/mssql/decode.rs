@@ -69,7 +69,7 @@ pub fn state(row: &Row) -> Result<NotificationState> {
         subject: text(row, "Subject")?,
         source_site_id: text(row, "SourceSiteId")?,
         priority: priority(row, "Priority")?,
-        condition_key: None,
+        condition_key: opt_text(row, "ConditionKey")?,
         retry_count: count(row, "RetryCount")?,
         last_error: opt_text(row, "LastError")?,
         site_enqueued_at: time(row, "SiteEnqueuedAt")?,

@@ -59,6 +59,12 @@ pub const MIGRATIONS: &[Migration] = &[
         snapshot: "migration_0005_serve_order",
         sql: include_str!("../../../../migrations/mssql/0005_serve_order.sql"),
     },
+    Migration {
+        version: 6,
+        name: "condition_keys",
+        snapshot: "migration_0006_condition_keys",
+        sql: include_str!("../../../../migrations/mssql/0006_condition_keys.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

@@ -12,9 +12,10 @@
 //!
 //! Layout: [`options`] (connection strings), `pool` (connections and their discard rules),
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
-//! (idempotent submit), `dispatch` (leases, claims, outcomes), `admin` (queries, operator
-//! actions, KPIs, purge), `channel` (lists and SMTP settings), `decode` (rows to domain types),
-//! [`scratch`] (throw-away databases for the test suites and benchmarks).
+//! (idempotent submit with the condition keys' supersede, and their clear), `dispatch` (leases,
+//! claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
+//! SMTP settings), `decode` (rows to domain types), [`scratch`] (throw-away databases for the
+//! test suites and benchmarks).
 
 mod admin;
 mod channel;
@@ -46,7 +47,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::{ListName, NotificationId, NotificationType};
+use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::secrets::{Keyring, ResealReport};
 
 pub use self::options::MsSqlOptions;
@@ -260,14 +261,11 @@ impl OutboxStore for MsSqlStore {
 
     async fn clear_condition(
         &self,
-        _site: &crate::domain::SiteId,
-        _key: &crate::domain::ConditionKey,
-        _actor: crate::domain::history::Actor,
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
     ) -> Result<Vec<NotificationId>> {
-        // WIP: condition keys are not stored on MS SQL yet.
-        Err(StoreError::Unavailable(
-            "condition keys are not supported on MS SQL yet".into(),
-        ))
+        ingest::clear_condition(self, site, key, &actor).await
     }
 
     async fn record_outcomes(

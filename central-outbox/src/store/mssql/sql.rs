@@ -1,8 +1,8 @@
 //! Every T-SQL statement the MS SQL backend sends, in one place. The dispatcher's two busiest
-//! (claiming and recording outcomes) and the single-row submit call stored procedures, whose
-//! bodies are in the migrations that create them (migrations/mssql/0002_dispatch_procedures.sql,
-//! recreated by 0004 and 0005): a one-line call costs a server far less to parse than the batch
-//! would.
+//! (claiming and recording outcomes) and the single-row submit (also each keyed row of a larger
+//! submit) call stored procedures, whose bodies are in the migrations that create them
+//! (migrations/mssql/0002_dispatch_procedures.sql, recreated by 0004, 0005 and 0006): a one-line
+//! call costs a server far less to parse than the batch would.
 //!
 //! Rules they keep:
 //! - One batch per unit of work, starting `SET XACT_ABORT ON` so any error rolls the whole
@@ -36,11 +36,11 @@ use super::migrate::Migration;
 use super::pool::Param;
 use super::{millis_i32, millis_i64};
 use crate::domain::channel::{SmtpAuth, SmtpSettings};
-use crate::domain::history::OperatorAction;
+use crate::domain::history::{Actor, OperatorAction, site_actor};
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::{NotificationId, NotificationType};
+use crate::domain::{ConditionKey, NotificationId, NotificationType, SiteId};
 use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
 
 /// A statement with its parameters, in placeholder order: a fixed text with the values its
@@ -125,7 +125,7 @@ macro_rules! state_columns {
     () => {
         "n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, \
          n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, \
-         n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority"
+         n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey"
     };
 }
 
@@ -223,11 +223,26 @@ pub fn migration_record(m: &Migration) -> Statement {
 // ---------------------------------------------------------------------------------------------
 // Ingest
 
-/// The columns of one submitted row, in the order [`insert_batch`] and [`INSERT_ONE`] bind them.
+/// The columns of one row of [`insert_batch`] (a plain row: no condition key, not cleared at the
+/// site), in the order it binds them.
 pub const SUBMIT_COLUMNS: usize = 14;
 
-/// One submitted row's values, in the order of the VALUES columns of [`insert_batch`] and
-/// [`INSERT_ONE`] (NotificationId ... SiteEnqueuedAt, Priority).
+/// The parameters of a row with a condition key or cleared at the site, as the submit procedure
+/// takes them ([`SUBMIT_ONE_KEYED`], and such a row of [`insert_in_order`]): a plain row's
+/// [`SUBMIT_COLUMNS`], then its condition key, when the site cleared it and who did. A plain
+/// row's call leaves those three out (they default to NULL): on Babelfish, three more
+/// parameters cost a single-row submit ~3%.
+pub const SUBMIT_PARAMS: usize = 17;
+
+/// Whether `new` goes in the INSERT of many rows ([`insert_batch`]): it has no condition key
+/// (it supersedes nothing) and was not cleared at the site (it is stored Pending, with no
+/// history entry).
+fn is_plain(new: &NewNotification) -> bool {
+    new.submission.condition_key.is_none() && new.submission.cleared_at_site.is_none()
+}
+
+/// One submitted row's values, in the order of the VALUES columns of [`insert_batch`]
+/// (NotificationId ... SiteEnqueuedAt, Priority).
 fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
     let s = &new.submission;
     let p = &s.provenance;
@@ -249,17 +264,76 @@ fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
     ]
 }
 
-/// [`insert_batch`] of `rows`, each row's values in [`SUBMIT_COLUMNS`] placeholders of its own;
-/// a single row goes through [`SUBMIT_ONE`] instead, which answers the same.
+/// One submitted row's values as the submit procedure takes them: [`submitted_row`], then the
+/// condition key, when the site cleared the row and the history's actor for that (the site, as
+/// `domain::history::site_actor` names it), each NULL when not set.
+fn submit_params(new: &NewNotification) -> impl Iterator<Item = Param> {
+    let s = &new.submission;
+    let cleared_by = s.cleared_at_site.map(|_| {
+        site_actor(s.provenance.source_site_id.as_str())
+            .as_str()
+            .to_owned()
+    });
+    submitted_row(new).into_iter().chain([
+        Param::Text(s.condition_key.as_ref().map(|k| k.as_str().to_owned())),
+        Param::Time(s.cleared_at_site),
+        Param::Text(cleared_by),
+    ])
+}
+
+/// A row's values as every ingest statement binds them: a plain row's [`SUBMIT_COLUMNS`], a
+/// keyed or cleared one's [`SUBMIT_PARAMS`].
+fn row_params(new: &NewNotification) -> Vec<Param> {
+    if is_plain(new) {
+        submitted_row(new).into()
+    } else {
+        submit_params(new).collect()
+    }
+}
+
+/// The statement that stores `rows` (distinct ids, each with its [`row_params`]): a single row
+/// through [`SUBMIT_ONE`] or [`SUBMIT_ONE_KEYED`], plain rows ([`is_plain`]) through
+/// [`insert_batch`], and rows among which one has a condition key or was cleared at the site
+/// through [`insert_in_order`]. Each answers every row's stored content hash and whether it
+/// inserted it.
 pub fn insert_rows(rows: &[&NewNotification]) -> Statement {
-    let sql = match rows.len() {
-        1 => Cow::Borrowed(SUBMIT_ONE),
-        n => Cow::Owned(insert_batch(n)),
+    if let [one] = rows {
+        return submit_one(one);
+    }
+    let plain: Vec<bool> = rows.iter().map(|new| is_plain(new)).collect();
+    let sql = if plain.iter().all(|&p| p) {
+        insert_batch(rows.len())
+    } else {
+        insert_in_order(&plain)
     };
     Statement {
-        sql,
-        params: rows.iter().flat_map(|new| submitted_row(new)).collect(),
+        sql: Cow::Owned(sql),
+        params: rows.iter().flat_map(|new| row_params(new)).collect(),
     }
+}
+
+/// Plain rows in a row from which [`insert_in_order`] stores them with one [`insert_plain`]
+/// rather than one procedure call each. On Babelfish, which parses every statement of a batch
+/// on every call, the INSERT's long text costs about as much as twenty calls: 100 rows with a
+/// keyed one in every ten took 103 ms with their runs of nine in INSERTs and 76 ms all as
+/// calls; with a keyed one in every 25, 68 - 75 ms against 75 - 77 ms (measured while a plain
+/// row's call still passed all [`SUBMIT_PARAMS`]; 100 plain rows in one INSERT: 55 ms).
+const MIN_INSERT_RUN: usize = 20;
+
+/// How [`insert_in_order`] stores each of a batch's rows, given which are plain
+/// ([`is_plain`]): `true` in the INSERT of its run of plain rows (one of at least
+/// [`MIN_INSERT_RUN`]), `false` through the submit procedure.
+fn in_order_layout(plain: &[bool]) -> Vec<bool> {
+    let mut in_insert = vec![false; plain.len()];
+    let mut start = 0;
+    while start < plain.len() {
+        let run = plain[start..].iter().take_while(|&&p| p).count();
+        if run >= MIN_INSERT_RUN {
+            in_insert[start..start + run].fill(true);
+        }
+        start += run.max(1);
+    }
+    in_insert
 }
 
 /// The two reads of a new row's serve turn (`domain::serve_order::serve_turn`) for type `$type`,
@@ -297,19 +371,39 @@ macro_rules! serve_turn_reads {
     };
 }
 
+/// The ids the INSERTs of plain rows ([`insert_plain`]) stored, for the answer.
+const INSERTED_TABLE: &str =
+    "DECLARE @inserted TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);\n";
+
 /// Inserts every row whose id is not stored yet, then reports for each id in the batch its
 /// stored content hash and whether this batch inserted it. Not an upsert: a row that exists is
 /// left as it is. Two batches inserting the same new id at once make one of them fail with
-/// 2627/2601; the caller then falls back to [`INSERT_ONE`] per row.
+/// 2627/2601; the caller then stores its rows one by one with [`SUBMIT_ONE`]. Plain rows only
+/// ([`is_plain`]); see [`insert_plain`] for how each row gets its serve turn.
+pub fn insert_batch(rows: usize) -> String {
+    let firsts: Vec<usize> = (0..rows).map(|row| row * SUBMIT_COLUMNS + 1).collect();
+    format!(
+        "{}{}{INSERTED_TABLE}{}{}",
+        batch!(""),
+        declare_now!(),
+        insert_plain(&firsts),
+        plain_answers(&firsts)
+    )
+}
+
+/// The INSERT of the plain rows whose values start at the placeholders `firsts` (each row's
+/// [`SUBMIT_COLUMNS`] in a row), in that order, recording the ids it stored in `@inserted`; it
+/// needs `@now` and `@inserted` declared before it.
 ///
 /// Each new row gets its serve turn as if the rows were stored one after another in batch order
 /// (as the SQLite backend stores them): a site's rows at one type and priority take consecutive
 /// turns (ROW_NUMBER in batch order, `Ord`) from one past the later of the head turn and the
-/// site's newest waiting turn ([`serve_turn_reads`], read once before the batch). When nothing
+/// site's newest waiting turn ([`serve_turn_reads`], read once before the INSERT). When nothing
 /// waited at that type and priority, the batch's first row there starts the turns at 1, and
 /// the head it leaves is then 1 for every other site of the batch, which starts at 2. Only the
 /// rows inserted count (the window functions run after NOT EXISTS). Sites are told apart by the
-/// column's binary collation, not the default one: "North" and "north" are two sites.
+/// column's binary collation, not the default one: "North" and "north" are two sites. Plain rows
+/// supersede nothing, so the turns read once are those each row would read in its turn.
 ///
 /// The rows reach the INSERT in batch order, so that their Ids (which break ties between equal
 /// turns and equal due times) follow it as they do on SQLite: the window functions leave them
@@ -317,25 +411,23 @@ macro_rules! serve_turn_reads {
 /// Babelfish; SQL Server numbers the rows as the sorted TOP hands them over, though it documents
 /// that order only for an ORDER BY on the INSERT's own SELECT). That ORDER BY is not used:
 /// Babelfish 4.4 rejects it next to OUTPUT ("syntax error at or near ORDER").
-pub fn insert_batch(rows: usize) -> String {
-    let mut values = Vec::with_capacity(rows);
-    let mut ids = Vec::with_capacity(rows);
-    for row in 0..rows {
-        let first = row * SUBMIT_COLUMNS + 1;
-        let placeholders: Vec<String> = (first..first + SUBMIT_COLUMNS)
-            .map(|i| format!("@P{i}"))
-            .collect();
-        values.push(format!("({}, {})", row + 1, placeholders.join(", ")));
-        ids.push(format!("@P{first}"));
-    }
+fn insert_plain(firsts: &[usize]) -> String {
+    let values: Vec<String> = firsts
+        .iter()
+        .enumerate()
+        .map(|(ord, &first)| {
+            let placeholders: Vec<String> = (first..first + SUBMIT_COLUMNS)
+                .map(|i| format!("@P{i}"))
+                .collect();
+            format!("({}, {})", ord + 1, placeholders.join(", "))
+        })
+        .collect();
     format!(
-        "{}{}\
-DECLARE @inserted TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);
-INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority, ServeTurn)
+        "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority, ServeTurn)
 OUTPUT inserted.NotificationId INTO @inserted
 SELECT w.NotificationId, w.Type, w.ListName, w.Subject, w.Body, w.TypeData, w.ContentHash, N'Pending', w.SourceSiteId, w.SourceInstanceId, w.SourceScript, w.OriginExecutionId, w.OriginParentExecutionId, w.SiteEnqueuedAt, @now, @now, w.Priority, w.ServeTurn
 FROM (
-    SELECT TOP ({rows}) g.Ord, g.NotificationId, g.Type, g.ListName, g.Subject, g.Body, g.TypeData, g.ContentHash, g.SourceSiteId, g.SourceInstanceId, g.SourceScript, g.OriginExecutionId, g.OriginParentExecutionId, g.SiteEnqueuedAt, g.Priority,
+    SELECT TOP ({}) g.Ord, g.NotificationId, g.Type, g.ListName, g.Subject, g.Body, g.TypeData, g.ContentHash, g.SourceSiteId, g.SourceInstanceId, g.SourceScript, g.OriginExecutionId, g.OriginParentExecutionId, g.SiteEnqueuedAt, g.Priority,
         CASE WHEN g.Head IS NULL AND g.SiteLast IS NULL THEN CASE WHEN g.SiteFirst = g.GroupFirst THEN 0 ELSE 1 END
             WHEN COALESCE(g.SiteLast, 0) > COALESCE(g.Head, 0) THEN g.SiteLast
             ELSE COALESCE(g.Head, 0) END
@@ -352,45 +444,139 @@ FROM (
     ) AS g
     ORDER BY g.Ord
 ) AS w;
-SELECT n.NotificationId, n.ContentHash, CASE WHEN i.NotificationId IS NULL THEN 0 ELSE 1 END AS Inserted
+",
+        firsts.len(),
+        serve_turn_reads!("v.Type", "v.Priority", "v.SourceSiteId"),
+        values.join(",\n            "),
+    )
+}
+
+/// The answer for the plain rows whose ids are at the placeholders `firsts`: each id's stored
+/// content hash, and whether `@inserted` holds it.
+fn plain_answers(firsts: &[usize]) -> String {
+    let ids: Vec<String> = firsts.iter().map(|first| format!("@P{first}")).collect();
+    format!(
+        "SELECT n.NotificationId, n.ContentHash, CASE WHEN i.NotificationId IS NULL THEN 0 ELSE 1 END AS Inserted
 FROM dbo.Notifications AS n
 LEFT JOIN @inserted AS i ON i.NotificationId = n.NotificationId
 WHERE n.NotificationId IN ({});",
-        batch!(""),
-        declare_now!(),
-        serve_turn_reads!("v.Type", "v.Priority", "v.SourceSiteId"),
-        values.join(",\n            "),
         ids.join(", ")
     )
 }
 
-/// [`insert_batch`] of a single row, through the stored procedure of migration 0005
-/// (migrations/mssql/0005_serve_order.sql, first created by 0004: on Babelfish ~0.9 ms against
+/// Stores rows among which at least one has a condition key or was cleared at the site, one
+/// after another in batch order as the SQLite backend stores them, in one transaction: each
+/// keyed or cleared row through the submit procedure (which stores the key, stores a cleared
+/// row Cleared with its history entry and lets a keyed row supersede the older waiting ones of
+/// its site, list and key, migrations/mssql/0006_condition_keys.sql), a long run of plain rows
+/// between them through one [`insert_plain`] (see [`in_order_layout`]), a short one through the
+/// procedure too, every row at the batch's `@now`. Every statement sees what the ones before it stored and ended, so a later row
+/// of a site, list and key supersedes an earlier one of the same batch, and every serve turn is
+/// the one the row reads in its turn (a run of plain rows supersedes nothing, so the turns read
+/// once at its start are those). One INSERT of all the rows, then their supersedes, would not
+/// do: a supersede can end the head turn, or a site's newest one, that a later row reads (and
+/// on Babelfish that statement cost more than the calls, measured). `plain[i]` tells whether
+/// row i is plain; its values start at the next placeholder ([`SUBMIT_COLUMNS`] for a plain
+/// row, [`SUBMIT_PARAMS`] for the others). Answers as [`insert_batch`]: one result per call,
+/// then one for the rows of the INSERTs; the caller matches them by id.
+pub fn insert_in_order(plain: &[bool]) -> String {
+    let in_insert = in_order_layout(plain);
+    let any_insert = in_insert.iter().any(|&i| i);
+    let mut sql = String::from(concat!(batch!(""), declare_now!()));
+    if any_insert {
+        sql.push_str(INSERTED_TABLE);
+    }
+    sql.push_str("BEGIN TRANSACTION;\n");
+    let (mut next, mut run, mut inserted) = (1, Vec::new(), Vec::new());
+    for (&plain, in_insert) in plain.iter().zip(in_insert) {
+        if in_insert {
+            run.push(next);
+            inserted.push(next);
+        } else {
+            if !run.is_empty() {
+                sql.push_str(&insert_plain(&run));
+                run.clear();
+            }
+            sql.push_str(&submit_call(next, !plain, true));
+            sql.push('\n');
+        }
+        next += if plain { SUBMIT_COLUMNS } else { SUBMIT_PARAMS };
+    }
+    if !run.is_empty() {
+        sql.push_str(&insert_plain(&run));
+    }
+    sql.push_str("COMMIT TRANSACTION;");
+    if any_insert {
+        sql.push('\n');
+        sql.push_str(&plain_answers(&inserted));
+    }
+    sql
+}
+
+/// The submit procedure's parameters, in the order [`submit_params`] binds them.
+const SUBMIT_ARGS: [&str; SUBMIT_PARAMS] = [
+    "NotificationId",
+    "Type",
+    "ListName",
+    "Subject",
+    "Body",
+    "TypeData",
+    "ContentHash",
+    "SourceSiteId",
+    "SourceInstanceId",
+    "SourceScript",
+    "OriginExecutionId",
+    "OriginParentExecutionId",
+    "SiteEnqueuedAt",
+    "Priority",
+    "ConditionKey",
+    "ClearedAtSite",
+    "ClearedBy",
+];
+
+/// A call of the submit procedure with its values from placeholder `@P{first}` on: all
+/// [`SUBMIT_PARAMS`] for a `keyed` row (a key, or cleared at the site), a plain row's
+/// [`SUBMIT_COLUMNS`] otherwise; `at_now`: the row is stored at the batch's `@now` (one time for
+/// every row of a submit, as on SQLite), otherwise at the time of the call.
+fn submit_call(first: usize, keyed: bool, at_now: bool) -> String {
+    let count = if keyed { SUBMIT_PARAMS } else { SUBMIT_COLUMNS };
+    let mut args: Vec<String> = SUBMIT_ARGS[..count]
+        .iter()
+        .enumerate()
+        .map(|(i, name)| format!("@{name} = @P{}", first + i))
+        .collect();
+    if at_now {
+        args.push("@SubmittedAt = @now".into());
+    }
+    format!("EXEC dbo.SubmitNotification {};", args.join(", "))
+}
+
+/// A single plain row ([`is_plain`]), through the stored procedure of migration 0006
+/// (migrations/mssql/0006_condition_keys.sql, first created by 0004: on Babelfish ~0.9 ms against
 /// ~3 ms for the batch of one row), which gives the row its serve turn with the reads of
-/// [`serve_turn_reads`]. Parameters and result as [`insert_batch`]'s.
+/// [`serve_turn_reads`]. Result as [`insert_batch`]'s. Also the fallback, row by row, after a
+/// duplicate key.
 pub const SUBMIT_ONE: &str = batch!(
     "EXEC dbo.SubmitNotification @NotificationId = @P1, @Type = @P2, @ListName = @P3, @Subject = @P4, @Body = @P5, @TypeData = @P6, @ContentHash = @P7, @SourceSiteId = @P8, @SourceInstanceId = @P9, @SourceScript = @P10, @OriginExecutionId = @P11, @OriginParentExecutionId = @P12, @SiteEnqueuedAt = @P13, @Priority = @P14;"
 );
 
-/// The plain INSERT of one row, with its serve turn read as [`insert_batch`] reads it; a
-/// duplicate id fails with 2627/2601 and leaves the stored row as it was. Parameters as one
-/// row of [`insert_batch`].
-pub const INSERT_ONE: &str = batch!(
-    "INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority, ServeTurn)
-SELECT @P1, @P2, @P3, @P4, @P5, @P6, @P7, N'Pending', @P8, @P9, @P10, @P11, @P12, @P13, SYSUTCDATETIME(), SYSUTCDATETIME(), @P14,
-    1 + CASE WHEN COALESCE(t.SiteLast, 0) > COALESCE(t.Head, 0) THEN t.SiteLast ELSE COALESCE(t.Head, 0) END
-FROM (
-    SELECT ",
-    serve_turn_reads!("@P2", "@P14", "@P8"),
-    "
-) AS t;"
+/// [`SUBMIT_ONE`] of a row with a condition key or cleared at the site: the procedure also
+/// stores its key, stores a row cleared at the site Cleared with its history entry, and lets a
+/// keyed row supersede the older waiting ones of its site, list and key.
+pub const SUBMIT_ONE_KEYED: &str = batch!(
+    "EXEC dbo.SubmitNotification @NotificationId = @P1, @Type = @P2, @ListName = @P3, @Subject = @P4, @Body = @P5, @TypeData = @P6, @ContentHash = @P7, @SourceSiteId = @P8, @SourceInstanceId = @P9, @SourceScript = @P10, @OriginExecutionId = @P11, @OriginParentExecutionId = @P12, @SiteEnqueuedAt = @P13, @Priority = @P14, @ConditionKey = @P15, @ClearedAtSite = @P16, @ClearedBy = @P17;"
 );
 
-/// [`INSERT_ONE`] of `new`.
-pub fn insert_one(new: &NewNotification) -> Statement {
+/// [`SUBMIT_ONE`] or [`SUBMIT_ONE_KEYED`] of `new`.
+pub fn submit_one(new: &NewNotification) -> Statement {
+    let sql = if is_plain(new) {
+        SUBMIT_ONE
+    } else {
+        SUBMIT_ONE_KEYED
+    };
     Statement {
-        sql: Cow::Borrowed(INSERT_ONE),
-        params: submitted_row(new).into(),
+        sql: Cow::Borrowed(sql),
+        params: row_params(new),
     }
 }
 
@@ -400,6 +586,41 @@ pub const SELECT_CONTENT_HASH: &str =
 
 pub fn select_content_hash(id: NotificationId) -> Statement {
     Statement::fixed(SELECT_CONTENT_HASH).set("@P1", guid(id))
+}
+
+/// Ends, as Cleared, the waiting rows (Pending or Retrying, not claimed, or whose claim ran out)
+/// of site @P1 with condition key @P2, each with a history entry by @P3 numbered as its history
+/// count goes up by one, in one transaction (`OutboxStore::clear_condition`). The rows are
+/// found through IX_Notifications_Condition (migration 0006). Without OUTPUT or a table
+/// variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a token of
+/// this call, and the history INSERT and the answer find exactly those (Cleared, resolved at
+/// @now, that token) through IX_Notifications_Status_Resolved. Result: their ids.
+pub const CLEAR_CONDITION: &str = batch!(
+    declare_now!(),
+    "DECLARE @token uniqueidentifier = NEWID();
+BEGIN TRANSACTION;
+UPDATE n
+SET n.Status = N'Cleared', n.ResolvedAt = @now, n.NextAttemptAt = NULL, n.ClaimedUntil = NULL, n.ClaimEpoch = NULL, n.ClaimToken = @token, n.AttemptCount = n.AttemptCount + 1
+FROM dbo.Notifications AS n
+WHERE n.Status IN (N'Pending', N'Retrying') AND n.ConditionKey IS NOT NULL
+  AND n.SourceSiteId = @P1 AND n.ConditionKey = @P2
+  AND (n.ClaimedUntil IS NULL OR n.ClaimedUntil <= @now);
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+SELECT n.NotificationId, n.AttemptCount, @now, N'Cleared', @P3
+FROM dbo.Notifications AS n
+WHERE n.Status = N'Cleared' AND n.ResolvedAt = @now AND n.ClaimToken = @token;
+SELECT n.NotificationId
+FROM dbo.Notifications AS n
+WHERE n.Status = N'Cleared' AND n.ResolvedAt = @now AND n.ClaimToken = @token;
+COMMIT TRANSACTION;"
+);
+
+/// [`CLEAR_CONDITION`] of `site`'s key `key`, recorded as done by `actor`.
+pub fn clear_condition(site: &SiteId, key: &ConditionKey, actor: &Actor) -> Statement {
+    Statement::fixed(CLEAR_CONDITION)
+        .set("@P1", text(site.as_str()))
+        .set("@P2", text(key.as_str()))
+        .set("@P3", text(actor.as_str()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -672,6 +893,13 @@ pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
         }
         stmt.push(")");
     }
+    if let Some(key) = &filter.condition_key {
+        stmt.push_bound(
+            "\n  AND n.ConditionKey = ",
+            Param::Text(Some(key.clone())),
+            "",
+        );
+    }
     if let Some(site) = &filter.source_site_id {
         stmt.push_bound(
             "\n  AND n.SourceSiteId = ",
@@ -875,8 +1103,8 @@ pub fn kpis(
         .set("@P3", at(delivered_since))
 }
 
-/// Deletes up to @P2 terminal rows resolved before @P1, oldest first, and their history, in one
-/// transaction. The DELETE re-checks the condition (an operator may have retried a row since
+/// Deletes up to @P2 terminal rows (Delivered, Parked, Discarded, Superseded, Cleared) resolved
+/// before @P1, oldest first, and their history, in one transaction. The DELETE re-checks the condition (an operator may have retried a row since
 /// it was picked). Result: rows and history entries deleted.
 pub const PURGE_TERMINAL: &str = batch!(
     "DECLARE @doomed TABLE (Id bigint NOT NULL PRIMARY KEY);
@@ -886,13 +1114,13 @@ BEGIN TRANSACTION;
 INSERT INTO @doomed (Id)
 SELECT TOP (@P2) n.Id
 FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
-WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared') AND n.ResolvedAt < @P1
 ORDER BY n.ResolvedAt;
 DELETE n
 OUTPUT deleted.NotificationId, deleted.Status INTO @gone
 FROM dbo.Notifications AS n
 JOIN @doomed AS d ON d.Id = n.Id
-WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1;
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared') AND n.ResolvedAt < @P1;
 DELETE a
 FROM dbo.NotificationAttempts AS a
 JOIN @gone AS g ON g.NotificationId = a.NotificationId;
@@ -1174,7 +1402,7 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         statuses: vec![Status::Parked, Status::Retrying],
         kind: Some(NotificationType::Email),
         priorities: vec![Priority::Critical, Priority::Low],
-        condition_key: None,
+        condition_key: Some("tank4.level.high".into()),
         source_site_id: Some("north".into()),
         list_name: Some("ops".into()),
         created_from: Some(instant),
@@ -1188,6 +1416,10 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         source_site_id: Some("north".into()),
         ..Default::default()
     };
+    // A keyed row, a run of plain rows long enough for an INSERT, a keyed row, a plain row.
+    let mut in_order_sample = vec![false];
+    in_order_sample.extend([true; MIN_INSERT_RUN]);
+    in_order_sample.extend([false, true]);
     let mut statements = vec![
         ("check_connection", CHECK_CONNECTION.to_owned()),
         ("ping", PING.to_owned()),
@@ -1197,11 +1429,14 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ("migration_begin", MIGRATION_BEGIN.to_owned()),
         ("migration_record", MIGRATION_RECORD.to_owned()),
         ("insert_batch_2", insert_batch(2)),
-        ("insert_one", INSERT_ONE.to_owned()),
+        ("insert_in_order_23", insert_in_order(&in_order_sample)),
+        ("insert_in_order_keyed_2", insert_in_order(&[false, false])),
         ("select_content_hash", SELECT_CONTENT_HASH.to_owned()),
         ("acquire_lease", ACQUIRE_LEASE.to_owned()),
         ("release_lease", RELEASE_LEASE.to_owned()),
         ("submit_one", SUBMIT_ONE.to_owned()),
+        ("submit_one_keyed", SUBMIT_ONE_KEYED.to_owned()),
+        ("clear_condition", CLEAR_CONDITION.to_owned()),
         ("claim_due", CLAIM_DUE.to_owned()),
         ("park_invalid", PARK_INVALID.to_owned()),
         ("record_outcome", RECORD_OUTCOME.to_owned()),
@@ -1331,8 +1566,8 @@ mod tests {
             MIGRATION_VERSION,
             MIGRATION_BEGIN,
             MIGRATION_RECORD,
-            INSERT_ONE,
             SELECT_CONTENT_HASH,
+            CLEAR_CONDITION,
             ACQUIRE_LEASE,
             RELEASE_LEASE,
             CLAIM_DUE,
@@ -1353,10 +1588,11 @@ mod tests {
             RESEAL_LIST_SECRET,
             RESEAL_CHANNEL_SECRETS,
             SUBMIT_ONE,
+            SUBMIT_ONE_KEYED,
         ];
         let declared = source.matches("\npub const ").count();
-        // SUBMIT_COLUMNS is a number, not a statement.
-        assert_eq!(declared, constants.len() + 1, "a new constant: add it here");
+        // SUBMIT_COLUMNS and SUBMIT_PARAMS are numbers, not statements.
+        assert_eq!(declared, constants.len() + 2, "a new constant: add it here");
         for sql in constants {
             assert!(
                 rendered.iter().any(|r| r == sql),
@@ -1412,6 +1648,50 @@ mod tests {
         let batch = insert_batch(3);
         assert!(batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS)));
         assert!(!batch.contains(&format!("@P{}", 3 * SUBMIT_COLUMNS + 1)));
+        let last = 2 * SUBMIT_COLUMNS + SUBMIT_PARAMS;
+        let mixed = insert_in_order(&[true, false, true]);
+        assert_eq!(mixed.matches("EXEC dbo.SubmitNotification").count(), 3);
+        assert!(mixed.contains(&format!("@P{last}")));
+        assert!(!mixed.contains(&format!("@P{}", last + 1)));
+    }
+
+    /// Only long runs of plain rows go in an INSERT; the other rows call the procedure.
+    #[test]
+    fn long_runs_of_plain_rows_go_in_one_insert() {
+        let n = MIN_INSERT_RUN;
+        let mut plain = vec![true; 2 * n + 4];
+        plain[3] = false;
+        plain[n + 4] = false;
+        let layout = in_order_layout(&plain);
+        assert!(
+            layout[..4].iter().all(|&i| !i),
+            "a run of 3, then a keyed row"
+        );
+        assert!(
+            layout[4..n + 4].iter().all(|&i| i),
+            "a run of MIN_INSERT_RUN"
+        );
+        assert!(
+            layout[n + 4..].iter().all(|&i| !i),
+            "a keyed row, then a run one shorter"
+        );
+        assert_eq!(in_order_layout(&[false, false]), [false, false]);
+    }
+
+    /// A row of a batch calls the procedure as a single row does, at the batch's time.
+    #[test]
+    fn a_batch_calls_the_procedure_as_a_single_row_does() {
+        assert_eq!(
+            SUBMIT_ONE,
+            format!("{}{}", batch!(""), submit_call(1, false, false))
+        );
+        let keyed_only = insert_in_order(&[false, false]);
+        assert_eq!(
+            SUBMIT_ONE_KEYED,
+            format!("{}{}", batch!(""), submit_call(1, true, false))
+        );
+        assert!(keyed_only.contains(&submit_call(1 + SUBMIT_PARAMS, true, true)));
+        assert!(!keyed_only.contains("@inserted"));
     }
 
     /// Every statement bound through its function, with sample values.
@@ -1440,6 +1720,13 @@ mod tests {
             condition_key: None,
             cleared_at_site: None,
         });
+        let key = ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap();
+        let mut keyed = new.clone();
+        keyed.submission.id = NotificationId::generate();
+        keyed.submission.condition_key = Some(key.clone());
+        let mut cleared = keyed.clone();
+        cleared.submission.id = NotificationId::generate();
+        cleared.submission.cleared_at_site = Some(now);
         let id = new.submission.id;
         let result: std::result::Result<Delivered, DeliveryError> =
             Err(DeliveryError::transient("relay busy"));
@@ -1485,7 +1772,21 @@ mod tests {
                 migration_record(&super::super::migrate::MIGRATIONS[0]),
             ),
             ("insert_rows", insert_rows(&[&new, &new])),
-            ("insert_one", insert_one(&new)),
+            ("insert_rows_one", insert_rows(&[&new])),
+            (
+                "insert_rows_in_order",
+                insert_rows(&[&new, &keyed, &new, &new, &cleared, &keyed]),
+            ),
+            ("submit_one", submit_one(&new)),
+            ("submit_one_keyed", submit_one(&cleared)),
+            (
+                "clear_condition",
+                clear_condition(
+                    &SiteId::parse("north".into()).unwrap(),
+                    &key,
+                    &Actor::new("site north"),
+                ),
+            ),
             ("select_content_hash", select_content_hash(id)),
             (
                 "acquire_lease",
@@ -1568,7 +1869,10 @@ mod tests {
                     .chars()
                     .take_while(char::is_ascii_digit)
                     .collect();
-                used.insert(digits.parse::<usize>().unwrap());
+                // A procedure's own parameter (`@Priority = @P14`) is not a placeholder.
+                if !digits.is_empty() {
+                    used.insert(digits.parse::<usize>().unwrap());
+                }
             }
             let bound: std::collections::BTreeSet<usize> = (1..=stmt.params.len()).collect();
             assert_eq!(used, bound, "{name}: placeholders used vs values bound");

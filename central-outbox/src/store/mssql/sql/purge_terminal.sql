@@ -7,13 +7,13 @@ BEGIN TRANSACTION;
 INSERT INTO @doomed (Id)
 SELECT TOP (@P2) n.Id
 FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
-WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared') AND n.ResolvedAt < @P1
 ORDER BY n.ResolvedAt;
 DELETE n
 OUTPUT deleted.NotificationId, deleted.Status INTO @gone
 FROM dbo.Notifications AS n
 JOIN @doomed AS d ON d.Id = n.Id
-WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded') AND n.ResolvedAt < @P1;
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared') AND n.ResolvedAt < @P1;
 DELETE a
 FROM dbo.NotificationAttempts AS a
 JOIN @gone AS g ON g.NotificationId = a.NotificationId;

@@ -1,17 +1,18 @@
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
-SELECT TOP (@P1) n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority
+SELECT TOP (@P1) n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey
 FROM dbo.Notifications AS n
 WHERE 1 = 1
   AND n.Status IN (@P2, @P3)
   AND n.Type = @P4
   AND n.Priority IN (@P5, @P6)
-  AND n.SourceSiteId = @P7
-  AND n.ListName = @P8
-  AND n.CreatedAt >= @P9
-  AND n.CreatedAt < @P10
-  AND n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < @P11
-  AND n.ResolvedAt < @P12
-  AND CHARINDEX(LOWER(@P13), LOWER(n.Subject)) > 0
-  AND (n.CreatedAt < @P14 OR (n.CreatedAt = @P14 AND n.Id < @P15))
+  AND n.ConditionKey = @P7
+  AND n.SourceSiteId = @P8
+  AND n.ListName = @P9
+  AND n.CreatedAt >= @P10
+  AND n.CreatedAt < @P11
+  AND n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < @P12
+  AND n.ResolvedAt < @P13
+  AND CHARINDEX(LOWER(@P14), LOWER(n.Subject)) > 0
+  AND (n.CreatedAt < @P15 OR (n.CreatedAt = @P15 AND n.Id < @P16))
 ORDER BY n.CreatedAt DESC, n.Id DESC;
