@@ -24,6 +24,7 @@ use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
     Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings,
 };
+use crate::domain::consolidation::Consolidation;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookFormat;
@@ -68,6 +69,55 @@ pub struct Config {
     pub log: LogConfig,
     /// Who may call the admin API; see `auth`.
     pub auth: AuthConfig,
+    /// How the gRPC server notices connections that went silent; see [`ServerConfig`].
+    pub server: ServerConfig,
+}
+
+/// `[server]`: HTTP/2 keepalive on every connection central accepts. A site's submit stream
+/// over a link that stopped passing packets without closing anything would otherwise stay open
+/// (holding its batches and a task) until TCP gives up, which can take many minutes; with
+/// pings it ends at most `http2_keepalive_interval + http2_keepalive_timeout` after the site
+/// was last heard. The site runs its own, shorter pings (`[central]` in its config) and is the
+/// one that reconnects; central's are longer so that a congested site uplink, where a ping
+/// answer waits behind data, is not cut from this side first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// A PING goes to a client after this long without a byte from it.
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub http2_keepalive_timeout: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            http2_keepalive_interval: Duration::from_secs(10),
+            http2_keepalive_timeout: Duration::from_secs(20),
+        }
+    }
+}
+
+impl ServerConfig {
+    fn validate(&self) -> anyhow::Result<()> {
+        for (key, value) in [
+            (
+                "server.http2_keepalive_interval",
+                self.http2_keepalive_interval,
+            ),
+            (
+                "server.http2_keepalive_timeout",
+                self.http2_keepalive_timeout,
+            ),
+        ] {
+            if value < Duration::from_millis(100) {
+                bail!("{key}: must be at least 100ms");
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Default for Config {
@@ -89,6 +139,7 @@ impl Default for Config {
             tls: TlsConfig::default(),
             log: LogConfig::default(),
             auth: AuthConfig::default(),
+            server: ServerConfig::default(),
         }
     }
 }
@@ -330,6 +381,22 @@ pub struct ListConfig {
     /// Webhook lists: HMAC-SHA256 signing key (at least 16 characters).
     #[serde(default)]
     pub webhook_secret: Option<String>,
+    /// Flood consolidation; unset: every notification goes out on its own.
+    #[serde(default)]
+    pub consolidation: Option<ConsolidationConfig>,
+}
+
+/// `lists[].consolidation`: more than `threshold` notifications for the list within one
+/// `window` are held and go out at the window's end as digests of at most `max_per_digest`.
+/// All three keys are required: a half-set table is a typo, not a request for defaults. The
+/// limits are `domain::consolidation::limits`, checked where the lists are converted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsolidationConfig {
+    pub threshold: u32,
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    pub max_per_digest: u32,
 }
 
 impl ListConfig {
@@ -342,6 +409,7 @@ impl ListConfig {
             endpoints: Vec::new(),
             webhook_format: None,
             webhook_secret: None,
+            consolidation: None,
         }
     }
 
@@ -358,6 +426,7 @@ impl ListConfig {
             endpoints,
             webhook_format: Some(format),
             webhook_secret: None,
+            consolidation: None,
         }
     }
 }
@@ -491,6 +560,7 @@ pub struct Settings {
     pub health_check_interval: Duration,
     pub tls: TlsSettings,
     pub auth: Authenticator,
+    pub server: ServerConfig,
 }
 
 impl Config {
@@ -590,8 +660,10 @@ impl Config {
             );
         }
         let auth = Authenticator::from_config(&self.auth)?;
+        self.server.validate()?;
         Ok(Settings {
             auth,
+            server: self.server,
             listen_addr: self.listen_addr,
             metrics_listen: self.metrics_listen,
             database,
@@ -753,6 +825,11 @@ fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
 }
 
 fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
+    let consolidation = c
+        .consolidation
+        .map(|k| Consolidation::parse(k.threshold, k.window, k.max_per_digest))
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))?;
     NotificationList::parse(ListInput {
         name: c.name.clone(),
         kind: Some(c.kind.into()),
@@ -760,6 +837,7 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         endpoints: c.endpoints.clone(),
         webhook_format: c.webhook_format.map(WebhookFormat::from),
         webhook_secret: c.webhook_secret.clone(),
+        consolidation,
     })
     .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
 }
@@ -783,6 +861,34 @@ mod tests {
             DatabaseUrl::Sqlite(PathBuf::from("var/central.db"))
         );
         assert_eq!(settings.dispatcher.poll_interval, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn server_keepalive_is_read_and_checked_by_name() {
+        let defaults = from_toml("").unwrap().server;
+        assert_eq!(
+            (
+                defaults.http2_keepalive_interval,
+                defaults.http2_keepalive_timeout
+            ),
+            (Duration::from_secs(10), Duration::from_secs(20))
+        );
+        let set = from_toml(
+            "[server]\nhttp2_keepalive_interval = '2s'\nhttp2_keepalive_timeout = '500ms'",
+        )
+        .unwrap()
+        .server;
+        assert_eq!(
+            (set.http2_keepalive_interval, set.http2_keepalive_timeout),
+            (Duration::from_secs(2), Duration::from_millis(500))
+        );
+        let err = from_toml("[server]\nhttp2_keepalive_timeout = '10ms'").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "server.http2_keepalive_timeout: must be at least 100ms"
+        );
+        let err = from_toml("[server]\nhttp2_keepalive = '1s'").unwrap_err();
+        assert!(format!("{err:#}").contains("http2_keepalive"), "{err:#}");
     }
 
     #[test]
@@ -884,6 +990,86 @@ mod tests {
         assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
         assert_eq!(example.webhook, defaults.webhook);
+        assert_eq!(example.server, defaults.server);
+    }
+
+    #[test]
+    fn list_consolidation_is_read_and_checked_by_name() {
+        let ops = "[[lists]]\nname = 'ops'\nrecipients = ['a@x.test']\n";
+        let settings = from_toml(&format!(
+            "{ops}consolidation = {{ threshold = 20, window = '1m', max_per_digest = 100 }}"
+        ))
+        .unwrap();
+        let c = settings.lists[0].consolidation.unwrap();
+        assert_eq!(
+            (c.threshold(), c.window(), c.max_per_digest()),
+            (20, Duration::from_secs(60), 100)
+        );
+        assert_eq!(from_toml(ops).unwrap().lists[0].consolidation, None);
+
+        // The error names the list's index and the key, like every other list error.
+        let two = format!("{ops}[[lists]]\nname = 'b'\nrecipients = ['b@x.test']\n");
+        for (table, key, problem) in [
+            (
+                "{ threshold = 0, window = '1m', max_per_digest = 100 }",
+                "threshold",
+                "must be between 1 and 100000",
+            ),
+            (
+                "{ threshold = 20, window = '1500ms', max_per_digest = 100 }",
+                "window",
+                "must be a whole number of seconds",
+            ),
+            (
+                "{ threshold = 20, window = '13h', max_per_digest = 100 }",
+                "window",
+                "must be between 1s and 43200s",
+            ),
+            (
+                "{ threshold = 20, window = '1m', max_per_digest = 1 }",
+                "max_per_digest",
+                "must be between 2 and 500",
+            ),
+        ] {
+            let err = from_toml(&format!("{two}consolidation = {table}")).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                format!("lists[1].consolidation.{key}: {problem}"),
+                "{table}"
+            );
+        }
+        // A half-set table or a misspelt key is refused while the file is read, by name.
+        for (table, key) in [
+            ("{ threshold = 20, window = '1m' }", "max_per_digest"),
+            (
+                "{ threshold = 20, window = '1m', max_per_digest = 100, max = 3 }",
+                "max",
+            ),
+        ] {
+            let err = from_toml(&format!("{ops}consolidation = {table}")).unwrap_err();
+            let text = format!("{err:#}");
+            assert!(
+                text.contains("lists.0.consolidation") && text.contains(key),
+                "{text}"
+            );
+        }
+    }
+
+    /// The commented example in `deploy/central-outbox.toml` is valid once uncommented.
+    #[test]
+    fn the_example_consolidation_is_valid() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/central-outbox.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let example = text
+            .lines()
+            .find_map(|l| l.strip_prefix("# consolidation = "))
+            .expect("an example consolidation line");
+        let table = example.split("  #").next().unwrap_or(example);
+        let settings = from_toml(&format!(
+            "[[lists]]\nname = 'ops'\nrecipients = ['a@x.test']\nconsolidation = {table}"
+        ))
+        .unwrap();
+        assert!(settings.lists[0].consolidation.is_some());
     }
 
     #[test]

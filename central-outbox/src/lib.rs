@@ -244,6 +244,9 @@ async fn serve<S: OutboxStore>(
     let server = settings
         .tls
         .server_builder()?
+        // Pings, so a site's stream over a link gone silent ends instead of lingering.
+        .http2_keepalive_interval(Some(settings.server.http2_keepalive_interval))
+        .http2_keepalive_timeout(Some(settings.server.http2_keepalive_timeout))
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

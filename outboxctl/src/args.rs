@@ -149,7 +149,8 @@ impl SelectArgs {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Only these statuses (repeatable): pending, retrying, delivered, parked, discarded.
+    /// Only these statuses (repeatable): pending, held, retrying, delivered, parked, discarded,
+    /// superseded, cleared.
     #[arg(long, value_parser = parse_status)]
     pub status: Vec<v1::NotificationStatus>,
     /// Only Pending/Retrying notifications older than central's stuck threshold.

@@ -12,8 +12,9 @@ use outbox_proto::v1;
 use crate::args::SelectArgs;
 
 /// The statuses an operator can filter on; FORWARDING exists only at a site.
-const STATUSES: [(&str, v1::NotificationStatus); 7] = [
+const STATUSES: [(&str, v1::NotificationStatus); 8] = [
     ("pending", v1::NotificationStatus::Pending),
+    ("held", v1::NotificationStatus::Held),
     ("retrying", v1::NotificationStatus::Retrying),
     ("delivered", v1::NotificationStatus::Delivered),
     ("parked", v1::NotificationStatus::Parked),
@@ -208,9 +209,14 @@ mod tests {
             parse_status("NOTIFICATION_STATUS_DISCARDED"),
             Ok(v1::NotificationStatus::Discarded)
         );
+        assert_eq!(parse_status("held"), Ok(v1::NotificationStatus::Held));
+        assert_eq!(
+            parse_status("NOTIFICATION_STATUS_HELD"),
+            Ok(v1::NotificationStatus::Held)
+        );
         let err = parse_status("forwarding").unwrap_err();
         assert!(
-            err.contains("pending, retrying, delivered, parked, discarded"),
+            err.contains("pending, held, retrying, delivered, parked, discarded"),
             "{err}"
         );
         assert!(parse_status("bogus").is_err());

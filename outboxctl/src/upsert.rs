@@ -12,6 +12,10 @@
 //! webhook secret alone can be removed (sent as "", `--clear-webhook-secret`). A secret is read
 //! only for the mechanism that uses it: an exported `OUTBOX_SMTP_PASSWORD` does not leak into an
 //! XOAUTH2 configuration, nor `OUTBOX_WEBHOOK_SECRET` into an email list.
+//!
+//! A list's flood consolidation is part of the list, so `lists set` without the
+//! `--consolidate-*` flags turns it off; the three flags come together or not at all (one alone
+//! would otherwise silently store a list without consolidation). Their limits are central's.
 
 use outbox_proto::time::to_duration;
 use outbox_proto::v1;
@@ -20,8 +24,10 @@ use crate::args::{AuthArg, BackoffArg, ChannelArg, ListSetArgs, SmtpSetArgs};
 use crate::error::{CliError, Result};
 use crate::secret::{OAUTH_CLIENT_SECRET_ENV, PASSWORD_ENV, Secrets, WEBHOOK_SECRET_ENV};
 
-/// Refuses list flags that belong to the other channel. Nothing is read or sent.
+/// Refuses list flags that belong to the other channel, and a partial set of consolidation
+/// flags. Nothing is read or sent.
 pub fn check_list(args: &ListSetArgs) -> Result<()> {
+    consolidation(args)?;
     match args.kind {
         ChannelArg::Email => {
             let webhook_flags = [
@@ -44,6 +50,38 @@ pub fn check_list(args: &ListSetArgs) -> Result<()> {
     }
 }
 
+/// The list's consolidation: all three `--consolidate-*` flags, or none (off).
+fn consolidation(args: &ListSetArgs) -> Result<Option<v1::ListConsolidation>> {
+    match (
+        args.consolidate_threshold,
+        args.consolidate_window,
+        args.consolidate_max_per_digest,
+    ) {
+        (Some(threshold), Some(window), Some(max_per_digest)) => Ok(Some(v1::ListConsolidation {
+            threshold,
+            window: Some(to_duration(window)),
+            max_per_digest,
+        })),
+        (None, None, None) => Ok(None),
+        (threshold, window, max) => {
+            let missing: Vec<&str> = [
+                ("--consolidate-threshold", threshold.is_none()),
+                ("--consolidate-window", window.is_none()),
+                ("--consolidate-max-per-digest", max.is_none()),
+            ]
+            .iter()
+            .filter(|(_, absent)| *absent)
+            .map(|(flag, _)| *flag)
+            .collect();
+            Err(usage(format!(
+                "flood consolidation needs --consolidate-threshold, --consolidate-window and \
+                 --consolidate-max-per-digest together: add {} (or drop the others to turn it off)",
+                missing.join(" and ")
+            )))
+        }
+    }
+}
+
 /// The list to store. Reads the webhook secret (stdin or `OUTBOX_WEBHOOK_SECRET`) for webhook
 /// lists only; `--clear-webhook-secret` wins over the environment.
 pub fn list_request(
@@ -51,6 +89,7 @@ pub fn list_request(
     secrets: &mut impl Secrets,
 ) -> Result<v1::UpsertNotificationListRequest> {
     check_list(&args)?;
+    let consolidation = consolidation(&args)?;
     let webhook_secret = match args.kind {
         ChannelArg::Email => None,
         ChannelArg::Webhook if args.clear_webhook_secret => Some(String::new()),
@@ -70,6 +109,7 @@ pub fn list_request(
                 .map_or(v1::WebhookFormat::Unspecified, |f| f.proto())
                 .into(),
             webhook_secret,
+            consolidation,
             ..Default::default()
         }),
     })
@@ -303,6 +343,9 @@ mod tests {
             webhook_format: None,
             webhook_secret_stdin: false,
             clear_webhook_secret: false,
+            consolidate_threshold: None,
+            consolidate_window: None,
+            consolidate_max_per_digest: None,
         }
     }
 
@@ -554,5 +597,57 @@ mod tests {
             message.starts_with("--recipient is for email lists"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn consolidation_is_sent_with_all_three_flags_and_off_without_them() {
+        let args = ListSetArgs {
+            recipients: vec!["ops@plant.test".into()],
+            consolidate_threshold: Some(20),
+            consolidate_window: Some(Duration::from_secs(60)),
+            consolidate_max_per_digest: Some(100),
+            ..list_args(ChannelArg::Email)
+        };
+        let list = list_request(args, &mut Given::default())
+            .unwrap()
+            .list
+            .unwrap();
+        let c = list.consolidation.unwrap();
+        assert_eq!((c.threshold, c.max_per_digest), (20, 100));
+        assert_eq!(c.window.unwrap().seconds, 60);
+
+        let off = list_request(list_args(ChannelArg::Webhook), &mut Given::default()).unwrap();
+        assert_eq!(off.list.unwrap().consolidation, None, "set replaces: off");
+    }
+
+    #[test]
+    fn a_partial_set_of_consolidation_flags_is_refused_naming_the_missing_ones() {
+        let only_threshold = ListSetArgs {
+            consolidate_threshold: Some(20),
+            ..list_args(ChannelArg::Email)
+        };
+        let message = usage_message(check_list(&only_threshold));
+        assert!(
+            message.ends_with(
+                "add --consolidate-window and --consolidate-max-per-digest (or drop the \
+                 others to turn it off)"
+            ),
+            "{message}"
+        );
+        assert!(!message.contains('\n'), "one line: {message}");
+        let no_max = ListSetArgs {
+            consolidate_threshold: Some(20),
+            consolidate_window: Some(Duration::from_secs(60)),
+            endpoints: vec!["https://hooks.example.test/a".into()],
+            webhook_secret_stdin: true,
+            ..list_args(ChannelArg::Webhook)
+        };
+        let mut given = Given::stdin("0123456789abcdef-signing");
+        let message = usage_message(list_request(no_max, &mut given));
+        assert!(
+            message.contains("add --consolidate-max-per-digest ("),
+            "{message}"
+        );
+        assert!(given.stdin_reads.is_empty(), "refused before reading stdin");
     }
 }

@@ -217,6 +217,7 @@ pub fn status_name(status: i32) -> &'static str {
         Ok(NotificationStatus::Forwarding) => "Forwarding",
         Ok(NotificationStatus::Superseded) => "Superseded",
         Ok(NotificationStatus::Cleared) => "Cleared",
+        Ok(NotificationStatus::Held) => "Held",
         Ok(NotificationStatus::Unspecified) | Err(_) => "Unknown",
     }
 }
@@ -283,6 +284,10 @@ pub fn format_stats(stats: &BufferStats) -> String {
     let _ = writeln!(out, "in_flight: {}", stats.in_flight);
     let _ = writeln!(out, "rejected: {}", stats.rejected);
     let _ = writeln!(out, "central_reachable: {}", stats.central_reachable);
+    // Only when it matters: the line a script's author looks for when Sends fail.
+    if stats.sends_refused {
+        let _ = writeln!(out, "sends_refused: {}", stats.sends_refused_reason);
+    }
     if let Some(at) = time(stats.oldest_enqueued_at.as_ref()) {
         let _ = writeln!(out, "oldest_enqueued_at: {at}");
         let _ = writeln!(out, "oldest_age_seconds: {:.3}", stats.oldest_age_seconds);
@@ -387,6 +392,7 @@ mod tests {
             assert!(text.contains(line), "{line:?} in {text}");
         }
         assert!(!text.contains("standby_lag"), "{text}");
+        assert!(!text.contains("sends_refused"), "{text}");
 
         let active = BufferStats {
             role: NodeRole::Active.into(),
@@ -397,6 +403,14 @@ mod tests {
         let text = format_stats(&active);
         assert!(text.contains("role: active\n") && text.contains("standby_lag_rows: 12\n"));
         assert!(text.contains("standby_lag_seconds: 0.500\n"), "{text}");
+        let full = BufferStats {
+            sends_refused: true,
+            sends_refused_reason: "max_buffer_bytes: the limit is 1048576".into(),
+            ..Default::default()
+        };
+        assert!(
+            format_stats(&full).contains("sends_refused: max_buffer_bytes: the limit is 1048576\n")
+        );
         assert_eq!(
             format_role(&NodeRoleView {
                 node_name: "site-a-2".into(),

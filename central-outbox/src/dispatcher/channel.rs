@@ -17,6 +17,11 @@
 //! channel. The loop itself never waits for the database: claims and the SMTP settings read
 //! run as tasks of their own, and queued rows keep starting while they are under way.
 //!
+//! Held rows (flood consolidation) go out as digests: at most once a second, and at once after
+//! a claim that found one, a claim first takes the due held rows of one list together
+//! (`OutboxStore::claim_digest`); the digest then takes one slot and one rate-limit token like
+//! a single row, since it is one mail or one webhook call ([`super::digest`]).
+//!
 //! Time is read from tokio's clock, which is the system clock except under a test's paused
 //! clock: there, the pacing follows the test's time exactly.
 
@@ -31,13 +36,14 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{Attempt, attempt_timeout, panic_message};
+use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver};
-use crate::domain::NotificationType;
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
 use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
+use crate::domain::{NotificationId, NotificationType};
 use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
 
@@ -64,11 +70,38 @@ pub(super) struct ChannelParts<S, D> {
     pub(super) recorder: mpsc::Sender<AttemptRecord>,
 }
 
-/// A claim's answer: the rows taken under `epoch`, or why none were.
+/// How often a channel looks for due held rows while it finds none: a digest goes out within
+/// about this long of its window's end (or of the poll that follows).
+const DIGEST_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A claim's answer: what was taken under `epoch`, or why nothing was.
 struct ClaimAnswer {
     wanted: usize,
     epoch: LeaseEpoch,
-    rows: Result<Vec<ClaimedNotification>, StoreError>,
+    taken: Result<Taken, StoreError>,
+}
+
+/// What one claim took: a digest (if it looked for one and one was due) and single rows.
+struct Taken {
+    digest: Option<Digest>,
+    rows: Vec<ClaimedNotification>,
+}
+
+/// Claimed work waiting for a slot: one row, or the rows of one digest.
+// Rows are by far the common case, so they stay unboxed; only a digest wastes the difference.
+#[allow(clippy::large_enum_variant)]
+enum Work {
+    Row(ClaimedNotification),
+    Digest(Digest),
+}
+
+impl Work {
+    fn epoch(&self) -> Option<LeaseEpoch> {
+        match self {
+            Self::Row(n) => Some(n.epoch),
+            Self::Digest(d) => d.rows.first().map(|r| r.epoch),
+        }
+    }
 }
 
 /// The delivery slots: a semaphore whose size follows the channel's settings. Shrinking while
@@ -131,7 +164,9 @@ pub(super) struct ChannelLoop<S, D> {
     /// When a rate-limit token comes, if the channel waits for one.
     throttled_until: Option<tokio::time::Instant>,
     /// Claimed, not yet started, with when they were claimed.
-    queue: VecDeque<(ClaimedNotification, Instant)>,
+    queue: VecDeque<(Work, Instant)>,
+    /// When the last claim looked for a due digest; `None`: the next claim looks.
+    digests_checked_at: Option<Instant>,
     /// Which claimed rows go to the longest-waiting (`domain::serve_order`).
     share: LongestWaitingShare,
     /// The last claim found fewer due rows than it asked for (or failed): none is left until
@@ -160,6 +195,7 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
             bucket: None,
             throttled_until: None,
             queue: VecDeque::new(),
+            digests_checked_at: None,
             share: LongestWaitingShare::default(),
             drained: false,
             due_changed_while_claiming: false,
@@ -358,15 +394,36 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
             .unwrap_or_else(|| (free + 2 * self.slots.size).min(tokens));
         let lanes = self.share.split(wanted);
         self.due_changed_while_claiming = false;
+        let look_for_digest = self
+            .digests_checked_at
+            .is_none_or(|at| now.duration_since(at) >= DIGEST_CHECK_INTERVAL);
+        if look_for_digest {
+            self.digests_checked_at = Some(now);
+        }
         let store = Arc::clone(&self.parts.store);
         let kind = self.parts.kind;
         let claim_timeout = self.parts.claim_timeout;
         self.claim = Some(tokio::spawn(async move {
-            let claim = store.claim_due(DISPATCHER_LEASE, epoch, kind, lanes, claim_timeout);
+            let claim = async {
+                let mut digest = None;
+                if look_for_digest {
+                    let id = NotificationId::generate();
+                    let rows = store
+                        .claim_digest(DISPATCHER_LEASE, epoch, kind, id, claim_timeout)
+                        .await?;
+                    if !rows.is_empty() {
+                        digest = Some(Digest { id, rows });
+                    }
+                }
+                let rows = store
+                    .claim_due(DISPATCHER_LEASE, epoch, kind, lanes, claim_timeout)
+                    .await?;
+                Ok(Taken { digest, rows })
+            };
             ClaimAnswer {
                 wanted,
                 epoch,
-                rows: caught(claim).await,
+                taken: caught(claim).await,
             }
         }));
     }
@@ -379,15 +436,25 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
         let ClaimAnswer {
             wanted,
             epoch,
-            rows,
+            taken,
         } = answer;
         let claimed_at = now();
-        let short = rows.as_ref().map_or(true, |rows| rows.len() < wanted);
+        // A digest found means more may be due (another list's, or the rest of this one's
+        // beyond its maximum): the next claim looks again at once.
+        let short = taken.as_ref().map_or(true, |taken| {
+            taken.rows.len() < wanted && taken.digest.is_none()
+        });
         self.drained = short && !self.due_changed_while_claiming;
-        let rows = rows?;
+        let Taken { digest, rows } = taken?;
+        if digest.is_some() {
+            self.digests_checked_at = None;
+        }
         self.share.claimed(rows.len());
         if mandate.tenure() == Some(epoch) {
-            self.queue.extend(rows.into_iter().map(|n| (n, claimed_at)));
+            self.queue
+                .extend(digest.map(|d| (Work::Digest(d), claimed_at)));
+            self.queue
+                .extend(rows.into_iter().map(|n| (Work::Row(n), claimed_at)));
         }
         Ok(())
     }
@@ -419,16 +486,27 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
                 }
                 bucket.take(1, now);
             }
-            let Some((notification, claimed_at)) = self.queue.pop_front() else {
+            let Some((work, claimed_at)) = self.queue.pop_front() else {
                 break;
             };
             if now.duration_since(claimed_at) > stale_after {
                 tracing::warn!(
-                    id = %notification.id,
-                    "claimed row waited too long to start; it is retried after its claim expires"
+                    "claimed work waited too long to start; it is retried after its claim expires"
                 );
                 continue;
             }
+            let (notification, digest) = match work {
+                Work::Row(notification) => (notification, None),
+                Work::Digest(digest) => match digest.notification() {
+                    Ok(notification) => (notification, Some(digest)),
+                    Err(e) => {
+                        // Within the content limits by construction (domain::consolidation):
+                        // a bug. Its rows are claimed again when their claims expire.
+                        tracing::error!(digest = %digest.id, error = %e, "cannot compose a digest");
+                        continue;
+                    }
+                },
+            };
             let attempt = Attempt {
                 store: Arc::clone(&self.parts.store),
                 metrics: Arc::clone(&self.parts.metrics),
@@ -453,7 +531,19 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
                 drop(permit);
                 // Err only once the recorder is gone (a drain that ran out of time): the row
                 // is due again when its claim expires.
-                let _ = recorder.send(record).await;
+                match digest {
+                    None => {
+                        let _ = recorder.send(record).await;
+                    }
+                    Some(digest) => {
+                        tracing::debug!(digest = %digest.id, rows = digest.rows.len(), outcome = %record.outcome.as_str(), "digest attempted");
+                        for record in digest.records(&record) {
+                            if recorder.send(record).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
             });
             started += 1;
         }
@@ -465,7 +555,7 @@ impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
     /// epoch's token); a lease taken or re-taken may find rows due.
     fn follow(&mut self, now: &Mandate, before: &Mandate) {
         if now.tenure() != before.tenure() {
-            self.queue.retain(|(n, _)| Some(n.epoch) == now.tenure());
+            self.queue.retain(|(work, _)| work.epoch() == now.tenure());
         }
         if now.now.is_some() && now.now != before.now {
             self.due_may_have_changed();
@@ -535,7 +625,7 @@ impl From<LostCall> for ClaimAnswer {
         Self {
             wanted: 0,
             epoch: LeaseEpoch(i64::MIN),
-            rows: Err(StoreError::Unavailable(format!(
+            taken: Err(StoreError::Unavailable(format!(
                 "a dispatcher claim was lost: {}",
                 lost.0
             ))),

@@ -48,6 +48,8 @@ struct GatedStore {
     outcomes: Gate,
     leases: Gate,
     renewals: AtomicUsize,
+    /// Outcome writes still to fail, as SQLite's fail on a full disk.
+    failing_outcome_writes: AtomicUsize,
 }
 
 impl OutboxStore for GatedStore {
@@ -94,6 +96,19 @@ impl OutboxStore for GatedStore {
             .claim_due(lease, epoch, kind, lanes, claim_timeout)
             .await
     }
+    async fn claim_digest(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        digest: NotificationId,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        // Not gated: these tests hold the claims of rows, and no list here consolidates.
+        self.inner
+            .claim_digest(lease, epoch, kind, digest, claim_timeout)
+            .await
+    }
     async fn clear_condition(
         &self,
         site: &crate::domain::SiteId,
@@ -108,6 +123,15 @@ impl OutboxStore for GatedStore {
         records: Vec<AttemptRecord>,
     ) -> Result<Vec<bool>> {
         self.outcomes.pass().await;
+        let fail = self
+            .failing_outcome_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if fail {
+            return Err(crate::store::StoreError::Unavailable(
+                "database or disk is full".into(),
+            ));
+        }
         self.inner.record_outcomes(lease, records).await
     }
     async fn query(&self, page: PageRequest) -> Result<Page> {
@@ -194,6 +218,7 @@ async fn start() -> Rig {
         outcomes: Gate::closed(),
         leases: Gate::closed(),
         renewals: AtomicUsize::new(0),
+        failing_outcome_writes: AtomicUsize::new(0),
     });
     let content = NotificationContent::parse(
         NotificationType::Email,
@@ -376,6 +401,30 @@ async fn an_outcome_written_while_the_lease_lapsed_stands() {
     rig.store.leases.open();
     let back = *rig.lease.wait_for(Option::is_some).await.unwrap();
     assert_eq!(back, Some(epoch), "the lease came back under another epoch");
+    let history = rig.store.detail(rig.id).await.unwrap().unwrap().history;
+    assert_eq!(history.len(), 1, "attempted again: {history:?}");
+    rig.shutdown.cancel();
+    rig.task.await.unwrap();
+}
+
+/// An outcome write that fails for a while (the database's disk full, then freed) is tried
+/// again, so the row is not delivered a second time once its claim expires: it reaches its end
+/// status with a single attempt, long before the claim (60 s) could expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_whose_write_fails_for_a_while_is_written_when_it_can_be() {
+    let rig = start().await;
+    rig.store.failing_outcome_writes.store(3, Ordering::SeqCst);
+    rig.store.claims.open();
+    rig.store.outcomes.open();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while status(&rig.store, rig.id).await != Status::Parked {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the outcome was not written after the failures"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(rig.store.failing_outcome_writes.load(Ordering::SeqCst), 0);
     let history = rig.store.detail(rig.id).await.unwrap().unwrap().history;
     assert_eq!(history.len(), 1, "attempted again: {history:?}");
     rig.shutdown.cancel();

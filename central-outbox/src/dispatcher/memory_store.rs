@@ -317,6 +317,18 @@ impl OutboxStore for MemoryStore {
         }
     }
 
+    async fn claim_digest(
+        &self,
+        _lease: &'static str,
+        _epoch: LeaseEpoch,
+        _kind: NotificationType,
+        _digest: NotificationId,
+        _claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        // Lists are kept elsewhere (`upsert_list`), so none consolidates: nothing is Held.
+        Ok(Vec::new())
+    }
+
     async fn claim_due(
         &self,
         _lease: &'static str,

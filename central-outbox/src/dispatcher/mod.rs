@@ -29,6 +29,7 @@
 
 mod attempt;
 mod channel;
+mod digest;
 mod lease;
 mod recorder;
 
@@ -277,7 +278,9 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
         }
         let recorder = self
             .recorder
-            .get_or_insert_with(|| recorder::start(Arc::clone(&self.store)))
+            .get_or_insert_with(|| {
+                recorder::start(Arc::clone(&self.store), self.settings.claim_timeout)
+            })
             .0
             .clone();
         self.channels = CHANNELS

@@ -7,14 +7,21 @@
 //! others wrote: one store call per group, not per delivery, which is what a server that spends
 //! more on a call than on a row (MS SQL, above all Babelfish) needs to keep up. The task ends
 //! once every sender is gone and every record received is written.
+//!
+//! A write that fails (the database unreachable, its disk full) is tried again, backing off,
+//! for up to one claim timeout. Retrying is always safe: each outcome is fenced by its own
+//! claim (epoch and attempt number), so it applies only if nobody has claimed the row again
+//! since. And it avoids a duplicate mail: an outcome never recorded leaves the row to be
+//! delivered again once its claim expires.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::lease::DISPATCHER_LEASE;
-use crate::store::{AttemptRecord, OutboxStore};
+use crate::store::{AttemptRecord, OutboxStore, StoreError};
 
 /// Outcome writes under way at most. Two: one can be committing while the next gathers what
 /// finished meanwhile, without a dozen small writes competing for the database.
@@ -28,10 +35,15 @@ const BACKLOG: usize = 4096;
 /// Most records one write takes.
 const PER_WRITE: usize = 1024;
 
+/// The first pause before a failed write is tried again; it doubles up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(50);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+
 /// Starts the recorder; returns where to send records, and the task (which ends once every
 /// sender is dropped and all it received is written).
 pub(super) fn start<S: OutboxStore>(
     store: Arc<S>,
+    claim_timeout: Duration,
 ) -> (mpsc::Sender<AttemptRecord>, JoinHandle<()>) {
     let (records, mut received) = mpsc::channel(BACKLOG);
     let task = tokio::spawn(async move {
@@ -44,7 +56,7 @@ pub(super) fn start<S: OutboxStore>(
                 batch = next_batch(&mut received), if open && writes.len() < WRITES => {
                     match batch {
                         Some(batch) => {
-                            writes.spawn(record_outcomes(Arc::clone(&store), batch));
+                            writes.spawn(record_outcomes(Arc::clone(&store), batch, claim_timeout));
                         }
                         None => open = false,
                     }
@@ -62,13 +74,18 @@ async fn next_batch(received: &mut mpsc::Receiver<AttemptRecord>) -> Option<Vec<
     (received.recv_many(&mut batch, PER_WRITE).await > 0).then_some(batch)
 }
 
-/// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch.
-async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<AttemptRecord>) {
+/// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch; a
+/// failed call is tried again for up to `retry_for` (see the module documentation).
+async fn record_outcomes<S: OutboxStore>(
+    store: Arc<S>,
+    records: Vec<AttemptRecord>,
+    retry_for: Duration,
+) {
     let ids: Vec<_> = records
         .iter()
         .map(|r| (r.id, r.transition.status))
         .collect();
-    match store.record_outcomes(DISPATCHER_LEASE, records).await {
+    match write_retrying(&*store, records, retry_for).await {
         Ok(applied) => {
             for ((id, status), applied) in ids.into_iter().zip(applied) {
                 if applied {
@@ -88,6 +105,35 @@ async fn record_outcomes<S: OutboxStore>(store: Arc<S>, records: Vec<AttemptReco
                     error = %e,
                     "cannot record the attempt; the row becomes due again after its claim expires"
                 );
+            }
+        }
+    }
+}
+
+/// One store call, tried again after a failure (pausing [`FIRST_PAUSE`], doubling up to
+/// [`MAX_PAUSE`]) until it answers or `retry_for` has passed since the first try.
+async fn write_retrying<S: OutboxStore>(
+    store: &S,
+    records: Vec<AttemptRecord>,
+    retry_for: Duration,
+) -> Result<Vec<bool>, StoreError> {
+    let give_up_at = Instant::now() + retry_for;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        match store
+            .record_outcomes(DISPATCHER_LEASE, records.clone())
+            .await
+        {
+            Ok(applied) => return Ok(applied),
+            Err(e) if Instant::now() + pause >= give_up_at => return Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    records = records.len(),
+                    error = %e,
+                    "cannot record attempts yet; trying again"
+                );
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(MAX_PAUSE);
             }
         }
     }

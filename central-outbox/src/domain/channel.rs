@@ -5,6 +5,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use super::consolidation::Consolidation;
 use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
 
@@ -71,6 +72,9 @@ pub enum ListTargets {
 pub struct NotificationList {
     pub name: ListName,
     pub targets: ListTargets,
+    /// Flood consolidation (`domain::consolidation`); `None`: every notification goes out on
+    /// its own.
+    pub consolidation: Option<Consolidation>,
 }
 
 /// Most recipients (or endpoints) one list may have: a list is a team, not a mailing campaign,
@@ -87,6 +91,8 @@ pub struct ListInput {
     pub webhook_format: Option<WebhookFormat>,
     /// Write-only HMAC key; `None` means "no signature".
     pub webhook_secret: Option<String>,
+    /// Already checked by `Consolidation::parse`, where the input's form is known.
+    pub consolidation: Option<Consolidation>,
 }
 
 impl fmt::Debug for ListInput {
@@ -101,6 +107,7 @@ impl fmt::Debug for ListInput {
                 "webhook_secret",
                 &self.webhook_secret.as_ref().map(|_| "***"),
             )
+            .field("consolidation", &self.consolidation)
             .finish()
     }
 }
@@ -206,7 +213,11 @@ impl NotificationList {
                 })
             }
         };
-        Ok(Self { name, targets })
+        Ok(Self {
+            name,
+            targets,
+            consolidation: input.consolidation,
+        })
     }
 }
 

@@ -86,6 +86,10 @@ pub enum HistoryEvent {
         /// Unset while InFlight.
         duration: Option<Duration>,
         lease_epoch: i64,
+        /// The digest the notification went out in (flood consolidation), if it did: the
+        /// digest's id, which is its mail's Message-ID (`<id@domain>`) or its webhook call's
+        /// Idempotency-Key.
+        digest: Option<NotificationId>,
     },
     Operator {
         action: OperatorAction,

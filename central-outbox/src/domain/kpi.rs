@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 /// The figures, for all sites or for one source site.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct KpiValues {
-    /// Pending + Retrying.
+    /// Pending + Retrying + Held.
     pub queue_depth: u64,
     /// Pending/Retrying rows whose CreatedAt is older than the stuck threshold.
     pub stuck_count: u64,
@@ -19,7 +19,8 @@ pub struct KpiValues {
     /// Age since CreatedAt of the oldest row waiting for the dispatcher now: Pending, or Retrying
     /// whose NextAttemptAt has passed.
     pub oldest_pending_age: Option<Duration>,
-    /// Age since CreatedAt of the oldest Retrying row still waiting out its retry delay.
+    /// Age since CreatedAt of the oldest row waiting out a delay: a Retrying row's retry delay,
+    /// or a Held row's consolidation window (or its digest's retry delay).
     pub oldest_retry_wait_age: Option<Duration>,
 }
 
@@ -69,7 +70,7 @@ impl KpiSettings {
         created_at: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> bool {
-        status.is_due_candidate() && stuck_cutoff(now, self.stuck_age_threshold) > created_at
+        status.waits_in_turn() && stuck_cutoff(now, self.stuck_age_threshold) > created_at
     }
 }
 

@@ -3,6 +3,7 @@
 //! SMTP, so every rule can be unit-tested and every backend and transport shares it.
 
 pub mod channel;
+pub mod consolidation;
 pub mod delivery;
 pub mod history;
 pub mod kpi;

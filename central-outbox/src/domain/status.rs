@@ -23,10 +23,13 @@ pub enum Status {
     Superseded,
     /// Final: its condition was cleared before it was delivered.
     Cleared,
+    /// Waiting: held back by its list's flood consolidation, to go out in a digest at
+    /// NextAttemptAt (its window's end, or the retry time after a failed digest).
+    Held,
 }
 
 impl Status {
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Self::Pending,
         Self::Retrying,
         Self::Delivered,
@@ -34,6 +37,7 @@ impl Status {
         Self::Discarded,
         Self::Superseded,
         Self::Cleared,
+        Self::Held,
     ];
 
     /// The stable name stored in databases and shown to operators.
@@ -46,6 +50,7 @@ impl Status {
             Self::Discarded => "Discarded",
             Self::Superseded => "Superseded",
             Self::Cleared => "Cleared",
+            Self::Held => "Held",
         }
     }
 
@@ -53,8 +58,14 @@ impl Status {
         Self::ALL.into_iter().find(|s| s.as_str() == text)
     }
 
-    /// The dispatcher may still attempt delivery.
+    /// The dispatcher may still attempt delivery (alone, or in a digest when Held).
     pub fn is_due_candidate(self) -> bool {
+        matches!(self, Self::Pending | Self::Retrying | Self::Held)
+    }
+
+    /// Waiting for its turn to be delivered on its own: what can be stuck. A Held row waits
+    /// for its window's end by design.
+    pub fn waits_in_turn(self) -> bool {
         matches!(self, Self::Pending | Self::Retrying)
     }
 

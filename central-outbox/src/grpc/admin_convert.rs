@@ -13,6 +13,7 @@ use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
     RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
+use crate::domain::consolidation::Consolidation;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::KpiValues;
@@ -36,6 +37,7 @@ pub fn status_from_proto(value: i32, field: &'static str) -> Result<Status, Cont
         Ok(v1::NotificationStatus::Discarded) => Ok(Status::Discarded),
         Ok(v1::NotificationStatus::Superseded) => Ok(Status::Superseded),
         Ok(v1::NotificationStatus::Cleared) => Ok(Status::Cleared),
+        Ok(v1::NotificationStatus::Held) => Ok(Status::Held),
         Ok(v1::NotificationStatus::Forwarding) => Err(ContentError::new(
             field,
             "FORWARDING is reported by site-forwarders only; central never stores it",
@@ -179,11 +181,13 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
             outcome,
             duration,
             lease_epoch,
+            digest,
         } => {
             view.kind = v1::HistoryEntryKind::DeliveryAttempt.into();
             view.outcome = outcome_to_proto(outcome).into();
             view.duration_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             view.lease_epoch = lease_epoch;
+            view.digest_id = digest.map(|d| d.to_string()).unwrap_or_default();
         }
         HistoryEvent::Operator { action, actor } => {
             view.kind = match action {
@@ -235,6 +239,11 @@ pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
         name: list.value.name.as_str().to_owned(),
         r#type: notification_type_to_proto(list.value.kind()).into(),
         updated_at: Some(to_timestamp(list.updated_at)),
+        consolidation: list.value.consolidation.map(|c| v1::ListConsolidation {
+            threshold: c.threshold(),
+            window: Some(to_duration(c.window())),
+            max_per_digest: c.max_per_digest(),
+        }),
         ..Default::default()
     };
     match list.value.targets {
@@ -283,6 +292,18 @@ pub fn list_from_proto(
             ListTargets::Email(_) => None,
         }),
     };
+    let consolidation = msg
+        .consolidation
+        .map(|c| {
+            let window = c
+                .window
+                .as_ref()
+                .and_then(from_duration)
+                .ok_or_else(|| ContentError::new("consolidation.window", "is required"))?;
+            Consolidation::parse(c.threshold, window, c.max_per_digest)
+        })
+        .transpose()
+        .map_err(|e| ContentError::new(list_consolidation_field(e.field), e.problem))?;
     let input = ListInput {
         name: msg.name,
         kind,
@@ -290,6 +311,7 @@ pub fn list_from_proto(
         endpoints: msg.endpoints,
         webhook_format,
         webhook_secret,
+        consolidation,
     };
     NotificationList::parse(input).map_err(|e| {
         ContentError::new(
@@ -303,6 +325,16 @@ pub fn list_from_proto(
             e.problem,
         )
     })
+}
+
+/// The request's name of a consolidation setting's field.
+fn list_consolidation_field(field: &'static str) -> &'static str {
+    match field {
+        "consolidation.threshold" => "list.consolidation.threshold",
+        "consolidation.window" => "list.consolidation.window",
+        "consolidation.max_per_digest" => "list.consolidation.max_per_digest",
+        _ => "list.consolidation",
+    }
 }
 
 pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {

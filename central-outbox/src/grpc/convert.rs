@@ -47,6 +47,7 @@ pub fn status_to_proto(status: Status) -> v1::NotificationStatus {
         Status::Discarded => v1::NotificationStatus::Discarded,
         Status::Superseded => v1::NotificationStatus::Superseded,
         Status::Cleared => v1::NotificationStatus::Cleared,
+        Status::Held => v1::NotificationStatus::Held,
     }
 }
 

@@ -33,7 +33,7 @@ use super::{convert, invalid_argument, store_status};
 use crate::domain::history::site_actor;
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
-use crate::store::{NewNotification, OutboxStore};
+use crate::store::{NewNotification, OutboxStore, StoreError};
 use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
@@ -149,17 +149,25 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
             self.metrics.ingest_rejected_invalid();
             invalid_argument(e)
         })?;
-        let outcomes = self
-            .store
-            .submit(vec![NewNotification::new(submission)])
-            .await
-            .map_err(store_status)?;
+        // A task of its own, so that what commits is counted even if the caller goes away
+        // meanwhile (tonic drops this handler's future then).
+        let store = Arc::clone(&self.store);
+        let metrics = Arc::clone(&self.metrics);
+        let committed = tokio::spawn(async move {
+            let outcomes = store.submit(vec![NewNotification::new(submission)]).await?;
+            for outcome in &outcomes {
+                metrics.ingested(*outcome);
+            }
+            Ok(outcomes)
+        })
+        .await
+        .unwrap_or_else(|e| Err(StoreError::Unavailable(format!("the submit was lost: {e}"))));
+        let outcomes = committed.map_err(store_status)?;
         self.dispatcher_wake.notify_one();
         let outcome = outcomes
             .into_iter()
             .next()
             .ok_or_else(|| Status::internal("the store returned no outcome"))?;
-        self.metrics.ingested(outcome);
         Ok(Response::new(convert::ack(id, outcome)))
     }
 
@@ -354,8 +362,12 @@ impl<S: OutboxStore> StreamSession<S> {
         match self.store.submit(valid).await {
             Ok(outcomes) => {
                 self.dispatcher_wake.notify_one();
+                // Counted as committed, before any ack is sent: a client that stops reading
+                // acks does not make committed rows go uncounted.
+                for outcome in &outcomes {
+                    self.metrics.ingested(*outcome);
+                }
                 for (id, outcome) in valid_ids.into_iter().zip(outcomes) {
-                    self.metrics.ingested(outcome);
                     if self.acks.send(Ok(convert::ack(id, outcome))).await.is_err() {
                         return false;
                     }

@@ -7,7 +7,13 @@
 //! - `submit` gives each new row its serve turn (`domain::serve_order::serve_turn`); a new row
 //!   with a condition key supersedes the waiting (unclaimed Pending/Retrying) rows of its site,
 //!   list and key enqueued at the site no later than it, each with a history entry naming it;
-//!   a row the site cleared before forwarding it is stored Cleared, never due.
+//!   a row the site cleared before forwarding it is stored Cleared, never due. A new row of a
+//!   list that consolidates floods counts as an arrival of the list's current window and, if it
+//!   is over the threshold and not critical, is stored Held, due at the window's end
+//!   (`domain::consolidation`). Supersede and clear end Held rows like the other waiting ones.
+//! - `claim_digest` claims the due Held rows of one list together, as `claim_due` claims (same
+//!   fence, an InFlight attempt row each, naming the digest); an outcome that would make a Held
+//!   row Retrying leaves it Held (due again at the retry time, in a digest again).
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
 //!   InFlight attempt row in the same transaction; it takes rows in the orders of
 //!   `domain::serve_order`.
@@ -118,6 +124,20 @@ pub trait OutboxStore: Send + Sync + 'static {
         epoch: LeaseEpoch,
         kind: NotificationType,
         lanes: ClaimLanes,
+        claim_timeout: Duration,
+    ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
+
+    /// Claims the due Held rows of one list of channel `kind` for `claim_timeout` under `epoch`
+    /// as digest `digest`: the list of the longest-due Held row, up to its `max_per_digest`
+    /// rows (`consolidation::limits::MAX_PER_DIGEST` if it no longer consolidates), longest due
+    /// first, each with an InFlight attempt row naming the digest. Empty when no Held row is
+    /// due or `epoch` does not hold the lease.
+    fn claim_digest(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        digest: NotificationId,
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
 

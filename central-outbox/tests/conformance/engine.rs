@@ -286,7 +286,8 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
         HistoryEvent::Attempt {
             outcome: AttemptOutcome::InFlight,
             duration: None,
-            lease_epoch: e1.0
+            lease_epoch: e1.0,
+            digest: None,
         }
     );
 
@@ -546,7 +547,8 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(st
             HistoryEvent::Attempt {
                 outcome: expected[i].outcome,
                 duration: Some(Duration::from_millis(42)),
-                lease_epoch: epoch.0
+                lease_epoch: epoch.0,
+                digest: None,
             },
             "row {i}"
         );

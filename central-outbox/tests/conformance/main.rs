@@ -17,6 +17,7 @@ mod seed;
 
 mod admin;
 mod conditions;
+mod consolidation;
 mod engine;
 mod purge;
 mod serve_order;
@@ -198,6 +199,18 @@ macro_rules! backend {
             behaviour!(
                 a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered,
                 conditions::a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered
+            );
+            behaviour!(
+                a_flood_is_held_and_claimed_as_digests_when_its_window_ends,
+                consolidation::a_flood_is_held_and_claimed_as_digests_when_its_window_ends
+            );
+            behaviour!(
+                held_rows_are_superseded_and_cleared_like_waiting_ones,
+                consolidation::held_rows_are_superseded_and_cleared_like_waiting_ones
+            );
+            behaviour!(
+                consolidation_settings_round_trip,
+                consolidation::consolidation_settings_round_trip
             );
         }
     };

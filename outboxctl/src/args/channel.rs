@@ -19,7 +19,8 @@ pub enum ListsCommand {
     Ls,
     /// One list: its recipients or endpoints (a webhook secret is never shown).
     Show { name: String },
-    /// Create or replace a list (its recipients or endpoints are replaced as a whole).
+    /// Create or replace a list: its recipients or endpoints, and its flood consolidation,
+    /// are replaced as a whole (without the --consolidate-* flags the list has none).
     Set(ListSetArgs),
     /// Delete a list. Notifications already sent to it park at delivery.
     Rm { name: String },
@@ -47,7 +48,24 @@ pub struct ListSetArgs {
     /// Webhook lists: remove the stored signing secret (requests go unsigned).
     #[arg(long)]
     pub clear_webhook_secret: bool,
+    /// Notifications for the list beyond N (1 to 100000) within one window are held (critical
+    /// ones never are).
+    #[arg(long, value_name = "N", help_heading = CONSOLIDATION_HEADING)]
+    pub consolidate_threshold: Option<u32>,
+    /// The window: a whole number of seconds from 1s to 12h (e.g. 60s, 5m), aligned to the Unix
+    /// epoch. Held notifications go out when it ends.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help_heading = CONSOLIDATION_HEADING)]
+    pub consolidate_window: Option<Duration>,
+    /// Most notifications in one digest (one mail, or one webhook call): 2 to 500.
+    #[arg(long, value_name = "M", help_heading = CONSOLIDATION_HEADING)]
+    pub consolidate_max_per_digest: Option<u32>,
 }
+
+/// `lists set` replaces the list, so leaving the flags out turns consolidation off: the heading
+/// says so where an operator looks for the flags.
+const CONSOLIDATION_HEADING: &str =
+    "Flood consolidation (all three flags, or none: without them the list has none)";
 
 #[derive(Debug, Subcommand)]
 pub enum SmtpCommand {

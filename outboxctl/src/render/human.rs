@@ -160,13 +160,18 @@ fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
     }
     let mut table = Table::new(&["#", "AT", "KIND", "OUTCOME", "TOOK", "BY", "ERROR"]);
     for h in &d.history {
-        let by = if !h.superseded_by.is_empty() {
+        let mut by = if !h.superseded_by.is_empty() {
             h.superseded_by.clone()
         } else if h.actor.is_empty() {
             format!("lease {}", h.lease_epoch)
         } else {
             h.actor.clone()
         };
+        // The digest an attempt went out in: the id to look for in the mail's Message-ID or
+        // the webhook's Idempotency-Key.
+        if !h.digest_id.is_empty() {
+            by.push_str(&format!(", digest {}", h.digest_id));
+        }
         table.row(vec![
             h.sequence.to_string(),
             time_human(h.at.as_ref()),
@@ -247,7 +252,15 @@ fn list_table(lists: &[v1::NotificationList]) -> String {
     if lists.is_empty() {
         return "no notification lists\n".to_owned();
     }
-    let mut table = Table::new(&["NAME", "TYPE", "FORMAT", "SECRET", "UPDATED", "TARGETS"]);
+    let mut table = Table::new(&[
+        "NAME",
+        "TYPE",
+        "FORMAT",
+        "SECRET",
+        "UPDATED",
+        "CONSOLIDATION",
+        "TARGETS",
+    ]);
     for l in lists {
         let (format, secret, targets) = if is_webhook(l) {
             (
@@ -264,6 +277,9 @@ fn list_table(lists: &[v1::NotificationList]) -> String {
             format,
             secret,
             time_human(l.updated_at.as_ref()),
+            l.consolidation
+                .as_ref()
+                .map_or_else(|| "-".to_owned(), consolidation_text),
             truncate(&targets.join(", "), MAX_CELL),
         ]);
     }
@@ -283,7 +299,20 @@ fn list_text(l: &v1::NotificationList) -> String {
     } else {
         fields.push(("recipients", l.recipients.join("\n")));
     }
+    if let Some(c) = &l.consolidation {
+        fields.push(("consolidation", consolidation_text(c)));
+    }
     key_values(&fields)
+}
+
+/// "more than 20 in 1m -> digests of at most 100": the three settings in the order they act.
+fn consolidation_text(c: &v1::ListConsolidation) -> String {
+    format!(
+        "more than {} in {} -> digests of at most {}",
+        c.threshold,
+        duration_human(c.window.as_ref()),
+        c.max_per_digest
+    )
 }
 
 /// Secrets are write-only: all anyone sees is whether one is stored.
@@ -501,17 +530,74 @@ mod tests {
         let table = list_table(&[webhook_list(), email]);
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(
-            lines[0], "NAME   TYPE     FORMAT  SECRET  UPDATED  TARGETS",
+            lines[0], "NAME   TYPE     FORMAT  SECRET  UPDATED  CONSOLIDATION  TARGETS",
             "{table}"
         );
         assert_eq!(
             lines[1],
-            "hooks  webhook  teams   set     -        \
+            "hooks  webhook  teams   set     -        -              \
              https://hooks.example.test/a, https://hooks.example.test/b"
         );
         assert_eq!(
             lines[2],
-            "ops    email    -       -       -        a@plant.test"
+            "ops    email    -       -       -        -              a@plant.test"
         );
+    }
+
+    fn consolidated(list: v1::NotificationList) -> v1::NotificationList {
+        v1::NotificationList {
+            consolidation: Some(v1::ListConsolidation {
+                threshold: 20,
+                window: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 0,
+                }),
+                max_per_digest: 100,
+            }),
+            ..list
+        }
+    }
+
+    #[test]
+    fn lists_show_their_consolidation_and_nothing_when_off() {
+        let text = list_text(&consolidated(webhook_list()));
+        assert_eq!(
+            field(&text, "consolidation"),
+            Some("more than 20 in 1m -> digests of at most 100"),
+            "{text}"
+        );
+        let off = list_text(&webhook_list());
+        assert!(!off.contains("consolidation"), "{off}");
+
+        let table = list_table(&[consolidated(webhook_list())]);
+        let row = table.lines().nth(1).unwrap_or_default();
+        assert!(
+            row.contains("  more than 20 in 1m -> digests of at most 100  https://"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn history_names_the_digest_an_attempt_went_out_in() {
+        let attempt = |sequence, digest_id: &str| v1::HistoryEntry {
+            sequence,
+            kind: v1::HistoryEntryKind::DeliveryAttempt.into(),
+            outcome: v1::AttemptOutcome::Delivered.into(),
+            lease_epoch: 3,
+            digest_id: digest_id.into(),
+            ..Default::default()
+        };
+        let text = detail_text(
+            &v1::NotificationDetail {
+                notification: Some(v1::NotificationStatusView::default()),
+                history: vec![attempt(1, ""), attempt(2, "0190-digest")],
+                ..Default::default()
+            },
+            Utc::now(),
+        );
+        let rows: Vec<&str> = text.lines().skip_while(|l| !l.starts_with("#")).collect();
+        assert!(rows[1].contains(" lease 3 "), "{text}");
+        assert!(!rows[1].contains("digest"), "{text}");
+        assert!(rows[2].contains(" lease 3, digest 0190-digest "), "{text}");
     }
 }

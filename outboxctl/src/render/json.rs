@@ -87,6 +87,7 @@ fn history_entry(h: &v1::HistoryEntry) -> Value {
         "lease_epoch": h.lease_epoch,
         "actor": h.actor,
         "superseded_by": h.superseded_by,
+        "digest_id": h.digest_id,
     })
 }
 
@@ -128,7 +129,9 @@ fn kpi_response(r: &v1::GetKpisResponse) -> Value {
 }
 
 /// Every field for every list, so scripts need not branch on the type to index it: an email
-/// list has no endpoints and a `null` format, a webhook list no recipients.
+/// list has no endpoints and a `null` format, a webhook list no recipients. `consolidation` is
+/// `null` when off, else in the request's own form (`{"threshold": 20, "window": "60s",
+/// "max_per_digest": 100}`), so a script can send back what it read.
 fn notification_list(l: &v1::NotificationList) -> Value {
     let webhook_format = is_webhook(l).then(|| webhook_format_name(l.webhook_format));
     json!({
@@ -138,6 +141,11 @@ fn notification_list(l: &v1::NotificationList) -> Value {
         "endpoints": l.endpoints,
         "webhook_format": webhook_format,
         "webhook_secret_set": l.webhook_secret_set,
+        "consolidation": l.consolidation.as_ref().map(|c| json!({
+            "threshold": c.threshold,
+            "window": duration_json(c.window.as_ref()),
+            "max_per_digest": c.max_per_digest,
+        })),
         "updated_at": time_json(l.updated_at.as_ref()),
     })
 }
@@ -301,5 +309,34 @@ mod tests {
         assert_eq!(email["endpoints"], json!([]));
         assert_eq!(email["webhook_format"], Value::Null);
         assert_eq!(email["webhook_secret_set"], false);
+        assert_eq!(email["consolidation"], Value::Null, "off");
+    }
+
+    #[test]
+    fn consolidation_is_in_the_request_form_and_digests_are_named() {
+        let list = notification_list(&v1::NotificationList {
+            name: "ops".into(),
+            r#type: v1::NotificationType::Email.into(),
+            consolidation: Some(v1::ListConsolidation {
+                threshold: 20,
+                window: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 0,
+                }),
+                max_per_digest: 100,
+            }),
+            ..Default::default()
+        });
+        assert_eq!(
+            list["consolidation"],
+            json!({"threshold": 20, "window": "60s", "max_per_digest": 100})
+        );
+        let entry = history_entry(&v1::HistoryEntry {
+            kind: v1::HistoryEntryKind::DeliveryAttempt.into(),
+            digest_id: "0190-digest".into(),
+            ..Default::default()
+        });
+        assert_eq!(entry["digest_id"], "0190-digest");
+        assert_eq!(history_entry(&v1::HistoryEntry::default())["digest_id"], "");
     }
 }

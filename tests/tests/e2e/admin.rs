@@ -1,16 +1,23 @@
 //! The admin API against a running central: operator Retry and Discard leading to real delivery
 //! (or not), their history, the errors every other status gets, the retention purge as the
-//! service runs it, and `/metrics` agreeing with GetKpis.
+//! service runs it, `/metrics` agreeing with GetKpis, and a list's flood consolidation settings
+//! as the config file, the gRPC API, `outboxctl` and `grpcurl` set and show them.
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
+use central_outbox::config::{Config as CentralConfig, Overrides};
+use outbox_proto::time::to_duration;
 use outbox_proto::v1;
 use outbox_tests::smtp_sink::Behaviour;
+use serde_json::{Value, json};
 use tonic::Code;
 
 use crate::harness::{
-    Central, Db, central_config, eventually, free_addr, smtp_sink, submit, wait_for_status,
+    Central, Db, LIST, binary, central_config, eventually, free_addr, smtp_sink, submit,
+    wait_for_status,
 };
+use crate::operations::{Run, grpcurl_path, run};
 
 /// A request carrying the operator's name, as outboxctl and UI backends send it.
 fn as_operator<T>(message: T, who: &str) -> tonic::Request<T> {
@@ -510,5 +517,302 @@ async fn a_row_damaged_in_the_database_is_parked_with_its_reason() {
             "the error names the column: {status:?}"
         );
     }
+    central.stop().await;
+}
+
+/// A list's consolidation as the API carries it.
+fn consolidation(threshold: u32, window: Duration, max_per_digest: u32) -> v1::ListConsolidation {
+    v1::ListConsolidation {
+        threshold,
+        window: Some(to_duration(window)),
+        max_per_digest,
+    }
+}
+
+fn email_list(name: &str, recipient: &str) -> v1::NotificationList {
+    v1::NotificationList {
+        name: name.into(),
+        r#type: v1::NotificationType::Email.into(),
+        recipients: vec![recipient.into()],
+        ..Default::default()
+    }
+}
+
+async fn get_list(central: &Central, name: &str) -> v1::NotificationList {
+    central
+        .outbox()
+        .await
+        .get_notification_list(v1::GetNotificationListRequest { name: name.into() })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+#[tokio::test]
+async fn list_consolidation_from_the_config_file_and_the_api_round_trips_and_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    // The operator's form: an inline table in the file central reads at start.
+    let file = dir.path().join("central.toml");
+    std::fs::write(
+        &file,
+        "[[lists]]\nname = 'flooded'\nrecipients = ['carol@plant.example.test']\n\
+         consolidation = { threshold = 20, window = '1m', max_per_digest = 100 }\n",
+    )
+    .unwrap();
+    let from_file = CentralConfig::load(Some(&file), Overrides::default()).unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.lists.extend(from_file.lists);
+    let central = Central::start(config).await;
+
+    let seeded = get_list(&central, "flooded").await;
+    assert_eq!(
+        seeded.consolidation,
+        Some(consolidation(20, Duration::from_secs(60), 100)),
+        "stored at start-up as the file says"
+    );
+    assert_eq!(
+        get_list(&central, LIST).await.consolidation,
+        None,
+        "a list without the table has none"
+    );
+
+    // Upserted through the API, it reads back as sent.
+    let mut outbox = central.outbox().await;
+    let bursty = v1::NotificationList {
+        consolidation: Some(consolidation(5, Duration::from_secs(30), 10)),
+        ..email_list("bursty", "dave@plant.example.test")
+    };
+    let stored = outbox
+        .upsert_notification_list(v1::UpsertNotificationListRequest {
+            list: Some(bursty.clone()),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stored.consolidation, bursty.consolidation);
+    let before = get_list(&central, "bursty").await;
+    assert_eq!(before.consolidation, bursty.consolidation);
+    assert_eq!(before.recipients, bursty.recipients);
+
+    // Out-of-range settings are INVALID_ARGUMENT naming the field, and change nothing (not
+    // even the recipients sent with them).
+    let minute = Duration::from_secs(60);
+    for (bad, field) in [
+        (
+            consolidation(0, minute, 100),
+            "list.consolidation.threshold",
+        ),
+        (
+            consolidation(5, Duration::from_millis(1500), 100),
+            "list.consolidation.window",
+        ),
+        (
+            consolidation(5, minute, 1),
+            "list.consolidation.max_per_digest",
+        ),
+        (
+            consolidation(0, Duration::from_millis(1500), 1),
+            "list.consolidation.threshold",
+        ),
+        (
+            v1::ListConsolidation {
+                window: None,
+                ..consolidation(5, minute, 10)
+            },
+            "list.consolidation.window",
+        ),
+    ] {
+        let refused = outbox
+            .upsert_notification_list(v1::UpsertNotificationListRequest {
+                list: Some(v1::NotificationList {
+                    consolidation: Some(bad),
+                    ..email_list("bursty", "eve@plant.example.test")
+                }),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code(), Code::InvalidArgument, "{bad:?}");
+        assert!(
+            refused.message().starts_with(field),
+            "{bad:?}: {}",
+            refused.message()
+        );
+        assert_eq!(get_list(&central, "bursty").await, before, "{bad:?}");
+    }
+
+    // Upsert replaces the list: without consolidation, it has none.
+    let plain = outbox
+        .upsert_notification_list(v1::UpsertNotificationListRequest {
+            list: Some(email_list("bursty", "dave@plant.example.test")),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(plain.consolidation, None);
+    assert_eq!(get_list(&central, "bursty").await.consolidation, None);
+    central.stop().await;
+}
+
+/// `outboxctl --addr <central> ARGS...`, stdin closed.
+async fn outboxctl(addr: SocketAddr, args: &[&str]) -> Run {
+    let addr = format!("http://{addr}");
+    let mut all = vec!["--addr", addr.as_str()];
+    all.extend_from_slice(args);
+    run(&binary("outboxctl"), &all, &[], None).await
+}
+
+/// The one `outboxctl: ...` line of a failed run that exited with `code` and printed nothing.
+fn error_line(run: &Run, code: i32) -> &str {
+    assert_eq!(run.code, Some(code), "{}{}", run.stdout, run.stderr);
+    assert_eq!(run.stdout, "");
+    let line = run.stderr.trim_end();
+    assert!(
+        line.starts_with("outboxctl: ") && !line.contains('\n'),
+        "{}",
+        run.stderr
+    );
+    line
+}
+
+#[tokio::test]
+async fn outboxctl_and_grpcurl_set_and_show_a_lists_consolidation() {
+    // Resolved first: a missing grpcurl should fail before any set-up work.
+    grpcurl_path();
+    let dir = tempfile::tempdir().unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let addr = central.addr;
+    let set = |extra: &'static [&'static str]| {
+        let mut args = vec![
+            "lists",
+            "set",
+            "night-shift",
+            "--recipient",
+            "carol@plant.example.test",
+        ];
+        args.extend_from_slice(extra);
+        args
+    };
+    let flags: &[&str] = &[
+        "--consolidate-threshold",
+        "20",
+        "--consolidate-window",
+        "60s",
+        "--consolidate-max-per-digest",
+        "100",
+    ];
+    let want = json!({"threshold": 20, "window": "60s", "max_per_digest": 100});
+
+    let mut args = vec!["--json"];
+    args.extend(set(flags));
+    let stored = outboxctl(addr, &args).await.json();
+    assert_eq!(stored["consolidation"], want);
+
+    let table = outboxctl(addr, &["lists", "ls"]).await;
+    assert_eq!(table.code, Some(0), "{}", table.stderr);
+    let row = |name: &str| -> String {
+        table
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("no {name} row:\n{}", table.stdout))
+            .to_owned()
+    };
+    assert!(
+        table
+            .stdout
+            .lines()
+            .next()
+            .unwrap()
+            .contains(" CONSOLIDATION "),
+        "{}",
+        table.stdout
+    );
+    assert!(
+        row("night-shift").contains(" more than 20 in 1m -> digests of at most 100 "),
+        "{}",
+        table.stdout
+    );
+    assert!(!row(LIST).contains("more than"), "{}", table.stdout);
+    let listed = outboxctl(addr, &["--json", "lists", "ls"]).await.json();
+    let by_name = |name: &str| -> Value {
+        listed["lists"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["name"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(by_name("night-shift")["consolidation"], want);
+    assert_eq!(by_name(LIST)["consolidation"], Value::Null);
+    let shown = outboxctl(addr, &["lists", "show", "night-shift"]).await;
+    assert!(
+        shown.stdout.lines().any(|l| l.starts_with("consolidation ")
+            && l.ends_with("  more than 20 in 1m -> digests of at most 100")),
+        "{}",
+        shown.stdout
+    );
+
+    // Part of the flags: refused before anything is sent (exit 2, one line); the list stays.
+    let partial = outboxctl(addr, &set(&["--consolidate-threshold", "5"])).await;
+    let line = error_line(&partial, 2);
+    assert!(
+        line.contains("--consolidate-window and --consolidate-max-per-digest"),
+        "{line}"
+    );
+    // Central's limits: INVALID_ARGUMENT naming the field; the list stays.
+    let bad = outboxctl(
+        addr,
+        &set(&[
+            "--consolidate-threshold",
+            "20",
+            "--consolidate-window",
+            "1500ms",
+            "--consolidate-max-per-digest",
+            "100",
+        ]),
+    )
+    .await;
+    let line = error_line(&bad, 1);
+    assert!(
+        line.contains("list.consolidation.window") && line.ends_with("(INVALID_ARGUMENT)"),
+        "{line}"
+    );
+    let kept = outboxctl(addr, &["--json", "lists", "show", "night-shift"])
+        .await
+        .json();
+    assert_eq!(kept, stored, "refused requests change nothing");
+
+    // `lists set` replaces the list: without the flags, consolidation is off.
+    let mut args = vec!["--json"];
+    args.extend(set(&[]));
+    let plain = outboxctl(addr, &args).await.json();
+    assert_eq!(plain["consolidation"], Value::Null);
+
+    // The README's grpcurl form (proto field names; grpcurl answers in lowerCamelCase).
+    let upserted = run(
+        &grpcurl_path(),
+        &[
+            "-plaintext",
+            "-d",
+            r#"{"list": {"name": "night-shift", "type": "NOTIFICATION_TYPE_EMAIL",
+                "recipients": ["carol@plant.example.test"],
+                "consolidation": {"threshold": 20, "window": "60s", "max_per_digest": 100}}}"#,
+            &addr.to_string(),
+            "outbox.v1.NotificationOutbox/UpsertNotificationList",
+        ],
+        &[],
+        None,
+    )
+    .await
+    .json();
+    assert_eq!(
+        upserted["consolidation"],
+        json!({"threshold": 20, "window": "60s", "maxPerDigest": 100})
+    );
+    let shown = outboxctl(addr, &["--json", "lists", "show", "night-shift"])
+        .await
+        .json();
+    assert_eq!(shown["consolidation"], want);
     central.stop().await;
 }

@@ -289,3 +289,62 @@ async fn a_request_over_the_transport_limit_gets_out_of_range_naming_it_and_ends
     names_the_limit(&status);
     central.stop().await;
 }
+
+/// `outbox_ingest_total{outcome="accepted"}` counts what was committed, not what was acked: a
+/// site whose stream breaks before it reads its acks resends the same rows on a new stream, and
+/// whatever the first stream committed comes back DUPLICATE there. However the work split
+/// between the two streams, every row is counted ACCEPTED exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn accepted_rows_are_counted_once_even_when_their_acks_are_lost() {
+    const ROWS: usize = 600;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = central_config(dir.path(), None);
+    let metrics_addr = free_addr().await;
+    config.metrics_listen = Some(metrics_addr);
+    let central = Central::start(config).await;
+    let rows: Vec<v1::NotificationSubmit> = (0..ROWS)
+        .map(|i| submit(&format!("alarm {i}"), "level 97%"))
+        .collect();
+
+    // The first stream sends everything and goes away without reading a single ack.
+    let mut ingest = central.ingest().await;
+    let (tx, rx) = tokio::sync::mpsc::channel(ROWS);
+    for row in &rows {
+        tx.send(row.clone()).await.unwrap();
+    }
+    let acks = ingest
+        .submit_notifications(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .unwrap();
+    drop(acks);
+    drop(tx);
+
+    // The site reconnects and resends: every row is acked, ACCEPTED or DUPLICATE.
+    let mut ingest = central.ingest().await;
+    let acks: Vec<v1::NotificationSubmitAck> = ingest
+        .submit_notifications(tokio_stream::iter(rows.clone()))
+        .await
+        .unwrap()
+        .into_inner()
+        .map(|ack| ack.unwrap())
+        .collect()
+        .await;
+    assert_eq!(acks.len(), ROWS);
+    assert!(acks.iter().all(|a| matches!(
+        a.outcome(),
+        v1::SubmitOutcome::Accepted | v1::SubmitOutcome::Duplicate
+    )));
+    let stored: usize = Db::open(&central.db)
+        .strings("SELECT NotificationId FROM Notifications")
+        .len();
+    assert_eq!(stored, ROWS);
+
+    crate::harness::eventually("every committed row is counted once", || async move {
+        let scrape = metrics_endpoint::get(metrics_addr, "/metrics").await.ok()?;
+        let accepted =
+            metrics_endpoint::sample(&scrape.body, "outbox_ingest_total{outcome=\"accepted\"}")?;
+        (accepted == ROWS as f64).then_some(())
+    })
+    .await;
+    central.stop().await;
+}

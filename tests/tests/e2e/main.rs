@@ -13,6 +13,7 @@ mod admin;
 mod auth;
 mod channels;
 mod conditions;
+mod consolidation;
 mod crash;
 mod delivery;
 mod forwarding;

@@ -17,6 +17,7 @@ use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
     SmtpAuth, SmtpSettings, Stored, TlsMode,
 };
+use crate::domain::consolidation::Consolidation;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{ListName, NotificationType};
@@ -64,9 +65,32 @@ fn read_list(
         }),
     };
     Ok(Stored {
-        value: NotificationList { name, targets },
+        value: NotificationList {
+            name,
+            targets,
+            consolidation: read_consolidation(row)?,
+        },
         updated_at: decode::time(row, "UpdatedAt")?,
     })
+}
+
+/// A list row's consolidation settings: all three columns set, or none (migration 0007's
+/// constraint keeps them so, within the domain's limits).
+fn read_consolidation(row: &Row) -> Result<Option<Consolidation>> {
+    let threshold = decode::opt::<i32>(row, "ConsolidateThreshold")?;
+    let window = decode::opt::<i32>(row, "ConsolidateWindowSeconds")?;
+    let max = decode::opt::<i32>(row, "ConsolidateMaxPerDigest")?;
+    let (Some(threshold), Some(window), Some(max)) = (threshold, window, max) else {
+        return Ok(None);
+    };
+    let whole = |v: i32| u32::try_from(v).unwrap_or(0);
+    Consolidation::parse(
+        whole(threshold),
+        Duration::from_secs(u64::from(whole(window))),
+        whole(max),
+    )
+    .map(Some)
+    .map_err(corrupt)
 }
 
 /// Targets by list name, from a `ListName, Address` result.
@@ -133,7 +157,14 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
     let mut targets = list.target_names();
     targets.sort();
     targets.dedup();
-    let stmt = sql::replace_list_with(list.name.as_str(), list.kind(), format, secret, targets);
+    let stmt = sql::replace_list_with(
+        list.name.as_str(),
+        list.kind(),
+        format,
+        secret,
+        list.consolidation,
+        targets,
+    );
     // Two replicas creating the same new list at start-up: the loser's insert fails on the key
     // and is rolled back; run again, it updates the winner's row.
     match store.batch_raw(&stmt.sql, &stmt.params).await {

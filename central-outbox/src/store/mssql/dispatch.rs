@@ -1,5 +1,5 @@
-//! The dispatcher's side of the MS SQL backend: the leader lease, claiming due rows, and fenced
-//! outcomes. Every condition that keeps two dispatchers apart (the lease's holder and expiry,
+//! The dispatcher's side of the MS SQL backend: the leader lease, claiming due rows (one by one,
+//! or the Held rows of a list as one digest), and fenced outcomes. Every condition that keeps two dispatchers apart (the lease's holder and expiry,
 //! the claim's epoch, a row being due) is evaluated inside the statement that changes the row,
 //! on the database's clock.
 
@@ -78,8 +78,34 @@ pub async fn claim_due(
     let stmt = sql::claim_due(lease, epoch, kind, lanes, claim_timeout);
     let mut results = store.batch("claim", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "claim")?;
+    validate_claims(store, epoch, &rows).await
+}
+
+/// Claims the due Held rows of one list as digest `digest` (`OutboxStore::claim_digest`), in
+/// the procedure's order, longest due first.
+pub async fn claim_digest(
+    store: &MsSqlStore,
+    lease: &str,
+    epoch: LeaseEpoch,
+    kind: NotificationType,
+    digest: NotificationId,
+    claim_timeout: Duration,
+) -> Result<Vec<ClaimedNotification>> {
+    let stmt = sql::claim_digest(lease, epoch, kind, digest, claim_timeout);
+    let mut results = store.batch("claim digest", &stmt.sql, &stmt.params).await?;
+    let rows = result_set(&mut results, 0, "claim digest")?;
+    validate_claims(store, epoch, &rows).await
+}
+
+/// The claimed rows in their order, each re-validated: one whose stored content no longer
+/// passes is parked with the reason rather than failing the whole claim.
+async fn validate_claims(
+    store: &MsSqlStore,
+    epoch: LeaseEpoch,
+    rows: &[Row],
+) -> Result<Vec<ClaimedNotification>> {
     let mut claimed = Vec::with_capacity(rows.len());
-    for row in &rows {
+    for row in rows {
         match decode_claim(row, epoch)? {
             Ok(notification) => claimed.push(notification),
             Err(invalid) => park_invalid(store, epoch, invalid).await?,

@@ -65,6 +65,12 @@ pub const MIGRATIONS: &[Migration] = &[
         snapshot: "migration_0006_condition_keys",
         sql: include_str!("../../../../migrations/mssql/0006_condition_keys.sql"),
     },
+    Migration {
+        version: 7,
+        name: "consolidation",
+        snapshot: "migration_0007_consolidation",
+        sql: include_str!("../../../../migrations/mssql/0007_consolidation.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

@@ -12,8 +12,8 @@
 //!
 //! Layout: [`options`] (connection strings), `pool` (connections and their discard rules),
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
-//! (idempotent submit with the condition keys' supersede, and their clear), `dispatch` (leases,
-//! claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
+//! (idempotent submit with the condition keys' supersede and flood consolidation's count and
+//! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
 //! SMTP settings), `decode` (rows to domain types), [`scratch`] (throw-away databases for the
 //! test suites and benchmarks).
 
@@ -29,6 +29,7 @@ mod pool;
 pub mod scratch;
 mod sql;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -72,6 +73,10 @@ pub struct MsSqlStore {
     timeout: Duration,
     /// Seals the secrets written and opens those read (see `channel`).
     secrets: Keyring,
+    /// The lists this replica has seen consolidate floods, so that a submit sends their rows
+    /// through the procedure at once (see `ingest`). Shared by the clones; the lock is held only
+    /// to copy or extend the set, never across an await.
+    consolidating: Arc<Mutex<ingest::ConsolidatingLists>>,
 }
 
 impl std::fmt::Debug for MsSqlStore {
@@ -123,6 +128,7 @@ impl MsSqlStore {
             // driver's command timeout); a batch has at most a couple of response waits.
             timeout: options.connect_timeout * 3 + options.command_timeout * 2,
             secrets,
+            consolidating: Arc::default(),
         };
         migrate::apply(&store.pool, options.command_timeout).await?;
         Ok(store)
@@ -259,6 +265,17 @@ impl OutboxStore for MsSqlStore {
         dispatch::claim_due(self, lease, epoch, kind, lanes, claim_timeout).await
     }
 
+    async fn claim_digest(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        digest: NotificationId,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        dispatch::claim_digest(self, lease, epoch, kind, digest, claim_timeout).await
+    }
+
     async fn clear_condition(
         &self,
         site: &SiteId,
@@ -324,11 +341,15 @@ impl OutboxStore for MsSqlStore {
     }
 
     async fn upsert_list(&self, list: NotificationList) -> Result<()> {
-        channel::replace_list(self, &list).await
+        channel::replace_list(self, &list).await?;
+        ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
+        Ok(())
     }
 
     async fn delete_list(&self, name: &ListName) -> Result<bool> {
-        channel::delete_list(self, name).await
+        let deleted = channel::delete_list(self, name).await?;
+        ingest::note_list(self, name.as_str(), false);
+        Ok(deleted)
     }
 
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {

@@ -273,7 +273,7 @@ pub(super) fn detail(conn: &Connection, id: NotificationId) -> Result<Option<Not
 
 fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
     let mut stmt = conn.prepare_cached(
-        "SELECT AttemptNo, StartedAt, DurationMs, Outcome, Error, LeaseEpoch, Actor
+        "SELECT AttemptNo, StartedAt, DurationMs, Outcome, Error, LeaseEpoch, Actor, DigestId
          FROM NotificationAttempts WHERE NotificationId = ?1 ORDER BY AttemptNo",
     )?;
     let rows = stmt.query_map([id.to_string()], |row| {
@@ -285,16 +285,23 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
             row.get::<_, Option<String>>(4)?,
             row.get::<_, Option<i64>>(5)?,
             row.get::<_, Option<String>>(6)?,
+            row.get::<_, Option<String>>(7)?,
         ))
     })?;
     let mut entries = Vec::new();
     for row in rows {
-        let (sequence, at, duration, outcome, error, epoch, actor) = row?;
+        let (sequence, at, duration, outcome, error, epoch, actor, digest) = row?;
         let event = if let Some(outcome) = AttemptOutcome::from_db(&outcome) {
             HistoryEvent::Attempt {
                 outcome,
                 duration: duration.map(|d| Duration::from_millis(u64::try_from(d).unwrap_or(0))),
                 lease_epoch: epoch.unwrap_or(0),
+                digest: digest
+                    .map(|d| {
+                        NotificationId::parse(&d, "DigestId")
+                            .map_err(|_| corrupt(format!("digest id {d:?}")))
+                    })
+                    .transpose()?,
             }
         } else if outcome == SUPERSEDED_ENTRY {
             let by = actor.unwrap_or_default();
@@ -455,16 +462,17 @@ pub(super) fn kpis(conn: &Connection, p: &KpiParams) -> Result<Kpis> {
     let delivered_since = ms(stuck_cutoff(p.now, p.delivered_window));
     let mut stmt = conn.prepare_cached(
         "SELECT SourceSiteId,
-                SUM(Status IN ('Pending', 'Retrying')),
+                SUM(Status IN ('Pending', 'Retrying', 'Held')),
                 SUM(Status IN ('Pending', 'Retrying') AND CreatedAt < ?2),
                 SUM(Status = 'Parked'),
                 SUM(Status = 'Delivered' AND ResolvedAt >= ?3),
                 MIN(CASE WHEN Status = 'Pending'
                           OR (Status = 'Retrying' AND COALESCE(NextAttemptAt, 0) <= ?1)
                          THEN CreatedAt END),
-                MIN(CASE WHEN Status = 'Retrying' AND NextAttemptAt > ?1 THEN CreatedAt END)
+                MIN(CASE WHEN (Status = 'Retrying' AND NextAttemptAt > ?1) OR Status = 'Held'
+                         THEN CreatedAt END)
          FROM Notifications
-         WHERE Status IN ('Pending', 'Retrying', 'Parked')
+         WHERE Status IN ('Pending', 'Retrying', 'Held', 'Parked')
             OR (Status = 'Delivered' AND ResolvedAt >= ?3)
          GROUP BY SourceSiteId
          ORDER BY SourceSiteId",

@@ -30,18 +30,37 @@ pub(super) fn select_list(
     name: &ListName,
     secrets: &Keyring,
 ) -> Result<Option<Stored<NotificationList>>> {
-    type ListRow = (String, Option<String>, Option<String>, i64);
+    type ListRow = (
+        String,
+        Option<String>,
+        Option<String>,
+        i64,
+        [Option<i64>; 3],
+    );
     let row: Option<ListRow> = conn
         .prepare_cached(
-            "SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt
+            "SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold,
+                    ConsolidateWindowSeconds, ConsolidateMaxPerDigest
              FROM NotificationLists WHERE Name = ?1",
         )?
         .query_row([name.as_str()], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            Ok((
+                row.get(0)?,
+                row.get(1)?,
+                row.get(2)?,
+                row.get(3)?,
+                [row.get(4)?, row.get(5)?, row.get(6)?],
+            ))
         })
         .optional()?;
-    let Some((kind, format, secret, updated_at)) = row else {
+    let Some((kind, format, secret, updated_at, consolidation)) = row else {
         return Ok(None);
+    };
+    let consolidation = match consolidation {
+        [Some(threshold), Some(window), Some(max)] => {
+            Some(super::consolidate::decode(threshold, window, max).map_err(corrupt)?)
+        }
+        _ => None,
     };
     let kind =
         NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
@@ -72,6 +91,7 @@ pub(super) fn select_list(
         value: NotificationList {
             name: name.clone(),
             targets,
+            consolidation,
         },
         updated_at: at_ms("UpdatedAt", updated_at)?,
     }))
@@ -123,18 +143,26 @@ pub(super) fn replace_list(
         ),
     };
     conn.prepare_cached(
-        "INSERT INTO NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5)
+        "INSERT INTO NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt,
+             ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
          ON CONFLICT (Name) DO UPDATE SET
              Type = excluded.Type, WebhookFormat = excluded.WebhookFormat,
-             WebhookSecret = excluded.WebhookSecret, UpdatedAt = excluded.UpdatedAt",
+             WebhookSecret = excluded.WebhookSecret, UpdatedAt = excluded.UpdatedAt,
+             ConsolidateThreshold = excluded.ConsolidateThreshold,
+             ConsolidateWindowSeconds = excluded.ConsolidateWindowSeconds,
+             ConsolidateMaxPerDigest = excluded.ConsolidateMaxPerDigest",
     )?
     .execute(params![
         list.name.as_str(),
         list.kind().as_str(),
         format,
         secret,
-        ms(now)
+        ms(now),
+        list.consolidation.map(|c| c.threshold()),
+        list.consolidation
+            .map(|c| i64::try_from(c.window().as_secs()).unwrap_or(i64::MAX)),
+        list.consolidation.map(|c| c.max_per_digest()),
     ])?;
     conn.prepare_cached("DELETE FROM NotificationListRecipients WHERE ListName = ?1")?
         .execute([list.name.as_str()])?;

@@ -37,6 +37,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "condition_keys",
         sql: include_str!("../../../../migrations/sqlite/0005_condition_keys.sql"),
     },
+    Migration {
+        version: 6,
+        name: "consolidation",
+        sql: include_str!("../../../../migrations/sqlite/0006_consolidation.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -8,8 +8,10 @@
 
 mod admin;
 mod channel;
+mod consolidate;
 mod migrate;
 
+use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -24,6 +26,7 @@ use super::{
     PurgeReport, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::consolidation::Consolidation;
 use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_ENTRY, site_actor};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -158,6 +161,29 @@ impl OutboxStore for SqliteStore {
         }
         self.db
             .write(move |conn| claim(conn, lease, epoch, kind, lanes, claim_timeout, Utc::now()))
+            .await
+    }
+
+    async fn claim_digest(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        kind: NotificationType,
+        digest: NotificationId,
+        claim_timeout: Duration,
+    ) -> Result<Vec<ClaimedNotification>> {
+        self.db
+            .write(move |conn| {
+                consolidate::claim_digest(
+                    conn,
+                    lease,
+                    epoch,
+                    kind,
+                    digest,
+                    claim_timeout,
+                    Utc::now(),
+                )
+            })
             .await
     }
 
@@ -316,6 +342,8 @@ fn insert_idempotently(
     )?;
     let mut stored_hash =
         conn.prepare_cached("SELECT ContentHash FROM Notifications WHERE NotificationId = ?1")?;
+    // Each list's consolidation settings, read once per batch.
+    let mut consolidating: HashMap<&str, Option<Consolidation>> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batch.len());
     for new in batch {
         let s = &new.submission;
@@ -365,6 +393,18 @@ fn insert_idempotently(
                 (None, Some(key)) => supersede_older(conn, s, key, now)?,
                 (None, None) => {}
             }
+            if s.cleared_at_site.is_none() {
+                let list = s.content.list_name.as_str();
+                let rules = match consolidating.get(list) {
+                    Some(rules) => *rules,
+                    None => *consolidating
+                        .entry(list)
+                        .or_insert(consolidate::settings(conn, list)?),
+                };
+                if let Some(rules) = rules {
+                    consolidate::count_and_hold(conn, s, rules, now)?;
+                }
+            }
             InsertOutcome::Accepted
         } else {
             let hash: Vec<u8> = stored_hash.query_row([&id], |row| row.get(0))?;
@@ -395,7 +435,7 @@ fn supersede_older(
             "UPDATE Notifications
              SET Status = 'Superseded', ResolvedAt = ?1, NextAttemptAt = NULL,
                  ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
-             WHERE Status IN ('Pending', 'Retrying') AND ConditionKey IS NOT NULL
+             WHERE Status IN ('Pending', 'Retrying', 'Held') AND ConditionKey IS NOT NULL
                AND SourceSiteId = ?2 AND ConditionKey = ?3 AND ListName = ?4
                AND SiteEnqueuedAt <= ?5 AND NotificationId <> ?6
                AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
@@ -451,7 +491,7 @@ fn clear_condition(
             "UPDATE Notifications
              SET Status = 'Cleared', ResolvedAt = ?1, NextAttemptAt = NULL,
                  ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
-             WHERE Status IN ('Pending', 'Retrying') AND ConditionKey IS NOT NULL
+             WHERE Status IN ('Pending', 'Retrying', 'Held') AND ConditionKey IS NOT NULL
                AND SourceSiteId = ?2 AND ConditionKey = ?3
                AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
              RETURNING NotificationId, AttemptCount",
@@ -573,10 +613,24 @@ fn claim(
         }
         rows.extend(lane);
     }
+    stamp_claims(conn, rows, epoch, now_ms, None)
+}
 
+/// Writes the InFlight attempt row of each claimed row (naming `digest`, for the rows of one)
+/// and re-validates its content: a row that no longer passes is parked here with the reason
+/// rather than failing the whole claim.
+fn stamp_claims(
+    conn: &Connection,
+    rows: Vec<ClaimedRow>,
+    epoch: LeaseEpoch,
+    now_ms: i64,
+    digest: Option<NotificationId>,
+) -> Result<Vec<ClaimedNotification>> {
+    let digest = digest.map(|d| d.to_string());
     let mut attempt = conn.prepare_cached(
-        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, LeaseEpoch)
-         VALUES (?1, ?2, ?3, 'InFlight', ?4)",
+        "INSERT INTO NotificationAttempts
+             (NotificationId, AttemptNo, StartedAt, Outcome, LeaseEpoch, DigestId)
+         VALUES (?1, ?2, ?3, 'InFlight', ?4, ?5)",
     )?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
@@ -584,7 +638,8 @@ fn claim(
             row.notification_id,
             row.attempt_no,
             now_ms,
-            epoch.0
+            epoch.0,
+            digest
         ])?;
         match row.decode(epoch) {
             Ok(notification) => claimed.push(notification),
@@ -696,7 +751,8 @@ fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Resu
     let delivered_at = t.delivered_at().map(ms);
     let mut update = conn.prepare_cached(
         "UPDATE Notifications
-         SET Status = ?1, RetryCount = ?2, LastError = COALESCE(?3, LastError),
+         SET Status = CASE WHEN Status = 'Held' AND ?1 = 'Retrying' THEN 'Held' ELSE ?1 END,
+             RetryCount = ?2, LastError = COALESCE(?3, LastError),
              NextAttemptAt = ?4, DeliveredAt = COALESCE(?5, DeliveredAt), ResolvedAt = ?6,
              ResolvedTargets = COALESCE(?7, ResolvedTargets),
              ClaimedUntil = NULL, ClaimEpoch = NULL

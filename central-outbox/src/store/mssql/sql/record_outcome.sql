@@ -3,7 +3,7 @@ SET NOCOUNT ON;
 DECLARE @applied int;
 BEGIN TRANSACTION;
 UPDATE n
-SET n.Status = @P1,
+SET n.Status = CASE WHEN n.Status = N'Held' AND @P1 = N'Retrying' THEN N'Held' ELSE @P1 END,
     n.RetryCount = @P2,
     n.LastError = COALESCE(@P3, n.LastError),
     n.NextAttemptAt = @P4,
