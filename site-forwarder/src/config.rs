@@ -36,10 +36,23 @@ pub struct Config {
     /// The SQLite buffer file (created with its directory if missing).
     #[serde(default = "default_buffer_path")]
     pub buffer_path: PathBuf,
+    // -- Room to drain (issue 25): see `buffer::room` for why and how it is counted. --
+    /// Bytes the buffer's filesystem must keep free after a Send is stored; a Send that would
+    /// eat into them is refused (RESOURCE_EXHAUSTED), so the deletes of what central acks
+    /// always fit. 64 MiB: far more than a batch of deletes and a checkpoint need, and little
+    /// on any disk a site node has.
+    #[serde(default = "default_min_free_disk_bytes")]
+    pub min_free_disk_bytes: u64,
+    /// Most data the buffer may hold (bytes of its file in use); a Send past it is refused.
+    /// Checked against an estimate of the row's size, so the file may pass it by a few pages.
+    /// Absent: bounded by the disk (and `min_free_disk_bytes`) only.
+    #[serde(default)]
+    pub max_buffer_bytes: Option<u64>,
     /// Central's gRPC endpoint: `https://host:port` (TLS, see `[tls]`) or `http://host:port`.
     #[serde(default = "default_central_url")]
     pub central_url: String,
-    /// Fixed pause between reconnect attempts while central is unreachable. Fixed rather than
+    /// Least time between the starts of two connection attempts while central is unreachable
+    /// (a stream that was open longer reconnects at once when it breaks). Fixed rather than
     /// exponential: one forwarder per site makes one attempt per interval, which central easily
     /// absorbs, and a returning link is noticed within one interval.
     #[serde(default = "default_five_seconds", with = "humantime_serde")]
@@ -68,8 +81,58 @@ pub struct Config {
     /// This node's active/standby pair. Absent: a single node, always active.
     #[serde(default)]
     pub pair: Option<PairConfig>,
+    /// How a dead link to central is noticed: HTTP/2 pings and the ack deadline.
+    #[serde(default)]
+    pub central: CentralLinkConfig,
     #[serde(default)]
     pub log: LogConfig,
+}
+
+/// `[central]`: how quickly a link to central that went silent (a proxy or firewall that stops
+/// passing packets without closing anything) is declared dead. Until it is, `GetBufferStats`
+/// says central is reachable and the in-flight submits wait; once it is, the forwarder
+/// reconnects at once and resends them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CentralLinkConfig {
+    /// An HTTP/2 PING goes to central after this long without a byte from it (also while
+    /// nothing is being forwarded). 2 s: a ping costs a few bytes, and a quiet link is probed
+    /// often enough that a dead one is found within seconds.
+    #[serde(default = "default_keepalive_interval", with = "humantime_serde")]
+    pub keepalive_interval: Duration,
+    /// How long a PING may go unanswered before the connection counts as dead. A dead link is
+    /// therefore declared at most `keepalive_interval + keepalive_timeout` (5 s by default)
+    /// after central was last heard. 3 s is many round trips on any working link; raise it on
+    /// a slow uplink with deep queues, where the ping waits behind data already sent.
+    #[serde(default = "default_keepalive_timeout", with = "humantime_serde")]
+    pub keepalive_timeout: Duration,
+    /// Longest time submits may be outstanding without a single ack before the stream is
+    /// abandoned and reopened. Catches what pings cannot: a central (or an HTTP/2 proxy) that
+    /// answers pings but stopped answering the stream. Central acks each batch right after its
+    /// commit, normally within milliseconds; 15 s leaves room for a slow commit or a large
+    /// window crossing a slow link.
+    #[serde(default = "default_ack_timeout", with = "humantime_serde")]
+    pub ack_timeout: Duration,
+}
+
+impl Default for CentralLinkConfig {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: default_keepalive_interval(),
+            keepalive_timeout: default_keepalive_timeout(),
+            ack_timeout: default_ack_timeout(),
+        }
+    }
+}
+
+fn default_keepalive_interval() -> Duration {
+    Duration::from_secs(2)
+}
+fn default_keepalive_timeout() -> Duration {
+    Duration::from_secs(3)
+}
+fn default_ack_timeout() -> Duration {
+    Duration::from_secs(15)
 }
 
 /// `[pair]`: one node of an active/standby pair (see `deploy/site-forwarder.toml`).
@@ -107,6 +170,16 @@ impl PairConfig {
     /// Interval of the active's heartbeats and of each node's look at its peer's role.
     pub fn heartbeat_interval(&self) -> Duration {
         self.failover_timeout / 5
+    }
+
+    /// How long the pair link may stay silent past a heartbeat before a replication connection
+    /// counts as dead: an HTTP/2 PING (sent after a heartbeat interval without a byte) may go
+    /// unanswered this long, and the standby waits this long past a heartbeat interval for the
+    /// next batch. Two heartbeats: a dead connection
+    /// is dropped at 3/5 of `failover_timeout`, so the standby still has time to reconnect
+    /// before it would promote itself, and one late heartbeat on a busy machine is no alarm.
+    pub fn link_timeout(&self) -> Duration {
+        self.heartbeat_interval() * 2
     }
 }
 
@@ -175,6 +248,23 @@ fn default_shutdown_timeout() -> Duration {
 fn default_failover_timeout() -> Duration {
     Duration::from_secs(10)
 }
+fn default_min_free_disk_bytes() -> u64 {
+    64 << 20
+}
+/// Least `min_free_disk_bytes` and `max_buffer_bytes`: below 1 MiB of reserve a single batch of
+/// deletes (or one maximal notification) may not fit.
+pub const MIN_ROOM_BYTES: u64 = 1 << 20;
+
+impl Config {
+    /// The buffer's space limits, from `min_free_disk_bytes` and `max_buffer_bytes`.
+    pub fn space_limits(&self) -> crate::buffer::SpaceLimits {
+        crate::buffer::SpaceLimits {
+            min_free_disk_bytes: self.min_free_disk_bytes,
+            max_buffer_bytes: self.max_buffer_bytes,
+        }
+    }
+}
+
 fn default_log_filter() -> String {
     "info".into()
 }
@@ -186,6 +276,8 @@ impl Config {
             site_id: site_id.into(),
             listen_addr: default_listen_addr(),
             buffer_path: default_buffer_path(),
+            min_free_disk_bytes: default_min_free_disk_bytes(),
+            max_buffer_bytes: None,
             central_url: default_central_url(),
             forward_retry_interval: default_five_seconds(),
             forward_window: default_forward_window(),
@@ -195,6 +287,7 @@ impl Config {
             metrics_listen: None,
             tls: TlsConfig::default(),
             pair: None,
+            central: CentralLinkConfig::default(),
             log: LogConfig::default(),
         }
     }
@@ -243,10 +336,24 @@ impl Config {
             ("forward_retry_interval", self.forward_retry_interval),
             ("connect_timeout", self.connect_timeout),
             ("request_timeout", self.request_timeout),
+            (
+                "central.keepalive_interval",
+                self.central.keepalive_interval,
+            ),
+            ("central.keepalive_timeout", self.central.keepalive_timeout),
+            ("central.ack_timeout", self.central.ack_timeout),
         ] {
             if value.is_zero() {
                 bail!("{key}: must be greater than zero");
             }
+        }
+        if self.min_free_disk_bytes < MIN_ROOM_BYTES {
+            bail!("min_free_disk_bytes: must be at least {MIN_ROOM_BYTES} (1 MiB)");
+        }
+        if let Some(max) = self.max_buffer_bytes
+            && max < MIN_ROOM_BYTES
+        {
+            bail!("max_buffer_bytes: must be at least {MIN_ROOM_BYTES} (1 MiB)");
         }
         tracing_subscriber::EnvFilter::try_new(&self.log.filter)
             .map_err(|e| anyhow::anyhow!("log.filter: {e}"))?;
@@ -336,6 +443,8 @@ mod tests {
         assert_eq!(config.log.format, LogFormat::Text);
         assert_eq!(config.log.filter, "info");
         assert_eq!(config.metrics_listen, None, "metrics are off by default");
+        assert_eq!(config.min_free_disk_bytes, 64 << 20);
+        assert_eq!(config.max_buffer_bytes, None);
     }
 
     #[test]
@@ -380,6 +489,18 @@ mod tests {
                 "forward_window",
             ),
             ("site_id = \"a b\"\n", "site_id"),
+            (
+                "site_id = \"a\"\nmin_free_disk_bytes = 1000\n",
+                "min_free_disk_bytes: must be at least 1048576",
+            ),
+            (
+                "site_id = \"a\"\nmax_buffer_bytes = 5\n",
+                "max_buffer_bytes: must be at least 1048576",
+            ),
+            (
+                "site_id = \"a\"\nmin_free_disk_bytes = \"lots\"\n",
+                "min_free_disk_bytes",
+            ),
             ("forward_window = 5\n", "site_id"),
             ("site_id = \"a\"\nlisten_adr = \"x\"\n", "listen_adr"),
             (
@@ -435,6 +556,49 @@ mod tests {
         let err = Config::load_from(Some(&path_of_missing(&dir)), no_env(), Overrides::default())
             .unwrap_err();
         assert!(err.to_string().contains("does not exist"));
+    }
+
+    #[test]
+    fn central_link_timing_is_read_and_checked_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let defaults = Config::new("a").central;
+        assert_eq!(
+            (
+                defaults.keepalive_interval,
+                defaults.keepalive_timeout,
+                defaults.ack_timeout
+            ),
+            (
+                Duration::from_secs(2),
+                Duration::from_secs(3),
+                Duration::from_secs(15)
+            )
+        );
+        let path = write(
+            &dir,
+            "site_id = \"a\"\n[central]\nkeepalive_interval = \"300ms\"\n\
+             keepalive_timeout = \"1s\"\nack_timeout = \"1m\"\n",
+        );
+        let config = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap();
+        assert_eq!(
+            config.central,
+            CentralLinkConfig {
+                keepalive_interval: Duration::from_millis(300),
+                keepalive_timeout: Duration::from_secs(1),
+                ack_timeout: Duration::from_secs(60),
+            }
+        );
+        for (text, message) in [
+            (
+                "[central]\nkeepalive_timeout = \"0s\"\n",
+                "central.keepalive_timeout: must be greater than zero",
+            ),
+            ("[central]\nkeepalive = \"1s\"\n", "keepalive"),
+        ] {
+            let path = write(&dir, &format!("site_id = \"a\"\n{text}"));
+            let err = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap_err();
+            assert!(format!("{err:#}").contains(message), "{text:?}: {err:#}");
+        }
     }
 
     #[test]

@@ -8,10 +8,19 @@
 //! - A row is deleted only after central acked it ACCEPTED or DUPLICATE, i.e. after central
 //!   committed it. A REJECTED row moves to the local `rejected` table: it would be rejected again,
 //!   so it is never retried and never holds up the rows behind it.
-//! - After any break (connect failure, stream error or end, a stalled stream, a buffer write
-//!   failure) the forwarder waits the fixed `forward_retry_interval`, reconnects and resends
-//!   everything still buffered from the oldest row. Rows acked just before the break may be sent
-//!   twice; central answers DUPLICATE and nothing is stored twice.
+//! - After any break (connect failure, stream error or end, a dead link, a stalled stream, a
+//!   buffer write failure) the forwarder reconnects and resends everything still buffered from
+//!   the oldest row. Rows acked just before the break may be sent twice; central answers
+//!   DUPLICATE and nothing is stored twice.
+//! - Connection attempts start at least `forward_retry_interval` apart, and no further: a stream
+//!   that was open longer than that reconnects at once when it breaks (it was declared dead, or
+//!   central ended it; either way the next attempt tells more than waiting does), and an
+//!   attempt that hung until a timeout is followed at once by the next. So an outage costs
+//!   central one attempt per interval, and a healed link is used within about one interval.
+//! - A silent link is declared dead within `central.keepalive_interval +
+//!   central.keepalive_timeout` (HTTP/2 pings, on the stream and on a connection still waiting
+//!   for the stream to open), and a stream with submits outstanding and no ack for
+//!   `central.ack_timeout` is abandoned; `central_reachable` turns false at that moment.
 //! - Every wait also watches the shutdown token, so shutdown stops sending at once.
 //! - A row a pending clear holds (`PendingClears::holds`: an unmarked row buffered after a clear
 //!   of its condition key that central has not applied yet) stops the stream at that row until
@@ -41,15 +50,6 @@ use crate::domain::{NotificationId, Seq};
 use crate::grpc::convert;
 use crate::metrics::SiteMetrics;
 
-/// HTTP/2 PING interval on the connection to central. Without it a peer that vanished (cable
-/// pulled, VM frozen) looks like a quiet stream until TCP gives up, which can take many minutes.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
-/// How long a PING may go unanswered before the connection counts as dead.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest time the stream may have submits outstanding without a single ack before it is
-/// abandoned and reopened. Central acks each batch right after its commit, normally within
-/// milliseconds; a minute of silence means a stuck stream, not a slow disk.
-const STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Rows read from the buffer per refill query. Small enough that one read holds little memory
 /// (rows can be up to ~280 KiB each), large enough that refilling a whole window takes a few
 /// queries.
@@ -57,7 +57,8 @@ const PAGE_ROWS: usize = 128;
 /// Most acks settled in one buffer write job; bounds the job's duration in the writer.
 const MAX_ACK_BATCH: usize = 1024;
 
-/// Why a forwarding session ended (the forwarder then reconnects after the retry interval).
+/// Why a forwarding session ended (the forwarder then reconnects; see the module comment for
+/// when it waits first).
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     #[error("central_url {url:?} is not usable: {source}")]
@@ -90,9 +91,12 @@ pub enum ForwardError {
 
 pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
 
-/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive,
-/// and TLS for an `https://` URL (its files are read here, so a bad one fails start-up). No
-/// per-request timeout here: the submit stream lives for as long as the link does.
+/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive
+/// (`[central]`), and TLS for an `https://` URL (its files are read here, so a bad one fails
+/// start-up). No per-request timeout here: the submit stream lives for as long as the link
+/// does. Pings go while idle too: without them a peer that vanished (cable pulled, VM frozen,
+/// a proxy that stops passing packets) looks like a quiet stream until TCP gives up, which can
+/// take many minutes.
 pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
     let mut endpoint = Endpoint::from_shared(config.central_url.clone()).map_err(|source| {
         ForwardError::BadUrl {
@@ -116,8 +120,8 @@ pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
     Ok(endpoint
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
-        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
-        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .http2_keep_alive_interval(config.central.keepalive_interval)
+        .keep_alive_timeout(config.central.keepalive_timeout)
         .keep_alive_while_idle(true))
 }
 
@@ -234,6 +238,8 @@ pub struct Forwarder {
     central_url: String,
     retry_interval: Duration,
     open_timeout: Duration,
+    /// `central.ack_timeout`: see [`crate::config::CentralLinkConfig`].
+    ack_timeout: Duration,
     window_size: usize,
     state: Arc<ForwardState>,
     metrics: Arc<SiteMetrics>,
@@ -265,6 +271,7 @@ impl Forwarder {
             central_url: config.central_url.clone(),
             retry_interval: config.forward_retry_interval,
             open_timeout: config.request_timeout,
+            ack_timeout: config.central.ack_timeout,
             window_size: config.forward_window,
             state,
             metrics,
@@ -283,9 +290,12 @@ impl Forwarder {
         let mut reported = false;
         loop {
             window.restart();
+            let attempt_started = Instant::now();
             let outcome = self.session(&mut window, shutdown).await;
             let was_reachable = self.state.set_reachable(false);
             self.state.set_in_flight(0);
+            let next_attempt = attempt_started + self.retry_interval;
+            let retry_in = next_attempt.saturating_duration_since(Instant::now());
             match outcome {
                 Ok(()) => return,
                 // The first failure (at start or after being connected) is worth a warning;
@@ -293,18 +303,18 @@ impl Forwarder {
                 Err(error) if was_reachable || !reported => {
                     reported = true;
                     tracing::warn!(
-                        central = %self.central_url, %error, retry_in = ?self.retry_interval,
+                        central = %self.central_url, %error, ?retry_in,
                         "cannot forward to central; will reconnect"
                     );
                 }
                 Err(error) => tracing::debug!(
-                    central = %self.central_url, %error, retry_in = ?self.retry_interval,
+                    central = %self.central_url, %error, ?retry_in,
                     "central still unreachable"
                 ),
             }
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(self.retry_interval) => {}
+                () = tokio::time::sleep_until(next_attempt) => {}
             }
         }
     }
@@ -350,7 +360,7 @@ impl Forwarder {
             }
             self.fill(window, &submits).await?;
             self.state.set_in_flight(window.len());
-            let stall_at = last_progress + STALL_TIMEOUT;
+            let stall_at = last_progress + self.ack_timeout;
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => return Ok(()),
@@ -370,7 +380,7 @@ impl Forwarder {
                     clears_open = changed.is_ok();
                 }
                 () = tokio::time::sleep_until(stall_at), if !window.is_empty() => {
-                    return Err(ForwardError::Stalled(STALL_TIMEOUT));
+                    return Err(ForwardError::Stalled(self.ack_timeout));
                 }
             }
         }

@@ -179,7 +179,11 @@ pub async fn run_with(
             })?;
 
     let path = config.buffer_path.clone();
-    let buffer = tokio::task::spawn_blocking(move || Buffer::open(&path))
+    let limits = config.space_limits();
+    // A child token: a settle waiting to retry (full disk) gives up when the node stops.
+    let stop_buffer = shutdown.child_token();
+    let buffer_stop = stop_buffer.clone();
+    let buffer = tokio::task::spawn_blocking(move || Buffer::open_with(&path, limits, buffer_stop))
         .await
         .map_err(|e| RunError::Startup(format!("opening the buffer panicked: {e}")))?
         .map_err(|source| RunError::Buffer {
@@ -246,6 +250,7 @@ pub async fn run_with(
         _ => None,
     };
     let peer = pair_endpoint.as_ref().map(PairEndpoint::peer);
+    let buffer_room = buffer.clone();
     let node = Node::new(
         buffer,
         config.clone(),
@@ -256,11 +261,20 @@ pub async fn run_with(
     );
 
     let (health, health_service) = tonic_health::server::health_reporter();
-    health
-        .set_serving::<SiteNotifyServer<SiteNotifyService>>()
-        .await;
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
+    // SiteNotify is SERVING while the buffer takes Sends; the server as a whole ("") stays
+    // SERVING, since GetStatus and GetBufferStats still answer (see `follow_room`).
+    let room_watch = buffer_room.watch_room();
+    let room_now = room_watch.borrow().clone();
+    set_send_health(&health, &room_now, &shutdown).await;
+    let stop_room = shutdown.child_token();
+    let room_task = tokio::spawn(follow_room(
+        buffer_room,
+        room_watch,
+        health.clone(),
+        stop_room.clone(),
+    ));
 
     // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
@@ -327,6 +341,11 @@ pub async fn run_with(
     stop_forwarding.cancel();
     stop_metrics.cancel();
     stop_pair.cancel();
+    stop_buffer.cancel();
+    stop_room.cancel();
+    if let Err(e) = room_task.await {
+        tracing::error!(error = %e, "the buffer's room check task failed");
+    }
     if let Some(serving) = pair_serving {
         // Replication streams never end on their own; the grace bounds the wait.
         let _ = tokio::time::timeout(config.shutdown_timeout, serving).await;
@@ -345,6 +364,64 @@ pub async fn run_with(
     tracing::info!("site-forwarder stopped");
     Ok(())
 }
+
+/// Keeps the buffer's room check current and `outbox.v1.SiteNotify`'s health in step with it
+/// until `stop`: NOT_SERVING while the buffer refuses Sends (a load balancer or an operator's
+/// probe then sees that this node cannot take them; the reason is in `GetBufferStats`, the log
+/// and the Send error), SERVING again once it takes them.
+async fn follow_room(
+    buffer: Buffer,
+    mut room: tokio::sync::watch::Receiver<buffer::RoomStatus>,
+    health: tonic_health::server::HealthReporter,
+    stop: CancellationToken,
+) {
+    let checks = buffer.keep_room_current(stop.clone());
+    tokio::pin!(checks);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = &mut checks => return,
+            changed = room.changed() => {
+                // The buffer lives as long as this task holds a clone of it; never spin.
+                if changed.is_err() {
+                    return;
+                }
+                let status = room.borrow_and_update().clone();
+                set_send_health(&health, &status, &stop).await;
+            }
+        }
+    }
+}
+
+/// SiteNotify's health for `status`, unless the node is stopping (shutdown sets NOT_SERVING,
+/// and a late SERVING must not undo it: checked after setting, too).
+async fn set_send_health(
+    health: &tonic_health::server::HealthReporter,
+    status: &buffer::RoomStatus,
+    stop: &CancellationToken,
+) {
+    if stop.is_cancelled() {
+        return;
+    }
+    let serving = if status.refusing.is_none() {
+        ServingStatus::Serving
+    } else {
+        ServingStatus::NotServing
+    };
+    health
+        .set_service_status(SITE_NOTIFY_HEALTH_NAME, serving)
+        .await;
+    if stop.is_cancelled() {
+        health
+            .set_service_status(SITE_NOTIFY_HEALTH_NAME, ServingStatus::NotServing)
+            .await;
+    }
+}
+
+/// The name health reports SiteNotify under (its fully qualified gRPC service name), as
+/// `set_serving::<SiteNotifyServer<_>>` names it.
+const SITE_NOTIFY_HEALTH_NAME: &str =
+    <SiteNotifyServer<SiteNotifyService> as tonic::server::NamedService>::NAME;
 
 /// Reflection over the site's own API and the health service, so `grpcurl list` works.
 fn reflection() -> tonic_reflection::server::Builder<'static> {

@@ -3,8 +3,8 @@
 //!
 //! Counters (Sends committed, acks settled) are counted where the work happens, after the buffer
 //! commit, so they never run ahead of the buffer. Every gauge is read at scrape time from the
-//! same sources as `GetBufferStats` (the buffer's stats query and the forwarder's
-//! [`ForwardState`]), so the two surfaces cannot drift apart. A scrape reads the buffer first and
+//! same sources as `GetBufferStats` (the buffer's stats query, its room status and the
+//! forwarder's [`ForwardState`]), so the two surfaces cannot drift apart. A scrape reads the buffer first and
 //! the counters as it encodes them, so one scrape may count an ack settled meanwhile whose row
 //! its buffer gauges still show; the next scrape shows both.
 
@@ -54,6 +54,9 @@ pub struct SiteMetrics {
     pending_clears: Gauge,
     oldest_age: SecondsGauge,
     central_reachable: Gauge,
+    sends_refused: Gauge,
+    buffer_bytes: Gauge,
+    disk_available_bytes: Gauge,
     in_flight: Gauge,
     last_forward: SecondsGauge,
     pair_active: Gauge,
@@ -125,6 +128,27 @@ impl SiteMetrics {
             "outbox_site_central_reachable",
             "1 while the forwarding stream to central is open, else 0",
             central_reachable.clone(),
+        );
+        let sends_refused = Gauge::default();
+        registry.register(
+            "outbox_site_sends_refused",
+            "1 while the buffer refuses Sends to keep room on its disk for deleting what central \
+             acks (min_free_disk_bytes, max_buffer_bytes; GetBufferStats says which), else 0",
+            sends_refused.clone(),
+        );
+        let buffer_bytes = Gauge::default();
+        registry.register_with_unit(
+            "outbox_site_buffer",
+            "Bytes of the buffer file holding data (its pages in use)",
+            Unit::Bytes,
+            buffer_bytes.clone(),
+        );
+        let disk_available_bytes = Gauge::default();
+        registry.register_with_unit(
+            "outbox_site_buffer_disk_available",
+            "Bytes available on the buffer's filesystem as of the last check; 0 if unreadable",
+            Unit::Bytes,
+            disk_available_bytes.clone(),
         );
         let in_flight = Gauge::default();
         registry.register(
@@ -200,6 +224,9 @@ impl SiteMetrics {
             pending_clears,
             oldest_age,
             central_reachable,
+            sends_refused,
+            buffer_bytes,
+            disk_available_bytes,
             in_flight,
             last_forward,
             scrape: Mutex::new(()),
@@ -236,6 +263,7 @@ impl SiteMetrics {
     /// logged); the rest is still current.
     pub async fn render(&self, buffer: &Buffer, forwarding: &ForwardState, pair: &Pair) -> String {
         let stats = buffer.stats().await;
+        let room = buffer.room_status();
         let forward = forwarding.snapshot();
         let pair = pair.status();
         let now = Utc::now();
@@ -253,6 +281,10 @@ impl SiteMetrics {
         }
         self.central_reachable
             .set(i64::from(forward.central_reachable));
+        self.sends_refused.set(i64::from(room.refusing.is_some()));
+        self.buffer_bytes.set(gauge_count(room.buffer_bytes));
+        self.disk_available_bytes
+            .set(gauge_count(room.disk_available_bytes.unwrap_or(0)));
         self.in_flight.set(gauge_count(forward.in_flight));
         self.last_forward.set(
             forward

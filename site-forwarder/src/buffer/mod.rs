@@ -17,22 +17,32 @@
 //!   ([`recent`]) for it to copy without reading them back. A standby's replication stream is
 //!   built from these ([`pair`] has the pair's own tables and operations, [`clears`] the
 //!   ClearCondition ones).
+//! - A Send is stored only while the buffer keeps room to drain ([`room`]): past
+//!   `min_free_disk_bytes` or `max_buffer_bytes` it is refused with [`BufferError::NoRoom`],
+//!   while deletes of acked rows always have the reserve.
+//! - A settle that fails for lack of space (or because the commit failed) is retried here with a
+//!   growing pause until it commits or the buffer is stopped: the forwarder's stream stays open,
+//!   and the rows central acked are not sent again meanwhile.
 
 mod clears;
 mod pair;
 pub mod recent;
+pub mod room;
 
 pub use clears::{AdoptedClears, ConditionCleared};
 pub use pair::{Adopted, HandoverFinished, PairRecord, ReplicaChanges, RetainedSpan};
 pub use recent::RecentPage;
+pub use room::{NoRoom, ROOM_CHECK_INTERVAL, RoomStatus, SpaceLimits};
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use group_commit::{Database, Durability, Options};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::{Notify, broadcast, watch};
+use tokio_util::sync::CancellationToken;
 
 use crate::domain::{
     Body, BufferStats, BufferedNotification, BufferedStatus, ConditionKey, ContentError, ListName,
@@ -47,6 +57,29 @@ pub enum BufferError {
     Database(#[from] group_commit::Error),
     #[error("site buffer holds invalid data: {0}")]
     Corrupt(String),
+    /// A Send refused to keep room for draining (see [`room`]); nothing was stored.
+    #[error("the site buffer takes no Sends now: {0}")]
+    NoRoom(#[from] NoRoom),
+}
+
+impl BufferError {
+    /// Whether the disk was full: SQLite's SQLITE_FULL, from a statement or from the commit.
+    pub fn is_disk_full(&self) -> bool {
+        let Self::Database(group_commit::Error::Sqlite(e) | group_commit::Error::Commit(e)) = self
+        else {
+            return false;
+        };
+        matches!(
+            e.as_ref(),
+            rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::DiskFull
+        )
+    }
+
+    /// Whether the whole group commit failed (disk full, I/O error, the file locked by another
+    /// process): not this job's fault, and worth trying again after a pause.
+    fn is_commit_failure(&self) -> bool {
+        matches!(self, Self::Database(group_commit::Error::Commit(_))) || self.is_disk_full()
+    }
 }
 
 impl From<rusqlite::Error> for BufferError {
@@ -121,6 +154,14 @@ const CHANGES_BACKLOG: usize = 4096;
 /// `GetBufferStats` are light, so a few are plenty.
 const READERS: usize = 4;
 
+/// First pause before a failed settle is tried again, doubled after each failure up to
+/// [`SETTLE_RETRY_MAX`]. A full disk is rarely freed within milliseconds; an I/O hiccup or a
+/// lock held by another process often is.
+const SETTLE_RETRY_FIRST: Duration = Duration::from_millis(100);
+/// Longest pause between settle attempts: a freed disk is noticed within this long, and a
+/// failing disk costs one commit attempt (and one debug line) per pause, not a hot loop.
+const SETTLE_RETRY_MAX: Duration = Duration::from_secs(5);
+
 /// A batch of buffered rows, oldest first, as read for forwarding.
 #[derive(Debug, Default)]
 pub struct Page {
@@ -159,6 +200,10 @@ pub enum RowChange {
 pub struct Buffer {
     db: Database,
     announce: Arc<Announcements>,
+    /// Whether a Send fits (see [`room`]).
+    room: Arc<room::Room>,
+    /// Cancelled when the node stops: a settle waiting to retry gives up with its error.
+    stop: CancellationToken,
 }
 
 /// What the buffer tells the rest of the node after each commit. Made from the writer's
@@ -271,23 +316,32 @@ impl Drop for RecentReader {
 }
 
 impl Buffer {
-    /// Opens (creating if needed) the buffer file and brings its schema up to date. Blocking:
-    /// call it from a blocking context or at start-up.
+    /// Opens (creating if needed) the buffer file and brings its schema up to date, with no
+    /// space limits of its own. Blocking: call it from a blocking context or at start-up.
     pub fn open(path: &Path) -> Result<Self> {
+        Self::open_with(path, SpaceLimits::NONE, CancellationToken::new())
+    }
+
+    /// [`Self::open`], refusing Sends past `limits`; `stop` ends a settle's retries.
+    pub fn open_with(path: &Path, limits: SpaceLimits, stop: CancellationToken) -> Result<Self> {
         let mut options = Options::new(path);
         // Every acked Send must survive power loss, not just a process crash.
         options.durability = Durability::Full;
         options.readers = READERS;
         let mut head = Seq::START;
         let mut pending_clears = PendingClears::default();
+        let mut pages = room::Pages::default();
         let db = Database::open(&options, |conn| {
             migrate(conn)?;
             head = select_head(conn)?;
             pending_clears = clears::select_pending(conn, clears::Invalid::Report)?;
             keep_job_journals_in_memory(conn)?;
+            pages = room::Pages::read(conn)?;
             Ok(())
         })?;
         Ok(Self {
+            room: room::Room::new(path, limits, pages),
+            stop,
             db,
             announce: Arc::new(Announcements {
                 enqueued: Arc::new(Notify::new()),
@@ -328,17 +382,83 @@ impl Buffer {
         &self.announce.enqueued
     }
 
-    /// Stores a notification durably; returns once it is committed.
+    /// Stores a notification durably; returns once it is committed. Refused with
+    /// [`BufferError::NoRoom`], storing nothing, when it would leave the buffer no room to drain.
     pub async fn enqueue(&self, notification: BufferedNotification) -> Result<Seq> {
+        // Held until the commit is answered: until then the row counts as in flight.
+        let _admitted = self.room.admit(stored_bytes(&notification))?;
         let row = Arc::new(notification);
         let announced = Arc::clone(&row);
         let announce = Arc::clone(&self.announce);
-        self.db
+        let room = Arc::clone(&self.room);
+        let (seq, _) = self
+            .db
             .write_then(
-                move |conn| insert_buffered(conn, &row),
-                move |seq| announce.sent(*seq, announced),
+                move |conn| {
+                    let seq = insert_buffered(conn, &row)?;
+                    // Figures for the next admission; a failure to read them only leaves
+                    // the previous ones, never fails the Send.
+                    Ok::<_, BufferError>((seq, room::Pages::read(conn).ok()))
+                },
+                move |(seq, pages)| {
+                    if let Some(pages) = pages {
+                        room.pages(*pages);
+                    }
+                    announce.sent(*seq, announced);
+                },
             )
-            .await
+            .await?;
+        Ok(seq)
+    }
+
+    /// Whether the buffer takes Sends now, and why not (as of the last check).
+    pub fn room_status(&self) -> RoomStatus {
+        self.room.status()
+    }
+
+    /// Changes of whether the buffer takes Sends.
+    pub fn watch_room(&self) -> watch::Receiver<RoomStatus> {
+        self.room.watch()
+    }
+
+    /// Checks the room every [`ROOM_CHECK_INTERVAL`] until `stop`, so a refusal lifts (and
+    /// health follows) when space frees with no Send to notice it.
+    pub async fn keep_room_current(&self, stop: CancellationToken) {
+        let mut tick = tokio::time::interval(ROOM_CHECK_INTERVAL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let pages = self
+                .db
+                .read(|conn| room::Pages::read(conn).map_err(BufferError::from))
+                .await;
+            match pages {
+                Ok(pages) => self.room.pages(pages),
+                Err(error) => {
+                    tracing::debug!(%error, "cannot read the buffer's page counts; using the last")
+                }
+            }
+            if self.room.refusing() {
+                self.make_room().await;
+            } else {
+                self.room.reassess();
+            }
+        }
+    }
+
+    /// Gives the WAL's space back (see [`room::Room::checkpoint`]), then checks the room again.
+    async fn make_room(&self) {
+        let room = Arc::clone(&self.room);
+        let checkpointed = tokio::task::spawn_blocking(move || room.checkpoint()).await;
+        match checkpointed {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::debug!(%error, "cannot checkpoint the site buffer now"),
+            Err(error) => tracing::warn!(%error, "the site buffer's checkpoint task failed"),
+        }
+        self.room.reassess();
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.
@@ -352,15 +472,67 @@ impl Buffer {
     /// Deletes acked rows and moves rejected rows to `rejected`, all in one write job (one
     /// savepoint in the next group commit). Seqs no longer buffered are skipped: a row may be
     /// acked twice when it was resent after a reconnect. Returns how many rows left `buffered`.
+    ///
+    /// A failed commit (a full disk above all) is retried after a pause that grows from
+    /// [`SETTLE_RETRY_FIRST`] to [`SETTLE_RETRY_MAX`], until it commits or the buffer is
+    /// stopped (then the last error is returned). Meanwhile Sends are refused when the disk was
+    /// full. Other errors are returned at once.
     pub async fn settle(&self, acked: Vec<Seq>, rejected: Vec<(Seq, String)>) -> Result<usize> {
         if acked.is_empty() && rejected.is_empty() {
             return Ok(0);
         }
+        let mut pause = SETTLE_RETRY_FIRST;
+        let mut failures: u32 = 0;
+        loop {
+            let error = match self.try_settle(acked.clone(), rejected.clone()).await {
+                Ok(settled) => {
+                    if failures > 0 {
+                        tracing::info!(
+                            attempts = failures + 1,
+                            "acked rows deleted from the site buffer after failed attempts"
+                        );
+                    }
+                    self.room.deletes_succeeded();
+                    if self.room.refusing() {
+                        self.make_room().await;
+                    }
+                    return Ok(settled);
+                }
+                Err(error) if error.is_commit_failure() => error,
+                Err(error) => return Err(error),
+            };
+            if error.is_disk_full() {
+                self.room.deletes_failing(error.to_string());
+                // The WAL may hold space a checkpoint gives back (rows written before the
+                // reserve was set up, or another program's files deleted since).
+                self.make_room().await;
+            }
+            failures += 1;
+            if failures == 1 {
+                tracing::warn!(
+                    %error, rows = acked.len() + rejected.len(), retry_in = ?pause,
+                    "cannot delete acked rows from the site buffer; retrying (they are not resent)"
+                );
+            } else {
+                tracing::debug!(%error, attempt = failures, retry_in = ?pause, "settle failed again");
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return Err(error),
+                () = tokio::time::sleep(pause) => {}
+            }
+            pause = (pause * 2).min(SETTLE_RETRY_MAX);
+        }
+    }
+
+    /// One attempt of [`Self::settle`].
+    async fn try_settle(&self, acked: Vec<Seq>, rejected: Vec<(Seq, String)>) -> Result<usize> {
         let now = Utc::now().timestamp_millis();
         let mut gone: Vec<Seq> = acked.clone();
         gone.extend(rejected.iter().map(|(seq, _)| *seq));
         let announce = Arc::clone(&self.announce);
-        self.db
+        let room = Arc::clone(&self.room);
+        let (settled, _) = self
+            .db
             .write_then(
                 move |conn| {
                     let mut settled = 0;
@@ -370,13 +542,19 @@ impl Buffer {
                     for seq in &acked {
                         settled += delete_buffered(conn, *seq)?;
                     }
-                    Ok::<_, BufferError>(settled)
+                    Ok::<_, BufferError>((settled, room::Pages::read(conn).ok()))
                 },
                 // Every requested seq, settled now or before: removing an absent row is a no-op
                 // for a standby too, and a row acked twice must not stay on it.
-                move |_| announce.removed(gone),
+                move |(_, pages)| {
+                    if let Some(pages) = pages {
+                        room.pages(*pages);
+                    }
+                    announce.removed(gone);
+                },
             )
-            .await
+            .await?;
+        Ok(settled)
     }
 
     /// Deletes acked rows (see [`Self::settle`]).
@@ -474,6 +652,21 @@ fn select_head(conn: &Connection) -> Result<Seq, group_commit::Error> {
         )
         .optional()?;
     Ok(Seq(head.unwrap_or(0)))
+}
+
+/// What a row is counted as for [`room`]: its text fields plus a fixed overhead.
+fn stored_bytes(n: &BufferedNotification) -> u64 {
+    let p = &n.provenance;
+    room::row_bytes(&[
+        n.content.list_name.as_str(),
+        n.content.subject.as_str(),
+        n.content.body.as_str(),
+        n.content.type_data.as_str(),
+        p.source_site_id.as_str(),
+        p.source_instance_id.as_str(),
+        p.source_script.as_str(),
+        n.condition_key.as_ref().map_or("", ConditionKey::as_str),
+    ])
 }
 
 fn insert_buffered(conn: &Connection, n: &BufferedNotification) -> Result<Seq> {

@@ -16,7 +16,8 @@ pub fn invalid_argument(e: ContentError) -> Status {
 }
 
 /// The one mapping from buffer failures to gRPC codes. UNAVAILABLE tells the script to retry:
-/// nothing was stored.
+/// nothing was stored. RESOURCE_EXHAUSTED says the same for a Send refused to keep room for
+/// draining, with the setting and the limit that refused it.
 pub fn buffer_status(e: BufferError) -> Status {
     match e {
         BufferError::Database(detail) => {
@@ -29,5 +30,12 @@ pub fn buffer_status(e: BufferError) -> Status {
             tracing::error!(%detail, "invalid data in the site buffer");
             Status::internal(format!("the site buffer holds invalid data: {detail}"))
         }
+        // The room check already logged the change of state; one line per refused Send would
+        // flood the log while scripts retry. RESOURCE_EXHAUSTED: this node is out of room, not
+        // down; a script retries later (the buffer drains by itself once central is back).
+        BufferError::NoRoom(why) => Status::resource_exhausted(format!(
+            "the site buffer takes no Sends now, nothing was stored; retry later (it takes \
+             Sends again by itself once central has drained it): {why}"
+        )),
     }
 }

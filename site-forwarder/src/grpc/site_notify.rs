@@ -3,7 +3,8 @@
 //! `ClearCondition` likewise answers after its commit: the buffered rows of the key are marked
 //! and the central half is queued durably (`crate::clears` sends it). `GetStatus` answers from
 //! the buffer while the notification is there and otherwise asks central, with a bounded wait;
-//! `GetBufferStats` reports the buffer and the forwarder.
+//! `GetBufferStats` reports the buffer and the forwarder, and whether (and why) the buffer
+//! refuses Sends to keep room to drain.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -161,6 +162,7 @@ impl SiteNotify for SiteNotifyService {
         _request: Request<GetBufferStatsRequest>,
     ) -> Result<Response<BufferStats>, Status> {
         let stats = self.buffer.stats().await.map_err(buffer_status)?;
+        let room = self.buffer.room_status();
         let forwarding = self.forwarding.snapshot();
         let oldest_age_seconds = stats.oldest_age_seconds(Utc::now());
         let pair = self.pair.status();
@@ -180,6 +182,14 @@ impl SiteNotify for SiteNotifyService {
             standby_lag_seconds: pair.standby_lag_seconds,
             active_node: pair.active_node,
             active_silent_seconds: pair.active_silent_seconds,
+            sends_refused: room.refusing.is_some(),
+            sends_refused_reason: room
+                .refusing
+                .as_ref()
+                .map(ToString::to_string)
+                .unwrap_or_default(),
+            buffer_bytes: room.buffer_bytes,
+            disk_available_bytes: room.disk_available_bytes.unwrap_or(0),
         }))
     }
 

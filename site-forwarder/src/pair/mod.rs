@@ -5,7 +5,8 @@
 //!
 //! Why nothing is lost or sent twice:
 //! - A Send is acked after its local commit, never waiting for the standby. What the standby
-//!   lacks at a failover (the replication lag, reported as `standby_lag_rows`/`_seconds`) stays
+//!   lacks at a failover (the replication lag, reported as `standby_lag_rows`/`_seconds` as it
+//!   is at the moment they are read, see [`lag`]) stays
 //!   on the old active's disk: when that node returns it hands every row over to the new
 //!   active ([`handover`]) before it deletes anything, and only then becomes a standby.
 //! - Both nodes may forward the same row (after a promotion, or while a partition lets both
@@ -19,6 +20,7 @@
 //! after the hand-over read the buffer) and the live figures for `GetBufferStats` and metrics.
 
 pub mod handover;
+pub mod lag;
 pub mod node;
 pub mod replica;
 pub mod service;
@@ -26,7 +28,6 @@ pub mod source;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
 
 use outbox_proto::v1;
 use serde::Deserialize;
@@ -37,6 +38,7 @@ use tonic::transport::Endpoint;
 use crate::config::{Config, PairConfig};
 use crate::domain::{ConditionKey, ContentError, PendingClear, Seq};
 use crate::forwarder::ForwardError;
+use lag::{StandbyLag, StreamId};
 
 /// Most pending clears one `SitePair` message carries (a replication batch's list, an adoption
 /// request's), and so most a peer can make this node write in one go. There is one per
@@ -173,8 +175,9 @@ pub struct Pair {
     active: Mutex<Option<NodeView>>,
     /// Active: replication streams currently open to a standby. Standby: 1 while following.
     peer_streams: AtomicU64,
-    standby_lag_rows: AtomicU64,
-    standby_lag_ms: AtomicU64,
+    /// Active: what the standby lacks. Locked briefly by the commit tracker, the replication
+    /// stream (attach, confirm) and readers of the figures; never across an await.
+    standby_lag: Mutex<StandbyLag>,
     /// Standby: when the active was last heard from (any batch, heartbeat or answer).
     last_heard: Mutex<Instant>,
     following_now: AtomicBool,
@@ -214,8 +217,7 @@ impl Pair {
             promote: Notify::new(),
             active: Mutex::new(None),
             peer_streams: AtomicU64::new(0),
-            standby_lag_rows: AtomicU64::new(0),
-            standby_lag_ms: AtomicU64::new(0),
+            standby_lag: Mutex::new(StandbyLag::default()),
             last_heard: Mutex::new(Instant::now()),
             following_now: AtomicBool::new(false),
         }
@@ -318,24 +320,54 @@ impl Pair {
         self.peer_streams.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A replication stream ended. The lag stays: the standby still holds only what it
+    /// confirmed.
     pub(crate) fn stream_closed(&self) {
         self.peer_streams.fetch_sub(1, Ordering::Relaxed);
-        self.standby_lag_rows.store(0, Ordering::Relaxed);
-        self.standby_lag_ms.store(0, Ordering::Relaxed);
     }
 
-    pub(crate) fn set_standby_lag(&self, rows: u64, age: Duration) {
-        self.standby_lag_rows.store(rows, Ordering::Relaxed);
-        self.standby_lag_ms.store(
-            u64::try_from(age.as_millis()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+    /// A standby's stream starts from its hello: it holds every seq up to `holds`.
+    pub(crate) fn standby_attached(&self, holds: Seq) -> StreamId {
+        lock(&self.standby_lag).attach(holds)
+    }
+
+    /// The standby of `stream` committed every seq up to `through`.
+    pub(crate) fn standby_confirmed(&self, stream: StreamId, through: Seq) {
+        lock(&self.standby_lag).confirmed(stream, through);
+    }
+
+    /// Runs while this node is active: dates each move of the buffer's `head` for the lag's
+    /// age (see [`lag`]). Never returns; drop it when the node stops being active, then call
+    /// [`Self::stopped_tracking`].
+    pub(crate) async fn track_commits(
+        &self,
+        mut head: watch::Receiver<Seq>,
+    ) -> std::convert::Infallible {
+        lock(&self.standby_lag).activate(head.clone(), chrono::Utc::now());
+        loop {
+            if head.changed().await.is_err() {
+                // The buffer is gone (shutdown): nothing more will be committed.
+                return std::future::pending().await;
+            }
+            let seq = *head.borrow_and_update();
+            lock(&self.standby_lag).committed(seq, chrono::Utc::now());
+        }
+    }
+
+    /// This node stopped being active: no lag to report.
+    pub(crate) fn stopped_tracking(&self) {
+        lock(&self.standby_lag).deactivate();
     }
 
     pub fn status(&self) -> PairStatus {
         let now = self.role_now();
         let active = self.active_followed();
         let standby = now.role == Role::Standby;
+        let lag = if standby {
+            lag::LagFigures::NONE
+        } else {
+            lock(&self.standby_lag).figures(chrono::Utc::now())
+        };
         PairStatus {
             role: now.role,
             term: now.term,
@@ -345,16 +377,8 @@ impl Pair {
             } else {
                 self.peer_streams.load(Ordering::Relaxed) > 0
             },
-            standby_lag_rows: if standby {
-                0
-            } else {
-                self.standby_lag_rows.load(Ordering::Relaxed)
-            },
-            standby_lag_seconds: if standby {
-                0.0
-            } else {
-                self.standby_lag_ms.load(Ordering::Relaxed) as f64 / 1000.0
-            },
+            standby_lag_rows: lag.rows,
+            standby_lag_seconds: lag.age.as_secs_f64(),
             active_node: match (standby, active) {
                 (true, Some(active)) => active.name,
                 _ => String::new(),
@@ -387,11 +411,14 @@ pub fn peer_endpoint(config: &Config, pair: &PairConfig) -> Result<Endpoint, For
                 source,
             })?;
     }
+    // Pings after a heartbeat interval without a byte, answered within `link_timeout`: a dead
+    // replication connection is dropped well before the standby would promote itself, so a
+    // new one gets a chance first.
     Ok(endpoint
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(pair.heartbeat_interval())
-        .keep_alive_timeout(pair.failover_timeout)
+        .keep_alive_timeout(pair.link_timeout())
         .keep_alive_while_idle(true))
 }
 

@@ -136,16 +136,26 @@ impl Node {
             Some((pair, _)) => {
                 let mut tick = tokio::time::interval(pair.heartbeat_interval());
                 tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tokio::select! {
-                        () = shutdown.cancelled() => break Next::Stop,
-                        _ = tick.tick() => {
-                            if let Some(peer) = self.outranking_peer().await {
-                                break Next::StepDown(peer);
+                let watch_peer = async {
+                    loop {
+                        tokio::select! {
+                            () = shutdown.cancelled() => break Next::Stop,
+                            _ = tick.tick() => {
+                                if let Some(peer) = self.outranking_peer().await {
+                                    break Next::StepDown(peer);
+                                }
                             }
                         }
                     }
-                }
+                };
+                // Polled beside the peer check (which may wait on the peer for seconds), so
+                // every commit is dated within microseconds for the standby lag.
+                let next = tokio::select! {
+                    next = watch_peer => next,
+                    never = self.pair.track_commits(self.buffer.head()) => match never {},
+                };
+                self.pair.stopped_tracking();
+                next
             }
         };
         stop_forwarding.cancel();
@@ -188,22 +198,37 @@ impl Node {
                 "nothing heard from the active for {:?} (failover_timeout)",
                 pair.failover_timeout
             )),
-            never = self.follow_forever(endpoint) => match never {},
+            never = self.follow_forever(pair, endpoint) => match never {},
         }
     }
 
     /// Hands over (when needed) and follows the active, reconnecting after every break.
-    async fn follow_forever(&self, endpoint: &Endpoint) -> std::convert::Infallible {
+    /// Attempts start at least `forward_retry_interval` apart, or a heartbeat interval when
+    /// that is shorter: the standby must find the active again well within `failover_timeout`,
+    /// and one peer's attempts cost nothing. A stream that was open longer than that (declared
+    /// dead, or ended by the active) is followed by a new attempt at once.
+    async fn follow_forever(
+        &self,
+        pair: &PairConfig,
+        endpoint: &Endpoint,
+    ) -> std::convert::Infallible {
+        let spacing = self
+            .config
+            .forward_retry_interval
+            .min(pair.heartbeat_interval());
         let mut reported = false;
         loop {
+            let started = Instant::now();
             let error = self.follow_once(endpoint).await;
+            let next_attempt = started + spacing;
+            let retry_in = next_attempt.saturating_duration_since(Instant::now());
             if reported {
-                tracing::debug!(%error, "still cannot follow the active node");
+                tracing::debug!(%error, ?retry_in, "still cannot follow the active node");
             } else {
-                tracing::warn!(%error, retry_in = ?self.config.forward_retry_interval, "cannot follow the active node; will retry");
+                tracing::warn!(%error, ?retry_in, "cannot follow the active node; will retry");
                 reported = true;
             }
-            tokio::time::sleep(self.config.forward_retry_interval).await;
+            tokio::time::sleep_until(next_attempt).await;
         }
     }
 
@@ -225,11 +250,17 @@ impl Node {
         {
             return format!("hand-over: {e}");
         }
+        let Some((pair, _)) = &self.peer else {
+            return "no pair is configured".into();
+        };
         replica::follow(
             &self.buffer,
             &self.pair,
             endpoint,
-            self.config.request_timeout,
+            replica::FollowTiming {
+                open_timeout: self.config.request_timeout,
+                silence: pair.heartbeat_interval() + pair.link_timeout(),
+            },
         )
         .await
         .to_string()

@@ -7,6 +7,10 @@
 //! - Batches that arrived together are applied in one transaction, in order (each batch's adds
 //!   before its removes), and confirmed by the last one's number.
 //! - Every batch (heartbeats included) counts as hearing from the active; nothing else does.
+//! - The active sends a batch at least every heartbeat interval, so a stream silent for a
+//!   heartbeat interval and [`crate::config::PairConfig::link_timeout`] is dead (a link that
+//!   stopped passing packets without closing anything): following ends and starts again on a
+//!   new connection, well before the standby would promote itself.
 //! - A batch that lists the active's pending clears replaces the standby's with that list (the
 //!   last one when several batches are applied together), in the same transaction as the
 //!   batch's rows. At most [`MAX_PENDING_CLEARS`] are taken from one list.
@@ -38,6 +42,10 @@ pub enum FollowError {
     Open(tonic::Status),
     #[error("the peer did not answer within {0:?}")]
     Timeout(Duration),
+    #[error(
+        "no batch from the active for {0:?} (heartbeats are due every fifth of failover_timeout)"
+    )]
+    Silent(Duration),
     #[error("the replication stream broke: {0}")]
     Stream(tonic::Status),
     #[error("the peer closed the replication stream")]
@@ -48,14 +56,23 @@ pub enum FollowError {
     Buffer(#[from] BufferError),
 }
 
+/// How long following waits on the active.
+#[derive(Debug, Clone, Copy)]
+pub struct FollowTiming {
+    /// For the stream to open and its first batch.
+    pub open_timeout: Duration,
+    /// For any further batch: a heartbeat interval and the link timeout.
+    pub silence: Duration,
+}
+
 /// Follows the active at `endpoint` until the stream ends; always returns why.
 pub async fn follow(
     buffer: &Buffer,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
-    open_timeout: Duration,
+    timing: FollowTiming,
 ) -> FollowError {
-    let outcome = follow_inner(buffer, pair, endpoint, open_timeout).await;
+    let outcome = follow_inner(buffer, pair, endpoint, timing).await;
     pair.set_following(false);
     match outcome {
         Ok(never) => match never {},
@@ -67,8 +84,9 @@ async fn follow_inner(
     buffer: &Buffer,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
-    open_timeout: Duration,
+    timing: FollowTiming,
 ) -> Result<std::convert::Infallible, FollowError> {
+    let open_timeout = timing.open_timeout;
     let record = buffer.pair_record().await?.unwrap_or(PairRecord {
         role: Role::Standby,
         term: 0,
@@ -148,7 +166,10 @@ async fn follow_inner(
         if confirm.send(confirmed).await.is_err() {
             return Err(FollowError::Closed);
         }
-        match batches.next().await {
+        let next = tokio::time::timeout(timing.silence, batches.next())
+            .await
+            .map_err(|_| FollowError::Silent(timing.silence))?;
+        match next {
             Some(Ok(batch)) => pending.push(batch),
             Some(Err(status)) => return Err(FollowError::Stream(status)),
             None => return Err(FollowError::Closed),

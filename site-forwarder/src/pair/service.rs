@@ -2,6 +2,10 @@
 //! Handlers stay thin: check the caller and this node's role, then hand over to
 //! [`super::source`] or the buffer.
 //!
+//! The endpoint pings its clients like they ping it (after a heartbeat interval without a
+//! byte, answered within [`PairConfig::link_timeout`]), so the active drops the stream of a
+//! standby that vanished, frozen or cut off without a word, and reports it disconnected.
+//!
 //! On a TLS pair link the peer has already presented a certificate chaining to `tls.ca`; it must
 //! also name this site (Common Name = `site_id`), so a certificate issued to another site cannot
 //! read or inject this site's notifications.
@@ -26,7 +30,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::source::{self, Hello, WINDOW};
+use super::source::{self, Hello, StreamTiming, WINDOW};
 use super::{MAX_PENDING_CLEARS, Pair, Role, clear_from_proto};
 use crate::RunError;
 use crate::buffer::Buffer;
@@ -61,7 +65,9 @@ impl PairEndpoint {
             .pair_server_config()
             .map_err(|e| RunError::Config(e.to_string()))?;
         let peer = super::peer_endpoint(config, pair_config)?;
-        let mut server = Server::builder();
+        let mut server = Server::builder()
+            .http2_keepalive_interval(Some(pair_config.heartbeat_interval()))
+            .http2_keepalive_timeout(Some(pair_config.link_timeout()));
         if let Some(tls) = tls.clone() {
             server = server.tls_config(tls).map_err(|e| {
                 RunError::Config(format!("tls.cert: cannot serve the pair link with it: {e}"))
@@ -78,7 +84,10 @@ impl PairEndpoint {
             pair,
             tls: tls.is_some(),
             hello_timeout: config.request_timeout,
-            heartbeat: pair_config.heartbeat_interval(),
+            timing: StreamTiming {
+                heartbeat: pair_config.heartbeat_interval(),
+                confirm_timeout: pair_config.failover_timeout,
+            },
             stop,
         };
         Ok(Self {
@@ -121,7 +130,7 @@ pub struct SitePairService {
     /// Whether the link is TLS, so callers must present this site's certificate.
     tls: bool,
     hello_timeout: Duration,
-    heartbeat: Duration,
+    timing: StreamTiming,
     /// Cancelled at shutdown; ends the replication streams.
     stop: CancellationToken,
 }
@@ -194,7 +203,7 @@ impl SitePair for SitePairService {
             hello,
             inbound,
             out,
-            self.heartbeat,
+            self.timing,
             self.stop.clone(),
         ));
         Ok(Response::new(ReceiverStream::new(batches)))

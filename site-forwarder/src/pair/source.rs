@@ -36,12 +36,17 @@
 //!   may already be marked; the list follows with the next batch).
 //! - A change backlog the stream cannot keep up with ends the stream; the standby reconnects
 //!   and resumes from the table, which is always right.
+//! - A batch left unconfirmed for `failover_timeout` ends the stream: a standby that confirmed
+//!   nothing for that long is as good as gone (stuck disk, frozen process, a link that passes
+//!   pings but not data), and `peer_connected` must say so. HTTP/2 pings on the pair endpoint
+//!   (see [`super::service`]) find a dead connection sooner.
+//! - The standby lag is kept in [`super::Pair`] ([`super::lag`]): this stream tells it what
+//!   the standby holds (the hello, each confirmation); the figures are worked out when read.
 
 use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
 use outbox_proto::v1::{
     ReplicaMessage, ReplicatedRow, ReplicationBatch, RetainedSpan as ProtoSpan, SeqRange,
     replica_message,
@@ -92,11 +97,11 @@ pub async fn stream_to_standby(
     hello: Hello,
     mut inbound: Streaming<ReplicaMessage>,
     out: mpsc::Sender<Result<ReplicationBatch, Status>>,
-    heartbeat: Duration,
+    timing: StreamTiming,
     stop: CancellationToken,
 ) {
     pair.stream_opened();
-    let mut session = Session::new(buffer, Arc::clone(&pair), hello.clone(), heartbeat);
+    let mut session = Session::new(buffer, Arc::clone(&pair), hello.clone(), timing);
     let outcome = tokio::select! {
         outcome = session.run(&mut inbound, &out) => outcome,
         // Shutting down: the stream ends now rather than holding the server's drain.
@@ -112,6 +117,15 @@ pub async fn stream_to_standby(
     }
 }
 
+/// The pair's timing, from `failover_timeout`.
+#[derive(Debug, Clone, Copy)]
+pub struct StreamTiming {
+    /// A heartbeat follows this long without a batch.
+    pub heartbeat: Duration,
+    /// Longest a batch may stay unconfirmed before the stream ends.
+    pub confirm_timeout: Duration,
+}
+
 /// A batch sent and not yet confirmed.
 #[derive(Debug)]
 struct Unconfirmed {
@@ -120,15 +134,16 @@ struct Unconfirmed {
     /// up to here that the active still held when it was read (rows already gone never need
     /// copying).
     through: Seq,
-    /// Enqueue time of its oldest add, if any.
-    oldest: Option<DateTime<Utc>>,
+    sent_at: Instant,
 }
 
 struct Session {
     buffer: Buffer,
     pair: Arc<Pair>,
     hello: Hello,
-    heartbeat: Duration,
+    timing: StreamTiming,
+    /// Set once the hello is taken in: whose confirmations move the lag.
+    lag_stream: Option<super::lag::StreamId>,
     next_batch: u64,
     /// Last seq read for this stream.
     cursor: Seq,
@@ -148,11 +163,12 @@ struct Session {
 }
 
 impl Session {
-    fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, heartbeat: Duration) -> Self {
+    fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, timing: StreamTiming) -> Self {
         Self {
             pair,
             hello,
-            heartbeat,
+            timing,
+            lag_stream: None,
             next_batch: 1,
             cursor: Seq::START,
             confirmed: Seq::START,
@@ -186,6 +202,8 @@ impl Session {
             self.cursor = through;
             self.confirmed = through;
         }
+        // A full copy starts from nothing: until it is confirmed the standby holds nothing.
+        self.lag_stream = Some(self.pair.standby_attached(self.confirmed));
         tracing::info!(
             standby = %self.hello.node_name, resume, from_seq = self.cursor.0,
             "a standby is following this node"
@@ -217,12 +235,11 @@ impl Session {
             // else was sent.
             if !self.removes.is_empty()
                 || self.clears.has_changed().unwrap_or(false)
-                || Instant::now() >= self.last_sent + self.heartbeat
+                || Instant::now() >= self.last_sent + self.timing.heartbeat
             {
                 self.drain(&mut changes)?;
-                self.send(Vec::new(), None, out).await?;
+                self.send(Vec::new(), out).await?;
             }
-            self.report_lag(*head.borrow());
             if more && self.unconfirmed.len() < WINDOW {
                 continue;
             }
@@ -261,7 +278,14 @@ impl Session {
                         ));
                     }
                 }
-                () = tokio::time::sleep_until(self.last_sent + self.heartbeat) => {}
+                () = tokio::time::sleep_until(self.last_sent + self.timing.heartbeat) => {}
+                () = tokio::time::sleep_until(self.confirm_deadline()), if !self.unconfirmed.is_empty() => {
+                    return Err(Status::unavailable(format!(
+                        "the standby confirmed no batch for {:?} (failover_timeout); reconnect \
+                         to resume",
+                        self.timing.confirm_timeout
+                    )));
+                }
                 () = out.closed() => return Ok(()),
             }
         }
@@ -293,7 +317,7 @@ impl Session {
             }
             // Spans copy nothing: the cursor they leave confirmed is where the stream starts.
             let cursor = self.cursor;
-            self.send_batch(batch, cursor, None, out).await?;
+            self.send_batch(batch, cursor, out).await?;
             if after >= through {
                 return Ok(());
             }
@@ -315,7 +339,7 @@ impl Session {
             }
             None => self.read_rows().await?,
         };
-        self.send_copies(rows, Copies::New, changes, out).await?;
+        self.send_copies(rows, changes, out).await?;
         Ok(full)
     }
 
@@ -342,7 +366,7 @@ impl Session {
             .into_iter()
             .map(|(seq, row)| (seq, Arc::new(row)))
             .collect();
-        self.send_copies(rows, Copies::Again, changes, out).await
+        self.send_copies(rows, changes, out).await
     }
 
     /// Sends `rows` in batches of at most [`BATCH_BYTES`], each with the changes drained after
@@ -350,7 +374,6 @@ impl Session {
     async fn send_copies(
         &mut self,
         rows: Vec<(Seq, Arc<BufferedNotification>)>,
-        copies: Copies,
         changes: &mut broadcast::Receiver<RowChange>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
@@ -366,15 +389,13 @@ impl Session {
             if bytes >= BATCH_BYTES {
                 self.drain(changes)?;
                 let adds = std::mem::take(&mut adds);
-                let oldest = copies.oldest_of(&adds);
-                self.send(adds, oldest, out).await?;
+                self.send(adds, out).await?;
                 bytes = 0;
             }
         }
         if !adds.is_empty() {
             self.drain(changes)?;
-            let oldest = copies.oldest_of(&adds);
-            self.send(adds, oldest, out).await?;
+            self.send(adds, out).await?;
         }
         Ok(())
     }
@@ -413,12 +434,10 @@ impl Session {
         Ok((rows, full))
     }
 
-    /// Sends `adds` with every removal collected so far; `oldest` is the enqueue time of the
-    /// oldest row it copies for the first time (what the standby's lag is measured by).
+    /// Sends `adds` with every removal collected so far.
     async fn send(
         &mut self,
         adds: Vec<ReplicatedRow>,
-        oldest: Option<DateTime<Utc>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
         // A batch cut mid-page covers only up to its own last row.
@@ -435,14 +454,13 @@ impl Session {
                 .collect(),
             ..ReplicationBatch::default()
         };
-        self.send_batch(batch, through, oldest, out).await
+        self.send_batch(batch, through, out).await
     }
 
     async fn send_batch(
         &mut self,
         mut batch: ReplicationBatch,
         through: Seq,
-        oldest: Option<DateTime<Utc>>,
         out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
     ) -> Result<(), Status> {
         if self.next_batch == 1 || self.clears.has_changed().unwrap_or(false) {
@@ -452,13 +470,13 @@ impl Session {
         }
         batch.batch = self.next_batch;
         batch.head_seq = self.buffer.head_now().0;
+        self.last_sent = Instant::now();
         self.unconfirmed.push_back(Unconfirmed {
             batch: self.next_batch,
             through,
-            oldest,
+            sent_at: self.last_sent,
         });
         self.next_batch += 1;
-        self.last_sent = Instant::now();
         out.send(Ok(batch))
             .await
             .map_err(|_| Status::cancelled("the standby went away"))
@@ -511,39 +529,17 @@ impl Session {
             self.confirmed = self.confirmed.max(front.through);
             self.unconfirmed.pop_front();
         }
-    }
-
-    /// Rows committed here that the standby has not confirmed, and the age of the oldest.
-    fn report_lag(&self, head: Seq) {
-        let rows = u64::try_from(head.0.saturating_sub(self.confirmed.0)).unwrap_or(0);
-        let oldest = self.unconfirmed.iter().filter_map(|u| u.oldest).min();
-        let age = match oldest {
-            Some(at) if rows > 0 => (Utc::now() - at).to_std().unwrap_or_default(),
-            _ => Duration::ZERO,
-        };
-        self.pair.set_standby_lag(rows, age);
-    }
-}
-
-/// Whether a batch copies rows for the first time or again (marked since).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Copies {
-    New,
-    Again,
-}
-
-impl Copies {
-    /// The enqueue time of the oldest row the batch copies for the first time. Rows copied
-    /// again are old and already on the standby: they are no lag.
-    fn oldest_of(self, adds: &[ReplicatedRow]) -> Option<DateTime<Utc>> {
-        match self {
-            Copies::Again => None,
-            Copies::New => adds
-                .iter()
-                .filter_map(|r| r.notification.as_ref()?.site_enqueued_at.as_ref())
-                .filter_map(outbox_proto::time::from_timestamp)
-                .min(),
+        if let Some(stream) = self.lag_stream {
+            self.pair.standby_confirmed(stream, self.confirmed);
         }
+    }
+
+    /// When the oldest unconfirmed batch has waited too long (only with one outstanding).
+    fn confirm_deadline(&self) -> Instant {
+        self.unconfirmed
+            .front()
+            .map_or(self.last_sent, |oldest| oldest.sent_at)
+            + self.timing.confirm_timeout
     }
 }
 
