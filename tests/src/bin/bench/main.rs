@@ -25,6 +25,7 @@ mod memory;
 mod proc_stats;
 mod report;
 mod rig;
+mod round_trips;
 mod services;
 mod site_figures;
 mod standby;
@@ -48,7 +49,7 @@ use rig::{Rig, Sizes};
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
-    /// forward, ingest, dispatch, e2e, fresh, memory.
+    /// forward, ingest, dispatch, rtt, e2e, fresh, memory.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -83,6 +84,10 @@ struct Args {
     /// rate is taken over those that did (and the run says so).
     #[arg(long, default_value_t = 30.0)]
     dispatch_deadline: f64,
+    /// Rows delivered at each round trip of the `rtt` figure, as seconds of delivery at the
+    /// pipelined floor (default 3, i.e. 6,000 rows at 1 ms and 600 at 10 ms; 1 with --quick).
+    #[arg(long)]
+    rtt_seconds: Option<f64>,
     /// Offered Sends per second in the end-to-end latency figure: low, so the path is measured
     /// idle, not queueing.
     #[arg(long, default_value_t = 5.0)]
@@ -154,13 +159,14 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 9] = [
+const GROUPS: [&str; 10] = [
     "send",
     "send-latency",
     "standby",
     "forward",
     "ingest",
     "dispatch",
+    "rtt",
     "e2e",
     "fresh",
     "memory",
@@ -186,6 +192,10 @@ impl Args {
                 .dispatch_rows
                 .unwrap_or(if quick { 2_000 } else { 10_000 }),
             dispatch_deadline: Duration::from_secs_f64(self.dispatch_deadline),
+            rtt_seconds: self
+                .rtt_seconds
+                .unwrap_or(if quick { 1.0 } else { 3.0 })
+                .max(0.0),
             e2e_rate: self.e2e_rate,
             e2e_duration: pick(self.e2e_seconds, 20.0, 8.0),
             memory_rows: self
@@ -239,7 +249,7 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             target,
         }
     };
-    vec![
+    let mut table = vec![
         m(
             "send.rate",
             format!("site Send, {} callers (closed loop)", s.callers),
@@ -330,6 +340,40 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "/s",
             Some(Target::AtLeast(2_000.0)),
         ),
+    ];
+    for rt in round_trips::ROUND_TRIPS {
+        table.extend([
+            m(
+                rt.rate_key,
+                format!(
+                    "dispatch over a {} ms round trip, {} rows, {} SMTP connections",
+                    rt.ms,
+                    rows(rt.rows(s.rtt_seconds)),
+                    round_trips::SMTP_CONNECTIONS
+                ),
+                "/s",
+                None,
+            ),
+            m(
+                rt.share_key,
+                format!(
+                    "  share of the pipelined floor ({} / (2 waits × {} ms) = {}/s)",
+                    round_trips::SMTP_CONNECTIONS,
+                    rt.ms,
+                    report::number(rt.floor())
+                ),
+                "x",
+                Some(Target::AtLeast(round_trips::TARGET_SHARE)),
+            ),
+            m(
+                rt.waits_key,
+                "  waits per message at the relay (pipelined: 2)".into(),
+                "waits",
+                None,
+            ),
+        ]);
+    }
+    table.extend([
         m(
             "e2e.p50",
             format!("idle end-to-end Send -> SMTP p50 at {}/s", s.e2e_rate),
@@ -412,7 +456,8 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "/s",
             None,
         ),
-    ]
+    ]);
+    table
 }
 
 async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
@@ -423,6 +468,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "forward" => site_figures::forward(rig).await,
         "ingest" => central_figures::ingest(rig).await,
         "dispatch" => central_figures::dispatch(rig).await,
+        "rtt" => round_trips::rtt(rig).await,
         "e2e" => e2e::e2e(rig).await,
         "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,

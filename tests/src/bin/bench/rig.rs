@@ -28,6 +28,9 @@ pub struct Sizes {
     pub forward_rows: u64,
     pub dispatch_rows: u64,
     pub dispatch_deadline: Duration,
+    /// The `rtt` figure's rows at each round trip: what the pipelined floor delivers in this
+    /// many seconds.
+    pub rtt_seconds: f64,
     pub e2e_rate: f64,
     pub e2e_duration: Duration,
     pub memory_rows: u64,
@@ -52,6 +55,7 @@ impl Sizes {
             "forward_rows": self.forward_rows,
             "dispatch_rows": self.dispatch_rows,
             "dispatch_deadline_s": self.dispatch_deadline.as_secs_f64(),
+            "rtt_seconds": self.rtt_seconds,
             "e2e_rate_per_s": self.e2e_rate,
             "e2e_duration_s": self.e2e_duration.as_secs_f64(),
             "memory_rows": self.memory_rows,
