@@ -361,19 +361,29 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxSt
     let rows: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("lapse {i}"))).collect();
     let ids: Vec<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
     store.submit(rows).await.unwrap();
-    // Long enough for a slow server (Babelfish) to claim well inside it.
     let ttl = Duration::from_millis(1500);
     let long = Duration::from_secs(600);
-    let taken_at = tokio::time::Instant::now();
+    // Claimed under a long lease, so that however slow the server (Babelfish under load), the
+    // claim is made while the lease holds.
     let e1 = store
-        .acquire_lease(LEASE, "node-a", ttl)
+        .acquire_lease(LEASE, "node-a", long)
         .await
         .unwrap()
         .unwrap();
     let claimed = claim(store, e1, NotificationType::Email, 3, long).await;
     assert_eq!(claimed.len(), 3);
-    // Wait out the TTL (it is measured on the database's clock, which this one shares).
-    tokio::time::sleep_until(taken_at + ttl + Duration::from_millis(300)).await;
+    // A row due now, which a claim under a lapsed lease must not take.
+    let due = new_row("due while lapsed");
+    store.submit(vec![due.clone()]).await.unwrap();
+    // The holder renews for a moment only (same holder: same epoch), and the lease lapses.
+    let moment = Duration::from_millis(100);
+    assert_eq!(
+        store.acquire_lease(LEASE, "node-a", moment).await.unwrap(),
+        Some(e1)
+    );
+    // Waited out from after the renewal answered (the TTL runs on the database's clock, which
+    // this one shares, from before that).
+    tokio::time::sleep(moment + Duration::from_millis(300)).await;
     assert!(
         claim(store, e1, NotificationType::Email, 3, long)
             .await
@@ -427,6 +437,15 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxSt
     assert_eq!(
         states,
         [Status::Delivered, Status::Delivered, Status::Pending]
+    );
+    assert_eq!(
+        store
+            .state(due.submission.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status,
+        Status::Pending
     );
 }
 
