@@ -1,7 +1,7 @@
 //! Who may call the admin API (`NotificationOutbox`), and as whom.
 //!
 //! Three roles, each including the one before: `viewer` reads (queries, status, detail, KPIs,
-//! lists), `operator` also retries and discards, `admin` also changes lists and the SMTP
+//! lists, site health), `operator` also retries and discards, `admin` also changes lists and the SMTP
 //! settings. A caller proves a role with a bearer token (`authorization: Bearer <token>`; the
 //! config holds only each token's SHA-256) or with a client certificate whose Common Name the
 //! config maps to a role (mTLS, see `tls`). The recorded actor of every change is that identity:
@@ -99,10 +99,11 @@ pub enum AdminRpc {
     GetSmtpConfig,
     UpsertSmtpConfig,
     DeleteSmtpConfig,
+    ListSiteHealth,
 }
 
 impl AdminRpc {
-    pub const ALL: [Self; 15] = [
+    pub const ALL: [Self; 16] = [
         Self::QueryNotifications,
         Self::GetNotificationStatus,
         Self::GetNotificationDetail,
@@ -118,6 +119,7 @@ impl AdminRpc {
         Self::GetSmtpConfig,
         Self::UpsertSmtpConfig,
         Self::DeleteSmtpConfig,
+        Self::ListSiteHealth,
     ];
 
     pub fn role(self) -> Role {
@@ -127,7 +129,8 @@ impl AdminRpc {
             | Self::GetNotificationDetail
             | Self::GetKpis
             | Self::ListNotificationLists
-            | Self::GetNotificationList => Role::Viewer,
+            | Self::GetNotificationList
+            | Self::ListSiteHealth => Role::Viewer,
             Self::RetryNotification
             | Self::DiscardNotification
             | Self::RetryNotifications

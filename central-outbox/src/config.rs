@@ -63,6 +63,11 @@ pub struct Config {
     /// How often the store is probed for the health service.
     #[serde(with = "humantime_serde")]
     pub health_check_interval: Duration,
+    /// A site-forwarder node whose latest health report is this old is offline (ListSiteHealth,
+    /// `outbox_site_health_online` in /metrics, `outboxctl sites`). Nodes report every few
+    /// seconds, so the default (the source system's 180 s) rides out dozens of lost reports.
+    #[serde(with = "humantime_serde")]
+    pub site_offline_after: Duration,
     /// TLS on the gRPC port, client certificates, and whether a non-loopback `listen_addr` may
     /// serve plaintext; see `tls`.
     pub tls: TlsConfig,
@@ -120,6 +125,9 @@ impl ServerConfig {
     }
 }
 
+/// `site_offline_after` when not configured: three minutes, as the source system's 180 s.
+pub const DEFAULT_SITE_OFFLINE_AFTER: Duration = Duration::from_secs(180);
+
 impl Default for Config {
     fn default() -> Self {
         Self {
@@ -136,6 +144,7 @@ impl Default for Config {
             retention: RetentionConfig::default(),
             shutdown_timeout: Duration::from_secs(10),
             health_check_interval: Duration::from_secs(5),
+            site_offline_after: DEFAULT_SITE_OFFLINE_AFTER,
             tls: TlsConfig::default(),
             log: LogConfig::default(),
             auth: AuthConfig::default(),
@@ -558,6 +567,7 @@ pub struct Settings {
     pub purge: PurgeSettings,
     pub shutdown_timeout: Duration,
     pub health_check_interval: Duration,
+    pub site_offline_after: Duration,
     pub tls: TlsSettings,
     pub auth: Authenticator,
     pub server: ServerConfig,
@@ -613,6 +623,9 @@ impl Config {
         };
         if self.health_check_interval < Duration::from_millis(100) {
             bail!("health_check_interval: must be at least 100ms");
+        }
+        if self.site_offline_after < Duration::from_secs(1) {
+            bail!("site_offline_after: must be at least 1s");
         }
         let k = &self.kpis;
         if k.stuck_age_threshold.is_zero() {
@@ -691,6 +704,7 @@ impl Config {
             },
             shutdown_timeout: self.shutdown_timeout,
             health_check_interval: self.health_check_interval,
+            site_offline_after: self.site_offline_after,
             tls,
         })
     }
@@ -987,6 +1001,8 @@ mod tests {
             Duration::from_secs(365 * 24 * 3600)
         );
         assert_eq!(example.purge.interval, defaults.purge.interval);
+        assert_eq!(example.site_offline_after, defaults.site_offline_after);
+        assert_eq!(defaults.site_offline_after, Duration::from_secs(180));
         assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
         assert_eq!(example.webhook, defaults.webhook);

@@ -1,4 +1,5 @@
-//! Keeps the KPI gauges of `/metrics` current without letting scrapes load the database.
+//! Keeps the KPI and site health gauges of `/metrics` current without letting scrapes load the
+//! database.
 //!
 //! A scrape asks for fresh figures; [`KpiGauges::refresh`] starts one KPI query if none is
 //! running and the last figures are older than [`REUSE`], and waits for it at most [`WAIT`].
@@ -16,6 +17,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::domain::kpi::Kpis;
+use crate::domain::site_health::NodeHealth;
 use crate::metrics::Metrics;
 use crate::store::Result;
 
@@ -25,8 +27,15 @@ pub const REUSE: Duration = Duration::from_secs(1);
 /// inside Prometheus's default scrape timeout (10 s).
 pub const WAIT: Duration = Duration::from_secs(2);
 
-/// Reads the KPIs now (the store's KPI query, in the service).
-pub type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Kpis>> + Send + Sync>;
+/// What one refresh reads: the KPIs, and each site node's health with the offline rule applied.
+#[derive(Debug, Clone, Default)]
+pub struct Figures {
+    pub kpis: Kpis,
+    pub sites: Vec<NodeHealth>,
+}
+
+/// Reads the figures now (the store's KPI and site health queries, in the service).
+pub type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Figures>> + Send + Sync>;
 
 /// The KPI gauges' refresher; one per process, shared by every scrape.
 pub struct KpiGauges {
@@ -78,7 +87,8 @@ impl KpiGauges {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match figures {
             Ok(figures) => {
-                self.metrics.set_kpis(&figures);
+                self.metrics.set_kpis(&figures.kpis);
+                self.metrics.set_site_health(&figures.sites);
                 state.read_at = Some(Instant::now());
             }
             // The scrape still answers (counters are valid); the KPI gauges keep their last
@@ -105,7 +115,7 @@ mod tests {
             Box::pin(async move {
                 counter.fetch_add(1, Ordering::SeqCst);
                 tokio::time::sleep(takes).await;
-                Ok(Kpis::default())
+                Ok(Figures::default())
             })
         });
         (KpiGauges::new(read, Arc::new(Metrics::new())), queries)

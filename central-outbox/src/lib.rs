@@ -129,19 +129,27 @@ struct Listeners {
     metrics: Option<TcpListener>,
 }
 
-/// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI gauges are brought
-/// up to date at scrape time within the bounds of [`kpi_gauges`] (one query at a time, figures
-/// reused for a second, a scrape waits two seconds at most).
+/// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI and site health
+/// gauges are brought up to date at scrape time within the bounds of [`kpi_gauges`] (one query
+/// at a time, figures reused for a second, a scrape waits two seconds at most).
 fn spawn_metrics<S: OutboxStore>(
     listener: TcpListener,
     store: Arc<S>,
     metrics: Arc<Metrics>,
     kpis: KpiSettings,
+    site_offline_after: std::time::Duration,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     let read: kpi_gauges::ReadKpis = Box::new(move || {
         let store = Arc::clone(&store);
-        Box::pin(async move { store.kpis(kpis.at(chrono::Utc::now())).await })
+        Box::pin(async move {
+            let (figures, health) =
+                tokio::join!(store.kpis(kpis.at(chrono::Utc::now())), store.site_health());
+            Ok(kpi_gauges::Figures {
+                kpis: figures?,
+                sites: health?.assess(site_offline_after),
+            })
+        })
     });
     let gauges = kpi_gauges::KpiGauges::new(read, Arc::clone(&metrics));
     let render = move || -> BoxFuture<'static, String> {
@@ -202,6 +210,7 @@ async fn serve<S: OutboxStore>(
             Arc::clone(&store),
             Arc::clone(&metrics),
             settings.kpis,
+            settings.site_offline_after,
             shutdown.clone(),
         )
     });
@@ -232,7 +241,8 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         config,
         settings.auth.clone(),
-    );
+    )
+    .with_site_offline_after(settings.site_offline_after);
     let local_addr = listener.local_addr().ok();
     tracing::info!(
         addr = ?local_addr,

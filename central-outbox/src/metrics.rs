@@ -24,6 +24,7 @@ use prometheus_client::registry::{Registry, Unit};
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::kpi::{KpiValues, Kpis};
+use crate::domain::site_health::NodeHealth;
 use crate::store::{InsertOutcome, PurgeReport};
 
 /// Upper bounds, in seconds, of the delivery duration buckets. A send to a relay on the LAN takes
@@ -68,6 +69,13 @@ struct SiteLabels {
     site: String,
 }
 
+/// One site-forwarder node.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NodeLabels {
+    site: String,
+    node: String,
+}
+
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
 /// The global KPI gauges.
@@ -92,6 +100,15 @@ struct SiteKpiGauges {
     oldest_retry_wait_age: Family<SiteLabels, SecondsGauge>,
 }
 
+/// Each site node's latest health report (`domain::site_health`), per (site, node).
+#[derive(Debug, Default)]
+struct SiteHealthGauges {
+    online: Family<NodeLabels, Gauge>,
+    last_report_age: Family<NodeLabels, SecondsGauge>,
+    buffer_depth: Family<NodeLabels, Gauge>,
+    oldest_buffered_age: Family<NodeLabels, SecondsGauge>,
+}
+
 /// Every metric central exports. Share it with an `Arc`; every method takes `&self`.
 #[derive(Debug)]
 pub struct Metrics {
@@ -108,6 +125,7 @@ pub struct Metrics {
     purged_parked: Counter,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
+    site_health: SiteHealthGauges,
     /// Held while the KPI gauges are rewritten and while the registry is encoded, so a scrape
     /// never sees the per-site families cleared and not yet refilled.
     kpi_update: Mutex<()>,
@@ -200,6 +218,8 @@ impl Metrics {
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
         register_kpis(&mut registry, &kpis, &site_kpis);
+        let site_health = SiteHealthGauges::default();
+        register_site_health(&mut registry, &site_health);
 
         Self {
             registry,
@@ -214,6 +234,7 @@ impl Metrics {
             purged_parked,
             kpis,
             site_kpis,
+            site_health,
             kpi_update: Mutex::new(()),
         }
     }
@@ -336,6 +357,43 @@ impl Metrics {
         }
     }
 
+    /// Replaces the site health gauges: one series set per node central has a report of
+    /// (offline ones included, with `outbox_site_health_online` 0), none for the others.
+    pub fn set_site_health(&self, nodes: &[NodeHealth]) {
+        let _update = self
+            .kpi_update
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let gauges = &self.site_health;
+        gauges.online.clear();
+        gauges.last_report_age.clear();
+        gauges.buffer_depth.clear();
+        gauges.oldest_buffered_age.clear();
+        for node in nodes {
+            let report = &node.stored.report;
+            let labels = NodeLabels {
+                site: report.site.as_str().to_owned(),
+                node: report.node.as_str().to_owned(),
+            };
+            gauges
+                .online
+                .get_or_create(&labels)
+                .set(i64::from(node.online));
+            gauges
+                .last_report_age
+                .get_or_create(&labels)
+                .set(node.report_age.as_secs_f64());
+            gauges
+                .buffer_depth
+                .get_or_create(&labels)
+                .set(count(report.buffer_depth));
+            gauges
+                .oldest_buffered_age
+                .get_or_create(&labels)
+                .set(report.oldest_buffered_age.as_secs_f64());
+        }
+    }
+
     /// Every metric in the OpenMetrics text format (ending in `# EOF`).
     pub fn render(&self) -> String {
         let _update = self
@@ -415,6 +473,31 @@ fn register_kpis(registry: &mut Registry, global: &KpiGauges, sites: &SiteKpiGau
         "outbox_oldest_retry_wait_age_seconds for one source site",
         Unit::Seconds,
         sites.oldest_retry_wait_age.clone(),
+    );
+}
+
+fn register_site_health(registry: &mut Registry, gauges: &SiteHealthGauges) {
+    registry.register(
+        "outbox_site_health_online",
+        "1 while the site node's latest health report is younger than site_offline_after, else 0",
+        gauges.online.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_site_health_last_report_age",
+        "Time since central received the site node's latest health report",
+        Unit::Seconds,
+        gauges.last_report_age.clone(),
+    );
+    registry.register(
+        "outbox_site_health_buffer_depth",
+        "Notifications buffered at the site node, not yet acked by central, as last reported",
+        gauges.buffer_depth.clone(),
+    );
+    registry.register_with_unit(
+        "outbox_site_health_oldest_buffered_age",
+        "Age of the oldest notification buffered at the site node, as last reported; 0 if none",
+        Unit::Seconds,
+        gauges.oldest_buffered_age.clone(),
     );
 }
 
@@ -539,6 +622,65 @@ mod tests {
         let text = metrics.render();
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_dispatcher_lease_epoch"), Some(0.0));
+    }
+
+    #[test]
+    fn site_health_gauges_follow_the_latest_reports() {
+        use crate::domain::SiteId;
+        use crate::domain::site_health::{
+            NodeRole, SiteHealthReport, SiteHealthSnapshot, StoredSiteHealth,
+        };
+        let read_at = chrono::Utc::now();
+        let node = |name: &str, depth: u64, age_secs: i64| StoredSiteHealth {
+            report: SiteHealthReport {
+                site: SiteId::parse("north".into()).unwrap(),
+                node: SiteId::parse(name.into()).unwrap(),
+                role: NodeRole::Active,
+                buffer_depth: depth,
+                oldest_buffered_age: Duration::from_secs(7),
+                last_forward_at: None,
+                standby_lag_rows: 0,
+                standby_lag: Duration::ZERO,
+                version: "0.1.0".into(),
+                central_reachable: true,
+                rejected: 0,
+                sends_refused: false,
+            },
+            received_at: read_at - chrono::Duration::seconds(age_secs),
+        };
+        let snapshot = SiteHealthSnapshot {
+            read_at,
+            nodes: vec![node("north-a", 12, 4), node("north-b", 0, 400)],
+        };
+        let metrics = Metrics::new();
+        metrics.set_site_health(&snapshot.assess(Duration::from_secs(180)));
+        let text = metrics.render();
+        for (series, value) in [
+            (
+                "outbox_site_health_online{site=\"north\",node=\"north-a\"}",
+                1.0,
+            ),
+            (
+                "outbox_site_health_online{site=\"north\",node=\"north-b\"}",
+                0.0,
+            ),
+            (
+                "outbox_site_health_last_report_age_seconds{site=\"north\",node=\"north-a\"}",
+                4.0,
+            ),
+            (
+                "outbox_site_health_buffer_depth{site=\"north\",node=\"north-a\"}",
+                12.0,
+            ),
+            (
+                "outbox_site_health_oldest_buffered_age_seconds{site=\"north\",node=\"north-b\"}",
+                7.0,
+            ),
+        ] {
+            assert_eq!(sample(&text, series), Some(value), "{series}\n{text}");
+        }
+        metrics.set_site_health(&[]);
+        assert!(!metrics.render().contains("north-a"));
     }
 
     #[test]

@@ -171,7 +171,9 @@ BEGIN
         FROM dbo.ConsolidationWindows AS w
         WHERE w.ListName = @ListName;
         IF @arrived > @threshold AND @Priority <> 0
-            SET @heldUntil = DATEADD(second, @window, @start);
+            -- Due two seconds after the window's end (domain::consolidation::SETTLE), so a row
+            -- of the window still being committed by another session joins the same digest.
+            SET @heldUntil = DATEADD(second, @window + 2, @start);
     END;
     INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey)
     SELECT @NotificationId, @Type, @ListName, @Subject, @Body, @TypeData, @ContentHash,

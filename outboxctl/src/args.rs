@@ -22,7 +22,8 @@ pub use channel::{AuthArg, BackoffArg, ListSetArgs, ListsCommand, SmtpCommand, S
     name = "outboxctl",
     version,
     about = "Operate the central notification outbox: find, inspect, retry and discard \
-             notifications, read KPIs, manage notification lists and the SMTP channel",
+             notifications, read KPIs and site health, manage notification lists and the SMTP \
+             channel",
     after_help = "Exit status: 0 on success, 2 for usage errors, 1 for anything else \
                   (the error is one line on stderr)."
 )]
@@ -96,6 +97,9 @@ pub enum Command {
     Discard(ActionArgs),
     /// Delivery health: queue depth, stuck, parked, recent deliveries; globally and per site.
     Kpis,
+    /// Site health: every site-forwarder node's latest report (role, buffer depth, oldest
+    /// buffered age, last forward, standby lag, version) and whether it is online.
+    Sites,
     /// Notification lists: the names scripts send to, and their recipients or webhook endpoints.
     #[command(subcommand)]
     Lists(ListsCommand),

@@ -51,6 +51,7 @@ pub enum Report {
         result: v1::BulkActionResponse,
     },
     Kpis(v1::GetKpisResponse),
+    Sites(v1::ListSiteHealthResponse),
     Lists(Vec<v1::NotificationList>),
     List(v1::NotificationList),
     ListDeleted(String),
@@ -100,6 +101,7 @@ impl Session {
             Command::Retry(args) => self.act(Action::Retry, args).await,
             Command::Discard(args) => self.act(Action::Discard, args).await,
             Command::Kpis => self.kpis().await,
+            Command::Sites => self.sites().await,
             Command::Lists(command) => self.lists(command).await,
             Command::Smtp(command) => self.smtp(command).await,
         }
@@ -367,6 +369,16 @@ impl Session {
             .map_err(self.rpc_error())?
             .into_inner();
         Ok(Report::Kpis(kpis))
+    }
+
+    async fn sites(&mut self) -> Result<Report> {
+        let sites = self
+            .client
+            .list_site_health(v1::ListSiteHealthRequest {})
+            .await
+            .map_err(self.rpc_error())?
+            .into_inner();
+        Ok(Report::Sites(sites))
     }
 
     async fn lists(&mut self, command: ListsCommand) -> Result<Report> {

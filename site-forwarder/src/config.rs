@@ -68,6 +68,12 @@ pub struct Config {
     /// Limit on one request/response round trip to central (`GetStatus` pass-through).
     #[serde(default = "default_request_timeout", with = "humantime_serde")]
     pub request_timeout: Duration,
+    /// How often this node reports its health (buffer depth, oldest age, last forward, role,
+    /// standby lag) to central (`ReportSiteHealth`), busy or idle. 5 s: central declares a node
+    /// offline after `site_offline_after` (3 min by default) without a report, so dozens may be
+    /// lost before it does, and one small upsert per node every 5 s is nothing to its database.
+    #[serde(default = "default_five_seconds", with = "humantime_serde")]
+    pub health_report_interval: Duration,
     /// At shutdown, how long open client connections may take to finish before they are dropped.
     #[serde(default = "default_shutdown_timeout", with = "humantime_serde")]
     pub shutdown_timeout: Duration,
@@ -109,8 +115,9 @@ pub struct CentralLinkConfig {
     /// Longest time submits may be outstanding without a single ack before the stream is
     /// abandoned and reopened. Catches what pings cannot: a central (or an HTTP/2 proxy) that
     /// answers pings but stopped answering the stream. Central acks each batch right after its
-    /// commit, normally within milliseconds; 15 s leaves room for a slow commit or a large
-    /// window crossing a slow link.
+    /// commit, normally within milliseconds; 60 s leaves room for a database slow under load
+    /// (on Babelfish at load 15, 15 s was too short: each timeout resent the whole window, and
+    /// the resends kept central busier still) or a large window crossing a slow link.
     #[serde(default = "default_ack_timeout", with = "humantime_serde")]
     pub ack_timeout: Duration,
 }
@@ -132,7 +139,10 @@ fn default_keepalive_timeout() -> Duration {
     Duration::from_secs(3)
 }
 fn default_ack_timeout() -> Duration {
-    Duration::from_secs(15)
+    // Long: a dead link is the keepalive's to notice within seconds; this only catches a
+    // central that answers pings but not the stream, and a central whose database is slow
+    // under load must not be mistaken for one (each timeout resends the whole window).
+    Duration::from_secs(60)
 }
 
 /// `[pair]`: one node of an active/standby pair (see `deploy/site-forwarder.toml`).
@@ -283,6 +293,7 @@ impl Config {
             forward_window: default_forward_window(),
             connect_timeout: default_five_seconds(),
             request_timeout: default_request_timeout(),
+            health_report_interval: default_five_seconds(),
             shutdown_timeout: default_shutdown_timeout(),
             metrics_listen: None,
             tls: TlsConfig::default(),
@@ -336,6 +347,7 @@ impl Config {
             ("forward_retry_interval", self.forward_retry_interval),
             ("connect_timeout", self.connect_timeout),
             ("request_timeout", self.request_timeout),
+            ("health_report_interval", self.health_report_interval),
             (
                 "central.keepalive_interval",
                 self.central.keepalive_interval,
@@ -440,6 +452,7 @@ mod tests {
         assert_eq!(config.forward_retry_interval, Duration::from_secs(5));
         assert_eq!(config.forward_window, 512);
         assert_eq!(config.request_timeout, Duration::from_secs(10));
+        assert_eq!(config.health_report_interval, Duration::from_secs(5));
         assert_eq!(config.log.format, LogFormat::Text);
         assert_eq!(config.log.filter, "info");
         assert_eq!(config.metrics_listen, None, "metrics are off by default");

@@ -8,6 +8,7 @@
 //!
 //! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
 //! [`forwarder`] (the stream to central), [`clears`] (the central half of `ClearCondition`),
+//! [`health_report`] (this node's health, reported to central every few seconds),
 //! [`pair`] (an active/standby pair: roles, replication,
 //! failover), [`grpc`] (the local API and conversions), [`metrics`] (Prometheus, served on
 //! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
@@ -20,6 +21,7 @@ pub mod config;
 pub mod domain;
 pub mod forwarder;
 pub mod grpc;
+pub mod health_report;
 pub mod metrics;
 pub mod pair;
 pub mod tls;
@@ -214,6 +216,15 @@ pub async fn run_with(
         config.central_url.clone(),
         config.request_timeout,
     );
+    let reporter = health_report::HealthReporter::new(
+        central.channel(),
+        site.clone(),
+        buffer.clone(),
+        Arc::clone(&state),
+        Arc::clone(&pair),
+        config.health_report_interval,
+        config.request_timeout,
+    );
     let scraper =
         Arc::clone(&metrics).scraper(buffer.clone(), Arc::clone(&state), Arc::clone(&pair));
     let service = SiteNotifyService::new(
@@ -279,6 +290,7 @@ pub async fn run_with(
     // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
     let forwarding = tokio::spawn(node.run(stop_forwarding.clone()));
+    let reporting = tokio::spawn(reporter.run(stop_forwarding.clone()));
     let pair_serving = pair_endpoint.map(PairEndpoint::serve);
     // Same reason for a child token; the endpoint lives exactly as long as the gRPC server.
     let stop_metrics = shutdown.child_token();
@@ -354,6 +366,9 @@ pub async fn run_with(
         && let Err(e) = serving.await
     {
         tracing::error!(error = %e, "the metrics endpoint task failed");
+    }
+    if let Err(e) = reporting.await {
+        tracing::error!(error = %e, "the health report task failed");
     }
     match tokio::time::timeout(config.shutdown_timeout, forwarding).await {
         Ok(Ok(())) => {}

@@ -61,6 +61,8 @@ struct FakeCentral {
     acks_held: Arc<tokio::sync::watch::Sender<bool>>,
     fail_clears: Arc<AtomicUsize>,
     clear_attempts: Arc<AtomicUsize>,
+    /// Every health report received, oldest first.
+    health_reports: Arc<Mutex<Vec<v1::SiteHealthReport>>>,
 }
 
 impl FakeCentral {
@@ -126,6 +128,10 @@ impl FakeCentral {
     }
 
     /// Waits until `done` holds of what central received, failing after a generous deadline.
+    fn latest_report(&self) -> Option<v1::SiteHealthReport> {
+        self.health_reports.lock().unwrap().last().cloned()
+    }
+
     async fn wait_for(&self, what: &str, done: impl Fn(&Self) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while !done(self) {
@@ -190,6 +196,17 @@ impl NotificationIngest for FakeCentral {
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
+    async fn report_site_health(
+        &self,
+        request: Request<v1::SiteHealthReport>,
+    ) -> Result<Response<v1::ReportSiteHealthResponse>, Status> {
+        self.health_reports
+            .lock()
+            .unwrap()
+            .push(request.into_inner());
+        Ok(Response::new(v1::ReportSiteHealthResponse {}))
+    }
+
     async fn clear_condition(
         &self,
         request: Request<ClearConditionRequest>,
@@ -226,6 +243,13 @@ impl NotificationIngest for FakeCentral {
 
 #[tonic::async_trait]
 impl NotificationOutbox for FakeCentral {
+    async fn list_site_health(
+        &self,
+        _: Request<v1::ListSiteHealthRequest>,
+    ) -> Result<Response<v1::ListSiteHealthResponse>, Status> {
+        not_called()
+    }
+
     async fn get_notification_status(
         &self,
         request: Request<GetNotificationStatusRequest>,
@@ -1822,6 +1846,66 @@ async fn a_full_buffer_refuses_sends_and_says_so_until_central_drains_it() {
         metrics_endpoint::sample(&text, "outbox_site_buffer_bytes").is_some_and(|b| b > 0.0),
         "{text}"
     );
+    site.shut_down().await;
+    central_stop.cancel();
+}
+
+/// The node reports its health to central every `health_report_interval`, whether the stream is
+/// busy or not: its buffer depth (here rows central holds unacked), oldest buffered age, name,
+/// role and version; once central acks, the empty buffer and when it last forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_reports_its_health_to_central_every_interval() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let central_addr = listener.local_addr().unwrap();
+    let central = FakeCentral::default();
+    central.acks_held.send_replace(true);
+    let central_stop = CancellationToken::new();
+    start_central(central.clone(), listener, central_stop.clone()).await;
+    let mut site = start_site_with(central_addr, |config| {
+        config.health_report_interval = Duration::from_millis(50);
+    })
+    .await;
+
+    central
+        .wait_for("a first report, at start", |c| c.latest_report().is_some())
+        .await;
+    for subject in ["one", "two", "three"] {
+        site.send(subject).await;
+    }
+    central
+        .wait_for("a report of the three unacked rows", |c| {
+            c.latest_report().is_some_and(|r| r.buffer_depth == 3)
+        })
+        .await;
+    let busy = central.latest_report().unwrap();
+    assert_eq!(busy.site_id, "site-a");
+    assert_eq!(
+        busy.node_name, "site-a",
+        "a single node is named by its site"
+    );
+    assert_eq!(busy.role(), v1::NodeRole::Active);
+    assert_eq!(busy.version, crate::health_report::VERSION);
+    assert!(busy.oldest_buffered_age_seconds >= 0.0);
+    assert_eq!(busy.last_forward_at, None, "nothing acked yet");
+    assert_eq!((busy.standby_lag_rows, busy.rejected), (0, 0));
+
+    central.acks_held.send_replace(false);
+    central
+        .wait_for("a report of the drained buffer", |c| {
+            c.latest_report()
+                .is_some_and(|r| r.buffer_depth == 0 && r.last_forward_at.is_some())
+        })
+        .await;
+    let idle = central.latest_report().unwrap();
+    assert_eq!(idle.oldest_buffered_age_seconds, 0.0);
+    assert!(idle.central_reachable);
+    // Idle, it goes on reporting.
+    let reports = central.health_reports.lock().unwrap().len();
+    central
+        .wait_for("more reports while idle", |c| {
+            c.health_reports.lock().unwrap().len() >= reports + 3
+        })
+        .await;
     site.shut_down().await;
     central_stop.cancel();
 }

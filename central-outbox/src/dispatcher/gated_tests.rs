@@ -25,6 +25,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::status::Status;
 use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
@@ -187,6 +188,12 @@ impl OutboxStore for GatedStore {
     }
     async fn delete_smtp_settings(&self) -> Result<bool> {
         self.inner.delete_smtp_settings().await
+    }
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+        self.inner.record_site_health(report).await
+    }
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
+        self.inner.site_health().await
     }
 }
 

@@ -29,6 +29,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::status::Status;
 use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
@@ -483,6 +484,14 @@ impl OutboxStore for MemoryStore {
     }
 
     async fn delete_smtp_settings(&self) -> Result<bool> {
+        kept_elsewhere()
+    }
+
+    async fn record_site_health(&self, _report: SiteHealthReport) -> Result<()> {
+        kept_elsewhere()
+    }
+
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
         kept_elsewhere()
     }
 }

@@ -30,6 +30,14 @@ pub mod limits {
     pub const MAX_PER_DIGEST: u32 = 500;
 }
 
+/// How long after its window's end a held notification is due. A row is counted into the
+/// window of its submit's instant, but commits a little later, and on a server with concurrent
+/// writers (MS SQL) a digest claimed the moment the window ends could miss a row of that window
+/// still being committed, which would then go out alone in a second digest. Two seconds cover a
+/// commit even on a loaded server; against windows of a minute or more they are nothing. (MS
+/// SQL's submit procedure writes the same two seconds: migration 0007.)
+pub const SETTLE: Duration = Duration::from_secs(2);
+
 /// Longest subject quoted on a digest line; the rest is cut with an ellipsis.
 const MAX_LINE_CHARS: usize = 200;
 
@@ -104,6 +112,12 @@ impl Consolidation {
         let start = DateTime::from_timestamp_millis(start_ms).unwrap_or(at);
         let end = DateTime::from_timestamp_millis(start_ms.saturating_add(window_ms)).unwrap_or(at);
         (start, end)
+    }
+
+    /// When a notification held at `at` is due: [`SETTLE`] after the end of its window.
+    pub fn held_until(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        let (_, end) = self.window_of(at);
+        end + chrono::Duration::from_std(SETTLE).unwrap_or_default()
     }
 
     /// Whether a notification of `priority` is held, being the `arrived`th (counting from 1)
@@ -201,6 +215,11 @@ mod tests {
         assert_eq!(start, at("2026-11-24T10:15:00Z"));
         assert_eq!(end, at("2026-11-24T10:16:00Z"));
         assert_eq!(c.window_of(end).0, end, "the end starts the next window");
+        assert_eq!(
+            c.held_until(at("2026-11-24T10:15:42.500Z")),
+            at("2026-11-24T10:16:02Z"),
+            "due two seconds after the window ends"
+        );
         assert!(!c.holds(Priority::Normal, 3));
         assert!(c.holds(Priority::Normal, 4));
         assert!(c.holds(Priority::Low, 400));

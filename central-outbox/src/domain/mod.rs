@@ -11,6 +11,7 @@ pub mod query;
 pub mod rate;
 pub mod retry;
 pub mod serve_order;
+pub mod site_health;
 pub mod status;
 pub mod webhook;
 

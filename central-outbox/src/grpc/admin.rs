@@ -31,6 +31,8 @@ pub struct OutboxService<S> {
     /// The dispatcher's copy of lists and SMTP settings, dropped on every change made here.
     config: Arc<ConfigCache>,
     auth: Authenticator,
+    /// A site node silent this long is offline (`site_offline_after`).
+    site_offline_after: std::time::Duration,
 }
 
 impl<S> OutboxService<S> {
@@ -47,7 +49,14 @@ impl<S> OutboxService<S> {
             wake,
             config,
             auth,
+            site_offline_after: crate::config::DEFAULT_SITE_OFFLINE_AFTER,
         }
+    }
+
+    /// How long a site node may go unheard before it is offline.
+    pub fn with_site_offline_after(mut self, after: std::time::Duration) -> Self {
+        self.site_offline_after = after;
+        self
     }
 
     /// The actor of a call to `rpc`, or why the caller may not make it.
@@ -331,6 +340,18 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
             stuck_age_threshold: Some(to_duration(self.kpis.stuck_age_threshold)),
             delivered_kpi_window: Some(to_duration(self.kpis.delivered_window)),
         }))
+    }
+
+    async fn list_site_health(
+        &self,
+        request: Request<v1::ListSiteHealthRequest>,
+    ) -> Result<Response<v1::ListSiteHealthResponse>, Status> {
+        self.authorize(&request, AdminRpc::ListSiteHealth)?;
+        let snapshot = self.store.site_health().await.map_err(store_status)?;
+        Ok(Response::new(super::site_health::list(
+            &snapshot,
+            self.site_offline_after,
+        )))
     }
 
     async fn list_notification_lists(

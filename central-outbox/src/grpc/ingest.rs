@@ -2,9 +2,11 @@
 //! it acknowledges is committed, so a site may delete its copy the moment it sees the ack.
 //!
 //! The stream path batches: whatever submits have already arrived (up to [`MAX_STREAM_BATCH`])
-//! form one batch, and one committer per stream inserts the batches in the order they arrived,
-//! folding those that queued up meanwhile (up to [`MAX_BATCHES_QUEUED`]) into one store job. A
-//! stream's rows are therefore committed in stream order: their Ids and serve turns follow the
+//! form one batch, and one committer per stream inserts the batches one store job each, in the
+//! order they arrived (up to [`MAX_BATCHES_QUEUED`] wait meanwhile). A batch is not folded into
+//! the next: its acks would wait for the larger job, and on MS SQL, whose statements take a
+//! chunk of rows each, that multiplies the time to a stream's first ack under load. A stream's
+//! rows are therefore committed in stream order: their Ids and serve turns follow the
 //! site's order, and of two submits with one condition key the later always supersedes the
 //! earlier, never the other way round. Reading and validating the next batches goes on while one
 //! commits. Acks of one batch come back in submit order; the contract does not promise it.
@@ -12,7 +14,8 @@
 //! With client certificates required (`tls.client_ca`), a caller may submit only as the site its
 //! certificate names ([`SiteIdentity`]): any other `source_site_id` is refused before validation
 //! and nothing of it is stored (PERMISSION_DENIED on the unary call, a REJECTED ack on the
-//! stream, which goes on with the caller's other submits).
+//! stream, which goes on with the caller's other submits). The same rule holds for
+//! `ReportSiteHealth` (a site node's health, see `super::site_health`) and `ClearCondition`.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use futures_util::FutureExt;
 use outbox_proto::v1::notification_ingest_server::NotificationIngest;
 use outbox_proto::v1::{
     ClearConditionRequest, ClearConditionResponse, NotificationSubmit, NotificationSubmitAck,
+    ReportSiteHealthResponse, SiteHealthReport,
 };
 use tokio::sync::{Notify, mpsc};
 use tokio_stream::Stream;
@@ -29,7 +33,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{convert, invalid_argument, store_status};
+use super::{convert, invalid_argument, site_health, store_status};
 use crate::domain::history::site_actor;
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
@@ -98,10 +102,14 @@ impl SiteIdentity {
 
 /// Refuses a submit for another site than `caller_site`; the reason names both.
 fn check_site(caller_site: Option<&str>, msg: &NotificationSubmit) -> Result<(), String> {
+    check_site_field(caller_site, "source_site_id", &msg.source_site_id)
+}
+
+/// Refuses `site` (the request's `field`) unless it is `caller_site`; the reason names both.
+fn check_site_field(caller_site: Option<&str>, field: &str, site: &str) -> Result<(), String> {
     match caller_site {
-        Some(site) if site != msg.source_site_id => Err(format!(
-            "source_site_id: {:?} is not the caller's site: its client certificate is for {site:?}",
-            msg.source_site_id
+        Some(caller) if caller != site => Err(format!(
+            "{field}: {site:?} is not the caller's site: its client certificate is for {caller:?}"
         )),
         _ => Ok(()),
     }
@@ -207,6 +215,24 @@ impl<S: OutboxStore> NotificationIngest for IngestService<S> {
         }))
     }
 
+    async fn report_site_health(
+        &self,
+        request: Request<SiteHealthReport>,
+    ) -> Result<Response<ReportSiteHealthResponse>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
+        let msg = request.into_inner();
+        if let Err(reason) = check_site_field(caller_site.as_deref(), "site_id", &msg.site_id) {
+            tracing::warn!(%reason, "refused a health report for another site");
+            return Err(Status::permission_denied(reason));
+        }
+        let report = site_health::report(msg).map_err(invalid_argument)?;
+        self.store
+            .record_site_health(report)
+            .await
+            .map_err(store_status)?;
+        Ok(Response::new(ReportSiteHealthResponse {}))
+    }
+
     type SubmitNotificationsStream = AckStream;
 
     async fn submit_notifications(
@@ -294,19 +320,18 @@ impl<S: OutboxStore> StreamSession<S> {
         }
     }
 
-    /// Inserts the stream's batches one store job at a time, in the order they were read; the
-    /// batches that queued up while one committed go together as the next job. Returns false when
-    /// the stream must end (store failure, or the client stopped reading acks).
+    /// Inserts the stream's batches one store job at a time, in the order they were read.
+    /// Returns false when the stream must end (store failure, or the client stopped reading
+    /// acks).
     async fn commit_in_order(
         self: Arc<Self>,
         mut queued: mpsc::Receiver<Vec<NotificationSubmit>>,
     ) -> bool {
-        while let Some(mut batch) = queued.recv().await {
-            for _ in 1..MAX_BATCHES_QUEUED {
-                match queued.try_recv() {
-                    Ok(more) => batch.extend(more),
-                    Err(_) => break,
-                }
+        while let Some(batch) = queued.recv().await {
+            // A client that went away reads no acks: what it sent is resent on its next
+            // stream, so committing the rest now would only compete with that stream.
+            if self.acks.is_closed() {
+                return false;
             }
             if !self.insert(batch).await {
                 return false;

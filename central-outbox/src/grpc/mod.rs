@@ -5,6 +5,7 @@ pub mod admin;
 pub mod admin_convert;
 pub mod convert;
 pub mod ingest;
+pub mod site_health;
 
 use tokio::net::TcpListener;
 use tonic::Status;

@@ -27,6 +27,9 @@
 //!   never make a row appear twice or not at all in pages after the first.
 //! - Operator actions change only Parked rows, and write a history entry in the same transaction.
 //! - `purge_terminal` deletes only terminal rows resolved before the cutoff, with their history.
+//! - `record_site_health` keeps one row per (site, node): the latest report, stamped with the
+//!   database's clock; `site_health` reads every row with that clock's reading at the same time,
+//!   so the offline rule (`domain::site_health`) is applied to one clock on every replica.
 
 pub mod claimed;
 pub mod mssql;
@@ -48,6 +51,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 
 /// A store operation failed. None of these are the caller's fault; the request may be retried,
@@ -235,4 +239,14 @@ pub trait OutboxStore: Send + Sync + 'static {
 
     /// Removes the email channel's settings; false if there were none.
     fn delete_smtp_settings(&self) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Stores `report` as the latest of its (site, node), replacing the one before, received
+    /// now by the database's clock.
+    fn record_site_health(
+        &self,
+        report: SiteHealthReport,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every node's latest report, by site then node, and the database's clock at the read.
+    fn site_health(&self) -> impl Future<Output = Result<SiteHealthSnapshot>> + Send;
 }

@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use central_outbox::domain::channel::{ListInput, NotificationList};
-use central_outbox::domain::consolidation::Consolidation;
+use central_outbox::domain::consolidation::{Consolidation, SETTLE};
 use central_outbox::domain::delivery::AttemptOutcome;
 use central_outbox::domain::history::{Actor, HistoryEvent};
 use central_outbox::domain::kpi::KpiParams;
@@ -116,12 +116,17 @@ pub async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<S: Outb
     for row in &held {
         assert_eq!(status(store, row).await, Status::Held);
         let state = store.state(row.submission.id).await.unwrap().unwrap();
-        // Due at the end of the (1-second, epoch-aligned) window it arrived in.
+        // Due two seconds (SETTLE) after the end of the 1-second, epoch-aligned window it
+        // arrived in.
         let due = state
             .next_attempt_at
-            .expect("a held row is due at its window's end");
-        assert!(due > state.created_at && due <= state.created_at + chrono::Duration::seconds(1));
-        assert_eq!(due.timestamp_subsec_millis(), 0, "{due}");
+            .expect("a held row is due after its window's end");
+        let window_end = due - chrono::Duration::from_std(SETTLE).unwrap();
+        assert!(
+            window_end > state.created_at
+                && window_end <= state.created_at + chrono::Duration::seconds(1)
+        );
+        assert_eq!(window_end.timestamp_subsec_millis(), 0, "{due}");
     }
     for row in [&flood[0], &flood[1], &critical]
         .into_iter()

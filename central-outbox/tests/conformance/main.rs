@@ -21,6 +21,7 @@ mod consolidation;
 mod engine;
 mod purge;
 mod serve_order;
+mod site_health;
 
 use std::future::Future;
 use std::io::Write;
@@ -211,6 +212,14 @@ macro_rules! backend {
             behaviour!(
                 consolidation_settings_round_trip,
                 consolidation::consolidation_settings_round_trip
+            );
+            behaviour!(
+                site_health_keeps_the_latest_report_per_node,
+                site_health::site_health_keeps_the_latest_report_per_node
+            );
+            behaviour!(
+                a_silent_node_goes_offline_and_a_report_brings_it_back,
+                site_health::a_silent_node_goes_offline_and_a_report_brings_it_back
             );
         }
     };

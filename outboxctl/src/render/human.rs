@@ -8,7 +8,7 @@ use outbox_proto::v1;
 use super::table::{Table, truncate};
 use super::{
     age, age_since, auth_name, backoff_name, channel_name, duration_human, history_kind_name,
-    is_webhook, outcome_name, priority_name, status_name, time_human, tls_name,
+    is_webhook, outcome_name, priority_name, role_name, status_name, time_human, tls_name,
     webhook_format_name,
 };
 use crate::commands::Report;
@@ -33,6 +33,7 @@ pub fn render(report: &Report, now: DateTime<Utc>) -> String {
         ),
         Report::Bulk { action, result } => bulk(action.past(), result),
         Report::Kpis(kpis) => kpi_text(kpis),
+        Report::Sites(sites) => site_health_text(sites, now),
         Report::Lists(lists) => list_table(lists),
         Report::List(list) => list_text(list),
         Report::ListDeleted(name) => format!("deleted list {name}\n"),
@@ -243,6 +244,59 @@ fn kpi_text(r: &v1::GetKpisResponse) -> String {
     table.row(row("(all)", r.global.as_ref()));
     for site in &r.sites {
         table.row(row(&site.source_site_id, site.kpis.as_ref()));
+    }
+    out.push_str(&table.render());
+    out
+}
+
+fn site_health_text(r: &v1::ListSiteHealthResponse, now: DateTime<Utc>) -> String {
+    if r.nodes.is_empty() {
+        return "no site has reported its health\n".to_owned();
+    }
+    let mut out = format!(
+        "as of {}; a node is offline once its latest report is {} old\n\n",
+        time_human(r.computed_at.as_ref()),
+        duration_human(r.site_offline_after.as_ref()),
+    );
+    let mut table = Table::new(&[
+        "SITE",
+        "NODE",
+        "ROLE",
+        "STATE",
+        "LAST REPORT",
+        "BUFFERED",
+        "OLDEST",
+        "LAST FORWARD",
+        "STANDBY LAG",
+        "VERSION",
+    ]);
+    for n in &r.nodes {
+        let state = if n.online {
+            "online".to_owned()
+        } else {
+            format!("OFFLINE since {}", time_human(n.offline_since.as_ref()))
+        };
+        let lag = if n.standby_lag_rows == 0 {
+            "-".to_owned()
+        } else {
+            format!("{} ({})", n.standby_lag_rows, age(n.standby_lag_seconds))
+        };
+        table.row(vec![
+            n.site_id.clone(),
+            n.node_name.clone(),
+            role_name(n.role),
+            state,
+            format!("{} ago", age(n.last_report_age_seconds)),
+            n.buffer_depth.to_string(),
+            if n.buffer_depth == 0 {
+                "-".to_owned()
+            } else {
+                age(n.oldest_buffered_age_seconds)
+            },
+            age_since(now, n.last_forward_at.as_ref()),
+            lag,
+            n.version.clone(),
+        ]);
     }
     out.push_str(&table.render());
     out

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use super::{
     auth_name, backoff_name, channel_name, duration_json, history_kind_name, is_webhook,
-    outcome_name, priority_name, status_name, time_json, tls_name, webhook_format_name,
+    outcome_name, priority_name, role_name, status_name, time_json, tls_name, webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -30,6 +30,7 @@ pub fn render(report: &Report) -> Value {
         Report::Acted { view, .. } => status_view(view),
         Report::Bulk { result, .. } => bulk(result),
         Report::Kpis(kpis) => kpi_response(kpis),
+        Report::Sites(sites) => site_health(sites),
         Report::Lists(lists) => json!({
             "lists": lists.iter().map(notification_list).collect::<Vec<_>>(),
         }),
@@ -112,6 +113,32 @@ fn kpi_values(k: Option<&v1::KpiValues>) -> Value {
         "delivered_recently": k.delivered_recently,
         "oldest_pending_age_seconds": k.oldest_pending_age_seconds,
         "oldest_retry_wait_age_seconds": k.oldest_retry_wait_age_seconds,
+    })
+}
+
+/// Every node with every field; `offline_since` and `last_forward_at` are `null` when unset.
+fn site_health(r: &v1::ListSiteHealthResponse) -> Value {
+    json!({
+        "nodes": r.nodes.iter().map(|n| json!({
+            "site_id": n.site_id,
+            "node_name": n.node_name,
+            "role": role_name(n.role),
+            "online": n.online,
+            "last_report_at": time_json(n.last_report_at.as_ref()),
+            "last_report_age_seconds": n.last_report_age_seconds,
+            "offline_since": time_json(n.offline_since.as_ref()),
+            "buffer_depth": n.buffer_depth,
+            "oldest_buffered_age_seconds": n.oldest_buffered_age_seconds,
+            "last_forward_at": time_json(n.last_forward_at.as_ref()),
+            "standby_lag_rows": n.standby_lag_rows,
+            "standby_lag_seconds": n.standby_lag_seconds,
+            "version": n.version,
+            "central_reachable": n.central_reachable,
+            "rejected": n.rejected,
+            "sends_refused": n.sends_refused,
+        })).collect::<Vec<_>>(),
+        "computed_at": time_json(r.computed_at.as_ref()),
+        "site_offline_after": duration_json(r.site_offline_after.as_ref()),
     })
 }
 

@@ -125,6 +125,12 @@ pub fn webhook_format_name(value: i32) -> String {
 }
 
 /// Whether a list delivers by webhook (endpoints, format, secret) rather than by email.
+/// A site node's role: `active`, `standby`.
+pub fn role_name(value: i32) -> String {
+    let full = v1::NodeRole::try_from(value).ok();
+    short_name(full.as_ref().map(|r| r.as_str_name()), "NODE_ROLE_", value)
+}
+
 pub fn is_webhook(list: &v1::NotificationList) -> bool {
     list.r#type == i32::from(v1::NotificationType::Webhook)
 }

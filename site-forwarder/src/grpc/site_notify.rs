@@ -33,17 +33,27 @@ use crate::pair::{Pair, Role};
 #[derive(Debug, Clone)]
 pub struct CentralStatus {
     client: NotificationOutboxClient<Channel>,
+    /// The channel under `client`, shared with the health reports (`crate::health_report`), so
+    /// a node keeps one connection to central besides its submit stream.
+    channel: Channel,
     url: String,
     timeout: Duration,
 }
 
 impl CentralStatus {
     pub fn new(endpoint: &Endpoint, url: String, timeout: Duration) -> Self {
+        let channel = endpoint.connect_lazy();
         Self {
-            client: NotificationOutboxClient::new(endpoint.connect_lazy()),
+            client: NotificationOutboxClient::new(channel.clone()),
+            channel,
             url,
             timeout,
         }
+    }
+
+    /// The lazily connected channel to central these lookups use.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     fn unreachable(&self, detail: impl std::fmt::Display) -> Status {

@@ -88,6 +88,7 @@ async fn call(
         AdminRpc::GetSmtpConfig => call!(get_smtp_config),
         AdminRpc::UpsertSmtpConfig => call!(upsert_smtp_config),
         AdminRpc::DeleteSmtpConfig => call!(delete_smtp_config),
+        AdminRpc::ListSiteHealth => call!(list_site_health),
     }
 }
 

@@ -26,5 +26,6 @@ mod pair;
 mod secrets;
 mod serve_order;
 mod silent_link;
+mod site_health;
 mod standby_lag;
 mod tls;

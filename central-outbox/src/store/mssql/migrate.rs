@@ -71,6 +71,12 @@ pub const MIGRATIONS: &[Migration] = &[
         snapshot: "migration_0007_consolidation",
         sql: include_str!("../../../../migrations/mssql/0007_consolidation.sql"),
     },
+    Migration {
+        version: 8,
+        name: "site_health",
+        snapshot: "migration_0008_site_health",
+        sql: include_str!("../../../../migrations/mssql/0008_site_health.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

@@ -14,7 +14,8 @@
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
 //! (idempotent submit with the condition keys' supersede and flood consolidation's count and
 //! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
-//! SMTP settings), `decode` (rows to domain types), [`scratch`] (throw-away databases for the
+//! SMTP settings), `site_health` (the latest report of each site node), `decode` (rows to
+//! domain types), [`scratch`] (throw-away databases for the
 //! test suites and benchmarks).
 
 mod admin;
@@ -27,6 +28,7 @@ mod migrate;
 pub mod options;
 mod pool;
 pub mod scratch;
+mod site_health;
 mod sql;
 
 use std::sync::{Arc, Mutex};
@@ -48,6 +50,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::secrets::{Keyring, ResealReport};
 
@@ -362,6 +365,14 @@ impl OutboxStore for MsSqlStore {
 
     async fn delete_smtp_settings(&self) -> Result<bool> {
         channel::delete_smtp_settings(self).await
+    }
+
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+        site_health::record(self, &report).await
+    }
+
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
+        site_health::select(self).await
     }
 }
 

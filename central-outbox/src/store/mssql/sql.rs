@@ -42,6 +42,7 @@ use crate::domain::history::{Actor, OperatorAction, site_actor};
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::serve_order::ClaimLanes;
+use crate::domain::site_health::SiteHealthReport;
 use crate::domain::{ConditionKey, NotificationId, NotificationType, SiteId};
 use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
 
@@ -1510,6 +1511,61 @@ pub fn reseal_channel_secrets(
         .set("@P5", Param::Text(new_client_secret))
 }
 
+// ---------------------------------------------------------------------------------------------
+// Site health
+
+/// Replaces the health report of site @P1's node @P2 (@P3..@P12 in SELECT_SITE_HEALTH's column
+/// order, without ReceivedAt), received now by the database's clock, in one transaction. Two
+/// first reports of one node racing to insert (a node reporting to two replicas at once) end
+/// one of them with a duplicate key; run again, it updates.
+pub const RECORD_SITE_HEALTH: &str = batch!(
+    declare_now!(),
+    "BEGIN TRANSACTION;
+UPDATE h
+SET h.Role = @P3, h.BufferDepth = @P4, h.OldestBufferedAgeMs = @P5, h.LastForwardAt = @P6,
+    h.StandbyLagRows = @P7, h.StandbyLagMs = @P8, h.Version = @P9, h.CentralReachable = @P10,
+    h.Rejected = @P11, h.SendsRefused = @P12, h.ReceivedAt = @now
+FROM dbo.SiteHealth AS h
+WHERE h.SiteId = @P1 AND h.NodeName = @P2;
+INSERT INTO dbo.SiteHealth (SiteId, NodeName, Role, BufferDepth, OldestBufferedAgeMs, LastForwardAt, StandbyLagRows, StandbyLagMs, Version, CentralReachable, Rejected, SendsRefused, ReceivedAt)
+SELECT @P1, @P2, @P3, @P4, @P5, @P6, @P7, @P8, @P9, @P10, @P11, @P12, @now
+WHERE NOT EXISTS (SELECT 1 FROM dbo.SiteHealth AS x WHERE x.SiteId = @P1 AND x.NodeName = @P2);
+COMMIT TRANSACTION;"
+);
+
+pub fn record_site_health(report: &SiteHealthReport) -> Statement {
+    let flag = |set: bool| Param::Int(Some(i32::from(set)));
+    let count = |n: u64| Param::BigInt(Some(i64::try_from(n).unwrap_or(i64::MAX)));
+    Statement::fixed(RECORD_SITE_HEALTH)
+        .set("@P1", text(report.site.as_str()))
+        .set("@P2", text(report.node.as_str()))
+        .set("@P3", text(report.role.as_str()))
+        .set("@P4", count(report.buffer_depth))
+        .set(
+            "@P5",
+            Param::BigInt(Some(millis_i64(report.oldest_buffered_age))),
+        )
+        .set("@P6", Param::Time(report.last_forward_at))
+        .set("@P7", count(report.standby_lag_rows))
+        .set("@P8", Param::BigInt(Some(millis_i64(report.standby_lag))))
+        .set("@P9", text(&report.version))
+        .set("@P10", flag(report.central_reachable))
+        .set("@P11", count(report.rejected))
+        .set("@P12", flag(report.sends_refused))
+}
+
+/// The database's clock (first result) and every node's latest report, by site then node
+/// (second): the clock the offline rule is applied with is the one that stamped the reports.
+pub const SELECT_SITE_HEALTH: &str = batch!(
+    declare_now!(),
+    "SELECT @now AS ReadAt;
+SELECT h.SiteId, h.NodeName, h.Role, h.BufferDepth, h.OldestBufferedAgeMs, h.LastForwardAt,
+    h.StandbyLagRows, h.StandbyLagMs, h.Version, h.CentralReachable, h.Rejected, h.SendsRefused,
+    h.ReceivedAt
+FROM dbo.SiteHealth AS h
+ORDER BY h.SiteId, h.NodeName;"
+);
+
 /// Every statement, rendered, by snapshot name: the fixed ones as they are, the built ones for
 /// representative inputs (every filter field set, a keyset cursor, two rows or ids).
 #[cfg(test)]
@@ -1621,6 +1677,8 @@ pub fn catalog() -> Vec<(&'static str, String)> {
         ("select_secrets", SELECT_SECRETS.to_owned()),
         ("reseal_list_secret", RESEAL_LIST_SECRET.to_owned()),
         ("reseal_channel_secrets", RESEAL_CHANNEL_SECRETS.to_owned()),
+        ("record_site_health", RECORD_SITE_HEALTH.to_owned()),
+        ("select_site_health", SELECT_SITE_HEALTH.to_owned()),
     ];
     for m in super::migrate::MIGRATIONS {
         statements.push((m.snapshot, m.sql.to_owned()));
@@ -1727,6 +1785,8 @@ mod tests {
             RESEAL_CHANNEL_SECRETS,
             SUBMIT_ONE,
             SUBMIT_ONE_KEYED,
+            RECORD_SITE_HEALTH,
+            SELECT_SITE_HEALTH,
         ];
         let declared = source.matches("\npub const ").count();
         // SUBMIT_COLUMNS and SUBMIT_PARAMS are numbers, CONSOLIDATING_LIST a column's name,
@@ -2046,6 +2106,23 @@ mod tests {
             (
                 "reseal_channel_secrets",
                 reseal_channel_secrets("email", secret(), secret()),
+            ),
+            (
+                "record_site_health",
+                record_site_health(&crate::domain::site_health::SiteHealthReport {
+                    site: SiteId::parse("north".into()).unwrap(),
+                    node: SiteId::parse("north-a".into()).unwrap(),
+                    role: crate::domain::site_health::NodeRole::Active,
+                    buffer_depth: 12,
+                    oldest_buffered_age: Duration::from_secs(3),
+                    last_forward_at: Some(now),
+                    standby_lag_rows: 2,
+                    standby_lag: Duration::from_millis(40),
+                    version: "0.1.0".into(),
+                    central_reachable: true,
+                    rejected: 0,
+                    sends_refused: false,
+                }),
             ),
         ]
     }

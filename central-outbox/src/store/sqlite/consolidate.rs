@@ -60,7 +60,7 @@ pub(super) fn count_and_hold(
     rules: Consolidation,
     now: DateTime<Utc>,
 ) -> Result<bool> {
-    let (start, end) = rules.window_of(now);
+    let (start, _) = rules.window_of(now);
     // A replica whose clock lags may count into a window already ended elsewhere: it counts
     // into the newer one instead of starting the count again.
     let arrived: i64 = conn
@@ -81,7 +81,7 @@ pub(super) fn count_and_hold(
     conn.prepare_cached(
         "UPDATE Notifications SET Status = 'Held', NextAttemptAt = ?2 WHERE NotificationId = ?1",
     )?
-    .execute(params![s.id.to_string(), ms(end)])?;
+    .execute(params![s.id.to_string(), ms(rules.held_until(now))])?;
     Ok(true)
 }
 

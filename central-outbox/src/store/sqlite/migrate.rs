@@ -42,6 +42,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "consolidation",
         sql: include_str!("../../../../migrations/sqlite/0006_consolidation.sql"),
     },
+    Migration {
+        version: 7,
+        name: "site_health",
+        sql: include_str!("../../../../migrations/sqlite/0007_site_health.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

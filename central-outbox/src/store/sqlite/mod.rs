@@ -10,6 +10,7 @@ mod admin;
 mod channel;
 mod consolidate;
 mod migrate;
+mod site_health;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -31,6 +32,7 @@ use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_EN
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::status::Status;
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
 use crate::secrets::{Keyring, ResealReport};
@@ -308,6 +310,18 @@ impl OutboxStore for SqliteStore {
 
     async fn delete_smtp_settings(&self) -> Result<bool> {
         self.db.write(channel::delete_smtp_settings).await
+    }
+
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+        self.db
+            .write(move |conn| site_health::record(conn, &report, Utc::now()))
+            .await
+    }
+
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
+        self.db
+            .read(|conn| site_health::select(conn, Utc::now()))
+            .await
     }
 }
 
