@@ -29,6 +29,22 @@
 //! It speaks plain SMTP only: it never advertises STARTTLS (and answers it with
 //! 500), so a client that requires STARTTLS must fail against it.
 //!
+//! # Pipelining and the wire (RFC 2920)
+//!
+//! EHLO advertises PIPELINING unless told not to ([`SmtpSink::advertise_pipelining`]); the sink
+//! answers commands one by one in the order they came either way, as a pipelining server
+//! does. Every accepted message carries how its commands arrived ([`ReceivedMail::wire`]):
+//! grouped into *batches*, a batch being the commands that had already arrived together when
+//! the sink turned to the first of them. A client that waits for each reply shows one command
+//! per batch; one that pipelines shows `MAIL`, every `RCPT` and `DATA` in one. On loopback a
+//! single write of a few hundred bytes arrives in one read, so the grouping is what the
+//! client wrote.
+//!
+//! Relay behaviour around pooled connections: [`Behaviour::RejectRcptTo`] refuses one
+//! recipient of a transaction and accepts the others, [`Behaviour::DropAtData`] hangs up on
+//! receiving DATA (after answering MAIL and RCPT), and [`SmtpSink::close_idle_sessions`] hangs
+//! up on every session that sits between transactions, as a relay's idle timeout does.
+//!
 //! # Authentication (RFC 4954)
 //!
 //! With [`SinkOptions::auth`] set, EHLO advertises `AUTH PLAIN LOGIN XOAUTH2` and
@@ -107,6 +123,16 @@ pub enum Behaviour {
     /// Close the TCP connection in the middle of receiving DATA (after the 354 and
     /// the first body line; message NOT recorded).
     DropMidData,
+    /// Answer RCPT TO this address (compared without regard to case) with this reply, and
+    /// accept the transaction's other recipients: a partial refusal.
+    RejectRcptTo {
+        address: String,
+        code: u16,
+        text: String,
+    },
+    /// Close the TCP connection on receiving DATA, without answering it. MAIL and RCPT were
+    /// answered, so a pipelining client loses the connection right after its group.
+    DropAtData,
 }
 
 /// One message the sink accepted.
@@ -123,6 +149,12 @@ pub struct ReceivedMail {
     /// The user the session authenticated as (PLAIN/LOGIN username or XOAUTH2
     /// `user=`), or None when the sink does not require authentication.
     pub authenticated_as: Option<String>,
+    /// The SMTP session (connection) it arrived on, numbered from 1 in order of connection.
+    pub session: usize,
+    /// Everything the session received since its previous accepted message (or since it
+    /// began, EHLO included), as batches of what arrived together (see the module doc): the
+    /// command verbs in upper case, and `<message>` for the message content.
+    pub wire: Vec<Vec<String>>,
 }
 
 /// When a message was accepted and what it called itself: all the benchmark needs to time a
@@ -260,6 +292,13 @@ pub struct SmtpSink {
 struct Shared {
     /// Fixed at start; sessions only read it.
     auth: Option<AuthRequirement>,
+    /// Whether EHLO advertises PIPELINING; read at each EHLO.
+    pipelining: AtomicBool,
+    /// Sessions started so far; each session's number is the count when it began.
+    sessions_started: AtomicUsize,
+    /// Bumped by [`SmtpSink::close_idle_sessions`]; a watch so sessions waiting for a command
+    /// see it at once.
+    close_idle: watch::Sender<usize>,
     messages: Mutex<Recorded>,
     /// While true, accepted messages are counted and get a [`Receipt`] but are not kept whole.
     discard: AtomicBool,
@@ -351,6 +390,9 @@ impl SmtpSink {
         });
         let shared = Arc::new(Shared {
             auth: options.auth,
+            pipelining: AtomicBool::new(true),
+            sessions_started: AtomicUsize::new(0),
+            close_idle: watch::Sender::new(0),
             messages: Mutex::new(Recorded::default()),
             discard: AtomicBool::new(false),
             accepted: watch::Sender::new(0),
@@ -511,6 +553,24 @@ impl SmtpSink {
         self.shared.auth_failures.load(Ordering::SeqCst)
     }
 
+    /// Whether EHLO advertises PIPELINING from now on (it does from the start, as Postfix,
+    /// Exchange and Microsoft 365 do); sessions that already said EHLO keep what they saw.
+    pub fn advertise_pipelining(&self, advertise: bool) {
+        self.shared.pipelining.store(advertise, Ordering::SeqCst);
+    }
+
+    /// Hangs up on every session that is between transactions and has nothing unread, as a
+    /// relay's idle timeout does: first `421 4.4.2` when `say_421` (Postfix's way), or without
+    /// a word. Sessions in a transaction, or with a command already arrived, go on. A client
+    /// sees the close when it next reads.
+    pub fn close_idle_sessions(&self, say_421: bool) {
+        let code = usize::from(say_421);
+        // Even values: silent; odd: with a 421. Only a change wakes the sessions.
+        self.shared
+            .close_idle
+            .send_modify(|generation| *generation = (*generation & !1) + 2 + code);
+    }
+
     /// Stops accepting connections and cuts every open session, for all clones.
     pub fn stop(&self) {
         self.lifetime.shutdown.send_replace(true);
@@ -535,8 +595,10 @@ impl Shared {
             Behaviour::Accept => return None,
             Behaviour::RejectMail { .. } => Stage::Mail,
             Behaviour::RejectRcpt { .. } => Stage::Rcpt,
-            Behaviour::DropMidData => Stage::Data,
+            Behaviour::DropMidData | Behaviour::DropAtData => Stage::Data,
             Behaviour::RejectData { .. } => Stage::EndOfData,
+            // Fires per recipient: see `take_recipient_refusal`.
+            Behaviour::RejectRcptTo { .. } => return None,
         };
         if fires_at != stage {
             return None;
@@ -554,6 +616,36 @@ impl Shared {
         }
         self.refused.fetch_add(1, Ordering::SeqCst);
         Some(fault)
+    }
+
+    /// The reply for RCPT TO `address` when [`Behaviour::RejectRcptTo`] names it, consuming one
+    /// counted transaction and counting one refusal.
+    fn take_recipient_refusal(&self, address: &str) -> Option<(u16, String)> {
+        let mut faults = lock(&self.faults);
+        let Behaviour::RejectRcptTo {
+            address: refused,
+            code,
+            text,
+        } = &faults.behaviour
+        else {
+            return None;
+        };
+        if !refused.eq_ignore_ascii_case(address) {
+            return None;
+        }
+        let reply = (*code, text.clone());
+        if let Some(remaining) = faults.remaining {
+            if remaining <= 1 {
+                *faults = Faults {
+                    behaviour: Behaviour::Accept,
+                    remaining: None,
+                };
+            } else {
+                faults.remaining = Some(remaining - 1);
+            }
+        }
+        self.refused.fetch_add(1, Ordering::SeqCst);
+        Some(reply)
     }
 
     /// Records an accepted message (whole, or only its receipt while discarding) and
@@ -706,6 +798,12 @@ struct Session<'a> {
     /// Who the session authenticated as; kept across RSET and EHLO.
     authenticated_as: Option<String>,
     line: Vec<u8>,
+    /// This session's number (see [`ReceivedMail::session`]).
+    number: usize,
+    /// What arrived since the last accepted message, in batches (see [`ReceivedMail::wire`]).
+    wire: Vec<Vec<String>>,
+    /// Replies not written yet because the next command had already arrived.
+    held_replies: Vec<u8>,
 }
 
 async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
@@ -718,9 +816,36 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
         extended: false,
         authenticated_as: None,
         line: Vec::new(),
+        number: shared.sessions_started.fetch_add(1, Ordering::SeqCst) + 1,
+        wire: Vec::new(),
+        held_replies: Vec::new(),
     };
+    let mut close_idle = shared.close_idle.subscribe();
+    close_idle.mark_unchanged();
     session.reply(220, "outbox-sink ESMTP").await?;
     loop {
+        // Nothing unread: whatever comes next arrives on its own, so it starts a batch.
+        let new_batch = session.reader.buffer().is_empty();
+        if new_batch {
+            // Wait for input here (fill_buf consumes nothing, so giving up on it loses
+            // nothing), where an idle session can also be told to hang up.
+            tokio::select! {
+                ready = tokio::time::timeout(IDLE_TIMEOUT, session.reader.fill_buf()) => {
+                    if ready.is_err() {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "client idle for too long"));
+                    }
+                }
+                changed = close_idle.changed() => {
+                    if changed.is_ok() && session.envelope.is_none() {
+                        if *close_idle.borrow_and_update() & 1 == 1 {
+                            session.reply(421, "4.4.2 outbox-sink closing idle connection").await?;
+                        }
+                        return Ok(());
+                    }
+                    continue;
+                }
+            }
+        }
         // Read up to the AUTH limit, then hold every other command to the
         // ordinary one: only AUTH may carry a long (token) argument.
         match next_line(&mut session.reader, &mut session.line, MAX_AUTH_LINE).await? {
@@ -732,6 +857,7 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             LineRead::Complete => {}
         }
         let command = String::from_utf8_lossy(strip_line_ending(&session.line)).into_owned();
+        session.note_arrival(new_batch, verb_of(&command));
         let is_auth = command
             .get(..5)
             .is_some_and(|verb| verb.eq_ignore_ascii_case("AUTH "));
@@ -740,9 +866,19 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
             continue;
         }
         if let Flow::Close = session.handle(&command).await? {
-            return Ok(());
+            // A QUIT pipelined behind other commands still gets its 221.
+            return session.flush_replies().await;
         }
     }
+}
+
+/// The verb of a command line, in upper case, as [`ReceivedMail::wire`] shows it.
+fn verb_of(command: &str) -> String {
+    command
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_uppercase()
 }
 
 /// The outcome of one SASL step that did not yield client data: the exchange is
@@ -750,6 +886,14 @@ async fn run_session(stream: TcpStream, shared: &Shared) -> io::Result<()> {
 struct ExchangeOver(Flow);
 
 impl Session<'_> {
+    /// Adds what just arrived to the wire record: to a new batch, or to the current one.
+    fn note_arrival(&mut self, new_batch: bool, what: String) {
+        match self.wire.last_mut() {
+            Some(batch) if !new_batch => batch.push(what),
+            _ => self.wire.push(vec![what]),
+        }
+    }
+
     async fn reply(&mut self, code: u16, text: &str) -> io::Result<()> {
         // Configured texts must not be able to break the reply framing.
         let text = text.replace(['\r', '\n'], " ");
@@ -757,10 +901,28 @@ impl Session<'_> {
             .await
     }
 
-    /// Writes a complete (possibly multi-line) reply after the configured pacing.
+    /// Writes a complete (possibly multi-line) reply after the configured pacing. While the
+    /// next command has already arrived (a pipelined group), the reply waits for the others and
+    /// they go in one write once the group is answered, as Postfix does (RFC 2920 §3.2 lets a
+    /// server hold replies until its input is empty). Written one by one, every reply after
+    /// the first would wait under Nagle's algorithm for the client's delayed ACK (~40 ms).
     async fn write_reply(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.shared.pace_reply().await;
-        self.writer.write_all(bytes).await
+        self.held_replies.extend_from_slice(bytes);
+        if self.reader.buffer().contains(&b'\n') {
+            return Ok(());
+        }
+        self.flush_replies().await
+    }
+
+    /// Writes the replies held back by [`Self::write_reply`].
+    async fn flush_replies(&mut self) -> io::Result<()> {
+        if self.held_replies.is_empty() {
+            return Ok(());
+        }
+        self.writer.write_all(&self.held_replies).await?;
+        self.held_replies.clear();
+        Ok(())
     }
 
     async fn handle(&mut self, command: &str) -> io::Result<Flow> {
@@ -778,8 +940,13 @@ impl Session<'_> {
                 } else {
                     ""
                 };
+                let pipelining = if self.shared.pipelining.load(Ordering::SeqCst) {
+                    "250-PIPELINING\r\n"
+                } else {
+                    ""
+                };
                 let extensions = format!(
-                    "250-outbox-sink greets {arg}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n{auth}250 SIZE {MAX_MESSAGE_BYTES}\r\n"
+                    "250-outbox-sink greets {arg}\r\n250-8BITMIME\r\n250-SMTPUTF8\r\n{pipelining}{auth}250 SIZE {MAX_MESSAGE_BYTES}\r\n"
                 );
                 self.write_reply(extensions.as_bytes()).await?;
             }
@@ -851,6 +1018,9 @@ impl Session<'_> {
         let Some((address, _params)) = parse_path(arg, "TO:") else {
             return self.reply(501, "5.5.4 Syntax: RCPT TO:<address>").await;
         };
+        if let Some((code, text)) = self.shared.take_recipient_refusal(address) {
+            return self.reply(code, &text).await;
+        }
         if envelope.rcpt_refusal.is_none()
             && let Some(Behaviour::RejectRcpt { code, text }) = self.shared.take_fault(Stage::Rcpt)
         {
@@ -883,8 +1053,18 @@ impl Session<'_> {
         // From here on the transaction is over whatever happens: `envelope` is
         // no longer in the session. The drop is decided (and counted) here, so a
         // client that sees the close can already observe the refusal.
-        let drop_mid_data = self.shared.take_fault(Stage::Data).is_some();
+        let drop_mid_data = match self.shared.take_fault(Stage::Data) {
+            Some(Behaviour::DropAtData) => {
+                // MAIL and RCPT are answered; DATA never is.
+                self.flush_replies().await?;
+                return Ok(Flow::Close);
+            }
+            fault => fault.is_some(),
+        };
         self.reply(354, "End data with <CR><LF>.<CR><LF>").await?;
+        // As in `run_session`: content already here came with DATA.
+        let new_batch = self.reader.buffer().is_empty();
+        self.note_arrival(new_batch, "<message>".to_owned());
         match read_data(&mut self.reader, &mut self.line, drop_mid_data).await? {
             DataRead::Eof | DataRead::Dropped => return Ok(Flow::Close),
             DataRead::TooBig => {
@@ -902,6 +1082,8 @@ impl Session<'_> {
                         rcpt_to: envelope.rcpt_to,
                         raw: String::from_utf8_lossy(&body).into_owned(),
                         authenticated_as: self.authenticated_as.clone(),
+                        session: self.number,
+                        wire: std::mem::take(&mut self.wire),
                     });
                     self.reply(250, &format!("2.0.0 Ok: queued as {number}"))
                         .await?;
@@ -1860,6 +2042,128 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn pipelined_commands_are_answered_in_order_and_recorded_as_one_batch() {
+        let (sink, mut client) = sink_and_client().await;
+        // What a pipelining client writes: the envelope in one write, then the message.
+        client
+            .send(b"MAIL FROM:<a@example.test>\r\nRCPT TO:<b@example.test>\r\nRCPT TO:<c@example.test>\r\nDATA\r\n")
+            .await;
+        for expected in [250, 250, 250, 354] {
+            assert_eq!(client.read_reply().await.0, expected);
+        }
+        client.send(b"Subject: one\r\n\r\nbody\r\n.\r\n").await;
+        assert_eq!(client.read_reply().await.0, 250);
+        // Then one command at a time.
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["b@example.test"], "x\r\n")
+                .await,
+            250
+        );
+        let mails = sink.messages();
+        assert_eq!(mails[0].rcpt_to, ["b@example.test", "c@example.test"]);
+        assert_eq!(
+            mails[0].wire,
+            [
+                vec!["EHLO"],
+                vec!["MAIL", "RCPT", "RCPT", "DATA"],
+                vec!["<message>"]
+            ]
+        );
+        assert_eq!(
+            mails[1].wire,
+            [vec!["MAIL"], vec!["RCPT"], vec!["DATA"], vec!["<message>"]]
+        );
+        assert_eq!(mails[0].session, mails[1].session);
+    }
+
+    #[tokio::test]
+    async fn pipelining_is_advertised_unless_turned_off() {
+        let (sink, mut client) = sink_and_client().await;
+        client.send(b"EHLO client.test\r\n").await;
+        let (_, lines) = client.read_reply().await;
+        assert!(lines.iter().any(|l| l == "PIPELINING"), "{lines:?}");
+        sink.advertise_pipelining(false);
+        client.send(b"EHLO client.test\r\n").await;
+        let (_, lines) = client.read_reply().await;
+        assert!(!lines.iter().any(|l| l == "PIPELINING"), "{lines:?}");
+    }
+
+    #[tokio::test]
+    async fn reject_rcpt_to_refuses_only_that_recipient() {
+        let (sink, mut client) = sink_and_client().await;
+        sink.set_behaviour_for(
+            1,
+            Behaviour::RejectRcptTo {
+                address: "C@example.test".into(),
+                code: 550,
+                text: "5.1.1 no such user".into(),
+            },
+        );
+        assert_eq!(client.command("MAIL FROM:<a@example.test>").await, 250);
+        assert_eq!(client.command("RCPT TO:<b@example.test>").await, 250);
+        assert_eq!(client.command("RCPT TO:<c@example.test>").await, 550);
+        assert_eq!(client.command("RCPT TO:<d@example.test>").await, 250);
+        assert_eq!(client.command("DATA").await, 354);
+        client.send(b"x\r\n.\r\n").await;
+        assert_eq!(client.read_reply().await.0, 250);
+        assert_eq!(
+            sink.messages()[0].rcpt_to,
+            ["b@example.test", "d@example.test"]
+        );
+        assert_eq!(sink.refused_count(), 1);
+        // Counted: the next transaction accepts the same recipient.
+        assert_eq!(
+            client
+                .send_mail("a@example.test", &["c@example.test"], "x\r\n")
+                .await,
+            250
+        );
+    }
+
+    #[tokio::test]
+    async fn drop_at_data_hangs_up_after_answering_the_envelope() {
+        let (sink, mut client) = sink_and_client().await;
+        sink.set_behaviour_for(1, Behaviour::DropAtData);
+        client
+            .send(b"MAIL FROM:<a@example.test>\r\nRCPT TO:<b@example.test>\r\nDATA\r\n")
+            .await;
+        assert_eq!(client.read_reply().await.0, 250);
+        assert_eq!(client.read_reply().await.0, 250);
+        client.expect_closed().await;
+        assert!(sink.messages().is_empty());
+        assert_eq!(sink.refused_count(), 1);
+    }
+
+    #[tokio::test]
+    async fn idle_sessions_are_closed_on_request_and_busy_ones_go_on() {
+        let sink = SmtpSink::start().await.expect("start sink");
+        let mut idle = Client::connect(sink.addr()).await;
+        assert_eq!(idle.command("EHLO client.test").await, 250);
+        let mut quiet = Client::connect(sink.addr()).await;
+        assert_eq!(quiet.command("EHLO client.test").await, 250);
+        let mut busy = Client::connect(sink.addr()).await;
+        assert_eq!(busy.command("EHLO client.test").await, 250);
+        assert_eq!(busy.command("MAIL FROM:<a@example.test>").await, 250);
+
+        sink.close_idle_sessions(true);
+        for client in [&mut idle, &mut quiet] {
+            assert_eq!(client.read_reply().await.0, 421);
+            client.expect_closed().await;
+        }
+        // Between MAIL and DATA: not idle, so it finishes its transaction.
+        assert_eq!(busy.command("RCPT TO:<b@example.test>").await, 250);
+        assert_eq!(busy.command("DATA").await, 354);
+        busy.send(b"x\r\n.\r\n").await;
+        assert_eq!(busy.read_reply().await.0, 250);
+
+        let mut silent = Client::connect(sink.addr()).await;
+        assert_eq!(silent.command("EHLO client.test").await, 250);
+        sink.close_idle_sessions(false);
+        silent.expect_closed().await;
+    }
+
+    #[tokio::test]
     async fn max_concurrent_sessions_counts_open_sessions() {
         let sink = SmtpSink::start().await.expect("start sink");
         assert_eq!(sink.max_concurrent_sessions(), 0);
@@ -2476,6 +2780,8 @@ mod tests {
             rcpt_to: vec!["b@example.test".into()],
             raw: raw.into(),
             authenticated_as: None,
+            session: 1,
+            wire: Vec::new(),
         }
     }
 

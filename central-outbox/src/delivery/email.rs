@@ -9,7 +9,10 @@
 //! session authenticated the old way is reused.
 //!
 //! Classification: a 5xx reply is permanent; a 4xx reply, or a connect, TLS, I/O or timeout
-//! error, is transient; an invalid address or an empty list is permanent. The server refusing
+//! error, is transient; an invalid address or an empty list is permanent. The first refusal in
+//! the envelope decides, and the message then goes to nobody: one recipient refused (of several)
+//! fails the whole attempt as that reply says, whether the envelope was pipelined or not (see
+//! lettre's `send_envelope`, patched in `vendor/lettre`). The server refusing
 //! the credentials while authenticating is reported apart ([`EmailError::CredentialsRefused`]),
 //! so the caller can renew an XOAUTH2 token; a refusal later in the session never is, whatever
 //! its text says.
@@ -104,21 +107,55 @@ impl EmailAdapter {
 }
 
 /// One transaction on a pooled session; the session goes back only if it ended cleanly.
+///
+/// The envelope (MAIL, every RCPT, DATA; pipelined when the relay advertises PIPELINING) and the
+/// message are two steps, because they differ in what a lost connection means. Until the message
+/// is written the relay cannot have accepted anything, so when a reused session's connection fails
+/// there rather than the relay refusing something (it closed the connection while it sat in the
+/// pool and that had not arrived yet), the transaction is sent again, once, on a new session, and
+/// no failure is recorded. Once the
+/// message is on its way, a lost connection may hide an accepted message, so it is never resent
+/// here: the attempt is transient and the dispatcher decides.
 async fn send(pool: &SmtpPool, message: &Message) -> Result<(), SessionError> {
     let data = mail_format::smtp_data(message.formatted());
     let mut session = pool.session().await?;
-    match session.send(message.envelope(), &data).await {
+    let mut envelope = session
+        .connection
+        .send_envelope(message.envelope(), &data)
+        .await;
+    if session.reused
+        && let Err(e) = &envelope
+        && connection_lost(e)
+    {
+        session.connection.abort().await;
+        session = pool.fresh_session().await?;
+        envelope = session
+            .connection
+            .send_envelope(message.envelope(), &data)
+            .await;
+    }
+    let sent = match envelope {
+        Ok(_) => session.connection.message(&data).await,
+        Err(e) => Err(e),
+    };
+    match sent {
         Ok(_) => {
-            pool.give_back(session);
+            pool.give_back(session.connection);
             Ok(())
         }
         Err(e) => {
-            // A refused transaction leaves the session usable, but a fresh one is cheap and
-            // certain; drop it rather than guess.
-            session.abort().await;
+            // A refused transaction leaves the session usable after an RSET, but a fresh one is
+            // cheap and certain; drop it rather than guess.
+            session.connection.abort().await;
             Err(SessionError::Smtp(e))
         }
     }
+}
+
+/// The connection failed (closed, reset, unreadable) rather than the server refusing something
+/// with a 4xx/5xx reply or us refusing to send (SMTPUTF8, 8BITMIME).
+fn connection_lost(e: &smtp::Error) -> bool {
+    e.status().is_none() && !e.is_client()
 }
 
 /// The mail for one notification: subject and body encoded by [`mail_format`] so a reader decodes

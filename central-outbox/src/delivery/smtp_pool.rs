@@ -1,8 +1,17 @@
 //! SMTP sessions for the email adapter, kept open and reused: one pool per distinct settings
 //! value (and XOAUTH2 token), at most `max_concurrent_connections` idle sessions.
 //!
+//! Nothing is said on an idle session before it is used again: no NOOP, no RSET. A session goes
+//! back to the pool only after a transaction that ended with the message accepted (any failure
+//! discards it, so a reused session is never mid-transaction), and one the relay hung up on while
+//! it was idle, or sent its `421` before closing, is recognised from what has already arrived
+//! ([`AsyncSmtpConnection::has_unread_input`], no round trip) and dropped. What that cannot see
+//! (the relay closing just as the next transaction goes out) is the caller's to retry:
+//! [`Session::reused`] says whether the session served a transaction before.
+//!
 //! Why not lettre's own pooled transport: it opens its sockets with Nagle's algorithm on, and
-//! lettre writes a message body and its closing `.` line as two writes. The kernel then holds
+//! lettre as published writes a message body and its closing `.` line as two writes (the
+//! vendored copy writes one, but anything else written in pieces would meet the same). The kernel then holds
 //! the 5-byte terminator until the body is acknowledged, and the relay's delayed ACK makes that
 //! about 40 ms per message (seen with strace while benchmarking; any Linux relay acks that way).
 //! Here the socket is ours, with TCP_NODELAY, and lettre drives the SMTP conversation on it
@@ -25,6 +34,14 @@ pub struct SmtpPool {
     settings: SmtpSettings,
     access_token: Option<Secret>,
     idle: Mutex<Vec<AsyncSmtpConnection>>,
+}
+
+/// A session for one transaction.
+pub struct Session {
+    pub connection: AsyncSmtpConnection,
+    /// It served a transaction before and waited in the pool since: the relay may have closed
+    /// it in the meantime without that having arrived yet.
+    pub reused: bool,
 }
 
 /// What failed while getting a session: an SMTP error to classify, the server refusing the
@@ -54,15 +71,27 @@ impl SmtpPool {
         self.settings == *settings && self.access_token.as_ref() == access_token
     }
 
-    /// An idle session that still answers NOOP, or a new one.
-    pub async fn session(&self) -> Result<AsyncSmtpConnection, SessionError> {
-        while let Some(mut session) = self.take_idle() {
-            if session.test_connected().await {
-                return Ok(session);
+    /// An idle session the relay has not hung up on, or a new one.
+    pub async fn session(&self) -> Result<Session, SessionError> {
+        while let Some(mut connection) = self.take_idle() {
+            if !connection.has_unread_input() {
+                return Ok(Session {
+                    connection,
+                    reused: true,
+                });
             }
-            session.abort().await;
+            // Closed, or closing with a 421, while idle: nothing to say to it. Dropping it
+            // closes the socket.
         }
-        self.connect().await
+        self.fresh_session().await
+    }
+
+    /// A new session, never one from the pool.
+    pub async fn fresh_session(&self) -> Result<Session, SessionError> {
+        Ok(Session {
+            connection: self.connect().await?,
+            reused: false,
+        })
     }
 
     /// Keeps a session that finished a transaction cleanly, up to the pool's size.

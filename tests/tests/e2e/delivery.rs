@@ -3,12 +3,13 @@
 
 use std::time::Duration;
 
+use central_outbox::config::ListConfig;
 use outbox_proto::v1;
-use outbox_tests::smtp_sink::Behaviour;
+use outbox_tests::smtp_sink::{Behaviour, ReceivedMail};
 
 use crate::harness::{
-    Central, DEADLINE, Db, LIST, RECIPIENTS, central_config, free_addr, smtp_sink, submit,
-    wait_for_status,
+    Central, DEADLINE, Db, LIST, RECIPIENTS, central_config, eventually, free_addr, smtp_sink,
+    submit, wait_for_status,
 };
 
 #[tokio::test]
@@ -242,5 +243,219 @@ async fn a_claim_batch_on_one_connection_delivers_every_row_once_one_at_a_time()
         db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'"),
         0
     );
+    central.stop().await;
+}
+
+// ---- Round trips: pipelining and pooled connections ------------------------------------------
+
+/// What a transaction on a pooled connection looks like at a relay that advertises PIPELINING:
+/// MAIL, every RCPT and DATA in one batch, then the message. The first also shows the session's
+/// EHLO.
+const PIPELINED: [&[&str]; 2] = [&["MAIL", "RCPT", "RCPT", "DATA"], &["<message>"]];
+
+/// The wire of a received mail, as `&str`s for comparing.
+fn wire(mail: &ReceivedMail) -> Vec<Vec<&str>> {
+    mail.wire
+        .iter()
+        .map(|batch| batch.iter().map(String::as_str).collect())
+        .collect()
+}
+
+/// Ingests one notification to the default list and waits until it is Delivered; its id.
+async fn deliver_one(central: &Central, subject: &str) -> String {
+    let msg = submit(subject, "Level 97%");
+    let id = msg.notification_id.clone();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
+    wait_for_status(&central.db, &id, "Delivered").await;
+    id
+}
+
+#[tokio::test]
+async fn a_pipelining_relay_gets_each_envelope_in_one_batch_and_nothing_between_messages() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    for i in 0..3 {
+        deliver_one(&central, &format!("Tank {i} high level")).await;
+    }
+    let mails = sink.wait_for_messages(3, DEADLINE).await;
+    assert_eq!(mails.len(), 3);
+    let mut first = vec![vec!["EHLO"]];
+    first.extend(PIPELINED.map(<[&str]>::to_vec));
+    assert_eq!(wire(&mails[0]), first);
+    // The later ones reuse the session with nothing in between: no NOOP, no RSET.
+    for mail in &mails[1..] {
+        assert_eq!(
+            mail.session, mails[0].session,
+            "the pooled session is reused"
+        );
+        assert_eq!(wire(mail), PIPELINED.map(<[&str]>::to_vec));
+    }
+    central.stop().await;
+}
+
+#[tokio::test]
+async fn a_relay_without_pipelining_gets_one_command_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.advertise_pipelining(false);
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    for i in 0..2 {
+        deliver_one(&central, &format!("Tank {i} high level")).await;
+    }
+    let mails = sink.wait_for_messages(2, DEADLINE).await;
+    let one_by_one = [["MAIL"], ["RCPT"], ["RCPT"], ["DATA"], ["<message>"]].map(|b| b.to_vec());
+    let mut first = vec![vec!["EHLO"]];
+    first.extend(one_by_one.clone());
+    assert_eq!(wire(&mails[0]), first);
+    assert_eq!(mails[1].session, mails[0].session);
+    assert_eq!(wire(&mails[1]), one_by_one);
+    central.stop().await;
+}
+
+/// A list of three where the relay refuses the middle recipient inside the pipelined group: the
+/// outcome is what it was with one command at a time (the refusal decides, nobody gets the
+/// mail); a 4xx for that one recipient retries and then reaches all three.
+#[tokio::test]
+async fn one_recipient_of_three_refused_in_a_pipelined_group_is_classified_as_before() {
+    const THREE: [&str; 3] = [
+        "alice@plant.example.test",
+        "bob@plant.example.test",
+        "carol@plant.example.test",
+    ];
+    for (code, text, want) in [
+        (550, "5.1.1 bob: mailbox unavailable", "Parked"),
+        (452, "4.2.2 bob: mailbox full", "Delivered"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let sink = smtp_sink().await;
+        sink.set_behaviour_for(
+            1,
+            Behaviour::RejectRcptTo {
+                address: THREE[1].into(),
+                code,
+                text: text.into(),
+            },
+        );
+        let mut config = central_config(dir.path(), Some(sink.addr()));
+        config.lists = vec![ListConfig::email(
+            LIST,
+            THREE.iter().map(|r| r.to_string()).collect(),
+        )];
+        let central = Central::start(config).await;
+        let msg = submit("Tank 4 high level", "Level 97%");
+        let id = msg.notification_id.clone();
+        central
+            .ingest()
+            .await
+            .submit_notification(msg)
+            .await
+            .unwrap();
+
+        let (_, retries, error) = wait_for_status(&central.db, &id, want).await;
+        let error = error.unwrap();
+        assert!(
+            error.contains(&code.to_string()) && error.contains(text),
+            "{code}: {error}"
+        );
+        let outcomes: Vec<String> = Db::open(&central.db)
+            .attempts(&id)
+            .into_iter()
+            .map(|a| a.1)
+            .collect();
+        assert_eq!(sink.refused_count(), 1, "{code}");
+        if code >= 500 {
+            assert_eq!(retries, 0);
+            assert_eq!(outcomes, ["PermanentFailure"]);
+            assert!(
+                sink.messages().is_empty(),
+                "a refused envelope goes to nobody"
+            );
+        } else {
+            assert_eq!(retries, 1);
+            assert_eq!(outcomes, ["TransientFailure", "Delivered"]);
+            let mails = sink.wait_for_messages(1, DEADLINE).await;
+            assert_eq!(mails.len(), 1);
+            assert_eq!(mails[0].rcpt_to, THREE);
+            // The refused group reached the relay as one batch too.
+            assert!(
+                mails[0].wire.contains(
+                    &["MAIL", "RCPT", "RCPT", "RCPT", "DATA"]
+                        .map(String::from)
+                        .to_vec()
+                ),
+                "{:?}",
+                mails[0].wire
+            );
+        }
+        central.stop().await;
+    }
+}
+
+/// The relay hangs up right after the pipelined group (MAIL and RCPT answered, DATA never) on a
+/// new connection: nothing was accepted, so the attempt is transient, and the retry delivers
+/// the mail once.
+#[tokio::test]
+async fn a_connection_dropped_after_the_pipelined_group_is_transient_and_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.set_behaviour_for(1, Behaviour::DropAtData);
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    let id = deliver_one(&central, "Tank 4 high level").await;
+    let outcomes: Vec<String> = Db::open(&central.db)
+        .attempts(&id)
+        .into_iter()
+        .map(|a| a.1)
+        .collect();
+    assert_eq!(outcomes, ["TransientFailure", "Delivered"]);
+    assert_eq!(sink.refused_count(), 1);
+    // Delivered rows are never sent again, so this is the mail's only copy.
+    assert_eq!(sink.wait_for_messages(1, DEADLINE).await.len(), 1);
+    assert_eq!(sink.accepted_count(), 1);
+    central.stop().await;
+}
+
+/// A pooled connection the relay closed while it sat idle costs nothing: whether the close (with
+/// Postfix's 421 or without a word) has arrived when the next mail goes out, or the relay hangs
+/// up only once that mail's group is on the wire, the mail is delivered on a new connection in
+/// the same attempt, once, and no failure is recorded.
+#[tokio::test]
+async fn a_pooled_connection_the_relay_closed_while_idle_costs_no_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    deliver_one(&central, "Tank 1 high level").await;
+
+    let mut expected_session = 1;
+    for say_421 in [true, false] {
+        sink.close_idle_sessions(say_421);
+        eventually("the idle session is closed", || {
+            let open = sink.active_sessions();
+            async move { (open == 0).then_some(()) }
+        })
+        .await;
+        let id = deliver_one(&central, "Tank 2 high level").await;
+        expected_session += 1;
+        assert_eq!(Db::open(&central.db).attempts(&id).len(), 1, "{say_421}");
+        let mails = sink.messages();
+        assert_eq!(mails.last().unwrap().session, expected_session);
+    }
+
+    // Closed by the relay only as the next group arrives: the reused session fails before any
+    // reply it needed, and the transaction goes again on a new one.
+    sink.set_behaviour_for(1, Behaviour::DropAtData);
+    let id = deliver_one(&central, "Tank 3 high level").await;
+    let attempts = Db::open(&central.db).attempts(&id);
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].1, "Delivered");
+    assert_eq!(sink.refused_count(), 1, "the relay did hang up once");
+    let mails = sink.messages();
+    assert_eq!(mails.len(), 4, "every mail arrived once");
+    assert_eq!(mails[3].session, expected_session + 1);
     central.stop().await;
 }
