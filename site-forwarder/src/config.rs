@@ -584,13 +584,13 @@ mod tests {
             (
                 Duration::from_secs(2),
                 Duration::from_secs(3),
-                Duration::from_secs(15)
+                Duration::from_secs(60)
             )
         );
         let path = write(
             &dir,
             "site_id = \"a\"\n[central]\nkeepalive_interval = \"300ms\"\n\
-             keepalive_timeout = \"1s\"\nack_timeout = \"1m\"\n",
+             keepalive_timeout = \"1s\"\nack_timeout = \"2m\"\n",
         );
         let config = Config::load_from(Some(&path), no_env(), Overrides::default()).unwrap();
         assert_eq!(
@@ -598,7 +598,7 @@ mod tests {
             CentralLinkConfig {
                 keepalive_interval: Duration::from_millis(300),
                 keepalive_timeout: Duration::from_secs(1),
-                ack_timeout: Duration::from_secs(60),
+                ack_timeout: Duration::from_secs(120),
             }
         );
         for (text, message) in [
