@@ -1,5 +1,5 @@
 //! Flood consolidation end to end: a site script floods a list that consolidates (more than 3
-//! in a 2-second window go out together); the people on the list get the first three of each
+//! in a 5-second window go out together); the people on the list get the first three of each
 //! window on their own and the rest as one digest per window, a critical notification is never
 //! held, and every notification still reaches Delivered on its own row, its attempt naming the
 //! digest whose mail carried it.
@@ -21,7 +21,7 @@ use crate::harness::{
 
 const FLOOD: &str = "flood";
 const THRESHOLD: u32 = 3;
-const WINDOW_SECS: i64 = 2;
+const WINDOW_SECS: i64 = 5;
 
 fn consolidating_list() -> v1::NotificationList {
     v1::NotificationList {
@@ -102,9 +102,11 @@ async fn a_flood_goes_out_as_one_digest_per_window_and_every_row_is_delivered() 
         details.insert(id.clone(), detail);
     }
 
-    // Group the rows by the digest their delivering attempt names (none: mailed on its own).
+    // Group the rows by the digest their delivering attempt names (none: mailed on its own),
+    // and the lone non-critical ones by the window they arrived in.
     let mut by_digest: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut alone = BTreeSet::new();
+    let mut alone_per_window: BTreeMap<i64, usize> = BTreeMap::new();
     let mut windows_of_digest: BTreeMap<String, BTreeSet<i64>> = BTreeMap::new();
     for (id, detail) in &details {
         let delivered = detail
@@ -116,6 +118,9 @@ async fn a_flood_goes_out_as_one_digest_per_window_and_every_row_is_delivered() 
         let view = detail.notification.as_ref().unwrap();
         if delivered.digest_id.is_empty() {
             alone.insert(id.clone());
+            if *id != critical {
+                *alone_per_window.entry(window_of(view)).or_default() += 1;
+            }
         } else {
             by_digest
                 .entry(delivered.digest_id.clone())
@@ -131,12 +136,18 @@ async fn a_flood_goes_out_as_one_digest_per_window_and_every_row_is_delivered() 
         alone.contains(&critical),
         "a critical notification is never held"
     );
+    // Only the first three of each window go alone (a slow central may spread the flood over
+    // more windows than a quick one: the rule holds per window).
+    for (window, count) in &alone_per_window {
+        assert!(
+            *count <= THRESHOLD as usize,
+            "{count} mailed alone in window {window}"
+        );
+    }
     assert!(
         !by_digest.is_empty(),
-        "13 arrivals in at most two windows over a threshold of 3"
+        "13 arrivals in a few {WINDOW_SECS}-second windows over a threshold of 3"
     );
-    // The first three of each window go alone (plus the critical one): at most two windows.
-    assert!(alone.len() <= 2 * THRESHOLD as usize + 1, "{alone:?}");
     // One digest per window: each digest's rows arrived in one window, and no window has two.
     let mut windows = BTreeSet::new();
     for (digest, windows_of) in &windows_of_digest {
