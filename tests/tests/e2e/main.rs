@@ -20,6 +20,7 @@ mod disk_full;
 mod forwarding;
 mod ingest;
 mod leader;
+mod link_reset;
 mod mail;
 mod operations;
 mod pair;

@@ -14,8 +14,8 @@
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
 //! (idempotent submit with the condition keys' supersede and flood consolidation's count and
 //! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
-//! SMTP settings), `site_health` (the latest report of each site node), `decode` (rows to
-//! domain types), [`scratch`] (throw-away databases for the
+//! SMTP settings), `site_health` (the latest report of each site node), `warm` (what a new
+//! pooled connection runs before it is handed out), `decode` (rows to domain types), [`scratch`] (throw-away databases for the
 //! test suites and benchmarks).
 
 mod admin;
@@ -30,6 +30,7 @@ mod pool;
 pub mod scratch;
 mod site_health;
 mod sql;
+mod warm;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -99,32 +100,53 @@ impl MsSqlStore {
     pub async fn open(options: MsSqlOptions) -> Result<Self> {
         let secrets = Keyring::ephemeral()?;
         tracing::info!(server = %options.describe(), "opening the MS SQL store");
-        let pool = bb8::Pool::builder()
-            .max_size(options.pool_max_size)
-            .min_idle(options.pool_min_idle)
-            // Waiting for a free connection, or for a new one (which retries transient
-            // failures itself), is bounded by a few connect timeouts.
-            .connection_timeout(options.connect_timeout * 3)
-            .retry_connection(false)
-            .test_on_check_out(true)
-            .idle_timeout(Some(POOL_IDLE_TIMEOUT))
-            .max_lifetime(Some(POOL_MAX_LIFETIME))
-            .build(Manager::new(options.clone()))
-            .await
-            .map_err(|e| to_store_error("connect", &e))?;
-        // Kept open (min_idle 1) so a renewal does not pay for a login; not idle-timed out.
-        let lease_pool = bb8::Pool::builder()
+        // The schema first, on a connection of its own that is not warmed: the statements the
+        // warm-up runs may not exist before the migrations.
+        let schema = bb8::Pool::builder()
             .max_size(1)
-            .min_idle(Some(1))
             .connection_timeout(options.connect_timeout * 3)
             .retry_connection(false)
-            .test_on_check_out(true)
-            .idle_timeout(None)
-            .max_lifetime(Some(POOL_MAX_LIFETIME))
-            .build(Manager::new(options.clone()))
-            .await
-            .map_err(|e| to_store_error("connect", &e))?;
-        let store = Self {
+            .build_unchecked(Manager::cold(options.clone()));
+        migrate::apply(&schema, options.command_timeout).await?;
+        drop(schema);
+        let started = std::time::Instant::now();
+        // Both pools open their idle connections, warmed (see `warm`), before the store is
+        // returned: central serves streams and takes the dispatcher lease only after that, so
+        // neither a first stream nor a new leader waits on a cold connection. The pools fill
+        // at once; on Babelfish that is a warm-up's time, on SQL Server a few round trips.
+        let (pool, lease_pool) = tokio::try_join!(
+            bb8::Pool::builder()
+                .max_size(options.pool_max_size)
+                // Spares, kept warm: a stream opened while the others are busy (after a link
+                // reset, the new stream's commit while the old one's is still running) gets a
+                // warm connection at once, and bb8 opens the next spare in the background.
+                .min_idle(Some(options.min_idle()))
+                // Waiting for a free connection, or for a new one (which retries transient
+                // failures and warms itself), is bounded by a few connect timeouts.
+                .connection_timeout(options.connect_timeout * 3)
+                .retry_connection(false)
+                .test_on_check_out(true)
+                .idle_timeout(Some(POOL_IDLE_TIMEOUT))
+                .max_lifetime(Some(POOL_MAX_LIFETIME))
+                .build(Manager::warming(options.clone(), warm::Kind::Everything)),
+            // Kept open (min_idle 1) so a renewal does not pay for a login; not idle-timed out.
+            bb8::Pool::builder()
+                .max_size(1)
+                .min_idle(Some(1))
+                .connection_timeout(options.connect_timeout * 3)
+                .retry_connection(false)
+                .test_on_check_out(true)
+                .idle_timeout(None)
+                .max_lifetime(Some(POOL_MAX_LIFETIME))
+                .build(Manager::warming(options.clone(), warm::Kind::Lease)),
+        )
+        .map_err(|e| to_store_error("connect", &e))?;
+        tracing::info!(
+            took = ?started.elapsed(),
+            idle = options.min_idle(),
+            "MS SQL connections open and warmed"
+        );
+        Ok(Self {
             pool,
             lease_pool,
             // A batch waits for a connection (bounded above) and then for each response (the
@@ -132,9 +154,7 @@ impl MsSqlStore {
             timeout: options.connect_timeout * 3 + options.command_timeout * 2,
             secrets,
             consolidating: Arc::default(),
-        };
-        migrate::apply(&store.pool, options.command_timeout).await?;
-        Ok(store)
+        })
     }
 
     /// Seals and opens secrets with `secrets` from now on.

@@ -20,6 +20,10 @@ const DEFAULT_PORT: u16 = 1433;
 /// admin queries on the rest. SQL Server's own limit is far higher; ten per replica keeps a
 /// handful of replicas well inside a small instance's worker threads.
 const DEFAULT_POOL_MAX_SIZE: u32 = 10;
+/// Idle connections kept open and warm (see `warm`): enough that a stream opened while the
+/// others are busy, or a dispatcher that just took the lease, gets a warm connection at once
+/// while bb8 opens the next one in the background. Each costs the server an idle session.
+const DEFAULT_POOL_MIN_IDLE: u32 = 2;
 /// As ADO.NET's `Connect Timeout` default.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// As ADO.NET's `Command Timeout` default.
@@ -59,7 +63,8 @@ pub struct MsSqlOptions {
     pub trust: Trust,
     /// Most pooled connections.
     pub pool_max_size: u32,
-    /// Connections kept open while idle; `None`: opened on demand.
+    /// Connections kept open, warmed, while idle, as configured; `None`: the default
+    /// ([`Self::min_idle`] says what is used).
     pub pool_min_idle: Option<u32>,
     /// Bounds a TCP connect plus the login handshake, and a wait for a pooled connection.
     pub connect_timeout: Duration,
@@ -342,6 +347,15 @@ impl MsSqlOptions {
         config
     }
 
+    /// Connections the pool keeps open, warmed, while idle: the configured `pool_min_idle`
+    /// (0 opens every connection on demand), by default [`DEFAULT_POOL_MIN_IDLE`], never more
+    /// than `pool_max_size`.
+    pub fn min_idle(&self) -> u32 {
+        self.pool_min_idle
+            .unwrap_or(DEFAULT_POOL_MIN_IDLE)
+            .min(self.pool_max_size)
+    }
+
     /// `host:port/database` as user, for logs (no password).
     pub fn describe(&self) -> String {
         format!(
@@ -472,6 +486,11 @@ mod tests {
         assert_eq!(o.encrypt, Encrypt::Required);
         assert_eq!(o.trust, Trust::SystemRoots);
         assert_eq!(o.pool_max_size, DEFAULT_POOL_MAX_SIZE);
+        assert_eq!(o.min_idle(), DEFAULT_POOL_MIN_IDLE);
+        let o = MsSqlOptions::parse("mssql://sa:pw@localhost/master?pool_max_size=1").unwrap();
+        assert_eq!(o.min_idle(), 1, "never more than the pool holds");
+        let o = MsSqlOptions::parse("mssql://sa:pw@localhost/master?pool_min_idle=0").unwrap();
+        assert_eq!(o.min_idle(), 0, "on demand when asked");
         let o = MsSqlOptions::parse(
             "mssql://sa:pw@localhost:1433/master?trust_server_certificate=true&encrypt=false",
         )

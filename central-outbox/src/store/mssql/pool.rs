@@ -135,21 +135,68 @@ impl Connection {
         self.health.finish(result.as_ref().err());
         result
     }
+
+    /// Whether the pool will discard this connection (see [`Health::is_broken`]).
+    pub fn is_broken(&self) -> bool {
+        self.health.is_broken()
+    }
 }
 
 /// Opens, validates and discards connections for bb8.
 #[derive(Debug, Clone)]
 pub struct Manager {
     options: MsSqlOptions,
+    /// The warm-up ([`super::warm`]) a new connection runs before the pool hands it out.
+    /// `None` only for the migrations' connection: before them, the statements it runs may not
+    /// exist yet.
+    warm_up: Option<super::warm::Kind>,
 }
 
 impl Manager {
-    pub fn new(options: MsSqlOptions) -> Self {
-        Self { options }
+    /// Connections warmed with the statements of `kind` before they are handed out: every
+    /// pool that serves requests.
+    pub fn warming(options: MsSqlOptions, kind: super::warm::Kind) -> Self {
+        Self {
+            options,
+            warm_up: Some(kind),
+        }
+    }
+
+    /// Connections handed out as they come from the login: for the migrations.
+    pub fn cold(options: MsSqlOptions) -> Self {
+        Self {
+            options,
+            warm_up: None,
+        }
+    }
+
+    /// [`Self::connect_once`], then the warm-up if this manager warms. A warm-up that fails on
+    /// a connection still fit for use (a server error, say) is logged and the connection handed
+    /// out anyway: warming only saves time. One that broke the connection fails the connect.
+    async fn connect_warm(&self) -> Result<Connection, Error> {
+        let mut conn = self.connect_once().await?;
+        let Some(kind) = self.warm_up else {
+            return Ok(conn);
+        };
+        match super::warm::warm(&mut conn, kind).await {
+            Ok(took) => {
+                tracing::debug!(?took, server = %self.options.describe(), "MS SQL connection warmed");
+                Ok(conn)
+            }
+            Err(e) if conn.is_broken() => Err(e),
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    server = %self.options.describe(),
+                    "warming a new MS SQL connection failed; using it cold"
+                );
+                Ok(conn)
+            }
+        }
     }
 
     /// One connect, following routing redirects.
-    async fn connect_once(&self) -> Result<Connection, Error> {
+    pub(super) async fn connect_once(&self) -> Result<Connection, Error> {
         let mut config = self.options.tiberius_config();
         let mut addr = (self.options.host.clone(), self.options.port);
         for _ in 0..=MAX_REDIRECTS {
@@ -196,13 +243,14 @@ impl bb8::ManageConnection for Manager {
     type Connection = Connection;
     type Error = Error;
 
-    /// Connects, retrying transient failures with exponential backoff and jitter; a refused
-    /// login or a bad certificate fails at once.
+    /// Connects and warms the connection (see [`Manager::warming`]), retrying transient
+    /// failures with exponential backoff and jitter; a refused login or a bad certificate fails
+    /// at once.
     async fn connect(&self) -> Result<Connection, Error> {
         let mut pause = CONNECT_BACKOFF;
         let mut attempt = 1;
         loop {
-            match self.connect_once().await {
+            match self.connect_warm().await {
                 Ok(conn) => return Ok(conn),
                 Err(e) if attempt < CONNECT_ATTEMPTS && is_transient_connect(&e) => {
                     tracing::warn!(

@@ -15,6 +15,10 @@ use crate::store::{Result, StoreError};
 
 /// Attempts at creating a database before giving up.
 const CREATE_ATTEMPTS: u32 = 4;
+/// Plain drops tried, [`PLAIN_DROP_PAUSE`] apart: longer than a connection's warm-up on
+/// Babelfish (about 5 s on a busy machine), which a pool dropped meanwhile waits for.
+const PLAIN_DROP_ATTEMPTS: u32 = 10;
+const PLAIN_DROP_PAUSE: Duration = Duration::from_secs(1);
 
 /// Held while a database is created or dropped: catalog changes one at a time.
 static CATALOG_CHANGE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -125,14 +129,22 @@ impl Drop for ScratchDatabase {
 /// connections are normally closed), then, on SQL Server, after closing any session still in it.
 async fn drop_database(server: &MsSqlOptions, name: &str) -> Result<()> {
     let _turn = CATALOG_CHANGE.lock().await;
-    let plain = on_server(
-        server,
-        "DECLARE @sql nvarchar(max) = N'DROP DATABASE ' + QUOTENAME(@P1); EXEC (@sql);",
-        name,
-    )
-    .await;
-    if plain.is_ok() {
-        return Ok(());
+    // A store's pool may still be opening and warming a spare connection when the store is
+    // dropped (bb8's task holds the pool until it is done, a few seconds on Babelfish), so a
+    // plain drop is tried again for a while before the sessions are closed by force.
+    for attempt in 1..=PLAIN_DROP_ATTEMPTS {
+        let plain = on_server(
+            server,
+            "DECLARE @sql nvarchar(max) = N'DROP DATABASE ' + QUOTENAME(@P1); EXEC (@sql);",
+            name,
+        )
+        .await;
+        if plain.is_ok() {
+            return Ok(());
+        }
+        if attempt < PLAIN_DROP_ATTEMPTS {
+            tokio::time::sleep(PLAIN_DROP_PAUSE).await;
+        }
     }
     on_server(
         server,

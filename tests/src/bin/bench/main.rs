@@ -18,6 +18,7 @@
 mod backend;
 mod central_figures;
 mod e2e;
+mod first_minute;
 mod fixtures;
 mod fresh;
 mod load;
@@ -49,7 +50,7 @@ use rig::{Rig, Sizes};
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
-    /// forward, ingest, dispatch, rtt, e2e, fresh, memory.
+    /// forward, ingest, dispatch, rtt, e2e, first-minute, fresh, memory.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -95,6 +96,10 @@ struct Args {
     /// Seconds of Sends in the end-to-end latency figure (default 20; 8 with --quick).
     #[arg(long)]
     e2e_seconds: Option<f64>,
+    /// Seconds of submits after central starts in the `first-minute` figure, one every 200 ms
+    /// (default 60; 15 with --quick).
+    #[arg(long)]
+    first_minute_seconds: Option<f64>,
     /// Rows held by central and by the site in the memory figure (default 1000000; 100000 with
     /// --quick).
     #[arg(long)]
@@ -159,7 +164,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 10] = [
+const GROUPS: [&str; 11] = [
     "send",
     "send-latency",
     "standby",
@@ -168,6 +173,7 @@ const GROUPS: [&str; 10] = [
     "dispatch",
     "rtt",
     "e2e",
+    "first-minute",
     "fresh",
     "memory",
 ];
@@ -198,6 +204,7 @@ impl Args {
                 .max(0.0),
             e2e_rate: self.e2e_rate,
             e2e_duration: pick(self.e2e_seconds, 20.0, 8.0),
+            first_minute: pick(self.first_minute_seconds, 60.0, 15.0),
             memory_rows: self
                 .memory_rows
                 .unwrap_or(if quick { 100_000 } else { 1_000_000 }),
@@ -387,6 +394,27 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             Some(Target::AtMost(50.0)),
         ),
         m(
+            "first_minute.p50",
+            format!(
+                "delivery in the first {} s after a start, 5/s: DeliveredAt − CreatedAt p50",
+                s.first_minute.as_secs_f64()
+            ),
+            "ms",
+            None,
+        ),
+        m(
+            "first_minute.p99",
+            "  DeliveredAt − CreatedAt p99".into(),
+            "ms",
+            Some(Target::AtMost(50.0)),
+        ),
+        m(
+            "first_minute.max",
+            "  DeliveredAt − CreatedAt max".into(),
+            "ms",
+            None,
+        ),
+        m(
             "fresh.site_b.p50",
             format!(
                 "fresh under {} backlog at {}/s: site B, normal, wait p50",
@@ -470,6 +498,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "dispatch" => central_figures::dispatch(rig).await,
         "rtt" => round_trips::rtt(rig).await,
         "e2e" => e2e::e2e(rig).await,
+        "first-minute" => first_minute::first_minute(rig).await,
         "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),

@@ -33,6 +33,8 @@ pub struct Sizes {
     pub rtt_seconds: f64,
     pub e2e_rate: f64,
     pub e2e_duration: Duration,
+    /// How long the `first-minute` figure submits after central starts.
+    pub first_minute: Duration,
     pub memory_rows: u64,
     /// The `fresh` figure: site A's backlog at central, the relay's limit (messages a second
     /// and burst), and how long the fresh streams submit.
@@ -58,6 +60,7 @@ impl Sizes {
             "rtt_seconds": self.rtt_seconds,
             "e2e_rate_per_s": self.e2e_rate,
             "e2e_duration_s": self.e2e_duration.as_secs_f64(),
+            "first_minute_s": self.first_minute.as_secs_f64(),
             "memory_rows": self.memory_rows,
             "fresh_backlog": self.fresh_backlog,
             "fresh_rate_limit_per_s": self.fresh_rate_limit,
