@@ -585,10 +585,19 @@ async fn leader_killed_mid_flight_successor_delivers_everything() {
     let ids = submit_spread(&all, N).await;
     sink.wait_for_messages(DELIVERED_BEFORE_KILL, DEADLINE)
         .await;
+    // The relay holds its replies until the leader is dead, so the kill certainly lands with
+    // deliveries in flight (with pipelined SMTP a delivery is so quick that a kill could land
+    // between claims, with nothing in flight).
+    sink.pause_replies();
+    assert!(
+        sink.wait_for_held_replies(1, DEADLINE).await,
+        "a delivery reached the relay"
+    );
     let killed = replicas.swap_remove(leader);
     let killed_node = killed.node.clone();
     killed.kill9().await;
     let delivered_at_kill = sink.messages().len();
+    sink.resume_replies();
     assert!(
         delivered_at_kill < N,
         "the leader was killed mid-flight, not after delivering everything"
