@@ -121,6 +121,10 @@ pub struct Metrics {
     /// Round trip of each lease renewal, including any that failed or timed out.
     lease_renewals: Histogram,
     lease_renewal_failures: Counter,
+    /// Outcome writes the store refused (each try), and outcomes given up on after
+    /// `claim_timeout`: the latter are the rows that may be mailed twice.
+    outcome_write_failures: Counter,
+    outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
     kpis: KpiGauges,
@@ -202,6 +206,21 @@ impl Metrics {
             lease_renewal_failures.clone(),
         );
 
+        let outcome_write_failures = Counter::default();
+        registry.register(
+            "outbox_dispatcher_outcome_write_failures",
+            "Writes of finished attempts' outcomes that failed (database unreachable, disk full); \
+             each is tried again until the claim timeout",
+            outcome_write_failures.clone(),
+        );
+        let outcomes_unrecorded = Counter::default();
+        registry.register(
+            "outbox_dispatcher_outcomes_unrecorded",
+            "Finished attempts whose outcome could not be written within the claim timeout: each \
+             row is delivered again, so its mail may arrive twice",
+            outcomes_unrecorded.clone(),
+        );
+
         let purged = Counter::default();
         registry.register(
             "outbox_purged_notifications",
@@ -230,6 +249,8 @@ impl Metrics {
             lease_epoch,
             lease_renewals,
             lease_renewal_failures,
+            outcome_write_failures,
+            outcomes_unrecorded,
             purged,
             purged_parked,
             kpis,
@@ -287,6 +308,16 @@ impl Metrics {
         if failed {
             self.lease_renewal_failures.inc();
         }
+    }
+
+    /// One write of finished attempts' outcomes failed; it will be tried again.
+    pub fn outcome_write_failed(&self) {
+        self.outcome_write_failures.inc();
+    }
+
+    /// `records` outcomes were given up on after the claim timeout.
+    pub fn outcomes_unrecorded(&self, records: u64) {
+        self.outcomes_unrecorded.inc_by(records);
     }
 
     /// Counts what one purge pass deleted.

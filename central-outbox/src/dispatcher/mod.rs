@@ -279,7 +279,11 @@ impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
         let recorder = self
             .recorder
             .get_or_insert_with(|| {
-                recorder::start(Arc::clone(&self.store), self.settings.claim_timeout)
+                recorder::start(
+                    Arc::clone(&self.store),
+                    Arc::clone(&self.metrics),
+                    self.settings.claim_timeout,
+                )
             })
             .0
             .clone();

@@ -21,6 +21,7 @@ use tokio::sync::mpsc;
 use tokio::task::{JoinHandle, JoinSet};
 
 use super::lease::DISPATCHER_LEASE;
+use crate::metrics::Metrics;
 use crate::store::{AttemptRecord, OutboxStore, StoreError};
 
 /// Outcome writes under way at most. Two: one can be committing while the next gathers what
@@ -43,6 +44,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 /// sender is dropped and all it received is written).
 pub(super) fn start<S: OutboxStore>(
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     claim_timeout: Duration,
 ) -> (mpsc::Sender<AttemptRecord>, JoinHandle<()>) {
     let (records, mut received) = mpsc::channel(BACKLOG);
@@ -56,7 +58,12 @@ pub(super) fn start<S: OutboxStore>(
                 batch = next_batch(&mut received), if open && writes.len() < WRITES => {
                     match batch {
                         Some(batch) => {
-                            writes.spawn(record_outcomes(Arc::clone(&store), batch, claim_timeout));
+                            writes.spawn(record_outcomes(
+                                Arc::clone(&store),
+                                Arc::clone(&metrics),
+                                batch,
+                                claim_timeout,
+                            ));
                         }
                         None => open = false,
                     }
@@ -78,6 +85,7 @@ async fn next_batch(received: &mut mpsc::Receiver<AttemptRecord>) -> Option<Vec<
 /// failed call is tried again for up to `retry_for` (see the module documentation).
 async fn record_outcomes<S: OutboxStore>(
     store: Arc<S>,
+    metrics: Arc<Metrics>,
     records: Vec<AttemptRecord>,
     retry_for: Duration,
 ) {
@@ -85,7 +93,7 @@ async fn record_outcomes<S: OutboxStore>(
         .iter()
         .map(|r| (r.id, r.transition.status))
         .collect();
-    match write_retrying(&*store, records, retry_for).await {
+    match write_retrying(&*store, &metrics, records, retry_for).await {
         Ok(applied) => {
             for ((id, status), applied) in ids.into_iter().zip(applied) {
                 if applied {
@@ -99,6 +107,7 @@ async fn record_outcomes<S: OutboxStore>(
             }
         }
         Err(e) => {
+            metrics.outcomes_unrecorded(ids.len() as u64);
             for (id, _) in ids {
                 tracing::error!(
                     %id,
@@ -114,27 +123,30 @@ async fn record_outcomes<S: OutboxStore>(
 /// [`MAX_PAUSE`]) until it answers or `retry_for` has passed since the first try.
 async fn write_retrying<S: OutboxStore>(
     store: &S,
+    metrics: &Metrics,
     records: Vec<AttemptRecord>,
     retry_for: Duration,
 ) -> Result<Vec<bool>, StoreError> {
     let give_up_at = Instant::now() + retry_for;
     let mut pause = FIRST_PAUSE;
     loop {
-        match store
+        let failure = match store
             .record_outcomes(DISPATCHER_LEASE, records.clone())
             .await
         {
             Ok(applied) => return Ok(applied),
-            Err(e) if Instant::now() + pause >= give_up_at => return Err(e),
-            Err(e) => {
-                tracing::warn!(
-                    records = records.len(),
-                    error = %e,
-                    "cannot record attempts yet; trying again"
-                );
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(MAX_PAUSE);
-            }
+            Err(e) => e,
+        };
+        metrics.outcome_write_failed();
+        if Instant::now() + pause >= give_up_at {
+            return Err(failure);
         }
+        tracing::warn!(
+            records = records.len(),
+            error = %failure,
+            "cannot record attempts yet; trying again"
+        );
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(MAX_PAUSE);
     }
 }

@@ -43,6 +43,11 @@ fn mssql_server() -> Option<&'static str> {
         .as_deref()
 }
 
+/// Whether this run puts central on MS SQL (a test about SQLite's own file says it is skipped).
+pub fn on_mssql() -> bool {
+    mssql_server().is_some()
+}
+
 /// Scratch databases by the SQLite path that names them.
 fn registry() -> &'static Mutex<HashMap<PathBuf, Arc<ScratchDatabase>>> {
     static REGISTRY: OnceLock<Mutex<HashMap<PathBuf, Arc<ScratchDatabase>>>> = OnceLock::new();

@@ -28,13 +28,13 @@ const RESERVE: u64 = 2 << 20;
 
 /// A tmpfs mounted on a temporary directory, unmounted when dropped (failure included); lazily,
 /// so a process still closing its files there cannot keep it mounted.
-struct Tmpfs {
+pub struct Tmpfs {
     dir: tempfile::TempDir,
 }
 
 impl Tmpfs {
     /// `None`, with the reason printed, when this process may not mount one.
-    fn mount(size: &str) -> Option<Self> {
+    pub fn mount(size: &str) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let mounted = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -44,19 +44,19 @@ impl Tmpfs {
             Ok(out) if out.status.success() => Some(Self { dir }),
             Ok(out) => {
                 eprintln!(
-                    "SKIPPED disk_full: cannot mount a {size} tmpfs (the test needs root): {}",
+                    "SKIPPED: cannot mount a {size} tmpfs (the test needs root): {}",
                     String::from_utf8_lossy(&out.stderr).trim()
                 );
                 None
             }
             Err(e) => {
-                eprintln!("SKIPPED disk_full: cannot run mount for a {size} tmpfs: {e}");
+                eprintln!("SKIPPED: cannot run mount for a {size} tmpfs: {e}");
                 None
             }
         }
     }
 
-    fn path(&self) -> &Path {
+    pub fn path(&self) -> &Path {
         self.dir.path()
     }
 }

@@ -11,6 +11,7 @@ mod harness;
 
 mod admin;
 mod auth;
+mod central_disk_full;
 mod channels;
 mod conditions;
 mod consolidation;
