@@ -27,7 +27,7 @@ use tonic::{Code, Request};
 use crate::buffer::{Buffer, BufferError};
 use crate::config::Config;
 use crate::domain::{PendingClear, PendingClears};
-use crate::forwarder::error_chain;
+use crate::link::error_chain;
 
 /// Why a round of clears stopped (the sender retries after the retry interval).
 #[derive(Debug, thiserror::Error)]

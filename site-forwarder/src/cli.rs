@@ -87,7 +87,7 @@ async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| failed(crate::forwarder::error_chain(&e)))?;
+        .map_err(|e| failed(crate::link::error_chain(&e)))?;
     Ok(SiteNotifyClient::new(channel))
 }
 

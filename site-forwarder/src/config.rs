@@ -13,8 +13,8 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::domain::Role;
 use crate::domain::SiteId;
-use crate::pair::Role;
 use crate::tls::TlsConfig;
 
 /// Prefix of the environment variables read by [`Config::load`].

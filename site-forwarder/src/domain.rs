@@ -1,11 +1,17 @@
 //! The forwarder's domain: what a buffered notification is, where a notification stands locally,
-//! the pending clears and their ordering rules, and the figures the buffer reports. Plain data
-//! built from the validated content types of `outbox_domain`, so holding a
-//! [`BufferedNotification`] proves every content rule held when it was accepted. This module
-//! knows nothing of tonic, prost or rusqlite; the gRPC edge and the buffer convert to and from
-//! it.
+//! the pending clears and their ordering rules, the figures the buffer and the forwarding link
+//! report, and a site pair's roles and node views. Plain data built from the validated content
+//! types of `outbox_domain`, so holding a [`BufferedNotification`] proves every content rule held
+//! when it was accepted. This module knows nothing of tonic, prost or rusqlite; the gRPC edge and
+//! the buffer convert to and from it.
+
+mod forwarding;
+mod pair;
 
 use chrono::{DateTime, Utc};
+
+pub use forwarding::ForwardSnapshot;
+pub use pair::{NodeView, NotActive, PairStatus, Role, RoleState};
 
 pub use outbox_domain::{
     Body, ConditionKey, ContentError, ListName, NotificationContent, NotificationId,

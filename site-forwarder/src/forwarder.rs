@@ -46,8 +46,9 @@ use tonic::transport::Endpoint;
 use crate::buffer::{Buffer, BufferError, Page};
 use crate::clears::ClearSender;
 use crate::config::Config;
-use crate::domain::{NotificationId, Seq};
+use crate::domain::{ForwardSnapshot, NotificationId, Seq};
 use crate::grpc::convert;
+use crate::link::{LinkError, central_endpoint, error_chain};
 use crate::metrics::SiteMetrics;
 
 /// Rows read from the buffer per refill query. Small enough that one read holds little memory
@@ -61,18 +62,8 @@ const MAX_ACK_BATCH: usize = 1024;
 /// when it waits first).
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
-    #[error("central_url {url:?} is not usable: {source}")]
-    BadUrl {
-        url: String,
-        source: tonic::transport::Error,
-    },
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
-    #[error("central_url {url:?}: cannot use the TLS configuration: {source}")]
-    TlsConfig {
-        url: String,
-        source: tonic::transport::Error,
-    },
+    Link(#[from] LinkError),
     #[error("cannot connect: {0}")]
     Connect(String),
     #[error("central did not open the submit stream: {0}")]
@@ -91,40 +82,6 @@ pub enum ForwardError {
 
 pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
 
-/// Builds the endpoint for central with the configured connect timeout and HTTP/2 keepalive
-/// (`[central]`), and TLS for an `https://` URL (its files are read here, so a bad one fails
-/// start-up). No per-request timeout here: the submit stream lives for as long as the link
-/// does. Pings go while idle too: without them a peer that vanished (cable pulled, VM frozen,
-/// a proxy that stops passing packets) looks like a quiet stream until TCP gives up, which can
-/// take many minutes.
-pub fn central_endpoint(config: &Config) -> Result<Endpoint> {
-    let mut endpoint = Endpoint::from_shared(config.central_url.clone()).map_err(|source| {
-        ForwardError::BadUrl {
-            url: config.central_url.clone(),
-            source,
-        }
-    })?;
-    // The handshake gets the connect timeout too: tonic's bounds only the TCP connect, and a
-    // central that accepts but never answers the handshake must not stall the forwarder.
-    if let Some(tls) = config
-        .tls
-        .client_config(&config.central_url, config.connect_timeout)?
-    {
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|source| ForwardError::TlsConfig {
-                url: config.central_url.clone(),
-                source,
-            })?;
-    }
-    Ok(endpoint
-        .connect_timeout(config.connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(config.central.keepalive_interval)
-        .keep_alive_timeout(config.central.keepalive_timeout)
-        .keep_alive_while_idle(true))
-}
-
 /// The forwarder's live figures, shared with `GetBufferStats` and `/metrics`. Atomics: written by
 /// the forwarder task only, read by any request, and no reader needs two of them to be consistent.
 #[derive(Debug, Default)]
@@ -133,14 +90,6 @@ pub struct ForwardState {
     in_flight: AtomicU64,
     /// Unix milliseconds of the last ACCEPTED/DUPLICATE ack; 0 = none since start.
     last_forward_at_ms: AtomicI64,
-}
-
-/// A copy of [`ForwardState`] at one moment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ForwardSnapshot {
-    pub central_reachable: bool,
-    pub in_flight: u64,
-    pub last_forward_at: Option<DateTime<Utc>>,
 }
 
 impl ForwardState {
@@ -464,22 +413,6 @@ impl Forwarder {
         );
         Ok(())
     }
-}
-
-/// An error and its sources on one line: tonic's own text ("transport error") hides the cause
-/// ("Connection refused") in its source.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
 }
 
 type AckItem = Option<std::result::Result<NotificationSubmitAck, tonic::Status>>;

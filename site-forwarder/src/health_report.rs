@@ -24,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::buffer::Buffer;
+use crate::domain::Role;
 use crate::domain::SiteId;
 use crate::forwarder::ForwardState;
-use crate::pair::{Pair, Role};
+use crate::pair::Pair;
 
 /// The version a node reports: this crate's.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -133,7 +134,7 @@ impl HealthReporter {
         Ok(SiteHealthReport {
             site_id: self.site.as_str().to_owned(),
             node_name: pair.node_name,
-            role: pair.role.to_proto().into(),
+            role: crate::grpc::convert::role_to_proto(pair.role).into(),
             buffer_depth: stats.depth,
             oldest_buffered_age_seconds: stats.oldest_age_seconds(Utc::now()),
             last_forward_at: forwarding.last_forward_at.map(to_timestamp),

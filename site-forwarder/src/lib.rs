@@ -22,6 +22,7 @@ pub mod domain;
 pub mod forwarder;
 pub mod grpc;
 pub mod health_report;
+pub mod link;
 pub mod metrics;
 pub mod pair;
 pub mod tls;
@@ -42,12 +43,12 @@ use tonic_health::ServingStatus;
 use crate::buffer::{Buffer, BufferError};
 use crate::config::Config;
 use crate::domain::SiteId;
-use crate::forwarder::{ForwardError, ForwardState};
+use crate::forwarder::ForwardState;
 use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
+use crate::grpc::site_pair::PairEndpoint;
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
 use crate::pair::node::{self, Node};
-use crate::pair::service::PairEndpoint;
 
 /// Why the service could not start or stopped abnormally.
 #[derive(Debug, thiserror::Error)]
@@ -77,8 +78,9 @@ pub enum RunError {
     Serve(#[from] tonic::transport::Error),
 }
 
-impl From<ForwardError> for RunError {
-    fn from(e: ForwardError) -> Self {
+/// A link's endpoint cannot be built: its setting (named in the message) is wrong.
+impl From<link::LinkError> for RunError {
+    fn from(e: link::LinkError) -> Self {
         Self::Config(e.to_string())
     }
 }
@@ -210,7 +212,7 @@ pub async fn run_with(
     let metrics = Arc::new(SiteMetrics::new());
     // Built now, so a bad central_url or TLS file stops start-up, not the first forward (the
     // node task builds the forwarder from the same, already checked, settings).
-    let endpoint = forwarder::central_endpoint(&config)?;
+    let endpoint = link::central_endpoint(&config)?;
     let central = CentralStatus::new(
         &endpoint,
         config.central_url.clone(),
@@ -225,8 +227,10 @@ pub async fn run_with(
         config.health_report_interval,
         config.request_timeout,
     );
-    let scraper =
-        Arc::clone(&metrics).scraper(buffer.clone(), Arc::clone(&state), Arc::clone(&pair));
+    let scraper = Arc::clone(&metrics).scraper(buffer.clone(), {
+        let (state, pair) = (Arc::clone(&state), Arc::clone(&pair));
+        move || (state.snapshot(), pair.status())
+    });
     let service = SiteNotifyService::new(
         site.clone(),
         buffer.clone(),

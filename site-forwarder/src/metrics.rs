@@ -3,9 +3,9 @@
 //!
 //! Counters (Sends committed, acks settled) are counted where the work happens, after the buffer
 //! commit, so they never run ahead of the buffer. Every gauge is read at scrape time from the
-//! same sources as `GetBufferStats` (the buffer's stats query, its room status and the
-//! forwarder's [`ForwardState`]), so the two surfaces cannot drift apart. A scrape reads the buffer first and
-//! the counters as it encodes them, so one scrape may count an ack settled meanwhile whose row
+//! same sources as `GetBufferStats` (the buffer's stats query, its room status, and snapshots
+//! of the forwarding link's and the pair's figures), so the two surfaces cannot drift apart. A
+//! scrape reads the buffer first and the counters as it encodes them, so one scrape may count an ack settled meanwhile whose row
 //! its buffer gauges still show; the next scrape shows both.
 
 use std::sync::atomic::AtomicU64;
@@ -22,8 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::buffer::Buffer;
-use crate::forwarder::ForwardState;
-use crate::pair::{Pair, Role};
+use crate::domain::{ForwardSnapshot, PairStatus, Role};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct OutcomeLabels {
@@ -258,14 +257,17 @@ impl SiteMetrics {
         }
     }
 
-    /// Reads the buffer and the forwarder's state now and renders every metric as OpenMetrics
+    /// Reads the buffer, then `figures` (the link's and the pair's), and renders every metric as OpenMetrics
     /// text. If the buffer cannot be read, its gauges keep their last values (and a warning is
     /// logged); the rest is still current.
-    pub async fn render(&self, buffer: &Buffer, forwarding: &ForwardState, pair: &Pair) -> String {
+    pub async fn render(
+        &self,
+        buffer: &Buffer,
+        figures: impl FnOnce() -> (ForwardSnapshot, PairStatus),
+    ) -> String {
         let stats = buffer.stats().await;
         let room = buffer.room_status();
-        let forward = forwarding.snapshot();
-        let pair = pair.status();
+        let (forward, pair) = figures();
         let now = Utc::now();
         let _scrape = self.scrape.lock().unwrap_or_else(PoisonError::into_inner);
         match stats {
@@ -311,17 +313,11 @@ impl SiteMetrics {
     pub fn scraper(
         self: Arc<Self>,
         buffer: Buffer,
-        forwarding: Arc<ForwardState>,
-        pair: Arc<Pair>,
+        figures: impl Fn() -> (ForwardSnapshot, PairStatus) + Clone + Send + Sync + 'static,
     ) -> impl Fn() -> BoxFuture<'static, String> + Clone + Send + Sync + 'static {
         move || {
-            let (metrics, buffer, forwarding, pair) = (
-                Arc::clone(&self),
-                buffer.clone(),
-                Arc::clone(&forwarding),
-                Arc::clone(&pair),
-            );
-            async move { metrics.render(&buffer, &forwarding, &pair).await }.boxed()
+            let (metrics, buffer, figures) = (Arc::clone(&self), buffer.clone(), figures.clone());
+            async move { metrics.render(&buffer, figures).await }.boxed()
         }
     }
 }
@@ -362,9 +358,9 @@ mod tests {
     async fn pair_gauges_show_the_role_and_the_term() {
         let dir = tempfile::tempdir().unwrap();
         let buffer = Buffer::open(&dir.path().join("b.db")).unwrap();
-        let pair = Pair::new(
+        let pair = crate::pair::Pair::new(
             &crate::config::Config::new("site-a"),
-            crate::pair::RoleState {
+            crate::domain::RoleState {
                 role: Role::Standby,
                 term: 7,
             },
@@ -372,7 +368,7 @@ mod tests {
         let metrics = SiteMetrics::new();
         metrics.promoted();
         let text = metrics
-            .render(&buffer, &ForwardState::default(), &pair)
+            .render(&buffer, || (ForwardSnapshot::default(), pair.status()))
             .await;
         assert_eq!(
             sample(&text, "outbox_site_pair_active"),

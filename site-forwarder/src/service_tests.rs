@@ -950,7 +950,7 @@ async fn metrics_count_what_central_acked() {
 /// [`start_pair_node`] on the port reserved for `listen`.
 fn pair_node(
     name: &'static str,
-    role: crate::pair::Role,
+    role: crate::domain::Role,
     listen: SocketAddr,
     peer: SocketAddr,
     buffer: std::path::PathBuf,
@@ -1028,7 +1028,7 @@ async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
 /// memory (sent while it follows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let central_port = Reserved::new();
     let central = central_port.addr;
     let (a_port, b_port) = (Reserved::new(), Reserved::new());
@@ -1080,7 +1080,7 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
 /// held in memory for the stream: it never keeps a row the active deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_drops_every_row_central_acked() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let central_addr = listener.local_addr().unwrap();
     let central_stop = CancellationToken::new();
@@ -1363,7 +1363,7 @@ async fn a_pending_clear_survives_a_restart() {
 /// as it refuses a Send: only the active's clears reach central.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let central_port = Reserved::new();
     let central = central_port.addr;
     let (a_port, b_port) = (Reserved::new(), Reserved::new());
@@ -1512,7 +1512,7 @@ impl FakeCentral {
 /// forwards the row of the key sent after the clear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let central_port = Reserved::new();
     let central_addr = central_port.addr;
     let (a_port, b_port) = (Reserved::new(), Reserved::new());
@@ -1567,7 +1567,7 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
 /// A clear central applied leaves the standby too: the active's list replaces the standby's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clear_central_applied_leaves_the_standby() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let central_port = Reserved::new();
     let central_addr = central_port.addr;
     let (a_port, b_port) = (Reserved::new(), Reserved::new());
@@ -1625,7 +1625,7 @@ async fn a_clear_central_applied_leaves_the_standby() {
 /// old active, now its standby, ends with the new active's pending clears, then none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_carries_the_pending_clear() {
-    use crate::pair::Role;
+    use crate::domain::Role;
     let central_port = Reserved::new();
     let central_addr = central_port.addr;
     let (a_port, b_port) = (Reserved::new(), Reserved::new());

@@ -20,8 +20,8 @@
 use rusqlite::{Connection, OptionalExtension, params};
 
 use super::{AdoptedClears, Buffer, BufferError, Insert, Result, clears, insert_row};
+use crate::domain::Role;
 use crate::domain::{BufferedNotification, PendingClear, Seq};
-use crate::pair::Role;
 use std::sync::Arc;
 
 /// Version 2: the node's place in its pair.

@@ -1,14 +1,23 @@
-//! The gRPC edge of the forwarder: the local `SiteNotify` service, the proto <-> domain
-//! conversions, and the one mapping from the forwarder's errors to `tonic::Status`. Handlers stay
-//! thin: validate, call the buffer (or central), answer.
+//! The gRPC edge of the forwarder: the local `SiteNotify` service, the `SitePair` service a node
+//! serves its peer, the proto <-> domain conversions, and the one mapping from the forwarder's
+//! errors to `tonic::Status`. Handlers stay thin: validate, call the buffer (or central, or the
+//! pair), answer.
 
 pub mod convert;
 pub mod site_notify;
+pub mod site_pair;
 
 use tonic::Status;
 
 use crate::buffer::BufferError;
-use crate::domain::ContentError;
+use crate::domain::{ContentError, NotActive};
+
+/// A standby's refusal: UNAVAILABLE, so a script retries, naming the node to send to instead.
+impl From<NotActive> for Status {
+    fn from(refusal: NotActive) -> Self {
+        Status::unavailable(refusal.to_string())
+    }
+}
 
 /// Bad input: the message names the field and the rule (`subject: must not be empty`).
 pub fn invalid_argument(e: ContentError) -> Status {

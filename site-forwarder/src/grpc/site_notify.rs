@@ -23,10 +23,12 @@ use tonic::{Code, Request, Response, Status};
 
 use super::{buffer_status, convert, invalid_argument};
 use crate::buffer::Buffer;
+use crate::domain::Role;
 use crate::domain::{ConditionKey, LocalStatus, NotificationId, SiteId};
-use crate::forwarder::{ForwardState, error_chain};
+use crate::forwarder::ForwardState;
+use crate::link::error_chain;
 use crate::metrics::SiteMetrics;
-use crate::pair::{Pair, Role};
+use crate::pair::Pair;
 
 /// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
 /// it as needed) and a bounded wait per call.
@@ -184,7 +186,7 @@ impl SiteNotify for SiteNotifyService {
             central_reachable: forwarding.central_reachable,
             rejected: stats.rejected,
             in_flight: forwarding.in_flight,
-            role: pair.role.to_proto().into(),
+            role: convert::role_to_proto(pair.role).into(),
             term: pair.term,
             node_name: pair.node_name,
             peer_connected: pair.peer_connected,
@@ -247,6 +249,8 @@ impl SiteNotify for SiteNotifyService {
                 }
             }
         }
-        Ok(Response::new(self.pair.view().to_proto()))
+        Ok(Response::new(convert::node_view_to_proto(
+            &self.pair.view(),
+        )))
     }
 }

@@ -22,11 +22,11 @@ use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 
 use super::source::BATCH_BYTES;
-use super::{MAX_PENDING_CLEARS, NodeView, Pair, Role, clear_to_proto};
+use super::{MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{Buffer, BufferError};
-use crate::domain::Seq;
-use crate::forwarder::error_chain;
+use crate::domain::{NodeView, Role, Seq};
 use crate::grpc::convert;
+use crate::link::error_chain;
 
 /// Rows read per query during a hand-over.
 const PAGE_ROWS: usize = 256;
@@ -111,7 +111,7 @@ pub async fn hand_over(
         .iter()
         .map(|c| c.condition_key.as_str().to_owned())
         .collect();
-    let listed: Vec<v1::PendingClear> = clears.iter().map(clear_to_proto).collect();
+    let listed: Vec<v1::PendingClear> = clears.iter().map(convert::clear_to_proto).collect();
     for part in listed.chunks(MAX_PENDING_CLEARS) {
         adopt(
             &mut client,
@@ -154,7 +154,7 @@ async fn role_of(
         .map_err(|_| HandoverError::Timeout(timeout))?
         .map_err(HandoverError::Refused)?
         .into_inner();
-    NodeView::from_proto(view).ok_or(HandoverError::UnknownRole)
+    convert::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
 }
 
 async fn adopt(

@@ -23,21 +23,16 @@ pub mod handover;
 pub mod lag;
 pub mod node;
 pub mod replica;
-pub mod service;
 pub mod source;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use outbox_proto::v1;
-use serde::Deserialize;
 use tokio::sync::{Notify, RwLock, RwLockReadGuard, watch};
 use tokio::time::Instant;
-use tonic::transport::Endpoint;
 
 use crate::config::{Config, PairConfig};
-use crate::domain::{ConditionKey, ContentError, PendingClear, Seq};
-use crate::forwarder::ForwardError;
+use crate::domain::{NodeView, NotActive, PairStatus, Role, RoleState, Seq};
 use lag::{StandbyLag, StreamId};
 
 /// Most pending clears one `SitePair` message carries (a replication batch's list, an adoption
@@ -49,116 +44,6 @@ use lag::{StandbyLag, StreamId};
 /// loses the central half of the rest, as all of them before they were replicated); a
 /// hand-over sends them in as many requests as they need.
 pub const MAX_PENDING_CLEARS: usize = 10_000;
-
-/// A pending clear as the pair link carries it.
-pub fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
-    v1::PendingClear {
-        condition_key: clear.condition_key.as_str().to_owned(),
-        up_to_seq: clear.up_to.0,
-        cleared_at: Some(outbox_proto::time::to_timestamp(clear.cleared_at)),
-    }
-}
-
-/// A pending clear from the peer, checked as the buffer would check its own; the error names
-/// the field.
-pub fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, ContentError> {
-    let condition_key = ConditionKey::parse(clear.condition_key, "condition_key")?;
-    if clear.up_to_seq < 0 {
-        return Err(ContentError::new("up_to_seq", "must not be negative"));
-    }
-    let cleared_at = clear
-        .cleared_at
-        .as_ref()
-        .ok_or_else(|| ContentError::new("cleared_at", "is required"))?;
-    let cleared_at = outbox_proto::time::from_timestamp(cleared_at)
-        .ok_or_else(|| ContentError::new("cleared_at", "is not a valid timestamp"))?;
-    Ok(PendingClear {
-        condition_key,
-        up_to: Seq(clear.up_to_seq),
-        // The precision the buffer keeps, so what is stored is what was sent.
-        cleared_at: crate::domain::to_buffer_precision(cleared_at),
-    })
-}
-
-/// A node's role in its pair.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    Active,
-    Standby,
-}
-
-impl Role {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Role::Active => "active",
-            Role::Standby => "standby",
-        }
-    }
-
-    pub fn from_db(text: &str) -> Option<Self> {
-        match text {
-            "active" => Some(Role::Active),
-            "standby" => Some(Role::Standby),
-            _ => None,
-        }
-    }
-
-    pub fn to_proto(self) -> v1::NodeRole {
-        match self {
-            Role::Active => v1::NodeRole::Active,
-            Role::Standby => v1::NodeRole::Standby,
-        }
-    }
-}
-
-/// A node as its peer sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NodeView {
-    pub name: String,
-    pub role: Role,
-    pub term: u64,
-    pub send_addr: String,
-}
-
-impl NodeView {
-    /// Of two active nodes, whether `self` stays active: the higher term, or with equal terms
-    /// (two nodes both configured active that never met) the lower name.
-    pub fn outranks(&self, other: &NodeView) -> bool {
-        (self.term, std::cmp::Reverse(&self.name)) > (other.term, std::cmp::Reverse(&other.name))
-    }
-
-    pub fn to_proto(&self) -> v1::NodeRoleView {
-        v1::NodeRoleView {
-            node_name: self.name.clone(),
-            role: self.role.to_proto().into(),
-            term: self.term,
-            send_addr: self.send_addr.clone(),
-        }
-    }
-
-    /// `None` when the role is not one this build knows.
-    pub fn from_proto(view: v1::NodeRoleView) -> Option<Self> {
-        let role = match v1::NodeRole::try_from(view.role).ok()? {
-            v1::NodeRole::Active => Role::Active,
-            v1::NodeRole::Standby => Role::Standby,
-            v1::NodeRole::Unspecified => return None,
-        };
-        Some(Self {
-            name: view.node_name,
-            role,
-            term: view.term,
-            send_addr: view.send_addr,
-        })
-    }
-}
-
-/// The role and term as the services see them. Changed only by [`node`], under the write lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RoleState {
-    pub role: Role,
-    pub term: u64,
-}
 
 /// The pair state shared by `SiteNotify`, `SitePair`, metrics and the node task.
 #[derive(Debug)]
@@ -181,19 +66,6 @@ pub struct Pair {
     /// Standby: when the active was last heard from (any batch, heartbeat or answer).
     last_heard: Mutex<Instant>,
     following_now: AtomicBool,
-}
-
-/// The pair's figures at one moment, for `GetBufferStats` and `/metrics`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct PairStatus {
-    pub role: Role,
-    pub term: u64,
-    pub node_name: String,
-    pub peer_connected: bool,
-    pub standby_lag_rows: u64,
-    pub standby_lag_seconds: f64,
-    pub active_node: String,
-    pub active_silent_seconds: f64,
 }
 
 impl Pair {
@@ -250,8 +122,8 @@ impl Pair {
     }
 
     /// Holds the role for the duration of a buffer write that only the active may make (a Send,
-    /// an adoption): `Err` with the status to answer when this node is not active.
-    pub async fn while_active(&self) -> Result<RwLockReadGuard<'_, RoleState>, tonic::Status> {
+    /// an adoption): `Err` saying where to send instead when this node is not active.
+    pub async fn while_active(&self) -> Result<RwLockReadGuard<'_, RoleState>, NotActive> {
         let guard = self.role.read().await;
         match guard.role {
             Role::Active => Ok(guard),
@@ -260,24 +132,12 @@ impl Pair {
     }
 
     /// The refusal a standby gives, naming the active when it knows it.
-    pub fn not_active(&self) -> tonic::Status {
-        let active = lock(&self.active).clone();
-        let whom = match active {
-            Some(active) => format!(
-                "send to the active node {} at {}",
-                active.name, active.send_addr
-            ),
-            None => format!(
-                "send to the active node (its peer at {}; not reached yet)",
-                self.config
-                    .as_ref()
-                    .map_or("(none configured)", |c| c.peer_url.as_str())
-            ),
-        };
-        tonic::Status::unavailable(format!(
-            "this site-forwarder ({}) is the standby of its pair and accepts no Sends; {whom}",
-            self.name
-        ))
+    pub fn not_active(&self) -> NotActive {
+        NotActive {
+            node: self.name.clone(),
+            active: lock(&self.active).clone(),
+            peer_url: self.config.as_ref().map(|c| c.peer_url.clone()),
+        }
     }
 
     /// Changes the role; waits for every Send and adoption in progress to finish first, so none
@@ -392,36 +252,6 @@ impl Pair {
     }
 }
 
-/// The peer's `SitePair` endpoint, with TLS from `[tls]` for an `https://` URL.
-pub fn peer_endpoint(config: &Config, pair: &PairConfig) -> Result<Endpoint, ForwardError> {
-    let mut endpoint =
-        Endpoint::from_shared(pair.peer_url.clone()).map_err(|source| ForwardError::BadUrl {
-            url: pair.peer_url.clone(),
-            source,
-        })?;
-    if let Some(tls) = config.tls.client_config_for(
-        &pair.peer_url,
-        pair.peer_domain.as_deref(),
-        config.connect_timeout,
-    )? {
-        endpoint = endpoint
-            .tls_config(tls)
-            .map_err(|source| ForwardError::TlsConfig {
-                url: pair.peer_url.clone(),
-                source,
-            })?;
-    }
-    // Pings after a heartbeat interval without a byte, answered within `link_timeout`: a dead
-    // replication connection is dropped well before the standby would promote itself, so a
-    // new one gets a chance first.
-    Ok(endpoint
-        .connect_timeout(config.connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(pair.heartbeat_interval())
-        .keep_alive_timeout(pair.link_timeout())
-        .keep_alive_while_idle(true))
-}
-
 /// A poisoned lock only means another thread panicked while holding it; the data (plain
 /// figures) is still usable.
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -433,15 +263,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn view(name: &str, term: u64) -> NodeView {
-        NodeView {
-            name: name.into(),
-            role: Role::Active,
-            term,
-            send_addr: String::new(),
-        }
-    }
+    use crate::domain::{ConditionKey, PendingClear};
+    use crate::grpc::convert::clear_to_proto;
+    use outbox_proto::v1;
 
     /// The longest list a message may carry, of the longest keys, the highest seqs and
     /// sub-second times, fits under the message limit beside a full batch of rows (at most
@@ -474,58 +298,5 @@ mod tests {
             bytes + source::BATCH_BYTES + 512 * 1024 < outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES,
             "{bytes}"
         );
-    }
-
-    #[test]
-    fn a_pending_clear_crosses_the_link_unchanged_and_a_bad_one_names_its_field() {
-        let at = crate::domain::to_buffer_precision(chrono::Utc::now());
-        let clear = PendingClear {
-            condition_key: ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap(),
-            up_to: Seq(42),
-            cleared_at: at,
-        };
-        let wire = clear_to_proto(&clear);
-        assert_eq!(clear_from_proto(wire.clone()).unwrap(), clear);
-        let broken = [
-            v1::PendingClear {
-                condition_key: "tank 4".into(),
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                up_to_seq: -1,
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                cleared_at: None,
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                cleared_at: Some(prost_types::Timestamp {
-                    seconds: 0,
-                    nanos: -1,
-                }),
-                ..wire
-            },
-        ];
-        let fields: Vec<String> = broken
-            .into_iter()
-            .map(|bad| clear_from_proto(bad).unwrap_err().to_string())
-            .collect();
-        for (problem, field) in
-            fields
-                .iter()
-                .zip(["condition_key:", "up_to_seq:", "cleared_at:", "cleared_at:"])
-        {
-            assert!(problem.starts_with(field), "{problem}");
-        }
-    }
-
-    #[test]
-    fn the_higher_term_outranks_then_the_lower_name() {
-        assert!(view("b", 3).outranks(&view("a", 2)));
-        assert!(!view("a", 2).outranks(&view("b", 3)));
-        assert!(view("a", 2).outranks(&view("b", 2)));
-        assert!(!view("b", 2).outranks(&view("a", 2)));
-        assert!(!view("a", 2).outranks(&view("a", 2)), "never both ways");
     }
 }

@@ -176,7 +176,7 @@ impl Node {
                 .await
                 .ok()?
                 .into_inner();
-            NodeView::from_proto(view)
+            crate::grpc::convert::node_view_from_proto(view)
         };
         let peer = tokio::time::timeout(pair.failover_timeout, ask)
             .await

@@ -28,10 +28,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::source::{WINDOW, span_from_proto};
-use super::{MAX_PENDING_CLEARS, NodeView, Pair, Role, clear_from_proto};
+use super::{MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{Buffer, BufferError, PairRecord, ReplicaChanges};
-use crate::domain::Seq;
-use crate::forwarder::error_chain;
+use crate::domain::{Role, Seq};
+use crate::grpc::convert::{clear_from_proto, node_view_from_proto};
+use crate::link::error_chain;
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
 #[derive(Debug, thiserror::Error)]
@@ -128,7 +129,7 @@ async fn follow_inner(
     let active = first
         .active
         .clone()
-        .and_then(NodeView::from_proto)
+        .and_then(node_view_from_proto)
         .ok_or(FollowError::NoHello)?;
     if active.term != record.term {
         // A different term means a different history: the active sends a full copy, so the

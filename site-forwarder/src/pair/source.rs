@@ -58,9 +58,9 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use super::{MAX_PENDING_CLEARS, Pair, Role, clear_to_proto};
+use super::{MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{Buffer, RecentReader, RetainedSpan, RowChange};
-use crate::domain::{BufferedNotification, PendingClears, Seq};
+use crate::domain::{BufferedNotification, PendingClears, Role, Seq};
 use crate::grpc::convert;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
@@ -303,7 +303,7 @@ impl Session {
         loop {
             let mut batch = ReplicationBatch::default();
             if first {
-                batch.active = Some(self.pair.view().to_proto());
+                batch.active = Some(convert::node_view_to_proto(&self.pair.view()));
                 first = false;
             }
             if after < through {
@@ -496,7 +496,7 @@ impl Session {
         clears
             .iter()
             .take(MAX_PENDING_CLEARS)
-            .map(clear_to_proto)
+            .map(convert::clear_to_proto)
             .collect()
     }
 

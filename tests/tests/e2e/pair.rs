@@ -12,7 +12,7 @@ use outbox_proto::v1;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_tests::link::Link;
 use site_forwarder::config::{Config, PairConfig};
-use site_forwarder::pair::Role;
+use site_forwarder::domain::Role;
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;

@@ -1,6 +1,6 @@
 //! `SitePair`: what a node serves its peer on `pair.listen` ([`PairEndpoint`] serves it).
 //! Handlers stay thin: check the caller and this node's role, then hand over to
-//! [`super::source`] or the buffer.
+//! [`crate::pair::source`] or the buffer.
 //!
 //! The endpoint pings its clients like they ping it (after a heartbeat interval without a
 //! byte, answered within [`PairConfig::link_timeout`]), so the active drops the stream of a
@@ -30,13 +30,15 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::source::{self, Hello, StreamTiming, WINDOW};
-use super::{MAX_PENDING_CLEARS, Pair, Role, clear_from_proto};
+use super::buffer_status;
+use super::convert::{clear_from_proto, node_view_to_proto};
 use crate::RunError;
 use crate::buffer::Buffer;
 use crate::config::{Config, PairConfig};
-use crate::domain::{Seq, SiteId};
-use crate::grpc::buffer_status;
+use crate::domain::{Role, Seq, SiteId};
+use crate::link::peer_endpoint;
+use crate::pair::source::{self, Hello, StreamTiming, WINDOW};
+use crate::pair::{MAX_PENDING_CLEARS, Pair};
 
 /// The pair endpoint of a node: its listener is bound at start-up (so a busy port stops
 /// start-up), served by [`PairEndpoint::serve`] until the stop token.
@@ -64,7 +66,7 @@ impl PairEndpoint {
             .tls
             .pair_server_config()
             .map_err(|e| RunError::Config(e.to_string()))?;
-        let peer = super::peer_endpoint(config, pair_config)?;
+        let peer = peer_endpoint(config, pair_config)?;
         let mut server = Server::builder()
             .http2_keepalive_interval(Some(pair_config.heartbeat_interval()))
             .http2_keepalive_timeout(Some(pair_config.link_timeout()));
@@ -262,6 +264,6 @@ impl SitePair for SitePairService {
         request: Request<GetRoleRequest>,
     ) -> Result<Response<NodeRoleView>, Status> {
         self.check_peer(&request)?;
-        Ok(Response::new(self.pair.view().to_proto()))
+        Ok(Response::new(node_view_to_proto(&self.pair.view())))
     }
 }
