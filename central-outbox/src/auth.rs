@@ -1,11 +1,18 @@
 //! Who may call the admin API (`NotificationOutbox`), and as whom.
 //!
 //! Three roles, each including the one before: `viewer` reads (queries, status, detail, KPIs,
-//! lists, site health), `operator` also retries and discards, `admin` also changes lists and the SMTP
-//! settings. A caller proves a role with a bearer token (`authorization: Bearer <token>`; the
-//! config holds only each token's SHA-256) or with a client certificate whose Common Name the
-//! config maps to a role (mTLS, see `tls`). The recorded actor of every change is that identity:
-//! the token's name or the certificate's CN, never a header the caller writes.
+//! lists, SMTP settings without their secrets, site health), `operator` also retries and
+//! discards, `admin` also changes lists and the SMTP settings. A caller proves a role with a
+//! bearer token (`authorization: Bearer <token>`; the config holds only each token's SHA-256) or
+//! with a client certificate whose Common Name the config maps to a role (mTLS, see `tls`). The
+//! recorded actor of every change is that identity: the token's name or the certificate's CN,
+//! never a header the caller writes.
+//!
+//! The web console (`console`) calls the same service in-process for a logged-in operator: it
+//! attaches a [`ConsoleCaller`] to the request, an identity the console verified at login with
+//! [`Authenticator::login`] or [`Authenticator::certificate_login`]. Request extensions of a
+//! network call are filled by tonic from the connection, never from what the client sends, so
+//! only code in this process can present one; its role is checked here like any other.
 //!
 //! Unauthenticated mode (`mode = "none"`) must be chosen explicitly and is logged loudly at
 //! start; only then does `x-outbox-actor` name the actor, as a display name. The health and
@@ -130,17 +137,47 @@ impl AdminRpc {
             | Self::GetKpis
             | Self::ListNotificationLists
             | Self::GetNotificationList
+            // The relay, its account name and the retry settings; never a secret (those are
+            // write-only), so every operator may see where mail goes.
+            | Self::GetSmtpConfig
             | Self::ListSiteHealth => Role::Viewer,
             Self::RetryNotification
             | Self::DiscardNotification
             | Self::RetryNotifications
             | Self::DiscardNotifications => Role::Operator,
-            // SMTP settings name the relay and its account: reading them is an admin's matter.
             Self::UpsertNotificationList
             | Self::DeleteNotificationList
-            | Self::GetSmtpConfig
             | Self::UpsertSmtpConfig
             | Self::DeleteSmtpConfig => Role::Admin,
+        }
+    }
+}
+
+/// An operator the web console has verified (by token or client certificate at login), as
+/// whom it calls the admin service in-process. Carried as a `tonic::Request` extension; built
+/// only by this module, so holding one means the [`Authenticator`] accepted the credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsoleCaller {
+    name: String,
+    role: Role,
+}
+
+impl ConsoleCaller {
+    /// The recorded actor of what this caller does.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// The console's own identity when authentication is off: it may do anything, as
+    /// `console`.
+    fn open() -> Self {
+        Self {
+            name: "console".into(),
+            role: Role::Admin,
         }
     }
 }
@@ -236,6 +273,39 @@ impl Authenticator {
         }
     }
 
+    /// Whether the admin API is open to anyone (`mode = "none"`).
+    pub fn is_open(&self) -> bool {
+        self.mode == AuthMode::None
+    }
+
+    /// The web console's login with a bearer token: the same tokens and rules as the API.
+    /// With authentication off, anyone is the console's open identity.
+    pub fn login(&self, token: &str) -> Result<ConsoleCaller, Status> {
+        if self.is_open() {
+            return Ok(ConsoleCaller::open());
+        }
+        let token = token.trim();
+        if token.is_empty() {
+            return Err(Status::unauthenticated("paste a bearer token to log in"));
+        }
+        self.find_token(token)
+            .map(|t| ConsoleCaller {
+                name: t.name.clone(),
+                role: t.role,
+            })
+            .ok_or_else(|| Status::unauthenticated("the bearer token is not accepted"))
+    }
+
+    /// The web console's login with a verified client certificate whose Common Name
+    /// `[[auth.certificates]]` maps to a role.
+    pub fn certificate_login(&self, common_name: &str) -> Result<ConsoleCaller, Status> {
+        if self.is_open() {
+            return Ok(ConsoleCaller::open());
+        }
+        self.identify(&Request::new(()), Some(common_name))
+            .map(|(name, role)| ConsoleCaller { name, role })
+    }
+
     /// The actor of a call to `rpc`, if the caller may make it. `client_cn` is the Common Name
     /// of the verified client certificate, if the connection has one.
     pub fn authorize<T>(
@@ -279,12 +349,16 @@ impl Authenticator {
         }
     }
 
-    /// Who the caller is and their role: a bearer token first, else a mapped certificate.
+    /// Who the caller is and their role: the console's verified operator, else a bearer token,
+    /// else a mapped certificate.
     fn identify<T>(
         &self,
         request: &Request<T>,
         client_cn: Option<&str>,
     ) -> Result<(String, Role), Status> {
+        if let Some(caller) = request.extensions().get::<ConsoleCaller>() {
+            return Ok((caller.name.clone(), caller.role));
+        }
         if let Some(value) = request.metadata().get("authorization") {
             let token = value
                 .to_str()
@@ -294,16 +368,8 @@ impl Authenticator {
                 .ok_or_else(|| {
                     Status::unauthenticated("authorization: expected \"Bearer <token>\"")
                 })?;
-            let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
-            // Every configured digest is compared in full, so the time taken says nothing
-            // about which one (or how much of one) matched.
-            let found = self.tokens.iter().fold(None, |found, t| {
-                match (found, equal(&t.digest, &digest)) {
-                    (None, true) => Some(t),
-                    (found, _) => found,
-                }
-            });
-            return found
+            return self
+                .find_token(token)
                 .map(|t| (t.name.clone(), t.role))
                 .ok_or_else(|| Status::unauthenticated("the bearer token is not accepted"));
         }
@@ -321,10 +387,27 @@ impl Authenticator {
             )),
         }
     }
+
+    /// The configured token whose digest `token`'s is.
+    fn find_token(&self, token: &str) -> Option<&Token> {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Every configured digest is compared in full, so the time taken says nothing about
+        // which one (or how much of one) matched.
+        self.tokens
+            .iter()
+            .fold(None, |found, t| match (found, equal(&t.digest, &digest)) {
+                (None, true) => Some(t),
+                (found, _) => found,
+            })
+    }
 }
 
-/// The actor a caller names itself in unauthenticated mode.
+/// The actor a caller names itself in unauthenticated mode: the console's caller when the call
+/// comes from the console, else the `x-outbox-actor` header.
 fn display_name<T>(request: &Request<T>) -> Actor {
+    if let Some(caller) = request.extensions().get::<ConsoleCaller>() {
+        return Actor::new(&caller.name);
+    }
     request
         .metadata()
         .get(ACTOR_HEADER)
@@ -453,6 +536,71 @@ mod tests {
                 .code(),
             tonic::Code::Unauthenticated
         );
+    }
+
+    fn as_console(caller: ConsoleCaller) -> Request<()> {
+        let mut request = Request::new(());
+        request.extensions_mut().insert(caller);
+        request
+    }
+
+    #[test]
+    fn a_console_login_is_checked_like_the_api_and_acts_as_its_name() {
+        let auth = auth();
+        let ann = auth.login(" ann-secret ").unwrap();
+        assert_eq!((ann.name(), ann.role()), ("ann", Role::Operator));
+        assert_eq!(
+            auth.login("guess").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        assert_eq!(
+            auth.login("").unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+
+        let actor = auth
+            .authorize(&as_console(ann.clone()), None, AdminRpc::RetryNotification)
+            .unwrap();
+        assert_eq!(actor.as_str(), "ann");
+        // The role check is the API's own, message included.
+        let denied = auth
+            .authorize(&as_console(ann), None, AdminRpc::UpsertSmtpConfig)
+            .unwrap_err();
+        assert_eq!(denied.code(), tonic::Code::PermissionDenied);
+        assert!(
+            denied.message().contains("needs the admin role"),
+            "{denied:?}"
+        );
+    }
+
+    #[test]
+    fn a_console_certificate_login_needs_a_mapped_common_name() {
+        let auth = auth();
+        let ops = auth.certificate_login("ops-console").unwrap();
+        assert_eq!((ops.name(), ops.role()), ("ops-console", Role::Admin));
+        let actor = auth
+            .authorize(&as_console(ops), None, AdminRpc::UpsertSmtpConfig)
+            .unwrap();
+        assert_eq!(actor.as_str(), "ops-console");
+        assert_eq!(
+            auth.certificate_login("site-a").unwrap_err().code(),
+            tonic::Code::PermissionDenied
+        );
+    }
+
+    #[test]
+    fn with_authentication_off_the_console_acts_as_console() {
+        let open = Authenticator::from_config(&AuthConfig {
+            mode: AuthMode::None,
+            ..Default::default()
+        })
+        .unwrap();
+        let caller = open.login("anything").unwrap();
+        assert_eq!((caller.name(), caller.role()), ("console", Role::Admin));
+        let actor = open
+            .authorize(&as_console(caller), None, AdminRpc::DeleteSmtpConfig)
+            .unwrap();
+        assert_eq!(actor.as_str(), "console");
     }
 
     #[test]

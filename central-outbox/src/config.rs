@@ -76,6 +76,64 @@ pub struct Config {
     pub auth: AuthConfig,
     /// How the gRPC server notices connections that went silent; see [`ServerConfig`].
     pub server: ServerConfig,
+    /// The web console; off unless `console.listen` is set. See [`ConsoleConfig`].
+    pub console: ConsoleConfig,
+}
+
+/// `[console]`: the operators' web console (HTML over HTTP, served by central itself). Off
+/// unless `listen` is set. Its sessions live in this process's memory: behind a load balancer
+/// with several central replicas, pin each operator to one replica (or log in again after a
+/// switch). It is served over TLS with `[tls]`'s certificate when one is configured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleConfig {
+    /// Address of the console's HTTP port, e.g. "127.0.0.1:8080"; unset (the default): no
+    /// console.
+    pub listen: Option<SocketAddr>,
+    /// A session unused this long ends (default 30 minutes). The pages' own refreshes do not
+    /// count as use.
+    #[serde(with = "humantime_serde")]
+    pub session_idle_timeout: Duration,
+    /// A session ends this long after its login, used or not (default 12 hours: a working day
+    /// and then some).
+    #[serde(with = "humantime_serde")]
+    pub session_lifetime: Duration,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        Self {
+            listen: None,
+            session_idle_timeout: Duration::from_secs(30 * 60),
+            session_lifetime: Duration::from_secs(12 * 3600),
+        }
+    }
+}
+
+/// `[console]` checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConsoleSettings {
+    pub listen: SocketAddr,
+    pub idle_timeout: Duration,
+    pub lifetime: Duration,
+}
+
+impl ConsoleConfig {
+    /// `None` when the console is off.
+    fn validate(&self) -> anyhow::Result<Option<ConsoleSettings>> {
+        let (idle_timeout, lifetime) = (self.session_idle_timeout, self.session_lifetime);
+        if idle_timeout < Duration::from_secs(1) {
+            bail!("console.session_idle_timeout: must be at least 1s");
+        }
+        if lifetime < idle_timeout {
+            bail!("console.session_lifetime: must be at least console.session_idle_timeout");
+        }
+        Ok(self.listen.map(|listen| ConsoleSettings {
+            listen,
+            idle_timeout,
+            lifetime,
+        }))
+    }
 }
 
 /// `[server]`: HTTP/2 keepalive on every connection central accepts. A site's submit stream
@@ -149,6 +207,7 @@ impl Default for Config {
             log: LogConfig::default(),
             auth: AuthConfig::default(),
             server: ServerConfig::default(),
+            console: ConsoleConfig::default(),
         }
     }
 }
@@ -571,6 +630,8 @@ pub struct Settings {
     pub tls: TlsSettings,
     pub auth: Authenticator,
     pub server: ServerConfig,
+    /// The web console, when `console.listen` is set.
+    pub console: Option<ConsoleSettings>,
 }
 
 impl Config {
@@ -674,7 +735,21 @@ impl Config {
         }
         let auth = Authenticator::from_config(&self.auth)?;
         self.server.validate()?;
+        let console = self.console.validate()?;
+        if let Some(console) = &console {
+            // The console's port carries tokens at login and session cookies: the same rule
+            // as the gRPC port, under its own key.
+            if !tls.serves_tls() && !console.listen.ip().is_loopback() && !tls.allows_plaintext() {
+                bail!(
+                    "console.listen: {} is not a loopback address and tls is not configured; \
+                     set tls.cert and tls.key to serve the console over TLS, or \
+                     tls.allow_plaintext = true",
+                    console.listen
+                );
+            }
+        }
         Ok(Settings {
+            console,
             auth,
             server: self.server,
             listen_addr: self.listen_addr,
@@ -865,6 +940,36 @@ mod tests {
             .merge(Toml::string(text))
             .extract()?;
         config.validate()
+    }
+
+    #[test]
+    fn the_console_is_off_by_default_and_checked_when_on() {
+        assert_eq!(from_toml("").unwrap().console, None);
+        let on = from_toml("[console]\nlisten = '127.0.0.1:8080'\n").unwrap();
+        assert_eq!(
+            on.console,
+            Some(ConsoleSettings {
+                listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+                idle_timeout: Duration::from_secs(30 * 60),
+                lifetime: Duration::from_secs(12 * 3600),
+            })
+        );
+        for (text, key) in [
+            ("[console]\nlisten = 'nowhere'\n", "console"),
+            ("[console]\nlisten = '0.0.0.0:8080'\n", "console.listen"),
+            (
+                "[console]\nlisten = '127.0.0.1:8080'\nsession_idle_timeout = '0s'\n",
+                "console.session_idle_timeout",
+            ),
+            (
+                "[console]\nlisten = '127.0.0.1:8080'\nsession_lifetime = '1m'\n",
+                "console.session_lifetime",
+            ),
+            ("[console]\nport = 8080\n", "port"),
+        ] {
+            let err = format!("{:#}", from_toml(text).unwrap_err());
+            assert!(err.contains(key), "{text}: {err}");
+        }
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Keeps the KPI and site health gauges of `/metrics` current without letting scrapes load the
-//! database.
+//! database, and serves the same figures to `GetKpis` (and so to the console's tiles, which
+//! refresh every few seconds in every open browser tab).
 //!
 //! A scrape asks for fresh figures; [`KpiGauges::refresh`] starts one KPI query if none is
 //! running and the last figures are older than [`REUSE`], and waits for it at most [`WAIT`].
@@ -21,7 +22,7 @@ use crate::domain::site_health::NodeHealth;
 use crate::metrics::Metrics;
 use crate::store::Result;
 
-/// Figures younger than this are served again.
+/// Figures younger than this are served again (to scrapes and to `GetKpis`).
 pub const REUSE: Duration = Duration::from_secs(1);
 /// Longest a scrape waits for a KPI query; after it, the gauges keep their last values. Well
 /// inside Prometheus's default scrape timeout (10 s).
@@ -48,6 +49,8 @@ pub struct KpiGauges {
 struct State {
     /// When the gauges were last set from a KPI query.
     read_at: Option<Instant>,
+    /// What that query read, and when (wall clock, for `computed_at`).
+    latest: Option<(chrono::DateTime<chrono::Utc>, Arc<Figures>)>,
     /// The query under way, if any: its receiver turns true when it has finished.
     running: Option<watch::Receiver<bool>>,
 }
@@ -63,26 +66,49 @@ impl KpiGauges {
 
     /// Brings the gauges up to date, as far as [`REUSE`] and [`WAIT`] allow.
     pub async fn refresh(self: &Arc<Self>) {
-        let mut done = {
-            let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if state.read_at.is_some_and(|at| at.elapsed() < REUSE) {
-                return;
-            }
-            match &state.running {
-                Some(running) => running.clone(),
-                None => {
-                    let (finished, running) = watch::channel(false);
-                    state.running = Some(running.clone());
-                    tokio::spawn(Arc::clone(self).query(finished));
-                    running
-                }
-            }
+        let Some(mut done) = self.start_unless_fresh() else {
+            return;
         };
         // Err: the query's task ended without a word (it panicked); the gauges stay as they were.
         let _ = tokio::time::timeout(WAIT, done.wait_for(|finished| *finished)).await;
     }
 
+    /// Figures no older than [`REUSE`] and when they were computed, waiting for a query as long
+    /// as it takes (an API call, unlike a scrape, wants the figures rather than an answer within
+    /// [`WAIT`]); a query already under way is joined, not repeated. `None` when the query
+    /// failed: the caller asks the store itself, to answer with its error.
+    pub async fn fresh(self: &Arc<Self>) -> Option<(chrono::DateTime<chrono::Utc>, Arc<Figures>)> {
+        if let Some(mut done) = self.start_unless_fresh() {
+            // Err: the query's task panicked; what is below then reads stale figures as none.
+            let _ = done.wait_for(|finished| *finished).await;
+        }
+        let state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match (&state.latest, state.read_at) {
+            (Some(latest), Some(at)) if at.elapsed() < REUSE => Some(latest.clone()),
+            _ => None,
+        }
+    }
+
+    /// Starts a query unless the figures are fresh; returns what turns true when the query
+    /// under way (started now or before) has finished, or `None` if the figures are fresh.
+    fn start_unless_fresh(self: &Arc<Self>) -> Option<watch::Receiver<bool>> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if state.read_at.is_some_and(|at| at.elapsed() < REUSE) {
+            return None;
+        }
+        Some(match &state.running {
+            Some(running) => running.clone(),
+            None => {
+                let (finished, running) = watch::channel(false);
+                state.running = Some(running.clone());
+                tokio::spawn(Arc::clone(self).query(finished));
+                running
+            }
+        })
+    }
+
     async fn query(self: Arc<Self>, finished: watch::Sender<bool>) {
+        let computed_at = chrono::Utc::now();
         let figures = (self.read)().await;
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match figures {
@@ -90,6 +116,7 @@ impl KpiGauges {
                 self.metrics.set_kpis(&figures.kpis);
                 self.metrics.set_site_health(&figures.sites);
                 state.read_at = Some(Instant::now());
+                state.latest = Some((computed_at, Arc::new(figures)));
             }
             // The scrape still answers (counters are valid); the KPI gauges keep their last
             // values, and the error is in the log.
@@ -140,6 +167,31 @@ mod tests {
         tokio::time::sleep(REUSE).await;
         gauges.refresh().await;
         assert_eq!(queries.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn api_reads_wait_for_the_query_and_share_it_with_scrapes() {
+        let (gauges, queries) = counted(WAIT * 3);
+        let scrape = {
+            let gauges = Arc::clone(&gauges);
+            tokio::spawn(async move { gauges.refresh().await })
+        };
+        // Longer than a scrape would wait, and the same query.
+        let started = tokio::time::Instant::now();
+        assert!(gauges.fresh().await.is_some());
+        assert_eq!(started.elapsed(), WAIT * 3);
+        scrape.await.unwrap();
+        assert!(gauges.fresh().await.is_some());
+        assert_eq!(queries.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_query_gives_the_api_no_figures() {
+        let read: ReadKpis = Box::new(|| {
+            Box::pin(async { Err(crate::store::StoreError::Unavailable("down".into())) })
+        });
+        let gauges = KpiGauges::new(read, Arc::new(Metrics::new()));
+        assert!(gauges.fresh().await.is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,6 +9,7 @@
 pub mod auth;
 pub mod config;
 pub mod config_cache;
+pub mod console;
 pub mod delivery;
 pub mod dispatcher;
 pub mod domain;
@@ -26,7 +27,7 @@ use std::sync::Arc;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::notification_ingest_server::NotificationIngestServer;
-use outbox_proto::v1::notification_outbox_server::NotificationOutboxServer;
+use outbox_proto::v1::notification_outbox_server::{NotificationOutbox, NotificationOutboxServer};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,11 @@ pub enum RunError {
     Store(#[from] StoreError),
     #[error("metrics_listen: cannot listen on {addr}: {source}")]
     MetricsListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("console.listen: cannot listen on {addr}: {source}")]
+    ConsoleListen {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
@@ -100,9 +106,20 @@ pub async fn run(
         ),
         None => None,
     };
+    // Likewise the console's port.
+    let console_listener = match &settings.console {
+        Some(console) => Some(TcpListener::bind(console.listen).await.map_err(|source| {
+            RunError::ConsoleListen {
+                addr: console.listen,
+                source,
+            }
+        })?),
+        None => None,
+    };
     let listeners = Listeners {
         grpc: listener,
         metrics: metrics_listener,
+        console: console_listener,
     };
     match &settings.database {
         DatabaseUrl::Sqlite(path) => {
@@ -127,19 +144,17 @@ pub async fn run(
 struct Listeners {
     grpc: TcpListener,
     metrics: Option<TcpListener>,
+    console: Option<TcpListener>,
 }
 
-/// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI and site health
-/// gauges are brought up to date at scrape time within the bounds of [`kpi_gauges`] (one query
-/// at a time, figures reused for a second, a scrape waits two seconds at most).
-fn spawn_metrics<S: OutboxStore>(
-    listener: TcpListener,
+/// The KPI and site health figures, read at most once per [`kpi_gauges::REUSE`] however many
+/// scrapes, `GetKpis` calls and console tabs ask (see [`kpi_gauges`]).
+fn kpi_cache<S: OutboxStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     kpis: KpiSettings,
     site_offline_after: std::time::Duration,
-    shutdown: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
+) -> Arc<kpi_gauges::KpiGauges> {
     let read: kpi_gauges::ReadKpis = Box::new(move || {
         let store = Arc::clone(&store);
         Box::pin(async move {
@@ -151,7 +166,18 @@ fn spawn_metrics<S: OutboxStore>(
             })
         })
     });
-    let gauges = kpi_gauges::KpiGauges::new(read, Arc::clone(&metrics));
+    kpi_gauges::KpiGauges::new(read, metrics)
+}
+
+/// Serves `/metrics` until `shutdown`. The lease gauges are current; the KPI and site health
+/// gauges are brought up to date at scrape time within the bounds of [`kpi_gauges`] (one query
+/// at a time, figures reused for a second, a scrape waits two seconds at most).
+fn spawn_metrics(
+    listener: TcpListener,
+    gauges: Arc<kpi_gauges::KpiGauges>,
+    metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
     let render = move || -> BoxFuture<'static, String> {
         let gauges = Arc::clone(&gauges);
         let metrics = Arc::clone(&metrics);
@@ -204,13 +230,17 @@ async fn serve<S: OutboxStore>(
         dispatcher_stop.clone(),
     ));
     let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
+    let kpi_cache = kpi_cache(
+        Arc::clone(&store),
+        Arc::clone(&metrics),
+        settings.kpis,
+        settings.site_offline_after,
+    );
     let metrics_task = listeners.metrics.map(|listener| {
         spawn_metrics(
             listener,
-            Arc::clone(&store),
+            Arc::clone(&kpi_cache),
             Arc::clone(&metrics),
-            settings.kpis,
-            settings.site_offline_after,
             shutdown.clone(),
         )
     });
@@ -235,14 +265,34 @@ async fn serve<S: OutboxStore>(
         streams_stop.clone(),
     )
     .with_site_identity(SiteIdentity::for_tls(&settings.tls));
-    let outbox = OutboxService::new(
-        Arc::clone(&store),
-        settings.kpis,
-        Arc::clone(&wake),
-        config,
-        settings.auth.clone(),
-    )
-    .with_site_offline_after(settings.site_offline_after);
+    // One instance for the gRPC port and the console: the console calls it in-process.
+    let outbox = Arc::new(
+        OutboxService::new(
+            Arc::clone(&store),
+            settings.kpis,
+            Arc::clone(&wake),
+            config,
+            settings.auth.clone(),
+        )
+        .with_site_offline_after(settings.site_offline_after)
+        .with_kpi_cache(kpi_cache),
+    );
+    let console_task = match (listeners.console, &settings.console) {
+        (Some(listener), Some(console)) => {
+            let shared: Arc<dyn NotificationOutbox> = Arc::clone(&outbox) as _;
+            // With [tls] the console is served over TLS too, with secure cookies.
+            let tls = settings.tls.console_config()?;
+            let console =
+                console::Console::new(shared, settings.auth.clone(), console, tls.is_some());
+            let stop = shutdown.clone();
+            Some(tokio::spawn(async move {
+                if let Err(e) = console::serve(listener, console, tls, stop).await {
+                    tracing::error!(error = %e, "web console failed");
+                }
+            }))
+        }
+        _ => None,
+    };
     let local_addr = listener.local_addr().ok();
     tracing::info!(
         addr = ?local_addr,
@@ -264,7 +314,8 @@ async fn serve<S: OutboxStore>(
             NotificationIngestServer::new(ingest).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
         .add_service(
-            NotificationOutboxServer::new(outbox).max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
+            NotificationOutboxServer::from_arc(outbox)
+                .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
         .serve_with_incoming_shutdown(grpc::incoming(listener), {
             let shutdown = shutdown.clone();
@@ -303,6 +354,15 @@ async fn serve<S: OutboxStore>(
         && let Err(e) = task.await
     {
         tracing::error!(error = %e, "metrics task failed");
+    }
+    // The console stops taking requests at shutdown and finishes those under way; a browser
+    // holding a request open does not hold up the exit beyond the shutdown timeout.
+    if let Some(task) = console_task {
+        match tokio::time::timeout(settings.shutdown_timeout, task).await {
+            Ok(Err(e)) => tracing::error!(error = %e, "console task failed"),
+            Ok(Ok(())) => {}
+            Err(_) => tracing::warn!("console requests did not finish within the shutdown timeout"),
+        }
     }
     served?;
     tracing::info!("central-outbox stopped");

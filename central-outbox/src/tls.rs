@@ -147,6 +147,11 @@ impl TlsSettings {
         self.server.is_some()
     }
 
+    /// Whether `allow_plaintext` permits plaintext on a non-loopback address.
+    pub fn allows_plaintext(&self) -> bool {
+        self.allow_plaintext
+    }
+
     /// Whether every client must present a certificate from `client_ca` (mutual TLS).
     pub fn requires_client_certificates(&self) -> bool {
         self.server.as_ref().is_some_and(|s| s.client_ca.is_some())
@@ -184,6 +189,49 @@ impl TlsSettings {
         Server::builder()
             .tls_config(config)
             .map_err(|e| config_error("cert", format!("cannot serve TLS with it: {e}")))
+    }
+}
+
+impl TlsSettings {
+    /// The web console's TLS configuration (`None` without `[tls]`): central's certificate,
+    /// HTTP/1.1, and with `client_ca` a client certificate asked for but not required, so an
+    /// operator without one still reaches the token login while one with a mapped certificate
+    /// can log in by it.
+    pub fn console_config(&self) -> Result<Option<std::sync::Arc<rustls::ServerConfig>>> {
+        use std::sync::Arc;
+        let Some(pems) = &self.server else {
+            return Ok(None);
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let chain = certificates("cert", Path::new("tls.cert"), &pems.cert)?;
+        let key = private_key("key", Path::new("tls.key"), &pems.key)?;
+        let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| config_error("cert", format!("cannot serve the console: {e}")))?;
+        let builder = match &pems.client_ca {
+            Some(ca) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for cert in certificates("client_ca", Path::new("tls.client_ca"), ca)? {
+                    roots
+                        .add(cert)
+                        .map_err(|e| config_error("client_ca", e.to_string()))?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    provider,
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| config_error("client_ca", e.to_string()))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut config = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| config_error("key", format!("cannot serve the console: {e}")))?;
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Some(Arc::new(config)))
     }
 }
 

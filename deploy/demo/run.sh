@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# `make demo`: starts the dev SMTP sink, central-outbox (SQLite under var/demo) and a
-# site-forwarder, sends notifications through the site's CLI, shows each reaching Delivered and
-# the mail the sink received, then stops everything with SIGTERM.
+# `make demo`: starts the dev SMTP sink, central-outbox (SQLite under var/demo, with its web
+# console) and a site-forwarder, sends notifications through the site's CLI, shows each reaching
+# Delivered and the mail the sink received, then stops everything with SIGTERM.
+# `make demo-up` (DEMO_KEEP=1) does the same but keeps the services up to look around (the
+# console, outboxctl, grpcurl) until Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 bin=target/debug
@@ -48,4 +50,15 @@ done
 
 echo "== mail received by the SMTP sink"
 cat "$var/smtp-sink.log"
+
+echo "== look around"
+echo "  console:  http://127.0.0.1:50065/  (open: the demo runs with [auth] mode = \"none\")"
+echo "  outboxctl: $bin/outboxctl --addr http://127.0.0.1:50061 kpis"
+echo "             $bin/outboxctl --addr http://127.0.0.1:50061 list --status delivered"
+echo "             $bin/outboxctl --addr http://127.0.0.1:50061 sites"
+if [ "${DEMO_KEEP:-0}" = 1 ]; then
+  echo "== services stay up until Ctrl-C (logs in $var/)"
+  trap 'echo; echo "== stopping (SIGTERM)"; cleanup; exit 0' INT TERM
+  wait
+fi
 echo "== stopping (SIGTERM)"

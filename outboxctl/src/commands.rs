@@ -246,6 +246,7 @@ impl Session {
                 selector: Some(Selector::Filter(filter.clone())),
                 limit: args.batch_size,
                 parked_before: Some(started),
+                dry_run: false,
             };
             let response = self.bulk(action, request).await?;
             let more = response.more_matching;
@@ -364,7 +365,7 @@ impl Session {
     async fn kpis(&mut self) -> Result<Report> {
         let kpis = self
             .client
-            .get_kpis(v1::GetKpisRequest {})
+            .get_kpis(v1::GetKpisRequest::default())
             .await
             .map_err(self.rpc_error())?
             .into_inner();

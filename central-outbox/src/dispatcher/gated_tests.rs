@@ -33,9 +33,9 @@ use crate::domain::{
 use crate::metrics::Metrics;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
-    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
-    PurgeReport, Result,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
+    Page, PurgeReport, Result,
 };
 
 /// Far longer than a healthy run needs; reaching it fails the test.
@@ -157,6 +157,13 @@ impl OutboxStore for GatedStore {
         actor: Actor,
     ) -> Result<FilterActionReport> {
         self.inner.act_on_filter(action, filter, limit, actor).await
+    }
+    async fn count_on_filter(
+        &self,
+        filter: NotificationFilter,
+        limit: usize,
+    ) -> Result<FilterCount> {
+        self.inner.count_on_filter(filter, limit).await
     }
     async fn kpis(&self, params: KpiParams) -> Result<Kpis> {
         self.inner.kpis(params).await

@@ -35,9 +35,9 @@ use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
 };
 use crate::store::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
-    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
-    PurgeReport, Result, StoreError,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
+    Page, PurgeReport, Result, StoreError,
 };
 
 /// Holds callers until opened, counting those waiting.
@@ -436,6 +436,14 @@ impl OutboxStore for MemoryStore {
         _limit: usize,
         _actor: Actor,
     ) -> Result<FilterActionReport> {
+        kept_elsewhere()
+    }
+
+    async fn count_on_filter(
+        &self,
+        _filter: NotificationFilter,
+        _limit: usize,
+    ) -> Result<FilterCount> {
         kept_elsewhere()
     }
 

@@ -18,6 +18,7 @@ use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
 use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
+use crate::kpi_gauges::KpiGauges;
 use crate::store::{NotificationState, OutboxStore};
 
 /// Most notifications one bulk call may name or change.
@@ -33,6 +34,10 @@ pub struct OutboxService<S> {
     auth: Authenticator,
     /// A site node silent this long is offline (`site_offline_after`).
     site_offline_after: std::time::Duration,
+    /// The figures `/metrics` shows, shared with `GetKpis` calls that accept figures a second old
+    /// (`max_age`; every console tab refreshing its tiles), so those read the database at most
+    /// once a second together; `None`: each call reads it.
+    kpi_cache: Option<Arc<KpiGauges>>,
 }
 
 impl<S> OutboxService<S> {
@@ -50,12 +55,19 @@ impl<S> OutboxService<S> {
             config,
             auth,
             site_offline_after: crate::config::DEFAULT_SITE_OFFLINE_AFTER,
+            kpi_cache: None,
         }
     }
 
     /// How long a site node may go unheard before it is offline.
     pub fn with_site_offline_after(mut self, after: std::time::Duration) -> Self {
         self.site_offline_after = after;
+        self
+    }
+
+    /// Serves `GetKpis` from `cache` (see [`crate::kpi_gauges`]).
+    pub fn with_kpi_cache(mut self, cache: Arc<KpiGauges>) -> Self {
+        self.kpi_cache = Some(cache);
         self
     }
 
@@ -124,6 +136,29 @@ impl<S: OutboxStore> OutboxService<S> {
         }
     }
 
+    /// What `act_on_ids` would answer now, changing nothing (a bulk dry run): each id's current
+    /// state, refused as the action would refuse it. Each row is read on its own, so the answer
+    /// is a moment's view, not a promise.
+    async fn would_act_on_ids(
+        &self,
+        action: OperatorAction,
+        ids: &[NotificationId],
+    ) -> Result<Vec<crate::store::ActionResult>, Status> {
+        let mut results = Vec::with_capacity(ids.len());
+        let mut seen = std::collections::HashSet::new();
+        for &id in ids {
+            let state = self.store.state(id).await.map_err(store_status)?;
+            results.push(match state {
+                None => Err(ActionRefusal::NotFound),
+                // An id named twice changes once: the real call finds it already changed.
+                Some(_) if !seen.insert(id) => Err(ActionRefusal::WrongStatus(action.target())),
+                Some(state) if state.status == OperatorAction::FROM => Ok(state),
+                Some(state) => Err(ActionRefusal::WrongStatus(state.status)),
+            });
+        }
+        Ok(results)
+    }
+
     async fn act_in_bulk(
         &self,
         action: OperatorAction,
@@ -159,11 +194,14 @@ impl<S: OutboxStore> OutboxService<S> {
                     .iter()
                     .map(|id| parse_id(id, "ids.notification_ids"))
                     .collect::<Result<Vec<_>, _>>()?;
-                let results = self
-                    .store
-                    .act_on_ids(action, parsed.clone(), actor.clone())
-                    .await
-                    .map_err(store_status)?;
+                let results = if msg.dry_run {
+                    self.would_act_on_ids(action, &parsed).await?
+                } else {
+                    self.store
+                        .act_on_ids(action, parsed.clone(), actor.clone())
+                        .await
+                        .map_err(store_status)?
+                };
                 let mut response = v1::BulkActionResponse::default();
                 for (id, result) in parsed.into_iter().zip(results) {
                     match result {
@@ -180,6 +218,18 @@ impl<S: OutboxStore> OutboxService<S> {
                 let filter =
                     admin_convert::action_filter(filter, msg.parked_before, self.stuck_before())
                         .map_err(invalid_argument)?;
+                if msg.dry_run {
+                    let count = self
+                        .store
+                        .count_on_filter(filter, limit)
+                        .await
+                        .map_err(store_status)?;
+                    return Ok(Response::new(v1::BulkActionResponse {
+                        changed: u32::try_from(count.matching).unwrap_or(u32::MAX),
+                        more_matching: count.more_matching,
+                        ..Default::default()
+                    }));
+                }
                 let report = self
                     .store
                     .act_on_filter(action, filter, limit, actor.clone())
@@ -193,6 +243,13 @@ impl<S: OutboxStore> OutboxService<S> {
             }
         };
         let changed = response.changed_ids.len();
+        if msg.dry_run {
+            // Nothing changed: no log line, no dispatcher wake-up.
+            return Ok(Response::new(v1::BulkActionResponse {
+                changed: u32::try_from(changed).unwrap_or(u32::MAX),
+                ..response
+            }));
+        }
         tracing::info!(
             changed,
             skipped = response.skipped.len(),
@@ -320,12 +377,28 @@ impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
         request: Request<v1::GetKpisRequest>,
     ) -> Result<Response<v1::GetKpisResponse>, Status> {
         self.authorize(&request, AdminRpc::GetKpis)?;
-        let now = Utc::now();
-        let kpis = self
-            .store
-            .kpis(self.kpis.at(now))
-            .await
-            .map_err(store_status)?;
+        let max_age = request
+            .get_ref()
+            .max_age
+            .and_then(|age| std::time::Duration::try_from(age).ok());
+        let cached = match (&self.kpi_cache, max_age) {
+            (Some(cache), Some(age)) if age >= crate::kpi_gauges::REUSE => cache.fresh().await,
+            _ => None,
+        };
+        // Without fresh cached figures (no cache, or its query failed), the store answers: with
+        // the figures, or with the error to return.
+        let (now, kpis) = match cached {
+            Some((at, figures)) => (at, figures.kpis.clone()),
+            None => {
+                let now = Utc::now();
+                let kpis = self
+                    .store
+                    .kpis(self.kpis.at(now))
+                    .await
+                    .map_err(store_status)?;
+                (now, kpis)
+            }
+        };
         Ok(Response::new(v1::GetKpisResponse {
             global: Some(admin_convert::kpi_values(&kpis.global)),
             sites: kpis

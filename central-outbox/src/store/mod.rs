@@ -37,8 +37,9 @@ mod records;
 pub mod sqlite;
 
 pub use records::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
-    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
+    PurgeReport,
 };
 
 use std::future::Future;
@@ -204,6 +205,15 @@ pub trait OutboxStore: Send + Sync + 'static {
         limit: usize,
         actor: Actor,
     ) -> impl Future<Output = Result<FilterActionReport>> + Send;
+
+    /// How many rows [`act_on_filter`](Self::act_on_filter) with the same `filter` and `limit`
+    /// would act on now, changing nothing: the Parked matches, counted up to `limit`, and
+    /// whether more match. What a bulk action's confirmation shows (`dry_run`).
+    fn count_on_filter(
+        &self,
+        filter: NotificationFilter,
+        limit: usize,
+    ) -> impl Future<Output = Result<FilterCount>> + Send;
 
     /// The KPIs at `params.now`.
     fn kpis(&self, params: KpiParams) -> impl Future<Output = Result<Kpis>> + Send;

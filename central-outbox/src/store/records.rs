@@ -106,6 +106,15 @@ pub struct FilterActionReport {
     pub more_matching: bool,
 }
 
+/// How many Parked rows a bulk action by filter would change (a dry run).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct FilterCount {
+    /// Parked rows matching, at most the call's limit.
+    pub matching: usize,
+    /// More Parked rows match than the call's limit.
+    pub more_matching: bool,
+}
+
 /// What one purge batch deleted.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PurgeReport {

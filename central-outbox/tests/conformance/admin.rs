@@ -513,6 +513,76 @@ pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxSt
     }
 }
 
+/// A dry run (`count_on_filter`) counts exactly the Parked rows the same bulk action would change,
+/// up to the limit and saying whether more match, and changes nothing.
+pub async fn a_dry_run_counts_what_a_bulk_action_would_change<S: OutboxStore>(store: &S) {
+    let mut specs = Vec::new();
+    for i in 0..5 {
+        specs.push(Spec::new(
+            "north",
+            "ops",
+            &format!("north parked {i}"),
+            End::Parked,
+        ));
+    }
+    specs.push(Spec::new("south", "ops", "south parked", End::Parked));
+    specs.push(Spec::new("north", "ops", "north pending", End::Pending));
+    specs.push(Spec::new("north", "ops", "north delivered", End::Delivered));
+    specs.push(Spec::new("north", "ops", "north discarded", End::Discarded));
+    let seeded = seed::seed(store, &specs).await;
+    let filter = NotificationFilter {
+        source_site_id: Some("north".into()),
+        ..Default::default()
+    };
+
+    let all = store.count_on_filter(filter.clone(), 1000).await.unwrap();
+    assert_eq!((all.matching, all.more_matching), (5, false));
+    let exact = store.count_on_filter(filter.clone(), 5).await.unwrap();
+    assert_eq!((exact.matching, exact.more_matching), (5, false));
+    let capped = store.count_on_filter(filter.clone(), 3).await.unwrap();
+    assert_eq!((capped.matching, capped.more_matching), (3, true));
+    // Like the action, the count looks at Parked rows only, whatever statuses the filter names.
+    let pending = NotificationFilter {
+        statuses: vec![Status::Pending],
+        ..filter.clone()
+    };
+    assert_eq!(
+        store.count_on_filter(pending, 1000).await.unwrap().matching,
+        5
+    );
+    let nothing = NotificationFilter {
+        subject_contains: Some("no such subject".into()),
+        ..filter.clone()
+    };
+    assert_eq!(
+        store.count_on_filter(nothing, 1000).await.unwrap(),
+        Default::default()
+    );
+    for s in &seeded {
+        let state = store.state(s.id).await.unwrap().unwrap();
+        assert_eq!(
+            state.status,
+            s.spec.status(),
+            "{}: a count changes nothing",
+            s.spec.subject
+        );
+    }
+
+    // The count agrees with what the action then does.
+    let acted = store
+        .act_on_filter(
+            OperatorAction::Discard,
+            filter.clone(),
+            3,
+            Actor::new("ann"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(acted.changed.len(), capped.matching);
+    let left = store.count_on_filter(filter, 1000).await.unwrap();
+    assert_eq!((left.matching, left.more_matching), (2, false));
+}
+
 /// The KPI figures for `rows`, computed here from their states by the definitions in the
 /// contract, not by the store.
 fn expected_kpis(rows: &[&NotificationState], p: &KpiParams) -> KpiValues {

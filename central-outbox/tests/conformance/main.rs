@@ -162,6 +162,10 @@ macro_rules! backend {
                 admin::bulk_by_filter_changes_exactly_the_matching_parked_rows
             );
             behaviour!(
+                a_dry_run_counts_what_a_bulk_action_would_change,
+                admin::a_dry_run_counts_what_a_bulk_action_would_change
+            );
+            behaviour!(
                 kpis_match_an_independent_count,
                 admin::kpis_match_an_independent_count
             );

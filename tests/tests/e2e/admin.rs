@@ -207,6 +207,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 )),
                 limit: 0,
                 parked_before: None,
+                dry_run: false,
             },
             "ann",
         ))
@@ -235,6 +236,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
             )),
             limit: 0,
             parked_before: None,
+            dry_run: false,
         })
         .await
         .unwrap()
@@ -252,6 +254,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 selector: None,
                 limit: 0,
                 parked_before: None,
+                dry_run: false,
             },
             "selector",
         ),
@@ -265,6 +268,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 )),
                 limit: 0,
                 parked_before: None,
+                dry_run: false,
             },
             "filter.statuses",
         ),
@@ -277,6 +281,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 )),
                 limit: 0,
                 parked_before: None,
+                dry_run: false,
             },
             "ids.notification_ids",
         ),
@@ -289,6 +294,7 @@ async fn bulk_retry_by_filter_and_bad_requests() {
                 )),
                 limit: 0,
                 parked_before: None,
+                dry_run: false,
             },
             "ids.notification_ids",
         ),
@@ -336,7 +342,7 @@ async fn metrics_queue_depth_matches_get_kpis() {
     let kpis = central
         .outbox()
         .await
-        .get_kpis(v1::GetKpisRequest {})
+        .get_kpis(v1::GetKpisRequest::default())
         .await
         .unwrap()
         .into_inner();

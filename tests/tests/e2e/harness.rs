@@ -184,9 +184,18 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     config
 }
 
+/// Turns central's web console on, on a loopback port that was free a moment ago (central binds
+/// it at start, before it reports SERVING, so the console answers once [`Central::start`]
+/// returns); [`Central::console_url`] then names it.
+pub async fn with_console(config: &mut CentralConfig) {
+    config.console.listen = Some(free_addr().await);
+}
+
 /// Central running in this process.
 pub struct Central {
     pub addr: SocketAddr,
+    /// The web console's address, when [`with_console`] turned it on.
+    pub console: Option<SocketAddr>,
     /// Names central's database (see [`CentralDatabase`]); [`Db::open`] it to look inside.
     pub db: PathBuf,
     _database: CentralDatabase,
@@ -225,6 +234,7 @@ impl Central {
         let database = CentralDatabase::create(&db).await;
         config.database = database.url();
         let settings = config.validate().unwrap();
+        let console = settings.console.map(|c| c.listen);
         let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
         let token = stop.clone();
@@ -235,6 +245,7 @@ impl Central {
         });
         let central = Self {
             addr,
+            console,
             db,
             _database: database,
             stop,
@@ -245,6 +256,15 @@ impl Central {
             None => wait_until_serving(central.addr).await,
         }
         central
+    }
+
+    /// The web console's base URL (`http://127.0.0.1:<port>`, no trailing slash); central must
+    /// have been started with [`with_console`].
+    pub fn console_url(&self) -> String {
+        let addr = self
+            .console
+            .expect("central was started without the console (harness::with_console)");
+        format!("http://{addr}")
     }
 
     pub async fn ingest(&self) -> NotificationIngestClient<Channel> {

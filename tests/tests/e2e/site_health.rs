@@ -28,8 +28,9 @@ use crate::harness::{
 const OFFLINE_AFTER: Duration = Duration::from_secs(3);
 const REPORT_INTERVAL: &str = "200ms";
 
-/// A site-forwarder process for `site_id` reporting every [`REPORT_INTERVAL`] to `central`.
-async fn spawn_reporting_site(
+/// A site-forwarder process for `site_id` reporting every [`REPORT_INTERVAL`] to `central`
+/// (the console's browser test uses it too).
+pub(crate) async fn spawn_reporting_site(
     dir: &Path,
     site_id: &str,
     central: SocketAddr,

@@ -15,8 +15,8 @@ use crate::domain::history::{
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::store::{
-    ActionResult, FilterActionReport, NotificationDetail, NotificationId, NotificationState, Page,
-    PurgeReport, Result, StoreError,
+    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationId,
+    NotificationState, Page, PurgeReport, Result, StoreError,
 };
 
 /// Ids acted on per transaction: the request's 1000-id cap (grpc::admin::MAX_BULK) plus two
@@ -214,6 +214,31 @@ pub async fn act_on_filter(
     Ok(FilterActionReport {
         changed,
         more_matching: matching > limit,
+    })
+}
+
+/// How many rows [`act_on_filter`] would act on, changing and locking nothing.
+pub async fn count_on_filter(
+    store: &MsSqlStore,
+    filter: &NotificationFilter,
+    limit: usize,
+) -> Result<FilterCount> {
+    let filter = NotificationFilter {
+        statuses: vec![OperatorAction::FROM],
+        ..filter.clone()
+    };
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX - 1);
+    let stmt = sql::count_on_filter(&filter, limit);
+    let mut results = store.batch("count", &stmt.sql, &stmt.params).await?;
+    let found = decode::req::<i64>(
+        result_set(&mut results, 0, "count")?
+            .first()
+            .ok_or_else(|| StoreError::Corrupt("count: no match count".into()))?,
+        "Matching",
+    )?;
+    Ok(FilterCount {
+        matching: usize::try_from(found.min(limit)).unwrap_or(usize::MAX),
+        more_matching: found > limit,
     })
 }
 

@@ -42,9 +42,9 @@ use tiberius::error::{Error, IoErrorKind};
 use self::error::{ErrorClass, classify, to_store_error};
 use self::pool::{Manager, Param};
 use super::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
-    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
-    PurgeReport, Result, StoreError,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
+    Page, PurgeReport, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
@@ -341,6 +341,14 @@ impl OutboxStore for MsSqlStore {
         actor: Actor,
     ) -> Result<FilterActionReport> {
         admin::act_on_filter(self, action, &filter, limit, &actor).await
+    }
+
+    async fn count_on_filter(
+        &self,
+        filter: NotificationFilter,
+        limit: usize,
+    ) -> Result<FilterCount> {
+        admin::count_on_filter(self, &filter, limit).await
     }
 
     async fn kpis(&self, params: KpiParams) -> Result<Kpis> {

@@ -1178,6 +1178,20 @@ SELECT COUNT_BIG(*) AS Matching FROM @targets;",
     stmt
 }
 
+/// How many rows matching `filter` there are, counted up to `limit + 1` (so the count stops
+/// early on a huge table and still tells whether more than `limit` match). A plain read: a dry
+/// run locks nothing, so the later action may find a few rows more or fewer.
+pub fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statement {
+    let mut stmt = Statement::new(batch!(""));
+    let probe = stmt.bind(Param::BigInt(Some(limit.saturating_add(1))));
+    stmt.push(&format!(
+        "SELECT COUNT_BIG(*) AS Matching FROM (\nSELECT TOP ({probe}) n.Id\nFROM dbo.Notifications AS n\nWHERE 1 = 1"
+    ));
+    push_filter(filter, &mut stmt);
+    stmt.push("\n) AS m;");
+    stmt
+}
+
 /// One pass over the live, parked and recently delivered rows, per site. @P1: now,
 /// @P2: created before this is stuck, @P3: delivered since. Held rows are in the queue depth and
 /// wait (for their window's end, or their retry time) like retries; they are never stuck: they
@@ -1664,6 +1678,10 @@ pub fn catalog() -> Vec<(&'static str, String)> {
             act_on_filter(OperatorAction::Discard, "ann", &parked_only, 1000)
                 .sql
                 .into_owned(),
+        ),
+        (
+            "count_on_filter",
+            count_on_filter(&parked_only, 1000).sql.into_owned(),
         ),
         ("kpis", KPIS.to_owned()),
         ("purge_terminal", PURGE_TERMINAL.to_owned()),

@@ -18,8 +18,8 @@ use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
 use crate::domain::{NotificationType, Priority};
 use crate::store::{
-    ActionResult, FilterActionReport, NotificationDetail, NotificationId, NotificationState, Page,
-    PurgeReport, Result, StoreError,
+    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationId,
+    NotificationState, Page, PurgeReport, Result, StoreError,
 };
 
 /// The columns [`read_state`] reads, in its order.
@@ -451,6 +451,34 @@ pub(super) fn act_on_filter(
     Ok(FilterActionReport {
         changed,
         more_matching,
+    })
+}
+
+/// How many rows [`act_on_filter`] would act on: the Parked matches, counted up to `limit + 1`
+/// (so the count stops early on a huge table and still tells whether more match).
+pub(super) fn count_on_filter(
+    conn: &Connection,
+    filter: &NotificationFilter,
+    limit: usize,
+) -> Result<FilterCount> {
+    let filter = NotificationFilter {
+        statuses: vec![OperatorAction::FROM],
+        ..filter.clone()
+    };
+    let mut sql = "SELECT COUNT(*) FROM (SELECT 1 FROM Notifications WHERE 1 = 1".to_owned();
+    let mut args = Vec::new();
+    push_filter(&filter, &mut sql, &mut args);
+    args.push(Value::Integer(
+        i64::try_from(limit).unwrap_or(i64::MAX - 1) + 1,
+    ));
+    sql.push_str(&format!(" LIMIT ?{})", args.len()));
+    let found: i64 = conn
+        .prepare(&sql)?
+        .query_row(params_from_iter(args), |row| row.get(0))?;
+    let found = usize::try_from(found).unwrap_or(usize::MAX);
+    Ok(FilterCount {
+        matching: found.min(limit),
+        more_matching: found > limit,
     })
 }
 

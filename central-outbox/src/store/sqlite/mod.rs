@@ -22,9 +22,9 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, InsertOutcome,
-    LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore, Page,
-    PurgeReport, Result, StoreError,
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
+    Page, PurgeReport, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::consolidation::Consolidation;
@@ -246,6 +246,16 @@ impl OutboxStore for SqliteStore {
             .write(move |conn| {
                 admin::act_on_filter(conn, action, &filter, limit, &actor, Utc::now())
             })
+            .await
+    }
+
+    async fn count_on_filter(
+        &self,
+        filter: NotificationFilter,
+        limit: usize,
+    ) -> Result<FilterCount> {
+        self.db
+            .read(move |conn| admin::count_on_filter(conn, &filter, limit))
             .await
     }
 

@@ -17,6 +17,7 @@
 
 mod backend;
 mod central_figures;
+mod console;
 mod e2e;
 mod first_minute;
 mod fixtures;
@@ -50,7 +51,7 @@ use rig::{Rig, Sizes};
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
-    /// forward, ingest, dispatch, rtt, e2e, first-minute, fresh, memory.
+    /// forward, ingest, dispatch, rtt, e2e, first-minute, fresh, memory, console.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -164,7 +165,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 11] = [
+const GROUPS: [&str; 12] = [
     "send",
     "send-latency",
     "standby",
@@ -176,6 +177,7 @@ const GROUPS: [&str; 11] = [
     "first-minute",
     "fresh",
     "memory",
+    "console",
 ];
 
 impl Args {
@@ -484,6 +486,33 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "/s",
             None,
         ),
+        m(
+            "console.list_p99",
+            format!(
+                "console list page with {} rows, p99 (worst filter)",
+                rows(s.memory_rows)
+            ),
+            "ms",
+            Some(Target::AtMost(100.0)),
+        ),
+        m(
+            "console.deep_p99",
+            format!("  pages 1-{} by next-page links, p99", console::DEEP_PAGES),
+            "ms",
+            Some(Target::AtMost(100.0)),
+        ),
+        m(
+            "console.tiles_p50",
+            "  dashboard (tiles and site health) p50".into(),
+            "ms",
+            None,
+        ),
+        m(
+            "console.tiles_p99",
+            "  dashboard (tiles and site health) p99".into(),
+            "ms",
+            None,
+        ),
     ]);
     table
 }
@@ -501,6 +530,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "first-minute" => first_minute::first_minute(rig).await,
         "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,
+        "console" => console::console(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }

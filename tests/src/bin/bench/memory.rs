@@ -40,16 +40,20 @@ pub async fn memory(rig: &mut Rig) -> Result<RunRecord> {
 
     // Central with the full table.
     // Always SQLite: on MS SQL this group is skipped (see `Backend::unsupported`).
-    let toml = services::central_toml(
-        services::free_addr()?,
-        &format!("sqlite://{}", fixtures.central.display()),
-        services::free_addr()?,
+    // The admin API open (`[auth] mode = "none"`, on loopback): the figure is memory, not auth.
+    let toml = format!(
+        "{}\n[auth]\nmode = \"none\"\n",
+        services::central_toml(
+            services::free_addr()?,
+            &format!("sqlite://{}", fixtures.central.display()),
+            services::free_addr()?,
+        )
     );
     let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let central_memory = {
         let mut outbox = NotificationOutboxClient::new(central.connect().await?);
         let kpis = outbox
-            .get_kpis(v1::GetKpisRequest {})
+            .get_kpis(v1::GetKpisRequest::default())
             .await
             .context("GetKpis")?
             .into_inner();

@@ -1,0 +1,176 @@
+//! The dashboard: the KPI tiles (GetKpis, global and per source site) and every site node's
+//! health (ListSiteHealth): online, or offline since when, and the backlog at the site.
+
+use askama::Template;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::Response;
+use outbox_proto::v1;
+
+use super::display;
+use super::reply::{self, Failure, Layout};
+use super::{Shared, Visit};
+
+/// One KPI tile; `key` is its `data-tile`.
+struct Tile {
+    key: &'static str,
+    label: &'static str,
+    value: String,
+    /// Shown as a warning when the figure is not zero.
+    alarming: bool,
+}
+
+/// The figures of one source site.
+struct SiteKpis {
+    site: String,
+    queue_depth: u64,
+    stuck: u64,
+    parked: u64,
+    delivered_recent: u64,
+    oldest_pending_age: String,
+}
+
+/// One site node's health row.
+struct SiteNode {
+    site: String,
+    node: String,
+    role: String,
+    online: bool,
+    /// "online" or "offline since <time>".
+    state: String,
+    buffer_depth: u64,
+    oldest_age: String,
+    last_report_age: String,
+    last_forward: String,
+    standby_lag: String,
+    version: String,
+}
+
+#[derive(Template)]
+#[template(path = "console/dashboard.html")]
+struct DashboardPage {
+    layout: Layout,
+    tiles: Vec<Tile>,
+    sites: Vec<SiteKpis>,
+    nodes: Vec<SiteNode>,
+    computed_at: String,
+    delivered_window: String,
+    stuck_after: String,
+    offline_after: String,
+}
+
+fn tiles(kpis: &v1::KpiValues) -> Vec<Tile> {
+    vec![
+        Tile {
+            key: "queue_depth",
+            label: "Queue depth",
+            value: kpis.queue_depth.to_string(),
+            alarming: false,
+        },
+        Tile {
+            key: "stuck",
+            label: "Stuck",
+            value: kpis.stuck_count.to_string(),
+            alarming: kpis.stuck_count > 0,
+        },
+        Tile {
+            key: "parked",
+            label: "Parked",
+            value: kpis.parked_count.to_string(),
+            alarming: kpis.parked_count > 0,
+        },
+        Tile {
+            key: "delivered_recent",
+            label: "Delivered recently",
+            value: kpis.delivered_recently.to_string(),
+            alarming: false,
+        },
+        Tile {
+            key: "oldest_pending_age",
+            label: "Oldest pending",
+            value: display::age(kpis.oldest_pending_age_seconds),
+            alarming: false,
+        },
+    ]
+}
+
+fn node(view: v1::SiteHealthView) -> SiteNode {
+    let state = if view.online {
+        "online".to_owned()
+    } else {
+        format!(
+            "offline since {}",
+            display::time(view.offline_since.as_ref())
+        )
+    };
+    SiteNode {
+        role: display::role(view.role),
+        online: view.online,
+        state,
+        buffer_depth: view.buffer_depth,
+        oldest_age: display::age(Some(view.oldest_buffered_age_seconds)),
+        last_report_age: display::age(Some(view.last_report_age_seconds)),
+        last_forward: display::time(view.last_forward_at.as_ref()),
+        standby_lag: if view.standby_lag_rows == 0 {
+            String::new()
+        } else {
+            format!(
+                "{} rows, {}",
+                view.standby_lag_rows,
+                display::age(Some(view.standby_lag_seconds))
+            )
+        },
+        version: view.version,
+        site: view.site_id,
+        node: view.node_name,
+    }
+}
+
+/// `GET /`.
+pub async fn show(State(console): State<Shared>, visit: Visit) -> Response {
+    let (kpis, health) = tokio::join!(
+        console.outbox.get_kpis(visit.request(v1::GetKpisRequest {
+            // The tiles refresh every few seconds in every open tab: share the figures
+            // `/metrics` computes at most once a second instead of a query per refresh.
+            max_age: Some(prost_types::Duration {
+                seconds: 1,
+                nanos: 0,
+            }),
+        })),
+        console
+            .outbox
+            .list_site_health(visit.request(v1::ListSiteHealthRequest {})),
+    );
+    let (kpis, health) = match (kpis, health) {
+        (Ok(kpis), Ok(health)) => (kpis.into_inner(), health.into_inner()),
+        (Err(status), _) | (_, Err(status)) => {
+            return reply::error_page(Some(visit.layout("dashboard")), Failure::from(status));
+        }
+    };
+    let global = kpis.global.unwrap_or_default();
+    let page = DashboardPage {
+        layout: visit.layout("dashboard"),
+        tiles: tiles(&global),
+        sites: kpis
+            .sites
+            .into_iter()
+            .map(|s| {
+                let k = s.kpis.unwrap_or_default();
+                SiteKpis {
+                    site: s.source_site_id,
+                    queue_depth: k.queue_depth,
+                    stuck: k.stuck_count,
+                    parked: k.parked_count,
+                    delivered_recent: k.delivered_recently,
+                    oldest_pending_age: display::age(k.oldest_pending_age_seconds),
+                }
+            })
+            .collect(),
+        nodes: health.nodes.into_iter().map(node).collect(),
+        computed_at: display::time(kpis.computed_at.as_ref()),
+        delivered_window: display::duration(kpis.delivered_kpi_window.as_ref()),
+        stuck_after: display::duration(kpis.stuck_age_threshold.as_ref()),
+        offline_after: display::duration(health.site_offline_after.as_ref()),
+    };
+    reply::page(StatusCode::OK, &page, visit.set_cookie.as_deref())
+}

@@ -1,0 +1,277 @@
+//! The operators' web console: server-rendered HTML pages over HTTP, served by central itself
+//! when `[console] listen` is set, with every template, style sheet and script compiled into
+//! the binary.
+//!
+//! The console is a client of the admin API that happens to live in the same process: every
+//! read and every change is a call of the `NotificationOutbox` service (the very instance the
+//! gRPC port serves) with a `tonic::Request` carrying the logged-in operator as an
+//! [`auth::ConsoleCaller`](crate::auth::ConsoleCaller). So validation, role checks, the actor
+//! recorded in the history and the configuration cache's invalidation are exactly the API's;
+//! the console only turns forms into requests and answers into pages. A refusal is shown with
+//! the API's own message.
+//!
+//! Pages work without JavaScript; a small script refreshes the live parts (elements marked
+//! `data-live`) every few seconds. Markup follows the contract the browser test relies on
+//! (ids, classes and data attributes named in each template).
+//!
+//! Invariants: every POST carries the session's CSRF token (checked before anything else);
+//! input the console cannot read is a 4xx page naming the field, never a 5xx; the store being
+//! unavailable is a 503 page.
+
+mod bulk;
+mod dashboard;
+mod display;
+mod filter;
+mod listener;
+mod lists;
+mod login;
+mod notifications;
+mod reply;
+pub mod session;
+mod smtp;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::{get, post};
+use outbox_proto::v1::notification_outbox_server::NotificationOutbox;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Authenticator, ConsoleCaller, Role};
+use crate::config::ConsoleSettings;
+use reply::Failure;
+use session::{ActiveSession, Flash, Lookup, SESSION_COOKIE, Sessions, Use};
+
+/// The request header the pages' refresh script sends: such a request reads the session
+/// without counting as the operator's use of it.
+const REFRESH_HEADER: &str = "x-console-refresh";
+
+/// What every handler shares.
+pub struct Console {
+    /// The admin service the gRPC port serves, called in-process.
+    outbox: Arc<dyn NotificationOutbox>,
+    auth: Authenticator,
+    sessions: Sessions,
+    /// Served over TLS: cookies are marked `Secure`.
+    secure: bool,
+}
+
+pub use listener::Peer;
+
+type Shared = Arc<Console>;
+
+impl Console {
+    pub fn new(
+        outbox: Arc<dyn NotificationOutbox>,
+        auth: Authenticator,
+        settings: &ConsoleSettings,
+        secure: bool,
+    ) -> Self {
+        Self {
+            outbox,
+            auth,
+            sessions: Sessions::new(settings.idle_timeout, settings.lifetime),
+            secure,
+        }
+    }
+
+    /// The session of a request, if it has a live one. With authentication off, a visitor
+    /// without one gets a new session as the console's open identity.
+    fn visit(&self, headers: &HeaderMap) -> Result<Visit, NoSession> {
+        let usage = if headers.contains_key(REFRESH_HEADER) {
+            Use::Refresh
+        } else {
+            Use::Active
+        };
+        let found = headers
+            .get_all(axum::http::header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(|v| session::cookie(v, SESSION_COOKIE))
+            .map_or(Lookup::Unknown, |id| {
+                self.sessions.lookup(id, Instant::now(), usage)
+            });
+        match found {
+            Lookup::Active(session) => Ok(Visit {
+                session,
+                set_cookie: None,
+            }),
+            _ if self.auth.is_open() => {
+                let caller = self.auth.login("").map_err(|_| NoSession::Unknown)?;
+                self.start_session(caller).map_err(|_| NoSession::Unknown)
+            }
+            Lookup::Expired => Err(NoSession::Expired),
+            Lookup::Unknown => Err(NoSession::Unknown),
+        }
+    }
+
+    /// A new session for `caller`, with the cookie that carries it.
+    fn start_session(&self, caller: ConsoleCaller) -> Result<Visit, Failure> {
+        let id = self
+            .sessions
+            .create(caller, Instant::now())
+            .map_err(|e| Failure::unavailable(e.to_string()))?;
+        let set_cookie = session::set_cookie(SESSION_COOKIE, &id, "/", self.secure, None);
+        match self.sessions.lookup(&id, Instant::now(), Use::Active) {
+            Lookup::Active(session) => Ok(Visit {
+                session,
+                set_cookie: Some(set_cookie),
+            }),
+            _ => Err(Failure::unavailable(
+                "the new session vanished; log in again",
+            )),
+        }
+    }
+
+    fn flash(&self, visit: &Visit, flash: Flash) {
+        self.sessions.set_flash(&visit.session.id, flash);
+    }
+}
+
+/// Why a request has no session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoSession {
+    Expired,
+    Unknown,
+}
+
+/// One request's logged-in operator.
+struct Visit {
+    session: ActiveSession,
+    /// A cookie to set with the answer (a session started by this request).
+    set_cookie: Option<String>,
+}
+
+impl Visit {
+    /// `msg` as a call to the admin service by this operator.
+    fn request<T>(&self, msg: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(msg);
+        request.extensions_mut().insert(self.session.caller.clone());
+        request
+    }
+
+    fn role(&self) -> Role {
+        self.session.caller.role()
+    }
+
+    /// The page frame: who is logged in, the logout form's token and the flash message.
+    fn layout(&self, nav: &'static str) -> reply::Layout {
+        reply::Layout {
+            user: Some(reply::User {
+                whoami: format!(
+                    "{} ({})",
+                    self.session.caller.name(),
+                    self.session.caller.role()
+                ),
+                csrf: self.session.csrf.clone(),
+            }),
+            flash: self.session.flash.clone(),
+            nav,
+        }
+    }
+}
+
+/// Every page and action of the console.
+pub fn router(console: Arc<Console>) -> Router {
+    Router::new()
+        .route("/", get(dashboard::show))
+        .route("/login", get(login::form).post(login::submit))
+        .route("/logout", post(login::logout))
+        .route("/notifications", get(notifications::list))
+        .route("/notifications/bulk", get(bulk::confirm).post(bulk::apply))
+        .route("/notifications/{id}", get(notifications::detail))
+        .route("/notifications/{id}/{action}", post(notifications::act))
+        .route("/lists", get(lists::index))
+        .route("/lists/{name}", get(lists::show).post(lists::save))
+        .route("/smtp", get(smtp::show).post(smtp::save))
+        .route("/assets/console.css", get(reply::stylesheet))
+        .route("/assets/console.js", get(reply::script))
+        .fallback(reply::not_found)
+        .with_state(console)
+}
+
+/// Serves the console on `listener` until `shutdown`: over TLS with `tls` (see
+/// [`crate::tls::TlsSettings::console_config`]; the console must then have been made with
+/// `secure`), else plaintext.
+pub async fn serve(
+    listener: TcpListener,
+    console: Console,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(
+        addr = ?listener.local_addr().ok(),
+        tls = tls.is_some(),
+        "serving the web console"
+    );
+    let router = router(Arc::new(console));
+    match tls {
+        Some(config) => listener::serve_tls(listener, router, config, shutdown).await,
+        None => listener::serve_plain(listener, router, shutdown).await,
+    }
+}
+
+/// The answer to a request without a session: a page asks to log in (a GET is sent to the
+/// login page, a form post is answered with a message, so the operator knows the action did
+/// not happen).
+fn no_session(why: NoSession, posted: bool) -> Response {
+    match (why, posted) {
+        (NoSession::Expired, false) => reply::redirect("/login?expired=1"),
+        (NoSession::Unknown, false) => reply::redirect("/login"),
+        (NoSession::Expired, true) => reply::error_page(
+            None,
+            Failure::unauthenticated(
+                "Your session has expired, so nothing was changed; log in again and repeat the \
+                 action.",
+            ),
+        ),
+        (NoSession::Unknown, true) => reply::error_page(
+            None,
+            Failure::unauthenticated(
+                "You are not logged in (or the console restarted), so nothing was changed; log \
+                 in and repeat the action.",
+            ),
+        ),
+    }
+}
+
+/// A page's visitor, taken by a GET handler as an argument: the handler runs only for a visitor
+/// with a session, anyone else is sent to log in.
+impl axum::extract::FromRequestParts<Shared> for Visit {
+    type Rejection = Response;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        console: &Shared,
+    ) -> Result<Self, Response> {
+        console
+            .visit(&parts.headers)
+            .map_err(|why| no_session(why, false))
+    }
+}
+
+/// The session of a form post whose `csrf` field is the session's token, or the refusal.
+fn visit_post(
+    console: &Console,
+    headers: &HeaderMap,
+    form: &reply::Form,
+) -> Result<Visit, Box<Response>> {
+    let visit = console
+        .visit(headers)
+        .map_err(|why| Box::new(no_session(why, true)))?;
+    if visit.session.csrf_matches(form.get("csrf")) {
+        Ok(visit)
+    } else {
+        Err(Box::new(reply::error_page(
+            Some(visit.layout("")),
+            Failure::forbidden(
+                "This form is stale or did not come from this console page (its CSRF token does \
+                 not match your session), so nothing was changed. Reload the page and try again.",
+            ),
+        )))
+    }
+}
