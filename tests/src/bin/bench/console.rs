@@ -28,19 +28,20 @@ const REQUESTS: usize = 100;
 /// Pages followed through `next-page` for the deep-paging figure.
 pub const DEEP_PAGES: usize = 20;
 
-/// Filters as the list page's form sends them; each is served by an index of `Notifications`.
-fn filters() -> Vec<(&'static str, String)> {
+/// Filters as the list page's form sends them, each served by an index of `Notifications`, and
+/// whether its first page has rows (every fixture row is Delivered, none stuck or parked).
+fn filters() -> Vec<(&'static str, String, bool)> {
     let day_ago = (chrono::Utc::now() - chrono::Duration::days(1))
         .format("%Y-%m-%dT%H:%M")
         .to_string();
     vec![
-        ("none", String::new()),
-        ("status=DELIVERED", "status=DELIVERED".into()),
-        ("status=PARKED (none match)", "status=PARKED".into()),
-        ("site", format!("site={SITE_ID}")),
-        ("list", format!("list={}", services::LIST)),
-        ("last day", format!("from={day_ago}")),
-        ("stuck only", "stuck=on".into()),
+        ("none", String::new(), true),
+        ("status=DELIVERED", "status=DELIVERED".into(), true),
+        ("status=PARKED (none match)", "status=PARKED".into(), false),
+        ("site", format!("site={SITE_ID}"), true),
+        ("list", format!("list={}", services::LIST), true),
+        ("last day", format!("from={day_ago}"), true),
+        ("stuck only (none match)", "stuck=on".into(), false),
     ]
 }
 
@@ -58,6 +59,11 @@ async fn fetch(addr: SocketAddr, path: &str) -> Result<(Duration, String)> {
         );
     }
     Ok((took, reply.body))
+}
+
+/// How many notification rows the list page shows.
+fn rows_shown(html: &str) -> usize {
+    html.matches("data-notification-id=").count()
 }
 
 /// The `href` of the page's `next-page` link, unescaped.
@@ -86,13 +92,18 @@ pub async fn console(rig: &mut Rig) -> Result<RunRecord> {
 
     let mut pages = serde_json::Map::new();
     let mut worst_p99: f64 = 0.0;
-    for (label, query) in filters() {
+    for (label, query, has_rows) in filters() {
         let path = format!("/notifications?{query}");
         let mut samples = Vec::with_capacity(REQUESTS);
+        let mut shown = 0;
         for i in 0..REQUESTS + 2 {
             let (took, body) = fetch(console_addr, &path).await?;
             if !body.contains("id=\"notifications\"") {
                 bail!("{path}: no notification table in the page");
+            }
+            shown = rows_shown(&body);
+            if (shown > 0) != has_rows {
+                bail!("{path}: the page shows {shown} rows");
             }
             if i >= 2 {
                 samples.push(took);
@@ -100,7 +111,9 @@ pub async fn console(rig: &mut Rig) -> Result<RunRecord> {
         }
         let p = Percentiles::of(samples);
         worst_p99 = worst_p99.max(p.p99);
-        pages.insert(label.to_string(), p.to_json());
+        let mut figures = p.to_json();
+        figures["rows_per_page"] = json!(shown);
+        pages.insert(label.to_string(), figures);
     }
 
     // Keyset paging: follow the next-page links from the first page.
@@ -108,6 +121,9 @@ pub async fn console(rig: &mut Rig) -> Result<RunRecord> {
     let mut deep = Vec::with_capacity(DEEP_PAGES);
     for _ in 0..DEEP_PAGES {
         let (took, body) = fetch(console_addr, &path).await?;
+        if rows_shown(&body) == 0 {
+            bail!("{path}: an empty page before the end of a million rows");
+        }
         deep.push(took);
         path = next_page(&body).context("a page of a million rows has no next-page link")?;
     }
