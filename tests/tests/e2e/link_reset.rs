@@ -11,8 +11,6 @@
 //! Every acked Send is stored once and mailed once.
 
 use std::collections::{HashMap, HashSet};
-use std::net::SocketAddr;
-use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,12 +19,12 @@ use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_tests::link::Link;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::harness::{
-    Central, Db, Process, binary, central_config, channel, eventually, free_addr, send_request,
-    smtp_sink, wait_until_serving, wait_until_stored,
+    Central, Db, central_config, channel, eventually, smtp_sink, wait_until_stored,
 };
+use crate::silent_link::{SiteLink, keep_sending, spawn_linked_site};
+use crate::standby_lag::stats;
 
 /// The site's pause before it opens a new stream after one broke.
 const FORWARD_RETRY_INTERVAL: Duration = Duration::from_millis(200);
@@ -52,40 +50,14 @@ fn ack_bound() -> Duration {
     FORWARD_RETRY_INTERVAL + CONNECT_TIMEOUT + MARGIN
 }
 
-/// A site-forwarder process for `site-a` forwarding to `central` with the settings above.
-async fn spawn_site(dir: &Path, central: SocketAddr) -> (Process, SocketAddr) {
-    let addr = free_addr().await;
-    let config = dir.join("site-a.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "site_id = \"site-a\"\nlisten_addr = \"{addr}\"\nbuffer_path = \"{}\"\n\
-             central_url = \"http://{central}\"\nforward_retry_interval = \"{}ms\"\n\
-             connect_timeout = \"{}ms\"\n\
-             [central]\nkeepalive_interval = \"{}ms\"\nkeepalive_timeout = \"{}ms\"\n",
-            dir.join("site-a.db").display(),
-            FORWARD_RETRY_INTERVAL.as_millis(),
-            CONNECT_TIMEOUT.as_millis(),
-            KEEPALIVE_INTERVAL.as_millis(),
-            KEEPALIVE_TIMEOUT.as_millis(),
-        ),
-    )
-    .unwrap();
-    let process = Process::spawn(
-        &binary("site-forwarder"),
-        &["serve", "--config", config.to_str().unwrap()],
-    );
-    wait_until_serving(addr).await;
-    (process, addr)
-}
-
-async fn stats(client: &mut SiteNotifyClient<Channel>) -> v1::BufferStats {
-    client
-        .get_buffer_stats(v1::GetBufferStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
+/// The site's link: see the constants above; the default ack deadline.
+const LINK: SiteLink = SiteLink {
+    forward_retry_interval: FORWARD_RETRY_INTERVAL,
+    connect_timeout: CONNECT_TIMEOUT,
+    keepalive_interval: KEEPALIVE_INTERVAL,
+    keepalive_timeout: KEEPALIVE_TIMEOUT,
+    ack_timeout: None,
+};
 
 /// When central last acked a batch of the site's, in Unix milliseconds (0: never).
 fn last_ack_ms(stats: &v1::BufferStats) -> i64 {
@@ -93,31 +65,6 @@ fn last_ack_ms(stats: &v1::BufferStats) -> i64 {
         .last_forward_at
         .as_ref()
         .map_or(0, |t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
-}
-
-/// Sends one notification after another until `stop`, recording each acked id.
-fn keep_sending(
-    mut client: SiteNotifyClient<Channel>,
-    acked: Arc<Mutex<Vec<String>>>,
-    stop: CancellationToken,
-) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        // Paced so the test mails hundreds, not tens of thousands.
-        let mut pace = tokio::time::interval(Duration::from_millis(10));
-        let mut i = 0;
-        while !stop.is_cancelled() {
-            pace.tick().await;
-            let reply = client
-                .send(send_request(&format!("link reset {i}"), "x"))
-                .await
-                .unwrap();
-            acked
-                .lock()
-                .unwrap()
-                .push(reply.into_inner().notification_id);
-            i += 1;
-        }
-    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +75,7 @@ async fn after_each_reset_the_new_stream_is_acked_at_once_and_nothing_is_lost_or
     // connection used yet beyond those the pool opened).
     let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
     let link = Link::start(central.addr).await.unwrap();
-    let (_site, addr) = spawn_site(dir.path(), link.addr()).await;
+    let (_site, addr) = spawn_linked_site(dir.path(), link.addr(), &LINK).await;
     let mut client = SiteNotifyClient::new(channel(addr).await);
     let db = Db::open(&central.db);
 
@@ -136,6 +83,7 @@ async fn after_each_reset_the_new_stream_is_acked_at_once_and_nothing_is_lost_or
     let stop = CancellationToken::new();
     let sender = keep_sending(
         SiteNotifyClient::new(channel(addr).await),
+        "link reset",
         Arc::clone(&acked),
         stop.clone(),
     );

@@ -25,31 +25,43 @@ use crate::harness::{
     Central, Db, Process, binary, central_config, channel, eventually, free_addr, send_request,
     smtp_sink, wait_until_serving, wait_until_stored,
 };
-use crate::standby_lag::{spawn_node, stats as node_stats};
+use crate::standby_lag::{spawn_node, stats};
 
-/// Short pings, so the test sees the dead link quickly: declared dead at most
-/// `KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT` after central was last heard.
-const KEEPALIVE_INTERVAL: Duration = Duration::from_millis(300);
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_millis(500);
-/// Far beyond the test: only the pings can notice the silence, not the ack deadline.
-const ACK_TIMEOUT: Duration = Duration::from_secs(120);
+/// The link settings a site runs with in these tests and in `link_reset`: what they are about.
+pub(crate) struct SiteLink {
+    pub forward_retry_interval: Duration,
+    pub connect_timeout: Duration,
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+    /// `[central] ack_timeout`; `None`: the default.
+    pub ack_timeout: Option<Duration>,
+}
 
-/// A site-forwarder process for `site-a` forwarding to `central` with the keepalive above.
-async fn spawn_site(dir: &Path, central: SocketAddr) -> (Process, SocketAddr) {
+/// A site-forwarder process for `site-a` forwarding to `central` with `link`'s settings.
+pub(crate) async fn spawn_linked_site(
+    dir: &Path,
+    central: SocketAddr,
+    link: &SiteLink,
+) -> (Process, SocketAddr) {
     let addr = free_addr().await;
     let config: PathBuf = dir.join("site-a.toml");
+    let ack_timeout = link
+        .ack_timeout
+        .map(|t| format!("ack_timeout = \"{}ms\"\n", t.as_millis()))
+        .unwrap_or_default();
     std::fs::write(
         &config,
         format!(
             "site_id = \"site-a\"\nlisten_addr = \"{addr}\"\nbuffer_path = \"{}\"\n\
-             central_url = \"http://{central}\"\nforward_retry_interval = \"200ms\"\n\
-             connect_timeout = \"1s\"\n\
+             central_url = \"http://{central}\"\nforward_retry_interval = \"{}ms\"\n\
+             connect_timeout = \"{}ms\"\n\
              [central]\nkeepalive_interval = \"{}ms\"\nkeepalive_timeout = \"{}ms\"\n\
-             ack_timeout = \"{}s\"\n",
+             {ack_timeout}",
             dir.join("site-a.db").display(),
-            KEEPALIVE_INTERVAL.as_millis(),
-            KEEPALIVE_TIMEOUT.as_millis(),
-            ACK_TIMEOUT.as_secs(),
+            link.forward_retry_interval.as_millis(),
+            link.connect_timeout.as_millis(),
+            link.keepalive_interval.as_millis(),
+            link.keepalive_timeout.as_millis(),
         ),
     )
     .unwrap();
@@ -61,17 +73,22 @@ async fn spawn_site(dir: &Path, central: SocketAddr) -> (Process, SocketAddr) {
     (process, addr)
 }
 
-async fn stats(client: &mut SiteNotifyClient<Channel>) -> v1::BufferStats {
-    client
-        .get_buffer_stats(v1::GetBufferStatsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-}
+/// This test's link: short pings, so the dead link is seen quickly (declared dead at most
+/// `keepalive_interval + keepalive_timeout` after central was last heard), and an ack deadline
+/// far beyond the test, so only the pings can notice the silence.
+const LINK: SiteLink = SiteLink {
+    forward_retry_interval: Duration::from_millis(200),
+    connect_timeout: Duration::from_secs(1),
+    keepalive_interval: Duration::from_millis(300),
+    keepalive_timeout: Duration::from_millis(500),
+    ack_timeout: Some(Duration::from_secs(120)),
+};
 
-/// Sends one notification after another until `stop`, recording each acked id.
-fn keep_sending(
+/// Sends one notification after another (subjects `"{subject} {i}"`) until `stop`, recording
+/// each acked id.
+pub(crate) fn keep_sending(
     mut client: SiteNotifyClient<Channel>,
+    subject: &'static str,
     acked: Arc<Mutex<Vec<String>>>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
@@ -82,7 +99,7 @@ fn keep_sending(
         while !stop.is_cancelled() {
             pace.tick().await;
             let reply = client
-                .send(send_request(&format!("silent link {i}"), "x"))
+                .send(send_request(&format!("{subject} {i}"), "x"))
                 .await
                 .unwrap();
             acked
@@ -100,7 +117,7 @@ async fn a_black_holed_link_is_declared_dead_within_the_keepalive_bound_and_drai
     let sink = smtp_sink().await;
     let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
     let link = Link::start(central.addr).await.unwrap();
-    let (_site, addr) = spawn_site(dir.path(), link.addr()).await;
+    let (_site, addr) = spawn_linked_site(dir.path(), link.addr(), &LINK).await;
     let mut client = SiteNotifyClient::new(channel(addr).await);
     let db = Db::open(&central.db);
 
@@ -108,6 +125,7 @@ async fn a_black_holed_link_is_declared_dead_within_the_keepalive_bound_and_drai
     let stop = CancellationToken::new();
     let sender = keep_sending(
         SiteNotifyClient::new(channel(addr).await),
+        "silent link",
         Arc::clone(&acked),
         stop.clone(),
     );
@@ -123,7 +141,7 @@ async fn a_black_holed_link_is_declared_dead_within_the_keepalive_bound_and_drai
     // Dead at most interval + timeout after central was last heard, which is before the black
     // hole began; the margin is for a busy machine's scheduling, far below the 20 s this took
     // before the pings were configurable.
-    let bound = KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT;
+    let bound = LINK.keepalive_interval + LINK.keepalive_timeout;
     let deadline = silenced + bound * 4 + Duration::from_secs(2);
     let mut poll = tokio::time::interval(Duration::from_millis(20));
     loop {
@@ -139,8 +157,10 @@ async fn a_black_holed_link_is_declared_dead_within_the_keepalive_bound_and_drai
         assert!(
             Instant::now() < deadline,
             "central still reported reachable {:?} after the link went silent (pings every \
-             {KEEPALIVE_INTERVAL:?}, answer within {KEEPALIVE_TIMEOUT:?})",
-            silenced.elapsed()
+             {:?}, answer within {:?})",
+            silenced.elapsed(),
+            LINK.keepalive_interval,
+            LINK.keepalive_timeout,
         );
     }
     // Sends are still taken while the link is silent, and stay buffered.
@@ -238,7 +258,7 @@ async fn a_black_holed_pair_link_drops_the_standby_stream_and_the_pair_settles_o
     eventually("the standby follows through the link", || {
         let mut a = a_client.clone();
         async move {
-            let s = node_stats(&mut a).await;
+            let s = stats(&mut a).await;
             (s.peer_connected && s.standby_lag_rows == 0).then_some(())
         }
     })
@@ -254,7 +274,7 @@ async fn a_black_holed_pair_link_drops_the_standby_stream_and_the_pair_settles_o
     let mut poll = tokio::time::interval(Duration::from_millis(20));
     loop {
         poll.tick().await;
-        if !node_stats(&mut a_client).await.peer_connected {
+        if !stats(&mut a_client).await.peer_connected {
             break;
         }
         assert!(
@@ -270,7 +290,7 @@ async fn a_black_holed_pair_link_drops_the_standby_stream_and_the_pair_settles_o
         .send(send_request("while silent", "x"))
         .await
         .unwrap();
-    assert!(node_stats(&mut a_client).await.standby_lag_rows >= 1);
+    assert!(stats(&mut a_client).await.standby_lag_rows >= 1);
 
     // Healed, one node is active and the other follows it with everything, whether or not the
     // standby promoted itself meanwhile (the old active then hands its rows over).
@@ -279,7 +299,7 @@ async fn a_black_holed_pair_link_drops_the_standby_stream_and_the_pair_settles_o
     let (active, standby) = eventually("the pair settles with the standby caught up", || {
         let (mut a, mut b) = (a_client.clone(), b_client.clone());
         async move {
-            let (a, b) = (node_stats(&mut a).await, node_stats(&mut b).await);
+            let (a, b) = (stats(&mut a).await, stats(&mut b).await);
             let active = i32::from(v1::NodeRole::Active);
             let standby = i32::from(v1::NodeRole::Standby);
             let settled = |x: &v1::BufferStats, y: &v1::BufferStats| {
