@@ -120,9 +120,15 @@ demo-up: build
 ## `make bench BENCH_ARGS="--only dispatch,ingest --quick"`; `target/release/bench --help`.
 BENCH_ARGS ?=
 
-bench:
+bench: bench-tools
 	$(CARGO) build --release --workspace --bins
 	target/release/bench $(BENCH_ARGS)
+
+## Postfix's smtp-source and smtp-sink (Debian package postfix, installed unconfigured: no daemon,
+## nothing on port 25) for the `loopback` figure; a no-op when both are there.
+.PHONY: bench-tools
+bench-tools:
+	@sh tests/install-system-tools.sh bench
 
 clean:
 	$(CARGO) clean

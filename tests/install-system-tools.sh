@@ -5,22 +5,41 @@
 #   chromium         (chromium)         the web console's browser test
 #   chromedriver     (chromium-driver)  the WebDriver server that test talks to
 #   systemd-analyze  (systemd)          verifies the units in deploy/systemd
-# A no-op when every command is on the PATH. Otherwise it installs the missing packages with
-# apt-get (as root; there is no sudo here), refreshing the package lists first only when there
-# are none, or when the install fails (stale lists name versions the mirror no longer has).
+# With the argument `bench` (`make bench` runs `make bench-tools`, which runs this so), only those
+# the benchmark drives instead:
+#   smtp-source, smtp-sink  (postfix)   the `loopback` figure: Postfix's raw SMTP client and
+#                                       sink, the bar central's dispatch is compared with
+# A no-op when every command is on the PATH (or, for Postfix's, in /usr/sbin). Otherwise it
+# installs the missing packages with apt-get (as root; there is no sudo here), refreshing the
+# package lists first only when there are none, or when the install fails (stale lists name
+# versions the mirror no longer has).
 #
 # The prometheus package's maintainer script starts the Prometheus server through invoke-rc.d
 # when systemd is not running (a container, CI): a daemon on port 9090 that nobody asked for and
 # that would outlive the test run. A policy-rc.d answering 101 ("action forbidden") stops that;
 # one is put in place for the install only, and whatever policy-rc.d the machine had is restored.
+# postfix is installed the same way, with debconf told "No configuration" first, so it neither
+# asks a question nor configures a mail system: no daemon is started and nothing listens on
+# port 25 afterwards; only its programs are wanted.
 set -eu
 
 # command:package, one per tool.
-TOOLS="promtool:prometheus chromium:chromium chromedriver:chromium-driver systemd-analyze:systemd"
+case "${1:-}" in
+    "") TOOLS="promtool:prometheus chromium:chromium chromedriver:chromium-driver systemd-analyze:systemd" ;;
+    bench) TOOLS="smtp-source:postfix smtp-sink:postfix" ;;
+    *) echo "usage: $0 [bench]" >&2; exit 2 ;;
+esac
+
+# Whether command $1 is there: on the PATH, or where Debian puts Postfix's (a non-root PATH
+# often lacks the sbin directories).
+have() {
+    command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]
+}
 
 missing=""
 for tool in $TOOLS; do
-    command -v "${tool%%:*}" >/dev/null 2>&1 || missing="$missing ${tool#*:}"
+    case " $missing " in *" ${tool#*:} "*) continue ;; esac
+    have "${tool%%:*}" || missing="$missing ${tool#*:}"
 done
 [ -z "$missing" ] && exit 0
 
@@ -47,6 +66,11 @@ printf '#!/bin/sh\n# make tools: no service starts during its apt-get install\ne
 chmod 755 "$policy"
 
 export DEBIAN_FRONTEND=noninteractive
+case " $missing " in
+    *" postfix "*)
+        echo "postfix postfix/main_mailer_type select No configuration" | debconf-set-selections
+        ;;
+esac
 echo "make tools: installing Debian packages:$missing"
 if ! ls /var/lib/apt/lists/*_Packages* >/dev/null 2>&1; then
     apt-get update
@@ -58,12 +82,16 @@ if ! apt-get install -y --no-install-recommends $missing; then
 fi
 
 for tool in $TOOLS; do
-    if ! command -v "${tool%%:*}" >/dev/null 2>&1; then
+    if ! have "${tool%%:*}"; then
         echo "make tools: ${tool%%:*} is still missing after installing ${tool#*:}" >&2
         exit 1
     fi
 done
-promtool --version 2>&1 | head -n 1
-chromium --version
-chromedriver --version
-systemd-analyze --version | head -n 1
+if [ "${1:-}" = bench ]; then
+    dpkg-query -W postfix
+else
+    promtool --version 2>&1 | head -n 1
+    chromium --version
+    chromedriver --version
+    systemd-analyze --version | head -n 1
+fi

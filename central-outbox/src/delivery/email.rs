@@ -36,6 +36,58 @@ pub struct EmailAdapter {
     /// The pool for the settings (and XOAUTH2 token) last used. They rarely change, so a plain
     /// mutex around a clone-out is enough; it is never held across an await.
     current: Mutex<Option<Arc<SmtpPool>>>,
+    /// The sender and envelope last built, parsed once for every delivery that shares them (see
+    /// [`Addresses`]); the same kind of mutex as `current`.
+    addresses: Mutex<Option<Arc<Addresses>>>,
+}
+
+/// The From mailbox and the envelope for one sender and recipient list. Parsing them (lettre's
+/// RFC 5322 mailbox parser and its address checks, per recipient) was a third of the CPU of
+/// building a message, and between two deliveries they change only when the settings' sender or
+/// the list does, so they are parsed when the pair is new and reused while it is the same.
+struct Addresses {
+    from_address: EmailAddress,
+    recipients: Vec<EmailAddress>,
+    from: Mailbox,
+    envelope: Envelope,
+}
+
+impl Addresses {
+    /// Parses `from_address` and `recipients`; the errors are what each delivery would record.
+    fn parse(
+        from_address: &EmailAddress,
+        recipients: &[EmailAddress],
+    ) -> Result<Self, DeliveryError> {
+        let from: Mailbox = from_address.as_str().parse().map_err(|e| {
+            DeliveryError::permanent(format!(
+                "from_address {:?} is invalid: {e}",
+                from_address.as_str()
+            ))
+        })?;
+        let to = recipients
+            .iter()
+            .map(|recipient| {
+                recipient.as_str().parse::<Address>().map_err(|e| {
+                    DeliveryError::permanent(format!(
+                        "recipient {:?} is invalid: {e}",
+                        recipient.as_str()
+                    ))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let envelope = Envelope::new(Some(from.email.clone()), to)
+            .map_err(|e| DeliveryError::permanent(format!("cannot build the envelope: {e}")))?;
+        Ok(Self {
+            from_address: from_address.clone(),
+            recipients: recipients.to_vec(),
+            from,
+            envelope,
+        })
+    }
+
+    fn is_for(&self, from_address: &EmailAddress, recipients: &[EmailAddress]) -> bool {
+        self.from_address == *from_address && self.recipients == recipients
+    }
 }
 
 impl std::fmt::Debug for EmailAdapter {
@@ -63,7 +115,8 @@ impl EmailAdapter {
         if recipients.is_empty() {
             return Err(DeliveryError::permanent("the notification list has no recipients").into());
         }
-        let message = build_message(settings, id, content, priority, recipients)?;
+        let addresses = self.addresses_for(&settings.from_address, recipients)?;
+        let message = build_message(settings, &addresses, id, content, priority)?;
         let pool = self.pool_for(settings, access_token)?;
         // Each step has its own timeout; this bounds the whole session, so a server trickling
         // replies cannot hold a delivery slot forever.
@@ -84,6 +137,27 @@ impl EmailAdapter {
             ))
             .into()),
         }
+    }
+
+    /// The parsed sender and envelope for this pair: the last ones if they are for it, else
+    /// parsed now and kept. A pair that does not parse is not kept (its error is recorded on
+    /// each attempt, as before).
+    fn addresses_for(
+        &self,
+        from_address: &EmailAddress,
+        recipients: &[EmailAddress],
+    ) -> Result<Arc<Addresses>, DeliveryError> {
+        if let Ok(last) = self.addresses.lock()
+            && let Some(addresses) = last.as_ref()
+            && addresses.is_for(from_address, recipients)
+        {
+            return Ok(Arc::clone(addresses));
+        }
+        let addresses = Arc::new(Addresses::parse(from_address, recipients)?);
+        if let Ok(mut last) = self.addresses.lock() {
+            *last = Some(Arc::clone(&addresses));
+        }
+        Ok(addresses)
     }
 
     fn pool_for(
@@ -160,35 +234,16 @@ fn connection_lost(e: &smtp::Error) -> bool {
 
 /// The mail for one notification: subject and body encoded by [`mail_format`] so a reader decodes
 /// exactly what was sent, `To: undisclosed-recipients:;` and every recipient in the envelope only
-/// (BCC). The envelope is built here rather than derived from headers, since lettre cannot parse
-/// the group syntax of that `To:`.
+/// (BCC). The envelope is built beforehand ([`Addresses`]) rather than derived from headers,
+/// since lettre cannot parse the group syntax of that `To:`.
 fn build_message(
     s: &SmtpSettings,
+    addresses: &Addresses,
     id: NotificationId,
     content: &NotificationContent,
     priority: Priority,
-    recipients: &[EmailAddress],
 ) -> Result<Message, DeliveryError> {
-    let from: Mailbox = s.from_address.as_str().parse().map_err(|e| {
-        DeliveryError::permanent(format!(
-            "from_address {:?} is invalid: {e}",
-            s.from_address.as_str()
-        ))
-    })?;
-    let to = recipients
-        .iter()
-        .map(|recipient| {
-            recipient.as_str().parse::<Address>().map_err(|e| {
-                DeliveryError::permanent(format!(
-                    "recipient {:?} is invalid: {e}",
-                    recipient.as_str()
-                ))
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    let envelope = Envelope::new(Some(from.email.clone()), to)
-        .map_err(|e| DeliveryError::permanent(format!("cannot build the envelope: {e}")))?;
-    let mut builder = Message::builder().from(from);
+    let mut builder = Message::builder().from(addresses.from.clone());
     for header in mail_format::priority_headers(priority) {
         builder = builder.raw_header(header);
     }
@@ -198,7 +253,7 @@ fn build_message(
         .message_id(Some(format!("<{id}@{}>", s.from_address.domain())))
         .header(MIME_VERSION_1_0)
         .header(ContentType::TEXT_PLAIN)
-        .envelope(envelope)
+        .envelope(addresses.envelope.clone())
         .body(mail_format::canonical_body(content.body.as_str()))
         .map_err(|e| DeliveryError::permanent(format!("cannot build the message: {e}")))
 }

@@ -23,6 +23,7 @@ mod first_minute;
 mod fixtures;
 mod fresh;
 mod load;
+mod loopback;
 mod memory;
 mod proc_stats;
 mod report;
@@ -51,7 +52,7 @@ use rig::{Rig, Sizes};
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
-    /// forward, ingest, dispatch, rtt, e2e, first-minute, fresh, memory, console.
+    /// forward, ingest, dispatch, loopback, rtt, e2e, first-minute, fresh, memory, console.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -86,6 +87,10 @@ struct Args {
     /// rate is taken over those that did (and the run says so).
     #[arg(long, default_value_t = 30.0)]
     dispatch_deadline: f64,
+    /// Messages each side sends in the `loopback` figure (Postfix's smtp-source -d, then
+    /// central's dispatch, to Postfix's smtp-sink; default 20000, 4000 with --quick).
+    #[arg(long)]
+    loopback_rows: Option<u64>,
     /// Rows delivered at each round trip of the `rtt` figure, as seconds of delivery at the
     /// pipelined floor (default 3, i.e. 6,000 rows at 1 ms and 600 at 10 ms; 1 with --quick).
     #[arg(long)]
@@ -165,13 +170,14 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 12] = [
+const GROUPS: [&str; 13] = [
     "send",
     "send-latency",
     "standby",
     "forward",
     "ingest",
     "dispatch",
+    "loopback",
     "rtt",
     "e2e",
     "first-minute",
@@ -200,6 +206,9 @@ impl Args {
                 .dispatch_rows
                 .unwrap_or(if quick { 2_000 } else { 10_000 }),
             dispatch_deadline: Duration::from_secs_f64(self.dispatch_deadline),
+            loopback_rows: self
+                .loopback_rows
+                .unwrap_or(if quick { 4_000 } else { 20_000 }),
             rtt_seconds: self
                 .rtt_seconds
                 .unwrap_or(if quick { 1.0 } else { 3.0 })
@@ -348,6 +357,40 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             format!("dispatch to local SMTP, {} rows", rows(s.dispatch_rows)),
             "/s",
             Some(Target::AtLeast(2_000.0)),
+        ),
+        m(
+            "loopback.ratio",
+            format!(
+                "dispatch / Postfix smtp-source -d to Postfix smtp-sink, {} msgs, {} conns",
+                rows(s.loopback_rows),
+                round_trips::SMTP_CONNECTIONS
+            ),
+            "x",
+            Some(Target::AtLeast(loopback::TARGET_RATIO)),
+        ),
+        m(
+            "loopback.central_rate",
+            "  central dispatch to smtp-sink (same run)".into(),
+            "/s",
+            None,
+        ),
+        m(
+            "loopback.source_rate",
+            "  smtp-source -d, central's message and recipients (same run)".into(),
+            "/s",
+            None,
+        ),
+        m(
+            "loopback.central_cpu_us",
+            "  central CPU per delivery".into(),
+            "µs",
+            None,
+        ),
+        m(
+            "loopback.source_cpu_us",
+            "  smtp-source CPU per message".into(),
+            "µs",
+            None,
         ),
     ];
     for rt in round_trips::ROUND_TRIPS {
@@ -525,6 +568,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "forward" => site_figures::forward(rig).await,
         "ingest" => central_figures::ingest(rig).await,
         "dispatch" => central_figures::dispatch(rig).await,
+        "loopback" => loopback::loopback(rig).await,
         "rtt" => round_trips::rtt(rig).await,
         "e2e" => e2e::e2e(rig).await,
         "first-minute" => first_minute::first_minute(rig).await,

@@ -28,6 +28,8 @@ pub struct Sizes {
     pub forward_rows: u64,
     pub dispatch_rows: u64,
     pub dispatch_deadline: Duration,
+    /// Messages per side in the `loopback` figure.
+    pub loopback_rows: u64,
     /// The `rtt` figure's rows at each round trip: what the pipelined floor delivers in this
     /// many seconds.
     pub rtt_seconds: f64,
@@ -57,6 +59,7 @@ impl Sizes {
             "forward_rows": self.forward_rows,
             "dispatch_rows": self.dispatch_rows,
             "dispatch_deadline_s": self.dispatch_deadline.as_secs_f64(),
+            "loopback_rows": self.loopback_rows,
             "rtt_seconds": self.rtt_seconds,
             "e2e_rate_per_s": self.e2e_rate,
             "e2e_duration_s": self.e2e_duration.as_secs_f64(),
