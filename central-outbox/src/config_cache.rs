@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use crate::domain::ListName;
 use crate::domain::channel::{NotificationList, SmtpSettings};
-use crate::store::{OutboxStore, Result};
+use crate::store::{ReadChannelSettings, Result};
 
 /// Longest a cached value is used as it is.
 pub const MAX_AGE: Duration = Duration::from_secs(1);
@@ -79,7 +79,10 @@ impl ConfigCache {
     }
 
     /// The stored SMTP settings, `None` when there are none.
-    pub async fn smtp_settings<S: OutboxStore>(&self, store: &S) -> Result<Option<SmtpSettings>> {
+    pub async fn smtp_settings<S: ReadChannelSettings>(
+        &self,
+        store: &S,
+    ) -> Result<Option<SmtpSettings>> {
         let cached = self.fresh_smtp_settings();
         if cached.is_some() {
             return Ok(cached);
@@ -97,7 +100,7 @@ impl ConfigCache {
 
     /// The list called `name`, `None` when there is none. A copy past [`MAX_AGE`] is served
     /// while a background task reads the list again (see the module documentation).
-    pub async fn list<S: OutboxStore>(
+    pub async fn list<S: ReadChannelSettings>(
         self: &Arc<Self>,
         store: &Arc<S>,
         name: &ListName,
@@ -118,7 +121,11 @@ impl ConfigCache {
     }
 
     /// Starts one task reading list `name` again, unless one is under way.
-    fn read_list_in_background<S: OutboxStore>(self: &Arc<Self>, store: &Arc<S>, name: &ListName) {
+    fn read_list_in_background<S: ReadChannelSettings>(
+        self: &Arc<Self>,
+        store: &Arc<S>,
+        name: &ListName,
+    ) {
         if !lock(&self.refreshing).insert(name.clone()) {
             return;
         }
@@ -136,7 +143,7 @@ impl ConfigCache {
     }
 
     /// Reads list `name` from the store and keeps the copy (forgets it if there is none).
-    async fn read_list<S: OutboxStore>(
+    async fn read_list<S: ReadChannelSettings>(
         &self,
         store: &S,
         name: &ListName,
@@ -177,6 +184,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::domain::channel::ListInput;
+    use crate::store::ChannelSettingsStore;
     use crate::store::sqlite::SqliteStore;
 
     fn list(recipient: &str) -> NotificationList {

@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::store::OutboxStore;
+use crate::store::IngestStore;
 
 /// Reports one status for the overall "" entry and every named service.
 #[derive(Clone)]
@@ -62,7 +62,7 @@ impl Health {
 }
 
 /// Probes the store every `interval` until `shutdown`, reporting changes.
-pub async fn watch_store<S: OutboxStore>(
+pub async fn watch_store<S: IngestStore>(
     store: Arc<S>,
     health: Health,
     interval: Duration,

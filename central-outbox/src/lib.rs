@@ -4,7 +4,8 @@
 //!
 //! [`run`] is the whole service: tests start it in-process on a port-0 listener, `main` starts it
 //! from the command line. Dependencies point inward: `grpc` and `store` know `domain`; `domain`
-//! knows neither.
+//! knows neither. The records passed to and from the store (`records`) know only `domain`, so
+//! delivery and metrics handle them without knowing the store.
 
 pub mod auth;
 pub mod config;
@@ -18,9 +19,11 @@ pub mod health;
 pub mod kpi_gauges;
 pub mod metrics;
 pub mod purge;
+pub mod records;
 pub mod secrets;
 pub mod store;
 pub mod telemetry;
+pub mod testing;
 pub mod tls;
 
 use std::sync::Arc;
@@ -43,7 +46,7 @@ use crate::health::Health;
 use crate::metrics::Metrics;
 use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
-use crate::store::{OutboxStore, StoreError};
+use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
 use futures_util::future::BoxFuture;
 
 /// Why the service stopped with an error.
@@ -149,7 +152,7 @@ struct Listeners {
 
 /// The KPI and site health figures, read at most once per [`kpi_gauges::REUSE`] however many
 /// scrapes, `GetKpis` calls and console tabs ask (see [`kpi_gauges`]).
-fn kpi_cache<S: OutboxStore>(
+fn kpi_cache<S: AdminStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     kpis: KpiSettings,

@@ -25,7 +25,7 @@ use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::kpi::{KpiValues, Kpis};
 use crate::domain::site_health::NodeHealth;
-use crate::store::{InsertOutcome, PurgeReport};
+use crate::records::{InsertOutcome, PurgeReport};
 
 /// Upper bounds, in seconds, of the delivery duration buckets. A send to a relay on the LAN takes
 /// a few milliseconds; a TLS handshake or a slow relay over a WAN, seconds; the SMTP timeout

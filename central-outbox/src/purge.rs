@@ -19,7 +19,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::store::{LeaseEpoch, OutboxStore, PurgeReport, StoreError};
+use crate::records::{LeaseEpoch, PurgeReport};
+use crate::store::{DispatchStore, StoreError};
 
 /// `[retention]` in the config file.
 #[derive(Debug, Clone, Copy)]
@@ -30,7 +31,7 @@ pub struct PurgeSettings {
 }
 
 /// Runs until `shutdown`: waits for leadership, purges, sleeps `interval`, again.
-pub async fn run<S: OutboxStore>(
+pub async fn run<S: DispatchStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     settings: PurgeSettings,
@@ -85,7 +86,7 @@ fn log(report: &PurgeReport, retention: Duration) {
 }
 
 /// Deletes batches until one comes back short (or shutdown). Returns the totals.
-pub async fn purge_once<S: OutboxStore>(
+pub async fn purge_once<S: DispatchStore>(
     store: &S,
     settings: PurgeSettings,
     shutdown: &CancellationToken,

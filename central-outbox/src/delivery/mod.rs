@@ -25,7 +25,7 @@ use crate::domain::channel::{
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookTarget;
-use crate::store::ClaimedNotification;
+use crate::records::ClaimedNotification;
 use http::HttpClient;
 use oauth::TokenCache;
 use webhook::{Outgoing, WebhookAdapter};

@@ -18,7 +18,8 @@ use crate::delivery::{ChannelSettings, Deliver};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::retry::RetryPolicy;
 use crate::metrics::Metrics;
-use crate::store::{AttemptRecord, ClaimedNotification, OutboxStore};
+use crate::records::{AttemptRecord, ClaimedNotification};
+use crate::store::DispatchStore;
 
 /// How long one attempt of `channel` may take. It may not outlive its claim, or a successor
 /// could deliver it concurrently; and it is bounded by the channel's own overall timeout.
@@ -43,7 +44,7 @@ pub(super) struct Attempt<S, D> {
     pub(super) timeout: Duration,
 }
 
-impl<S: OutboxStore, D: Deliver> Attempt<S, D> {
+impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
     /// Delivers, and returns what to record.
     pub(super) async fn run(self, notification: ClaimedNotification) -> AttemptRecord {
         let kind = notification.content.kind;

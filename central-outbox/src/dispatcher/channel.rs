@@ -19,7 +19,7 @@
 //!
 //! Held rows (flood consolidation) go out as digests: at most once a second, and at once after
 //! a claim that found one, a claim first takes the due held rows of one list together
-//! (`OutboxStore::claim_digest`); the digest then takes one slot and one rate-limit token like
+//! (`DispatchStore::claim_digest`); the digest then takes one slot and one rate-limit token like
 //! a single row, since it is one mail or one webhook call ([`super::digest`]).
 //!
 //! Time is read from tokio's clock, which is the system clock except under a test's paused
@@ -45,7 +45,8 @@ use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
 use crate::domain::{NotificationId, NotificationType};
 use crate::metrics::Metrics;
-use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, OutboxStore, StoreError};
+use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch};
+use crate::store::{DispatchStore, StoreError};
 
 /// Now, on tokio's clock (see the module documentation).
 fn now() -> Instant {
@@ -186,7 +187,7 @@ pub(super) struct ChannelLoop<S, D> {
     warned_for: Option<Option<SmtpSettings>>,
 }
 
-impl<S: OutboxStore, D: Deliver> ChannelLoop<S, D> {
+impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     pub(super) fn new(parts: ChannelParts<S, D>) -> Self {
         Self {
             parts,

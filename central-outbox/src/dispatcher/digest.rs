@@ -9,7 +9,7 @@
 
 use crate::domain::consolidation::{DigestLine, digest_text};
 use crate::domain::{ContentError, NotificationContent, NotificationId, TypeData};
-use crate::store::{AttemptRecord, ClaimedNotification};
+use crate::records::{AttemptRecord, ClaimedNotification};
 
 /// The rows of one list claimed as one digest, in the order they were held.
 #[derive(Debug, Clone)]
@@ -90,7 +90,7 @@ mod tests {
     use crate::domain::retry::Transition;
     use crate::domain::status::Status;
     use crate::domain::{NotificationType, Priority, SiteId};
-    use crate::store::LeaseEpoch;
+    use crate::records::LeaseEpoch;
 
     fn held(
         row_id: i64,

@@ -16,32 +16,31 @@ use outbox_domain::ScriptOrigin;
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::memory_store::{Gate, email};
 use crate::config_cache::ConfigCache;
 use crate::delivery::Adapters;
 use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings};
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
-use crate::domain::history::{Actor, OperatorAction};
-use crate::domain::kpi::{KpiParams, Kpis};
-use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::status::Status;
 use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, SiteId, Submission,
 };
 use crate::metrics::Metrics;
+use crate::records::{
+    AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, PurgeReport,
+};
 use crate::store::sqlite::SqliteStore;
 use crate::store::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
-    Page, PurgeReport, Result,
+    AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
 };
+use crate::testing::{Gate, email};
 
 /// Far longer than a healthy run needs; reaching it fails the test.
 const DEADLINE: Duration = Duration::from_secs(30);
 
-/// SQLite with gates in front of claims, outcomes and lease renewals, counting renewals.
+/// SQLite with gates in front of claims, outcomes and lease renewals, counting renewals. It
+/// stands in for the store's dispatch capability, all the dispatcher uses; the tests put rows
+/// in and look at them through the SQLite store itself (`inner`).
 #[derive(Debug)]
 struct GatedStore {
     inner: SqliteStore,
@@ -53,16 +52,16 @@ struct GatedStore {
     failing_outcome_writes: AtomicUsize,
 }
 
-impl OutboxStore for GatedStore {
-    async fn ping(&self) -> Result<()> {
-        self.inner.ping().await
+impl ReadChannelSettings for GatedStore {
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        self.inner.list(name).await
     }
-    async fn submit(&self, batch: Vec<NewNotification>) -> Result<Vec<InsertOutcome>> {
-        self.inner.submit(batch).await
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        self.inner.smtp_settings().await
     }
-    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
-        self.inner.state(id).await
-    }
+}
+
+impl DispatchStore for GatedStore {
     async fn acquire_lease(
         &self,
         name: &'static str,
@@ -110,14 +109,6 @@ impl OutboxStore for GatedStore {
             .claim_digest(lease, epoch, kind, digest, claim_timeout)
             .await
     }
-    async fn clear_condition(
-        &self,
-        site: &crate::domain::SiteId,
-        key: &crate::domain::ConditionKey,
-        actor: Actor,
-    ) -> Result<Vec<NotificationId>> {
-        self.inner.clear_condition(site, key, actor).await
-    }
     async fn record_outcomes(
         &self,
         lease: &'static str,
@@ -135,72 +126,12 @@ impl OutboxStore for GatedStore {
         }
         self.inner.record_outcomes(lease, records).await
     }
-    async fn query(&self, page: PageRequest) -> Result<Page> {
-        self.inner.query(page).await
-    }
-    async fn detail(&self, id: NotificationId) -> Result<Option<NotificationDetail>> {
-        self.inner.detail(id).await
-    }
-    async fn act_on_ids(
-        &self,
-        action: OperatorAction,
-        ids: Vec<NotificationId>,
-        actor: Actor,
-    ) -> Result<Vec<ActionResult>> {
-        self.inner.act_on_ids(action, ids, actor).await
-    }
-    async fn act_on_filter(
-        &self,
-        action: OperatorAction,
-        filter: NotificationFilter,
-        limit: usize,
-        actor: Actor,
-    ) -> Result<FilterActionReport> {
-        self.inner.act_on_filter(action, filter, limit, actor).await
-    }
-    async fn count_on_filter(
-        &self,
-        filter: NotificationFilter,
-        limit: usize,
-    ) -> Result<FilterCount> {
-        self.inner.count_on_filter(filter, limit).await
-    }
-    async fn kpis(&self, params: KpiParams) -> Result<Kpis> {
-        self.inner.kpis(params).await
-    }
     async fn purge_terminal(
         &self,
         resolved_before: DateTime<Utc>,
         batch: u32,
     ) -> Result<PurgeReport> {
         self.inner.purge_terminal(resolved_before, batch).await
-    }
-    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
-        self.inner.list(name).await
-    }
-    async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
-        self.inner.lists().await
-    }
-    async fn upsert_list(&self, list: NotificationList) -> Result<()> {
-        self.inner.upsert_list(list).await
-    }
-    async fn delete_list(&self, name: &ListName) -> Result<bool> {
-        self.inner.delete_list(name).await
-    }
-    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
-        self.inner.smtp_settings().await
-    }
-    async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
-        self.inner.put_smtp_settings(settings).await
-    }
-    async fn delete_smtp_settings(&self) -> Result<bool> {
-        self.inner.delete_smtp_settings().await
-    }
-    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
-        self.inner.record_site_health(report).await
-    }
-    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
-        self.inner.site_health().await
     }
 }
 
@@ -245,6 +176,7 @@ async fn start() -> Rig {
     let origin = ScriptOrigin::parse("node-1".into(), "alarm.py".into(), None, None).unwrap();
     let id = NotificationId::generate();
     store
+        .inner
         .submit(vec![NewNotification::new(Submission {
             id,
             content,
@@ -315,7 +247,7 @@ fn watch_lease(
 }
 
 async fn status(store: &GatedStore, id: NotificationId) -> Status {
-    store.state(id).await.unwrap().unwrap().status
+    store.inner.state(id).await.unwrap().unwrap().status
 }
 
 /// A claim stuck in the database for many lease lifetimes: renewals go on meanwhile, the lease
@@ -415,7 +347,14 @@ async fn an_outcome_written_while_the_lease_lapsed_stands() {
     rig.store.leases.open();
     let back = *rig.lease.wait_for(Option::is_some).await.unwrap();
     assert_eq!(back, Some(epoch), "the lease came back under another epoch");
-    let history = rig.store.detail(rig.id).await.unwrap().unwrap().history;
+    let history = rig
+        .store
+        .inner
+        .detail(rig.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .history;
     assert_eq!(history.len(), 1, "attempted again: {history:?}");
     rig.shutdown.cancel();
     rig.task.await.unwrap();
@@ -439,7 +378,14 @@ async fn an_outcome_whose_write_fails_for_a_while_is_written_when_it_can_be() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     assert_eq!(rig.store.failing_outcome_writes.load(Ordering::SeqCst), 0);
-    let history = rig.store.detail(rig.id).await.unwrap().unwrap().history;
+    let history = rig
+        .store
+        .inner
+        .detail(rig.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .history;
     assert_eq!(history.len(), 1, "attempted again: {history:?}");
     rig.shutdown.cancel();
     rig.task.await.unwrap();

@@ -28,7 +28,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::Metrics;
-use crate::store::{LeaseEpoch, OutboxStore};
+use crate::records::LeaseEpoch;
+use crate::store::DispatchStore;
 
 /// Name of the lease whose holder dispatches.
 pub const DISPATCHER_LEASE: &str = "dispatcher";
@@ -67,7 +68,7 @@ pub struct LeaseKeeper<S> {
     held: watch::Sender<Option<HeldLease>>,
 }
 
-impl<S: OutboxStore> LeaseKeeper<S> {
+impl<S: DispatchStore> LeaseKeeper<S> {
     pub fn new(store: Arc<S>, metrics: Arc<Metrics>, settings: LeaseSettings) -> Self {
         Self {
             store,

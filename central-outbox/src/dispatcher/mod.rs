@@ -24,8 +24,9 @@
 //! released so a successor takes over at once; rows still claimed become due again when their
 //! claims expire.
 //!
-//! [`Dispatcher::dispatch_once`] is the deterministic step for tests: one turn of every
-//! channel, waiting for the store calls it makes.
+//! It needs the store's dispatch capability only ([`DispatchStore`]): leases, claims, outcomes
+//! and the channel settings it reads. [`Dispatcher::dispatch_once`] is the deterministic step
+//! for tests: one turn of every channel, waiting for the store calls it makes.
 
 mod attempt;
 mod channel;
@@ -35,8 +36,6 @@ mod recorder;
 
 #[cfg(test)]
 mod gated_tests;
-#[cfg(test)]
-mod memory_store;
 #[cfg(test)]
 mod paused_tests;
 
@@ -52,7 +51,8 @@ use crate::delivery::{Adapters, Deliver};
 use crate::domain::NotificationType;
 use crate::domain::channel::WebhookSettings;
 use crate::metrics::Metrics;
-use crate::store::{AttemptRecord, LeaseEpoch, OutboxStore, StoreError};
+use crate::records::{AttemptRecord, LeaseEpoch};
+use crate::store::{DispatchStore, StoreError};
 use channel::{ChannelLoop, ChannelParts};
 use lease::{EpochScope, LeaseKeeper, LeaseSettings, LeaseView, Mandate, Tenure};
 
@@ -119,7 +119,7 @@ pub struct Dispatcher<S, D = Adapters> {
     webhook: WebhookSettings,
 }
 
-impl<S: OutboxStore, D: Deliver> Dispatcher<S, D> {
+impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     pub fn new(
         store: Arc<S>,
         metrics: Arc<Metrics>,

@@ -2,11 +2,13 @@
 //! within and beyond the lease's TTL, rate-limit pacing, queued rows that waited too long, and
 //! what one sweep claims and starts.
 //!
-//! Each test runs on tokio's paused clock over the in-memory store (`memory_store`) with a
-//! scripted delivery, so nothing depends on how fast this machine is: time moves only when
-//! every task is idle (tokio then jumps to the next timer) or when a test sleeps, which on a
-//! paused clock moves time at once and costs no real time. A run of the whole module takes
-//! milliseconds. The same cases against real SQLite, on the real clock, are in `gated_tests`.
+//! Each test runs on tokio's paused clock over the in-memory store
+//! (`crate::testing::MemoryStore`, held to the store's dispatch contract by the conformance
+//! suite) with a scripted delivery, so nothing depends on how fast this machine is: time moves
+//! only when every task is idle (tokio then jumps to the next timer) or when a test sleeps,
+//! which on a paused clock moves time at once and costs no real time. A run of the whole module
+//! takes milliseconds. The same cases against real SQLite, on the real clock, are in
+//! `gated_tests`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -19,7 +21,6 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::lease::HeldLease;
-use super::memory_store::{MemoryStore, Row, email};
 use super::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, SweepOutcome};
 use crate::config::{Config, SmtpConfig};
 use crate::config_cache::{ConfigCache, MAX_AGE};
@@ -29,7 +30,9 @@ use crate::domain::channel::{ListInput, NotificationList, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::status::Status;
 use crate::metrics::Metrics;
-use crate::store::{ClaimedNotification, LeaseEpoch, OutboxStore};
+use crate::records::{ClaimedNotification, LeaseEpoch};
+use crate::store::DispatchStore;
+use crate::testing::{MemoryStore, Row, email};
 
 /// The lease lasts 3 s and is renewed every second.
 const TTL: Duration = Duration::from_secs(3);
@@ -316,7 +319,7 @@ async fn a_node_that_loses_the_lease_mid_delivery_cancels_it_and_records_nothing
     rig.at(Duration::from_secs(5)).await;
     let successor = rig
         .store
-        .lease_taken_by("node-b", Duration::from_secs(3600));
+        .lease_taken_by(DISPATCHER_LEASE, "node-b", Duration::from_secs(3600));
     assert!(successor > epoch);
     let claims = rig.store.claims();
     rig.store.leases.open();

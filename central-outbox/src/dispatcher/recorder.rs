@@ -22,7 +22,8 @@ use tokio::task::{JoinHandle, JoinSet};
 
 use super::lease::DISPATCHER_LEASE;
 use crate::metrics::Metrics;
-use crate::store::{AttemptRecord, OutboxStore, StoreError};
+use crate::records::AttemptRecord;
+use crate::store::{DispatchStore, StoreError};
 
 /// Outcome writes under way at most. Two: one can be committing while the next gathers what
 /// finished meanwhile, without a dozen small writes competing for the database.
@@ -42,7 +43,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 
 /// Starts the recorder; returns where to send records, and the task (which ends once every
 /// sender is dropped and all it received is written).
-pub(super) fn start<S: OutboxStore>(
+pub(super) fn start<S: DispatchStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     claim_timeout: Duration,
@@ -83,7 +84,7 @@ async fn next_batch(received: &mut mpsc::Receiver<AttemptRecord>) -> Option<Vec<
 
 /// Writes finished attempts' outcomes in one store call, each fenced by its claim epoch; a
 /// failed call is tried again for up to `retry_for` (see the module documentation).
-async fn record_outcomes<S: OutboxStore>(
+async fn record_outcomes<S: DispatchStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     records: Vec<AttemptRecord>,
@@ -121,7 +122,7 @@ async fn record_outcomes<S: OutboxStore>(
 
 /// One store call, tried again after a failure (pausing [`FIRST_PAUSE`], doubling up to
 /// [`MAX_PAUSE`]) until it answers or `retry_for` has passed since the first try.
-async fn write_retrying<S: OutboxStore>(
+async fn write_retrying<S: DispatchStore>(
     store: &S,
     metrics: &Metrics,
     records: Vec<AttemptRecord>,

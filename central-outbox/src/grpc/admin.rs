@@ -19,7 +19,8 @@ use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
 use crate::kpi_gauges::KpiGauges;
-use crate::store::{NotificationState, OutboxStore};
+use crate::records::NotificationState;
+use crate::store::{AdminStore, ChannelSettingsStore};
 
 /// Most notifications one bulk call may name or change.
 pub const MAX_BULK: usize = 1000;
@@ -108,7 +109,7 @@ fn parse_id(text: &str, field: &'static str) -> Result<NotificationId, Status> {
     NotificationId::parse(text, field).map_err(invalid_argument)
 }
 
-impl<S: OutboxStore> OutboxService<S> {
+impl<S: AdminStore + ChannelSettingsStore> OutboxService<S> {
     async fn act_on_one(
         &self,
         action: OperatorAction,
@@ -143,7 +144,7 @@ impl<S: OutboxStore> OutboxService<S> {
         &self,
         action: OperatorAction,
         ids: &[NotificationId],
-    ) -> Result<Vec<crate::store::ActionResult>, Status> {
+    ) -> Result<Vec<crate::records::ActionResult>, Status> {
         let mut results = Vec::with_capacity(ids.len());
         let mut seen = std::collections::HashSet::new();
         for &id in ids {
@@ -268,7 +269,7 @@ impl<S: OutboxStore> OutboxService<S> {
 }
 
 #[tonic::async_trait]
-impl<S: OutboxStore> NotificationOutbox for OutboxService<S> {
+impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<S> {
     async fn query_notifications(
         &self,
         request: Request<v1::QueryNotificationsRequest>,

@@ -22,7 +22,7 @@ use crate::domain::retry::Backoff;
 use crate::domain::status::Status;
 use crate::domain::webhook::WebhookFormat;
 use crate::domain::{ContentError, NotificationType};
-use crate::store::NotificationDetail;
+use crate::records::NotificationDetail;
 
 /// Longest site id or list name a filter may name (longer ones cannot match any stored row).
 const MAX_FILTER_NAME_CHARS: usize = 256;

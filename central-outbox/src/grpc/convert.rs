@@ -5,7 +5,7 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::status::Status;
-use crate::store::{InsertOutcome, NotificationState};
+use crate::records::{InsertOutcome, NotificationState};
 
 pub use outbox_proto::submission::{
     notification_type, notification_type_to_proto, parse as submission, priority_to_proto,

@@ -37,7 +37,8 @@ use super::{convert, invalid_argument, site_health, store_status};
 use crate::domain::history::site_actor;
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
-use crate::store::{NewNotification, OutboxStore, StoreError};
+use crate::records::NewNotification;
+use crate::store::{IngestStore, StoreError};
 use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
@@ -141,7 +142,7 @@ impl<S> IngestService<S> {
 type AckStream = Pin<Box<dyn Stream<Item = Result<NotificationSubmitAck, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl<S: OutboxStore> NotificationIngest for IngestService<S> {
+impl<S: IngestStore> NotificationIngest for IngestService<S> {
     async fn submit_notification(
         &self,
         request: Request<NotificationSubmit>,
@@ -267,7 +268,7 @@ struct StreamSession<S> {
     warned_other_site: AtomicBool,
 }
 
-impl<S: OutboxStore> StreamSession<S> {
+impl<S: IngestStore> StreamSession<S> {
     async fn run(self, mut inbound: Streaming<NotificationSubmit>, shutdown: CancellationToken) {
         let this = Arc::new(self);
         let (queue, queued) = mpsc::channel(MAX_BATCHES_QUEUED);

@@ -7,11 +7,11 @@
 use chrono::{DateTime, Utc};
 use outbox_domain::ScriptOrigin;
 
-use super::{ClaimedNotification, LeaseEpoch};
 use crate::domain::{
     Body, ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId,
     Subject, TypeData,
 };
+use crate::records::{ClaimedNotification, LeaseEpoch};
 
 /// The columns of a claimed row, as stored.
 #[derive(Debug, Clone)]

@@ -1,5 +1,30 @@
-//! The central store: one trait, [`OutboxStore`], and one module per backend. Everything the
-//! services persist goes through it, in domain types; backends hold the SQL.
+//! The central store: one trait per capability, [`OutboxStore`] as their sum, and one module per
+//! backend. Everything the services persist goes through it, in domain types and the records
+//! of `crate::records`; backends hold the SQL.
+//!
+//! Each user asks for the capabilities it uses and no more, so a test store (or a wrapper) keeps
+//! only those, and what a part of the service may touch shows in its bounds:
+//!
+//! - [`IngestStore`] (`ping`, `submit`, `clear_condition`, `record_site_health`): the ingest
+//!   service (`grpc::ingest`) and the health probe (`health`).
+//! - [`DispatchStore`] (`acquire_lease`, `release_lease`, `claim_due`, `claim_digest`,
+//!   `record_outcomes`, `record_outcome`, `purge_terminal`): the dispatcher with its lease
+//!   keeper, channel loops, attempts and recorder (`dispatcher`), and the purge (`purge`),
+//!   which runs under the dispatcher's lease.
+//! - [`ReadChannelSettings`] (`list`, `smtp_settings`): what a delivery reads, through
+//!   `config_cache`. Both [`DispatchStore`] and [`ChannelSettingsStore`] require it, so the
+//!   dispatcher and the admin service read settings the same way without either needing the
+//!   other's capability.
+//! - [`AdminStore`] (`state`, `query`, `detail`, `act_on_ids`, `act_on_filter`,
+//!   `count_on_filter`, `kpis`, `site_health`): the admin service (`grpc::admin`, which the web
+//!   console calls in-process) and the KPI gauges of `/metrics` (`kpi_gauges`, set up in `run`).
+//! - [`ChannelSettingsStore`] (`lists`, `upsert_list`, `delete_list`, `put_smtp_settings`,
+//!   `delete_smtp_settings`, `reseal_secrets`): the admin service, and start-up (`run` reseals
+//!   the stored secrets and applies the configured channel and lists).
+//!
+//! The SQL backends implement all of them ([`OutboxStore`], a blanket sum); the dispatcher's
+//! in-memory test store (`crate::testing`) only [`DispatchStore`]. Purging runs under the
+//! dispatcher's lease, so it is part of the dispatch capability.
 //!
 //! Contract every backend keeps (checked by the shared conformance tests):
 //! - `submit` commits before it returns; an id is stored at most once; a resubmit with the same
@@ -30,17 +55,14 @@
 //! - `record_site_health` keeps one row per (site, node): the latest report, stamped with the
 //!   database's clock; `site_health` reads every row with that clock's reading at the same time,
 //!   so the offline rule (`domain::site_health`) is applied to one clock on every replica.
+//!
+//! The conformance suite also holds the in-memory store to the dispatch part of this contract
+//! (leases, claims and their serve order, fenced outcomes, the purge), so the dispatcher's
+//! paused-clock tests run against a store that behaves like the real ones.
 
 pub mod claimed;
 pub mod mssql;
-mod records;
 pub mod sqlite;
-
-pub use records::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport,
-};
 
 use std::future::Future;
 use std::time::Duration;
@@ -54,6 +76,12 @@ use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
+use crate::records::{
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
+    PurgeReport,
+};
+use crate::secrets::ResealReport;
 
 /// A store operation failed. None of these are the caller's fault; the request may be retried,
 /// except `Secrets`, which needs a `[secrets]` key configured (or names damaged data).
@@ -82,8 +110,16 @@ impl From<rusqlite::Error> for StoreError {
 
 pub type Result<T> = std::result::Result<T, StoreError>;
 
-/// The central store. Methods return `Send` futures so the services can run them on any worker.
-pub trait OutboxStore: Send + Sync + 'static {
+/// The whole store: every capability. What the service runs on (`run`) and what the SQL
+/// backends are; a part of the service asks only for the capabilities it uses (module docs).
+pub trait OutboxStore: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore {}
+
+impl<S: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore> OutboxStore for S {}
+
+/// What the sites' ingest needs: storing submissions, clearing conditions, node health reports,
+/// and the probe the health service answers with. Methods return `Send` futures so the services
+/// can run them on any worker (so do every capability's).
+pub trait IngestStore: Send + Sync + 'static {
     /// Succeeds if the store can take a write now (an empty transaction): the health probe.
     fn ping(&self) -> impl Future<Output = Result<()>> + Send;
 
@@ -94,12 +130,41 @@ pub trait OutboxStore: Send + Sync + 'static {
         batch: Vec<NewNotification>,
     ) -> impl Future<Output = Result<Vec<InsertOutcome>>> + Send;
 
-    /// The current state of one notification, if stored.
-    fn state(
+    /// Ends every notification of `site` with condition key `key` that is waiting (Pending or
+    /// Retrying, and not claimed) as Cleared, with a history entry naming `actor`; returns
+    /// their ids. Delivered rows, and rows being delivered, are never touched.
+    fn clear_condition(
         &self,
-        id: NotificationId,
-    ) -> impl Future<Output = Result<Option<NotificationState>>> + Send;
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
+    ) -> impl Future<Output = Result<Vec<NotificationId>>> + Send;
 
+    /// Stores `report` as the latest of its (site, node), replacing the one before, received
+    /// now by the database's clock.
+    fn record_site_health(
+        &self,
+        report: SiteHealthReport,
+    ) -> impl Future<Output = Result<()>> + Send;
+}
+
+/// The channel settings a delivery reads: one list by name and the email channel's settings.
+/// Both the dispatcher (through `config_cache`) and the admin service read them, so both
+/// [`DispatchStore`] and [`ChannelSettingsStore`] build on it.
+pub trait ReadChannelSettings: Send + Sync + 'static {
+    /// The named list, if configured.
+    fn list(
+        &self,
+        name: &ListName,
+    ) -> impl Future<Output = Result<Option<Stored<NotificationList>>>> + Send;
+
+    /// The email channel's settings, if configured.
+    fn smtp_settings(&self) -> impl Future<Output = Result<Option<Stored<SmtpSettings>>>> + Send;
+}
+
+/// What the dispatcher needs: the leader lease, claims, fenced outcomes, and the retention
+/// purge (which runs under the dispatcher's lease), besides the channel settings it reads.
+pub trait DispatchStore: ReadChannelSettings {
     /// Takes or renews the named lease for `holder` for `ttl`. Returns the epoch held, or `None`
     /// if another holder's lease has not expired. The epoch increases whenever the holder
     /// changes; the last holder re-taking its lapsed lease keeps it.
@@ -146,16 +211,6 @@ pub trait OutboxStore: Send + Sync + 'static {
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
 
-    /// Ends every notification of `site` with condition key `key` that is waiting (Pending or
-    /// Retrying, and not claimed) as Cleared, with a history entry naming `actor`; returns
-    /// their ids. Delivered rows, and rows being delivered, are never touched.
-    fn clear_condition(
-        &self,
-        site: &SiteId,
-        key: &ConditionKey,
-        actor: Actor,
-    ) -> impl Future<Output = Result<Vec<NotificationId>>> + Send;
-
     /// Applies each attempt's outcome whose claim still stands (see the module contract), all
     /// committed before it returns. One answer per record, in order: whether it was applied.
     /// The dispatcher writes the outcomes that finished together in one call, because a call
@@ -177,6 +232,23 @@ pub trait OutboxStore: Send + Sync + 'static {
             Ok(applied.first().copied().unwrap_or(false))
         }
     }
+
+    /// Deletes up to `batch` terminal rows resolved before `resolved_before`, with their
+    /// history. Call again until it deletes fewer than `batch`.
+    fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> impl Future<Output = Result<PurgeReport>> + Send;
+}
+
+/// What operators look at and act on: notifications, their history, the KPIs, site health.
+pub trait AdminStore: Send + Sync + 'static {
+    /// The current state of one notification, if stored.
+    fn state(
+        &self,
+        id: NotificationId,
+    ) -> impl Future<Output = Result<Option<NotificationState>>> + Send;
 
     /// One page of notifications matching the filter, newest first.
     fn query(&self, page: PageRequest) -> impl Future<Output = Result<Page>> + Send;
@@ -218,20 +290,13 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// The KPIs at `params.now`.
     fn kpis(&self, params: KpiParams) -> impl Future<Output = Result<Kpis>> + Send;
 
-    /// Deletes up to `batch` terminal rows resolved before `resolved_before`, with their
-    /// history. Call again until it deletes fewer than `batch`.
-    fn purge_terminal(
-        &self,
-        resolved_before: DateTime<Utc>,
-        batch: u32,
-    ) -> impl Future<Output = Result<PurgeReport>> + Send;
+    /// Every node's latest report, by site then node, and the database's clock at the read.
+    fn site_health(&self) -> impl Future<Output = Result<SiteHealthSnapshot>> + Send;
+}
 
-    /// The named list, if configured.
-    fn list(
-        &self,
-        name: &ListName,
-    ) -> impl Future<Output = Result<Option<Stored<NotificationList>>>> + Send;
-
+/// Changing the channel settings: the lists and the email channel's settings, and keeping their
+/// stored secrets sealed with the current key.
+pub trait ChannelSettingsStore: ReadChannelSettings {
     /// Every list, by name.
     fn lists(&self) -> impl Future<Output = Result<Vec<Stored<NotificationList>>>> + Send;
 
@@ -241,22 +306,14 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// Deletes a list; false if there was none.
     fn delete_list(&self, name: &ListName) -> impl Future<Output = Result<bool>> + Send;
 
-    /// The email channel's settings, if configured.
-    fn smtp_settings(&self) -> impl Future<Output = Result<Option<Stored<SmtpSettings>>>> + Send;
-
     /// Creates or replaces the email channel's settings.
     fn put_smtp_settings(&self, settings: SmtpSettings) -> impl Future<Output = Result<()>> + Send;
 
     /// Removes the email channel's settings; false if there were none.
     fn delete_smtp_settings(&self) -> impl Future<Output = Result<bool>> + Send;
 
-    /// Stores `report` as the latest of its (site, node), replacing the one before, received
-    /// now by the database's clock.
-    fn record_site_health(
-        &self,
-        report: SiteHealthReport,
-    ) -> impl Future<Output = Result<()>> + Send;
-
-    /// Every node's latest report, by site then node, and the database's clock at the read.
-    fn site_health(&self) -> impl Future<Output = Result<SiteHealthSnapshot>> + Send;
+    /// Re-seals every stored secret not sealed with the current key (clear text from older
+    /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
+    /// naming the key id, if one was sealed with a key that is not configured.
+    fn reseal_secrets(&self) -> impl Future<Output = Result<ResealReport>> + Send;
 }

@@ -16,10 +16,11 @@ use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::webhook::WebhookFormat;
 use central_outbox::domain::{ListName, NotificationId, NotificationType};
-use central_outbox::store::{NotificationState, OutboxStore};
+use central_outbox::records::NotificationState;
+use central_outbox::store::OutboxStore;
 use chrono::{DateTime, Utc};
 
-use crate::seed::{self, End, Seeded, Spec};
+use crate::seed::{self, End, Rows, Seeded, Spec};
 
 /// Every row matching `filter`, following page tokens, checking the order on the way.
 async fn query_all<S: OutboxStore>(
@@ -87,7 +88,7 @@ fn varied_specs() -> Vec<Spec> {
     specs
 }
 
-pub async fn query_filters_match_exactly<S: OutboxStore>(store: &S) {
+pub async fn query_filters_match_exactly<S: OutboxStore + Rows>(store: &S) {
     let seeded = seed::seed(store, &varied_specs()).await;
     let states = seed::states(store, &seeded).await;
     let facts: Vec<(&Seeded, &NotificationState)> = seeded.iter().zip(&states).collect();
@@ -231,7 +232,7 @@ pub async fn query_filters_match_exactly<S: OutboxStore>(store: &S) {
 
 pub async fn pagination_neither_skips_nor_repeats_under_inserts<S>(store: &S)
 where
-    S: OutboxStore + Clone,
+    S: OutboxStore + Rows + Clone,
 {
     let specs: Vec<Spec> = (0..300)
         .map(|i| Spec::new("north", "ops", &format!("before {i}"), End::Pending))
@@ -279,7 +280,7 @@ where
     );
 }
 
-pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
+pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore + Rows>(store: &S) {
     let specs = [
         Spec::new("north", "ops", "parked one", End::Parked),
         Spec::new("north", "ops", "parked two", End::Parked),
@@ -441,7 +442,9 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore>(store: &S) {
     );
 }
 
-pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxStore>(store: &S) {
+pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxStore + Rows>(
+    store: &S,
+) {
     let mut specs = Vec::new();
     for i in 0..5 {
         specs.push(Spec::new(
@@ -515,7 +518,7 @@ pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxSt
 
 /// A dry run (`count_on_filter`) counts exactly the Parked rows the same bulk action would change,
 /// up to the limit and saying whether more match, and changes nothing.
-pub async fn a_dry_run_counts_what_a_bulk_action_would_change<S: OutboxStore>(store: &S) {
+pub async fn a_dry_run_counts_what_a_bulk_action_would_change<S: OutboxStore + Rows>(store: &S) {
     let mut specs = Vec::new();
     for i in 0..5 {
         specs.push(Spec::new(
@@ -623,7 +626,7 @@ fn expected_kpis(rows: &[&NotificationState], p: &KpiParams) -> KpiValues {
     }
 }
 
-pub async fn kpis_match_an_independent_count<S: OutboxStore>(store: &S) {
+pub async fn kpis_match_an_independent_count<S: OutboxStore + Rows>(store: &S) {
     let ends = [
         End::Pending,
         End::Retrying(3600),

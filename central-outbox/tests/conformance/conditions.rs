@@ -10,7 +10,8 @@ use central_outbox::domain::query::{NotificationFilter, PageRequest};
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{ConditionKey, NotificationId, NotificationType, SiteId};
-use central_outbox::store::{InsertOutcome, LeaseEpoch, NewNotification, OutboxStore};
+use central_outbox::records::{ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification};
+use central_outbox::store::OutboxStore;
 use chrono::Utc;
 
 use crate::seed::{self, End, LEASE, Spec};
@@ -52,7 +53,7 @@ async fn claim<S: OutboxStore>(
     store: &S,
     epoch: LeaseEpoch,
     rows: usize,
-) -> Vec<central_outbox::store::ClaimedNotification> {
+) -> Vec<ClaimedNotification> {
     store
         .claim_due(
             LEASE,

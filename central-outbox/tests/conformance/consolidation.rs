@@ -17,7 +17,8 @@ use central_outbox::domain::kpi::KpiParams;
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{ConditionKey, NotificationId, NotificationType, Priority, SiteId};
-use central_outbox::store::{ClaimedNotification, InsertOutcome, NewNotification, OutboxStore};
+use central_outbox::records::{ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification};
+use central_outbox::store::OutboxStore;
 use chrono::Utc;
 
 use crate::seed::{self, End, LEASE, Spec};
@@ -53,7 +54,7 @@ async fn status<S: OutboxStore>(store: &S, row: &NewNotification) -> Status {
 /// Claims a digest of email rows, polling until one is due (the window's end) or `deadline`.
 async fn next_digest<S: OutboxStore>(
     store: &S,
-    epoch: central_outbox::store::LeaseEpoch,
+    epoch: LeaseEpoch,
     digest: NotificationId,
 ) -> Vec<ClaimedNotification> {
     let deadline = Instant::now() + Duration::from_secs(20);

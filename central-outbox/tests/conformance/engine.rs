@@ -11,12 +11,13 @@ use central_outbox::domain::retry::{Backoff, RetryPolicy, Transition};
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::status::Status;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Submission};
-use central_outbox::store::{
-    AttemptRecord, ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification, OutboxStore,
+use central_outbox::records::{
+    AttemptRecord, ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification,
 };
+use central_outbox::store::OutboxStore;
 use chrono::Utc;
 
-use crate::seed::{self, LEASE, Spec};
+use crate::seed::{self, LEASE, Rows, Spec};
 
 fn new_row(subject: &str) -> NewNotification {
     seed::submission(&Spec::new("north", "ops", subject, seed::End::Pending))
@@ -114,7 +115,7 @@ pub async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: Outbo
     );
 }
 
-pub async fn leases_are_exclusive_and_epochs_only_grow<S: OutboxStore>(store: &S) {
+pub async fn leases_are_exclusive_and_epochs_only_grow<S: Rows>(store: &S) {
     let ttl = Duration::from_secs(600);
     let first = store.acquire_lease(LEASE, "node-a", ttl).await.unwrap();
     let Some(e1) = first else {
@@ -168,7 +169,7 @@ pub async fn leases_are_exclusive_and_epochs_only_grow<S: OutboxStore>(store: &S
     );
 }
 
-async fn claim<S: OutboxStore>(
+async fn claim<S: Rows>(
     store: &S,
     epoch: LeaseEpoch,
     kind: NotificationType,
@@ -183,7 +184,7 @@ async fn claim<S: OutboxStore>(
 
 /// Claims (for a long time) as soon as an expired claim makes rows due again, polling with a
 /// deadline rather than sleeping for the claim timeout.
-async fn claim_once_due_again<S: OutboxStore>(
+async fn claim_once_due_again<S: Rows>(
     store: &S,
     epoch: LeaseEpoch,
     limit: usize,
@@ -233,12 +234,12 @@ fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>
     }
 }
 
-pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxStore>(store: &S) {
+pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: Rows>(store: &S) {
     let mut emails = Vec::new();
     for i in 0..5 {
         let row = new_row(&format!("email {i}"));
         emails.push(row.submission.id);
-        store.submit(vec![row]).await.unwrap();
+        store.put(vec![row]).await;
     }
     let hooks: Vec<NewNotification> = (0..2)
         .map(|i| {
@@ -247,7 +248,7 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
             )
         })
         .collect();
-    store.submit(hooks.clone()).await.unwrap();
+    store.put(hooks.clone()).await;
 
     let long = Duration::from_secs(600);
     let e1 = store
@@ -279,7 +280,7 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
             .is_empty()
     );
     // The InFlight attempt row is written with the claim.
-    let history = store.detail(emails[0]).await.unwrap().unwrap().history;
+    let history = store.row_detail(emails[0]).await.unwrap().history;
     assert_eq!(history.len(), 1);
     assert_eq!(
         history[0].event,
@@ -298,10 +299,10 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
             .await
             .unwrap()
     );
-    let state = store.state(emails[0]).await.unwrap().unwrap();
+    let state = store.row_state(emails[0]).await.unwrap();
     assert_eq!(state.status, Status::Delivered);
     assert!(state.delivered_at.is_some() && state.resolved_at.is_some());
-    let history = store.detail(emails[0]).await.unwrap().unwrap().history;
+    let history = store.row_detail(emails[0]).await.unwrap().history;
     assert!(matches!(
         history[0].event,
         HistoryEvent::Attempt {
@@ -330,9 +331,9 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
             .await
             .unwrap()
     );
-    let state = store.state(emails[1]).await.unwrap().unwrap();
+    let state = store.row_state(emails[1]).await.unwrap();
     assert_eq!(state.status, Status::Pending);
-    let history = store.detail(emails[1]).await.unwrap().unwrap().history;
+    let history = store.row_detail(emails[1]).await.unwrap().history;
     assert!(matches!(
         history[0].event,
         HistoryEvent::Attempt {
@@ -357,10 +358,10 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: OutboxS
 /// meanwhile is recorded, and re-taking it keeps the epoch, so claims made before the lapse
 /// can still be recorded (a slow database must not turn delivered mail into duplicates). Once
 /// another node has taken it, the old epoch records nothing.
-pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxStore>(store: &S) {
+pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: Rows>(store: &S) {
     let rows: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("lapse {i}"))).collect();
     let ids: Vec<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
-    store.submit(rows).await.unwrap();
+    store.put(rows).await;
     let ttl = Duration::from_millis(1500);
     let long = Duration::from_secs(600);
     // Claimed under a long lease, so that however slow the server (Babelfish under load), the
@@ -374,7 +375,7 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxSt
     assert_eq!(claimed.len(), 3);
     // A row due now, which a claim under a lapsed lease must not take.
     let due = new_row("due while lapsed");
-    store.submit(vec![due.clone()]).await.unwrap();
+    store.put(vec![due.clone()]).await;
     // The holder renews for no time at all (same holder: same epoch): the lease has lapsed the
     // moment the renewal commits, with nothing to wait out.
     assert_eq!(
@@ -430,31 +431,26 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: OutboxSt
             .unwrap()
     );
     let states = [
-        store.state(ids[0]).await.unwrap().unwrap().status,
-        store.state(ids[1]).await.unwrap().unwrap().status,
-        store.state(ids[2]).await.unwrap().unwrap().status,
+        store.row_state(ids[0]).await.unwrap().status,
+        store.row_state(ids[1]).await.unwrap().status,
+        store.row_state(ids[2]).await.unwrap().status,
     ];
     assert_eq!(
         states,
         [Status::Delivered, Status::Delivered, Status::Pending]
     );
     assert_eq!(
-        store
-            .state(due.submission.id)
-            .await
-            .unwrap()
-            .unwrap()
-            .status,
+        store.row_state(due.submission.id).await.unwrap().status,
         Status::Pending
     );
 }
 
 /// An attempt's outcome applies only to the claim it was made under: once the row was claimed
 /// again (its claim ran out and the same epoch re-claimed it), the older attempt records nothing.
-pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &S) {
+pub async fn an_outcome_applies_only_to_its_own_attempt<S: Rows>(store: &S) {
     let row = new_row("two attempts");
     let id = row.submission.id;
-    store.submit(vec![row]).await.unwrap();
+    store.put(vec![row]).await;
     let long = Duration::from_secs(600);
     let e1 = store
         .acquire_lease(LEASE, "node-a", long)
@@ -473,28 +469,22 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: OutboxStore>(store: &
             .unwrap(),
         "a stale attempt overwrote the claim of a newer one"
     );
-    assert_eq!(
-        store.state(id).await.unwrap().unwrap().status,
-        Status::Pending
-    );
+    assert_eq!(store.row_state(id).await.unwrap().status, Status::Pending);
     assert!(
         store
             .record_outcome(LEASE, delivered(&second[0]))
             .await
             .unwrap()
     );
-    assert_eq!(
-        store.state(id).await.unwrap().unwrap().status,
-        Status::Delivered
-    );
+    assert_eq!(store.row_state(id).await.unwrap().status, Status::Delivered);
 }
 
 /// Outcomes written in one call each stand or fall on their own claim, come back in order, and
 /// store their texts and instants exactly as one-at-a-time writes do: quotes, backslashes, line
 /// breaks and any Unicode included.
-pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(store: &S) {
+pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S) {
     let rows: Vec<NewNotification> = (0..6).map(|i| new_row(&format!("group {i}"))).collect();
-    store.submit(rows).await.unwrap();
+    store.put(rows).await;
     let epoch = seed::lease(store).await;
     let long = Duration::from_secs(600);
     let claimed = claim(store, epoch, NotificationType::Email, 10, long).await;
@@ -531,7 +521,7 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(st
     assert_eq!(applied, [true, true, true, true, false, true, false]);
 
     let ids: Vec<NotificationId> = claimed.iter().map(|c| c.id).collect();
-    let detail = |i: usize| store.detail(ids[i]);
+    let detail = |i: usize| store.row_detail(ids[i]);
     let close =
         |stored: Option<chrono::DateTime<Utc>>, wanted: Option<chrono::DateTime<Utc>>| match (
             stored, wanted,
@@ -547,7 +537,7 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(st
         (4, Status::Pending),
         (5, Status::Retrying),
     ] {
-        let d = detail(i).await.unwrap().unwrap();
+        let d = detail(i).await.unwrap();
         assert_eq!(d.state.status, status, "row {i}");
         if i == 4 {
             continue;
@@ -572,23 +562,18 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: OutboxStore>(st
             "row {i}"
         );
     }
-    let d = detail(2).await.unwrap().unwrap();
+    let d = detail(2).await.unwrap();
     assert_eq!(d.state.last_error.as_deref(), Some(tricky));
     assert_eq!(
-        detail(0)
-            .await
-            .unwrap()
-            .unwrap()
-            .resolved_targets
-            .as_deref(),
+        detail(0).await.unwrap().resolved_targets.as_deref(),
         Some("\"Ops Desk\" <ops@plant.test>, b@plant.test")
     );
 }
 
-pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
+pub async fn an_expired_claim_is_due_again<S: Rows>(store: &S) {
     let row = new_row("rescue me");
     let id = row.submission.id;
-    store.submit(vec![row]).await.unwrap();
+    store.put(vec![row]).await;
     let long = Duration::from_secs(600);
     let e1 = store
         .acquire_lease(LEASE, "node-a", long)
@@ -610,7 +595,7 @@ pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
             .unwrap()
     );
     // Both attempts are in the history: the first stays InFlight, a possible duplicate.
-    let history = store.detail(id).await.unwrap().unwrap().history;
+    let history = store.row_detail(id).await.unwrap().history;
     let outcomes: Vec<AttemptOutcome> = history
         .iter()
         .map(|e| match &e.event {
@@ -627,10 +612,10 @@ pub async fn an_expired_claim_is_due_again<S: OutboxStore>(store: &S) {
 /// Claims take the oldest due row first, whatever made it due: a retry that came due before a
 /// backlog of new rows arrived is claimed before them (new rows sorted first used to starve
 /// retries for as long as new rows kept coming).
-pub async fn a_due_retry_is_claimed_before_newer_rows<S: OutboxStore>(store: &S) {
+pub async fn a_due_retry_is_claimed_before_newer_rows<S: Rows>(store: &S) {
     let failing = new_row("failed once");
     let retry_id = failing.submission.id;
-    store.submit(vec![failing]).await.unwrap();
+    store.put(vec![failing]).await;
     let long = Duration::from_secs(600);
     let epoch = store
         .acquire_lease(LEASE, "node-a", long)
@@ -663,7 +648,7 @@ pub async fn a_due_retry_is_claimed_before_newer_rows<S: OutboxStore>(store: &S)
     let backlog_ids: Vec<NotificationId> = backlog.iter().map(|r| r.submission.id).collect();
     for row in backlog {
         // One by one, so "arrived first" is well defined on every backend.
-        store.submit(vec![row]).await.unwrap();
+        store.put(vec![row]).await;
     }
 
     let next = claim(store, epoch, NotificationType::Email, 1, long).await;
@@ -682,11 +667,11 @@ pub async fn a_due_retry_is_claimed_before_newer_rows<S: OutboxStore>(store: &S)
 
 pub async fn concurrent_claims_never_hand_out_a_row_twice<S>(store: &S)
 where
-    S: OutboxStore + Clone,
+    S: Rows + Clone,
 {
     let rows: Vec<NewNotification> = (0..60).map(|i| new_row(&format!("race {i}"))).collect();
     let submitted: HashSet<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
-    store.submit(rows).await.unwrap();
+    store.put(rows).await;
     let long = Duration::from_secs(600);
     let epoch = store
         .acquire_lease(LEASE, "node-a", long)

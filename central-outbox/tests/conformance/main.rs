@@ -6,8 +6,16 @@
 //! without that variable they fail saying so. Further backends join the `backend!` list at the
 //! end.
 //!
-//! Each behaviour seeds its own store through the trait, so it knows independently what the
-//! store should answer, and compares.
+//! The behaviours come in two lists. `dispatch_behaviours!` checks the dispatch capability
+//! (`DispatchStore`: leases, claims in serve order, fenced outcomes, the purge) and needs of the
+//! rest of a store only a way to put rows in and look at them (`seed::Rows`); it also runs
+//! against the dispatcher's in-memory test store (`central_outbox::testing::MemoryStore`), so
+//! the store the dispatcher's paused-clock tests run on cannot drift from the real ones.
+//! `whole_store_behaviours!` checks ingest, operator actions, channel settings, condition
+//! keys, flood consolidation and site health, which only the SQL backends keep.
+//!
+//! Each behaviour seeds its own store through the store's capabilities, so it knows
+//! independently what the store should answer, and compares.
 
 // Helpers are not #[test] fns, so clippy's allow-unwrap-in-tests does not reach them; a failed
 // set-up step must fail the test loudly anyway.
@@ -28,6 +36,7 @@ use std::io::Write;
 
 use central_outbox::store::mssql::{MsSqlStore, ScratchDatabase};
 use central_outbox::store::sqlite::SqliteStore;
+use central_outbox::testing::MemoryStore;
 
 /// A fresh, empty store of one backend, and whatever keeps it alive.
 pub struct Fixture<S> {
@@ -46,6 +55,14 @@ pub fn sqlite() -> Fixture<SqliteStore> {
     Fixture {
         store,
         _keep: Box::new(dir),
+    }
+}
+
+/// The dispatcher's in-memory test store, empty.
+pub fn memory() -> Fixture<MemoryStore> {
+    Fixture {
+        store: MemoryStore::default(),
+        _keep: Box::new(()),
     }
 }
 
@@ -91,11 +108,11 @@ where
     drop(_keep);
 }
 
-/// Instantiates every behaviour for one backend as `#[tokio::test]`s in a module of its name,
-/// each carrying the attributes given before the name (an `#[ignore]` for a backend that needs
-/// a server).
+/// Instantiates the named lists of behaviours for one backend as `#[tokio::test]`s in a module
+/// of its name, each carrying the attributes given before the name (an `#[ignore]` for a backend
+/// that needs a server).
 macro_rules! backend {
-    ($(#[$attr:meta])* $name:ident, $fixture:expr) => {
+    ($(#[$attr:meta])* $name:ident, $fixture:expr, $($behaviours:ident)&+) => {
         mod $name {
             use super::*;
 
@@ -109,132 +126,153 @@ macro_rules! backend {
                 };
             }
 
-            behaviour!(
-                submit_is_idempotent_and_refuses_other_content_under_an_id,
-                engine::submit_is_idempotent_and_refuses_other_content_under_an_id
-            );
-            behaviour!(
-                leases_are_exclusive_and_epochs_only_grow,
-                engine::leases_are_exclusive_and_epochs_only_grow
-            );
-            behaviour!(
-                claims_are_exclusive_per_channel_and_outcomes_are_fenced,
-                engine::claims_are_exclusive_per_channel_and_outcomes_are_fenced
-            );
-            behaviour!(
-                an_expired_claim_is_due_again,
-                engine::an_expired_claim_is_due_again
-            );
-            behaviour!(
-                a_lapsed_lease_stays_its_holders_until_another_takes_it,
-                engine::a_lapsed_lease_stays_its_holders_until_another_takes_it
-            );
-            behaviour!(
-                an_outcome_applies_only_to_its_own_attempt,
-                engine::an_outcome_applies_only_to_its_own_attempt
-            );
-            behaviour!(
-                outcomes_recorded_together_apply_each_on_its_own,
-                engine::outcomes_recorded_together_apply_each_on_its_own
-            );
-            behaviour!(
-                a_due_retry_is_claimed_before_newer_rows,
-                engine::a_due_retry_is_claimed_before_newer_rows
-            );
-            behaviour!(
-                concurrent_claims_never_hand_out_a_row_twice,
-                engine::concurrent_claims_never_hand_out_a_row_twice
-            );
-            behaviour!(
-                query_filters_match_exactly,
-                admin::query_filters_match_exactly
-            );
-            behaviour!(
-                pagination_neither_skips_nor_repeats_under_inserts,
-                admin::pagination_neither_skips_nor_repeats_under_inserts
-            );
-            behaviour!(
-                retry_and_discard_apply_only_to_parked,
-                admin::retry_and_discard_apply_only_to_parked
-            );
-            behaviour!(
-                bulk_by_filter_changes_exactly_the_matching_parked_rows,
-                admin::bulk_by_filter_changes_exactly_the_matching_parked_rows
-            );
-            behaviour!(
-                a_dry_run_counts_what_a_bulk_action_would_change,
-                admin::a_dry_run_counts_what_a_bulk_action_would_change
-            );
-            behaviour!(
-                kpis_match_an_independent_count,
-                admin::kpis_match_an_independent_count
-            );
-            behaviour!(
-                lists_and_smtp_settings_round_trip,
-                admin::lists_and_smtp_settings_round_trip
-            );
-            behaviour!(
-                purge_removes_only_terminal_rows_past_retention,
-                purge::purge_removes_only_terminal_rows_past_retention
-            );
-            behaviour!(
-                claims_take_the_most_urgent_first,
-                serve_order::claims_take_the_most_urgent_first
-            );
-            behaviour!(
-                sites_take_turns_within_a_priority,
-                serve_order::sites_take_turns_within_a_priority
-            );
-            behaviour!(
-                the_longest_waiting_share_takes_the_oldest_due_row,
-                serve_order::the_longest_waiting_share_takes_the_oldest_due_row
-            );
-            behaviour!(
-                priority_is_stored_shown_and_filtered,
-                serve_order::priority_is_stored_shown_and_filtered
-            );
-            behaviour!(
-                a_newer_keyed_notification_supersedes_the_older_waiting_ones,
-                conditions::a_newer_keyed_notification_supersedes_the_older_waiting_ones
-            );
-            behaviour!(
-                clearing_a_condition_ends_only_that_sites_waiting_rows,
-                conditions::clearing_a_condition_ends_only_that_sites_waiting_rows
-            );
-            behaviour!(
-                a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered,
-                conditions::a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered
-            );
-            behaviour!(
-                a_flood_is_held_and_claimed_as_digests_when_its_window_ends,
-                consolidation::a_flood_is_held_and_claimed_as_digests_when_its_window_ends
-            );
-            behaviour!(
-                held_rows_are_superseded_and_cleared_like_waiting_ones,
-                consolidation::held_rows_are_superseded_and_cleared_like_waiting_ones
-            );
-            behaviour!(
-                consolidation_settings_round_trip,
-                consolidation::consolidation_settings_round_trip
-            );
-            behaviour!(
-                site_health_keeps_the_latest_report_per_node,
-                site_health::site_health_keeps_the_latest_report_per_node
-            );
-            behaviour!(
-                a_silent_node_goes_offline_and_a_report_brings_it_back,
-                site_health::a_silent_node_goes_offline_and_a_report_brings_it_back
-            );
+            $($behaviours!();)+
         }
     };
 }
 
-backend!(sqlite_backend, sqlite());
+/// The dispatch capability: what the dispatcher relies on (module docs).
+macro_rules! dispatch_behaviours {
+    () => {
+        behaviour!(
+            leases_are_exclusive_and_epochs_only_grow,
+            engine::leases_are_exclusive_and_epochs_only_grow
+        );
+        behaviour!(
+            claims_are_exclusive_per_channel_and_outcomes_are_fenced,
+            engine::claims_are_exclusive_per_channel_and_outcomes_are_fenced
+        );
+        behaviour!(
+            an_expired_claim_is_due_again,
+            engine::an_expired_claim_is_due_again
+        );
+        behaviour!(
+            a_lapsed_lease_stays_its_holders_until_another_takes_it,
+            engine::a_lapsed_lease_stays_its_holders_until_another_takes_it
+        );
+        behaviour!(
+            an_outcome_applies_only_to_its_own_attempt,
+            engine::an_outcome_applies_only_to_its_own_attempt
+        );
+        behaviour!(
+            outcomes_recorded_together_apply_each_on_its_own,
+            engine::outcomes_recorded_together_apply_each_on_its_own
+        );
+        behaviour!(
+            a_due_retry_is_claimed_before_newer_rows,
+            engine::a_due_retry_is_claimed_before_newer_rows
+        );
+        behaviour!(
+            concurrent_claims_never_hand_out_a_row_twice,
+            engine::concurrent_claims_never_hand_out_a_row_twice
+        );
+        behaviour!(
+            purge_removes_only_terminal_rows_past_retention,
+            purge::purge_removes_only_terminal_rows_past_retention
+        );
+        behaviour!(
+            claims_take_the_most_urgent_first,
+            serve_order::claims_take_the_most_urgent_first
+        );
+        behaviour!(
+            sites_take_turns_within_a_priority,
+            serve_order::sites_take_turns_within_a_priority
+        );
+        behaviour!(
+            the_longest_waiting_share_takes_the_oldest_due_row,
+            serve_order::the_longest_waiting_share_takes_the_oldest_due_row
+        );
+    };
+}
+
+/// Everything else a whole store keeps.
+macro_rules! whole_store_behaviours {
+    () => {
+        behaviour!(
+            submit_is_idempotent_and_refuses_other_content_under_an_id,
+            engine::submit_is_idempotent_and_refuses_other_content_under_an_id
+        );
+        behaviour!(
+            query_filters_match_exactly,
+            admin::query_filters_match_exactly
+        );
+        behaviour!(
+            pagination_neither_skips_nor_repeats_under_inserts,
+            admin::pagination_neither_skips_nor_repeats_under_inserts
+        );
+        behaviour!(
+            retry_and_discard_apply_only_to_parked,
+            admin::retry_and_discard_apply_only_to_parked
+        );
+        behaviour!(
+            bulk_by_filter_changes_exactly_the_matching_parked_rows,
+            admin::bulk_by_filter_changes_exactly_the_matching_parked_rows
+        );
+        behaviour!(
+            a_dry_run_counts_what_a_bulk_action_would_change,
+            admin::a_dry_run_counts_what_a_bulk_action_would_change
+        );
+        behaviour!(
+            kpis_match_an_independent_count,
+            admin::kpis_match_an_independent_count
+        );
+        behaviour!(
+            lists_and_smtp_settings_round_trip,
+            admin::lists_and_smtp_settings_round_trip
+        );
+        behaviour!(
+            priority_is_stored_shown_and_filtered,
+            serve_order::priority_is_stored_shown_and_filtered
+        );
+        behaviour!(
+            a_newer_keyed_notification_supersedes_the_older_waiting_ones,
+            conditions::a_newer_keyed_notification_supersedes_the_older_waiting_ones
+        );
+        behaviour!(
+            clearing_a_condition_ends_only_that_sites_waiting_rows,
+            conditions::clearing_a_condition_ends_only_that_sites_waiting_rows
+        );
+        behaviour!(
+            a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered,
+            conditions::a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered
+        );
+        behaviour!(
+            a_flood_is_held_and_claimed_as_digests_when_its_window_ends,
+            consolidation::a_flood_is_held_and_claimed_as_digests_when_its_window_ends
+        );
+        behaviour!(
+            held_rows_are_superseded_and_cleared_like_waiting_ones,
+            consolidation::held_rows_are_superseded_and_cleared_like_waiting_ones
+        );
+        behaviour!(
+            consolidation_settings_round_trip,
+            consolidation::consolidation_settings_round_trip
+        );
+        behaviour!(
+            site_health_keeps_the_latest_report_per_node,
+            site_health::site_health_keeps_the_latest_report_per_node
+        );
+        behaviour!(
+            a_silent_node_goes_offline_and_a_report_brings_it_back,
+            site_health::a_silent_node_goes_offline_and_a_report_brings_it_back
+        );
+    };
+}
+
+backend!(
+    sqlite_backend,
+    sqlite(),
+    dispatch_behaviours & whole_store_behaviours
+);
 backend!(
     #[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
     mssql_backend,
-    mssql().await
+    mssql().await,
+    dispatch_behaviours & whole_store_behaviours
 );
+// Only ingest makes rows Held (flood consolidation) or supersedes and clears them (condition
+// keys), so the memory store, which has no ingest, runs the dispatch behaviours alone.
+backend!(memory_backend, memory(), dispatch_behaviours);
 
 /// Log lines at WARN and above, captured from everything running on the test's thread.
 #[derive(Clone, Default)]
@@ -259,7 +297,8 @@ impl Write for CapturedLog {
 #[tokio::test(flavor = "current_thread")]
 #[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
 async fn mssql_duplicate_resubmits_log_no_error() {
-    use central_outbox::store::{InsertOutcome, OutboxStore};
+    use central_outbox::records::InsertOutcome;
+    use central_outbox::store::IngestStore;
     let log = CapturedLog::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()

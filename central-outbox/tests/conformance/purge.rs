@@ -4,11 +4,10 @@
 use chrono::Utc;
 
 use central_outbox::domain::status::Status;
-use central_outbox::store::OutboxStore;
 
-use crate::seed::{self, End, Spec};
+use crate::seed::{self, End, Rows, Spec};
 
-pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(store: &S) {
+pub async fn purge_removes_only_terminal_rows_past_retention<S: Rows>(store: &S) {
     let ends = [
         End::Pending,
         End::Retrying(3600),
@@ -41,7 +40,7 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
     let mut doomed_history = 0;
     let mut doomed_parked = 0;
     for s in &seeded {
-        let detail = store.detail(s.id).await.unwrap().unwrap();
+        let detail = store.row_detail(s.id).await.unwrap();
         if matches!(
             detail.state.status,
             Status::Delivered | Status::Parked | Status::Discarded
@@ -75,7 +74,7 @@ pub async fn purge_removes_only_terminal_rows_past_retention<S: OutboxStore>(sto
     );
 
     for s in &seeded {
-        let detail = store.detail(s.id).await.unwrap();
+        let detail = store.row_detail(s.id).await;
         if doomed.contains(&s.id) {
             assert!(detail.is_none(), "{} should be purged", s.spec.subject);
         } else {

@@ -1,6 +1,11 @@
-//! Building a store's contents through the trait: submissions, and delivery outcomes driven the
-//! way the dispatcher drives them (lease, claim, record), so every row reaches its status by the
-//! real path.
+//! Building a store's contents through the store's capabilities: rows put in, and delivery
+//! outcomes driven the way the dispatcher drives them (lease, claim, record), so every row
+//! reaches its status by the real path.
+//!
+//! [`Rows`] is how a behaviour puts rows in and looks at them besides the calls it checks: the
+//! SQL backends do it through their ingest and admin capabilities; the memory store, which
+//! keeps only the dispatch capability, through its test methods. The dispatch behaviours need
+//! nothing more, so they run against every store that has [`Rows`].
 
 use std::time::Duration;
 
@@ -13,13 +18,85 @@ use central_outbox::domain::{
     ConditionKey, NotificationContent, NotificationId, NotificationType, Priority, SiteId,
     Submission,
 };
-use central_outbox::store::{
-    AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification, NotificationState, OutboxStore,
+use central_outbox::records::{
+    AttemptRecord, ClaimedNotification, InsertOutcome, LeaseEpoch, NewNotification,
+    NotificationDetail, NotificationState,
 };
+use central_outbox::store::mssql::MsSqlStore;
+use central_outbox::store::sqlite::SqliteStore;
+use central_outbox::store::{AdminStore, DispatchStore, IngestStore};
+use central_outbox::testing::MemoryStore;
 use chrono::{DateTime, Utc};
 use outbox_domain::ScriptOrigin;
+use std::future::Future;
 
 pub const LEASE: &str = "dispatcher";
+
+/// Putting rows into a store and looking at them, for the behaviours (module docs).
+pub trait Rows: DispatchStore {
+    /// Stores new rows, in order; each is accepted, as a submit of new ids is.
+    fn put(&self, rows: Vec<NewNotification>) -> impl Future<Output = ()>;
+
+    /// A row's state as `AdminStore::state` shows it, if stored.
+    fn row_state(&self, id: NotificationId) -> impl Future<Output = Option<NotificationState>>;
+
+    /// A row with its history as `AdminStore::detail` shows it, if stored.
+    fn row_detail(&self, id: NotificationId) -> impl Future<Output = Option<NotificationDetail>>;
+
+    /// An operator discards these rows, each Parked.
+    fn discard(&self, ids: Vec<NotificationId>) -> impl Future<Output = ()>;
+}
+
+/// [`Rows`] through a store's ingest and admin capabilities.
+macro_rules! rows_through_ingest_and_admin {
+    ($($store:ty),+) => {$(
+        impl Rows for $store {
+            async fn put(&self, rows: Vec<NewNotification>) {
+                let outcomes = self.submit(rows).await.expect("submit");
+                assert!(outcomes.iter().all(|o| *o == InsertOutcome::Accepted));
+            }
+
+            async fn row_state(&self, id: NotificationId) -> Option<NotificationState> {
+                self.state(id).await.expect("state")
+            }
+
+            async fn row_detail(&self, id: NotificationId) -> Option<NotificationDetail> {
+                self.detail(id).await.expect("detail")
+            }
+
+            async fn discard(&self, ids: Vec<NotificationId>) {
+                let results = self
+                    .act_on_ids(OperatorAction::Discard, ids, Actor::new("seeder"))
+                    .await
+                    .expect("discard");
+                assert!(results.iter().all(Result::is_ok));
+            }
+        }
+    )+};
+}
+
+rows_through_ingest_and_admin!(SqliteStore, MsSqlStore);
+
+impl Rows for MemoryStore {
+    async fn put(&self, rows: Vec<NewNotification>) {
+        for row in rows {
+            self.add(row);
+        }
+    }
+
+    async fn row_state(&self, id: NotificationId) -> Option<NotificationState> {
+        self.state(id)
+    }
+
+    async fn row_detail(&self, id: NotificationId) -> Option<NotificationDetail> {
+        self.detail(id)
+    }
+
+    async fn discard(&self, ids: Vec<NotificationId>) {
+        let results = MemoryStore::discard(self, &ids, &Actor::new("seeder"));
+        assert!(results.iter().all(Result::is_ok));
+    }
+}
 
 /// What the test decides about one notification before it exists.
 #[derive(Debug, Clone)]
@@ -113,7 +190,7 @@ pub struct Seeded {
 }
 
 /// Takes the dispatcher lease for a test "node".
-pub async fn lease<S: OutboxStore>(store: &S) -> LeaseEpoch {
+pub async fn lease<S: DispatchStore>(store: &S) -> LeaseEpoch {
     store
         .acquire_lease(LEASE, "conformance", Duration::from_secs(600))
         .await
@@ -124,7 +201,7 @@ pub async fn lease<S: OutboxStore>(store: &S) -> LeaseEpoch {
 /// Inserts the specs and drives each to its end status through the dispatcher's path. Call it
 /// once per store: its claim must see only the rows it just submitted. Rows that should stay
 /// Pending are submitted last, after the claim, so they are created after the others.
-pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
+pub async fn seed<S: Rows>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
     let (pending, attempted): (Vec<&Spec>, Vec<&Spec>) =
         specs.iter().partition(|s| s.end == End::Pending);
     let mut seeded = submit(store, &attempted).await;
@@ -164,24 +241,20 @@ pub async fn seed<S: OutboxStore>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
             .map(|s| s.id)
             .collect();
         if !discard.is_empty() {
-            let results = store
-                .act_on_ids(OperatorAction::Discard, discard, Actor::new("seeder"))
-                .await
-                .expect("discard");
-            assert!(results.iter().all(Result::is_ok));
+            store.discard(discard).await;
         }
     }
     seeded.extend(submit(store, &pending).await);
     seeded
 }
 
-async fn submit<S: OutboxStore>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
+async fn submit<S: Rows>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
     if specs.is_empty() {
         return Vec::new();
     }
     let batch: Vec<NewNotification> = specs.iter().map(|s| submission(s)).collect();
     let ids: Vec<NotificationId> = batch.iter().map(|n| n.submission.id).collect();
-    store.submit(batch).await.expect("submit");
+    store.put(batch).await;
     specs
         .iter()
         .zip(ids)
@@ -193,7 +266,7 @@ async fn submit<S: OutboxStore>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
 }
 
 /// Records `end` as the outcome of `claim`, as the dispatcher would.
-pub async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end: End) {
+pub async fn record<S: DispatchStore>(store: &S, claim: &ClaimedNotification, end: End) {
     let now = Utc::now();
     let (result, at): (Result<Delivered, DeliveryError>, DateTime<Utc>) = match end {
         End::Delivered => (
@@ -233,10 +306,10 @@ pub async fn record<S: OutboxStore>(store: &S, claim: &ClaimedNotification, end:
 }
 
 /// The current state of every seeded row.
-pub async fn states<S: OutboxStore>(store: &S, seeded: &[Seeded]) -> Vec<NotificationState> {
+pub async fn states<S: Rows>(store: &S, seeded: &[Seeded]) -> Vec<NotificationState> {
     let mut states = Vec::with_capacity(seeded.len());
     for s in seeded {
-        states.push(store.state(s.id).await.expect("state").expect("stored"));
+        states.push(store.row_state(s.id).await.expect("stored"));
     }
     states
 }

@@ -8,9 +8,10 @@ use std::time::Duration;
 use central_outbox::domain::query::{NotificationFilter, PageRequest};
 use central_outbox::domain::serve_order::ClaimLanes;
 use central_outbox::domain::{NotificationType, Priority};
-use central_outbox::store::{ClaimedNotification, InsertOutcome, LeaseEpoch, OutboxStore};
+use central_outbox::records::{ClaimedNotification, InsertOutcome, LeaseEpoch};
+use central_outbox::store::{DispatchStore, OutboxStore};
 
-use crate::seed::{self, End, LEASE, Spec};
+use crate::seed::{self, End, LEASE, Rows, Spec};
 
 const LONG: Duration = Duration::from_secs(600);
 
@@ -20,15 +21,15 @@ fn spec(site: &'static str, subject: &str, priority: Priority) -> Spec {
 
 /// Submits each group in its own call, in order, so "stored first" is well defined on every
 /// backend; returns nothing (claims are compared by subject).
-async fn submit_in_order<S: OutboxStore>(store: &S, groups: &[Vec<Spec>]) {
+async fn submit_in_order<S: Rows>(store: &S, groups: &[Vec<Spec>]) {
     for group in groups {
-        let batch = group.iter().map(seed::submission).collect();
-        let outcomes = store.submit(batch).await.unwrap();
-        assert!(outcomes.iter().all(|o| *o == InsertOutcome::Accepted));
+        store
+            .put(group.iter().map(seed::submission).collect())
+            .await;
     }
 }
 
-async fn claim<S: OutboxStore>(
+async fn claim<S: DispatchStore>(
     store: &S,
     epoch: LeaseEpoch,
     lanes: ClaimLanes,
@@ -45,7 +46,7 @@ fn subjects(claimed: &[ClaimedNotification]) -> Vec<&str> {
 
 /// Critical before high before normal before low, each priority in the order it arrived, and
 /// each claimed row carries its priority.
-pub async fn claims_take_the_most_urgent_first<S: OutboxStore>(store: &S) {
+pub async fn claims_take_the_most_urgent_first<S: Rows>(store: &S) {
     let normals: Vec<Spec> = (1..=3)
         .map(|i| spec("north", &format!("normal {i}"), Priority::Normal))
         .collect();
@@ -84,7 +85,7 @@ pub async fn claims_take_the_most_urgent_first<S: OutboxStore>(store: &S) {
 /// One site's backlog does not hold another site's rows: a site with nothing waiting joins
 /// right behind the head, and its rows then alternate with the backlog's. Rows already served
 /// do not count: a fresh row after part of the backlog went out joins behind what is left.
-pub async fn sites_take_turns_within_a_priority<S: OutboxStore>(store: &S) {
+pub async fn sites_take_turns_within_a_priority<S: Rows>(store: &S) {
     let backlog: Vec<Spec> = (1..=20)
         .map(|i| spec("north", &format!("north {i}"), Priority::Normal))
         .collect();
@@ -120,7 +121,7 @@ pub async fn sites_take_turns_within_a_priority<S: OutboxStore>(store: &S) {
 
 /// The longest-waiting share takes the row due longest, whatever its priority, ahead of the
 /// rows taken in turn; a claim without that share never takes it while more urgent rows wait.
-pub async fn the_longest_waiting_share_takes_the_oldest_due_row<S: OutboxStore>(store: &S) {
+pub async fn the_longest_waiting_share_takes_the_oldest_due_row<S: Rows>(store: &S) {
     let urgent: Vec<Spec> = (1..=5)
         .map(|i| spec("north", &format!("critical {i}"), Priority::Critical))
         .collect();

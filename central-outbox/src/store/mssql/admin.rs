@@ -14,10 +14,11 @@ use crate::domain::history::{
 };
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
-use crate::store::{
-    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationId,
-    NotificationState, Page, PurgeReport, Result, StoreError,
+use crate::records::{
+    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationState, Page,
+    PurgeReport,
 };
+use crate::store::{NotificationId, Result, StoreError};
 
 /// Ids acted on per transaction: the request's 1000-id cap (grpc::admin::MAX_BULK) plus two
 /// parameters stays inside SQL Server's 2100 parameters per request. Larger calls (which the API

@@ -7,7 +7,8 @@ use uuid::Uuid;
 
 use crate::domain::status::Status;
 use crate::domain::{NotificationId, NotificationType, Priority};
-use crate::store::{NotificationState, Result, StoreError};
+use crate::records::NotificationState;
+use crate::store::{Result, StoreError};
 
 fn corrupt(column: &str, problem: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(format!("column {column}: {problem}"))

@@ -12,8 +12,9 @@ use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{NotificationId, NotificationType};
+use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch};
 use crate::store::claimed::{StoredClaim, invalid_row_error};
-use crate::store::{AttemptRecord, ClaimedNotification, LeaseEpoch, Result, StoreError};
+use crate::store::{Result, StoreError};
 
 pub async fn acquire_lease(
     store: &MsSqlStore,
@@ -81,7 +82,7 @@ pub async fn claim_due(
     validate_claims(store, epoch, &rows).await
 }
 
-/// Claims the due Held rows of one list as digest `digest` (`OutboxStore::claim_digest`), in
+/// Claims the due Held rows of one list as digest `digest` (`DispatchStore::claim_digest`), in
 /// the procedure's order, longest due first.
 pub async fn claim_digest(
     store: &MsSqlStore,

@@ -33,7 +33,8 @@ use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::history::Actor;
 use crate::domain::{ConditionKey, NotificationId, SiteId};
-use crate::store::{InsertOutcome, NewNotification, Result, StoreError};
+use crate::records::{InsertOutcome, NewNotification};
+use crate::store::{Result, StoreError};
 
 /// Rows per statement: at most 17 parameters each (a keyed row's procedure call) and one per
 /// distinct list (the consolidation guard's) stays inside SQL Server's 2100 parameters per
@@ -248,7 +249,7 @@ async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(Insert
 }
 
 /// Ends the waiting rows of `site` with condition key `key` as Cleared, recorded as done by
-/// `actor`; returns their ids (`OutboxStore::clear_condition`).
+/// `actor`; returns their ids (`IngestStore::clear_condition`).
 pub async fn clear_condition(
     store: &MsSqlStore,
     site: &SiteId,
@@ -277,8 +278,8 @@ mod tests {
     use crate::domain::consolidation::Consolidation;
     use crate::domain::status::Status;
     use crate::domain::{NotificationContent, NotificationType, Priority, Submission};
-    use crate::store::OutboxStore;
     use crate::store::mssql::ScratchDatabase;
+    use crate::store::{AdminStore, ChannelSettingsStore, IngestStore};
 
     fn row(list: &str, key: Option<&str>) -> NewNotification {
         let content = NotificationContent::parse(

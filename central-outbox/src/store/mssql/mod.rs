@@ -1,6 +1,6 @@
-//! The MS SQL Server backend of [`OutboxStore`]: the production central store, shared by every
-//! central replica (README.md, "MS SQL Server"). Also meant to run unchanged on Babelfish for
-//! PostgreSQL.
+//! The MS SQL Server backend of [`OutboxStore`](super::OutboxStore): the production central
+//! store, shared by every central replica (README.md, "MS SQL Server"). Also meant to run
+//! unchanged on Babelfish for PostgreSQL.
 //!
 //! Each store operation is one T-SQL batch (see [`sql`]) on a pooled connection: one round trip,
 //! one transaction, `SET XACT_ABORT ON`, so a failure leaves nothing half done. A batch chosen
@@ -42,9 +42,8 @@ use tiberius::error::{Error, IoErrorKind};
 use self::error::{ErrorClass, classify, to_store_error};
 use self::pool::{Manager, Param};
 use super::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
-    Page, PurgeReport, Result, StoreError,
+    AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
+    StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::history::{Actor, OperatorAction};
@@ -53,6 +52,11 @@ use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
+use crate::records::{
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
+    PurgeReport,
+};
 use crate::secrets::{Keyring, ResealReport};
 
 pub use self::options::MsSqlOptions;
@@ -164,13 +168,6 @@ impl MsSqlStore {
         self
     }
 
-    /// Re-seals every stored secret not sealed with the current key (clear text from older
-    /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
-    /// naming the key id, if one was sealed with a key that is not configured.
-    pub async fn reseal_secrets(&self) -> Result<ResealReport> {
-        channel::reseal_secrets(self).await
-    }
-
     /// Runs one batch on a pooled connection and returns its result sets. Deadlock victims are
     /// run again; any other error is returned as the driver reported it (a timeout as an IO
     /// `TimedOut`), for the caller to classify.
@@ -246,7 +243,7 @@ fn millis_i64(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
-impl OutboxStore for MsSqlStore {
+impl IngestStore for MsSqlStore {
     async fn ping(&self) -> Result<()> {
         self.batch("health probe", sql::PING, &[]).await.map(drop)
     }
@@ -255,10 +252,31 @@ impl OutboxStore for MsSqlStore {
         ingest::submit(self, &batch).await
     }
 
-    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
-        admin::state(self, id).await
+    async fn clear_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
+    ) -> Result<Vec<NotificationId>> {
+        ingest::clear_condition(self, site, key, &actor).await
     }
 
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+        site_health::record(self, &report).await
+    }
+}
+
+impl ReadChannelSettings for MsSqlStore {
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        channel::list(self, name).await
+    }
+
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        channel::smtp_settings(self).await
+    }
+}
+
+impl DispatchStore for MsSqlStore {
     async fn acquire_lease(
         &self,
         name: &'static str,
@@ -299,21 +317,26 @@ impl OutboxStore for MsSqlStore {
         dispatch::claim_digest(self, lease, epoch, kind, digest, claim_timeout).await
     }
 
-    async fn clear_condition(
-        &self,
-        site: &SiteId,
-        key: &ConditionKey,
-        actor: Actor,
-    ) -> Result<Vec<NotificationId>> {
-        ingest::clear_condition(self, site, key, &actor).await
-    }
-
     async fn record_outcomes(
         &self,
         lease: &'static str,
         records: Vec<AttemptRecord>,
     ) -> Result<Vec<bool>> {
         dispatch::record_outcomes(self, lease, &records).await
+    }
+
+    async fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport> {
+        admin::purge_terminal(self, resolved_before, batch).await
+    }
+}
+
+impl AdminStore for MsSqlStore {
+    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
+        admin::state(self, id).await
     }
 
     async fn query(&self, page: PageRequest) -> Result<Page> {
@@ -355,18 +378,12 @@ impl OutboxStore for MsSqlStore {
         admin::kpis(self, &params).await
     }
 
-    async fn purge_terminal(
-        &self,
-        resolved_before: DateTime<Utc>,
-        batch: u32,
-    ) -> Result<PurgeReport> {
-        admin::purge_terminal(self, resolved_before, batch).await
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
+        site_health::select(self).await
     }
+}
 
-    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
-        channel::list(self, name).await
-    }
-
+impl ChannelSettingsStore for MsSqlStore {
     async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
         channel::lists(self).await
     }
@@ -383,10 +400,6 @@ impl OutboxStore for MsSqlStore {
         Ok(deleted)
     }
 
-    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
-        channel::smtp_settings(self).await
-    }
-
     async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
         channel::replace_smtp_settings(self, &settings).await
     }
@@ -395,12 +408,8 @@ impl OutboxStore for MsSqlStore {
         channel::delete_smtp_settings(self).await
     }
 
-    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
-        site_health::record(self, &report).await
-    }
-
-    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
-        site_health::select(self).await
+    async fn reseal_secrets(&self) -> Result<ResealReport> {
+        channel::reseal_secrets(self).await
     }
 }
 

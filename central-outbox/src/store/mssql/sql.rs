@@ -44,7 +44,7 @@ use crate::domain::retry::Backoff;
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::site_health::SiteHealthReport;
 use crate::domain::{ConditionKey, NotificationId, NotificationType, SiteId};
-use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
+use crate::records::{AttemptRecord, LeaseEpoch, NewNotification};
 
 /// A statement with its parameters, in placeholder order: a fixed text with the values its
 /// function beside it binds, or one assembled from fixed fragments.
@@ -667,7 +667,7 @@ pub fn select_content_hash(id: NotificationId) -> Statement {
 
 /// Ends, as Cleared, the waiting rows (Pending, Retrying or Held, not claimed, or whose claim ran
 /// out) of site @P1 with condition key @P2, each with a history entry by @P3 numbered as its
-/// history count goes up by one, in one transaction (`OutboxStore::clear_condition`). The rows
+/// history count goes up by one, in one transaction (`IngestStore::clear_condition`). The rows
 /// are found through IX_Notifications_Condition (migration 0006, with Held since 0007). Without OUTPUT or a table
 /// variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a token of
 /// this call, and the history INSERT and the answer find exactly those (Cleared, resolved at
@@ -766,7 +766,7 @@ pub fn claim_due(
 
 /// Claims, as digest @P5, the due Held rows of one list of type @P3 for @P2 milliseconds under
 /// epoch @P1 of lease @P4 (only while that epoch holds it), with an InFlight attempt row each
-/// naming the digest, in one transaction (`OutboxStore::claim_digest`). The stored procedure of
+/// naming the digest, in one transaction (`DispatchStore::claim_digest`). The stored procedure of
 /// migration 0007 (migrations/mssql/0007_consolidation.sql), which says how. Result: the
 /// claimed rows, longest due first (none when no Held row is due).
 pub const CLAIM_DIGEST: &str = batch!(

@@ -35,7 +35,7 @@ use crate::domain::status::Status;
 use crate::domain::{
     NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
 };
-use crate::store::{AttemptRecord, LeaseEpoch, NewNotification};
+use crate::records::{AttemptRecord, LeaseEpoch, NewNotification};
 
 /// The names under which the warm-up's rows and lease would be stored, were they not rolled
 /// back: nothing real is called this (a list, site or lease of that name changes nothing, and

@@ -17,10 +17,11 @@ use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::status::Status;
 use crate::domain::{NotificationType, Priority};
-use crate::store::{
-    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationId,
-    NotificationState, Page, PurgeReport, Result, StoreError,
+use crate::records::{
+    ActionResult, FilterActionReport, FilterCount, NotificationDetail, NotificationState, Page,
+    PurgeReport,
 };
+use crate::store::{NotificationId, Result, StoreError};
 
 /// The columns [`read_state`] reads, in its order.
 const STATE_COLUMNS: &str = "Id, NotificationId, Status, Type, ListName, Subject, SourceSiteId,

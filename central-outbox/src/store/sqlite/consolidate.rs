@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{ClaimedRow, ms, stamp_claims};
 use crate::domain::consolidation::{Consolidation, limits};
 use crate::domain::{NotificationId, NotificationType, Submission};
-use crate::store::{ClaimedNotification, LeaseEpoch, Result};
+use crate::records::{ClaimedNotification, LeaseEpoch};
+use crate::store::Result;
 
 /// A list's consolidation settings as stored; `None` when the list does not consolidate (or
 /// does not exist). A stored setting out of its limits (a hand edit) consolidates nothing

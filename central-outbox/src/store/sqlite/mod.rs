@@ -1,6 +1,6 @@
-//! The embedded SQLite backend of [`OutboxStore`]: one file, WAL, `synchronous=FULL`, all writes
-//! through a group-committing writer thread (so concurrent submits share an fsync) and reads on
-//! separate read-only connections.
+//! The embedded SQLite backend of [`OutboxStore`](super::OutboxStore): one file, WAL,
+//! `synchronous=FULL`, all writes through a group-committing writer thread (so concurrent
+//! submits share an fsync) and reads on separate read-only connections.
 //!
 //! SQLite serialises writers, so a claim (an `UPDATE ... WHERE Id IN (SELECT ... LIMIT n)`) is
 //! atomic without row-lock hints; the lease and claim-epoch conditions in the statements are what
@@ -22,9 +22,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, OutboxStore,
-    Page, PurgeReport, Result, StoreError,
+    AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
+    StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
 use crate::domain::consolidation::Consolidation;
@@ -35,6 +34,11 @@ use crate::domain::serve_order::{ClaimLanes, serve_turn};
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
 use crate::domain::status::Status;
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
+use crate::records::{
+    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
+    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
+    PurgeReport,
+};
 use crate::secrets::{Keyring, ResealReport};
 
 /// Central store on a SQLite file.
@@ -66,16 +70,6 @@ impl SqliteStore {
         self.secrets = secrets;
         self
     }
-
-    /// Re-seals every stored secret not sealed with the current key (clear text from older
-    /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
-    /// naming the key id, if one was sealed with a key that is not configured.
-    pub async fn reseal_secrets(&self) -> Result<ResealReport> {
-        let secrets = self.secrets.clone();
-        self.db
-            .write(move |conn| channel::reseal_secrets(conn, &secrets))
-            .await
-    }
 }
 
 fn ms(at: DateTime<Utc>) -> i64 {
@@ -97,7 +91,7 @@ fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
 }
 
-impl OutboxStore for SqliteStore {
+impl IngestStore for SqliteStore {
     async fn ping(&self) -> Result<()> {
         // Through the writer: a wedged writer thread or a read-only file fails the probe.
         self.db.write(|_| Ok(())).await
@@ -109,12 +103,43 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
-    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
+    async fn clear_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        actor: Actor,
+    ) -> Result<Vec<NotificationId>> {
+        let (site, key) = (site.clone(), key.clone());
         self.db
-            .read(move |conn| admin::select_state(conn, id))
+            .write(move |conn| clear_condition(conn, &site, &key, &actor, Utc::now()))
             .await
     }
 
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+        self.db
+            .write(move |conn| site_health::record(conn, &report, Utc::now()))
+            .await
+    }
+}
+
+impl ReadChannelSettings for SqliteStore {
+    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+        let name = name.clone();
+        let secrets = self.secrets.clone();
+        self.db
+            .read(move |conn| channel::select_list(conn, &name, &secrets))
+            .await
+    }
+
+    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        let secrets = self.secrets.clone();
+        self.db
+            .read(move |conn| channel::select_smtp_settings(conn, &secrets))
+            .await
+    }
+}
+
+impl DispatchStore for SqliteStore {
     async fn acquire_lease(
         &self,
         name: &'static str,
@@ -189,18 +214,6 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
-    async fn clear_condition(
-        &self,
-        site: &SiteId,
-        key: &ConditionKey,
-        actor: Actor,
-    ) -> Result<Vec<NotificationId>> {
-        let (site, key) = (site.clone(), key.clone());
-        self.db
-            .write(move |conn| clear_condition(conn, &site, &key, &actor, Utc::now()))
-            .await
-    }
-
     async fn record_outcomes(
         &self,
         lease: &'static str,
@@ -213,6 +226,24 @@ impl OutboxStore for SqliteStore {
                     .map(|record| apply_outcome(conn, lease, record))
                     .collect()
             })
+            .await
+    }
+
+    async fn purge_terminal(
+        &self,
+        resolved_before: DateTime<Utc>,
+        batch: u32,
+    ) -> Result<PurgeReport> {
+        self.db
+            .write(move |conn| admin::purge_terminal(conn, resolved_before, batch))
+            .await
+    }
+}
+
+impl AdminStore for SqliteStore {
+    async fn state(&self, id: NotificationId) -> Result<Option<NotificationState>> {
+        self.db
+            .read(move |conn| admin::select_state(conn, id))
             .await
     }
 
@@ -263,24 +294,14 @@ impl OutboxStore for SqliteStore {
         self.db.read(move |conn| admin::kpis(conn, &params)).await
     }
 
-    async fn purge_terminal(
-        &self,
-        resolved_before: DateTime<Utc>,
-        batch: u32,
-    ) -> Result<PurgeReport> {
+    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
         self.db
-            .write(move |conn| admin::purge_terminal(conn, resolved_before, batch))
+            .read(|conn| site_health::select(conn, Utc::now()))
             .await
     }
+}
 
-    async fn list(&self, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
-        let name = name.clone();
-        let secrets = self.secrets.clone();
-        self.db
-            .read(move |conn| channel::select_list(conn, &name, &secrets))
-            .await
-    }
-
+impl ChannelSettingsStore for SqliteStore {
     async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
         let secrets = self.secrets.clone();
         self.db
@@ -302,13 +323,6 @@ impl OutboxStore for SqliteStore {
             .await
     }
 
-    async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
-        let secrets = self.secrets.clone();
-        self.db
-            .read(move |conn| channel::select_smtp_settings(conn, &secrets))
-            .await
-    }
-
     async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
         let secrets = self.secrets.clone();
         self.db
@@ -322,15 +336,10 @@ impl OutboxStore for SqliteStore {
         self.db.write(channel::delete_smtp_settings).await
     }
 
-    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+    async fn reseal_secrets(&self) -> Result<ResealReport> {
+        let secrets = self.secrets.clone();
         self.db
-            .write(move |conn| site_health::record(conn, &report, Utc::now()))
-            .await
-    }
-
-    async fn site_health(&self) -> Result<SiteHealthSnapshot> {
-        self.db
-            .read(|conn| site_health::select(conn, Utc::now()))
+            .write(move |conn| channel::reseal_secrets(conn, &secrets))
             .await
     }
 }
@@ -501,7 +510,7 @@ fn record_endings(
 }
 
 /// Ends the waiting rows of `site` with condition key `key` as Cleared (see
-/// `OutboxStore::clear_condition`); returns their ids.
+/// `IngestStore::clear_condition`); returns their ids.
 fn clear_condition(
     conn: &Connection,
     site: &SiteId,
@@ -600,7 +609,7 @@ const CLAIM_IN_TURN: &str = claim_sql!("Priority, ServeTurn, Id");
 
 /// Claims due rows under `epoch` (only while that epoch holds the lease) and writes their
 /// InFlight attempt rows: the longest-waiting share first, then the rest in turn (see
-/// `OutboxStore::claim_due`). A row whose stored content no longer passes validation cannot
+/// `DispatchStore::claim_due`). A row whose stored content no longer passes validation cannot
 /// be delivered: it is parked here with the reason rather than failing the whole claim.
 fn claim(
     conn: &Connection,

@@ -25,8 +25,9 @@ use anyhow::{Context, Result, anyhow, bail};
 use central_outbox::dispatcher::DISPATCHER_LEASE;
 use central_outbox::domain::kpi::KpiParams;
 use central_outbox::grpc::convert;
+use central_outbox::records::{InsertOutcome, NewNotification};
 use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore, ScratchDatabase};
-use central_outbox::store::{InsertOutcome, NewNotification, OutboxStore};
+use central_outbox::store::{AdminStore, DispatchStore, IngestStore};
 use serde_json::{Value, json};
 
 use crate::fixtures::{self, CentralRows};

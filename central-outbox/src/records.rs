@@ -1,7 +1,11 @@
-//! The records the store trait takes and returns: what a submission inserts, a notification's
-//! state and detail as queries show them, a claimed row and the attempt record that ends it, and
-//! what bulk actions and the purge report. Plain data; every rule about them lives in `domain`
-//! or in the store contract (`store` module docs).
+//! The records passed between the services and the store: what a submission inserts and what
+//! the insert did, a notification's state and detail as queries show them, the lease epoch, a
+//! claimed row and the attempt record that ends it, and what bulk actions and the purge report.
+//!
+//! They live outside `store` so that the code that only handles them (delivery adapters take a
+//! [`ClaimedNotification`], metrics count [`InsertOutcome`]s and [`PurgeReport`]s) does not
+//! depend on the store; the store traits (`store` module) take and return them. Plain data;
+//! every rule about them lives in `domain` or in the store contract (`store` module docs).
 
 use std::time::Duration;
 
