@@ -7,24 +7,30 @@
 //! knows neither. The records passed to and from the store (`records`) know only `domain`, so
 //! delivery and metrics handle them without knowing the store.
 
+// The public surface, each for what outside code uses: `main.rs` (`config`, `telemetry`, `run`),
+// the `outbox-tests` crate's e2e tests and bench (configs with `auth` and `tls`, the `store`
+// backends and their `records`, `domain`), and central's store conformance suite in
+// `tests/conformance` (`store`, `records`, `domain`, `testing`). Test-only helpers and the few
+// internals a test drives directly are re-exported from [`testing`]; everything else is crate-only.
 pub mod auth;
 pub mod config;
-pub mod config_cache;
-pub mod console;
-pub mod delivery;
-pub mod dispatcher;
 pub mod domain;
-pub mod grpc;
-pub mod health;
-pub mod kpi_gauges;
-pub mod metrics;
-pub mod purge;
 pub mod records;
-pub mod secrets;
 pub mod store;
 pub mod telemetry;
 pub mod testing;
 pub mod tls;
+
+mod config_cache;
+mod console;
+mod delivery;
+mod dispatcher;
+mod grpc;
+mod health;
+mod kpi_gauges;
+mod metrics;
+mod purge;
+mod secrets;
 
 use std::sync::Arc;
 
@@ -89,7 +95,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
-    outbox_proto::pem::install_crypto_provider();
+    tls_files::install_crypto_provider();
     // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
     if let Ok(addr) = listener.local_addr()
         && settings.tls.plaintext_exposure(addr)?

@@ -18,9 +18,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use outbox_proto::pem;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde::{Deserialize, Serialize};
+use tls_files::{KeyError, certificates, private_key};
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
 /// Longest a new connection may take over its TLS handshake. tonic runs handshakes concurrently
@@ -48,8 +47,9 @@ pub struct TlsConfig {
 /// Why `[tls]` cannot be used. Every message starts with the key it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("tls.{key}: {problem}")]
-    Config { key: &'static str, problem: String },
+    /// A `tls.*` key (its message starts with it).
+    #[error(transparent)]
+    Config(#[from] KeyError),
     #[error(
         "listen_addr: {addr} is not a loopback address and tls is not configured; set tls.cert \
          and tls.key to serve TLS, or tls.allow_plaintext = true to serve plaintext anyway"
@@ -58,13 +58,6 @@ pub enum TlsError {
 }
 
 pub type Result<T, E = TlsError> = std::result::Result<T, E>;
-
-fn config_error(key: &'static str, problem: impl Into<String>) -> TlsError {
-    TlsError::Config {
-        key,
-        problem: problem.into(),
-    }
-}
 
 /// `[tls]` checked, with its files read: what [`crate::run`] serves with.
 #[derive(Clone, Default)]
@@ -102,26 +95,23 @@ impl TlsConfig {
         let server = match (&self.cert, &self.key) {
             (None, None) => {
                 if self.client_ca.is_some() {
-                    return Err(config_error(
+                    return Err(KeyError::new(
                         "client_ca",
                         "client certificates are asked for only over TLS: set tls.cert and \
                          tls.key too",
-                    ));
+                    )
+                    .into());
                 }
                 None
             }
-            (Some(_), None) => return Err(config_error("key", "set it with tls.cert")),
-            (None, Some(_)) => return Err(config_error("cert", "set it with tls.key")),
+            (Some(_), None) => return Err(KeyError::new("key", "set it with tls.cert").into()),
+            (None, Some(_)) => return Err(KeyError::new("cert", "set it with tls.key").into()),
             (Some(cert_path), Some(key_path)) => {
-                let cert = read("cert", cert_path)?;
-                let key = read("key", key_path)?;
-                let chain = certificates("cert", cert_path, &cert)?;
-                let private_key = private_key("key", key_path, &key)?;
-                pem::check_key_fits(chain, private_key, cert_path, key_path)
-                    .map_err(|problem| config_error("key", problem))?;
+                let tls_files::IdentityPems { cert, key } =
+                    tls_files::identity(cert_path, key_path)?;
                 let client_ca = match &self.client_ca {
                     Some(path) => {
-                        let pem = read("client_ca", path)?;
+                        let pem = tls_files::read("client_ca", path)?;
                         certificates("client_ca", path, &pem)?;
                         Some(pem)
                     }
@@ -188,7 +178,7 @@ impl TlsSettings {
         }
         Server::builder()
             .tls_config(config)
-            .map_err(|e| config_error("cert", format!("cannot serve TLS with it: {e}")))
+            .map_err(|e| KeyError::new("cert", format!("cannot serve TLS with it: {e}")).into())
     }
 }
 
@@ -207,14 +197,14 @@ impl TlsSettings {
         let key = private_key("key", Path::new("tls.key"), &pems.key)?;
         let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
             .with_safe_default_protocol_versions()
-            .map_err(|e| config_error("cert", format!("cannot serve the console: {e}")))?;
+            .map_err(|e| KeyError::new("cert", format!("cannot serve the console: {e}")))?;
         let builder = match &pems.client_ca {
             Some(ca) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for cert in certificates("client_ca", Path::new("tls.client_ca"), ca)? {
                     roots
                         .add(cert)
-                        .map_err(|e| config_error("client_ca", e.to_string()))?;
+                        .map_err(|e| KeyError::new("client_ca", e.to_string()))?;
                 }
                 let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
                     Arc::new(roots),
@@ -222,36 +212,20 @@ impl TlsSettings {
                 )
                 .allow_unauthenticated()
                 .build()
-                .map_err(|e| config_error("client_ca", e.to_string()))?;
+                .map_err(|e| KeyError::new("client_ca", e.to_string()))?;
                 builder.with_client_cert_verifier(verifier)
             }
             None => builder.with_no_client_auth(),
         };
         let mut config = builder
             .with_single_cert(chain, key)
-            .map_err(|e| config_error("key", format!("cannot serve the console: {e}")))?;
+            .map_err(|e| KeyError::new("key", format!("cannot serve the console: {e}")))?;
         config.alpn_protocols = vec![b"http/1.1".to_vec()];
         Ok(Some(Arc::new(config)))
     }
 }
 
-pub use outbox_proto::pem::client_common_name;
-
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
-    pem::read(path).map_err(|problem| config_error(key, problem))
-}
-
-fn certificates(
-    key: &'static str,
-    path: &Path,
-    bytes: &[u8],
-) -> Result<Vec<CertificateDer<'static>>> {
-    pem::certificates(path, bytes).map_err(|problem| config_error(key, problem))
-}
-
-fn private_key(key: &'static str, path: &Path, bytes: &[u8]) -> Result<PrivateKeyDer<'static>> {
-    pem::private_key(path, bytes).map_err(|problem| config_error(key, problem))
-}
+pub use tls_files::client_common_name;
 
 #[cfg(test)]
 mod tests {
@@ -274,26 +248,6 @@ mod tests {
         let path = dir.join(name);
         std::fs::write(&path, text).unwrap();
         path
-    }
-
-    #[test]
-    fn the_common_name_is_read_from_the_subject() {
-        let (der, _, _) = self_signed("site-a");
-        assert_eq!(
-            outbox_proto::pem::common_name(&der).as_deref(),
-            Some("site-a")
-        );
-        assert_eq!(outbox_proto::pem::common_name(b"not a certificate"), None);
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        let without_cn = params.self_signed(&key).unwrap();
-        assert_eq!(outbox_proto::pem::common_name(without_cn.der()), None);
-    }
-
-    #[test]
-    fn a_request_without_a_client_certificate_has_no_common_name() {
-        assert_eq!(client_common_name(&tonic::Request::new(())), None);
     }
 
     #[test]

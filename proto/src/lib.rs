@@ -1,14 +1,13 @@
 //! The `outbox.v1` contract shared by the site-forwarder, central-outbox and their clients:
 //! generated protobuf types and tonic stubs, the descriptor set for server reflection, the
-//! transport limit, PEM loading, and the conversions between wire messages and the validated
-//! content types.
+//! transport limit, and the conversions between wire messages and the validated content types.
+//! (The TLS files both services load live in the `tls-files` crate.)
 //!
 //! The content rules themselves are not here: they live in the `outbox-domain` crate, which has
 //! no transport, and `submission` is the one place a `NotificationSubmit` becomes those types
 //! (and back).
 
 pub mod limits;
-pub mod pem;
 pub mod submission;
 pub mod time;
 

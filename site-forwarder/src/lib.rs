@@ -2,30 +2,38 @@
 //! with an id; a forwarder task streams the buffer to central and deletes each row only after
 //! central acked it. Central may be away for days: the buffer grows and drains when it returns.
 //!
-//! [`run`] is the whole service, so tests start it in-process on port 0 (with [`run_with`], on
-//! pair and metrics listeners they bound themselves); `main.rs` only parses the command line,
+//! [`run`] is the whole service, so tests start it in-process on port 0 (the crate's own tests
+//! with `run_with`, on pair and metrics listeners they bound themselves); `main.rs` only parses the command line,
 //! sets up tracing and calls it (or the client commands in [`cli`]).
 //!
-//! Layout: [`domain`] (plain types, no transport or storage), [`buffer`] (the SQLite buffer),
-//! [`forwarder`] (the stream to central), [`clears`] (the central half of `ClearCondition`),
-//! [`health_report`] (this node's health, reported to central every few seconds),
-//! [`pair`] (an active/standby pair: roles, replication,
-//! failover), [`grpc`] (the local API and conversions), [`metrics`] (Prometheus, served on
+//! Layout: [`domain`] (plain types, no transport or storage), `buffer` (the SQLite buffer),
+//! `forwarder` (the stream to central), `clears` (the central half of `ClearCondition`),
+//! `health_report` (this node's health, reported to central every few seconds),
+//! `pair` (an active/standby pair: roles, replication,
+//! failover), `grpc` (the local API and conversions), `metrics` (Prometheus, served on
 //! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
 //! for the local port), [`config`].
 
-pub mod buffer;
-pub mod clears;
+// The public surface, each for what outside code uses: `main.rs` (`cli`, `config`, `domain`,
+// `run`) and the `outbox-tests` crate's e2e tests (site configs with `config` and `tls`, the
+// pair's `domain::Role`, the client commands in `cli`, the reported [`VERSION`]). Everything
+// else is crate-only.
 pub mod cli;
 pub mod config;
 pub mod domain;
-pub mod forwarder;
-pub mod grpc;
-pub mod health_report;
-pub mod link;
-pub mod metrics;
-pub mod pair;
 pub mod tls;
+
+mod buffer;
+mod clears;
+mod forwarder;
+mod grpc;
+mod health_report;
+mod link;
+mod metrics;
+mod pair;
+
+/// The version this node reports to central in its health reports.
+pub use health_report::VERSION;
 
 #[cfg(test)]
 mod service_tests;
@@ -90,7 +98,7 @@ impl From<link::LinkError> for RunError {
 /// port and hands its address over instead can lose it to any other socket in between (tests
 /// that run side by side do).
 #[derive(Debug, Default)]
-pub struct Listeners {
+pub(crate) struct Listeners {
     /// Bound to `pair.listen`.
     pub pair: Option<TcpListener>,
     /// Bound to `metrics_listen`.
@@ -149,7 +157,7 @@ pub async fn run(
 }
 
 /// [`run`], with the pair and metrics listeners already bound by the caller.
-pub async fn run_with(
+pub(crate) async fn run_with(
     config: Config,
     listener: TcpListener,
     listeners: Listeners,
@@ -160,7 +168,7 @@ pub async fn run_with(
         .map_err(|e| RunError::Config(format!("{e:#}")))?;
     let site = SiteId::parse(config.site_id.clone())
         .map_err(|e| RunError::Config(format!("site_id: {}", e.problem)))?;
-    outbox_proto::pem::install_crypto_provider();
+    tls_files::install_crypto_provider();
     // Checked on the address actually bound (not only on `listen_addr`): `run` takes any listener.
     if let Ok(addr) = listener.local_addr()
         && config

@@ -13,12 +13,11 @@
 //! `allow_plaintext` (and the service then warns at every start).
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use outbox_proto::pem;
-use rustls::pki_types::CertificateDer;
 use serde::Deserialize;
+use tls_files::{KeyError, certificates, read};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig, Uri};
 
 /// The `[tls]` section as written. Paths are relative to the working directory.
@@ -46,8 +45,9 @@ pub struct TlsConfig {
 /// Why `[tls]` cannot be used. Every message starts with the key it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("tls.{key}: {problem}")]
-    Config { key: &'static str, problem: String },
+    /// A `tls.*` key (its message starts with it).
+    #[error(transparent)]
+    Config(#[from] KeyError),
     #[error(
         "tls: {keys} set, but central_url {url:?} is plaintext http://; use an https:// URL \
          (or remove the tls keys)"
@@ -63,24 +63,17 @@ pub enum TlsError {
 
 pub type Result<T, E = TlsError> = std::result::Result<T, E>;
 
-fn config_error(key: &'static str, problem: impl Into<String>) -> TlsError {
-    TlsError::Config {
-        key,
-        problem: problem.into(),
-    }
-}
-
 impl TlsConfig {
     /// Checks the keys against each other, `central_url` and `listen_addr`, without reading
     /// the files (see [`TlsConfig::client_config`]).
     pub fn check(&self, central_url: &str, listen_addr: SocketAddr) -> Result<()> {
         match (&self.cert, &self.key) {
-            (Some(_), None) => return Err(config_error("key", "set it with tls.cert")),
-            (None, Some(_)) => return Err(config_error("cert", "set it with tls.key")),
+            (Some(_), None) => return Err(KeyError::new("key", "set it with tls.cert").into()),
+            (None, Some(_)) => return Err(KeyError::new("cert", "set it with tls.key").into()),
             _ => {}
         }
         if self.domain.as_deref().is_some_and(str::is_empty) {
-            return Err(config_error("domain", "must not be empty"));
+            return Err(KeyError::new("domain", "must not be empty").into());
         }
         if !is_https(central_url) {
             let keys: Vec<&str> = [
@@ -143,7 +136,7 @@ impl TlsConfig {
                 let pem = read("ca", path)?;
                 for certificate in certificates("ca", path, &pem)? {
                     roots.add(certificate).map_err(|e| {
-                        config_error("ca", format!("{}: not a usable CA: {e}", path.display()))
+                        KeyError::new("ca", format!("{}: not a usable CA: {e}", path.display()))
                     })?;
                 }
                 config = config.ca_certificate(Certificate::from_pem(pem));
@@ -152,13 +145,7 @@ impl TlsConfig {
             None => config = config.with_webpki_roots(),
         }
         if let (Some(cert_path), Some(key_path)) = (&self.cert, &self.key) {
-            let cert = read("cert", cert_path)?;
-            let key = read("key", key_path)?;
-            let chain = certificates("cert", cert_path, &cert)?;
-            let private_key =
-                pem::private_key(key_path, &key).map_err(|problem| config_error("key", problem))?;
-            pem::check_key_fits(chain, private_key, cert_path, key_path)
-                .map_err(|problem| config_error("key", problem))?;
+            let tls_files::IdentityPems { cert, key } = tls_files::identity(cert_path, key_path)?;
             config = config.identity(Identity::from_pem(cert, key));
         }
         if let Some(domain) = domain {
@@ -172,23 +159,23 @@ impl TlsConfig {
     /// loopback unless `allow_plaintext`).
     pub fn check_pair(&self, peer_url: &str, listen: SocketAddr) -> Result<()> {
         let identity = self.cert.is_some() && self.key.is_some();
-        match (is_https(peer_url), identity) {
-            (true, true) if self.ca.is_none() => Err(config_error(
+        let checked: Result<(), KeyError> = match (is_https(peer_url), identity) {
+            (true, true) if self.ca.is_none() => Err(KeyError::new(
                 "ca",
                 "required for the pair link: the CA both nodes' certificates chain to",
             )),
             (true, true) => Ok(()),
-            (true, false) => Err(config_error(
+            (true, false) => Err(KeyError::new(
                 "cert",
                 "required for an https:// pair.peer_url: each node of the pair presents its \
                  certificate (Common Name = site_id) to the other",
             )),
-            (false, true) => Err(config_error(
+            (false, true) => Err(KeyError::new(
                 "cert",
                 "is set, so the pair link uses TLS: make pair.peer_url https://",
             )),
             (false, false) if listen.ip().is_loopback() || self.allow_plaintext => Ok(()),
-            (false, false) => Err(config_error(
+            (false, false) => Err(KeyError::new(
                 "cert",
                 format!(
                     "pair.listen {listen} is not a loopback address: set tls.cert, tls.key and \
@@ -196,7 +183,8 @@ impl TlsConfig {
                      tls.allow_plaintext = true"
                 ),
             )),
-        }
+        };
+        checked.map_err(TlsError::from)
     }
 
     /// The TLS server side of the pair link, `None` for plaintext: this node's certificate, and
@@ -211,7 +199,7 @@ impl TlsConfig {
         let ca = read("ca", ca_path)?;
         certificates("ca", ca_path, &ca)?;
         certificates("cert", cert_path, &cert)?;
-        pem::private_key(key_path, &key).map_err(|problem| config_error("key", problem))?;
+        tls_files::private_key("key", key_path, &key)?;
         Ok(Some(
             ServerTlsConfig::new()
                 .identity(Identity::from_pem(cert, key))
@@ -240,18 +228,6 @@ pub fn plaintext_to_remote(central_url: &str) -> bool {
 fn is_https(url: &str) -> bool {
     url.parse::<Uri>()
         .is_ok_and(|uri| uri.scheme_str() == Some("https"))
-}
-
-fn read(key: &'static str, path: &Path) -> Result<Vec<u8>> {
-    pem::read(path).map_err(|problem| config_error(key, problem))
-}
-
-fn certificates(
-    key: &'static str,
-    path: &Path,
-    bytes: &[u8],
-) -> Result<Vec<CertificateDer<'static>>> {
-    pem::certificates(path, bytes).map_err(|problem| config_error(key, problem))
 }
 
 #[cfg(test)]

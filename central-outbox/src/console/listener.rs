@@ -82,7 +82,7 @@ pub async fn serve_tls(
                 .1
                 .peer_certificates()
                 .and_then(|chain| chain.first())
-                .and_then(|cert| outbox_proto::pem::common_name(cert));
+                .and_then(|cert| tls_files::common_name(cert));
             let service = TowerToHyperService::new(router.layer(Extension(Peer { client_cn })));
             let builder = auto::Builder::new(TokioExecutor::new()).http1_only();
             let connection = builder.serve_connection(TokioIo::new(tls), service);
@@ -149,7 +149,7 @@ mod tests {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = rustls::RootCertStore::empty();
         let ca = std::fs::read(ca_pem).unwrap();
-        for cert in outbox_proto::pem::certificates(ca_pem, &ca).unwrap() {
+        for cert in tls_files::certificates("client_ca", ca_pem, &ca).unwrap() {
             roots.add(cert).unwrap();
         }
         let builder = rustls::ClientConfig::builder_with_provider(provider)
@@ -159,9 +159,8 @@ mod tests {
         let config = match identity {
             Some((cert, key)) => {
                 let chain =
-                    outbox_proto::pem::certificates(cert, &std::fs::read(cert).unwrap()).unwrap();
-                let key =
-                    outbox_proto::pem::private_key(key, &std::fs::read(key).unwrap()).unwrap();
+                    tls_files::certificates("cert", cert, &std::fs::read(cert).unwrap()).unwrap();
+                let key = tls_files::private_key("key", key, &std::fs::read(key).unwrap()).unwrap();
                 builder.with_client_auth_cert(chain, key).unwrap()
             }
             None => builder.with_no_client_auth(),

@@ -283,6 +283,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
 
     /// Sweeps like the loop and waits for the store calls it makes (the deterministic step
     /// behind `Dispatcher::dispatch_once`). Returns the deliveries started.
+    #[cfg(test)]
     pub(super) async fn sweep_once(&mut self, mandate: &Mandate) -> Result<usize, StoreError> {
         self.due_may_have_changed();
         let mut started = self.sweep(mandate);

@@ -25,8 +25,9 @@
 //! claims expire.
 //!
 //! It needs the store's dispatch capability only ([`DispatchStore`]): leases, claims, outcomes
-//! and the channel settings it reads. [`Dispatcher::dispatch_once`] is the deterministic step
-//! for tests: one turn of every channel, waiting for the store calls it makes.
+//! and the channel settings it reads. `Dispatcher::dispatch_once` (compiled for tests only) is
+//! the deterministic step for tests: one turn of every channel, waiting for the store calls it
+//! makes.
 
 mod attempt;
 mod channel;
@@ -52,7 +53,7 @@ use crate::domain::NotificationType;
 use crate::domain::channel::WebhookSettings;
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, LeaseEpoch};
-use crate::store::{DispatchStore, StoreError};
+use crate::store::DispatchStore;
 use channel::{ChannelLoop, ChannelParts};
 use lease::{EpochScope, LeaseKeeper, LeaseSettings, LeaseView, Mandate, Tenure};
 
@@ -85,7 +86,8 @@ pub struct DispatcherSettings {
     pub claim_batch: Option<usize>,
 }
 
-/// What one [`Dispatcher::dispatch_once`] did.
+/// What one `Dispatcher::dispatch_once` did.
+#[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepOutcome {
     /// This node does not hold the lease.
@@ -307,8 +309,10 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
 
     /// One turn of every channel, as after a wake-up that may have made rows due: claim up to
     /// the free slots and rate-limit tokens and start the deliveries. Unlike the loop, this
-    /// waits for the store calls it makes (stepping the dispatcher by hand).
-    pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, StoreError> {
+    /// waits for the store calls it makes (stepping the dispatcher by hand). Only the crate's
+    /// paused-clock and gated tests step it so; the service runs the loop.
+    #[cfg(test)]
+    pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, crate::store::StoreError> {
         self.publish(Tenure::Kept);
         let mandate = self.mandate.borrow().clone();
         if mandate.now.is_none() {

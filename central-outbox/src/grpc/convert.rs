@@ -8,7 +8,7 @@ use crate::domain::status::Status;
 use crate::records::{InsertOutcome, NotificationState};
 
 pub use outbox_proto::submission::{
-    notification_type, notification_type_to_proto, parse as submission, priority_to_proto,
+    notification_type_to_proto, parse as submission, priority_to_proto,
 };
 
 pub fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationSubmitAck {

@@ -60,7 +60,7 @@
 //! (leases, claims and their serve order, fenced outcomes, the purge), so the dispatcher's
 //! paused-clock tests run against a store that behaves like the real ones.
 
-pub mod claimed;
+mod claimed;
 pub mod mssql;
 pub mod sqlite;
 

@@ -157,6 +157,8 @@ impl Buffer {
     }
 
     /// The pending clears as last published (a commit is published just after it is visible).
+    /// Test-only: the service follows them through [`Self::pending_clears`].
+    #[cfg(test)]
     pub fn pending_clears_now(&self) -> PendingClears {
         self.announce.pending_clears.borrow().clone()
     }

@@ -29,8 +29,8 @@ mod pair;
 pub mod recent;
 pub mod room;
 
-pub use clears::{AdoptedClears, ConditionCleared};
-pub use pair::{Adopted, HandoverFinished, PairRecord, ReplicaChanges, RetainedSpan};
+pub use clears::AdoptedClears;
+pub use pair::{PairRecord, ReplicaChanges, RetainedSpan};
 pub use recent::RecentPage;
 pub use room::{NoRoom, ROOM_CHECK_INTERVAL, RoomStatus, SpaceLimits};
 
@@ -318,11 +318,14 @@ impl Drop for RecentReader {
 impl Buffer {
     /// Opens (creating if needed) the buffer file and brings its schema up to date, with no
     /// space limits of its own. Blocking: call it from a blocking context or at start-up.
+    // Test-only shorthand: the service opens with limits and settles acks and rejections
+    // together (`open_with`, `settle`).
+    #[cfg(test)]
     pub fn open(path: &Path) -> Result<Self> {
         Self::open_with(path, SpaceLimits::NONE, CancellationToken::new())
     }
 
-    /// [`Self::open`], refusing Sends past `limits`; `stop` ends a settle's retries.
+    /// Opens (creating if needed) the buffer file as `open` does, refusing Sends past `limits`; `stop` ends a settle's retries.
     pub fn open_with(path: &Path, limits: SpaceLimits, stop: CancellationToken) -> Result<Self> {
         let mut options = Options::new(path);
         // Every acked Send must survive power loss, not just a process crash.
@@ -558,16 +561,24 @@ impl Buffer {
     }
 
     /// Deletes acked rows (see [`Self::settle`]).
+    // Test-only shorthand: the service opens with limits and settles acks and rejections
+    // together (`open_with`, `settle`).
+    #[cfg(test)]
     pub async fn remove(&self, acked: Vec<Seq>) -> Result<usize> {
         self.settle(acked, Vec::new()).await
     }
 
     /// Moves one row to `rejected` with the reason (see [`Self::settle`]).
+    // Test-only shorthand: the service opens with limits and settles acks and rejections
+    // together (`open_with`, `settle`).
+    #[cfg(test)]
     pub async fn reject(&self, seq: Seq, reason: String) -> Result<bool> {
         Ok(self.settle(Vec::new(), vec![(seq, reason)]).await? > 0)
     }
 
-    /// Whether the notification is still waiting in the buffer.
+    /// Whether the notification is still waiting in the buffer. Test-only: the service asks
+    /// for the whole `local_status`.
+    #[cfg(test)]
     pub async fn contains(&self, id: NotificationId) -> Result<bool> {
         Ok(matches!(
             self.local_status(id).await?,

@@ -142,7 +142,7 @@ impl SitePairService {
         if !self.tls {
             return Ok(());
         }
-        match outbox_proto::pem::client_common_name(request) {
+        match tls_files::client_common_name(request) {
             Some(name) if name == self.site.as_str() => Ok(()),
             Some(name) => Err(Status::permission_denied(format!(
                 "the client certificate names {name:?}, not this site ({})",

@@ -95,10 +95,6 @@ impl Pair {
         }
     }
 
-    pub fn config(&self) -> Option<&PairConfig> {
-        self.config.as_ref()
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }

@@ -16,12 +16,12 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
-use central_outbox::delivery::EmailAdapter;
 use central_outbox::domain::channel::{
     DeliveryPolicy, EmailAddress, SmtpAuth, SmtpSettings, TlsMode,
 };
 use central_outbox::domain::retry::Backoff;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Priority};
+use central_outbox::testing::EmailAdapter;
 use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 use outbox_tests::smtp_sink::{ReceivedMail, SmtpSink};
 use proptest::prelude::*;

@@ -137,7 +137,7 @@ async fn a_site_is_online_while_it_reports_offline_when_stopped_and_online_when_
         .unwrap()
         .into_inner();
     assert_eq!(node.role(), v1::NodeRole::Active);
-    assert_eq!(node.version, site_forwarder::health_report::VERSION);
+    assert_eq!(node.version, site_forwarder::VERSION);
     assert_eq!(
         node.buffer_depth, own.depth,
         "the depth the site itself reports"

@@ -10,12 +10,12 @@
 //! [`MsSqlStore::batch`]). Replicas agree on time through the database's clock
 //! (`SYSUTCDATETIME()`), which dates claims, leases and CreatedAt.
 //!
-//! Layout: [`options`] (connection strings), `pool` (connections and their discard rules),
+//! Layout: `options` (connection strings), `pool` (connections and their discard rules),
 //! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
 //! (idempotent submit with the condition keys' supersede and flood consolidation's count and
 //! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
 //! SMTP settings), `site_health` (the latest report of each site node), `warm` (what a new
-//! pooled connection runs before it is handed out), `decode` (rows to domain types), [`scratch`] (throw-away databases for the
+//! pooled connection runs before it is handed out), `decode` (rows to domain types), `scratch` (throw-away databases for the
 //! test suites and benchmarks).
 
 mod admin;
@@ -25,9 +25,9 @@ mod dispatch;
 mod error;
 mod ingest;
 mod migrate;
-pub mod options;
+mod options;
 mod pool;
-pub mod scratch;
+mod scratch;
 mod site_health;
 mod sql;
 mod warm;
@@ -99,7 +99,7 @@ impl MsSqlStore {
     /// Connects, then brings the schema up to date (serialised between replicas by an
     /// application lock). Fails if the server is unreachable after the connect retries, the
     /// login is refused, or the schema is newer than this binary. Secrets are sealed with a key
-    /// that lasts as long as this process ([`Keyring::ephemeral`]), enough for tests and tools;
+    /// that lasts as long as this process (`Keyring::ephemeral`), enough for tests and tools;
     /// the service sets its configured keys with [`Self::with_secrets`].
     pub async fn open(options: MsSqlOptions) -> Result<Self> {
         let secrets = Keyring::ephemeral()?;

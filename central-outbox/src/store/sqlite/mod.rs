@@ -51,7 +51,7 @@ pub struct SqliteStore {
 
 impl SqliteStore {
     /// Opens (creating if needed) the database at `path` and applies pending migrations.
-    /// Secrets are sealed with a key that lasts as long as this process ([`Keyring::ephemeral`]),
+    /// Secrets are sealed with a key that lasts as long as this process (`Keyring::ephemeral`),
     /// enough for tests and tools; the service sets its configured keys with
     /// [`Self::with_secrets`].
     pub fn open(path: &Path, durability: Durability) -> Result<Self> {
