@@ -7,7 +7,7 @@
 //! A submit batch is stored at one instant, so the rows of one batch arrive in one window
 //! whatever the clock says: the tests submit each flood as one batch.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use central_outbox::domain::channel::{ListInput, NotificationList};
 use central_outbox::domain::consolidation::{Consolidation, SETTLE};
@@ -21,6 +21,7 @@ use central_outbox::records::{ClaimedNotification, InsertOutcome, LeaseEpoch, Ne
 use central_outbox::store::OutboxStore;
 use chrono::Utc;
 
+use crate::poll::until;
 use crate::seed::{self, End, LEASE, Spec};
 
 /// The list under test: more than 2 a second are held, digests of at most 3.
@@ -57,8 +58,7 @@ async fn next_digest<S: OutboxStore>(
     epoch: LeaseEpoch,
     digest: NotificationId,
 ) -> Vec<ClaimedNotification> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    until("a digest became due", Duration::from_secs(20), || async {
         let rows = store
             .claim_digest(
                 LEASE,
@@ -69,11 +69,9 @@ async fn next_digest<S: OutboxStore>(
             )
             .await
             .unwrap();
-        if !rows.is_empty() || Instant::now() > deadline {
-            return rows;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        (!rows.is_empty()).then_some(rows)
+    })
+    .await
 }
 
 fn ids(rows: &[ClaimedNotification]) -> Vec<NotificationId> {

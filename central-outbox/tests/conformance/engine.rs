@@ -17,6 +17,7 @@ use central_outbox::records::{
 use central_outbox::store::OutboxStore;
 use chrono::Utc;
 
+use crate::poll::until;
 use crate::seed::{self, LEASE, Rows, Spec};
 
 fn new_row(subject: &str) -> NewNotification {
@@ -189,25 +190,22 @@ async fn claim_once_due_again<S: Rows>(
     epoch: LeaseEpoch,
     limit: usize,
 ) -> Vec<ClaimedNotification> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let again = claim(
-            store,
-            epoch,
-            NotificationType::Email,
-            limit,
-            Duration::from_secs(600),
-        )
-        .await;
-        if !again.is_empty() {
-            return again;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "an expired claim never became due"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    until(
+        "an expired claim never became due",
+        Duration::from_secs(20),
+        || async {
+            let again = claim(
+                store,
+                epoch,
+                NotificationType::Email,
+                limit,
+                Duration::from_secs(600),
+            )
+            .await;
+            (!again.is_empty()).then_some(again)
+        },
+    )
+    .await
 }
 
 fn delivered(claim: &ClaimedNotification) -> AttemptRecord {
@@ -412,17 +410,12 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: Rows>(st
     // Lapsed again and taken by another node: the old epoch records nothing more. Another node
     // gets the lease once it has lapsed on the database's clock; asked until then, with a
     // deadline far past the TTL.
-    let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(20);
-    let e2 = loop {
-        if let Some(epoch) = store.acquire_lease(LEASE, "node-b", long).await.unwrap() {
-            break epoch;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "a lapsed lease is free for another node"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let e2 = until(
+        "a lapsed lease is free for another node",
+        ttl + Duration::from_secs(20),
+        || async { store.acquire_lease(LEASE, "node-b", long).await.unwrap() },
+    )
+    .await;
     assert!(e2 > e1);
     assert!(
         !store

@@ -21,6 +21,7 @@
 // set-up step must fail the test loudly anyway.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod poll;
 mod seed;
 
 mod admin;
@@ -357,12 +358,37 @@ async fn mssql_duplicate_resubmits_log_no_error() {
             .await
             .unwrap();
     }
+    // Shared by the poll below (an `FnMut` asking again and again) and the commit after it.
+    let other = tokio::sync::Mutex::new(other);
     let submit = store.submit(rows.clone());
     let commit = async {
-        // Give the submit time to reach the server and wait on the uncommitted keys; if it is
-        // slower, it simply finds the rows committed (the assertions hold either way).
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        // Commit once the submit waits on the uncommitted keys: a session blocked by this one
+        // (`sys.sysprocesses.blocked`, which SQL Server and Babelfish both keep).
+        poll::until(
+            "the submit waits on the other replica's uncommitted rows",
+            std::time::Duration::from_secs(20),
+            || async {
+                let blocked = other
+                    .lock()
+                    .await
+                    .simple_query(
+                        "SELECT COUNT(*) FROM sys.sysprocesses \
+                         WHERE blocked = @@SPID AND spid <> @@SPID",
+                    )
+                    .await
+                    .unwrap()
+                    .into_row()
+                    .await
+                    .unwrap()
+                    .and_then(|row| row.get::<i32, _>(0))
+                    .unwrap_or(0);
+                (blocked > 0).then_some(())
+            },
+        )
+        .await;
         other
+            .lock()
+            .await
             .simple_query("COMMIT")
             .await
             .unwrap()

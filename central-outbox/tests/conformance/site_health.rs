@@ -10,6 +10,8 @@ use central_outbox::domain::SiteId;
 use central_outbox::domain::site_health::{NodeHealth, NodeRole, SiteHealthReport};
 use central_outbox::store::OutboxStore;
 
+use crate::poll::until;
+
 /// How long a test waits for the database's clock to move past a threshold.
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -113,18 +115,11 @@ pub async fn a_silent_node_goes_offline_and_a_report_brings_it_back<S: OutboxSto
     assert_eq!(fresh.offline_since, None);
 
     // Nothing is written while the node is silent; the database's clock alone makes it offline.
-    let started = tokio::time::Instant::now();
-    let gone = loop {
+    let gone = until("the silent node goes offline", DEADLINE, || async {
         let now = node(store, "north-a", offline_after).await;
-        if !now.online {
-            break now;
-        }
-        assert!(
-            started.elapsed() < DEADLINE,
-            "still online after {DEADLINE:?}: {now:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+        (!now.online).then_some(now)
+    })
+    .await;
     assert!(gone.report_age >= offline_after);
     let since = gone.offline_since.unwrap();
     assert_eq!(
