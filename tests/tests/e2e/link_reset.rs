@@ -10,7 +10,7 @@
 //!
 //! Every acked Send is stored once and mailed once.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -20,10 +20,10 @@ use outbox_tests::link::Link;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::harness::{
-    Central, Db, central_config, channel, eventually, smtp_sink, wait_until_stored,
+use crate::harness::{Central, Db, central_config, channel, eventually, smtp_sink};
+use crate::silent_link::{
+    SiteLink, assert_each_acked_send_stored_and_mailed_once, keep_sending, spawn_linked_site,
 };
-use crate::silent_link::{SiteLink, keep_sending, spawn_linked_site};
 use crate::standby_lag::stats;
 
 /// The site's pause before it opens a new stream after one broke.
@@ -140,39 +140,6 @@ async fn after_each_reset_the_new_stream_is_acked_at_once_and_nothing_is_lost_or
     stop.cancel();
     sender.await.unwrap();
     let acked: HashSet<String> = acked.lock().unwrap().iter().cloned().collect();
-    eventually("the buffer drains", || {
-        let mut client = client.clone();
-        async move { (stats(&mut client).await.depth == 0).then_some(()) }
-    })
-    .await;
-    wait_until_stored(&db, &acked).await;
-    let stored = db.strings("SELECT NotificationId FROM Notifications");
-    assert_eq!(
-        stored.iter().collect::<HashSet<_>>().len(),
-        stored.len(),
-        "a notification stored twice"
-    );
-    assert_eq!(
-        stored.iter().cloned().collect::<HashSet<_>>(),
-        acked,
-        "central holds exactly the acked Sends"
-    );
-    eventually("every stored notification is mailed", || {
-        let done = sink.messages().len() >= stored.len();
-        async move { done.then_some(()) }
-    })
-    .await;
-    let mut per_id: HashMap<String, usize> = HashMap::new();
-    for mail in sink.messages() {
-        let message_id = mail.message_id().unwrap();
-        let id = acked
-            .iter()
-            .find(|id| message_id.contains(id.as_str()))
-            .unwrap_or_else(|| panic!("a mail for nothing acked: {message_id}"));
-        *per_id.entry(id.clone()).or_default() += 1;
-    }
-    let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "mailed more than once: {twice:?}");
-    assert_eq!(per_id.len(), acked.len(), "every acked Send is mailed");
+    assert_each_acked_send_stored_and_mailed_once(&client, &db, &sink, &acked).await;
     central.stop().await;
 }

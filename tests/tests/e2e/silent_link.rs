@@ -17,6 +17,7 @@ use std::time::Duration;
 use outbox_proto::v1;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_tests::link::Link;
+use outbox_tests::smtp_sink::SmtpSink;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -83,6 +84,50 @@ const LINK: SiteLink = SiteLink {
     keepalive_timeout: Duration::from_millis(500),
     ack_timeout: Some(Duration::from_secs(120)),
 };
+
+/// After a link fault: once the site's buffer has drained, central holds exactly the `acked`
+/// Sends, each once, and the sink received exactly one mail for each.
+pub(crate) async fn assert_each_acked_send_stored_and_mailed_once(
+    client: &SiteNotifyClient<Channel>,
+    db: &Db,
+    sink: &SmtpSink,
+    acked: &HashSet<String>,
+) {
+    eventually("the buffer drains", || {
+        let mut client = client.clone();
+        async move { (stats(&mut client).await.depth == 0).then_some(()) }
+    })
+    .await;
+    wait_until_stored(db, acked).await;
+    let stored = db.strings("SELECT NotificationId FROM Notifications");
+    assert_eq!(
+        stored.iter().collect::<HashSet<_>>().len(),
+        stored.len(),
+        "a notification stored twice"
+    );
+    assert_eq!(
+        &stored.iter().cloned().collect::<HashSet<_>>(),
+        acked,
+        "central holds exactly the acked Sends"
+    );
+    eventually("every stored notification is mailed", || {
+        let done = sink.messages().len() >= stored.len();
+        async move { done.then_some(()) }
+    })
+    .await;
+    let mut per_id: HashMap<String, usize> = HashMap::new();
+    for mail in sink.messages() {
+        let message_id = mail.message_id().unwrap();
+        let id = acked
+            .iter()
+            .find(|id| message_id.contains(id.as_str()))
+            .unwrap_or_else(|| panic!("a mail for nothing acked: {message_id}"));
+        *per_id.entry(id.clone()).or_default() += 1;
+    }
+    let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "mailed more than once: {twice:?}");
+    assert_eq!(per_id.len(), acked.len(), "every acked Send is mailed");
+}
 
 /// Sends one notification after another (subjects `"{subject} {i}"`) until `stop`, recording
 /// each acked id.
@@ -181,41 +226,7 @@ async fn a_black_holed_link_is_declared_dead_within_the_keepalive_bound_and_drai
     stop.cancel();
     sender.await.unwrap();
     let acked: HashSet<String> = acked.lock().unwrap().iter().cloned().collect();
-    eventually("the backlog drains", || {
-        let mut client = client.clone();
-        async move { (stats(&mut client).await.depth == 0).then_some(()) }
-    })
-    .await;
-
-    wait_until_stored(&db, &acked).await;
-    let stored = db.strings("SELECT NotificationId FROM Notifications");
-    assert_eq!(
-        stored.iter().collect::<HashSet<_>>().len(),
-        stored.len(),
-        "a notification stored twice"
-    );
-    assert_eq!(
-        stored.iter().cloned().collect::<HashSet<_>>(),
-        acked,
-        "central holds exactly the acked Sends"
-    );
-    eventually("every stored notification is mailed", || {
-        let done = sink.messages().len() >= stored.len();
-        async move { done.then_some(()) }
-    })
-    .await;
-    let mut per_id: HashMap<String, usize> = HashMap::new();
-    for mail in sink.messages() {
-        let message_id = mail.message_id().unwrap();
-        let id = acked
-            .iter()
-            .find(|id| message_id.contains(id.as_str()))
-            .unwrap_or_else(|| panic!("a mail for nothing acked: {message_id}"));
-        *per_id.entry(id.clone()).or_default() += 1;
-    }
-    let twice: Vec<_> = per_id.iter().filter(|(_, n)| **n > 1).collect();
-    assert!(twice.is_empty(), "mailed more than once: {twice:?}");
-    assert_eq!(per_id.len(), acked.len(), "every acked Send is mailed");
+    assert_each_acked_send_stored_and_mailed_once(&client, &db, &sink, &acked).await;
     central.stop().await;
 }
 
