@@ -23,12 +23,7 @@ use crate::records::{
 };
 use crate::store::{NotificationId, Result, StoreError};
 
-/// The columns [`read_state`] reads, in its order.
-const STATE_COLUMNS: &str = "Id, NotificationId, Status, Type, ListName, Subject, SourceSiteId,
-    RetryCount, LastError, SiteEnqueuedAt, CreatedAt, LastAttemptAt, NextAttemptAt, DeliveredAt,
-    ResolvedAt, Priority, ConditionKey";
-
-/// A row read with [`STATE_COLUMNS`], before its enums are decoded.
+/// A row of `select_state.sql` or `query_states.sql`, before its enums are decoded.
 struct StateRow {
     row_id: i64,
     id: String,
@@ -106,8 +101,7 @@ pub(super) fn select_state(
     conn: &Connection,
     id: NotificationId,
 ) -> Result<Option<NotificationState>> {
-    let sql = format!("SELECT {STATE_COLUMNS} FROM Notifications WHERE NotificationId = ?1");
-    conn.prepare_cached(&sql)?
+    conn.prepare_cached(include_str!("sql/select_state.sql"))?
         .query_row([id.to_string()], read_state)
         .optional()?
         .map(StateRow::decode)
@@ -191,7 +185,7 @@ fn ms_ceil(at: DateTime<Utc>) -> i64 {
 }
 
 pub(super) fn query(conn: &Connection, page: &PageRequest) -> Result<Page> {
-    let mut sql = format!("SELECT {STATE_COLUMNS} FROM Notifications WHERE 1 = 1");
+    let mut sql = include_str!("sql/query_states.sql").trim_end().to_owned();
     let mut args = Vec::new();
     push_filter(&page.filter, &mut sql, &mut args);
     if let Some(after) = page.after {
@@ -241,11 +235,7 @@ pub(super) fn detail(conn: &Connection, id: NotificationId) -> Result<Option<Not
         Option<String>,
     );
     let extra: Extra = conn
-        .prepare_cached(
-            "SELECT Body, TypeData, SourceInstanceId, SourceScript, OriginExecutionId,
-                    OriginParentExecutionId, ResolvedTargets
-             FROM Notifications WHERE Id = ?1",
-        )?
+        .prepare_cached(include_str!("sql/select_detail.sql"))?
         .query_row([state.row_id], |row| {
             Ok((
                 row.get(0)?,
@@ -273,10 +263,7 @@ pub(super) fn detail(conn: &Connection, id: NotificationId) -> Result<Option<Not
 }
 
 fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT AttemptNo, StartedAt, DurationMs, Outcome, Error, LeaseEpoch, Actor, DigestId
-         FROM NotificationAttempts WHERE NotificationId = ?1 ORDER BY AttemptNo",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/select_history.sql"))?;
     let rows = stmt.query_map([id.to_string()], |row| {
         Ok((
             row.get::<_, u32>(0)?,
@@ -343,23 +330,9 @@ fn act(
     now: DateTime<Utc>,
 ) -> Result<ActionResult> {
     let now_ms = ms(now);
-    // AttemptCount numbers every history entry, so an action takes the next number too.
     let update = match action {
-        OperatorAction::Retry => {
-            "UPDATE Notifications
-             SET Status = 'Pending', RetryCount = 0, NextAttemptAt = ?2, LastError = NULL,
-                 ResolvedAt = NULL, ClaimedUntil = NULL, ClaimEpoch = NULL,
-                 AttemptCount = AttemptCount + 1
-             WHERE NotificationId = ?1 AND Status = 'Parked'
-             RETURNING AttemptCount"
-        }
-        OperatorAction::Discard => {
-            "UPDATE Notifications
-             SET Status = 'Discarded', ResolvedAt = ?2, ClaimedUntil = NULL, ClaimEpoch = NULL,
-                 AttemptCount = AttemptCount + 1
-             WHERE NotificationId = ?1 AND Status = 'Parked'
-             RETURNING AttemptCount"
-        }
+        OperatorAction::Retry => include_str!("sql/retry_parked.sql"),
+        OperatorAction::Discard => include_str!("sql/discard_parked.sql"),
     };
     let key = id.to_string();
     let mut stmt = conn.prepare_cached(update)?;
@@ -371,7 +344,7 @@ fn act(
     .optional()?;
     let Some(sequence) = sequence else {
         let status: Option<String> = conn
-            .prepare_cached("SELECT Status FROM Notifications WHERE NotificationId = ?1")?
+            .prepare_cached(include_str!("sql/select_status.sql"))?
             .query_row([&key], |row| row.get(0))
             .optional()?;
         return match status {
@@ -383,17 +356,14 @@ fn act(
             }
         };
     };
-    conn.prepare_cached(
-        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![
-        key,
-        sequence,
-        now_ms,
-        action.as_str(),
-        actor.as_str()
-    ])?;
+    conn.prepare_cached(include_str!("sql/insert_history_entry.sql"))?
+        .execute(params![
+            key,
+            sequence,
+            now_ms,
+            action.as_str(),
+            actor.as_str()
+        ])?;
     let state = select_state(conn, id)?.ok_or_else(|| {
         corrupt(format!(
             "notification {id} vanished while being {}",
@@ -489,23 +459,7 @@ pub(super) fn kpis(conn: &Connection, p: &KpiParams) -> Result<Kpis> {
     let now = ms(p.now);
     let stuck_before = ms(stuck_cutoff(p.now, p.stuck_age_threshold));
     let delivered_since = ms(stuck_cutoff(p.now, p.delivered_window));
-    let mut stmt = conn.prepare_cached(
-        "SELECT SourceSiteId,
-                SUM(Status IN ('Pending', 'Retrying', 'Held')),
-                SUM(Status IN ('Pending', 'Retrying') AND CreatedAt < ?2),
-                SUM(Status = 'Parked'),
-                SUM(Status = 'Delivered' AND ResolvedAt >= ?3),
-                MIN(CASE WHEN Status = 'Pending'
-                          OR (Status = 'Retrying' AND COALESCE(NextAttemptAt, 0) <= ?1)
-                         THEN CreatedAt END),
-                MIN(CASE WHEN (Status = 'Retrying' AND NextAttemptAt > ?1) OR Status = 'Held'
-                         THEN CreatedAt END)
-         FROM Notifications
-         WHERE Status IN ('Pending', 'Retrying', 'Held', 'Parked')
-            OR (Status = 'Delivered' AND ResolvedAt >= ?3)
-         GROUP BY SourceSiteId
-         ORDER BY SourceSiteId",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/kpis.sql"))?;
     let rows = stmt.query_map(params![now, stuck_before, delivered_since], |row| {
         Ok((
             row.get::<_, String>(0)?,
@@ -565,12 +519,7 @@ pub(super) fn purge_terminal(
     batch: u32,
 ) -> Result<PurgeReport> {
     let rows = conn
-        .prepare_cached(
-            "SELECT Id, NotificationId, Status = 'Parked' FROM Notifications
-             WHERE Status IN ('Delivered', 'Parked', 'Discarded', 'Superseded', 'Cleared')
-               AND ResolvedAt < ?1
-             ORDER BY ResolvedAt LIMIT ?2",
-        )?
+        .prepare_cached(include_str!("sql/select_purgeable.sql"))?
         .query_map(params![ms(resolved_before), batch], |row| {
             Ok((
                 row.get::<_, i64>(0)?,
@@ -579,9 +528,8 @@ pub(super) fn purge_terminal(
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut delete_history =
-        conn.prepare_cached("DELETE FROM NotificationAttempts WHERE NotificationId = ?1")?;
-    let mut delete_row = conn.prepare_cached("DELETE FROM Notifications WHERE Id = ?1")?;
+    let mut delete_history = conn.prepare_cached(include_str!("sql/delete_history.sql"))?;
+    let mut delete_row = conn.prepare_cached(include_str!("sql/delete_notification.sql"))?;
     let mut report = PurgeReport::default();
     for (row_id, id, parked) in rows {
         report.history_entries += delete_history.execute([id])? as u64;

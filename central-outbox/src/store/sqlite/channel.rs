@@ -38,11 +38,7 @@ pub(super) fn select_list(
         [Option<i64>; 3],
     );
     let row: Option<ListRow> = conn
-        .prepare_cached(
-            "SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold,
-                    ConsolidateWindowSeconds, ConsolidateMaxPerDigest
-             FROM NotificationLists WHERE Name = ?1",
-        )?
+        .prepare_cached(include_str!("sql/select_list.sql"))?
         .query_row([name.as_str()], |row| {
             Ok((
                 row.get(0)?,
@@ -99,9 +95,7 @@ pub(super) fn select_list(
 
 /// A list's recipient addresses or endpoint URLs, in a stable order.
 fn select_targets(conn: &Connection, name: &ListName) -> Result<Vec<String>> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT Address FROM NotificationListRecipients WHERE ListName = ?1 ORDER BY Address",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/select_list_targets.sql"))?;
     Ok(stmt
         .query_map([name.as_str()], |row| row.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?)
@@ -112,7 +106,7 @@ pub(super) fn select_lists(
     secrets: &Keyring,
 ) -> Result<Vec<Stored<NotificationList>>> {
     let names = conn
-        .prepare_cached("SELECT Name FROM NotificationLists ORDER BY Name")?
+        .prepare_cached(include_str!("sql/select_list_names.sql"))?
         .query_map([], |row| row.get::<_, String>(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut lists = Vec::with_capacity(names.len());
@@ -142,33 +136,21 @@ pub(super) fn replace_list(
                 .transpose()?,
         ),
     };
-    conn.prepare_cached(
-        "INSERT INTO NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt,
-             ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)
-         ON CONFLICT (Name) DO UPDATE SET
-             Type = excluded.Type, WebhookFormat = excluded.WebhookFormat,
-             WebhookSecret = excluded.WebhookSecret, UpdatedAt = excluded.UpdatedAt,
-             ConsolidateThreshold = excluded.ConsolidateThreshold,
-             ConsolidateWindowSeconds = excluded.ConsolidateWindowSeconds,
-             ConsolidateMaxPerDigest = excluded.ConsolidateMaxPerDigest",
-    )?
-    .execute(params![
-        list.name.as_str(),
-        list.kind().as_str(),
-        format,
-        secret,
-        ms(now),
-        list.consolidation.map(|c| c.threshold()),
-        list.consolidation
-            .map(|c| i64::try_from(c.window().as_secs()).unwrap_or(i64::MAX)),
-        list.consolidation.map(|c| c.max_per_digest()),
-    ])?;
-    conn.prepare_cached("DELETE FROM NotificationListRecipients WHERE ListName = ?1")?
+    conn.prepare_cached(include_str!("sql/replace_list.sql"))?
+        .execute(params![
+            list.name.as_str(),
+            list.kind().as_str(),
+            format,
+            secret,
+            ms(now),
+            list.consolidation.map(|c| c.threshold()),
+            list.consolidation
+                .map(|c| i64::try_from(c.window().as_secs()).unwrap_or(i64::MAX)),
+            list.consolidation.map(|c| c.max_per_digest()),
+        ])?;
+    conn.prepare_cached(include_str!("sql/delete_list_targets.sql"))?
         .execute([list.name.as_str()])?;
-    let mut insert = conn.prepare_cached(
-        "INSERT OR IGNORE INTO NotificationListRecipients (ListName, Address) VALUES (?1, ?2)",
-    )?;
+    let mut insert = conn.prepare_cached(include_str!("sql/insert_list_target.sql"))?;
     for target in list.target_names() {
         insert.execute([list.name.as_str(), target.as_str()])?;
     }
@@ -177,21 +159,15 @@ pub(super) fn replace_list(
 
 pub(super) fn delete_list(conn: &Connection, name: &ListName) -> Result<bool> {
     // Recipients go explicitly rather than by ON DELETE CASCADE, which needs foreign keys on.
-    conn.prepare_cached("DELETE FROM NotificationListRecipients WHERE ListName = ?1")?
+    conn.prepare_cached(include_str!("sql/delete_list_targets.sql"))?
         .execute([name.as_str()])?;
     let deleted = conn
-        .prepare_cached("DELETE FROM NotificationLists WHERE Name = ?1")?
+        .prepare_cached(include_str!("sql/delete_list.sql"))?
         .execute([name.as_str()])?;
     Ok(deleted > 0)
 }
 
-/// The columns [`read_smtp`] reads, in its order.
-const SMTP_COLUMNS: &str = "Host, Port, TlsMode, AuthMechanism, Username, Password, FromAddress,
-    MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs, MaxConcurrentConnections,
-    RateLimitPerSecond, RateLimitBurst, TimeoutMs, OverallTimeoutMs, OAuthTokenUrl, OAuthClientId,
-    OAuthClientSecret, OAuthScope, UpdatedAt";
-
-/// A `ChannelConfig` row as stored.
+/// A `ChannelConfig` row as stored (by `select_smtp_settings.sql`).
 struct SmtpRow {
     host: String,
     port: u16,
@@ -314,8 +290,7 @@ pub(super) fn select_smtp_settings(
     conn: &Connection,
     secrets: &Keyring,
 ) -> Result<Option<Stored<SmtpSettings>>> {
-    let sql = format!("SELECT {SMTP_COLUMNS} FROM ChannelConfig WHERE Channel = ?1");
-    conn.prepare_cached(&sql)?
+    conn.prepare_cached(include_str!("sql/select_smtp_settings.sql"))?
         .query_row([EMAIL_CHANNEL], read_smtp)
         .optional()?
         .map(|row| row.decode(secrets))
@@ -345,58 +320,37 @@ pub(super) fn replace_smtp_settings(
         Backoff::Fixed => None,
         Backoff::Exponential { cap } => Some(duration_ms(cap)),
     };
-    conn.prepare_cached(
-        "INSERT INTO ChannelConfig (Channel, Host, Port, TlsMode, AuthMechanism, Username,
-             Password, FromAddress, MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs,
-             MaxConcurrentConnections, RateLimitPerSecond, RateLimitBurst, TimeoutMs,
-             OverallTimeoutMs, OAuthTokenUrl, OAuthClientId, OAuthClientSecret, OAuthScope,
-             UpdatedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18,
-                 ?19, ?20, ?21, ?22)
-         ON CONFLICT (Channel) DO UPDATE SET
-             Host = excluded.Host, Port = excluded.Port, TlsMode = excluded.TlsMode,
-             AuthMechanism = excluded.AuthMechanism, Username = excluded.Username,
-             Password = excluded.Password, FromAddress = excluded.FromAddress,
-             MaxRetries = excluded.MaxRetries, RetryDelayMs = excluded.RetryDelayMs,
-             Backoff = excluded.Backoff, MaxRetryDelayMs = excluded.MaxRetryDelayMs,
-             MaxConcurrentConnections = excluded.MaxConcurrentConnections,
-             RateLimitPerSecond = excluded.RateLimitPerSecond,
-             RateLimitBurst = excluded.RateLimitBurst, TimeoutMs = excluded.TimeoutMs,
-             OverallTimeoutMs = excluded.OverallTimeoutMs,
-             OAuthTokenUrl = excluded.OAuthTokenUrl, OAuthClientId = excluded.OAuthClientId,
-             OAuthClientSecret = excluded.OAuthClientSecret, OAuthScope = excluded.OAuthScope,
-             UpdatedAt = excluded.UpdatedAt",
-    )?
-    .execute(params![
-        EMAIL_CHANNEL,
-        s.host,
-        s.port,
-        s.tls.as_str(),
-        s.auth.mechanism(),
-        username,
-        password,
-        s.from_address.as_str(),
-        p.max_retries,
-        duration_ms(p.retry_delay),
-        p.backoff.as_str(),
-        max_retry_delay,
-        p.max_concurrent_connections,
-        p.rate_limit.map(|r| r.per_second),
-        p.rate_limit.map(|r| r.burst),
-        duration_ms(s.timeout),
-        duration_ms(s.overall_timeout),
-        oauth.map(|o| o.token_url.as_str()),
-        oauth.map(|o| o.client_id.as_str()),
-        client_secret,
-        oauth.map(|o| o.scope.as_str()),
-        ms(now),
-    ])?;
+    conn.prepare_cached(include_str!("sql/replace_smtp_settings.sql"))?
+        .execute(params![
+            EMAIL_CHANNEL,
+            s.host,
+            s.port,
+            s.tls.as_str(),
+            s.auth.mechanism(),
+            username,
+            password,
+            s.from_address.as_str(),
+            p.max_retries,
+            duration_ms(p.retry_delay),
+            p.backoff.as_str(),
+            max_retry_delay,
+            p.max_concurrent_connections,
+            p.rate_limit.map(|r| r.per_second),
+            p.rate_limit.map(|r| r.burst),
+            duration_ms(s.timeout),
+            duration_ms(s.overall_timeout),
+            oauth.map(|o| o.token_url.as_str()),
+            oauth.map(|o| o.client_id.as_str()),
+            client_secret,
+            oauth.map(|o| o.scope.as_str()),
+            ms(now),
+        ])?;
     Ok(())
 }
 
 pub(super) fn delete_smtp_settings(conn: &Connection) -> Result<bool> {
     let deleted = conn
-        .prepare_cached("DELETE FROM ChannelConfig WHERE Channel = ?1")?
+        .prepare_cached(include_str!("sql/delete_smtp_settings.sql"))?
         .execute([EMAIL_CHANNEL])?;
     Ok(deleted > 0)
 }
@@ -408,15 +362,12 @@ pub(super) fn delete_smtp_settings(conn: &Connection) -> Result<bool> {
 pub(super) fn reseal_secrets(conn: &Connection, secrets: &Keyring) -> Result<ResealReport> {
     let mut report = ResealReport::default();
     let lists = conn
-        .prepare_cached(
-            "SELECT Name, WebhookSecret FROM NotificationLists WHERE WebhookSecret IS NOT NULL",
-        )?
+        .prepare_cached(include_str!("sql/select_list_secrets.sql"))?
         .query_map([], |row| {
             Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    let mut update_list =
-        conn.prepare_cached("UPDATE NotificationLists SET WebhookSecret = ?2 WHERE Name = ?1")?;
+    let mut update_list = conn.prepare_cached(include_str!("sql/reseal_list_secret.sql"))?;
     for (name, stored) in lists {
         let outcome = secrets.reseal(&stored, Slot::WebhookSecret(&name))?;
         report.count(&outcome);
@@ -425,25 +376,30 @@ pub(super) fn reseal_secrets(conn: &Connection, secrets: &Keyring) -> Result<Res
         }
     }
     let channel: Option<(Option<String>, Option<String>)> = conn
-        .prepare_cached("SELECT Password, OAuthClientSecret FROM ChannelConfig WHERE Channel = ?1")?
+        .prepare_cached(include_str!("sql/select_smtp_secrets.sql"))?
         .query_row([EMAIL_CHANNEL], |row| Ok((row.get(0)?, row.get(1)?)))
         .optional()?;
     let Some((password, client_secret)) = channel else {
         return Ok(report);
     };
-    for (column, slot, stored) in [
-        ("Password", Slot::SmtpPassword, password),
-        ("OAuthClientSecret", Slot::OAuthClientSecret, client_secret),
+    for (update, slot, stored) in [
+        (
+            include_str!("sql/reseal_smtp_password.sql"),
+            Slot::SmtpPassword,
+            password,
+        ),
+        (
+            include_str!("sql/reseal_oauth_client_secret.sql"),
+            Slot::OAuthClientSecret,
+            client_secret,
+        ),
     ] {
         let Some(stored) = stored else { continue };
         let outcome = secrets.reseal(&stored, slot)?;
         report.count(&outcome);
         if let Resealed::Replace(sealed) = outcome {
-            // `column` is one of the two names above, never input.
-            conn.prepare_cached(&format!(
-                "UPDATE ChannelConfig SET {column} = ?2 WHERE Channel = ?1"
-            ))?
-            .execute(params![EMAIL_CHANNEL, sealed])?;
+            conn.prepare_cached(update)?
+                .execute(params![EMAIL_CHANNEL, sealed])?;
         }
     }
     Ok(report)

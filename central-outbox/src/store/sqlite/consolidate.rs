@@ -18,10 +18,7 @@ use crate::store::Result;
 /// rather than failing the submits of that list: it is logged.
 pub(super) fn settings(conn: &Connection, list: &str) -> Result<Option<Consolidation>> {
     let stored = conn
-        .prepare_cached(
-            "SELECT ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest
-             FROM NotificationLists WHERE Name = ?1",
-        )?
+        .prepare_cached(include_str!("sql/select_consolidation.sql"))?
         .query_row([list], |row| {
             Ok((
                 row.get::<_, Option<i64>>(0)?,
@@ -62,27 +59,16 @@ pub(super) fn count_and_hold(
     now: DateTime<Utc>,
 ) -> Result<bool> {
     let (start, _) = rules.window_of(now);
-    // A replica whose clock lags may count into a window already ended elsewhere: it counts
-    // into the newer one instead of starting the count again.
     let arrived: i64 = conn
-        .prepare_cached(
-            "INSERT INTO ConsolidationWindows (ListName, WindowStart, Arrived) VALUES (?1, ?2, 1)
-             ON CONFLICT (ListName) DO UPDATE SET
-                 Arrived = CASE WHEN excluded.WindowStart > WindowStart THEN 1
-                                ELSE Arrived + 1 END,
-                 WindowStart = MAX(WindowStart, excluded.WindowStart)
-             RETURNING Arrived",
-        )?
+        .prepare_cached(include_str!("sql/count_arrival.sql"))?
         .query_row(params![s.content.list_name.as_str(), ms(start)], |row| {
             row.get(0)
         })?;
     if !rules.holds(s.priority, u64::try_from(arrived).unwrap_or(0)) {
         return Ok(false);
     }
-    conn.prepare_cached(
-        "UPDATE Notifications SET Status = 'Held', NextAttemptAt = ?2 WHERE NotificationId = ?1",
-    )?
-    .execute(params![s.id.to_string(), ms(rules.held_until(now))])?;
+    conn.prepare_cached(include_str!("sql/hold_notification.sql"))?
+        .execute(params![s.id.to_string(), ms(rules.held_until(now))])?;
     Ok(true)
 }
 
@@ -101,7 +87,7 @@ pub(super) fn claim_digest(
 ) -> Result<Vec<ClaimedNotification>> {
     let now_ms = ms(now);
     let holds_lease = conn
-        .prepare_cached("SELECT 1 FROM Leases WHERE Name = ?1 AND Epoch = ?2 AND ExpiresAt > ?3")?
+        .prepare_cached(include_str!("sql/check_lease.sql"))?
         .query_row(params![lease, epoch.0, now_ms], |_| Ok(()))
         .optional()?
         .is_some();
@@ -109,12 +95,7 @@ pub(super) fn claim_digest(
         return Ok(Vec::new());
     }
     let list: Option<String> = conn
-        .prepare_cached(
-            "SELECT ListName FROM Notifications
-             WHERE Status = 'Held' AND Type = ?1 AND NextAttemptAt <= ?2
-               AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?2)
-             ORDER BY NextAttemptAt, Id LIMIT 1",
-        )?
+        .prepare_cached(include_str!("sql/select_digest_list.sql"))?
         .query_row(params![kind.as_str(), now_ms], |row| row.get(0))
         .optional()?;
     let Some(list) = list else {
@@ -123,22 +104,7 @@ pub(super) fn claim_digest(
     let max = settings(conn, &list)?.map_or(limits::MAX_PER_DIGEST, |rules| rules.max_per_digest());
     let until = now_ms.saturating_add(super::duration_ms(claim_timeout));
     let mut rows = conn
-        .prepare_cached(
-            "UPDATE Notifications
-             SET ClaimedUntil = ?1, ClaimEpoch = ?2, LastAttemptAt = ?3,
-                 AttemptCount = AttemptCount + 1
-             WHERE Id IN (
-                     SELECT Id FROM Notifications
-                     WHERE Status = 'Held' AND Type = ?5 AND ListName = ?6
-                       AND NextAttemptAt <= ?3
-                       AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?3)
-                     ORDER BY NextAttemptAt, Id
-                     LIMIT ?4)
-             RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
-                       AttemptCount, SourceSiteId, SourceInstanceId, SourceScript,
-                       OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority,
-                       ServeTurn, NextAttemptAt",
-        )?
+        .prepare_cached(include_str!("sql/claim_digest.sql"))?
         .query_map(
             params![until, epoch.0, now_ms, max, kind.as_str(), list],
             ClaimedRow::read,

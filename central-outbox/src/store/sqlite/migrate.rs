@@ -52,18 +52,10 @@ const MIGRATIONS: &[Migration] = &[
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
 pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
     let txn = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
-    txn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS SchemaMigrations (
-             Version   INTEGER PRIMARY KEY,
-             Name      TEXT    NOT NULL,
-             AppliedAt INTEGER NOT NULL
-         )",
-    )?;
-    let current: i64 = txn.query_row(
-        "SELECT COALESCE(MAX(Version), 0) FROM SchemaMigrations",
-        [],
-        |row| row.get(0),
-    )?;
+    txn.execute_batch(include_str!("sql/migration_table.sql"))?;
+    let current: i64 = txn.query_row(include_str!("sql/migration_version.sql"), [], |row| {
+        row.get(0)
+    })?;
     let known = MIGRATIONS.last().map_or(0, |m| m.version);
     if current > known {
         return Err(group_commit::Error::TaskFailed(format!(
@@ -79,7 +71,7 @@ pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
         );
         txn.execute_batch(migration.sql)?;
         txn.execute(
-            "INSERT INTO SchemaMigrations (Version, Name, AppliedAt) VALUES (?1, ?2, ?3)",
+            include_str!("sql/migration_record.sql"),
             rusqlite::params![
                 migration.version,
                 migration.name,

@@ -5,12 +5,22 @@
 //! SQLite serialises writers, so a claim (an `UPDATE ... WHERE Id IN (SELECT ... LIMIT n)`) is
 //! atomic without row-lock hints; the lease and claim-epoch conditions in the statements are what
 //! fence a deposed dispatcher. The database's clock is this process's clock.
+//!
+//! Every fixed statement is one file under `sql/`, compiled in with `include_str!` where it runs;
+//! those run per request are prepared once per connection (`prepare_cached`). A file's leading
+//! comment, where it has one, says why the statement is written as it is. Only the operator's
+//! filter queries, whose text depends on the filter (`admin::query`, which starts from
+//! `query_states.sql`, `admin::act_on_filter` and `admin::count_on_filter`), are built in Rust
+//! from `admin::push_filter`'s fragments. `statement_files` prepares every file against the
+//! migrated schema and fails on a file nothing includes.
 
 mod admin;
 mod channel;
 mod consolidate;
 mod migrate;
 mod site_health;
+#[cfg(test)]
+mod statement_files;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -163,12 +173,7 @@ impl DispatchStore for SqliteStore {
         self.db
             .write_first(move |conn| {
                 let released = conn
-                    .prepare_cached(
-                        // Ends the tenure: the epoch moves on, so nothing more is recorded
-                        // under it and a re-take starts a new one.
-                        "UPDATE Leases SET ExpiresAt = ?4, Epoch = Epoch + 1
-                         WHERE Name = ?1 AND Holder = ?2 AND Epoch = ?3 AND ExpiresAt > ?4",
-                    )?
+                    .prepare_cached(include_str!("sql/release_lease.sql"))?
                     .execute(params![name, holder, epoch.0, ms(Utc::now())])?;
                 Ok(released > 0)
             })
@@ -351,30 +356,11 @@ fn insert_idempotently(
     batch: &[NewNotification],
     now: DateTime<Utc>,
 ) -> Result<Vec<InsertOutcome>> {
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO Notifications (
-             NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash,
-             SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId,
-             OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, Priority,
-             ServeTurn, ConditionKey, Status, ResolvedAt, AttemptCount)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14,
-                 CASE WHEN ?19 IS NULL THEN ?14 END, ?15, ?16, ?17, ?18, ?19,
-                 CASE WHEN ?19 IS NULL THEN 0 ELSE 1 END)
-         ON CONFLICT (NotificationId) DO NOTHING",
-    )?;
-    // The two reads of `serve_turn`, each one seek in a partial index of waiting rows
-    // (IX_Notifications_Serve, IX_Notifications_Site_Turn).
-    let mut head_turn = conn.prepare_cached(
-        "SELECT MIN(ServeTurn) FROM Notifications
-         WHERE Status IN ('Pending', 'Retrying') AND Type = ?1 AND Priority = ?2",
-    )?;
-    let mut site_turn = conn.prepare_cached(
-        "SELECT MAX(ServeTurn) FROM Notifications
-         WHERE Status IN ('Pending', 'Retrying') AND Type = ?1 AND Priority = ?2
-           AND SourceSiteId = ?3",
-    )?;
-    let mut stored_hash =
-        conn.prepare_cached("SELECT ContentHash FROM Notifications WHERE NotificationId = ?1")?;
+    let mut insert = conn.prepare_cached(include_str!("sql/insert_notification.sql"))?;
+    // The two reads of `serve_turn`.
+    let mut head_turn = conn.prepare_cached(include_str!("sql/select_head_turn.sql"))?;
+    let mut site_turn = conn.prepare_cached(include_str!("sql/select_site_turn.sql"))?;
+    let mut stored_hash = conn.prepare_cached(include_str!("sql/select_content_hash.sql"))?;
     // Each list's consolidation settings, read once per batch.
     let mut consolidating: HashMap<&str, Option<Consolidation>> = HashMap::new();
     let mut outcomes = Vec::with_capacity(batch.len());
@@ -464,16 +450,7 @@ fn supersede_older(
     let now_ms = ms(now);
     let newer_id = newer.id.to_string();
     let ended = conn
-        .prepare_cached(
-            "UPDATE Notifications
-             SET Status = 'Superseded', ResolvedAt = ?1, NextAttemptAt = NULL,
-                 ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
-             WHERE Status IN ('Pending', 'Retrying', 'Held') AND ConditionKey IS NOT NULL
-               AND SourceSiteId = ?2 AND ConditionKey = ?3 AND ListName = ?4
-               AND SiteEnqueuedAt <= ?5 AND NotificationId <> ?6
-               AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
-             RETURNING NotificationId, AttemptCount",
-        )?
+        .prepare_cached(include_str!("sql/supersede_older.sql"))?
         .query_map(
             params![
                 now_ms,
@@ -499,10 +476,7 @@ fn record_endings(
     entry: &str,
     by: &str,
 ) -> Result<()> {
-    let mut insert = conn.prepare_cached(
-        "INSERT INTO NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?;
+    let mut insert = conn.prepare_cached(include_str!("sql/insert_history_entry.sql"))?;
     for (id, sequence) in ended {
         insert.execute(params![id, sequence, at_ms, entry, by])?;
     }
@@ -520,15 +494,7 @@ fn clear_condition(
 ) -> Result<Vec<NotificationId>> {
     let now_ms = ms(now);
     let ended = conn
-        .prepare_cached(
-            "UPDATE Notifications
-             SET Status = 'Cleared', ResolvedAt = ?1, NextAttemptAt = NULL,
-                 ClaimedUntil = NULL, ClaimEpoch = NULL, AttemptCount = AttemptCount + 1
-             WHERE Status IN ('Pending', 'Retrying', 'Held') AND ConditionKey IS NOT NULL
-               AND SourceSiteId = ?2 AND ConditionKey = ?3
-               AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?1)
-             RETURNING NotificationId, AttemptCount",
-        )?
+        .prepare_cached(include_str!("sql/clear_condition.sql"))?
         .query_map(params![now_ms, site.as_str(), key.as_str()], |row| {
             Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?))
         })?
@@ -545,8 +511,7 @@ fn clear_condition(
 
 /// Takes the lease if it is free, expired, or already ours; bumps the epoch only when the
 /// holder changes. A holder re-taking its own lapsed lease keeps the epoch: nobody else held it
-/// in between, so its claims and outcomes under that epoch are still its own. Upsert
-/// expressions see the row's old values, so the CASE compares against the previous holder.
+/// in between, so its claims and outcomes under that epoch are still its own.
 fn upsert_lease(
     conn: &Connection,
     name: &str,
@@ -556,56 +521,12 @@ fn upsert_lease(
 ) -> Result<Option<LeaseEpoch>> {
     let now_ms = ms(now);
     let expires = now_ms.saturating_add(duration_ms(ttl));
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO Leases (Name, Holder, Epoch, ExpiresAt) VALUES (?1, ?2, 1, ?4)
-         ON CONFLICT (Name) DO UPDATE SET
-             Epoch = CASE WHEN Leases.Holder = excluded.Holder
-                          THEN Leases.Epoch ELSE Leases.Epoch + 1 END,
-             Holder = excluded.Holder,
-             ExpiresAt = excluded.ExpiresAt
-         WHERE Leases.Holder = excluded.Holder OR Leases.ExpiresAt <= ?3
-         RETURNING Epoch",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/acquire_lease.sql"))?;
     let epoch = stmt
         .query_row(params![name, holder, now_ms, expires], |row| row.get(0))
         .optional()?;
     Ok(epoch.map(LeaseEpoch))
 }
-
-/// The claim statement of one order of `domain::serve_order`: takes up to `?4` due rows of type
-/// `?6` in that order, stamping the claim (until `?1`, epoch `?2`, at `?3`) only while epoch `?2`
-/// holds lease `?5`. Every row has its due time in NextAttemptAt (its creation time when stored,
-/// the retry time after a failure, the operator's time after a Retry; NULL is a row stored
-/// before that rule, due now). Fixed texts, so the statement cache finds them.
-macro_rules! claim_sql {
-    ($order:literal) => {
-        concat!(
-            "UPDATE Notifications
-             SET ClaimedUntil = ?1, ClaimEpoch = ?2, LastAttemptAt = ?3,
-                 AttemptCount = AttemptCount + 1
-             WHERE Id IN (
-                     SELECT Id FROM Notifications
-                     WHERE Status IN ('Pending', 'Retrying') AND Type = ?6
-                       AND (NextAttemptAt IS NULL OR NextAttemptAt <= ?3)
-                       AND (ClaimedUntil IS NULL OR ClaimedUntil <= ?3)
-                     ORDER BY ",
-            $order,
-            "
-                     LIMIT ?4)
-               AND EXISTS (SELECT 1 FROM Leases
-                           WHERE Name = ?5 AND Epoch = ?2 AND ExpiresAt > ?3)
-             RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
-                       AttemptCount, SourceSiteId, SourceInstanceId, SourceScript,
-                       OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority,
-                       ServeTurn, COALESCE(NextAttemptAt, 0)"
-        )
-    };
-}
-
-/// Rule 3 of `domain::serve_order`: due longest first (IX_Notifications_Type_Due).
-const CLAIM_LONGEST_WAITING: &str = claim_sql!("NextAttemptAt, Id");
-/// Rules 1 and 2: most urgent first, then by serve turn (IX_Notifications_Serve).
-const CLAIM_IN_TURN: &str = claim_sql!("Priority, ServeTurn, Id");
 
 /// Claims due rows under `epoch` (only while that epoch holds the lease) and writes their
 /// InFlight attempt rows: the longest-waiting share first, then the rest in turn (see
@@ -624,8 +545,14 @@ fn claim(
     let until = now_ms.saturating_add(duration_ms(claim_timeout));
     let mut rows = Vec::with_capacity(lanes.total());
     for (sql, limit, in_turn) in [
-        (CLAIM_LONGEST_WAITING, lanes.longest_waiting, false),
-        (CLAIM_IN_TURN, lanes.in_turn, true),
+        // Two fixed texts, one per order of `domain::serve_order`, so the statement cache
+        // finds each.
+        (
+            include_str!("sql/claim_longest_waiting.sql"),
+            lanes.longest_waiting,
+            false,
+        ),
+        (include_str!("sql/claim_in_turn.sql"), lanes.in_turn, true),
     ] {
         if limit == 0 {
             continue;
@@ -660,11 +587,7 @@ fn stamp_claims(
     digest: Option<NotificationId>,
 ) -> Result<Vec<ClaimedNotification>> {
     let digest = digest.map(|d| d.to_string());
-    let mut attempt = conn.prepare_cached(
-        "INSERT INTO NotificationAttempts
-             (NotificationId, AttemptNo, StartedAt, Outcome, LeaseEpoch, DigestId)
-         VALUES (?1, ?2, ?3, 'InFlight', ?4, ?5)",
-    )?;
+    let mut attempt = conn.prepare_cached(include_str!("sql/insert_in_flight_attempt.sql"))?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in rows {
         attempt.execute(params![
@@ -687,18 +610,10 @@ fn stamp_claims(
 fn park_invalid(conn: &Connection, row: &ClaimedRow, problem: &str, now_ms: i64) -> Result<()> {
     tracing::error!(row_id = row.row_id, %problem, "parking undeliverable stored row");
     let error = invalid_row_error(problem);
-    conn.prepare_cached(
-        "UPDATE Notifications
-         SET Status = 'Parked', LastError = ?2, ResolvedAt = ?3, ClaimedUntil = NULL,
-             ClaimEpoch = NULL
-         WHERE Id = ?1",
-    )?
-    .execute(params![row.row_id, error, now_ms])?;
-    conn.prepare_cached(
-        "UPDATE NotificationAttempts SET Outcome = 'PermanentFailure', DurationMs = 0, Error = ?3
-         WHERE NotificationId = ?1 AND AttemptNo = ?2",
-    )?
-    .execute(params![row.notification_id, row.attempt_no, error])?;
+    conn.prepare_cached(include_str!("sql/park_invalid.sql"))?
+        .execute(params![row.row_id, error, now_ms])?;
+    conn.prepare_cached(include_str!("sql/park_invalid_attempt.sql"))?
+        .execute(params![row.notification_id, row.attempt_no, error])?;
     Ok(())
 }
 
@@ -782,16 +697,7 @@ impl ClaimedRow {
 fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Result<bool> {
     let t = &record.transition;
     let delivered_at = t.delivered_at().map(ms);
-    let mut update = conn.prepare_cached(
-        "UPDATE Notifications
-         SET Status = CASE WHEN Status = 'Held' AND ?1 = 'Retrying' THEN 'Held' ELSE ?1 END,
-             RetryCount = ?2, LastError = COALESCE(?3, LastError),
-             NextAttemptAt = ?4, DeliveredAt = COALESCE(?5, DeliveredAt), ResolvedAt = ?6,
-             ResolvedTargets = COALESCE(?7, ResolvedTargets),
-             ClaimedUntil = NULL, ClaimEpoch = NULL
-         WHERE Id = ?8 AND ClaimEpoch = ?9 AND AttemptCount = ?11
-           AND EXISTS (SELECT 1 FROM Leases WHERE Name = ?10 AND Epoch = ?9)",
-    )?;
+    let mut update = conn.prepare_cached(include_str!("sql/record_outcome.sql"))?;
     let changed = update.execute(params![
         t.status.as_str(),
         t.retry_count,
@@ -808,10 +714,7 @@ fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Resu
     if changed == 0 {
         return Ok(false);
     }
-    let mut attempt = conn.prepare_cached(
-        "UPDATE NotificationAttempts SET Outcome = ?3, DurationMs = ?4, Error = ?5
-         WHERE NotificationId = ?1 AND AttemptNo = ?2",
-    )?;
+    let mut attempt = conn.prepare_cached(include_str!("sql/complete_attempt.sql"))?;
     attempt.execute(params![
         record.id.to_string(),
         record.attempt_no,

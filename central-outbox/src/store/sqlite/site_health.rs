@@ -16,24 +16,7 @@ use crate::store::Result;
 
 /// Replaces the (site, node)'s row with `report`, received at `now`.
 pub fn record(conn: &Connection, report: &SiteHealthReport, now: DateTime<Utc>) -> Result<()> {
-    let mut stmt = conn.prepare_cached(
-        "INSERT INTO SiteHealth (SiteId, NodeName, Role, BufferDepth, OldestBufferedAgeMs,
-                                 LastForwardAt, StandbyLagRows, StandbyLagMs, Version,
-                                 CentralReachable, Rejected, SendsRefused, ReceivedAt)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
-         ON CONFLICT (SiteId, NodeName) DO UPDATE SET
-             Role = excluded.Role,
-             BufferDepth = excluded.BufferDepth,
-             OldestBufferedAgeMs = excluded.OldestBufferedAgeMs,
-             LastForwardAt = excluded.LastForwardAt,
-             StandbyLagRows = excluded.StandbyLagRows,
-             StandbyLagMs = excluded.StandbyLagMs,
-             Version = excluded.Version,
-             CentralReachable = excluded.CentralReachable,
-             Rejected = excluded.Rejected,
-             SendsRefused = excluded.SendsRefused,
-             ReceivedAt = excluded.ReceivedAt",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/record_site_health.sql"))?;
     stmt.execute(params![
         report.site.as_str(),
         report.node.as_str(),
@@ -54,13 +37,7 @@ pub fn record(conn: &Connection, report: &SiteHealthReport, now: DateTime<Utc>) 
 
 /// Every row, by site then node, read at `now`.
 pub fn select(conn: &Connection, now: DateTime<Utc>) -> Result<SiteHealthSnapshot> {
-    let mut stmt = conn.prepare_cached(
-        "SELECT SiteId, NodeName, Role, BufferDepth, OldestBufferedAgeMs, LastForwardAt,
-                StandbyLagRows, StandbyLagMs, Version, CentralReachable, Rejected, SendsRefused,
-                ReceivedAt
-         FROM SiteHealth
-         ORDER BY SiteId, NodeName",
-    )?;
+    let mut stmt = conn.prepare_cached(include_str!("sql/select_site_health.sql"))?;
     let rows = stmt.query_map([], StoredRow::read)?;
     let mut nodes = Vec::new();
     for row in rows {

@@ -1,0 +1,1 @@
+DELETE FROM NotificationAttempts WHERE NotificationId = ?1

@@ -1,0 +1,1 @@
+DELETE FROM NotificationLists WHERE Name = ?1

@@ -1,0 +1,1 @@
+DELETE FROM NotificationListRecipients WHERE ListName = ?1

@@ -1,0 +1,1 @@
+DELETE FROM ChannelConfig WHERE Channel = ?1

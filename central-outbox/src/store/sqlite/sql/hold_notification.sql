@@ -1,0 +1,1 @@
+UPDATE Notifications SET Status = 'Held', NextAttemptAt = ?2 WHERE NotificationId = ?1

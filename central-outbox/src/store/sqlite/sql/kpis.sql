@@ -1,0 +1,17 @@
+-- One pass, grouped by site (?1 now, ?2 the stuck cutoff, ?3 the start of the delivered
+-- window). The WHERE keeps the scan to the live, parked and recently delivered rows.
+SELECT SourceSiteId,
+       SUM(Status IN ('Pending', 'Retrying', 'Held')),
+       SUM(Status IN ('Pending', 'Retrying') AND CreatedAt < ?2),
+       SUM(Status = 'Parked'),
+       SUM(Status = 'Delivered' AND ResolvedAt >= ?3),
+       MIN(CASE WHEN Status = 'Pending'
+                 OR (Status = 'Retrying' AND COALESCE(NextAttemptAt, 0) <= ?1)
+                THEN CreatedAt END),
+       MIN(CASE WHEN (Status = 'Retrying' AND NextAttemptAt > ?1) OR Status = 'Held'
+                THEN CreatedAt END)
+FROM Notifications
+WHERE Status IN ('Pending', 'Retrying', 'Held', 'Parked')
+   OR (Status = 'Delivered' AND ResolvedAt >= ?3)
+GROUP BY SourceSiteId
+ORDER BY SourceSiteId

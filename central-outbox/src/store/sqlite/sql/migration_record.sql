@@ -1,0 +1,1 @@
+INSERT INTO SchemaMigrations (Version, Name, AppliedAt) VALUES (?1, ?2, ?3)

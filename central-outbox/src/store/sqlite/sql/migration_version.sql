@@ -1,0 +1,1 @@
+SELECT COALESCE(MAX(Version), 0) FROM SchemaMigrations

@@ -1,0 +1,2 @@
+-- UpdatedAt is left alone: the settings did not change, only how the secret is kept.
+UPDATE ChannelConfig SET OAuthClientSecret = ?2 WHERE Channel = ?1

@@ -1,0 +1,2 @@
+SELECT ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest
+FROM NotificationLists WHERE Name = ?1

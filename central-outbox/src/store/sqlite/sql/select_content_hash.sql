@@ -1,0 +1,1 @@
+SELECT ContentHash FROM Notifications WHERE NotificationId = ?1

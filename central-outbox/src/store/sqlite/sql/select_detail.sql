@@ -1,0 +1,3 @@
+SELECT Body, TypeData, SourceInstanceId, SourceScript, OriginExecutionId,
+       OriginParentExecutionId, ResolvedTargets
+FROM Notifications WHERE Id = ?1

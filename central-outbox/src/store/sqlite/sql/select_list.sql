@@ -1,0 +1,3 @@
+SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold,
+       ConsolidateWindowSeconds, ConsolidateMaxPerDigest
+FROM NotificationLists WHERE Name = ?1

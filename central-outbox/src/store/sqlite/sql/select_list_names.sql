@@ -1,0 +1,1 @@
+SELECT Name FROM NotificationLists ORDER BY Name

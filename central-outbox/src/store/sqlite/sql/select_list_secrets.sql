@@ -1,0 +1,1 @@
+SELECT Name, WebhookSecret FROM NotificationLists WHERE WebhookSecret IS NOT NULL

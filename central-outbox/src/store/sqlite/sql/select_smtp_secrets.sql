@@ -1,0 +1,1 @@
+SELECT Password, OAuthClientSecret FROM ChannelConfig WHERE Channel = ?1

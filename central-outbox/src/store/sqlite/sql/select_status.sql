@@ -1,0 +1,1 @@
+SELECT Status FROM Notifications WHERE NotificationId = ?1
