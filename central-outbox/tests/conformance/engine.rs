@@ -474,7 +474,7 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: Rows>(store: &S) {
 
 /// Outcomes written in one call each stand or fall on their own claim, come back in order, and
 /// store their texts and instants exactly as one-at-a-time writes do: quotes, backslashes, line
-/// breaks and any Unicode included.
+/// breaks, control characters, percent signs and any Unicode included.
 pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S) {
     let rows: Vec<NewNotification> = (0..6).map(|i| new_row(&format!("group {i}"))).collect();
     store.put(rows).await;
@@ -482,12 +482,12 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S
     let long = Duration::from_secs(600);
     let claimed = claim(store, epoch, NotificationType::Email, 10, long).await;
     assert_eq!(claimed.len(), 6);
-    let tricky = "421 \"busy\" at C:\\relay\n\ttry later: é ✓ 😀 \u{1}";
+    let tricky = "421 \"busy\" at C:\\relay\n\ttry later: Zürich é ✓ 😀 \u{1} \u{1b}[0m 100% %22 %";
     let plain = "550 5.1.1 <nobody@plant.test>: user unknown, é ✓";
     let targets = || {
         Ok(Delivered {
             resolved_targets: vec![
-                "\"Ops Desk\" <ops@plant.test>".into(),
+                "\"Ops \\ Desk\"\t<ops@plant.test>".into(),
                 "b@plant.test".into(),
             ],
         })
@@ -559,7 +559,7 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S
     assert_eq!(d.state.last_error.as_deref(), Some(tricky));
     assert_eq!(
         detail(0).await.unwrap().resolved_targets.as_deref(),
-        Some("\"Ops Desk\" <ops@plant.test>, b@plant.test")
+        Some("\"Ops \\ Desk\"\t<ops@plant.test>, b@plant.test")
     );
 }
 

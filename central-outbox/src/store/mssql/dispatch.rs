@@ -185,13 +185,13 @@ async fn park_invalid(store: &MsSqlStore, epoch: LeaseEpoch, row: InvalidRow) ->
     Ok(())
 }
 
-/// Outcomes per [`sql::RECORD_OUTCOMES`] call at most: its JSON stays a few hundred KiB.
+/// Outcomes per [`sql::record_outcomes`] call at most: its JSON stays a few hundred KiB.
 const OUTCOMES_PER_CALL: usize = 256;
 
-/// Records each outcome, in as few calls as it can: groups of [`sql::RECORD_OUTCOMES`], and
-/// [`sql::RECORD_OUTCOME`] for an outcome whose texts cannot travel in the JSON (see
-/// [`sql::travels_in_json`]). A group never holds a row twice, and a row's outcomes are written
-/// in the order given, so the answers are those of writing them one by one.
+/// Records each outcome, in as few calls as it can: groups of [`sql::record_outcomes`], every
+/// outcome through it whatever its texts hold. A group never holds a row twice, and a row's
+/// outcomes are written in the order given, so the answers are those of writing them one by
+/// one.
 pub async fn record_outcomes(
     store: &MsSqlStore,
     lease: &str,
@@ -204,17 +204,13 @@ pub async fn record_outcomes(
         if repeats_a_row || group.len() == OUTCOMES_PER_CALL {
             record_group(store, lease, records, &mut group, &mut applied).await?;
         }
-        if sql::travels_in_json(record) {
-            group.push(i);
-        } else {
-            applied[i] = record_one(store, lease, record).await?;
-        }
+        group.push(i);
     }
     record_group(store, lease, records, &mut group, &mut applied).await?;
     Ok(applied)
 }
 
-/// Writes the outcomes `group` indexes with one [`sql::RECORD_OUTCOMES`] call, notes which were
+/// Writes the outcomes `group` indexes with one [`sql::record_outcomes`] call, notes which were
 /// applied, and empties the group.
 async fn record_group(
     store: &MsSqlStore,
@@ -239,12 +235,4 @@ async fn record_group(
         applied[i] = done.contains(&records[i].row_id);
     }
     Ok(())
-}
-
-async fn record_one(store: &MsSqlStore, lease: &str, record: &AttemptRecord) -> Result<bool> {
-    let stmt = sql::record_outcome(lease, record);
-    let mut results = store
-        .batch("record outcome", &stmt.sql, &stmt.params)
-        .await?;
-    Ok(single_count(&mut results, "Applied", "record outcome")? == 1)
 }

@@ -18,10 +18,9 @@ use crate::store::{Result, StoreError};
 pub struct Migration {
     pub version: i32,
     pub name: &'static str,
-    /// The statement's name in `sql::catalog`: `migration_` and the file's stem (the file itself is
-    /// the committed text; it has no separate snapshot).
+    /// The file's name under migrations/mssql (the parse check names it so).
     #[cfg_attr(not(test), allow(dead_code))]
-    pub snapshot: &'static str,
+    pub file: &'static str,
     pub sql: &'static str,
 }
 
@@ -30,19 +29,19 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "initial",
-        snapshot: "migration_0001_initial",
+        file: "0001_initial.sql",
         sql: include_str!("../../../../migrations/mssql/0001_initial.sql"),
     },
     Migration {
         version: 2,
         name: "dispatch_procedures",
-        snapshot: "migration_0002_dispatch_procedures",
+        file: "0002_dispatch_procedures.sql",
         sql: include_str!("../../../../migrations/mssql/0002_dispatch_procedures.sql"),
     },
     Migration {
         version: 3,
         name: "list_recipients_without_fk_on_babelfish",
-        snapshot: "migration_0003_list_recipients_without_fk_on_babelfish",
+        file: "0003_list_recipients_without_fk_on_babelfish.sql",
         sql: include_str!(
             "../../../../migrations/mssql/0003_list_recipients_without_fk_on_babelfish.sql"
         ),
@@ -50,32 +49,38 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 4,
         name: "submit_procedure",
-        snapshot: "migration_0004_submit_procedure",
+        file: "0004_submit_procedure.sql",
         sql: include_str!("../../../../migrations/mssql/0004_submit_procedure.sql"),
     },
     Migration {
         version: 5,
         name: "serve_order",
-        snapshot: "migration_0005_serve_order",
+        file: "0005_serve_order.sql",
         sql: include_str!("../../../../migrations/mssql/0005_serve_order.sql"),
     },
     Migration {
         version: 6,
         name: "condition_keys",
-        snapshot: "migration_0006_condition_keys",
+        file: "0006_condition_keys.sql",
         sql: include_str!("../../../../migrations/mssql/0006_condition_keys.sql"),
     },
     Migration {
         version: 7,
         name: "consolidation",
-        snapshot: "migration_0007_consolidation",
+        file: "0007_consolidation.sql",
         sql: include_str!("../../../../migrations/mssql/0007_consolidation.sql"),
     },
     Migration {
         version: 8,
         name: "site_health",
-        snapshot: "migration_0008_site_health",
+        file: "0008_site_health.sql",
         sql: include_str!("../../../../migrations/mssql/0008_site_health.sql"),
+    },
+    Migration {
+        version: 9,
+        name: "outcome_texts",
+        file: "0009_outcome_texts.sql",
+        sql: include_str!("../../../../migrations/mssql/0009_outcome_texts.sql"),
     },
 ];
 
@@ -168,14 +173,18 @@ mod tests {
             previous = m.version;
             // Plain CREATE guarded by an existence check, so a re-run (or a DBA's manual run)
             // is harmless and Babelfish accepts it: a table or index is created only if it is
-            // missing (`IF ... BEGIN CREATE`), a column added only if missing, and a procedure
-            // dropped if present just before it is created.
+            // missing (`IF ... BEGIN CREATE`), a column added only if missing, and a procedure or
+            // function dropped if present just before it is created.
             assert!(!m.sql.contains("CREATE OR ALTER"));
             let lines: Vec<&str> = m.sql.lines().collect();
             for (i, line) in lines.iter().enumerate() {
                 let guarded = |at: usize| lines[..at].last().is_some_and(|l| l.starts_with("IF "));
-                if let Some(name) = line.strip_prefix("CREATE PROCEDURE ") {
-                    let drop = format!("    DROP PROCEDURE {name};");
+                let routine = ["PROCEDURE", "FUNCTION"].into_iter().find_map(|kind| {
+                    let name = line.strip_prefix(&format!("CREATE {kind} "))?;
+                    Some((kind, name.split(' ').next().unwrap_or(name)))
+                });
+                if let Some((kind, name)) = routine {
+                    let drop = format!("    DROP {kind} {name};");
                     assert!(
                         m.sql.contains(&drop),
                         "{}: {name} is not dropped first",

@@ -11,7 +11,7 @@
 //! (`SYSUTCDATETIME()`), which dates claims, leases and CreatedAt.
 //!
 //! Layout: `options` (connection strings), `pool` (connections and their discard rules),
-//! `error` (what an error number means), `sql` (every statement), `migrate`, `ingest`
+//! `error` (what an error number means), `sql` (every statement: its files and builders), `migrate`, `ingest`
 //! (idempotent submit with the condition keys' supersede and flood consolidation's count and
 //! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
 //! SMTP settings), `site_health` (the latest report of each site node), `warm` (what a new

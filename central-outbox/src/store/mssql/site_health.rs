@@ -1,5 +1,5 @@
 //! Site health on MS SQL: the `dbo.SiteHealth` table (migration 0008), one row per (site, node)
-//! holding its latest report, stamped and read with the database's clock (`sql::RECORD_SITE_HEALTH`,
+//! holding its latest report, stamped and read with the database's clock (`sql::record_site_health`,
 //! `sql::SELECT_SITE_HEALTH`), so every replica applies the offline rule to the same clock.
 
 use std::time::Duration;

@@ -1,0 +1,185 @@
+//! The statements of lists and channel settings: reading, replacing (as a whole, in one
+//! transaction) and deleting a list with its targets or a channel's SMTP settings, and the
+//! start-up re-seal of stored secrets, which replaces a secret only while it is still the value
+//! read (a replica that stored a new one meanwhile keeps it).
+
+use std::borrow::Cow;
+
+use super::super::millis_i64;
+use super::{BATCH_START, Param, Statement, int, int_value, text};
+use crate::domain::NotificationType;
+use crate::domain::channel::{SmtpAuth, SmtpSettings};
+use crate::domain::consolidation::Consolidation;
+use crate::domain::retry::Backoff;
+
+/// List @P1 (first result) and its targets (second).
+pub fn select_list(name: &str) -> Statement {
+    Statement::fixed(include_str!("select_list.sql")).set("@P1", text(name))
+}
+
+/// Every list by name (first result) and every target (second).
+pub const SELECT_LISTS: &str = include_str!("select_lists.sql");
+
+/// Creates or replaces list @P1 (type @P2, webhook format @P3, secret @P4, consolidation
+/// threshold @P5, window in seconds @P6 and rows per digest @P7, all three NULL for none) and
+/// its `targets` targets (@P8...), as a whole, in one transaction. A list that consolidates
+/// gets its row of ConsolidationWindows if it has none yet, at a window long past (the same as
+/// no row: its first arrival starts a count), so that a submit only ever updates that row
+/// (migration 0007).
+pub fn replace_list(targets: usize) -> String {
+    let values: Vec<String> = (0..targets)
+        .map(|i| format!("(@P1, @P{})", i + 8))
+        .collect();
+    let insert = if values.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES {};\n",
+            values.join(", ")
+        )
+    };
+    format!(
+        "{}{}BEGIN TRANSACTION;
+UPDATE l
+SET l.Type = @P2, l.WebhookFormat = @P3, l.WebhookSecret = @P4, l.UpdatedAt = @now,
+    l.ConsolidateThreshold = @P5, l.ConsolidateWindowSeconds = @P6, l.ConsolidateMaxPerDigest = @P7
+FROM dbo.NotificationLists AS l
+WHERE l.Name = @P1;
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
+INSERT INTO dbo.ConsolidationWindows (ListName, WindowStart, Arrived)
+SELECT @P1, CAST('19700101' AS datetime2(3)), 0
+WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS w WHERE w.ListName = @P1);
+DELETE r
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;
+{insert}COMMIT TRANSACTION;",
+        BATCH_START,
+        declare_now!()
+    )
+}
+
+/// [`replace_list`] of list `name` with its `targets` (each once); `format` and `secret` (sealed)
+/// only for a webhook list; `consolidation` when the list consolidates floods.
+pub fn replace_list_with(
+    name: &str,
+    kind: NotificationType,
+    format: Option<String>,
+    secret: Option<String>,
+    consolidation: Option<Consolidation>,
+    targets: Vec<String>,
+) -> Statement {
+    let threshold = consolidation.map(|c| int_value(c.threshold()));
+    let window = consolidation.map(|c| i32::try_from(c.window().as_secs()).unwrap_or(i32::MAX));
+    let max_per_digest = consolidation.map(|c| int_value(c.max_per_digest()));
+    let mut stmt = Statement {
+        sql: Cow::Owned(replace_list(targets.len())),
+        params: Vec::new(),
+    }
+    .set("@P1", text(name))
+    .set("@P2", text(kind.as_str()))
+    .set("@P3", Param::Text(format))
+    .set("@P4", Param::Text(secret))
+    .set("@P5", Param::Int(threshold))
+    .set("@P6", Param::Int(window))
+    .set("@P7", Param::Int(max_per_digest));
+    stmt.params
+        .extend(targets.into_iter().map(|t| Param::Text(Some(t))));
+    stmt
+}
+
+/// Deletes list @P1 and its targets. Result: lists deleted (0 or 1). The list's row goes first:
+/// it is the lock every writer of the list takes, so a replace running at the same time either
+/// finishes before (and its targets are deleted here) or starts after (and writes the list
+/// anew); no target is left without its list, with or without the foreign key (migration 0003).
+pub fn delete_list(name: &str) -> Statement {
+    Statement::fixed(include_str!("delete_list.sql")).set("@P1", text(name))
+}
+
+/// The settings of channel @P1.
+pub fn select_channel(channel: &str) -> Statement {
+    Statement::fixed(include_str!("select_channel.sql")).set("@P1", text(channel))
+}
+
+/// Creates or replaces email channel `channel`'s settings (@P1) with `s` (@P2..@P21 in
+/// select_channel.sql's column order, without UpdatedAt), in one transaction; its password and
+/// OAuth client secret are given sealed (`None` when its authentication has none).
+pub fn replace_channel(
+    channel: &str,
+    s: &SmtpSettings,
+    password: Option<String>,
+    client_secret: Option<String>,
+) -> Statement {
+    let (username, oauth) = match &s.auth {
+        SmtpAuth::None => (None, None),
+        SmtpAuth::Password { username, .. } => (Some(username.clone()), None),
+        SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), Some(oauth)),
+    };
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(millis_i64(cap)),
+    };
+    Statement::fixed(include_str!("replace_channel.sql"))
+        .set("@P1", text(channel))
+        .set("@P2", text(&s.host))
+        .set("@P3", Param::Int(Some(i32::from(s.port))))
+        .set("@P4", text(s.tls.as_str()))
+        .set("@P5", text(s.auth.mechanism()))
+        .set("@P6", Param::Text(username))
+        .set("@P7", Param::Text(password))
+        .set("@P8", text(s.from_address.as_str()))
+        .set("@P9", Param::BigInt(Some(p.max_retries)))
+        .set("@P10", Param::BigInt(Some(millis_i64(p.retry_delay))))
+        .set("@P11", text(p.backoff.as_str()))
+        .set("@P12", Param::BigInt(max_retry_delay))
+        .set("@P13", int(p.max_concurrent_connections))
+        .set("@P14", Param::Float(p.rate_limit.map(|r| r.per_second)))
+        .set(
+            "@P15",
+            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+        )
+        .set("@P16", Param::BigInt(Some(millis_i64(s.timeout))))
+        .set("@P17", Param::BigInt(Some(millis_i64(s.overall_timeout))))
+        .set("@P18", Param::Text(oauth.map(|o| o.token_url.clone())))
+        .set("@P19", Param::Text(oauth.map(|o| o.client_id.clone())))
+        .set("@P20", Param::Text(client_secret))
+        .set("@P21", Param::Text(oauth.map(|o| o.scope.clone())))
+}
+
+/// Deletes channel @P1's settings. Result: rows deleted.
+pub fn delete_channel(channel: &str) -> Statement {
+    Statement::fixed(include_str!("delete_channel.sql")).set("@P1", text(channel))
+}
+
+/// Every stored secret, for the start-up re-seal: lists' webhook secrets (first result), the
+/// channels' password and OAuth client secret (second).
+pub const SELECT_SECRETS: &str = include_str!("select_secrets.sql");
+
+/// Replaces list @P1's webhook secret @P2 with @P3, only while it is still @P2: a replica that
+/// stored a new secret meanwhile keeps it.
+pub fn reseal_list_secret(name: &str, old: String, new: String) -> Statement {
+    Statement::fixed(include_str!("reseal_list_secret.sql"))
+        .set("@P1", text(name))
+        .set("@P2", Param::Text(Some(old)))
+        .set("@P3", Param::Text(Some(new)))
+}
+
+/// Replaces channel @P1's password @P2 with @P3 and its OAuth client secret @P4 with @P5, each
+/// only while it is still the old value (a NULL old value leaves that column alone: NULL equals
+/// nothing). Each secret is given as (old, new), or `None` to leave it.
+pub fn reseal_channel_secrets(
+    channel: &str,
+    password: Option<(String, String)>,
+    client_secret: Option<(String, String)>,
+) -> Statement {
+    let (old_password, new_password) = password.unzip();
+    let (old_client_secret, new_client_secret) = client_secret.unzip();
+    Statement::fixed(include_str!("reseal_channel_secrets.sql"))
+        .set("@P1", text(channel))
+        .set("@P2", Param::Text(old_password))
+        .set("@P3", Param::Text(new_password))
+        .set("@P4", Param::Text(old_client_secret))
+        .set("@P5", Param::Text(new_client_secret))
+}
