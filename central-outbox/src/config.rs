@@ -229,8 +229,8 @@ pub struct DispatcherConfig {
     /// refused with a message saying so.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub wake_on_events: Option<bool>,
-    /// Rows claimed per sweep and channel; unset: the free delivery slots plus two per
-    /// connection, queued locally.
+    /// Rows claimed per claim and channel; unset: the free delivery slots, two per connection
+    /// and what the connections start during one claim's latency, queued locally.
     pub claim_batch: Option<usize>,
 }
 

@@ -9,8 +9,10 @@
 //! the poll timer, a lease taken), or the next rate-limit token.
 //!
 //! Invariants: at most `max_concurrent_connections` deliveries under way (at least one); at
-//! most one claim under way, sent only while nothing is queued, so rows start in the order
-//! they were claimed (the order of `domain::serve_order`); a queued row that waited past half
+//! most one claim under way, sent once the queue is down to what the connections start during
+//! one claim's latency ([`super::claim_ahead`]; nothing queued until that has been measured), so
+//! rows start in the order they were claimed (the order of `domain::serve_order`) and the
+//! connections do not wait for a claim to commit; a queued row that waited past half
 //! its claim is never started (it could not finish before a successor may claim it); a channel
 //! whose last claim found fewer due rows than it asked for claims again only once something
 //! may have made rows due, so finished deliveries do not each cost an empty claim of an idle
@@ -36,6 +38,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use super::attempt::{Attempt, attempt_timeout, panic_message};
+use super::claim_ahead::ClaimAhead;
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
 use crate::config_cache::ConfigCache;
@@ -79,6 +82,8 @@ const DIGEST_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 struct ClaimAnswer {
     wanted: usize,
     epoch: LeaseEpoch,
+    /// How long the claim took, from sending to answer.
+    took: Duration,
     taken: Result<Taken, StoreError>,
 }
 
@@ -181,8 +186,11 @@ pub(super) struct ChannelLoop<S, D> {
     /// A settings read answered since the last turn: its answer is fresh enough to claim
     /// with, even where the cache keeps no copy (no SMTP settings stored).
     settings_just_read: bool,
-    /// Deliveries under way; each holds a slot until its channel has answered.
-    deliveries: JoinSet<()>,
+    /// Deliveries under way; each holds a slot until its channel has answered, and ends with
+    /// how long it held it (`None`: cancelled).
+    deliveries: JoinSet<Option<Duration>>,
+    /// How deep to claim ahead, from the claims' and deliveries' measured times.
+    ahead: ClaimAhead,
     /// Email settings last warned about, to log clamping warnings once per change.
     warned_for: Option<Option<SmtpSettings>>,
 }
@@ -204,6 +212,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             settings_read: None,
             settings_just_read: false,
             deliveries: JoinSet::new(),
+            ahead: ClaimAhead::default(),
             warned_for: None,
         }
     }
@@ -366,15 +375,23 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         self.settings = Some(channel);
     }
 
-    /// Sends a claim if the channel has room: nothing queued or being claimed, a free slot, a
-    /// token, and rows possibly due. It claims `claim_batch` rows, or the free slots plus two
-    /// per connection, bounded by the tokens.
+    /// Sends a claim if the channel has room: no claim under way, rows possibly due, fewer
+    /// rows queued than the free slots plus the depth claimed ahead ([`ClaimAhead`]), and a
+    /// token for more than the queue holds. It claims `claim_batch` rows, or enough to fill
+    /// the free slots, two more per connection and the depth ahead, bounded by the tokens.
     fn claim_if_room(&mut self, epoch: LeaseEpoch) {
-        if self.claim.is_some() || !self.queue.is_empty() || self.drained {
+        if self.claim.is_some() || self.drained {
             return;
         }
         let free = self.slots.free();
-        if free == 0 {
+        let rate_limit = self
+            .settings
+            .as_ref()
+            .and_then(|c| c.policy().rate_limit)
+            .map(|limit| limit.per_second);
+        let ahead = self.ahead.rows(self.slots.size, rate_limit);
+        let queued = self.queue.len();
+        if queued >= free + ahead {
             return;
         }
         let now = now();
@@ -382,18 +399,21 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             .bucket
             .as_mut()
             .map_or(usize::MAX, |b| b.available(now));
-        if tokens == 0 {
+        if tokens <= queued {
             self.note_throttle(now);
             return;
         }
-        // Claiming ahead halves the claims per delivery and hides their commit latency (in
-        // `make bench`, about 1,800 -> 2,400 deliveries/s with four connections). The price: a
-        // row claimed but not yet started when this node dies shows an InFlight attempt like
-        // one that was under way, so its redelivery is reported as a possible duplicate.
-        let wanted = self
-            .parts
-            .claim_batch
-            .unwrap_or_else(|| (free + 2 * self.slots.size).min(tokens));
+        // Claiming ahead cuts the claims per delivery and hides their commit latency: without
+        // it (a claim only once the queue ran dry) four connections waited for every claim,
+        // and a server that spends more on a call than on a row (MS SQL, Babelfish above all)
+        // could not keep up. The price: a row claimed but not yet started when this node dies
+        // shows an InFlight attempt like one that was under way, so its redelivery is reported
+        // as a possible duplicate.
+        let wanted = self.parts.claim_batch.unwrap_or_else(|| {
+            (free + 2 * self.slots.size + ahead)
+                .saturating_sub(queued)
+                .min(tokens - queued)
+        });
         let lanes = self.share.split(wanted);
         self.due_changed_while_claiming = false;
         let look_for_digest = self
@@ -406,6 +426,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let kind = self.parts.kind;
         let claim_timeout = self.parts.claim_timeout;
         self.claim = Some(tokio::spawn(async move {
+            let sent = tokio::time::Instant::now();
             let claim = async {
                 let mut digest = None;
                 if look_for_digest {
@@ -422,10 +443,12 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                     .await?;
                 Ok(Taken { digest, rows })
             };
+            let taken = caught(claim).await;
             ClaimAnswer {
                 wanted,
                 epoch,
-                taken: caught(claim).await,
+                took: sent.elapsed(),
+                taken,
             }
         }));
     }
@@ -438,8 +461,12 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let ClaimAnswer {
             wanted,
             epoch,
+            took,
             taken,
         } = answer;
+        if taken.is_ok() {
+            self.ahead.claim_took(took);
+        }
         let claimed_at = now();
         // A digest found means more may be due (another list's, or the rest of this one's
         // beyond its maximum): the next claim looks again at once.
@@ -523,14 +550,16 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             self.deliveries.spawn(async move {
                 // Cancelled when another node takes the lease (its outcome would be refused
                 // and the successor redelivers the row) or when the drain runs out of time.
+                let began = tokio::time::Instant::now();
                 let record = tokio::select! {
                     biased;
-                    () = cancelled.cancelled() => return,
+                    () = cancelled.cancelled() => return None,
                     record = attempt.run(notification) => record,
                 };
                 // The slot is free as soon as the channel has answered: the outcome write then
                 // shares a commit with the next claim instead of holding the slot for it.
                 drop(permit);
+                let held = began.elapsed();
                 // Err only once the recorder is gone (a drain that ran out of time): the row
                 // is due again when its claim expires.
                 match digest {
@@ -546,6 +575,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                         }
                     }
                 }
+                Some(held)
             });
             started += 1;
         }
@@ -571,14 +601,17 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         self.due_changed_while_claiming = self.claim.is_some();
     }
 
-    fn delivery_ended(&mut self, ended: Result<(), tokio::task::JoinError>) {
+    fn delivery_ended(&mut self, ended: Result<Option<Duration>, tokio::task::JoinError>) {
         self.slots.settle();
-        // A panic in the adapter is caught inside the attempt; one anywhere else in the task
-        // costs only that task (its permit is returned as it unwinds).
-        if let Err(e) = ended
-            && e.is_panic()
-        {
-            tracing::error!(error = %e, "a delivery task panicked outside its attempt");
+        match ended {
+            Ok(Some(held)) => self.ahead.slot_held(held),
+            Ok(None) => {}
+            // A panic in the adapter is caught inside the attempt; one anywhere else in the
+            // task costs only that task (its permit is returned as it unwinds).
+            Err(e) if e.is_panic() => {
+                tracing::error!(error = %e, "a delivery task panicked outside its attempt");
+            }
+            Err(_) => {}
         }
     }
 
@@ -627,6 +660,7 @@ impl From<LostCall> for ClaimAnswer {
         Self {
             wanted: 0,
             epoch: LeaseEpoch(i64::MIN),
+            took: Duration::ZERO,
             taken: Err(StoreError::Unavailable(format!(
                 "a dispatcher claim was lost: {}",
                 lost.0

@@ -31,6 +31,7 @@
 
 mod attempt;
 mod channel;
+mod claim_ahead;
 mod digest;
 mod lease;
 mod recorder;
@@ -78,11 +79,13 @@ pub struct DispatcherSettings {
     pub claim_timeout: Duration,
     /// How long in-flight deliveries may run after shutdown begins.
     pub drain_timeout: Duration,
-    /// Rows claimed per claim and channel. `None` (the default): the free delivery slots plus
-    /// two rows per connection (never more than the rate limit allows), so that while a
-    /// backlog drains, a slot that frees up starts its next row from the local queue instead
-    /// of waiting for a claim to commit. `Some(n)`: up to n. Either way a channel claims only
-    /// when nothing is queued, and queued rows start as slots free up.
+    /// Rows claimed per claim and channel. `None` (the default): the free delivery slots, two
+    /// rows per connection and the rows the connections start during one claim's latency, less
+    /// what is queued (never more than the rate limit allows), so that while a backlog drains,
+    /// a slot that frees up starts its next row from the local queue instead of waiting for a
+    /// claim to commit. `Some(n)`: up to n. Either way a channel claims again once its queue is
+    /// down to what it starts during a claim (`claim_ahead`), and queued rows start as slots
+    /// free up.
     pub claim_batch: Option<usize>,
 }
 

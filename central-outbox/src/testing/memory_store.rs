@@ -27,7 +27,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -223,6 +223,9 @@ pub struct MemoryStore {
     pub sweeps: Arc<Gate>,
     /// List reads wait here while it is closed.
     pub list_reads: Arc<Gate>,
+    /// How long each claim takes to answer, in microseconds of tokio's clock: a database's
+    /// latency, for tests of how the dispatcher hides it (0 by default).
+    claim_latency_us: Arc<AtomicU64>,
     /// Bumped whenever an outcome is recorded, so a test can wait for one.
     recorded: Arc<watch::Sender<usize>>,
 }
@@ -235,6 +238,7 @@ impl Default for MemoryStore {
             leases: Arc::new(Gate::opened()),
             sweeps: Arc::new(Gate::opened()),
             list_reads: Arc::new(Gate::opened()),
+            claim_latency_us: Arc::new(AtomicU64::new(0)),
             recorded: Arc::new(watch::Sender::new(0)),
         }
     }
@@ -250,6 +254,12 @@ impl MemoryStore {
             state.lists = lists.into_iter().map(|l| (l.name.clone(), l)).collect();
         }
         store
+    }
+
+    /// Makes every claim from now on take `latency` (on tokio's clock) before it answers.
+    pub fn set_claim_latency(&self, latency: Duration) {
+        let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
+        self.claim_latency_us.store(micros, Ordering::SeqCst);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -518,6 +528,10 @@ impl DispatchStore for MemoryStore {
             return Ok(Vec::new());
         }
         self.sweeps.pass().await;
+        let latency = self.claim_latency_us.load(Ordering::SeqCst);
+        if latency > 0 {
+            tokio::time::sleep(Duration::from_micros(latency)).await;
+        }
         let now_i = Instant::now();
         let now = Utc::now();
         let mut state = self.lock();
