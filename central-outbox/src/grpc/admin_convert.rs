@@ -11,7 +11,7 @@ use outbox_proto::v1;
 use super::convert::{notification_type_to_proto, state_view};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
-    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode, defaults,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::delivery::AttemptOutcome;
@@ -388,13 +388,8 @@ pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
     view
 }
 
-/// The defaults an unset (zero) field takes, as the proto documents them.
-const DEFAULT_MAX_RETRIES: u32 = 10;
-const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(60);
-const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
-const DEFAULT_CONNECTIONS: u32 = 4;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-const DEFAULT_OVERALL_TIMEOUT: Duration = Duration::from_secs(120);
+// An unset (zero) field takes the domain's default (`domain::channel::defaults`), as the proto
+// documents it.
 
 fn duration_or(
     d: Option<prost_types::Duration>,
@@ -507,13 +502,13 @@ pub fn smtp_from_proto(
         }
     };
     let auth = smtp_auth(&mut msg, current.map(|c| &c.auth))?;
-    let retry_delay = duration_or(msg.retry_delay, DEFAULT_RETRY_DELAY, "retry_delay")?;
+    let retry_delay = duration_or(msg.retry_delay, defaults::RETRY_DELAY, "retry_delay")?;
     let backoff = match v1::RetryBackoff::try_from(msg.backoff) {
         Ok(v1::RetryBackoff::Unspecified | v1::RetryBackoff::Fixed) => Backoff::Fixed,
         Ok(v1::RetryBackoff::Exponential) => Backoff::Exponential {
             cap: duration_or(
                 msg.max_retry_delay,
-                DEFAULT_MAX_RETRY_DELAY,
+                defaults::MAX_RETRY_DELAY,
                 "max_retry_delay",
             )?,
         },
@@ -535,21 +530,21 @@ pub fn smtp_from_proto(
         tls,
         auth,
         from_address: EmailAddress::parse(&msg.from_address, "from_address")?,
-        timeout: duration_or(msg.timeout, DEFAULT_TIMEOUT, "timeout")?,
+        timeout: duration_or(msg.timeout, defaults::SMTP_TIMEOUT, "timeout")?,
         overall_timeout: duration_or(
             msg.overall_timeout,
-            DEFAULT_OVERALL_TIMEOUT,
+            defaults::SMTP_OVERALL_TIMEOUT,
             "overall_timeout",
         )?,
         policy: DeliveryPolicy {
             max_retries: i64::from(match msg.max_retries {
-                0 => DEFAULT_MAX_RETRIES,
+                0 => defaults::MAX_RETRIES,
                 n => n,
             }),
             retry_delay,
             backoff,
             max_concurrent_connections: match msg.max_concurrent_connections {
-                0 => DEFAULT_CONNECTIONS,
+                0 => defaults::SMTP_MAX_CONNECTIONS,
                 n => n,
             },
             rate_limit,
