@@ -140,7 +140,9 @@ async fn replicas_with_different_files_do_not_flip_the_settings() {
     let a = file("replica-a@plant.example.test", "a@plant.example.test");
     let b = file("replica-b@plant.example.test", "b@plant.example.test");
 
-    // Both replicas start together on an empty database: one file's settings are stored.
+    // Both replicas start together on an empty database: one file's settings are stored. (The
+    // database is created first: on MS SQL both replicas must find the same scratch database.)
+    let _database = CentralDatabase::create(&dir.path().join("central.db")).await;
     let (first, second) = tokio::join!(Central::start(a.clone()), Central::start(b.clone()));
     let stored = smtp_config(&first).await;
     let winner = if stored.from_address == "replica-a@plant.example.test" {
