@@ -106,11 +106,13 @@ pub enum AdminRpc {
     GetSmtpConfig,
     UpsertSmtpConfig,
     DeleteSmtpConfig,
+    GetWebhookConfig,
+    UpsertWebhookConfig,
     ListSiteHealth,
 }
 
 impl AdminRpc {
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 18] = [
         Self::QueryNotifications,
         Self::GetNotificationStatus,
         Self::GetNotificationDetail,
@@ -126,6 +128,8 @@ impl AdminRpc {
         Self::GetSmtpConfig,
         Self::UpsertSmtpConfig,
         Self::DeleteSmtpConfig,
+        Self::GetWebhookConfig,
+        Self::UpsertWebhookConfig,
         Self::ListSiteHealth,
     ];
 
@@ -140,6 +144,8 @@ impl AdminRpc {
             // The relay, its account name and the retry settings; never a secret (those are
             // write-only), so every operator may see where mail goes.
             | Self::GetSmtpConfig
+            // Pacing and retries only: webhook endpoints and secrets are the lists'.
+            | Self::GetWebhookConfig
             | Self::ListSiteHealth => Role::Viewer,
             Self::RetryNotification
             | Self::DiscardNotification
@@ -148,7 +154,8 @@ impl AdminRpc {
             Self::UpsertNotificationList
             | Self::DeleteNotificationList
             | Self::UpsertSmtpConfig
-            | Self::DeleteSmtpConfig => Role::Admin,
+            | Self::DeleteSmtpConfig
+            | Self::UpsertWebhookConfig => Role::Admin,
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::dispatcher::DispatcherSettings;
 use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
-    Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings,
+    Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings, defaults,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::kpi::KpiSettings;
@@ -46,12 +46,15 @@ pub struct Config {
     /// Lease holder name; defaults to a random id per process.
     pub node_id: Option<String>,
     pub dispatcher: DispatcherConfig,
-    /// The email channel; written to the database at start-up when present.
+    /// The email channel. Seeds the database at start-up when it holds no SMTP settings (and
+    /// replaces them with `--apply-config`); see `bootstrap`.
     pub smtp: Option<SmtpConfig>,
-    /// The webhook channel's pacing and retries.
-    pub webhook: WebhookConfig,
-    /// Notification lists; each is written to the database at start-up (replacing one of the
-    /// same name). Lists not named here are left as they are.
+    /// The webhook channel's pacing and retries; seeded (or replaced) like `smtp`. Until any
+    /// are stored, the webhook channel runs on the domain's defaults.
+    pub webhook: Option<WebhookConfig>,
+    /// Notification lists; each seeds the database at start-up if no list of its name is
+    /// stored (and replaces it with `--apply-config`). Lists not named here are left as they
+    /// are.
     pub lists: Vec<ListConfig>,
     /// The key the SMTP, OAuth and webhook secrets are encrypted with in the database; see
     /// `secrets`.
@@ -195,7 +198,7 @@ impl Default for Config {
             node_id: None,
             dispatcher: DispatcherConfig::default(),
             smtp: None,
-            webhook: WebhookConfig::default(),
+            webhook: None,
             lists: Vec::new(),
             secrets: SecretsConfig::default(),
             kpis: KpiConfig::default(),
@@ -370,32 +373,34 @@ pub struct OAuthConfig {
     pub scope: String,
 }
 
+// The serde defaults of `[smtp]`: each is the domain's (`domain::channel::defaults`), so the
+// file, the admin API and the dispatcher agree on what an unset key means.
 fn default_smtp_port() -> u16 {
-    25
+    defaults::SMTP_PORT
 }
 fn default_tls() -> SmtpTls {
-    SmtpTls::StartTls
+    SmtpTls::from(defaults::SMTP_TLS)
 }
 fn default_max_retries() -> i64 {
-    10
+    i64::from(defaults::MAX_RETRIES)
 }
 fn default_retry_delay() -> Duration {
-    Duration::from_secs(60)
+    defaults::RETRY_DELAY
 }
 fn default_backoff() -> BackoffKind {
-    BackoffKind::Fixed
+    BackoffKind::from(defaults::SMTP_BACKOFF)
 }
 fn default_max_retry_delay() -> Duration {
-    Duration::from_secs(3600)
+    defaults::MAX_RETRY_DELAY
 }
 fn default_max_connections() -> u32 {
-    4
+    defaults::SMTP_MAX_CONNECTIONS
 }
 fn default_smtp_timeout() -> Duration {
-    Duration::from_secs(30)
+    defaults::SMTP_TIMEOUT
 }
 fn default_overall_timeout() -> Duration {
-    Duration::from_secs(120)
+    defaults::SMTP_OVERALL_TIMEOUT
 }
 
 /// The webhook channel. Lists (with their endpoints) are configured like email lists.
@@ -417,16 +422,22 @@ pub struct WebhookConfig {
 }
 
 impl Default for WebhookConfig {
+    /// The domain's defaults (`WebhookSettings::default`), as file keys.
     fn default() -> Self {
+        let d = WebhookSettings::default();
+        let max_retry_delay = match d.policy.backoff {
+            Backoff::Exponential { cap } => cap,
+            Backoff::Fixed => defaults::MAX_RETRY_DELAY,
+        };
         Self {
-            timeout: Duration::from_secs(10),
-            max_retries: default_max_retries(),
-            retry_delay: default_retry_delay(),
-            backoff: BackoffKind::Exponential,
-            max_retry_delay: default_max_retry_delay(),
-            max_concurrent_connections: 8,
-            rate_limit_per_second: None,
-            rate_limit_burst: None,
+            timeout: d.timeout,
+            max_retries: d.policy.max_retries,
+            retry_delay: d.policy.retry_delay,
+            backoff: BackoffKind::from(d.policy.backoff),
+            max_retry_delay,
+            max_concurrent_connections: d.policy.max_concurrent_connections,
+            rate_limit_per_second: d.policy.rate_limit.map(|r| r.per_second),
+            rate_limit_burst: d.policy.rate_limit.map(|r| r.burst),
         }
     }
 }
@@ -528,6 +539,16 @@ pub enum SmtpTls {
     Tls,
 }
 
+impl From<TlsMode> for SmtpTls {
+    fn from(tls: TlsMode) -> Self {
+        match tls {
+            TlsMode::None => Self::None,
+            TlsMode::StartTls => Self::StartTls,
+            TlsMode::Implicit => Self::Tls,
+        }
+    }
+}
+
 impl From<SmtpTls> for TlsMode {
     fn from(tls: SmtpTls) -> Self {
         match tls {
@@ -546,6 +567,15 @@ pub enum BackoffKind {
     Fixed,
     /// Doubling from `retry_delay` with full jitter, capped at `max_retry_delay`.
     Exponential,
+}
+
+impl From<Backoff> for BackoffKind {
+    fn from(backoff: Backoff) -> Self {
+        match backoff {
+            Backoff::Fixed => Self::Fixed,
+            Backoff::Exponential { .. } => Self::Exponential,
+        }
+    }
 }
 
 /// `lists[].type`: the channel a list delivers on.
@@ -611,6 +641,19 @@ pub enum DatabaseUrl {
     MsSql(MsSqlOptions),
 }
 
+/// What start-up does with the file's `[smtp]`, `[webhook]` and `[[lists]]` (see `bootstrap`).
+/// The database is the authority for channel settings and lists; the file only fills it in,
+/// unless an operator asks for the file to win, once, with `--apply-config`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ApplyChannels {
+    /// Store what the file names and the database lacks; keep everything stored.
+    #[default]
+    SeedMissing,
+    /// Write what the file names over what is stored (`central-outbox --apply-config`).
+    /// Settings and lists the file does not name are kept.
+    ReplaceStored,
+}
+
 /// A checked configuration, in domain types.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -619,8 +662,11 @@ pub struct Settings {
     pub database: DatabaseUrl,
     pub dispatcher: DispatcherSettings,
     pub smtp: Option<SmtpSettings>,
-    pub webhook: WebhookSettings,
+    pub webhook: Option<WebhookSettings>,
     pub lists: Vec<NotificationList>,
+    /// What the file's channel settings and lists do to the stored ones at start-up: seed
+    /// what is missing (the default), or replace (`central-outbox --apply-config`).
+    pub apply_channels: ApplyChannels,
     pub secrets: Keyring,
     pub kpis: KpiSettings,
     pub purge: PurgeSettings,
@@ -708,7 +754,7 @@ impl Config {
         let tls = self.tls.load()?;
         tls.plaintext_exposure(self.listen_addr)?;
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
-        let webhook = webhook_settings(&self.webhook)?;
+        let webhook = self.webhook.as_ref().map(webhook_settings).transpose()?;
         let lists = self
             .lists
             .iter()
@@ -767,6 +813,7 @@ impl Config {
             smtp,
             webhook,
             lists,
+            apply_channels: ApplyChannels::SeedMissing,
             secrets,
             kpis: KpiSettings {
                 stuck_age_threshold: k.stuck_age_threshold,
@@ -1110,7 +1157,9 @@ mod tests {
         assert_eq!(defaults.site_offline_after, Duration::from_secs(180));
         assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
-        assert_eq!(example.webhook, defaults.webhook);
+        // The example states the webhook defaults; a file without [webhook] seeds nothing.
+        assert_eq!(example.webhook, Some(WebhookSettings::default()));
+        assert_eq!(defaults.webhook, None);
         assert_eq!(example.server, defaults.server);
     }
 

@@ -1,12 +1,14 @@
 //! The dispatcher's short-lived copy of the channel configuration it reads on every sweep and
-//! every attempt: the SMTP settings and the notification lists.
+//! every attempt: each channel's settings and the notification lists.
 //!
 //! Reading them from the store for each delivery cost a trip to a read connection per row, a
 //! sixth of the dispatch rate in `make bench`. A copy is used for at most [`MAX_AGE`]; a change
 //! made through this node's admin API ([`ConfigCache::invalidate`]) is seen at once, one made on
 //! another replica within `MAX_AGE` and one read. Absence is never cached: a notification is
 //! parked for a missing list or missing SMTP settings only on a fresh read, so configuring them
-//! and sending right away (on any replica) never parks anything.
+//! and sending right away (on any replica) never parks anything. The webhook channel always has
+//! settings (the domain's defaults while none are stored), so its copy is what it delivers with,
+//! stored or default.
 //!
 //! A list older than `MAX_AGE` is still served, for up to [`MAX_STALE`] more, while one task
 //! reads it again: an attempt never waits for the database to re-read a list it already has.
@@ -24,7 +26,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::domain::ListName;
-use crate::domain::channel::{NotificationList, SmtpSettings};
+use crate::domain::channel::{NotificationList, SmtpSettings, WebhookSettings};
 use crate::store::{ReadChannelSettings, Result};
 
 /// Longest a cached value is used as it is.
@@ -34,12 +36,13 @@ pub const MAX_AGE: Duration = Duration::from_secs(1);
 /// store failing all along) an attempt reads the list itself, and fails if it cannot.
 pub const MAX_STALE: Duration = Duration::from_secs(30);
 
-/// Cached SMTP settings and lists. Shared by the dispatcher and the admin service.
+/// Cached channel settings and lists. Shared by the dispatcher and the admin service.
 #[derive(Debug, Default)]
 pub struct ConfigCache {
     /// Bumped by every local change; entries from an older generation are stale.
     generation: AtomicU64,
     smtp: Mutex<Option<Entry<SmtpSettings>>>,
+    webhook: Mutex<Option<Entry<WebhookSettings>>>,
     lists: Mutex<HashMap<ListName, Entry<Arc<NotificationList>>>>,
     /// Lists being read again in the background, each by one task.
     refreshing: Mutex<HashSet<ListName>>,
@@ -94,6 +97,37 @@ impl ConfigCache {
             generation,
             read_at,
             value,
+        });
+        Ok(value)
+    }
+
+    /// The webhook settings if a fresh copy is at hand, without a store call.
+    pub fn fresh_webhook_settings(&self) -> Option<WebhookSettings> {
+        let generation = self.generation.load(Ordering::Acquire);
+        lock(&self.webhook)
+            .as_ref()
+            .and_then(|e| e.fresh(generation, Instant::now()))
+    }
+
+    /// The webhook settings to deliver with: the stored ones, or the domain's defaults while
+    /// none are stored.
+    pub async fn webhook_settings<S: ReadChannelSettings>(
+        &self,
+        store: &S,
+    ) -> Result<WebhookSettings> {
+        if let Some(cached) = self.fresh_webhook_settings() {
+            return Ok(cached);
+        }
+        let generation = self.generation.load(Ordering::Acquire);
+        let read_at = Instant::now();
+        let value = store
+            .webhook_settings()
+            .await?
+            .map_or_else(WebhookSettings::default, |s| s.value);
+        *lock(&self.webhook) = Some(Entry {
+            generation,
+            read_at,
+            value: value.clone(),
         });
         Ok(value)
     }

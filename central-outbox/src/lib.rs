@@ -13,6 +13,7 @@
 // `tests/conformance` (`store`, `records`, `domain`, `testing`). Test-only helpers and the few
 // internals a test drives directly are re-exported from [`testing`]; everything else is crate-only.
 pub mod auth;
+pub mod bootstrap;
 pub mod config;
 pub mod domain;
 pub mod records;
@@ -88,8 +89,9 @@ const SERVICE_NAMES: [&str; 2] = [
     "outbox.v1.NotificationOutbox",
 ];
 
-/// Runs central until `shutdown` is cancelled: opens the store, applies the configured channel
-/// and lists, starts the dispatcher and serves gRPC on `listener`.
+/// Runs central until `shutdown` is cancelled: opens the store, seeds the configured channels
+/// and lists where none are stored (or replaces them, see `bootstrap`), starts the dispatcher
+/// and serves gRPC on `listener`.
 pub async fn run(
     settings: Settings,
     listener: TcpListener,
@@ -211,12 +213,8 @@ async fn serve<S: OutboxStore>(
 ) -> Result<(), RunError> {
     let listener = listeners.grpc;
     let metrics = Arc::new(Metrics::new());
-    if let Some(smtp) = settings.smtp.clone() {
-        store.put_smtp_settings(smtp).await?;
-    }
-    for list in settings.lists.iter().cloned() {
-        store.upsert_list(list).await?;
-    }
+    // The file seeds what the database lacks (or, with --apply-config, replaces it).
+    bootstrap::apply(&*store, &settings).await?;
 
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
@@ -227,7 +225,6 @@ async fn serve<S: OutboxStore>(
         adapters,
         Arc::clone(&config),
         settings.dispatcher.clone(),
-        settings.webhook.clone(),
         Arc::clone(&wake),
     );
     let dispatcher_stop = CancellationToken::new();

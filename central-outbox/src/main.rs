@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use central_outbox::config::{Config, Overrides};
+use central_outbox::config::{ApplyChannels, Config, Overrides};
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,11 @@ struct Args {
     /// Store URL, e.g. sqlite://var/central.db.
     #[arg(long)]
     database: Option<String>,
+    /// Write the config file's [smtp], [webhook] and [[lists]] over what the database holds
+    /// (what operators set through the admin API), then serve as usual. Without it the
+    /// database wins and the file only seeds what is missing. For one start, on purpose.
+    #[arg(long)]
+    apply_config: bool,
 }
 
 #[tokio::main]
@@ -36,7 +41,10 @@ async fn main() -> anyhow::Result<()> {
         },
     )?;
     central_outbox::telemetry::init(&config.log)?;
-    let settings = config.validate()?;
+    let mut settings = config.validate()?;
+    if args.apply_config {
+        settings.apply_channels = ApplyChannels::ReplaceStored;
+    }
     let listener = tokio::net::TcpListener::bind(settings.listen_addr)
         .await
         .with_context(|| format!("listen_addr: cannot listen on {}", settings.listen_addr))?;

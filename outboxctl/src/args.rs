@@ -15,7 +15,10 @@ use crate::filter::{TimeBound, parse_priority, parse_status, parse_time_bound};
 
 pub mod channel;
 
-pub use channel::{AuthArg, BackoffArg, ListSetArgs, ListsCommand, SmtpCommand, SmtpSetArgs};
+pub use channel::{
+    AuthArg, BackoffArg, ListSetArgs, ListsCommand, SmtpCommand, SmtpSetArgs, WebhookCommand,
+    WebhookSetArgs,
+};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -70,7 +73,7 @@ pub struct Cli {
     )]
     pub key: Option<PathBuf>,
     /// Connect and per-call timeout, e.g. 10s or 1m. Give it before the subcommand: after
-    /// `smtp set`, --timeout is the SMTP session timeout.
+    /// `smtp set` (or `webhook set`), --timeout is the SMTP session (or one POST's) timeout.
     #[arg(long, default_value = "10s", value_parser = parse_duration)]
     pub timeout: Duration,
     #[command(subcommand)]
@@ -106,6 +109,9 @@ pub enum Command {
     /// The email channel's SMTP settings.
     #[command(subcommand)]
     Smtp(SmtpCommand),
+    /// The webhook channel's pacing and retries.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
 }
 
 /// Which notifications: the filter flags shared by `list` and the bulk forms of retry/discard.

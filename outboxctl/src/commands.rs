@@ -17,7 +17,7 @@ use chrono::Utc;
 use outbox_proto::v1;
 use outbox_proto::v1::bulk_action_request::Selector;
 
-use crate::args::{ActionArgs, Command, ListArgs, ListsCommand, SmtpCommand};
+use crate::args::{ActionArgs, Command, ListArgs, ListsCommand, SmtpCommand, WebhookCommand};
 use crate::connect::OutboxClient;
 use crate::error::{CliError, Result};
 use crate::{filter, secret, upsert};
@@ -57,6 +57,7 @@ pub enum Report {
     ListDeleted(String),
     Smtp(v1::SmtpConfig),
     SmtpDeleted,
+    Webhook(v1::WebhookConfig),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +105,7 @@ impl Session {
             Command::Sites => self.sites().await,
             Command::Lists(command) => self.lists(command).await,
             Command::Smtp(command) => self.smtp(command).await,
+            Command::Webhook(command) => self.webhook(command).await,
         }
     }
 
@@ -455,6 +457,24 @@ impl Session {
             }
         }
     }
+
+    async fn webhook(&mut self, command: WebhookCommand) -> Result<Report> {
+        let config = match command {
+            WebhookCommand::Show => self
+                .client
+                .get_webhook_config(v1::GetWebhookConfigRequest {})
+                .await
+                .map_err(self.rpc_error())?,
+            WebhookCommand::Set(args) => {
+                let request = upsert::webhook_request(args)?;
+                self.client
+                    .upsert_webhook_config(request)
+                    .await
+                    .map_err(self.rpc_error())?
+            }
+        };
+        Ok(Report::Webhook(config.into_inner()))
+    }
 }
 
 /// How a retry or discard picks its notifications.
@@ -496,6 +516,7 @@ pub fn check(command: &Command) -> Result<()> {
         Command::Discard(args) => selection(Action::Discard, args).map(drop),
         Command::Lists(ListsCommand::Set(args)) => upsert::check_list(args),
         Command::Smtp(SmtpCommand::Set(args)) => upsert::smtp_auth(args).map(drop),
+        Command::Webhook(WebhookCommand::Set(args)) => upsert::check_webhook(args),
         _ => Ok(()),
     }
 }

@@ -1,5 +1,6 @@
-//! Builds the two replace-the-whole-thing requests, `UpsertNotificationList` (`lists set`) and
-//! `UpsertSmtpConfig` (`smtp set`), from the command line.
+//! Builds the replace-the-whole-thing requests, `UpsertNotificationList` (`lists set`),
+//! `UpsertSmtpConfig` (`smtp set`) and `UpsertWebhookConfig` (`webhook set`), from the command
+//! line.
 //!
 //! Before anything is read or sent, [`check_list`] and [`smtp_auth`] refuse flags that
 //! contradict each other or that central would silently ignore (OAuth flags without
@@ -20,7 +21,7 @@
 use outbox_proto::time::to_duration;
 use outbox_proto::v1;
 
-use crate::args::{AuthArg, BackoffArg, ChannelArg, ListSetArgs, SmtpSetArgs};
+use crate::args::{AuthArg, BackoffArg, ChannelArg, ListSetArgs, SmtpSetArgs, WebhookSetArgs};
 use crate::error::{CliError, Result};
 use crate::secret::{OAUTH_CLIENT_SECRET_ENV, PASSWORD_ENV, Secrets, WEBHOOK_SECRET_ENV};
 
@@ -239,6 +240,42 @@ pub fn smtp_request(
         rate_limit_per_second: args.rate_limit_per_second,
         rate_limit_burst: args.rate_limit_burst.unwrap_or(0),
         overall_timeout: args.overall_timeout.map(to_duration),
+    })
+}
+
+/// Refuses `webhook set` flags central would ignore. Webhooks back off exponentially unless told
+/// otherwise, so --max-retry-delay is refused only beside --backoff fixed.
+pub fn check_webhook(args: &WebhookSetArgs) -> Result<()> {
+    if args.max_retry_delay.is_some() && args.backoff == Some(BackoffArg::Fixed) {
+        return Err(usage(
+            "--max-retry-delay applies only to exponential backoff, not --backoff fixed",
+        ));
+    }
+    if args.rate_limit_burst.is_some() && args.rate_limit_per_second.is_none() {
+        return Err(usage(
+            "--rate-limit-burst needs --rate-limit-per-second (the burst is an allowance \
+             above a rate)",
+        ));
+    }
+    Ok(())
+}
+
+/// The whole webhook channel configuration; unset settings go as zero or unset, central's
+/// defaults.
+pub fn webhook_request(args: WebhookSetArgs) -> Result<v1::UpsertWebhookConfigRequest> {
+    check_webhook(&args)?;
+    Ok(v1::UpsertWebhookConfigRequest {
+        timeout: args.post_timeout.map(to_duration),
+        max_retries: args.max_retries.unwrap_or(0),
+        retry_delay: args.retry_delay.map(to_duration),
+        backoff: args
+            .backoff
+            .map_or(v1::RetryBackoff::Unspecified, BackoffArg::proto)
+            .into(),
+        max_retry_delay: args.max_retry_delay.map(to_duration),
+        max_concurrent_connections: args.max_connections.unwrap_or(0),
+        rate_limit_per_second: args.rate_limit_per_second,
+        rate_limit_burst: args.rate_limit_burst.unwrap_or(0),
     })
 }
 

@@ -324,6 +324,20 @@ impl NotificationOutbox for FakeCentral {
         not_called()
     }
 
+    async fn get_webhook_config(
+        &self,
+        _: Request<v1::GetWebhookConfigRequest>,
+    ) -> Result<Response<v1::WebhookConfig>, Status> {
+        not_called()
+    }
+
+    async fn upsert_webhook_config(
+        &self,
+        _: Request<v1::UpsertWebhookConfigRequest>,
+    ) -> Result<Response<v1::WebhookConfig>, Status> {
+        not_called()
+    }
+
     async fn get_notification_list(
         &self,
         _: Request<v1::GetNotificationListRequest>,

@@ -16,8 +16,9 @@
 //! its claim is never started (it could not finish before a successor may claim it); a channel
 //! whose last claim found fewer due rows than it asked for claims again only once something
 //! may have made rows due, so finished deliveries do not each cost an empty claim of an idle
-//! channel. The loop itself never waits for the database: claims and the SMTP settings read
-//! run as tasks of their own, and queued rows keep starting while they are under way.
+//! channel. The loop itself never waits for the database: claims and the settings read (each
+//! channel's row, through the config cache) run as tasks of their own, and queued rows keep
+//! starting while they are under way.
 //!
 //! Held rows (flood consolidation) go out as digests: at most once a second, and at once after
 //! a claim that found one, a claim first takes the due held rows of one list together
@@ -49,6 +50,7 @@ use crate::domain::serve_order::LongestWaitingShare;
 use crate::domain::{NotificationId, NotificationType};
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch};
+use crate::store::ReadChannelSettings;
 use crate::store::{DispatchStore, StoreError};
 
 /// Now, on tokio's clock (see the module documentation).
@@ -62,10 +64,8 @@ pub(super) struct ChannelParts<S, D> {
     pub(super) store: Arc<S>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) delivery: Arc<D>,
+    /// Where the channel's settings are read (from the store, through this short-lived copy).
     pub(super) config: Arc<ConfigCache>,
-    /// The webhook channel's settings (from the configuration file); email's are read from the
-    /// store through `config`.
-    pub(super) webhook: WebhookSettings,
     pub(super) claim_timeout: Duration,
     /// Rows per claim (`dispatcher.claim_batch`); `None`: the free slots plus two per
     /// connection.
@@ -182,7 +182,7 @@ pub(super) struct ChannelLoop<S, D> {
     /// answer does not mean nothing is left.
     due_changed_while_claiming: bool,
     claim: Option<JoinHandle<ClaimAnswer>>,
-    settings_read: Option<JoinHandle<Result<Option<SmtpSettings>, StoreError>>>,
+    settings_read: Option<JoinHandle<Result<ChannelSettings, StoreError>>>,
     /// A settings read answered since the last turn: its answer is fresh enough to claim
     /// with, even where the cache keeps no copy (no SMTP settings stored).
     settings_just_read: bool,
@@ -191,8 +191,8 @@ pub(super) struct ChannelLoop<S, D> {
     deliveries: JoinSet<Option<Duration>>,
     /// How deep to claim ahead, from the claims' and deliveries' measured times.
     ahead: ClaimAhead,
-    /// Email settings last warned about, to log clamping warnings once per change.
-    warned_for: Option<Option<SmtpSettings>>,
+    /// Settings last warned about, to log clamping warnings once per change.
+    warned_for: Option<Warned>,
 }
 
 impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
@@ -249,11 +249,15 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 read = join(&mut self.settings_read), if self.settings_read.is_some() => {
                     self.settings_read = None;
                     match read {
-                        Ok(email) => {
-                            self.set_settings(ChannelSettings::Email(email));
+                        Ok(settings) => {
+                            self.set_settings(settings);
                             self.settings_just_read = true;
                         }
-                        Err(e) => tracing::error!(error = %e, "cannot read the SMTP settings"),
+                        Err(e) => tracing::error!(
+                            channel = %self.parts.kind,
+                            error = %e,
+                            "cannot read the channel settings"
+                        ),
                     }
                 }
                 Some(finished) = self.deliveries.join_next(), if !self.deliveries.is_empty() => {
@@ -297,9 +301,9 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         self.due_may_have_changed();
         let mut started = self.sweep(mandate);
         if self.settings_read.is_some() {
-            let email = join(&mut self.settings_read).await;
+            let settings = join(&mut self.settings_read).await;
             self.settings_read = None;
-            self.set_settings(ChannelSettings::Email(email?));
+            self.set_settings(settings?);
             self.settings_just_read = true;
             started += self.sweep(mandate);
         }
@@ -316,53 +320,52 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     }
 
     /// Takes the channel's current settings when a fresh copy is at hand; otherwise sends for
-    /// them (email: from the store) and returns false: claims wait for the answer, while rows
-    /// already queued go on starting with the settings they were claimed under.
+    /// them (from the store, through the config cache) and returns false: claims wait for the
+    /// answer, while rows already queued go on starting with the settings they were claimed
+    /// under.
     fn refresh_settings(&mut self) -> bool {
-        match self.parts.kind {
-            NotificationType::Webhook => {
-                if self.settings.is_none() {
-                    self.set_settings(ChannelSettings::Webhook(self.parts.webhook.clone()));
-                }
-                true
-            }
-            NotificationType::Email => {
-                if std::mem::take(&mut self.settings_just_read) {
-                    return true;
-                }
-                if self.settings_read.is_some() {
-                    return false;
-                }
-                match self.parts.config.fresh_smtp_settings() {
-                    Some(email) => {
-                        self.set_settings(ChannelSettings::Email(Some(email)));
-                        true
-                    }
-                    None => {
-                        let config = Arc::clone(&self.parts.config);
-                        let store = Arc::clone(&self.parts.store);
-                        self.settings_read = Some(tokio::spawn(async move {
-                            caught(config.smtp_settings(&*store)).await
-                        }));
-                        false
-                    }
-                }
-            }
+        if std::mem::take(&mut self.settings_just_read) {
+            return true;
         }
+        if self.settings_read.is_some() {
+            return false;
+        }
+        let fresh = match self.parts.kind {
+            NotificationType::Email => self
+                .parts
+                .config
+                .fresh_smtp_settings()
+                .map(|email| ChannelSettings::Email(Some(email))),
+            NotificationType::Webhook => self
+                .parts
+                .config
+                .fresh_webhook_settings()
+                .map(ChannelSettings::Webhook),
+        };
+        if let Some(settings) = fresh {
+            self.set_settings(settings);
+            return true;
+        }
+        let config = Arc::clone(&self.parts.config);
+        let store = Arc::clone(&self.parts.store);
+        let kind = self.parts.kind;
+        self.settings_read = Some(tokio::spawn(async move {
+            caught(read_settings(kind, config, store)).await
+        }));
+        false
     }
 
     /// Takes `channel` as the channel's settings: resizes the slots; a changed rate limit
     /// starts a fresh bucket, an unchanged one keeps its tokens.
     fn set_settings(&mut self, channel: ChannelSettings) {
-        if let ChannelSettings::Email(email) = &channel
-            && self.warned_for.as_ref() != Some(email)
-        {
-            if let Some(s) = email {
-                for warning in s.policy.retry_policy().1 {
-                    tracing::warn!("SMTP configuration: {warning}");
+        let warned = Warned::of(&channel);
+        if self.warned_for.as_ref() != Some(&warned) {
+            if let Some(policy) = warned.policy() {
+                for warning in policy.retry_policy().1 {
+                    tracing::warn!("{} configuration: {warning}", warned.section());
                 }
             }
-            self.warned_for = Some(email.clone());
+            self.warned_for = Some(warned);
         }
         let policy = channel.policy();
         match (policy.rate_limit, &self.bucket) {
@@ -635,6 +638,57 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         }
         while let Some(finished) = self.deliveries.join_next().await {
             self.delivery_ended(finished);
+        }
+    }
+}
+
+/// The settings a channel delivers with, read through the config cache: email's stored ones
+/// (`None`: none stored, its rows park), webhook's stored ones or its defaults.
+async fn read_settings<S: ReadChannelSettings>(
+    kind: NotificationType,
+    config: Arc<ConfigCache>,
+    store: Arc<S>,
+) -> Result<ChannelSettings, StoreError> {
+    match kind {
+        NotificationType::Email => config
+            .smtp_settings(&*store)
+            .await
+            .map(ChannelSettings::Email),
+        NotificationType::Webhook => config
+            .webhook_settings(&*store)
+            .await
+            .map(ChannelSettings::Webhook),
+    }
+}
+
+/// The settings last warned about (clamped retry values), so each change warns once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Warned {
+    Email(Option<SmtpSettings>),
+    Webhook(WebhookSettings),
+}
+
+impl Warned {
+    fn of(channel: &ChannelSettings) -> Self {
+        match channel {
+            ChannelSettings::Email(email) => Self::Email(email.clone()),
+            ChannelSettings::Webhook(webhook) => Self::Webhook(webhook.clone()),
+        }
+    }
+
+    /// The policy to warn about; none for a channel not configured (its rows only park).
+    fn policy(&self) -> Option<&crate::domain::channel::DeliveryPolicy> {
+        match self {
+            Self::Email(email) => email.as_ref().map(|s| &s.policy),
+            Self::Webhook(webhook) => Some(&webhook.policy),
+        }
+    }
+
+    /// How the warning names the settings.
+    fn section(&self) -> &'static str {
+        match self {
+            Self::Email(_) => "SMTP",
+            Self::Webhook(_) => "webhook",
         }
     }
 }

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config_cache::ConfigCache;
 use crate::delivery::Adapters;
 use crate::dispatcher::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings};
-use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::status::Status;
 use crate::domain::{
@@ -58,6 +58,9 @@ impl ReadChannelSettings for GatedStore {
     }
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
         self.inner.smtp_settings().await
+    }
+    async fn webhook_settings(&self) -> Result<Option<Stored<WebhookSettings>>> {
+        self.inner.webhook_settings().await
     }
 }
 
@@ -202,7 +205,6 @@ async fn start() -> Rig {
         Arc::new(Adapters::new().unwrap()),
         Arc::new(ConfigCache::new()),
         settings,
-        crate::config::Config::default().validate().unwrap().webhook,
         Arc::new(Notify::new()),
     );
     let lease = dispatcher.lease_watch();
@@ -482,7 +484,6 @@ async fn a_panicking_delivery_frees_its_slot_and_is_recorded() {
             drain_timeout: Duration::from_secs(20),
             claim_batch: None,
         },
-        settings.webhook,
         Arc::new(Notify::new()),
     );
     let shutdown = CancellationToken::new();

@@ -51,7 +51,6 @@ use tokio_util::sync::CancellationToken;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{Adapters, Deliver};
 use crate::domain::NotificationType;
-use crate::domain::channel::WebhookSettings;
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, LeaseEpoch};
 use crate::store::DispatchStore;
@@ -121,7 +120,6 @@ pub struct Dispatcher<S, D = Adapters> {
     metrics: Arc<Metrics>,
     delivery: Arc<D>,
     config: Arc<ConfigCache>,
-    webhook: WebhookSettings,
 }
 
 impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
@@ -131,12 +129,8 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
         delivery: Arc<D>,
         config: Arc<ConfigCache>,
         settings: DispatcherSettings,
-        webhook: WebhookSettings,
         ingest: Arc<Notify>,
     ) -> Self {
-        for warning in webhook.policy.retry_policy().1 {
-            tracing::warn!("webhook configuration: {warning}");
-        }
         let keeper = LeaseKeeper::new(
             Arc::clone(&store),
             Arc::clone(&metrics),
@@ -161,7 +155,6 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             metrics,
             delivery,
             config,
-            webhook,
         }
     }
 
@@ -301,7 +294,6 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                     metrics: Arc::clone(&self.metrics),
                     delivery: Arc::clone(&self.delivery),
                     config: Arc::clone(&self.config),
-                    webhook: self.webhook.clone(),
                     claim_timeout: self.settings.claim_timeout,
                     claim_batch: self.settings.claim_batch,
                     recorder: recorder.clone(),

@@ -206,7 +206,6 @@ fn dispatcher(
         Arc::clone(script),
         config,
         settings,
-        Config::default().validate().unwrap().webhook,
         wake,
     )
 }

@@ -1,6 +1,8 @@
-//! Notification lists (who a notification goes to) and the email channel's settings (how it
-//! gets there). Both live in the database and are resolved at delivery time, so an operator's
-//! edit applies to every notification not yet delivered.
+//! Notification lists (who a notification goes to) and the channels' settings (how it gets
+//! there: the email channel's relay and both channels' pacing and retries). All of them live in
+//! the database, which is their authority, and are resolved at delivery time, so an operator's
+//! edit applies to every notification not yet delivered. Every channel default is here, once
+//! ([`defaults`]): the config file, the admin API and the dispatcher all take them from here.
 
 use std::fmt;
 use std::time::Duration;
@@ -8,6 +10,47 @@ use std::time::Duration;
 use super::consolidation::Consolidation;
 use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
+
+/// Every default a channel setting takes when the config file, the admin API or `outboxctl`
+/// leaves it unset, and the values non-positive retry settings fall back to. One place, so the
+/// file, the API and the dispatcher can never disagree on what "unset" means.
+pub mod defaults {
+    use std::time::Duration;
+
+    use super::TlsMode;
+    use crate::domain::retry::Backoff;
+
+    /// Submission relays listen on 587 or 465, but an MTA on the same host takes 25: the port
+    /// the system this replaces used.
+    pub const SMTP_PORT: u16 = 25;
+    /// Encrypted when the relay offers it, and refused when it does not: never silent plain text.
+    pub const SMTP_TLS: TlsMode = TlsMode::StartTls;
+    /// Retries after the first attempt, both channels (so 11 attempts); also what a
+    /// non-positive `max_retries` falls back to.
+    pub const MAX_RETRIES: u32 = 10;
+    /// The wait before a retry (the first, with exponential backoff), both channels; also what
+    /// a zero `retry_delay` falls back to. A minute, as the system this replaces waited.
+    pub const RETRY_DELAY: Duration = Duration::from_secs(60);
+    /// The longest exponential wait: an outage of hours is retried hourly, not daily.
+    pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
+    /// Email retries at a fixed interval, as the system this replaces did.
+    pub const SMTP_BACKOFF: Backoff = Backoff::Fixed;
+    /// Webhook receivers are many and independent, so their retries spread out.
+    pub const WEBHOOK_BACKOFF: Backoff = Backoff::Exponential {
+        cap: MAX_RETRY_DELAY,
+    };
+    /// SMTP sessions at once: what a typical relay allows one client without throttling.
+    pub const SMTP_MAX_CONNECTIONS: u32 = 4;
+    /// POSTs in flight at once: HTTP endpoints take more parallel work than a mail relay.
+    pub const WEBHOOK_MAX_CONNECTIONS: u32 = 8;
+    /// Connect and per-command timeout of an SMTP session (RFC 5321 suggests minutes per
+    /// command; a relay that is slower than this is better retried).
+    pub const SMTP_TIMEOUT: Duration = Duration::from_secs(30);
+    /// One whole SMTP delivery: connect, auth and a transaction of a few commands.
+    pub const SMTP_OVERALL_TIMEOUT: Duration = Duration::from_secs(120);
+    /// One POST, connect to last byte: a chat webhook answers in well under a second.
+    pub const WEBHOOK_TIMEOUT: Duration = Duration::from_secs(10);
+}
 
 /// A syntactically plausible mailbox address (`local@domain`). Deliberately simple: the relay is
 /// the judge of deliverability; this only keeps garbage and header injection out of the store.
@@ -475,12 +518,29 @@ fn check_username(username: &str) -> Result<(), ContentError> {
     Ok(())
 }
 
-/// The webhook channel's settings (from the config file's `[webhook]` section).
+/// The webhook channel's settings: stored in the database (the `webhook` channel row), seeded
+/// from the config file's `[webhook]` section, changed through the admin API.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookSettings {
     /// Longest one POST (connect to last byte) may take.
     pub timeout: Duration,
     pub policy: DeliveryPolicy,
+}
+
+impl Default for WebhookSettings {
+    /// What the webhook channel delivers with while nothing is stored.
+    fn default() -> Self {
+        Self {
+            timeout: defaults::WEBHOOK_TIMEOUT,
+            policy: DeliveryPolicy {
+                max_retries: i64::from(defaults::MAX_RETRIES),
+                retry_delay: defaults::RETRY_DELAY,
+                backoff: defaults::WEBHOOK_BACKOFF,
+                max_concurrent_connections: defaults::WEBHOOK_MAX_CONNECTIONS,
+                rate_limit: None,
+            },
+        }
+    }
 }
 
 impl WebhookSettings {

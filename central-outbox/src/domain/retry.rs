@@ -17,10 +17,10 @@ use chrono::{DateTime, Utc};
 use super::delivery::{Delivered, DeliveryError};
 use super::status::Status;
 
-/// Retries used when the configured value is not positive.
-pub const FALLBACK_MAX_RETRIES: u32 = 10;
-/// Delay used when the configured value is not positive.
-pub const FALLBACK_RETRY_DELAY: Duration = Duration::from_secs(60);
+/// Retries used when the configured value is not positive: the channels' default.
+pub const FALLBACK_MAX_RETRIES: u32 = super::channel::defaults::MAX_RETRIES;
+/// Delay used when the configured value is not positive: the channels' default.
+pub const FALLBACK_RETRY_DELAY: Duration = super::channel::defaults::RETRY_DELAY;
 
 /// How the delay grows from one retry to the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

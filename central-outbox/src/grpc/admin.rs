@@ -14,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use super::{admin_convert, convert, invalid_argument, store_status};
 use crate::auth::{AdminRpc, Authenticator, StatusReader};
+use crate::domain::channel::WebhookSettings;
 use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
 use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
@@ -551,6 +552,42 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         }
         tracing::info!(actor = actor.as_str(), "SMTP settings deleted");
         Ok(Response::new(v1::DeleteSmtpConfigResponse {}))
+    }
+
+    async fn get_webhook_config(
+        &self,
+        request: Request<v1::GetWebhookConfigRequest>,
+    ) -> Result<Response<v1::WebhookConfig>, Status> {
+        self.authorize(&request, AdminRpc::GetWebhookConfig)?;
+        let view = match self.store.webhook_settings().await.map_err(store_status)? {
+            Some(stored) => admin_convert::webhook_view(stored.value, Some(stored.updated_at)),
+            // What the dispatcher delivers with while nothing is stored.
+            None => admin_convert::webhook_view(WebhookSettings::default(), None),
+        };
+        Ok(Response::new(view))
+    }
+
+    async fn upsert_webhook_config(
+        &self,
+        request: Request<v1::UpsertWebhookConfigRequest>,
+    ) -> Result<Response<v1::WebhookConfig>, Status> {
+        let actor = self.authorize(&request, AdminRpc::UpsertWebhookConfig)?;
+        let settings =
+            admin_convert::webhook_from_proto(request.into_inner()).map_err(invalid_argument)?;
+        let saved = self.store.put_webhook_settings(settings).await;
+        self.config.invalidate();
+        saved.map_err(store_status)?;
+        tracing::info!(actor = actor.as_str(), "webhook settings saved");
+        let stored = self
+            .store
+            .webhook_settings()
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::aborted("the webhook settings were removed concurrently"))?;
+        Ok(Response::new(admin_convert::webhook_view(
+            stored.value,
+            Some(stored.updated_at),
+        )))
     }
 }
 

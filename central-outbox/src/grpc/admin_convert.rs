@@ -1,5 +1,5 @@
-//! Proto <-> domain conversions for the admin API: filters, history, KPIs, lists and SMTP
-//! settings. Every inbound field is checked here, and errors name the field as the proto spells
+//! Proto <-> domain conversions for the admin API: filters, history, KPIs, lists and the
+//! channels' settings (SMTP, webhook). Every inbound field is checked here, and errors name the field as the proto spells
 //! it, so an operator's typo comes back as "filter.statuses: ...", not as a database error.
 
 use std::time::Duration;
@@ -11,7 +11,7 @@ use outbox_proto::v1;
 use super::convert::{notification_type_to_proto, state_view};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
-    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode,
+    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings, defaults,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::delivery::AttemptOutcome;
@@ -370,31 +370,138 @@ pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
             view.oauth_scope = oauth.scope;
         }
     }
-    let p = s.policy;
-    view.max_retries = u32::try_from(p.max_retries).unwrap_or(0);
-    view.retry_delay = Some(to_duration(p.retry_delay));
-    match p.backoff {
-        Backoff::Fixed => view.backoff = v1::RetryBackoff::Fixed.into(),
-        Backoff::Exponential { cap } => {
-            view.backoff = v1::RetryBackoff::Exponential.into();
-            view.max_retry_delay = Some(to_duration(cap));
-        }
-    }
+    let p = policy_view(&s.policy);
+    view.max_retries = p.max_retries;
+    view.retry_delay = p.retry_delay;
+    view.backoff = p.backoff;
+    view.max_retry_delay = p.max_retry_delay;
     view.max_concurrent_connections = p.max_concurrent_connections;
-    if let Some(limit) = p.rate_limit {
-        view.rate_limit_per_second = Some(limit.per_second);
-        view.rate_limit_burst = limit.burst;
-    }
+    view.rate_limit_per_second = p.rate_limit_per_second;
+    view.rate_limit_burst = p.rate_limit_burst;
     view
 }
 
-/// The defaults an unset (zero) field takes, as the proto documents them.
-const DEFAULT_MAX_RETRIES: u32 = 10;
-const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(60);
-const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
-const DEFAULT_CONNECTIONS: u32 = 4;
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
-const DEFAULT_OVERALL_TIMEOUT: Duration = Duration::from_secs(120);
+/// A channel's pacing and retry fields as both channels' messages carry them.
+struct PolicyFields {
+    max_retries: u32,
+    retry_delay: Option<prost_types::Duration>,
+    backoff: i32,
+    max_retry_delay: Option<prost_types::Duration>,
+    max_concurrent_connections: u32,
+    rate_limit_per_second: Option<f64>,
+    rate_limit_burst: u32,
+}
+
+fn policy_view(p: &DeliveryPolicy) -> PolicyFields {
+    let (backoff, max_retry_delay) = match p.backoff {
+        Backoff::Fixed => (v1::RetryBackoff::Fixed, None),
+        Backoff::Exponential { cap } => (v1::RetryBackoff::Exponential, Some(to_duration(cap))),
+    };
+    PolicyFields {
+        max_retries: u32::try_from(p.max_retries).unwrap_or(0),
+        retry_delay: Some(to_duration(p.retry_delay)),
+        backoff: backoff.into(),
+        max_retry_delay,
+        max_concurrent_connections: p.max_concurrent_connections,
+        rate_limit_per_second: p.rate_limit.map(|r| r.per_second),
+        rate_limit_burst: p.rate_limit.map_or(0, |r| r.burst),
+    }
+}
+
+/// The webhook channel's settings; `stored` false: nothing is stored and these are the
+/// defaults (no `updated_at`).
+pub fn webhook_view(s: WebhookSettings, updated_at: Option<DateTime<Utc>>) -> v1::WebhookConfig {
+    let p = policy_view(&s.policy);
+    v1::WebhookConfig {
+        timeout: Some(to_duration(s.timeout)),
+        max_retries: p.max_retries,
+        retry_delay: p.retry_delay,
+        backoff: p.backoff,
+        max_retry_delay: p.max_retry_delay,
+        max_concurrent_connections: p.max_concurrent_connections,
+        rate_limit_per_second: p.rate_limit_per_second,
+        rate_limit_burst: p.rate_limit_burst,
+        updated_at: updated_at.map(to_timestamp),
+    }
+}
+
+/// A channel's policy from its request fields: unset (zero) fields take the channel's
+/// defaults (`backoff`: an unset backoff; `connections`: an unset connection count).
+fn policy_from_proto(
+    f: PolicyFields,
+    default_backoff: Backoff,
+    default_connections: u32,
+) -> Result<DeliveryPolicy, ContentError> {
+    let retry_delay = duration_or(f.retry_delay, defaults::RETRY_DELAY, "retry_delay")?;
+    let exponential = |max_retry_delay| -> Result<Backoff, ContentError> {
+        Ok(Backoff::Exponential {
+            cap: duration_or(
+                max_retry_delay,
+                defaults::MAX_RETRY_DELAY,
+                "max_retry_delay",
+            )?,
+        })
+    };
+    let backoff = match v1::RetryBackoff::try_from(f.backoff) {
+        Ok(v1::RetryBackoff::Unspecified) => match default_backoff {
+            Backoff::Fixed => Backoff::Fixed,
+            Backoff::Exponential { .. } => exponential(f.max_retry_delay)?,
+        },
+        Ok(v1::RetryBackoff::Fixed) => Backoff::Fixed,
+        Ok(v1::RetryBackoff::Exponential) => exponential(f.max_retry_delay)?,
+        Err(_) => {
+            return Err(ContentError::new(
+                "backoff",
+                format!("{} is not a known backoff", f.backoff),
+            ));
+        }
+    };
+    // 0 means unset on the wire.
+    let burst = Some(f.rate_limit_burst).filter(|&n| n > 0);
+    let rate_limit = f
+        .rate_limit_per_second
+        .map(|per_second| RateLimit::new(per_second, burst));
+    Ok(DeliveryPolicy {
+        max_retries: i64::from(match f.max_retries {
+            0 => defaults::MAX_RETRIES,
+            n => n,
+        }),
+        retry_delay,
+        backoff,
+        max_concurrent_connections: match f.max_concurrent_connections {
+            0 => default_connections,
+            n => n,
+        },
+        rate_limit,
+    })
+}
+
+/// Checks new webhook settings; errors name the request's field.
+pub fn webhook_from_proto(
+    msg: v1::UpsertWebhookConfigRequest,
+) -> Result<WebhookSettings, ContentError> {
+    let policy = policy_from_proto(
+        PolicyFields {
+            max_retries: msg.max_retries,
+            retry_delay: msg.retry_delay,
+            backoff: msg.backoff,
+            max_retry_delay: msg.max_retry_delay,
+            max_concurrent_connections: msg.max_concurrent_connections,
+            rate_limit_per_second: msg.rate_limit_per_second,
+            rate_limit_burst: msg.rate_limit_burst,
+        },
+        defaults::WEBHOOK_BACKOFF,
+        defaults::WEBHOOK_MAX_CONNECTIONS,
+    )?;
+    WebhookSettings {
+        timeout: duration_or(msg.timeout, defaults::WEBHOOK_TIMEOUT, "timeout")?,
+        policy,
+    }
+    .check()
+}
+
+// An unset (zero) field takes the domain's default (`domain::channel::defaults`), as the proto
+// documents it.
 
 fn duration_or(
     d: Option<prost_types::Duration>,
@@ -507,53 +614,32 @@ pub fn smtp_from_proto(
         }
     };
     let auth = smtp_auth(&mut msg, current.map(|c| &c.auth))?;
-    let retry_delay = duration_or(msg.retry_delay, DEFAULT_RETRY_DELAY, "retry_delay")?;
-    let backoff = match v1::RetryBackoff::try_from(msg.backoff) {
-        Ok(v1::RetryBackoff::Unspecified | v1::RetryBackoff::Fixed) => Backoff::Fixed,
-        Ok(v1::RetryBackoff::Exponential) => Backoff::Exponential {
-            cap: duration_or(
-                msg.max_retry_delay,
-                DEFAULT_MAX_RETRY_DELAY,
-                "max_retry_delay",
-            )?,
+    let policy = policy_from_proto(
+        PolicyFields {
+            max_retries: msg.max_retries,
+            retry_delay: msg.retry_delay,
+            backoff: msg.backoff,
+            max_retry_delay: msg.max_retry_delay,
+            max_concurrent_connections: msg.max_concurrent_connections,
+            rate_limit_per_second: msg.rate_limit_per_second,
+            rate_limit_burst: msg.rate_limit_burst,
         },
-        Err(_) => {
-            return Err(ContentError::new(
-                "backoff",
-                format!("{} is not a known backoff", msg.backoff),
-            ));
-        }
-    };
-    // 0 means unset on the wire.
-    let burst = Some(msg.rate_limit_burst).filter(|&n| n > 0);
-    let rate_limit = msg
-        .rate_limit_per_second
-        .map(|per_second| RateLimit::new(per_second, burst));
+        defaults::SMTP_BACKOFF,
+        defaults::SMTP_MAX_CONNECTIONS,
+    )?;
     SmtpSettings {
         host: msg.host,
         port,
         tls,
         auth,
         from_address: EmailAddress::parse(&msg.from_address, "from_address")?,
-        timeout: duration_or(msg.timeout, DEFAULT_TIMEOUT, "timeout")?,
+        timeout: duration_or(msg.timeout, defaults::SMTP_TIMEOUT, "timeout")?,
         overall_timeout: duration_or(
             msg.overall_timeout,
-            DEFAULT_OVERALL_TIMEOUT,
+            defaults::SMTP_OVERALL_TIMEOUT,
             "overall_timeout",
         )?,
-        policy: DeliveryPolicy {
-            max_retries: i64::from(match msg.max_retries {
-                0 => DEFAULT_MAX_RETRIES,
-                n => n,
-            }),
-            retry_delay,
-            backoff,
-            max_concurrent_connections: match msg.max_concurrent_connections {
-                0 => DEFAULT_CONNECTIONS,
-                n => n,
-            },
-            rate_limit,
-        },
+        policy,
     }
     .check()
 }
@@ -583,6 +669,69 @@ mod tests {
         assert_eq!(s.policy.backoff, Backoff::Fixed);
         assert_eq!(s.policy.rate_limit, None);
         assert_eq!(s.timeout, Duration::from_secs(30));
+    }
+
+    /// Unset fields take the domain's webhook defaults (exponential backoff, 8 connections),
+    /// and bad values come back naming the request's field.
+    #[test]
+    fn webhook_defaults_fill_zero_fields_and_errors_name_the_field() {
+        let s = webhook_from_proto(v1::UpsertWebhookConfigRequest::default()).unwrap();
+        assert_eq!(s, WebhookSettings::default());
+        let set = webhook_from_proto(v1::UpsertWebhookConfigRequest {
+            max_retries: 2,
+            backoff: v1::RetryBackoff::Fixed.into(),
+            max_concurrent_connections: 3,
+            rate_limit_per_second: Some(0.5),
+            ..Default::default()
+        })
+        .unwrap();
+        assert_eq!(
+            (
+                set.policy.max_retries,
+                set.policy.backoff,
+                set.policy.max_concurrent_connections
+            ),
+            (2, Backoff::Fixed, 3)
+        );
+        assert_eq!(set.policy.rate_limit.map(|r| r.burst), Some(1));
+        let view = webhook_view(set.clone(), None);
+        assert_eq!(view.updated_at, None);
+        assert_eq!(view.backoff(), v1::RetryBackoff::Fixed);
+        for (bad, field) in [
+            (
+                v1::UpsertWebhookConfigRequest {
+                    max_concurrent_connections: 1000,
+                    ..Default::default()
+                },
+                "max_concurrent_connections",
+            ),
+            (
+                v1::UpsertWebhookConfigRequest {
+                    rate_limit_per_second: Some(-1.0),
+                    ..Default::default()
+                },
+                "rate_limit_per_second",
+            ),
+            (
+                v1::UpsertWebhookConfigRequest {
+                    backoff: 9,
+                    ..Default::default()
+                },
+                "backoff",
+            ),
+            (
+                v1::UpsertWebhookConfigRequest {
+                    timeout: Some(prost_types::Duration {
+                        seconds: -1,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                },
+                "timeout",
+            ),
+        ] {
+            assert_eq!(webhook_from_proto(bad).unwrap_err().field, field);
+        }
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //!   `record_outcomes`, `record_outcome`, `purge_terminal`): the dispatcher with its lease
 //!   keeper, channel loops, attempts and recorder (`dispatcher`), and the purge (`purge`),
 //!   which runs under the dispatcher's lease.
-//! - [`ReadChannelSettings`] (`list`, `smtp_settings`): what a delivery reads, through
+//! - [`ReadChannelSettings`] (`list`, `smtp_settings`, `webhook_settings`): what a delivery
+//!   reads, through
 //!   `config_cache`. Both [`DispatchStore`] and [`ChannelSettingsStore`] require it, so the
 //!   dispatcher and the admin service read settings the same way without either needing the
 //!   other's capability.
@@ -19,8 +20,9 @@
 //!   `count_on_filter`, `kpis`, `site_health`): the admin service (`grpc::admin`, which the web
 //!   console calls in-process) and the KPI gauges of `/metrics` (`kpi_gauges`, set up in `run`).
 //! - [`ChannelSettingsStore`] (`lists`, `upsert_list`, `delete_list`, `put_smtp_settings`,
-//!   `delete_smtp_settings`, `reseal_secrets`): the admin service, and start-up (`run` reseals
-//!   the stored secrets and applies the configured channel and lists).
+//!   `delete_smtp_settings`, `put_webhook_settings`, the `seed_*` trio, `reseal_secrets`): the
+//!   admin service, and start-up (`run` reseals the stored secrets, and `bootstrap` seeds, or
+//!   on request replaces, the configured channels and lists).
 //!
 //! The SQL backends implement all of them ([`OutboxStore`], a blanket sum); the dispatcher's
 //! in-memory test store (`crate::testing`) only [`DispatchStore`]. Purging runs under the
@@ -52,6 +54,10 @@
 //!   never make a row appear twice or not at all in pages after the first.
 //! - Operator actions change only Parked rows, and write a history entry in the same transaction.
 //! - `purge_terminal` deletes only terminal rows resolved before the cutoff, with their history.
+//! - The `seed_*` calls store a value only where none is stored, atomically: of two replicas
+//!   seeding the same missing item at once, one stores it and the other is told it was there.
+//!   The stored channel settings and lists are the authority; only the `put_*`/`upsert_*`
+//!   calls (the admin API, or start-up asked to replace) overwrite them.
 //! - `record_site_health` keeps one row per (site, node): the latest report, stamped with the
 //!   database's clock; `site_health` reads every row with that clock's reading at the same time,
 //!   so the offline rule (`domain::site_health`) is applied to one clock on every replica.
@@ -69,7 +75,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -148,7 +154,7 @@ pub trait IngestStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<()>> + Send;
 }
 
-/// The channel settings a delivery reads: one list by name and the email channel's settings.
+/// The channel settings a delivery reads: one list by name and each channel's settings.
 /// Both the dispatcher (through `config_cache`) and the admin service read them, so both
 /// [`DispatchStore`] and [`ChannelSettingsStore`] build on it.
 pub trait ReadChannelSettings: Send + Sync + 'static {
@@ -160,6 +166,12 @@ pub trait ReadChannelSettings: Send + Sync + 'static {
 
     /// The email channel's settings, if configured.
     fn smtp_settings(&self) -> impl Future<Output = Result<Option<Stored<SmtpSettings>>>> + Send;
+
+    /// The webhook channel's settings, if stored (until then it runs on the defaults,
+    /// `WebhookSettings::default`).
+    fn webhook_settings(
+        &self,
+    ) -> impl Future<Output = Result<Option<Stored<WebhookSettings>>>> + Send;
 }
 
 /// What the dispatcher needs: the leader lease, claims, fenced outcomes, and the retention
@@ -294,8 +306,8 @@ pub trait AdminStore: Send + Sync + 'static {
     fn site_health(&self) -> impl Future<Output = Result<SiteHealthSnapshot>> + Send;
 }
 
-/// Changing the channel settings: the lists and the email channel's settings, and keeping their
-/// stored secrets sealed with the current key.
+/// Changing the channel settings: the lists and each channel's settings, seeding what is
+/// missing at start-up, and keeping their stored secrets sealed with the current key.
 pub trait ChannelSettingsStore: ReadChannelSettings {
     /// Every list, by name.
     fn lists(&self) -> impl Future<Output = Result<Vec<Stored<NotificationList>>>> + Send;
@@ -311,6 +323,27 @@ pub trait ChannelSettingsStore: ReadChannelSettings {
 
     /// Removes the email channel's settings; false if there were none.
     fn delete_smtp_settings(&self) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Creates or replaces the webhook channel's settings.
+    fn put_webhook_settings(
+        &self,
+        settings: WebhookSettings,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Stores the email channel's settings unless some are stored; true if these were stored.
+    fn seed_smtp_settings(
+        &self,
+        settings: SmtpSettings,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Stores the webhook channel's settings unless some are stored; true if these were stored.
+    fn seed_webhook_settings(
+        &self,
+        settings: WebhookSettings,
+    ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Stores a list unless one of its name is stored; true if this one was stored.
+    fn seed_list(&self, list: NotificationList) -> impl Future<Output = Result<bool>> + Send;
 
     /// Re-seals every stored secret not sealed with the current key (clear text from older
     /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,

@@ -36,7 +36,7 @@ use outbox_domain::ScriptOrigin;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{ActionRefusal, Actor, HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
@@ -206,6 +206,8 @@ struct State {
     /// The last row id given (ids are never reused, as the real stores' identity columns).
     last_row_id: i64,
     smtp: Option<SmtpSettings>,
+    /// `None`: the webhook channel runs on its defaults, as with nothing stored.
+    webhook: Option<WebhookSettings>,
     lists: HashMap<ListName, NotificationList>,
     /// `claim_due` calls that claimed at least one row.
     claims: usize,
@@ -260,6 +262,11 @@ impl MemoryStore {
     pub fn set_claim_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.claim_latency_us.store(micros, Ordering::SeqCst);
+    }
+
+    /// Stores the webhook channel's settings, as the admin API does.
+    pub fn set_webhook_settings(&self, settings: WebhookSettings) {
+        self.lock().webhook = Some(settings);
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -464,6 +471,14 @@ impl ReadChannelSettings for MemoryStore {
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
         self.sweeps.pass().await;
         Ok(self.lock().smtp.clone().map(|s| Stored {
+            value: s,
+            updated_at: Utc::now(),
+        }))
+    }
+
+    /// Not gated: the sweep gate's tests count the email channel's reads.
+    async fn webhook_settings(&self) -> Result<Option<Stored<WebhookSettings>>> {
+        Ok(self.lock().webhook.clone().map(|s| Stored {
             value: s,
             updated_at: Utc::now(),
         }))

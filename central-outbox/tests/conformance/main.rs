@@ -12,7 +12,8 @@
 //! against the dispatcher's in-memory test store (`central_outbox::testing::MemoryStore`), so
 //! the store the dispatcher's paused-clock tests run on cannot drift from the real ones.
 //! `whole_store_behaviours!` checks ingest, operator actions, channel settings, condition
-//! keys, flood consolidation and site health, which only the SQL backends keep.
+//! keys, flood consolidation, site health, and the channel settings with their start-up seeds,
+//! which only the SQL backends keep.
 //!
 //! Each behaviour seeds its own store through the store's capabilities, so it knows
 //! independently what the store should answer, and compares.
@@ -25,6 +26,7 @@ mod poll;
 mod seed;
 
 mod admin;
+mod channels;
 mod conditions;
 mod consolidation;
 mod engine;
@@ -222,6 +224,14 @@ macro_rules! whole_store_behaviours {
             admin::lists_and_smtp_settings_round_trip
         );
         behaviour!(
+            webhook_settings_round_trip_beside_the_email_row,
+            channels::webhook_settings_round_trip_beside_the_email_row
+        );
+        behaviour!(
+            seeds_store_only_what_is_missing,
+            channels::seeds_store_only_what_is_missing
+        );
+        behaviour!(
             priority_is_stored_shown_and_filtered,
             serve_order::priority_is_stored_shown_and_filtered
         );
@@ -412,5 +422,74 @@ async fn mssql_duplicate_resubmits_log_no_error() {
         "a duplicate submit was logged at ERROR:\n{text}"
     );
     drop((store, other));
+    database.drop_now().await.unwrap();
+}
+
+/// Migration 0010 builds dbo.ChannelConfig again (Babelfish cannot make a column nullable in
+/// place): a database migrated to 0009 with email settings stored keeps them, row for row, and
+/// the webhook channel's row can then be stored beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
+async fn mssql_webhook_channel_migration_keeps_the_email_row() {
+    use central_outbox::domain::channel::WebhookSettings;
+    use central_outbox::store::{ChannelSettingsStore, ReadChannelSettings};
+    let url = mssql_server();
+    let database = ScratchDatabase::create(&url).await.unwrap();
+    let store = MsSqlStore::open(database.options()).await.unwrap();
+    drop(store);
+    // Back to the table 0001 created, with an email row in it, and 0010 not applied.
+    let options = database.options();
+    let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
+        .await
+        .unwrap();
+    let mut client = tiberius::Client::connect(
+        options.tiberius_config(),
+        tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
+    )
+    .await
+    .unwrap();
+    for sql in [
+        "DROP TABLE dbo.ChannelConfig",
+        "CREATE TABLE dbo.ChannelConfig (Channel nvarchar(32) COLLATE Latin1_General_BIN2 NOT NULL, \
+         Host nvarchar(512) NOT NULL, Port int NOT NULL, TlsMode nvarchar(16) NOT NULL, \
+         AuthMechanism nvarchar(16) NOT NULL CONSTRAINT DF_ChannelConfig_AuthMechanism DEFAULT (N'none'), \
+         Username nvarchar(512) NULL, Password nvarchar(max) NULL, FromAddress nvarchar(1024) NOT NULL, \
+         MaxRetries bigint NOT NULL, RetryDelayMs bigint NOT NULL, \
+         Backoff nvarchar(16) NOT NULL CONSTRAINT DF_ChannelConfig_Backoff DEFAULT (N'fixed'), \
+         MaxRetryDelayMs bigint NULL, MaxConcurrentConnections int NOT NULL, RateLimitPerSecond float NULL, \
+         RateLimitBurst bigint NULL, TimeoutMs bigint NOT NULL, OverallTimeoutMs bigint NULL, \
+         OAuthTokenUrl nvarchar(max) NULL, OAuthClientId nvarchar(max) NULL, \
+         OAuthClientSecret nvarchar(max) NULL, OAuthScope nvarchar(max) NULL, UpdatedAt datetime2(3) NOT NULL, \
+         CONSTRAINT PK_ChannelConfig PRIMARY KEY CLUSTERED (Channel))",
+        "INSERT INTO dbo.ChannelConfig (Channel, Host, Port, TlsMode, FromAddress, MaxRetries, \
+         RetryDelayMs, Backoff, MaxRetryDelayMs, MaxConcurrentConnections, RateLimitPerSecond, \
+         RateLimitBurst, TimeoutMs, OverallTimeoutMs, UpdatedAt) VALUES (N'email', N'relay.test', 587, \
+         N'starttls', N'o@x.test', 7, 90000, N'exponential', 600000, 3, 2.5, 5, 20000, 80000, SYSUTCDATETIME())",
+        "DELETE FROM dbo.SchemaMigrations WHERE Version = 10",
+    ] {
+        client
+            .simple_query(sql)
+            .await
+            .unwrap()
+            .into_results()
+            .await
+            .unwrap();
+    }
+    drop(client);
+    let store = MsSqlStore::open(database.options()).await.unwrap();
+    let smtp = store.smtp_settings().await.unwrap().unwrap().value;
+    assert_eq!((smtp.host.as_str(), smtp.port), ("relay.test", 587));
+    assert_eq!(smtp.policy.max_retries, 7);
+    assert_eq!(smtp.overall_timeout, std::time::Duration::from_secs(80));
+    store
+        .put_webhook_settings(WebhookSettings::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.webhook_settings().await.unwrap().unwrap().value,
+        WebhookSettings::default()
+    );
+    assert_eq!(store.smtp_settings().await.unwrap().unwrap().value, smtp);
+    drop(store);
     database.drop_now().await.unwrap();
 }

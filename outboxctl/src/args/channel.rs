@@ -1,5 +1,6 @@
-//! The `lists` and `smtp` subcommands: where notifications go (email recipients, webhook
-//! endpoints) and how the email channel reaches its relay.
+//! The `lists`, `smtp` and `webhook` subcommands: where notifications go (email recipients,
+//! webhook endpoints), how the email channel reaches its relay, and how each channel paces and
+//! retries its deliveries.
 //!
 //! As everywhere in `args`, parsing checks shapes only; which flags make sense together (OAuth
 //! flags only with `--auth xoauth2`, a burst only with a rate) is checked in `upsert`, before
@@ -141,6 +142,46 @@ pub struct SmtpSetArgs {
     /// Longest one whole delivery may take, e.g. 2m (central's default: 2m).
     #[arg(long, value_parser = parse_duration)]
     pub overall_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WebhookCommand {
+    /// The webhook channel's pacing and retries central delivers with (its defaults while none
+    /// are stored).
+    Show,
+    /// Replace the webhook channel's settings as a whole: flags left out take central's
+    /// defaults. (Endpoints and signing secrets are per list: `lists set --type webhook`.)
+    Set(WebhookSetArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WebhookSetArgs {
+    /// Retries after the first attempt before a transiently failing notification is parked
+    /// (N + 1 attempts in all; central's default: 10).
+    #[arg(long, value_name = "N")]
+    pub max_retries: Option<u32>,
+    /// Delay before a retry (the first, with exponential backoff), e.g. 30s (default: 1m).
+    #[arg(long, value_parser = parse_duration)]
+    pub retry_delay: Option<Duration>,
+    /// fixed: every retry waits --retry-delay; exponential: doubling, with jitter, up to
+    /// --max-retry-delay (central's default for webhooks: exponential).
+    #[arg(long, value_enum)]
+    pub backoff: Option<BackoffArg>,
+    /// Exponential backoff: the longest wait, e.g. 1h (central's default: 1h).
+    #[arg(long, value_parser = parse_duration)]
+    pub max_retry_delay: Option<Duration>,
+    /// POSTs in flight at once (central's default: 8).
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<u32>,
+    /// Deliveries per second at most, e.g. 10 or 0.5 (default: no limit).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate_limit_per_second: Option<f64>,
+    /// Deliveries allowed at once above the rate (central's default: one second's worth).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    pub rate_limit_burst: Option<u32>,
+    /// Longest one POST may take, e.g. 10s (central's default: 10s).
+    #[arg(long = "timeout", id = "post_timeout", value_parser = parse_duration)]
+    pub post_timeout: Option<Duration>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -328,6 +369,34 @@ mod tests {
             "hunter2hunter2hunter2",
         ]);
         assert!(err.is_err());
+    }
+
+    #[test]
+    fn webhook_set_takes_pacing_flags_and_its_own_timeout() {
+        let cli = Cli::try_parse_from([
+            "outboxctl",
+            "--timeout",
+            "5s",
+            "webhook",
+            "set",
+            "--max-retries",
+            "3",
+            "--backoff",
+            "fixed",
+            "--max-connections",
+            "2",
+            "--timeout",
+            "4s",
+        ])
+        .unwrap();
+        assert_eq!(cli.timeout, Duration::from_secs(5));
+        let Command::Webhook(WebhookCommand::Set(set)) = cli.command else {
+            panic!("not webhook set");
+        };
+        assert_eq!(set.max_retries, Some(3));
+        assert_eq!(set.backoff, Some(BackoffArg::Fixed));
+        assert_eq!(set.max_connections, Some(2));
+        assert_eq!(set.post_timeout, Some(Duration::from_secs(4)));
     }
 
     #[test]

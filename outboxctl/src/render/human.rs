@@ -41,6 +41,7 @@ pub fn render(report: &Report, now: DateTime<Utc>) -> String {
         Report::SmtpDeleted => "deleted the SMTP configuration: email notifications park until \
                                 it is set again\n"
             .to_owned(),
+        Report::Webhook(config) => webhook_text(config),
     }
 }
 
@@ -375,11 +376,35 @@ fn set_or_not(set: bool) -> String {
 }
 
 /// "10/s, burst 10", or "none" when central has no rate limit for the channel.
-fn rate_limit(c: &v1::SmtpConfig) -> String {
-    c.rate_limit_per_second.map_or_else(
+fn rate_limit(per_second: Option<f64>, burst: u32) -> String {
+    per_second.map_or_else(
         || "none".to_owned(),
-        |rate| format!("{rate}/s, burst {}", c.rate_limit_burst),
+        |rate| format!("{rate}/s, burst {burst}"),
     )
+}
+
+/// The webhook channel's block; "updated" says when nothing is stored (central's defaults).
+fn webhook_text(c: &v1::WebhookConfig) -> String {
+    let updated = match c.updated_at.as_ref() {
+        Some(at) => time_human(Some(at)),
+        None => "never (central's defaults; nothing stored)".to_owned(),
+    };
+    key_values(&[
+        ("timeout", duration_human(c.timeout.as_ref())),
+        ("max retries", c.max_retries.to_string()),
+        ("retry delay", duration_human(c.retry_delay.as_ref())),
+        ("backoff", backoff_name(c.backoff)),
+        (
+            "max retry delay",
+            duration_human(c.max_retry_delay.as_ref()),
+        ),
+        ("max connections", c.max_concurrent_connections.to_string()),
+        (
+            "rate limit",
+            rate_limit(c.rate_limit_per_second, c.rate_limit_burst),
+        ),
+        ("updated", updated),
+    ])
 }
 
 /// The password line for password authentication, the OAuth client's lines for XOAUTH2: each
@@ -413,7 +438,10 @@ fn smtp_text(c: &v1::SmtpConfig) -> String {
             duration_human(c.max_retry_delay.as_ref()),
         ),
         ("max connections", c.max_concurrent_connections.to_string()),
-        ("rate limit", rate_limit(c)),
+        (
+            "rate limit",
+            rate_limit(c.rate_limit_per_second, c.rate_limit_burst),
+        ),
         ("timeout", duration_human(c.timeout.as_ref())),
         (
             "overall timeout",

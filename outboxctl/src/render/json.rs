@@ -38,6 +38,7 @@ pub fn render(report: &Report) -> Value {
         Report::ListDeleted(name) => json!({ "name": name, "deleted": true }),
         Report::Smtp(config) => smtp_config(config),
         Report::SmtpDeleted => json!({ "deleted": true }),
+        Report::Webhook(config) => webhook_config(config),
     }
 }
 
@@ -200,6 +201,21 @@ fn smtp_config(c: &v1::SmtpConfig) -> Value {
         "rate_limit_burst": c.rate_limit_per_second.map(|_| c.rate_limit_burst),
         "timeout": duration_json(c.timeout.as_ref()),
         "overall_timeout": duration_json(c.overall_timeout.as_ref()),
+        "updated_at": time_json(c.updated_at.as_ref()),
+    })
+}
+
+/// `updated_at` is null while nothing is stored (the settings shown are central's defaults).
+fn webhook_config(c: &v1::WebhookConfig) -> Value {
+    json!({
+        "timeout": duration_json(c.timeout.as_ref()),
+        "max_retries": c.max_retries,
+        "retry_delay": duration_json(c.retry_delay.as_ref()),
+        "backoff": backoff_name(c.backoff),
+        "max_retry_delay": duration_json(c.max_retry_delay.as_ref()),
+        "max_concurrent_connections": c.max_concurrent_connections,
+        "rate_limit_per_second": c.rate_limit_per_second,
+        "rate_limit_burst": c.rate_limit_per_second.map(|_| c.rate_limit_burst),
         "updated_at": time_json(c.updated_at.as_ref()),
     })
 }

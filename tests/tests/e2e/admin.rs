@@ -405,6 +405,28 @@ async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
     });
     let live = ingest_one(&central, "Still retrying").await;
     wait_for_status(&central.db, &live, "Retrying").await;
+    // The live row's next retries wait an hour: an operator's change, stored, so the restart
+    // below keeps it (the file only seeds what the database lacks).
+    let mut outbox = central.outbox().await;
+    let smtp = outbox
+        .get_smtp_config(v1::GetSmtpConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    outbox
+        .upsert_smtp_config(v1::UpsertSmtpConfigRequest {
+            host: smtp.host,
+            port: smtp.port,
+            tls_mode: smtp.tls_mode,
+            from_address: smtp.from_address,
+            max_retries: smtp.max_retries,
+            timeout: smtp.timeout,
+            overall_timeout: smtp.overall_timeout,
+            retry_delay: Some(to_duration(Duration::from_secs(3600))),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
     central.stop().await;
 
     // Restart with a retention shorter than the resolved rows' age: the new leader purges once.
@@ -412,9 +434,6 @@ async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
     let metrics_addr = free_addr().await;
     config.metrics_listen = Some(metrics_addr);
     config.retention.terminal_retention = Duration::from_millis(1);
-    if let Some(smtp) = config.smtp.as_mut() {
-        smtp.retry_delay = Duration::from_secs(3600);
-    }
     let central = Central::start(config).await;
     let db = Db::open(&central.db);
     eventually("the delivered and parked rows are purged", || {

@@ -88,6 +88,8 @@ async fn call(
         AdminRpc::GetSmtpConfig => call!(get_smtp_config),
         AdminRpc::UpsertSmtpConfig => call!(upsert_smtp_config),
         AdminRpc::DeleteSmtpConfig => call!(delete_smtp_config),
+        AdminRpc::GetWebhookConfig => call!(get_webhook_config),
+        AdminRpc::UpsertWebhookConfig => call!(upsert_webhook_config),
         AdminRpc::ListSiteHealth => call!(list_site_health),
     }
 }

@@ -562,13 +562,13 @@ async fn the_rate_limit_keeps_every_window_within_burst_plus_rate() {
 /// Central with webhook lists and quick, fixed retries; a POST times out after 500 ms.
 fn webhook_config(dir: &Path, lists: Vec<ListConfig>) -> CentralConfig {
     let mut config = central_config(dir, None);
-    config.webhook = WebhookConfig {
+    config.webhook = Some(WebhookConfig {
         timeout: Duration::from_millis(500),
         max_retries: 5,
         retry_delay: Duration::from_millis(200),
         backoff: BackoffKind::Fixed,
         ..WebhookConfig::default()
-    };
+    });
     config.lists.extend(lists);
     config
 }
@@ -875,7 +875,7 @@ async fn a_list_with_one_failing_endpoint_is_not_delivered() {
         WebhookFormatKind::Generic,
     )];
     let mut config = webhook_config(dir.path(), lists);
-    config.webhook.max_retries = 3;
+    config.webhook.as_mut().unwrap().max_retries = 3;
     let central = Central::start(config).await;
     let id = send(
         &central,

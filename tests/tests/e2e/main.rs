@@ -30,6 +30,7 @@ mod ops_pack;
 mod pair;
 mod secrets;
 mod serve_order;
+mod settings;
 mod silent_link;
 mod site_health;
 mod standby_lag;

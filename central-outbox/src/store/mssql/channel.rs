@@ -2,6 +2,10 @@
 //! written together in one transaction; targets are read back sorted by address, as the SQLite
 //! backend returns them.
 //!
+//! Each channel's settings are one `ChannelConfig` row ('email', 'webhook'). A seed stores a
+//! list or a channel's row only where none is, in one statement; a duplicate key (another
+//! replica seeding the same item at that moment) means it was there.
+//!
 //! Secret columns (`WebhookSecret`, `Password`, `OAuthClientSecret`) are written only as values
 //! sealed by the store's [`Keyring`]; every read opens them, and [`reseal_secrets`] brings older
 //! rows (clear text from earlier releases, or an earlier key) to the current key.
@@ -15,7 +19,7 @@ use super::dispatch::single_count;
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    SmtpAuth, SmtpSettings, Stored, TlsMode,
+    SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::retry::Backoff;
@@ -26,6 +30,8 @@ use crate::store::{Result, StoreError};
 
 /// The channel key of the email settings row in `ChannelConfig`.
 const EMAIL_CHANNEL: &str = "email";
+/// The channel key of the webhook settings row in `ChannelConfig` (migration 0010).
+const WEBHOOK_CHANNEL: &str = "webhook";
 
 fn corrupt(what: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(what.to_string())
@@ -138,6 +144,22 @@ pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> 
 }
 
 pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result<()> {
+    write_list(store, list, sql::ListWrite::Replace)
+        .await
+        .map(drop)
+}
+
+/// Stores `list` unless one of its name is stored; true if this one was stored.
+pub async fn seed_list(store: &MsSqlStore, list: &NotificationList) -> Result<bool> {
+    write_list(store, list, sql::ListWrite::Seed).await
+}
+
+/// Replaces or seeds `list`; true if a seed stored it (always true for a replace).
+async fn write_list(
+    store: &MsSqlStore,
+    list: &NotificationList,
+    write: sql::ListWrite,
+) -> Result<bool> {
     let (format, secret) = match &list.targets {
         ListTargets::Email(_) => (None, None),
         ListTargets::Webhook(target) => (
@@ -158,6 +180,7 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
     targets.sort();
     targets.dedup();
     let stmt = sql::replace_list_with(
+        write,
         list.name.as_str(),
         list.kind(),
         format,
@@ -165,17 +188,27 @@ pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result
         list.consolidation,
         targets,
     );
-    // Two replicas creating the same new list at start-up: the loser's insert fails on the key
-    // and is rolled back; run again, it updates the winner's row.
-    match store.batch_raw(&stmt.sql, &stmt.params).await {
-        Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
+    // Two replicas creating the same new list at once: the loser's insert fails on the key and
+    // is rolled back. A replace runs again and updates the winner's row; a seed finds the list
+    // stored, which is what it asks.
+    match (store.batch_raw(&stmt.sql, &stmt.params).await, write) {
+        (Err(e), sql::ListWrite::Replace)
+            if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey =>
+        {
             store.batch("upsert list", &stmt.sql, &stmt.params).await?;
+            Ok(true)
         }
-        other => {
-            other.map_err(|e| super::error::to_store_error("upsert list", &e))?;
+        (Err(e), sql::ListWrite::Seed)
+            if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey =>
+        {
+            Ok(false)
         }
+        (Ok(_), sql::ListWrite::Replace) => Ok(true),
+        (Ok(mut results), sql::ListWrite::Seed) => {
+            Ok(single_count(&mut results, "Inserted", "seed list")? > 0)
+        }
+        (Err(e), _) => Err(super::error::to_store_error("upsert list", &e)),
     }
-    Ok(())
 }
 
 pub async fn delete_list(store: &MsSqlStore, name: &ListName) -> Result<bool> {
@@ -218,21 +251,9 @@ fn read_smtp(row: &Row, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
         },
         other => return Err(corrupt(format!("auth mechanism {other:?}"))),
     };
-    let retry_delay = millis(decode::req::<i64>(row, "RetryDelayMs")?);
-    let backoff = decode::text(row, "Backoff")?;
-    let backoff = match backoff.as_str() {
-        "fixed" => Backoff::Fixed,
-        "exponential" => Backoff::Exponential {
-            cap: decode::opt::<i64>(row, "MaxRetryDelayMs")?.map_or(retry_delay, millis),
-        },
-        other => return Err(corrupt(format!("backoff {other:?}"))),
-    };
     let timeout = millis(decode::req::<i64>(row, "TimeoutMs")?);
     let tls = decode::text(row, "TlsMode")?;
     let port = decode::req::<i32>(row, "Port")?;
-    let connections = decode::req::<i32>(row, "MaxConcurrentConnections")?;
-    let rate = decode::opt::<f64>(row, "RateLimitPerSecond")?;
-    let burst = decode::opt::<i64>(row, "RateLimitBurst")?;
     Ok(Stored {
         value: SmtpSettings {
             host: decode::text(row, "Host")?,
@@ -244,20 +265,98 @@ fn read_smtp(row: &Row, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
             timeout,
             overall_timeout: decode::opt::<i64>(row, "OverallTimeoutMs")?
                 .map_or(timeout * 4, millis),
-            policy: DeliveryPolicy {
-                max_retries: decode::req::<i64>(row, "MaxRetries")?,
-                retry_delay,
-                backoff,
-                max_concurrent_connections: u32::try_from(connections)
-                    .map_err(|_| corrupt(format!("connections {connections}")))?,
-                rate_limit: rate.map(|per_second| RateLimit {
-                    per_second,
-                    burst: burst.and_then(|b| u32::try_from(b).ok()).unwrap_or(1),
-                }),
-            },
+            policy: read_policy(row)?,
         },
         updated_at: decode::time(row, "UpdatedAt")?,
     })
+}
+
+/// A channel row's pacing and retries (the columns both channels' rows have).
+fn read_policy(row: &Row) -> Result<DeliveryPolicy> {
+    let retry_delay = millis(decode::req::<i64>(row, "RetryDelayMs")?);
+    let backoff = decode::text(row, "Backoff")?;
+    let backoff = match backoff.as_str() {
+        "fixed" => Backoff::Fixed,
+        "exponential" => Backoff::Exponential {
+            cap: decode::opt::<i64>(row, "MaxRetryDelayMs")?.map_or(retry_delay, millis),
+        },
+        other => return Err(corrupt(format!("backoff {other:?}"))),
+    };
+    let connections = decode::req::<i32>(row, "MaxConcurrentConnections")?;
+    let rate = decode::opt::<f64>(row, "RateLimitPerSecond")?;
+    let burst = decode::opt::<i64>(row, "RateLimitBurst")?;
+    Ok(DeliveryPolicy {
+        max_retries: decode::req::<i64>(row, "MaxRetries")?,
+        retry_delay,
+        backoff,
+        max_concurrent_connections: u32::try_from(connections)
+            .map_err(|_| corrupt(format!("connections {connections}")))?,
+        rate_limit: rate.map(|per_second| RateLimit {
+            per_second,
+            burst: burst.and_then(|b| u32::try_from(b).ok()).unwrap_or(1),
+        }),
+    })
+}
+
+/// The webhook channel's row: its POST timeout and policy (its relay columns are NULL).
+fn read_webhook(row: &Row) -> Result<Stored<WebhookSettings>> {
+    Ok(Stored {
+        value: WebhookSettings {
+            timeout: millis(decode::req::<i64>(row, "TimeoutMs")?),
+            policy: read_policy(row)?,
+        },
+        updated_at: decode::time(row, "UpdatedAt")?,
+    })
+}
+
+pub async fn webhook_settings(store: &MsSqlStore) -> Result<Option<Stored<WebhookSettings>>> {
+    let stmt = sql::select_channel(WEBHOOK_CHANNEL);
+    let mut results = store
+        .batch("webhook settings", &stmt.sql, &stmt.params)
+        .await?;
+    result_set(&mut results, 0, "webhook settings")?
+        .first()
+        .map(read_webhook)
+        .transpose()
+}
+
+/// Replaces the webhook channel's settings, or (a seed) stores them only if none are; true if
+/// these were stored.
+pub async fn write_webhook_settings(
+    store: &MsSqlStore,
+    s: &WebhookSettings,
+    write: sql::ChannelWrite,
+) -> Result<bool> {
+    let stmt = sql::replace_webhook_channel(write, WEBHOOK_CHANNEL, s);
+    write_channel(store, stmt, write, "webhook settings").await
+}
+
+/// Runs a channel row's replace or seed. A duplicate key is another replica's first insert at
+/// the same moment: a replace runs again and updates it, a seed finds the row stored.
+async fn write_channel(
+    store: &MsSqlStore,
+    stmt: sql::Statement,
+    write: sql::ChannelWrite,
+    context: &str,
+) -> Result<bool> {
+    match (store.batch_raw(&stmt.sql, &stmt.params).await, write) {
+        (Err(e), sql::ChannelWrite::Replace)
+            if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey =>
+        {
+            store.batch(context, &stmt.sql, &stmt.params).await?;
+            Ok(true)
+        }
+        (Err(e), sql::ChannelWrite::Seed)
+            if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey =>
+        {
+            Ok(false)
+        }
+        (Ok(_), sql::ChannelWrite::Replace) => Ok(true),
+        (Ok(mut results), sql::ChannelWrite::Seed) => {
+            Ok(single_count(&mut results, "Inserted", context)? > 0)
+        }
+        (Err(e), _) => Err(super::error::to_store_error(context, &e)),
+    }
 }
 
 pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSettings>>> {
@@ -271,7 +370,13 @@ pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSetti
         .transpose()
 }
 
-pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Result<()> {
+/// Replaces the email channel's settings, or (a seed) stores them only if none are; true if
+/// these were stored.
+pub async fn write_smtp_settings(
+    store: &MsSqlStore,
+    s: &SmtpSettings,
+    write: sql::ChannelWrite,
+) -> Result<bool> {
     let (password, oauth) = match &s.auth {
         SmtpAuth::None => (None, None),
         SmtpAuth::Password { password, .. } => (
@@ -287,19 +392,8 @@ pub async fn replace_smtp_settings(store: &MsSqlStore, s: &SmtpSettings) -> Resu
                 .seal(&o.client_secret, Slot::OAuthClientSecret)
         })
         .transpose()?;
-    let stmt = sql::replace_channel(EMAIL_CHANNEL, s, password, client_secret);
-    match store.batch_raw(&stmt.sql, &stmt.params).await {
-        // As for lists: a concurrent first insert; run again, it updates.
-        Err(e) if super::error::classify(&e) == super::error::ErrorClass::DuplicateKey => {
-            store
-                .batch("SMTP settings", &stmt.sql, &stmt.params)
-                .await?;
-        }
-        other => {
-            other.map_err(|e| super::error::to_store_error("SMTP settings", &e))?;
-        }
-    }
-    Ok(())
+    let stmt = sql::replace_channel(write, EMAIL_CHANNEL, s, password, client_secret);
+    write_channel(store, stmt, write, "SMTP settings").await
 }
 
 pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {

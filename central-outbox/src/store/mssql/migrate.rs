@@ -82,6 +82,12 @@ pub const MIGRATIONS: &[Migration] = &[
         file: "0009_outcome_texts.sql",
         sql: include_str!("../../../../migrations/mssql/0009_outcome_texts.sql"),
     },
+    Migration {
+        version: 10,
+        name: "webhook_channel",
+        file: "0010_webhook_channel.sql",
+        sql: include_str!("../../../../migrations/mssql/0010_webhook_channel.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the

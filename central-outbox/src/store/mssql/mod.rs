@@ -45,7 +45,7 @@ use super::{
     AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
     StoreError,
 };
-use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -274,6 +274,10 @@ impl ReadChannelSettings for MsSqlStore {
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
         channel::smtp_settings(self).await
     }
+
+    async fn webhook_settings(&self) -> Result<Option<Stored<WebhookSettings>>> {
+        channel::webhook_settings(self).await
+    }
 }
 
 impl DispatchStore for MsSqlStore {
@@ -401,7 +405,31 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 
     async fn put_smtp_settings(&self, settings: SmtpSettings) -> Result<()> {
-        channel::replace_smtp_settings(self, &settings).await
+        channel::write_smtp_settings(self, &settings, sql::ChannelWrite::Replace)
+            .await
+            .map(drop)
+    }
+
+    async fn put_webhook_settings(&self, settings: WebhookSettings) -> Result<()> {
+        channel::write_webhook_settings(self, &settings, sql::ChannelWrite::Replace)
+            .await
+            .map(drop)
+    }
+
+    async fn seed_smtp_settings(&self, settings: SmtpSettings) -> Result<bool> {
+        channel::write_smtp_settings(self, &settings, sql::ChannelWrite::Seed).await
+    }
+
+    async fn seed_webhook_settings(&self, settings: WebhookSettings) -> Result<bool> {
+        channel::write_webhook_settings(self, &settings, sql::ChannelWrite::Seed).await
+    }
+
+    async fn seed_list(&self, list: NotificationList) -> Result<bool> {
+        let stored = channel::seed_list(self, &list).await?;
+        if stored {
+            ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
+        }
+        Ok(stored)
     }
 
     async fn delete_smtp_settings(&self) -> Result<bool> {

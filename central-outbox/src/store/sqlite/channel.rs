@@ -1,5 +1,8 @@
 //! Notification lists and channel settings in the SQLite backend. Read on the read pool, written
-//! through the group-commit writer like everything else.
+//! through the group-commit writer like everything else. Each channel's settings are one
+//! `ChannelConfig` row ('email', 'webhook'). A seed checks and writes in one writer job, inside
+//! the writer's IMMEDIATE transaction, so a replica seeding the same file at once (another
+//! process on the same file) finds the row the first one wrote.
 //!
 //! Secret columns (`NotificationLists.WebhookSecret`, `ChannelConfig.Password` and
 //! `ChannelConfig.OAuthClientSecret`) are written only as values sealed by [`Keyring::seal`];
@@ -14,7 +17,7 @@ use std::time::Duration;
 
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    SmtpAuth, SmtpSettings, Stored, TlsMode,
+    SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
@@ -24,6 +27,8 @@ use crate::store::Result;
 
 /// The channel key of the email settings row in `ChannelConfig`.
 const EMAIL_CHANNEL: &str = "email";
+/// The channel key of the webhook settings row in `ChannelConfig` (migration 0008).
+const WEBHOOK_CHANNEL: &str = "webhook";
 
 pub(super) fn select_list(
     conn: &Connection,
@@ -251,13 +256,7 @@ impl SmtpRow {
             other => return Err(corrupt(format!("auth mechanism {other:?}"))),
         };
         let retry_delay = millis(self.retry_delay_ms);
-        let backoff = match self.backoff.as_str() {
-            "fixed" => Backoff::Fixed,
-            "exponential" => Backoff::Exponential {
-                cap: self.max_retry_delay_ms.map_or(retry_delay, millis),
-            },
-            other => return Err(corrupt(format!("backoff {other:?}"))),
-        };
+        let backoff = decode_backoff(&self.backoff, retry_delay, self.max_retry_delay_ms)?;
         let timeout = millis(self.timeout_ms);
         Ok(Stored {
             value: SmtpSettings {
@@ -283,6 +282,17 @@ impl SmtpRow {
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
         })
+    }
+}
+
+/// A stored backoff: an exponential one's cap, where a row lacks it, is its base delay.
+fn decode_backoff(backoff: &str, retry_delay: Duration, cap_ms: Option<i64>) -> Result<Backoff> {
+    match backoff {
+        "fixed" => Ok(Backoff::Fixed),
+        "exponential" => Ok(Backoff::Exponential {
+            cap: cap_ms.map_or(retry_delay, millis),
+        }),
+        other => Err(corrupt(format!("backoff {other:?}"))),
     }
 }
 
@@ -346,6 +356,143 @@ pub(super) fn replace_smtp_settings(
             ms(now),
         ])?;
     Ok(())
+}
+
+/// The webhook channel's row (`select_webhook_settings.sql`), decoded.
+fn read_webhook(row: &rusqlite::Row<'_>) -> rusqlite::Result<WebhookRow> {
+    Ok(WebhookRow {
+        max_retries: row.get(0)?,
+        retry_delay_ms: row.get(1)?,
+        backoff: row.get(2)?,
+        max_retry_delay_ms: row.get(3)?,
+        connections: row.get(4)?,
+        rate_per_second: row.get(5)?,
+        rate_burst: row.get(6)?,
+        timeout_ms: row.get(7)?,
+        updated_at: row.get(8)?,
+    })
+}
+
+/// The webhook channel's `ChannelConfig` row as stored.
+struct WebhookRow {
+    max_retries: i64,
+    retry_delay_ms: i64,
+    backoff: String,
+    max_retry_delay_ms: Option<i64>,
+    connections: u32,
+    rate_per_second: Option<f64>,
+    rate_burst: Option<u32>,
+    timeout_ms: i64,
+    updated_at: i64,
+}
+
+impl WebhookRow {
+    fn decode(self) -> Result<Stored<WebhookSettings>> {
+        let retry_delay = millis(self.retry_delay_ms);
+        Ok(Stored {
+            value: WebhookSettings {
+                timeout: millis(self.timeout_ms),
+                policy: DeliveryPolicy {
+                    max_retries: self.max_retries,
+                    retry_delay,
+                    backoff: decode_backoff(&self.backoff, retry_delay, self.max_retry_delay_ms)?,
+                    max_concurrent_connections: self.connections,
+                    rate_limit: self.rate_per_second.map(|per_second| RateLimit {
+                        per_second,
+                        burst: self.rate_burst.unwrap_or(1),
+                    }),
+                },
+            },
+            updated_at: at_ms("UpdatedAt", self.updated_at)?,
+        })
+    }
+}
+
+pub(super) fn select_webhook_settings(
+    conn: &Connection,
+) -> Result<Option<Stored<WebhookSettings>>> {
+    conn.prepare_cached(include_str!("sql/select_webhook_settings.sql"))?
+        .query_row([WEBHOOK_CHANNEL], read_webhook)
+        .optional()?
+        .map(WebhookRow::decode)
+        .transpose()
+}
+
+pub(super) fn replace_webhook_settings(
+    conn: &Connection,
+    s: &WebhookSettings,
+    now: DateTime<Utc>,
+) -> Result<()> {
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(duration_ms(cap)),
+    };
+    conn.prepare_cached(include_str!("sql/replace_webhook_settings.sql"))?
+        .execute(params![
+            WEBHOOK_CHANNEL,
+            p.max_retries,
+            duration_ms(p.retry_delay),
+            p.backoff.as_str(),
+            max_retry_delay,
+            p.max_concurrent_connections,
+            p.rate_limit.map(|r| r.per_second),
+            p.rate_limit.map(|r| r.burst),
+            duration_ms(s.timeout),
+            ms(now),
+        ])?;
+    Ok(())
+}
+
+/// Whether channel `channel`'s settings row is stored.
+fn channel_exists(conn: &Connection, channel: &str) -> Result<bool> {
+    Ok(conn
+        .prepare_cached(include_str!("sql/channel_exists.sql"))?
+        .query_row([channel], |row| row.get(0))?)
+}
+
+/// Stores the email settings unless a row is stored; true if stored. Run as one writer job.
+pub(super) fn seed_smtp_settings(
+    conn: &Connection,
+    s: &SmtpSettings,
+    secrets: &Keyring,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    if channel_exists(conn, EMAIL_CHANNEL)? {
+        return Ok(false);
+    }
+    replace_smtp_settings(conn, s, secrets, now)?;
+    Ok(true)
+}
+
+/// Stores the webhook settings unless a row is stored; true if stored. Run as one writer job.
+pub(super) fn seed_webhook_settings(
+    conn: &Connection,
+    s: &WebhookSettings,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    if channel_exists(conn, WEBHOOK_CHANNEL)? {
+        return Ok(false);
+    }
+    replace_webhook_settings(conn, s, now)?;
+    Ok(true)
+}
+
+/// Stores a list unless one of its name is stored; true if stored. Run as one writer job.
+pub(super) fn seed_list(
+    conn: &Connection,
+    list: &NotificationList,
+    secrets: &Keyring,
+    now: DateTime<Utc>,
+) -> Result<bool> {
+    let exists: bool = conn
+        .prepare_cached(include_str!("sql/list_exists.sql"))?
+        .query_row([list.name.as_str()], |row| row.get(0))?;
+    if exists {
+        return Ok(false);
+    }
+    replace_list(conn, list, secrets, now)?;
+    Ok(true)
 }
 
 pub(super) fn delete_smtp_settings(conn: &Connection) -> Result<bool> {

@@ -47,6 +47,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "site_health",
         sql: include_str!("../../../../migrations/sqlite/0007_site_health.sql"),
     },
+    Migration {
+        version: 8,
+        name: "webhook_channel",
+        sql: include_str!("../../../../migrations/sqlite/0008_webhook_channel.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
@@ -138,6 +143,56 @@ mod tests {
             .collect::<rusqlite::Result<_>>()
             .unwrap();
         assert_eq!(turns, [(1, 2, 2), (2, 1, 2), (3, 1, 2), (4, 0, 2)]);
+    }
+
+    /// A database at version 7 with email settings stored: migration 8 rebuilds ChannelConfig
+    /// with the same row, lets a webhook row leave the relay columns empty, and still refuses
+    /// an email row without its relay.
+    #[test]
+    fn the_webhook_channel_migration_keeps_the_email_row() {
+        let mut conn = Connection::open_in_memory().unwrap();
+        for m in MIGRATIONS.iter().filter(|m| m.version <= 7) {
+            conn.execute_batch(m.sql).unwrap();
+            conn.execute_batch(&format!(
+                "CREATE TABLE IF NOT EXISTS SchemaMigrations (
+                     Version INTEGER PRIMARY KEY, Name TEXT NOT NULL, AppliedAt INTEGER NOT NULL);
+                 INSERT INTO SchemaMigrations VALUES ({}, '{}', 0);",
+                m.version, m.name
+            ))
+            .unwrap();
+        }
+        conn.execute_batch(
+            "INSERT INTO ChannelConfig (Channel, Host, Port, TlsMode, FromAddress, MaxRetries,
+                 RetryDelayMs, MaxConcurrentConnections, TimeoutMs, UpdatedAt, Backoff,
+                 RateLimitPerSecond, RateLimitBurst)
+             VALUES ('email', 'relay.test', 587, 'starttls', 'o@x.test', 7, 90000, 3, 20000, 5,
+                 'fixed', 2.5, 5)",
+        )
+        .unwrap();
+        apply(&mut conn).unwrap();
+        let row: (String, i64, i64, f64, i64) = conn
+            .query_row(
+                "SELECT Host, Port, MaxRetries, RateLimitPerSecond, UpdatedAt FROM ChannelConfig
+                 WHERE Channel = 'email'",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)),
+            )
+            .unwrap();
+        assert_eq!(row, ("relay.test".into(), 587, 7, 2.5, 5));
+        conn.execute_batch(
+            "INSERT INTO ChannelConfig (Channel, MaxRetries, RetryDelayMs,
+                 MaxConcurrentConnections, TimeoutMs, UpdatedAt)
+             VALUES ('webhook', 3, 1000, 8, 10000, 6)",
+        )
+        .unwrap();
+        conn.execute_batch("DELETE FROM ChannelConfig WHERE Channel = 'email'")
+            .unwrap();
+        let relayless = conn.execute_batch(
+            "INSERT INTO ChannelConfig (Channel, MaxRetries, RetryDelayMs,
+                 MaxConcurrentConnections, TimeoutMs, UpdatedAt)
+             VALUES ('email', 3, 1000, 8, 10000, 6)",
+        );
+        assert!(relayless.is_err(), "an email row needs its relay");
     }
 
     #[test]

@@ -35,7 +35,7 @@ use super::{
     AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
     StoreError,
 };
-use crate::domain::channel::{NotificationList, SmtpSettings, Stored};
+use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
 use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_ENTRY, site_actor};
 use crate::domain::kpi::{KpiParams, Kpis};
@@ -146,6 +146,10 @@ impl ReadChannelSettings for SqliteStore {
         self.db
             .read(move |conn| channel::select_smtp_settings(conn, &secrets))
             .await
+    }
+
+    async fn webhook_settings(&self) -> Result<Option<Stored<WebhookSettings>>> {
+        self.db.read(channel::select_webhook_settings).await
     }
 }
 
@@ -339,6 +343,32 @@ impl ChannelSettingsStore for SqliteStore {
 
     async fn delete_smtp_settings(&self) -> Result<bool> {
         self.db.write(channel::delete_smtp_settings).await
+    }
+
+    async fn put_webhook_settings(&self, settings: WebhookSettings) -> Result<()> {
+        self.db
+            .write(move |conn| channel::replace_webhook_settings(conn, &settings, Utc::now()))
+            .await
+    }
+
+    async fn seed_smtp_settings(&self, settings: SmtpSettings) -> Result<bool> {
+        let secrets = self.secrets.clone();
+        self.db
+            .write(move |conn| channel::seed_smtp_settings(conn, &settings, &secrets, Utc::now()))
+            .await
+    }
+
+    async fn seed_webhook_settings(&self, settings: WebhookSettings) -> Result<bool> {
+        self.db
+            .write(move |conn| channel::seed_webhook_settings(conn, &settings, Utc::now()))
+            .await
+    }
+
+    async fn seed_list(&self, list: NotificationList) -> Result<bool> {
+        let secrets = self.secrets.clone();
+        self.db
+            .write(move |conn| channel::seed_list(conn, &list, &secrets, Utc::now()))
+            .await
     }
 
     async fn reseal_secrets(&self) -> Result<ResealReport> {

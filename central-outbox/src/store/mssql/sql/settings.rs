@@ -1,14 +1,16 @@
 //! The statements of lists and channel settings: reading, replacing (as a whole, in one
-//! transaction) and deleting a list with its targets or a channel's SMTP settings, and the
-//! start-up re-seal of stored secrets, which replaces a secret only while it is still the value
-//! read (a replica that stored a new one meanwhile keeps it).
+//! transaction) and deleting a list with its targets or a channel's settings (the email row's
+//! relay and policy, the webhook row's policy); seeding each (stored only where none is, in one
+//! statement: of two replicas seeding at once, one inserts and the other finds the row, or
+//! loses on the key); and the start-up re-seal of stored secrets, which replaces a secret only
+//! while it is still the value read (a replica that stored a new one meanwhile keeps it).
 
 use std::borrow::Cow;
 
 use super::super::millis_i64;
 use super::{BATCH_START, Param, Statement, int, int_value, text};
 use crate::domain::NotificationType;
-use crate::domain::channel::{SmtpAuth, SmtpSettings};
+use crate::domain::channel::{SmtpAuth, SmtpSettings, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
 use crate::domain::retry::Backoff;
 
@@ -27,17 +29,7 @@ pub const SELECT_LISTS: &str = include_str!("select_lists.sql");
 /// no row: its first arrival starts a count), so that a submit only ever updates that row
 /// (migration 0007).
 pub fn replace_list(targets: usize) -> String {
-    let values: Vec<String> = (0..targets)
-        .map(|i| format!("(@P1, @P{})", i + 8))
-        .collect();
-    let insert = if values.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES {};\n",
-            values.join(", ")
-        )
-    };
+    let insert = insert_targets(targets);
     format!(
         "{}{}BEGIN TRANSACTION;
 UPDATE l
@@ -60,9 +52,63 @@ WHERE r.ListName = @P1;
     )
 }
 
-/// [`replace_list`] of list `name` with its `targets` (each once); `format` and `secret` (sealed)
-/// only for a webhook list; `consolidation` when the list consolidates floods.
+/// The insert of `targets` targets (@P8...) of list @P1, or nothing for none.
+fn insert_targets(targets: usize) -> String {
+    let values: Vec<String> = (0..targets)
+        .map(|i| format!("(@P1, @P{})", i + 8))
+        .collect();
+    if values.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES {};\n",
+            values.join(", ")
+        )
+    }
+}
+
+/// Stores list @P1 as [`replace_list`] does (the same parameters), only if no list of that
+/// name is stored: the list's row is inserted first, and its targets (any left by a list
+/// deleted meanwhile go first) and consolidation window row follow only if it was. Result:
+/// lists stored (0 or 1). Two replicas seeding the same list at once: one inserts, the other
+/// finds its row, or fails on the key (2627), which the caller reads as "was there".
+pub fn seed_list(targets: usize) -> String {
+    let insert = insert_targets(targets);
+    format!(
+        "{}{}DECLARE @inserted int;
+BEGIN TRANSACTION;
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
+SET @inserted = @@ROWCOUNT;
+IF @inserted = 1
+BEGIN
+INSERT INTO dbo.ConsolidationWindows (ListName, WindowStart, Arrived)
+SELECT @P1, CAST('19700101' AS datetime2(3)), 0
+WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS w WHERE w.ListName = @P1);
+DELETE r
+FROM dbo.NotificationListRecipients AS r
+WHERE r.ListName = @P1;
+{insert}END;
+COMMIT TRANSACTION;
+SELECT @inserted AS Inserted;",
+        BATCH_START,
+        declare_now!()
+    )
+}
+
+/// What [`replace_list`] or [`seed_list`] does to the lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListWrite {
+    Replace,
+    Seed,
+}
+
+/// [`replace_list`] (or [`seed_list`]) of list `name` with its `targets` (each once); `format`
+/// and `secret` (sealed) only for a webhook list; `consolidation` when the list consolidates
+/// floods.
 pub fn replace_list_with(
+    write: ListWrite,
     name: &str,
     kind: NotificationType,
     format: Option<String>,
@@ -73,8 +119,12 @@ pub fn replace_list_with(
     let threshold = consolidation.map(|c| int_value(c.threshold()));
     let window = consolidation.map(|c| i32::try_from(c.window().as_secs()).unwrap_or(i32::MAX));
     let max_per_digest = consolidation.map(|c| int_value(c.max_per_digest()));
+    let sql = match write {
+        ListWrite::Replace => replace_list(targets.len()),
+        ListWrite::Seed => seed_list(targets.len()),
+    };
     let mut stmt = Statement {
-        sql: Cow::Owned(replace_list(targets.len())),
+        sql: Cow::Owned(sql),
         params: Vec::new(),
     }
     .set("@P1", text(name))
@@ -102,10 +152,20 @@ pub fn select_channel(channel: &str) -> Statement {
     Statement::fixed(include_str!("select_channel.sql")).set("@P1", text(channel))
 }
 
+/// What a channel settings write does: replace the stored row, or store one only where none
+/// is (a seed, whose result is the rows inserted, 0 or 1, as `Inserted`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChannelWrite {
+    Replace,
+    Seed,
+}
+
 /// Creates or replaces email channel `channel`'s settings (@P1) with `s` (@P2..@P21 in
-/// select_channel.sql's column order, without UpdatedAt), in one transaction; its password and
-/// OAuth client secret are given sealed (`None` when its authentication has none).
+/// select_channel.sql's column order, without UpdatedAt), in one transaction, or (a seed)
+/// stores them only if the channel has none; its password and OAuth client secret are given
+/// sealed (`None` when its authentication has none).
 pub fn replace_channel(
+    write: ChannelWrite,
     channel: &str,
     s: &SmtpSettings,
     password: Option<String>,
@@ -121,7 +181,11 @@ pub fn replace_channel(
         Backoff::Fixed => None,
         Backoff::Exponential { cap } => Some(millis_i64(cap)),
     };
-    Statement::fixed(include_str!("replace_channel.sql"))
+    let sql = match write {
+        ChannelWrite::Replace => include_str!("replace_channel.sql"),
+        ChannelWrite::Seed => include_str!("seed_channel.sql"),
+    };
+    Statement::fixed(sql)
         .set("@P1", text(channel))
         .set("@P2", text(&s.host))
         .set("@P3", Param::Int(Some(i32::from(s.port))))
@@ -146,6 +210,38 @@ pub fn replace_channel(
         .set("@P19", Param::Text(oauth.map(|o| o.client_id.clone())))
         .set("@P20", Param::Text(client_secret))
         .set("@P21", Param::Text(oauth.map(|o| o.scope.clone())))
+}
+
+/// Creates or replaces webhook channel `channel`'s settings (@P1): its pacing and retries
+/// (@P2..@P9), or (a seed) stores them only if the channel has none. The relay columns stay
+/// NULL (migration 0010).
+pub fn replace_webhook_channel(
+    write: ChannelWrite,
+    channel: &str,
+    s: &WebhookSettings,
+) -> Statement {
+    let p = &s.policy;
+    let max_retry_delay = match p.backoff {
+        Backoff::Fixed => None,
+        Backoff::Exponential { cap } => Some(millis_i64(cap)),
+    };
+    let sql = match write {
+        ChannelWrite::Replace => include_str!("replace_webhook_channel.sql"),
+        ChannelWrite::Seed => include_str!("seed_webhook_channel.sql"),
+    };
+    Statement::fixed(sql)
+        .set("@P1", text(channel))
+        .set("@P2", Param::BigInt(Some(p.max_retries)))
+        .set("@P3", Param::BigInt(Some(millis_i64(p.retry_delay))))
+        .set("@P4", text(p.backoff.as_str()))
+        .set("@P5", Param::BigInt(max_retry_delay))
+        .set("@P6", int(p.max_concurrent_connections))
+        .set("@P7", Param::Float(p.rate_limit.map(|r| r.per_second)))
+        .set(
+            "@P8",
+            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+        )
+        .set("@P9", Param::BigInt(Some(millis_i64(s.timeout))))
 }
 
 /// Deletes channel @P1's settings. Result: rows deleted.

@@ -140,6 +140,7 @@ fn renderings() -> Vec<(&'static str, String)> {
             count_on_filter(&parked_only, 1000).sql.into_owned(),
         ),
         ("replace_list_2", replace_list(2)),
+        ("seed_list_2", seed_list(2)),
     ]
 }
 
@@ -484,6 +485,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
     .unwrap()
     .smtp
     .unwrap();
+    let webhook = crate::domain::channel::WebhookSettings::default();
     let filter = NotificationFilter {
         statuses: vec![Status::Parked],
         subject_contains: Some("tank".into()),
@@ -574,6 +576,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
         (
             "replace_list_with",
             replace_list_with(
+                ListWrite::Replace,
                 "ops",
                 NotificationType::Email,
                 None,
@@ -582,11 +585,35 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 vec!["a@plant.test".into(), "b@plant.test".into()],
             ),
         ),
+        (
+            "seed_list_with",
+            replace_list_with(
+                ListWrite::Seed,
+                "ops",
+                NotificationType::Webhook,
+                Some("teams".into()),
+                Some("sealed".into()),
+                None,
+                vec!["https://h.test/a".into()],
+            ),
+        ),
         ("delete_list", delete_list("ops")),
         ("select_channel", select_channel("email")),
         (
             "replace_channel",
-            replace_channel("email", &smtp, None, None),
+            replace_channel(ChannelWrite::Replace, "email", &smtp, None, None),
+        ),
+        (
+            "seed_channel",
+            replace_channel(ChannelWrite::Seed, "email", &smtp, None, None),
+        ),
+        (
+            "replace_webhook_channel",
+            replace_webhook_channel(ChannelWrite::Replace, "webhook", &webhook),
+        ),
+        (
+            "seed_webhook_channel",
+            replace_webhook_channel(ChannelWrite::Seed, "webhook", &webhook),
         ),
         ("delete_channel", delete_channel("email")),
         (
