@@ -91,6 +91,12 @@ pub fn tls_enabled() -> bool {
 pub struct Binaries {
     pub central: PathBuf,
     pub site: PathBuf,
+    /// Central takes `--apply-config`: its stored channel settings and lists are the
+    /// database's unless told otherwise, and a run's central must deliver to that run's sink
+    /// even when its database was copied from a fixture another central wrote. Older binaries
+    /// (measured with `--bin-dir`) have no such flag: they wrote the file over the database at
+    /// every start anyway.
+    pub central_applies_config: bool,
 }
 
 impl Binaries {
@@ -113,16 +119,24 @@ impl Binaries {
                 binaries::build(target_dir, profile_dir, BuiltBy::CargoBuild)?
             }
         };
-        let bins = Self {
-            central: dir.join("central-outbox"),
-            site: dir.join("site-forwarder"),
-        };
-        for bin in [&bins.central, &bins.site] {
+        let central = dir.join("central-outbox");
+        let site = dir.join("site-forwarder");
+        for bin in [&central, &site] {
             if !bin.exists() {
                 bail!("{} is missing", bin.display());
             }
         }
-        Ok(bins)
+        let help = std::process::Command::new(&central)
+            .arg("--help")
+            .output()
+            .with_context(|| format!("cannot run {} --help", central.display()))?;
+        let central_applies_config =
+            String::from_utf8_lossy(&help.stdout).contains("--apply-config");
+        Ok(Self {
+            central,
+            site,
+            central_applies_config,
+        })
     }
 }
 
@@ -250,7 +264,10 @@ impl Service {
         let addr = listen_addr_of(toml)?;
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
-        let args = vec!["--config".to_string(), config.display().to_string()];
+        let mut args = vec!["--config".to_string(), config.display().to_string()];
+        if bins.central_applies_config {
+            args.push("--apply-config".to_string());
+        }
         Self::start(name, &bins.central, &args, addr, dir, tls_enabled()).await
     }
 
