@@ -392,7 +392,15 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             .as_ref()
             .and_then(|c| c.policy().rate_limit)
             .map(|limit| limit.per_second);
-        let ahead = self.ahead.rows(self.slots.size, rate_limit);
+        let mut ahead = self.ahead.rows(self.slots.size, rate_limit);
+        // Outcomes waiting for the recorder mean the database is behind the deliveries: claiming
+        // ahead would only make rows wait longer between their claim and their recorded
+        // outcome, and a claim that runs out first is claimed again while its first send
+        // stands (a duplicate mail). Then the channel claims only once its queue is empty.
+        let unrecorded = self.parts.recorder.max_capacity() - self.parts.recorder.capacity();
+        if unrecorded > ahead + 2 * self.slots.size {
+            ahead = 0;
+        }
         let queued = self.queue.len();
         if queued >= free + ahead {
             return;
