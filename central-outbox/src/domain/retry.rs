@@ -38,6 +38,14 @@ impl Backoff {
             Self::Exponential { .. } => "exponential",
         }
     }
+
+    /// The longest wait between retries (stored as `MaxRetryDelayMs`); `None` for fixed delays.
+    pub fn cap(self) -> Option<Duration> {
+        match self {
+            Self::Fixed => None,
+            Self::Exponential { cap } => Some(cap),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,11 +17,12 @@ where
     Fut: Future<Output = Option<T>>,
 {
     let give_up = Instant::now() + deadline;
+    let mut asks = tokio::time::interval(PAUSE);
     loop {
+        asks.tick().await;
         if let Some(value) = check().await {
             return value;
         }
         assert!(Instant::now() < give_up, "{what} (waited {deadline:?})");
-        tokio::time::sleep(PAUSE).await;
     }
 }

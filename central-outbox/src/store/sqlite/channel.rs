@@ -326,10 +326,7 @@ pub(super) fn replace_smtp_settings(
         .map(|o| secrets.seal(&o.client_secret, Slot::OAuthClientSecret))
         .transpose()?;
     let p = &s.policy;
-    let max_retry_delay = match p.backoff {
-        Backoff::Fixed => None,
-        Backoff::Exponential { cap } => Some(duration_ms(cap)),
-    };
+    let max_retry_delay = p.backoff.cap().map(duration_ms);
     conn.prepare_cached(include_str!("sql/replace_smtp_settings.sql"))?
         .execute(params![
             EMAIL_CHANNEL,
@@ -424,10 +421,7 @@ pub(super) fn replace_webhook_settings(
     now: DateTime<Utc>,
 ) -> Result<()> {
     let p = &s.policy;
-    let max_retry_delay = match p.backoff {
-        Backoff::Fixed => None,
-        Backoff::Exponential { cap } => Some(duration_ms(cap)),
-    };
+    let max_retry_delay = p.backoff.cap().map(duration_ms);
     conn.prepare_cached(include_str!("sql/replace_webhook_settings.sql"))?
         .execute(params![
             WEBHOOK_CHANNEL,

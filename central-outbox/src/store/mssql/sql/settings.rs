@@ -12,7 +12,6 @@ use super::{BATCH_START, Param, Statement, int, int_value, text};
 use crate::domain::NotificationType;
 use crate::domain::channel::{SmtpAuth, SmtpSettings, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
-use crate::domain::retry::Backoff;
 
 /// List @P1 (first result) and its targets (second).
 pub fn select_list(name: &str) -> Statement {
@@ -177,10 +176,7 @@ pub fn replace_channel(
         SmtpAuth::XOAuth2 { username, oauth } => (Some(username.clone()), Some(oauth)),
     };
     let p = &s.policy;
-    let max_retry_delay = match p.backoff {
-        Backoff::Fixed => None,
-        Backoff::Exponential { cap } => Some(millis_i64(cap)),
-    };
+    let max_retry_delay = p.backoff.cap().map(millis_i64);
     let sql = match write {
         ChannelWrite::Replace => include_str!("replace_channel.sql"),
         ChannelWrite::Seed => include_str!("seed_channel.sql"),
@@ -221,10 +217,7 @@ pub fn replace_webhook_channel(
     s: &WebhookSettings,
 ) -> Statement {
     let p = &s.policy;
-    let max_retry_delay = match p.backoff {
-        Backoff::Fixed => None,
-        Backoff::Exponential { cap } => Some(millis_i64(cap)),
-    };
+    let max_retry_delay = p.backoff.cap().map(millis_i64);
     let sql = match write {
         ChannelWrite::Replace => include_str!("replace_webhook_channel.sql"),
         ChannelWrite::Seed => include_str!("seed_webhook_channel.sql"),
