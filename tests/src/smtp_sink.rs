@@ -36,7 +36,8 @@
 //! does. Every accepted message carries how its commands arrived ([`ReceivedMail::wire`]):
 //! grouped into *batches*, a batch being the commands that had already arrived together when
 //! the sink turned to the first of them. A client that waits for each reply shows one command
-//! per batch; one that pipelines shows `MAIL`, every `RCPT` and `DATA` in one. On loopback a
+//! per batch; one that pipelines shows `MAIL`, every `RCPT` and `DATA` in one (behind
+//! [`END_OF_PREVIOUS_MESSAGE`] when they came with the previous message's end). On loopback a
 //! single write of a few hundred bytes arrives in one read, so the grouping is what the
 //! client wrote.
 //!
@@ -135,6 +136,10 @@ pub enum Behaviour {
     DropAtData,
 }
 
+/// In [`ReceivedMail::wire`]: the previous message's end of data, which this batch arrived
+/// with.
+pub const END_OF_PREVIOUS_MESSAGE: &str = "<end of previous message>";
+
 /// One message the sink accepted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReceivedMail {
@@ -153,7 +158,9 @@ pub struct ReceivedMail {
     pub session: usize,
     /// Everything the session received since its previous accepted message (or since it
     /// began, EHLO included), as batches of what arrived together (see the module doc): the
-    /// command verbs in upper case, and `<message>` for the message content.
+    /// command verbs in upper case, and `<message>` for the message content. When commands
+    /// arrived together with the previous message's end of data (a client pipelining the next
+    /// envelope behind it), their batch starts with [`END_OF_PREVIOUS_MESSAGE`].
     pub wire: Vec<Vec<String>>,
 }
 
@@ -1085,6 +1092,11 @@ impl Session<'_> {
                         session: self.number,
                         wire: std::mem::take(&mut self.wire),
                     });
+                    if !self.reader.buffer().is_empty() {
+                        // What follows arrived with this end of data: the next transaction's
+                        // first batch starts here.
+                        self.wire.push(vec![END_OF_PREVIOUS_MESSAGE.to_owned()]);
+                    }
                     self.reply(250, &format!("2.0.0 Ok: queued as {number}"))
                         .await?;
                 }

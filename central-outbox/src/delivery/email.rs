@@ -4,9 +4,10 @@
 //! duplicate send after a crash is recognisable as the same message. How the subject and body
 //! are encoded is `mail_format`'s job.
 //!
-//! Sessions come from [`SmtpPool`], one per distinct settings value (and XOAUTH2 token): a
+//! Transactions go to an [`SmtpPool`], one per distinct settings value (and XOAUTH2 token): a
 //! settings change in the database, or a new token, starts a new pool on the next attempt, so no
-//! session authenticated the old way is reused.
+//! session authenticated the old way is reused. How a transaction goes over a pooled connection
+//! (pipelining, and what a lost connection means) is `smtp_lane`'s.
 //!
 //! Classification: a 5xx reply is permanent; a 4xx reply, or a connect, TLS, I/O or timeout
 //! error, is transient; an invalid address or an empty list is permanent. The first refusal in
@@ -26,6 +27,7 @@ use lettre::transport::smtp;
 
 use super::mail_format;
 use super::smtp_pool::{SessionError, SmtpPool};
+use super::turn::Turn;
 use crate::domain::channel::{EmailAddress, Secret, SmtpAuth, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::{NotificationContent, NotificationId, Priority};
@@ -102,7 +104,9 @@ impl EmailAdapter {
     }
 
     /// Sends `content` to every recipient using `settings`. `access_token` is the XOAUTH2 bearer
-    /// token when the settings use XOAUTH2 (the caller fetches it; see `delivery::oauth`).
+    /// token when the settings use XOAUTH2 (the caller fetches it; see `delivery::oauth`). The
+    /// transaction takes its place at the pool's connections in `turn`.
+    #[allow(clippy::too_many_arguments)]
     pub async fn deliver(
         &self,
         settings: &SmtpSettings,
@@ -111,6 +115,7 @@ impl EmailAdapter {
         priority: Priority,
         recipients: &[EmailAddress],
         access_token: Option<&Secret>,
+        turn: Turn,
     ) -> Result<Delivered, EmailError> {
         if recipients.is_empty() {
             return Err(DeliveryError::permanent("the notification list has no recipients").into());
@@ -118,24 +123,23 @@ impl EmailAdapter {
         let addresses = self.addresses_for(&settings.from_address, recipients)?;
         let message = build_message(settings, &addresses, id, content, priority)?;
         let pool = self.pool_for(settings, access_token)?;
-        // Each step has its own timeout; this bounds the whole session, so a server trickling
+        // The pool's connection owns the timeout (it owns the I/O): this bounds the whole
+        // transaction, from waiting for a connection to the last reply, so a server trickling
         // replies cannot hold a delivery slot forever.
-        match tokio::time::timeout(settings.overall_timeout, send(&pool, &message)).await {
-            Ok(Ok(())) => Ok(Delivered {
+        let deadline = tokio::time::Instant::now() + settings.overall_timeout;
+        let data = mail_format::smtp_data(message.formatted());
+        match pool
+            .send(message.envelope().clone(), data, deadline, turn)
+            .await
+        {
+            Ok(()) => Ok(Delivered {
                 resolved_targets: recipients.iter().map(ToString::to_string).collect(),
             }),
-            Ok(Err(SessionError::Smtp(e))) => Err(classify(&e, settings).into()),
-            Ok(Err(SessionError::CredentialsRefused(e))) => Err(EmailError::CredentialsRefused(
+            Err(SessionError::Smtp(e)) => Err(classify(&e, settings).into()),
+            Err(SessionError::CredentialsRefused(e)) => Err(EmailError::CredentialsRefused(
                 DeliveryError::Permanent(scrub(describe(&e), settings)),
             )),
-            Ok(Err(SessionError::Delivery(e))) => Err(e.into()),
-            Err(_) => Err(DeliveryError::transient(format!(
-                "SMTP delivery to {}:{} took longer than {}s",
-                settings.host,
-                settings.port,
-                settings.overall_timeout.as_secs()
-            ))
-            .into()),
+            Err(SessionError::Delivery(e)) => Err(e.into()),
         }
     }
 
@@ -178,58 +182,6 @@ impl EmailAdapter {
         *current = Some(Arc::clone(&pool));
         Ok(pool)
     }
-}
-
-/// One transaction on a pooled session; the session goes back only if it ended cleanly.
-///
-/// The envelope (MAIL, every RCPT, DATA; pipelined when the relay advertises PIPELINING) and the
-/// message are two steps, because they differ in what a lost connection means. Until the message
-/// is written the relay cannot have accepted anything, so when a reused session's connection fails
-/// there rather than the relay refusing something (it closed the connection while it sat in the
-/// pool and that had not arrived yet), the transaction is sent again, once, on a new session, and
-/// no failure is recorded. Once the
-/// message is on its way, a lost connection may hide an accepted message, so it is never resent
-/// here: the attempt is transient and the dispatcher decides.
-async fn send(pool: &SmtpPool, message: &Message) -> Result<(), SessionError> {
-    let data = mail_format::smtp_data(message.formatted());
-    let mut session = pool.session().await?;
-    let mut envelope = session
-        .connection
-        .send_envelope(message.envelope(), &data)
-        .await;
-    if session.reused
-        && let Err(e) = &envelope
-        && connection_lost(e)
-    {
-        session.connection.abort().await;
-        session = pool.fresh_session().await?;
-        envelope = session
-            .connection
-            .send_envelope(message.envelope(), &data)
-            .await;
-    }
-    let sent = match envelope {
-        Ok(_) => session.connection.message(&data).await,
-        Err(e) => Err(e),
-    };
-    match sent {
-        Ok(_) => {
-            pool.give_back(session.connection);
-            Ok(())
-        }
-        Err(e) => {
-            // A refused transaction leaves the session usable after an RSET, but a fresh one is
-            // cheap and certain; drop it rather than guess.
-            session.connection.abort().await;
-            Err(SessionError::Smtp(e))
-        }
-    }
-}
-
-/// The connection failed (closed, reset, unreadable) rather than the server refusing something
-/// with a 4xx/5xx reply or us refusing to send (SMTPUTF8, 8BITMIME).
-fn connection_lost(e: &smtp::Error) -> bool {
-    e.status().is_none() && !e.is_client()
 }
 
 /// The mail for one notification: subject and body encoded by [`mail_format`] so a reader decodes

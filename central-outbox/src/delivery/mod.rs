@@ -10,10 +10,13 @@ pub mod email;
 pub mod http;
 pub mod mail_format;
 pub mod oauth;
+mod smtp_lane;
 pub mod smtp_pool;
+pub mod turn;
 pub mod webhook;
 
 pub use email::{EmailAdapter, EmailError};
+pub use turn::{StartOrder, Turn};
 
 use std::future::Future;
 use std::time::Duration;
@@ -60,13 +63,24 @@ impl ChannelSettings {
 /// One delivery attempt of a claimed notification to its list (already resolved, and of the
 /// notification's channel), with the settings the dispatcher's sweep read. The answer is
 /// `Delivered` or a classified [`DeliveryError`]; an implementation never touches the store.
+/// An implementation that lines attempts up (more than one per connection) waits for `turn`
+/// before it takes a place in line and lets it go after ([`turn`]); any other drops it.
 pub trait Deliver: Send + Sync + 'static {
     fn deliver(
         &self,
         channel: &ChannelSettings,
         list: &NotificationList,
         n: &ClaimedNotification,
+        turn: Turn,
     ) -> impl Future<Output = Result<Delivered, DeliveryError>> + Send;
+
+    /// How many attempts the dispatcher keeps under way per connection of `channel`: one,
+    /// unless the adapter queues work behind its connections (email: one transaction waits
+    /// behind each, so its envelope can go out with the previous message's end of data; see
+    /// `smtp_lane`). The connections themselves stay at `max_concurrent_connections`.
+    fn attempts_per_connection(&self, _channel: &ChannelSettings) -> usize {
+        1
+    }
 }
 
 impl Deliver for Adapters {
@@ -75,13 +89,14 @@ impl Deliver for Adapters {
         channel: &ChannelSettings,
         list: &NotificationList,
         n: &ClaimedNotification,
+        turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
         match (channel, &list.targets) {
             (ChannelSettings::Email(None), _) => {
                 Err(DeliveryError::permanent("no SMTP configuration"))
             }
             (ChannelSettings::Email(Some(smtp)), ListTargets::Email(recipients)) => {
-                self.email(smtp, n, recipients).await
+                self.email(smtp, n, recipients, turn).await
             }
             (ChannelSettings::Webhook(settings), ListTargets::Webhook(target)) => {
                 self.webhook(settings, n, target).await
@@ -92,7 +107,21 @@ impl Deliver for Adapters {
             )),
         }
     }
+
+    fn attempts_per_connection(&self, channel: &ChannelSettings) -> usize {
+        match channel {
+            ChannelSettings::Email(Some(_)) => EMAIL_ATTEMPTS_PER_CONNECTION,
+            ChannelSettings::Email(None) | ChannelSettings::Webhook(_) => 1,
+        }
+    }
 }
+
+/// Email attempts under way per SMTP connection: the one being sent, the one whose envelope
+/// rides behind its message, and one more. The dispatcher starts an attempt only once an
+/// earlier one has been answered, and a connection does not wait for that: with two, the
+/// next message would usually go out before a transaction was waiting to ride behind it, so
+/// every other message would cost two round trips again. More would only wait longer.
+const EMAIL_ATTEMPTS_PER_CONNECTION: usize = 3;
 
 /// Every channel's adapter.
 pub struct Adapters {
@@ -125,11 +154,14 @@ impl Adapters {
         settings: &SmtpSettings,
         n: &ClaimedNotification,
         recipients: &[EmailAddress],
+        turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
         let SmtpAuth::XOAuth2 { oauth, .. } = &settings.auth else {
             return self
                 .email
-                .deliver(settings, n.id, &n.content, n.priority, recipients, None)
+                .deliver(
+                    settings, n.id, &n.content, n.priority, recipients, None, turn,
+                )
                 .await
                 .map_err(EmailError::into_delivery_error);
         };
@@ -143,6 +175,7 @@ impl Adapters {
                 n.priority,
                 recipients,
                 Some(&token),
+                turn,
             )
             .await
         {

@@ -1,51 +1,62 @@
-//! SMTP sessions for the email adapter, kept open and reused: one pool per distinct settings
-//! value (and XOAUTH2 token), at most `max_concurrent_connections` idle sessions.
+//! SMTP connections for the email adapter, kept open and reused: one pool per distinct settings
+//! value (and XOAUTH2 token), of `max_concurrent_connections` connections. Each connection is a
+//! lane ([`super::smtp_lane`]): a task that owns its session and takes transactions from the
+//! pool's queue, so a connection that is finishing one message can already send the next one's
+//! envelope.
 //!
-//! Nothing is said on an idle session before it is used again: no NOOP, no RSET. A session goes
-//! back to the pool only after a transaction that ended with the message accepted (any failure
-//! discards it, so a reused session is never mid-transaction), and one the relay hung up on while
+//! A delivery hands its transaction to the pool ([`SmtpPool::send`]) and waits for the answer;
+//! the dispatcher keeps one more transaction per connection under way than there are
+//! connections (`Deliver::attempts_per_connection`), so a lane usually finds the next one
+//! waiting when it writes a message.
+//!
+//! Nothing is said on an idle session before it is used again: no NOOP, no RSET. A lane keeps
+//! its session only after a transaction that ended with the message accepted (any failure
+//! drops it, so a reused session is never mid-transaction), and one the relay hung up on while
 //! it was idle, or sent its `421` before closing, is recognised from what has already arrived
-//! ([`AsyncSmtpConnection::has_unread_input`], no round trip) and dropped. What that cannot see
-//! (the relay closing just as the next transaction goes out) is the caller's to retry:
-//! [`Session::reused`] says whether the session served a transaction before.
+//! (`AsyncSmtpConnection::has_unread_input`, no round trip) and dropped.
 //!
 //! Why not lettre's own pooled transport: it opens its sockets with Nagle's algorithm on, and
 //! lettre as published writes a message body and its closing `.` line as two writes (the
-//! vendored copy writes one, but anything else written in pieces would meet the same). The kernel then holds
-//! the 5-byte terminator until the body is acknowledged, and the relay's delayed ACK makes that
-//! about 40 ms per message (seen with strace while benchmarking; any Linux relay acks that way).
-//! Here the socket is ours, with TCP_NODELAY, and lettre drives the SMTP conversation on it
-//! (EHLO, STARTTLS, AUTH, the transaction). Implicit TLS still uses lettre's own connect, since
-//! the TLS handshake must precede the greeting and lettre only upgrades a plain stream after it.
+//! vendored copy writes one, but anything else written in pieces would meet the same). The
+//! kernel then holds the 5-byte terminator until the body is acknowledged, and the relay's
+//! delayed ACK makes that about 40 ms per message (seen with strace while benchmarking; any
+//! Linux relay acks that way). Here the socket is ours, with TCP_NODELAY, and lettre drives the
+//! SMTP conversation on it (EHLO, STARTTLS, AUTH, the transaction). Implicit TLS still uses
+//! lettre's own connect, since the TLS handshake must precede the greeting and lettre only
+//! upgrades a plain stream after it. Lettre's pool also could not pipeline a next envelope.
 
-use std::sync::Mutex;
+use std::sync::Arc;
 
+use lettre::address::Envelope;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::{AsyncSmtpConnection, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
 use lettre::transport::smtp::{self};
 use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 
+use super::smtp_lane::{Job, Lane, Queue};
+use super::turn::Turn;
 use crate::domain::channel::{Secret, SmtpAuth, SmtpSettings, TlsMode};
 use crate::domain::delivery::DeliveryError;
 
-/// Idle sessions for one settings value.
+/// The connections for one settings value, and the queue they take transactions from. Dropping
+/// the pool (once no delivery holds it) closes the queue, and each lane then closes its session
+/// and ends.
 pub struct SmtpPool {
-    settings: SmtpSettings,
+    connector: Arc<Connector>,
+    queue: Queue,
+}
+
+/// How a lane opens a session: the settings and the XOAUTH2 token it authenticates with.
+pub struct Connector {
+    pub settings: SmtpSettings,
     access_token: Option<Secret>,
-    idle: Mutex<Vec<AsyncSmtpConnection>>,
 }
 
-/// A session for one transaction.
-pub struct Session {
-    pub connection: AsyncSmtpConnection,
-    /// It served a transaction before and waited in the pool since: the relay may have closed
-    /// it in the meantime without that having arrived yet.
-    pub reused: bool,
-}
-
-/// What failed while getting a session: an SMTP error to classify, the server refusing the
-/// credentials while authenticating, or our own verdict.
+/// What failed while getting a session or in a transaction: an SMTP error to classify, the
+/// server refusing the credentials while authenticating, or our own verdict.
 pub enum SessionError {
     Smtp(smtp::Error),
     /// AUTH was answered 535 (credentials invalid), or lettre gave up on the exchange (an
@@ -59,59 +70,84 @@ pub enum SessionError {
 const CREDENTIALS_INVALID: u16 = 535;
 
 impl SmtpPool {
+    /// Starts the pool's lanes (each opens its session when it first has a transaction), so
+    /// it must be called on the runtime.
     pub fn new(settings: SmtpSettings, access_token: Option<Secret>) -> Self {
-        Self {
+        let lanes = settings.policy.max_concurrent_connections.max(1) as usize;
+        let connector = Arc::new(Connector {
             settings,
             access_token,
-            idle: Mutex::new(Vec::new()),
+        });
+        let queue = Queue::new();
+        for _ in 0..lanes {
+            tokio::spawn(Lane::new(Arc::clone(&connector), queue.clone()).run());
         }
+        Self { connector, queue }
     }
 
     pub fn is_for(&self, settings: &SmtpSettings, access_token: Option<&Secret>) -> bool {
-        self.settings == *settings && self.access_token.as_ref() == access_token
+        self.connector.settings == *settings && self.connector.access_token.as_ref() == access_token
     }
 
-    /// An idle session the relay has not hung up on, or a new one.
-    pub async fn session(&self) -> Result<Session, SessionError> {
-        while let Some(mut connection) = self.take_idle() {
-            if !connection.has_unread_input() {
-                return Ok(Session {
-                    connection,
-                    reused: true,
-                });
-            }
-            // Closed, or closing with a 421, while idle: nothing to say to it. Dropping it
-            // closes the socket.
+    /// One transaction (`envelope`, then `data`, the message as lettre formats it, without its
+    /// last line ending), put in line in `turn`, and answered by the first free lane, or by one that sends its envelope
+    /// behind the message it is finishing. It must be over by `deadline`: a lane gives up
+    /// then, and closes the connection if it was under way.
+    pub async fn send(
+        &self,
+        envelope: Envelope,
+        data: Vec<u8>,
+        deadline: Instant,
+        mut turn: Turn,
+    ) -> Result<(), SessionError> {
+        let (answer, answered) = oneshot::channel();
+        let job = Job {
+            envelope,
+            data,
+            deadline,
+            answer,
+        };
+        // In the order the dispatcher started the attempts, so one connection sends a backlog
+        // oldest first (see `turn`).
+        turn.wait().await;
+        let submitted = self.queue.submit(job);
+        drop(turn);
+        if submitted.is_err() {
+            return Err(SessionError::Delivery(DeliveryError::transient(
+                "the SMTP connections have stopped",
+            )));
         }
-        self.fresh_session().await
-    }
-
-    /// A new session, never one from the pool.
-    pub async fn fresh_session(&self) -> Result<Session, SessionError> {
-        Ok(Session {
-            connection: self.connect().await?,
-            reused: false,
+        // The lane answers by the deadline itself (it owns the timeout, since it owns the
+        // connection); waiting without a bound is safe because a lane that ends, even by a
+        // panic, drops the answer's sender.
+        answered.await.unwrap_or_else(|_| {
+            Err(SessionError::Delivery(DeliveryError::transient(
+                "the SMTP connection ended without answering",
+            )))
         })
     }
+}
 
-    /// Keeps a session that finished a transaction cleanly, up to the pool's size.
-    pub fn give_back(&self, session: AsyncSmtpConnection) {
-        if session.has_broken() {
-            return;
-        }
-        let limit = self.settings.policy.max_concurrent_connections.max(1) as usize;
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < limit
-        {
-            idle.push(session);
-        }
+impl Drop for SmtpPool {
+    fn drop(&mut self) {
+        self.queue.close();
+    }
+}
+
+impl Connector {
+    /// The failure a transaction that outlived `overall_timeout` is recorded with.
+    pub fn overall_timeout(&self) -> SessionError {
+        let s = &self.settings;
+        SessionError::Delivery(DeliveryError::transient(format!(
+            "SMTP delivery to {}:{} took longer than {}s",
+            s.host,
+            s.port,
+            s.overall_timeout.as_secs()
+        )))
     }
 
-    fn take_idle(&self) -> Option<AsyncSmtpConnection> {
-        self.idle.lock().ok()?.pop()
-    }
-
-    async fn connect(&self) -> Result<AsyncSmtpConnection, SessionError> {
+    /// A new, authenticated session.
+    pub async fn connect(&self) -> Result<AsyncSmtpConnection, SessionError> {
         let s = &self.settings;
         let hello = ClientId::default();
         let tls = || {

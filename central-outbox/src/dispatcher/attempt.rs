@@ -14,7 +14,7 @@ use chrono::Utc;
 use futures_util::FutureExt;
 
 use crate::config_cache::ConfigCache;
-use crate::delivery::{ChannelSettings, Deliver};
+use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::retry::RetryPolicy;
 use crate::metrics::Metrics;
@@ -46,13 +46,13 @@ pub(super) struct Attempt<S, D> {
 
 impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
     /// Delivers, and returns what to record.
-    pub(super) async fn run(self, notification: ClaimedNotification) -> AttemptRecord {
+    pub(super) async fn run(self, notification: ClaimedNotification, turn: Turn) -> AttemptRecord {
         let kind = notification.content.kind;
         let started = Instant::now();
         // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
         // is recorded as a transient failure (retried, then parked like any other), and the
         // task still returns, so its channel slot is freed at once.
-        let attempt = AssertUnwindSafe(self.deliver(&notification)).catch_unwind();
+        let attempt = AssertUnwindSafe(self.deliver(&notification, turn)).catch_unwind();
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(result)) => result,
             Ok(Err(panic)) => {
@@ -88,7 +88,11 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
         record
     }
 
-    async fn deliver(&self, n: &ClaimedNotification) -> Result<Delivered, DeliveryError> {
+    async fn deliver(
+        &self,
+        n: &ClaimedNotification,
+        turn: Turn,
+    ) -> Result<Delivered, DeliveryError> {
         let list = self
             .config
             .list(&self.store, &n.content.list_name)
@@ -108,7 +112,7 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
                 n.content.kind
             )));
         }
-        self.delivery.deliver(&self.channel, &list, n).await
+        self.delivery.deliver(&self.channel, &list, n, turn).await
     }
 }
 

@@ -8,7 +8,8 @@
 //! finishing (its slot is free), something that may have made rows due (a row ingested here,
 //! the poll timer, a lease taken), or the next rate-limit token.
 //!
-//! Invariants: at most `max_concurrent_connections` deliveries under way (at least one); at
+//! Invariants: at most `max_concurrent_connections` deliveries under way (at least one) times
+//! what the channel's adapter queues per connection (`Deliver::attempts_per_connection`); at
 //! most one claim under way, sent once the queue is down to what the connections start during
 //! one claim's latency ([`super::claim_ahead`]; nothing queued until that has been measured), so
 //! rows start in the order they were claimed (the order of `domain::serve_order`) and the
@@ -43,7 +44,7 @@ use super::claim_ahead::ClaimAhead;
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
 use crate::config_cache::ConfigCache;
-use crate::delivery::{ChannelSettings, Deliver};
+use crate::delivery::{ChannelSettings, Deliver, StartOrder};
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
 use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
@@ -191,6 +192,9 @@ pub(super) struct ChannelLoop<S, D> {
     deliveries: JoinSet<Option<Duration>>,
     /// How deep to claim ahead, from the claims' and deliveries' measured times.
     ahead: ClaimAhead,
+    /// The order started attempts take their places at the connections in: the order they
+    /// started in.
+    start_order: StartOrder,
     /// Settings last warned about, to log clamping warnings once per change.
     warned_for: Option<Warned>,
 }
@@ -213,6 +217,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             settings_just_read: false,
             deliveries: JoinSet::new(),
             ahead: ClaimAhead::default(),
+            start_order: StartOrder::default(),
             warned_for: None,
         }
     }
@@ -373,8 +378,9 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             (Some(limit), Some(bucket)) if bucket.limit() == limit => {}
             (Some(limit), _) => self.bucket = Some(TokenBucket::new(limit, now())),
         }
+        let per_connection = self.parts.delivery.attempts_per_connection(&channel).max(1);
         self.slots
-            .resize(policy.max_concurrent_connections.max(1) as usize);
+            .resize(policy.max_concurrent_connections.max(1) as usize * per_connection);
         self.settings = Some(channel);
     }
 
@@ -556,6 +562,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 retry,
                 timeout,
             };
+            let turn = self.start_order.next_turn();
             let cancelled = scope.token.clone();
             let recorder = self.parts.recorder.clone();
             self.deliveries.spawn(async move {
@@ -565,7 +572,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 let record = tokio::select! {
                     biased;
                     () = cancelled.cancelled() => return None,
-                    record = attempt.run(notification) => record,
+                    record = attempt.run(notification, turn) => record,
                 };
                 // The slot is free as soon as the channel has answered: the outcome write then
                 // shares a commit with the next claim instead of holding the slot for it.

@@ -407,6 +407,7 @@ impl crate::delivery::Deliver for ScriptedDelivery {
         _channel: &crate::delivery::ChannelSettings,
         _list: &NotificationList,
         n: &ClaimedNotification,
+        _turn: crate::delivery::Turn,
     ) -> std::result::Result<
         crate::domain::delivery::Delivered,
         crate::domain::delivery::DeliveryError,

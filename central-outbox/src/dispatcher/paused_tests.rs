@@ -24,7 +24,7 @@ use super::lease::HeldLease;
 use super::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, SweepOutcome};
 use crate::config::{Config, SmtpConfig};
 use crate::config_cache::{ConfigCache, MAX_AGE};
-use crate::delivery::{ChannelSettings, Deliver};
+use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::NotificationId;
 use crate::domain::channel::{ListInput, NotificationList, SmtpSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
@@ -119,6 +119,7 @@ impl Deliver for Script {
         _channel: &ChannelSettings,
         _list: &NotificationList,
         n: &ClaimedNotification,
+        _turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
         let subject = n.content.subject.as_str().to_owned();
         let hold = subject.starts_with("hold");

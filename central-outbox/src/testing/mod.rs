@@ -16,6 +16,6 @@ pub use memory_store::{Gate, MemoryStore, Row, email};
 // Internals the tests outside this crate drive directly, named here so the modules that hold
 // them stay crate-only: the e2e mail tests render messages with the email adapter, the bench
 // holds the dispatcher's lease from a second replica and submits through ingest's conversion.
-pub use crate::delivery::EmailAdapter;
+pub use crate::delivery::{EmailAdapter, Turn};
 pub use crate::dispatcher::DISPATCHER_LEASE;
 pub use crate::grpc::convert::submission;

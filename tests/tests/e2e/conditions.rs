@@ -6,7 +6,8 @@
 //!
 //! The relay holds its replies while the keyed notifications arrive, so they are still waiting
 //! when the newer one or the clear comes: the dispatcher has only the rows it claimed before
-//! the hold (one in flight, two ahead), and those are fillers without a key.
+//! the hold (the three attempts it keeps under way on the one connection), and those are
+//! fillers without a key.
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
@@ -19,8 +20,8 @@ use outbox_tests::smtp_sink::SmtpSink;
 use tokio::net::TcpListener;
 
 use crate::harness::{
-    Central, DEADLINE, Db, binary, central_config, channel, free_addr, send_request, smtp_sink,
-    spawn_site, submit, wait_for_status,
+    Central, DEADLINE, Db, binary, central_config, channel, eventually, free_addr, send_request,
+    smtp_sink, spawn_site, submit, wait_for_status,
 };
 
 /// A submit from site `site` about `key` (empty: none).
@@ -41,9 +42,9 @@ async fn start_central(dir: &Path, smtp: SocketAddr) -> Central {
     Central::start(config).await
 }
 
-/// Holds the relay with a filler in flight. While its slot is busy the channel claims nothing
-/// more, so every row submitted from now on waits unclaimed until the relay answers (the rows
-/// claimed ahead, if any, are fillers too).
+/// Holds the relay with fillers under way: one at the relay and two lined up behind it on the
+/// connection. While their slots are busy the channel claims nothing more, so every row
+/// submitted from now on waits unclaimed until the relay answers.
 async fn hold_the_relay(central: &Central, sink: &SmtpSink) -> Vec<String> {
     sink.pause_replies();
     let mut ingest = central.ingest().await;
@@ -57,6 +58,13 @@ async fn hold_the_relay(central: &Central, sink: &SmtpSink) -> Vec<String> {
         sink.wait_for_held_replies(1, DEADLINE).await,
         "the first filler reached the relay"
     );
+    let db = Db::open(&central.db);
+    eventually("every filler under way", || {
+        let under_way =
+            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
+        async move { (under_way == 3).then_some(()) }
+    })
+    .await;
     fillers
 }
 

@@ -1,11 +1,12 @@
 //! Central delivery against a real SMTP server: success, parking and retrying, and the attempt
 //! rows that record each.
 
+use std::path::Path;
 use std::time::Duration;
 
 use central_outbox::config::ListConfig;
 use outbox_proto::v1;
-use outbox_tests::smtp_sink::{Behaviour, ReceivedMail};
+use outbox_tests::smtp_sink::{Behaviour, END_OF_PREVIOUS_MESSAGE, ReceivedMail, SmtpSink};
 
 use crate::harness::{
     Central, DEADLINE, Db, LIST, RECIPIENTS, central_config, eventually, free_addr, smtp_sink,
@@ -315,6 +316,174 @@ async fn a_relay_without_pipelining_gets_one_command_at_a_time() {
     assert_eq!(wire(&mails[0]), first);
     assert_eq!(mails[1].session, mails[0].session);
     assert_eq!(wire(&mails[1]), one_by_one);
+    central.stop().await;
+}
+
+/// Three notifications under way on one connection: the relay holds its greeting until all
+/// three attempts have started, so the connection finds the second waiting when it writes the
+/// first message, and the third when it writes the second. Returns central and the ids in the
+/// order they were sent.
+async fn three_waiting_on_one_connection(dir: &Path, sink: &SmtpSink) -> (Central, Vec<String>) {
+    let mut config = central_config(dir, Some(sink.addr()));
+    if let Some(smtp) = config.smtp.as_mut() {
+        smtp.max_concurrent_connections = 1;
+    }
+    sink.pause_replies();
+    let central = Central::start(config).await;
+    let mut ingest = central.ingest().await;
+    let mut ids = Vec::new();
+    for i in 1..=3 {
+        let msg = submit(&format!("Tank {i} high level"), "Level 97%");
+        ids.push(msg.notification_id.clone());
+        ingest.submit_notification(msg).await.unwrap();
+    }
+    assert!(sink.wait_for_held_replies(1, DEADLINE).await);
+    let db = Db::open(&central.db);
+    eventually("three attempts under way", || {
+        let under_way =
+            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
+        async move { (under_way == 3).then_some(()) }
+    })
+    .await;
+    sink.resume_replies();
+    (central, ids)
+}
+
+/// With transactions waiting, each next envelope goes out in the same write as the previous
+/// message's end of data (RFC 2920 lets message content start a group): one round trip per
+/// message, and still nothing else between messages.
+#[tokio::test]
+async fn a_waiting_envelope_rides_behind_the_previous_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let (central, ids) = three_waiting_on_one_connection(dir.path(), &sink).await;
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    let mails = sink.wait_for_messages(3, DEADLINE).await;
+    assert_eq!(mails.len(), 3, "each delivered once");
+    assert!(
+        mails.iter().all(|m| m.session == 1),
+        "on the one connection"
+    );
+    // Each once; the three attempts are tasks of their own, so which reached the connection
+    // first is not fixed.
+    for i in 1..=3 {
+        let subject = format!("Tank {i} high level");
+        assert_eq!(mails.iter().filter(|m| m.raw.contains(&subject)).count(), 1);
+    }
+    let riding = vec![
+        vec![END_OF_PREVIOUS_MESSAGE, "MAIL", "RCPT", "RCPT", "DATA"],
+        vec!["<message>"],
+    ];
+    assert_eq!(
+        wire(&mails[0]),
+        [
+            vec!["EHLO"],
+            vec!["MAIL", "RCPT", "RCPT", "DATA"],
+            vec!["<message>"]
+        ]
+    );
+    assert_eq!(wire(&mails[1]), riding);
+    assert_eq!(wire(&mails[2]), riding);
+    central.stop().await;
+}
+
+/// Waits until every one of `ids` has reached Delivered or Parked; their attempts' outcomes,
+/// in the order of `ids`.
+async fn settled_outcomes(central: &Central, ids: &[String]) -> Vec<Vec<String>> {
+    let db = Db::open(&central.db);
+    eventually("every notification settled", || {
+        let settled = ids
+            .iter()
+            .filter(|id| {
+                db.row(id)
+                    .is_some_and(|(status, _, _)| status == "Delivered" || status == "Parked")
+            })
+            .count();
+        async move { (settled == ids.len()).then_some(()) }
+    })
+    .await;
+    ids.iter()
+        .map(|id| db.attempts(id).into_iter().map(|a| a.1).collect())
+        .collect()
+}
+
+/// The relay refuses a message whose end of data carried the next envelope: that message parks
+/// with the relay's reply, and the next one, whose envelope went with it, is sent again on a new
+/// connection and delivered once, with no failure of its own.
+#[tokio::test]
+async fn a_refused_message_does_not_take_the_envelope_behind_it_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.set_behaviour_for(
+        1,
+        Behaviour::RejectData {
+            code: 554,
+            text: "5.6.0 content rejected".into(),
+        },
+    );
+    let (central, ids) = three_waiting_on_one_connection(dir.path(), &sink).await;
+    let mut outcomes = settled_outcomes(&central, &ids).await;
+    // Which of the three went first is not fixed (see above); the first is the refused one.
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            vec!["Delivered"],
+            vec!["Delivered"],
+            vec!["PermanentFailure"]
+        ]
+    );
+    let parked: Vec<_> = ids
+        .iter()
+        .filter_map(|id| Db::open(&central.db).row(id))
+        .filter(|(status, _, _)| status == "Parked")
+        .collect();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0].2.as_deref().unwrap_or_default().contains("554"));
+    let mails = sink.wait_for_messages(2, DEADLINE).await;
+    assert_eq!(
+        mails.len(),
+        2,
+        "the refused one is not there; the others once each"
+    );
+    assert!(
+        mails.iter().all(|m| m.session == 2),
+        "the one behind it went again, on a new connection"
+    );
+    central.stop().await;
+}
+
+/// The connection drops while a message goes out with the next envelope behind it: the message
+/// may or may not have been taken, so its attempt is transient and it is retried; the next one
+/// had nothing accepted yet, so it goes again on a new connection with no failure recorded.
+#[tokio::test]
+async fn a_connection_dropped_under_a_message_and_the_envelope_behind_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    sink.set_behaviour_for(1, Behaviour::DropMidData);
+    let (central, ids) = three_waiting_on_one_connection(dir.path(), &sink).await;
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    let mut outcomes = settled_outcomes(&central, &ids).await;
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            vec!["Delivered"],
+            vec!["Delivered"],
+            vec!["TransientFailure", "Delivered"]
+        ]
+    );
+    assert_eq!(sink.refused_count(), 1, "the relay dropped once");
+    let mails = sink.wait_for_messages(3, DEADLINE).await;
+    assert_eq!(mails.len(), 3, "each delivered once");
+    assert!(
+        mails.iter().all(|m| m.session >= 2),
+        "all on later connections"
+    );
     central.stop().await;
 }
 

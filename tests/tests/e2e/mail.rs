@@ -21,7 +21,7 @@ use central_outbox::domain::channel::{
 };
 use central_outbox::domain::retry::Backoff;
 use central_outbox::domain::{NotificationContent, NotificationId, NotificationType, Priority};
-use central_outbox::testing::EmailAdapter;
+use central_outbox::testing::{EmailAdapter, Turn};
 use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 use outbox_tests::smtp_sink::{ReceivedMail, SmtpSink};
 use proptest::prelude::*;
@@ -81,7 +81,15 @@ async fn deliver_at(
         .collect();
     let id = NotificationId::generate();
     adapter
-        .deliver(&settings(sink), id, &content, priority, &recipients, None)
+        .deliver(
+            &settings(sink),
+            id,
+            &content,
+            priority,
+            &recipients,
+            None,
+            Turn::first(),
+        )
         .await
         .expect("delivered");
     // The sink records a message before it answers the final ".", so it is there now.

@@ -351,8 +351,8 @@ async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() 
     let pki = CentralPki::new(dir.path());
     let site_a = pki.pki.client_cert("site-a").unwrap();
     let site_b = pki.pki.client_cert("site-b").unwrap();
-    // One relay connection, held busy by a filler: the keyed notification then waits
-    // unclaimed, there to be cleared or left.
+    // One relay connection, held busy by fillers (one at the relay, two lined up behind it):
+    // the keyed notification then waits unclaimed, there to be cleared or left.
     let sink = smtp_sink().await;
     sink.pause_replies();
     let mut config = central_config(dir.path(), Some(sink.addr()));
@@ -366,10 +366,19 @@ async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() 
     let central = Central::start_tls(config, tls_a.clone()).await;
     let mut as_a = NotificationIngestClient::new(tls_channel(central.addr, tls_a).await.unwrap());
     let mut as_b = NotificationIngestClient::new(tls_channel(central.addr, tls_b).await.unwrap());
-    let mut filler = submit("Filler", "keeps the relay busy");
-    filler.source_site_id = "site-b".into();
-    as_b.submit_notification(filler).await.unwrap();
+    for _ in 0..3 {
+        let mut filler = submit("Filler", "keeps the relay busy");
+        filler.source_site_id = "site-b".into();
+        as_b.submit_notification(filler).await.unwrap();
+    }
     assert!(sink.wait_for_held_replies(1, DEADLINE).await);
+    let db = Db::open(&central.db);
+    eventually("every filler under way", || {
+        let under_way =
+            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
+        async move { (under_way == 3).then_some(()) }
+    })
+    .await;
     let mut b_alarm = submit("Tank 9 high level", "Level 97%");
     b_alarm.source_site_id = "site-b".into();
     b_alarm.condition_key = "tank9.level.high".into();
@@ -389,7 +398,6 @@ async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() 
         "{}",
         refused.message()
     );
-    let db = Db::open(&central.db);
     let (status, _, _) = db.row(&b_alarm.notification_id).unwrap();
     assert_ne!(status, "Cleared", "another site's clear changed nothing");
 

@@ -184,7 +184,30 @@ impl AsyncSmtpConnection {
         envelope: &Envelope,
         email: &[u8],
     ) -> Result<Response, Error> {
-        // Mail
+        let mail = self.mail_command(envelope, email)?;
+        if self.server_info.supports_feature(Extension::Pipelining) {
+            let group = envelope_group(mail, envelope);
+            try_smtp!(self.write(group.as_bytes()).await, self);
+            return self.envelope_replies(envelope.to().len()).await;
+        }
+
+        try_smtp!(self.command(mail).await, self);
+
+        // Recipient
+        for to_address in envelope.to() {
+            try_smtp!(
+                self.command(Rcpt::new(to_address.clone(), vec![])).await,
+                self
+            );
+        }
+
+        // Data
+        Ok(try_smtp!(self.command(Data).await, self))
+    }
+
+    /// PATCH: the MAIL command for `envelope`, with the parameters `email` needs; the
+    /// client-side refusals (SMTPUTF8, 8BITMIME) are its errors.
+    fn mail_command(&self, envelope: &Envelope, email: &[u8]) -> Result<Mail, Error> {
         let mut mail_options = vec![];
 
         // Internationalization handling
@@ -213,42 +236,35 @@ impl AsyncSmtpConnection {
             mail_options.push(MailParameter::Body(MailBodyParameter::EightBitMime));
         }
 
-        let mail = Mail::new(envelope.from().cloned(), mail_options);
-        if self.server_info.supports_feature(Extension::Pipelining) {
-            return self.pipelined_envelope(mail, envelope).await;
-        }
-
-        try_smtp!(self.command(mail).await, self);
-
-        // Recipient
-        for to_address in envelope.to() {
-            try_smtp!(
-                self.command(Rcpt::new(to_address.clone(), vec![])).await,
-                self
-            );
-        }
-
-        // Data
-        Ok(try_smtp!(self.command(Data).await, self))
+        Ok(Mail::new(envelope.from().cloned(), mail_options))
     }
 
-    /// PATCH: the pipelined envelope (see [`Self::send_envelope`]).
-    async fn pipelined_envelope(
-        &mut self,
-        mail: Mail,
+    /// PATCH: the envelope of a next transaction (MAIL, every RCPT, DATA) as one group of
+    /// bytes, to be written behind the current message's end of data with
+    /// [`Self::message_then`]; RFC 2920 lets message content start a pipelined group. `None`
+    /// when the server does not advertise PIPELINING. The errors are `send_envelope`'s
+    /// client-side refusals, before anything is written.
+    pub fn next_envelope_group(
+        &self,
         envelope: &Envelope,
-    ) -> Result<Response, Error> {
-        let mut group = mail.to_string();
-        for to_address in envelope.to() {
-            group.push_str(&Rcpt::new(to_address.clone(), vec![]).to_string());
+        email: &[u8],
+    ) -> Result<Option<Vec<u8>>, Error> {
+        if !self.server_info.supports_feature(Extension::Pipelining) {
+            return Ok(None);
         }
-        group.push_str(&Data.to_string());
-        try_smtp!(self.write(group.as_bytes()).await, self);
+        let mail = self.mail_command(envelope, email)?;
+        Ok(Some(envelope_group(mail, envelope).into_bytes()))
+    }
 
-        // One reply per command, in the order sent. Every reply is read even after a refusal,
-        // so what the server says is never mistaken for the reply to something else.
+    /// PATCH: the replies to an envelope group already written (`recipients` RCPTs), read and
+    /// judged as [`Self::send_envelope`] says: one reply per command, in the order sent, the
+    /// first refusal among MAIL and the RCPTs is the outcome, and after a refusal or a failed
+    /// connection the connection is closed ([`Self::has_broken`]).
+    pub async fn envelope_replies(&mut self, recipients: usize) -> Result<Response, Error> {
+        // Every reply is read even after a refusal, so what the server says is never mistaken
+        // for the reply to something else.
         let mut refusal = None;
-        for _ in 0..=envelope.to().len() {
+        for _ in 0..=recipients {
             match self.read_response().await {
                 Ok(_) => {}
                 // A negative reply: the first one is the outcome.
@@ -406,6 +422,19 @@ impl AsyncSmtpConnection {
         self.message_iter(std::iter::once(message)).await
     }
 
+    /// PATCH: the message content, its end of data and `then` (a next transaction's envelope,
+    /// see [`Self::next_envelope_group`]) in one write; reads the reply to the message only.
+    pub async fn message_then(&mut self, message: &[u8], then: &[u8]) -> Result<Response, Error> {
+        let mut codec = ClientCodec::new();
+        let mut out_buf = Vec::with_capacity(message.len() + then.len() + 16);
+        codec.encode(message, &mut out_buf);
+        out_buf.extend_from_slice(b"\r\n.\r\n");
+        out_buf.extend_from_slice(then);
+        self.write(out_buf.as_slice()).await?;
+
+        self.read_response().await
+    }
+
     /// Sends the message content by consuming an iterator that in its whole represents a message.
     pub async fn message_iter<I, B>(&mut self, message: I) -> Result<Response, Error>
     where
@@ -525,4 +554,14 @@ impl AsyncSmtpConnection {
     pub fn certificate_chain(&self) -> Result<Vec<Vec<u8>>, Error> {
         self.stream.get_ref().certificate_chain()
     }
+}
+
+/// PATCH: MAIL, one RCPT per recipient and DATA as one pipelined group (RFC 2920).
+fn envelope_group(mail: Mail, envelope: &Envelope) -> String {
+    let mut group = mail.to_string();
+    for to_address in envelope.to() {
+        group.push_str(&Rcpt::new(to_address.clone(), vec![]).to_string());
+    }
+    group.push_str(&Data.to_string());
+    group
 }
