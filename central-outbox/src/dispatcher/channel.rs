@@ -167,6 +167,9 @@ pub(super) struct ChannelLoop<S, D> {
     /// The settings of the last read, which queued rows are delivered with.
     settings: Option<ChannelSettings>,
     slots: Slots,
+    /// The channel's connections (`max_concurrent_connections`); each has as many slots as
+    /// its adapter keeps attempts under way on one.
+    connections: usize,
     bucket: Option<TokenBucket>,
     /// When a rate-limit token comes, if the channel waits for one.
     throttled_until: Option<tokio::time::Instant>,
@@ -205,6 +208,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             parts,
             settings: None,
             slots: Slots::new(),
+            connections: 1,
             bucket: None,
             throttled_until: None,
             queue: VecDeque::new(),
@@ -379,8 +383,8 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             (Some(limit), _) => self.bucket = Some(TokenBucket::new(limit, now())),
         }
         let per_connection = self.parts.delivery.attempts_per_connection(&channel).max(1);
-        self.slots
-            .resize(policy.max_concurrent_connections.max(1) as usize * per_connection);
+        self.connections = policy.max_concurrent_connections.max(1) as usize;
+        self.slots.resize(self.connections * per_connection);
         self.settings = Some(channel);
     }
 
@@ -427,7 +431,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         // shows an InFlight attempt like one that was under way, so its redelivery is reported
         // as a possible duplicate.
         let wanted = self.parts.claim_batch.unwrap_or_else(|| {
-            (free + 2 * self.slots.size + ahead)
+            (free + 2 * self.connections + ahead)
                 .saturating_sub(queued)
                 .min(tokens - queued)
         });
