@@ -142,8 +142,9 @@ struct Measured {
 
 async fn measure(rig: &mut Rig, round_trip: RoundTrip) -> Result<Measured> {
     let rows = round_trip.rows(rig.sizes.rtt_seconds);
-    // Generous: a tenth of the floor still finishes (today's sequential client reaches about
-    // a third of it), and never less than the dispatch figure's own deadline.
+    // Generous: a tenth of the floor still finishes (a client waiting for every reply reaches
+    // about a third of it; central, sending each envelope behind the message before, about
+    // one and a half times it), and never less than the dispatch figure's own deadline.
     let deadline = rig.sizes.dispatch_deadline.max(Duration::from_secs_f64(
         rows as f64 / round_trip.floor() * 10.0,
     ));
