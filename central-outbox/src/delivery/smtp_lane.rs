@@ -216,10 +216,9 @@ impl Lane {
         let Some(session) = self.session.as_mut() else {
             return Err(session_gone());
         };
-        let written = match &next {
-            Some(group) => session.message_then(data, group).await,
-            None => session.message(data).await,
-        };
+        let written = session
+            .message_then(data, next.as_deref().unwrap_or_default())
+            .await;
         match written {
             Ok(_) => {
                 if let Some(carried) = &mut self.carried {
@@ -254,15 +253,25 @@ impl Lane {
             None => false,
         };
         if !reused {
-            self.session = Some(self.connector.connect().await?);
+            return self.envelope_on_new_session(envelope, data).await;
         }
         match self.send_envelope(envelope, data).await {
-            Err(SessionError::Smtp(e)) if reused && connection_lost(&e) => {
-                self.session = Some(self.connector.connect().await?);
-                self.send_envelope(envelope, data).await
+            Err(SessionError::Smtp(e)) if connection_lost(&e) => {
+                self.envelope_on_new_session(envelope, data).await
             }
             other => other,
         }
+    }
+
+    /// Drops the session, if any, and sends the envelope on a new one.
+    async fn envelope_on_new_session(
+        &mut self,
+        envelope: &Envelope,
+        data: &[u8],
+    ) -> Result<(), SessionError> {
+        self.drop_session().await;
+        self.session = Some(self.connector.connect().await?);
+        self.send_envelope(envelope, data).await
     }
 
     /// Reads the replies to an envelope sent behind the previous message. A connection that
@@ -277,11 +286,7 @@ impl Lane {
         };
         match session.envelope_replies(envelope.to().len()).await {
             Ok(_) => Ok(()),
-            Err(e) if connection_lost(&e) => {
-                self.drop_session().await;
-                self.session = Some(self.connector.connect().await?);
-                self.send_envelope(envelope, data).await
-            }
+            Err(e) if connection_lost(&e) => self.envelope_on_new_session(envelope, data).await,
             Err(e) => {
                 self.drop_session().await;
                 Err(SessionError::Smtp(e))

@@ -20,8 +20,8 @@ use outbox_tests::smtp_sink::SmtpSink;
 use tokio::net::TcpListener;
 
 use crate::harness::{
-    Central, DEADLINE, Db, binary, central_config, channel, eventually, free_addr, send_request,
-    smtp_sink, spawn_site, submit, wait_for_status,
+    Central, DEADLINE, Db, binary, central_config, channel, free_addr, send_request, smtp_sink,
+    spawn_site, submit, wait_for_attempts_under_way, wait_for_status,
 };
 
 /// A submit from site `site` about `key` (empty: none).
@@ -58,13 +58,7 @@ async fn hold_the_relay(central: &Central, sink: &SmtpSink) -> Vec<String> {
         sink.wait_for_held_replies(1, DEADLINE).await,
         "the first filler reached the relay"
     );
-    let db = Db::open(&central.db);
-    eventually("every filler under way", || {
-        let under_way =
-            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
-        async move { (under_way == 3).then_some(()) }
-    })
-    .await;
+    wait_for_attempts_under_way(&central.db, 3).await;
     fillers
 }
 

@@ -10,7 +10,7 @@ use outbox_tests::smtp_sink::{Behaviour, END_OF_PREVIOUS_MESSAGE, ReceivedMail, 
 
 use crate::harness::{
     Central, DEADLINE, Db, LIST, RECIPIENTS, central_config, eventually, free_addr, smtp_sink,
-    submit, wait_for_status,
+    submit, wait_for_attempts_under_way, wait_for_status,
 };
 
 #[tokio::test]
@@ -338,13 +338,7 @@ async fn three_waiting_on_one_connection(dir: &Path, sink: &SmtpSink) -> (Centra
         ingest.submit_notification(msg).await.unwrap();
     }
     assert!(sink.wait_for_held_replies(1, DEADLINE).await);
-    let db = Db::open(&central.db);
-    eventually("three attempts under way", || {
-        let under_way =
-            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
-        async move { (under_way == 3).then_some(()) }
-    })
-    .await;
+    wait_for_attempts_under_way(&central.db, 3).await;
     sink.resume_replies();
     (central, ids)
 }
@@ -464,9 +458,6 @@ async fn a_connection_dropped_under_a_message_and_the_envelope_behind_it() {
     let sink = smtp_sink().await;
     sink.set_behaviour_for(1, Behaviour::DropMidData);
     let (central, ids) = three_waiting_on_one_connection(dir.path(), &sink).await;
-    for id in &ids {
-        wait_for_status(&central.db, id, "Delivered").await;
-    }
     let mut outcomes = settled_outcomes(&central, &ids).await;
     outcomes.sort();
     assert_eq!(

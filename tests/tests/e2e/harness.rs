@@ -390,6 +390,17 @@ pub async fn wait_for_status(db: &Path, id: &str, status: &str) -> (String, i64,
     .await
 }
 
+/// Waits until `n` delivery attempts are under way (their InFlight rows committed).
+pub async fn wait_for_attempts_under_way(db: &Path, n: i64) {
+    let db = Db::open(db);
+    eventually(&format!("{n} attempts under way"), || {
+        let under_way =
+            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
+        async move { (under_way == n).then_some(()) }
+    })
+    .await;
+}
+
 /// Starts an SMTP sink that accepts everything.
 pub async fn smtp_sink() -> SmtpSink {
     SmtpSink::start().await.unwrap()

@@ -24,7 +24,7 @@ use tonic::transport::Channel;
 
 use crate::harness::{
     Central, DEADLINE, Db, central_config, channel, eventually, send_request, smtp_sink, submit,
-    tls_channel, wait_for_status, wait_until_serving,
+    tls_channel, wait_for_attempts_under_way, wait_for_status, wait_until_serving,
 };
 
 /// A CA with central's server certificate, in `dir`.
@@ -372,13 +372,8 @@ async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() 
         as_b.submit_notification(filler).await.unwrap();
     }
     assert!(sink.wait_for_held_replies(1, DEADLINE).await);
+    wait_for_attempts_under_way(&central.db, 3).await;
     let db = Db::open(&central.db);
-    eventually("every filler under way", || {
-        let under_way =
-            db.count("SELECT COUNT(*) FROM NotificationAttempts WHERE Outcome = 'InFlight'");
-        async move { (under_way == 3).then_some(()) }
-    })
-    .await;
     let mut b_alarm = submit("Tank 9 high level", "Level 97%");
     b_alarm.source_site_id = "site-b".into();
     b_alarm.condition_key = "tank9.level.high".into();
