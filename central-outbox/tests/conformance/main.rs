@@ -425,6 +425,53 @@ async fn mssql_duplicate_resubmits_log_no_error() {
     database.drop_now().await.unwrap();
 }
 
+/// The sessions a store holds on the server once it is open: its whole pool and the lease's
+/// own connection, opened (and warmed) before `open` returns, so that no burst of dispatch or
+/// ingest waits for a connection to be opened; with a smaller `Min Pool Size` only that many
+/// and the lease's. Counted from another session, by the program name the store logs in with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
+async fn mssql_store_opens_its_whole_pool_before_it_serves() {
+    let url = mssql_server();
+    let database = ScratchDatabase::create(&url).await.unwrap();
+    for (min_idle, expected) in [(None, 3 + 1), (Some(1), 1 + 1)] {
+        let mut options = database.options();
+        options.pool_max_size = 3;
+        options.pool_min_idle = min_idle;
+        options.application_name = format!("pool-test-{}", uuid::Uuid::new_v4().simple());
+        let store = MsSqlStore::open(options.clone()).await.unwrap();
+        let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
+            .await
+            .unwrap();
+        let mut counter = options.clone();
+        counter.application_name = "pool-test-counter".into();
+        let mut other = tiberius::Client::connect(
+            counter.tiberius_config(),
+            tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
+        )
+        .await
+        .unwrap();
+        let sessions = other
+            .query(
+                "SELECT COUNT(DISTINCT spid) FROM sys.sysprocesses WHERE program_name = @P1",
+                &[&options.application_name.as_str()],
+            )
+            .await
+            .unwrap()
+            .into_row()
+            .await
+            .unwrap()
+            .and_then(|row| row.get::<i32, _>(0))
+            .unwrap_or(0);
+        assert_eq!(
+            sessions, expected,
+            "sessions open with Min Pool Size {min_idle:?} of a pool of 3 (and the lease's)"
+        );
+        drop((store, other));
+    }
+    database.drop_now().await.unwrap();
+}
+
 /// Migration 0010 builds dbo.ChannelConfig again (Babelfish cannot make a column nullable in
 /// place): a database migrated to 0009 with email settings stored keeps them, row for row, and
 /// the webhook channel's row can then be stored beside it.

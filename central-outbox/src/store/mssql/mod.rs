@@ -65,7 +65,8 @@ pub use self::scratch::ScratchDatabase;
 /// Runs of a batch chosen as a deadlock victim, in all. SQL Server picks the cheaper
 /// transaction to roll back; run again, it almost always succeeds the second time.
 const DEADLOCK_ATTEMPTS: u32 = 3;
-/// Idle pooled connections are closed after this, so a quiet replica holds no sessions.
+/// Idle pooled connections beyond `Min Pool Size` are closed after this (by default there are
+/// none: the whole pool is kept).
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
 /// Connections are replaced after this, so they follow failovers and DNS changes.
 const POOL_MAX_LIFETIME: Duration = Duration::from_secs(30 * 60);
@@ -116,14 +117,16 @@ impl MsSqlStore {
         let started = std::time::Instant::now();
         // Both pools open their idle connections, warmed (see `warm`), before the store is
         // returned: central serves streams and takes the dispatcher lease only after that, so
-        // neither a first stream nor a new leader waits on a cold connection. The pools fill
-        // at once; on Babelfish that is a warm-up's time, on SQL Server a few round trips.
+        // neither a first stream nor a new leader waits on a cold connection, and by default
+        // (see `MsSqlOptions::min_idle`) no burst has to open one. The pools fill at once; on
+        // SQL Server that is a few round trips per connection, on Babelfish seconds of a
+        // server core each.
         let (pool, lease_pool) = tokio::try_join!(
             bb8::Pool::builder()
                 .max_size(options.pool_max_size)
-                // Spares, kept warm: a stream opened while the others are busy (after a link
-                // reset, the new stream's commit while the old one's is still running) gets a
-                // warm connection at once, and bb8 opens the next spare in the background.
+                // Kept open and warm: by default every connection, so the pool never grows
+                // under load; with a smaller `Min Pool Size` those are spares, and bb8 opens
+                // (and warms) the next one in the background whenever a spare is taken.
                 .min_idle(Some(options.min_idle()))
                 // Waiting for a free connection, or for a new one (which retries transient
                 // failures and warms itself), is bounded by a few connect timeouts.

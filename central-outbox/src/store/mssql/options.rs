@@ -16,14 +16,12 @@ use crate::domain::channel::Secret;
 
 /// TDS's registered port.
 const DEFAULT_PORT: u16 = 1433;
-/// Connections per replica: the dispatcher claims and records on a few, ingest batches and
-/// admin queries on the rest. SQL Server's own limit is far higher; ten per replica keeps a
-/// handful of replicas well inside a small instance's worker threads.
-const DEFAULT_POOL_MAX_SIZE: u32 = 10;
-/// Idle connections kept open and warm (see `warm`): enough that a stream opened while the
-/// others are busy, or a dispatcher that just took the lease, gets a warm connection at once
-/// while bb8 opens the next one in the background. Each costs the server an idle session.
-const DEFAULT_POOL_MIN_IDLE: u32 = 2;
+/// Connections per replica, all opened before central serves (see [`MsSqlOptions::min_idle`]):
+/// the dispatcher claims and records on a few at once (its lease has a connection of its own),
+/// ingest commits and admin queries take the rest. More sessions than a replica runs at once
+/// only add work on the server: on Babelfish (2 cores) a fixed pool of 6 dispatched 4,896/s and
+/// ingested 1,066/s, one of 10 3,586/s and 445/s (BENCHMARKS.md, "A pool opened in full").
+const DEFAULT_POOL_MAX_SIZE: u32 = 6;
 /// As ADO.NET's `Connect Timeout` default.
 const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
 /// As ADO.NET's `Command Timeout` default.
@@ -63,7 +61,7 @@ pub struct MsSqlOptions {
     pub trust: Trust,
     /// Most pooled connections.
     pub pool_max_size: u32,
-    /// Connections kept open, warmed, while idle, as configured; `None`: the default
+    /// Connections kept open, warmed, while idle, as configured; `None`: the whole pool
     /// ([`Self::min_idle`] says what is used).
     pub pool_min_idle: Option<u32>,
     /// Bounds a TCP connect plus the login handshake, and a wait for a pooled connection.
@@ -348,11 +346,20 @@ impl MsSqlOptions {
     }
 
     /// Connections the pool keeps open, warmed, while idle: the configured `pool_min_idle`
-    /// (0 opens every connection on demand), by default [`DEFAULT_POOL_MIN_IDLE`], never more
-    /// than `pool_max_size`.
+    /// (0 opens every connection on demand), by default the whole pool (`pool_max_size`),
+    /// never more than that.
+    ///
+    /// Why the whole pool by default: a connection opened under load costs the server its
+    /// warm-up while the load waits, and on Babelfish that is seconds of a server core per
+    /// connection, taken from the very statements the load runs. With two spares kept (the
+    /// previous default) a burst of dispatch or ingest grew the pool connection by connection,
+    /// every one warmed mid-burst: Babelfish dispatch 803 - 1,018/s and ingest 104/s, against
+    /// 4,697 - 4,723/s and 1,103 - 1,228/s with the pool of 6 opened in full before central
+    /// serves (BENCHMARKS.md, "A pool opened in full"). A fixed-size pool is also what HikariCP recommends for the same
+    /// reason. The cost is paid once, at start-up, before central serves or takes the lease.
     pub fn min_idle(&self) -> u32 {
         self.pool_min_idle
-            .unwrap_or(DEFAULT_POOL_MIN_IDLE)
+            .unwrap_or(self.pool_max_size)
             .min(self.pool_max_size)
     }
 
@@ -486,7 +493,11 @@ mod tests {
         assert_eq!(o.encrypt, Encrypt::Required);
         assert_eq!(o.trust, Trust::SystemRoots);
         assert_eq!(o.pool_max_size, DEFAULT_POOL_MAX_SIZE);
-        assert_eq!(o.min_idle(), DEFAULT_POOL_MIN_IDLE);
+        assert_eq!(
+            o.min_idle(),
+            DEFAULT_POOL_MAX_SIZE,
+            "the whole pool by default"
+        );
         let o = MsSqlOptions::parse("mssql://sa:pw@localhost/master?pool_max_size=1").unwrap();
         assert_eq!(o.min_idle(), 1, "never more than the pool holds");
         let o = MsSqlOptions::parse("mssql://sa:pw@localhost/master?pool_min_idle=0").unwrap();
