@@ -376,6 +376,61 @@ pub fn fsync_probe(dir: &Path) -> Value {
     }
 }
 
+/// A 4 KiB append and fsync in a directory every [`FsyncWatch::EVERY`] while a figure runs, on
+/// a thread of its own: whether the disk stalled during the run (a virtual disk's flushes now
+/// and then take hundreds of milliseconds, and every durable commit of the run waits as long).
+pub struct FsyncWatch {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<std::io::Result<Vec<Duration>>>,
+    path: std::path::PathBuf,
+}
+
+impl FsyncWatch {
+    const EVERY: Duration = Duration::from_millis(50);
+
+    pub fn start(dir: &Path) -> Self {
+        use std::io::Write as _;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let path = dir.join("fsync-watch");
+        let thread = std::thread::spawn({
+            let stop = std::sync::Arc::clone(&stop);
+            let path = path.clone();
+            move || {
+                let mut file = std::fs::File::create(&path)?;
+                let block = [0x5a_u8; 4096];
+                let mut times = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    file.write_all(&block)?;
+                    let started = Instant::now();
+                    file.sync_all()?;
+                    times.push(started.elapsed());
+                    std::thread::sleep(Self::EVERY);
+                }
+                Ok(times)
+            }
+        });
+        Self { stop, thread, path }
+    }
+
+    /// Stops the watch; p50, p99 and max of the fsyncs it timed, and how many took over 50 ms.
+    pub fn finish(self) -> Value {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let result = self.thread.join();
+        let _ = std::fs::remove_file(&self.path);
+        match result {
+            Ok(Ok(times)) if !times.is_empty() => {
+                let slow = times.iter().filter(|t| t.as_millis() > 50).count();
+                let p = crate::load::Percentiles::of(times);
+                json!({ "p50_ms": p.p50, "p99_ms": p.p99, "max_ms": p.max, "over_50_ms": slow })
+            }
+            Ok(Ok(_)) => json!({ "error": "no fsync timed" }),
+            Ok(Err(e)) => json!({ "error": e.to_string() }),
+            Err(_) => json!({ "error": "the watch thread panicked" }),
+        }
+    }
+}
+
 /// Trimmed stdout of a successful command, or None.
 pub fn command_output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
