@@ -337,16 +337,7 @@ async fn mssql_duplicate_resubmits_log_no_error() {
         .collect();
 
     // The other replica: the same ids and content, inserted and not yet committed.
-    let options = database.options();
-    let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
-        .await
-        .unwrap();
-    let mut other = tiberius::Client::connect(
-        options.tiberius_config(),
-        tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
-    )
-    .await
-    .unwrap();
+    let mut other = session_of_its_own(&database.options()).await;
     other
         .simple_query("BEGIN TRANSACTION")
         .await
@@ -425,6 +416,22 @@ async fn mssql_duplicate_resubmits_log_no_error() {
     database.drop_now().await.unwrap();
 }
 
+/// A plain driver session of its own on the database `options` names, outside any store: the
+/// other replica or the onlooker of a test.
+async fn session_of_its_own(
+    options: &central_outbox::store::mssql::MsSqlOptions,
+) -> tiberius::Client<tokio_util::compat::Compat<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
+        .await
+        .unwrap();
+    tiberius::Client::connect(
+        options.tiberius_config(),
+        tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
+    )
+    .await
+    .unwrap()
+}
+
 /// The sessions a store holds on the server once it is open: its whole pool and the lease's
 /// own connection, opened (and warmed) before `open` returns, so that no burst of dispatch or
 /// ingest waits for a connection to be opened; with a smaller `Min Pool Size` only that many
@@ -440,17 +447,9 @@ async fn mssql_store_opens_its_whole_pool_before_it_serves() {
         options.pool_min_idle = min_idle;
         options.application_name = format!("pool-test-{}", uuid::Uuid::new_v4().simple());
         let store = MsSqlStore::open(options.clone()).await.unwrap();
-        let tcp = tokio::net::TcpStream::connect((options.host.as_str(), options.port))
-            .await
-            .unwrap();
         let mut counter = options.clone();
         counter.application_name = "pool-test-counter".into();
-        let mut other = tiberius::Client::connect(
-            counter.tiberius_config(),
-            tokio_util::compat::TokioAsyncWriteCompatExt::compat_write(tcp),
-        )
-        .await
-        .unwrap();
+        let mut other = session_of_its_own(&counter).await;
         let sessions = other
             .query(
                 "SELECT COUNT(DISTINCT spid) FROM sys.sysprocesses WHERE program_name = @P1",

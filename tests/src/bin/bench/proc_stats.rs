@@ -347,21 +347,25 @@ pub fn machine(work_dir: &Path) -> Value {
     })
 }
 
+/// Appends 4 KiB to `file` and syncs it; how long the sync took.
+fn append_and_sync(file: &mut std::fs::File) -> std::io::Result<Duration> {
+    use std::io::Write as _;
+    file.write_all(&[0x5a_u8; 4096])?;
+    let started = Instant::now();
+    file.sync_all()?;
+    Ok(started.elapsed())
+}
+
 /// Latency of 200 appends of 4 KiB, each followed by fsync, in `dir`: the cost every durable
 /// commit pays on this disk at this moment. Recorded before and after the figures, because the
 /// fsync-bound figures move with it (a virtual disk's latency varies over time).
 pub fn fsync_probe(dir: &Path) -> Value {
-    use std::io::Write as _;
     let path = dir.join("fsync-probe");
     let measure = || -> std::io::Result<Vec<Duration>> {
         let mut file = std::fs::File::create(&path)?;
-        let block = [0x5a_u8; 4096];
         let mut times = Vec::with_capacity(200);
         for _ in 0..200 {
-            file.write_all(&block)?;
-            let started = Instant::now();
-            file.sync_all()?;
-            times.push(started.elapsed());
+            times.push(append_and_sync(&mut file)?);
         }
         Ok(times)
     };
@@ -389,7 +393,6 @@ impl FsyncWatch {
     const EVERY: Duration = Duration::from_millis(50);
 
     pub fn start(dir: &Path) -> Self {
-        use std::io::Write as _;
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let path = dir.join("fsync-watch");
@@ -398,13 +401,9 @@ impl FsyncWatch {
             let path = path.clone();
             move || {
                 let mut file = std::fs::File::create(&path)?;
-                let block = [0x5a_u8; 4096];
                 let mut times = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
-                    file.write_all(&block)?;
-                    let started = Instant::now();
-                    file.sync_all()?;
-                    times.push(started.elapsed());
+                    times.push(append_and_sync(&mut file)?);
                     std::thread::sleep(Self::EVERY);
                 }
                 Ok(times)
