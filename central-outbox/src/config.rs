@@ -31,6 +31,7 @@ use crate::domain::webhook::WebhookFormat;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
 use crate::store::mssql::MsSqlOptions;
+use crate::supervisor::FaultPlan;
 use crate::tls::{TlsConfig, TlsSettings};
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -81,6 +82,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// The web console; off unless `console.listen` is set. See [`ConsoleConfig`].
     pub console: ConsoleConfig,
+    /// Debug builds only, for the tests: supervised task starts that fail on purpose
+    /// (`TASK=N` or `TASK=always`, comma-separated; `crate::supervisor::FaultPlan`). Release
+    /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
+    pub test_faults: Option<String>,
 }
 
 /// `[console]`: the operators' web console (HTML over HTTP, served by central itself). Off
@@ -211,6 +216,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             server: ServerConfig::default(),
             console: ConsoleConfig::default(),
+            test_faults: None,
         }
     }
 }
@@ -436,8 +442,8 @@ impl Default for WebhookConfig {
             backoff: BackoffKind::from(d.policy.backoff),
             max_retry_delay,
             max_concurrent_connections: d.policy.max_concurrent_connections,
-            rate_limit_per_second: d.policy.rate_limit.map(|r| r.per_second),
-            rate_limit_burst: d.policy.rate_limit.map(|r| r.burst),
+            rate_limit_per_second: d.policy.rate_limit.map(|r| r.per_second()),
+            rate_limit_burst: d.policy.rate_limit.map(|r| r.burst()),
         }
     }
 }
@@ -678,6 +684,8 @@ pub struct Settings {
     pub server: ServerConfig,
     /// The web console, when `console.listen` is set.
     pub console: Option<ConsoleSettings>,
+    /// Supervised task starts that fail on purpose (debug builds' tests only).
+    pub faults: FaultPlan,
 }
 
 impl Config {
@@ -794,7 +802,17 @@ impl Config {
                 );
             }
         }
+        let faults = match &self.test_faults {
+            None => FaultPlan::default(),
+            Some(_) if !cfg!(debug_assertions) => {
+                bail!("test_faults: fault injection exists only in debug builds")
+            }
+            Some(plan) => {
+                FaultPlan::parse(plan).map_err(|e| anyhow::anyhow!("test_faults: {e}"))?
+            }
+        };
         Ok(Settings {
+            faults,
             console,
             auth,
             server: self.server,
@@ -877,11 +895,8 @@ fn delivery_policy(k: PolicyKeys) -> anyhow::Result<DeliveryPolicy> {
             cap: k.max_retry_delay,
         },
     };
-    let rate_limit = match (k.rate_limit_per_second, k.rate_limit_burst) {
-        (None, None) => None,
-        (None, Some(_)) => bail!("{section}.rate_limit_burst: set rate_limit_per_second too"),
-        (Some(per_second), burst) => Some(RateLimit::new(per_second, burst)),
-    };
+    let rate_limit = RateLimit::parse(k.rate_limit_per_second, k.rate_limit_burst)
+        .map_err(|e| anyhow::anyhow!("{section}.{e}"))?;
     Ok(DeliveryPolicy {
         // Non-positive retry settings are not refused here: the retry policy clamps them to
         // 10 retries / 1 min with a warning, so a typo still retries instead of parking at once.
@@ -1292,11 +1307,34 @@ mod tests {
             err.to_string().starts_with("smtp.rate_limit_burst"),
             "{err}"
         );
+        // Every number and duration has its bounds, the same as the admin API's.
+        for (line, key) in [
+            (
+                "rate_limit_per_second = 1e-30",
+                "smtp.rate_limit_per_second",
+            ),
+            ("rate_limit_per_second = 1e9", "smtp.rate_limit_per_second"),
+            (
+                "rate_limit_per_second = 5.0\nrate_limit_burst = 1000000",
+                "smtp.rate_limit_burst",
+            ),
+            ("max_retries = 1000000", "smtp.max_retries"),
+            ("retry_delay = '400days'", "smtp.retry_delay"),
+            (
+                "backoff = 'exponential'\nmax_retry_delay = '400days'",
+                "smtp.max_retry_delay",
+            ),
+            ("timeout = '2h'\noverall_timeout = '3h'", "smtp.timeout"),
+            ("overall_timeout = '2days'", "smtp.overall_timeout"),
+        ] {
+            let err = from_toml(&format!("{smtp}{line}")).unwrap_err();
+            assert!(err.to_string().starts_with(key), "{line}: {err}");
+        }
         let err = from_toml(&format!("{smtp}username = 'u'")).unwrap_err();
         assert!(err.to_string().starts_with("smtp.username"), "{err}");
         let settings = from_toml(&format!("{smtp}rate_limit_per_second = 2.5")).unwrap();
         let limit = settings.smtp.unwrap().policy.rate_limit.unwrap();
-        assert_eq!((limit.per_second, limit.burst), (2.5, 3));
+        assert_eq!((limit.per_second(), limit.burst()), (2.5, 3));
 
         let hooks = "[[lists]]\nname = 'hooks'\ntype = 'webhook'\n";
         let settings = from_toml(&format!(

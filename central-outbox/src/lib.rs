@@ -32,6 +32,7 @@ mod kpi_gauges;
 mod metrics;
 mod purge;
 mod secrets;
+pub mod supervisor;
 
 use std::sync::Arc;
 
@@ -54,6 +55,7 @@ use crate::metrics::Metrics;
 use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
+use crate::supervisor::{NodeFailure, Supervisor};
 use futures_util::future::BoxFuture;
 
 /// Why the service stopped with an error.
@@ -81,6 +83,11 @@ pub enum RunError {
     Secrets(StoreError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// A supervised task kept failing (`supervisor`): the node took itself out of service.
+    #[error(
+        "the {0} task kept failing; this node stopped so that another replica (or a restart) takes over"
+    )]
+    TaskFailed(&'static str),
 }
 
 /// gRPC service names reported by the health service, besides the overall "" entry.
@@ -216,6 +223,16 @@ async fn serve<S: OutboxStore>(
     // The file seeds what the database lacks (or, with --apply-config, replaces it).
     bootstrap::apply(&*store, &settings).await?;
 
+    // Every long-lived task runs supervised; one that keeps failing fires `failure`, which
+    // stops this node as a shutdown would (see `supervisor`) and makes `run` return an error.
+    let failure = NodeFailure::default();
+    let supervisor = Supervisor::new(
+        Arc::clone(&metrics),
+        failure.clone(),
+        settings.faults.clone(),
+    );
+    let shutdown = stop_on_failure(shutdown, &failure);
+
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
     let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
@@ -226,16 +243,31 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&config),
         settings.dispatcher.clone(),
         Arc::clone(&wake),
-    );
+    )
+    .with_supervisor(supervisor.clone());
     let dispatcher_stop = CancellationToken::new();
-    let purge_task = tokio::spawn(purge::run(
-        Arc::clone(&store),
-        Arc::clone(&metrics),
-        settings.purge,
-        dispatcher.lease_watch(),
+    let purge_task = supervisor.spawn("purge", dispatcher_stop.clone(), {
+        let (store, metrics) = (Arc::clone(&store), Arc::clone(&metrics));
+        let (lease, stop, purge) = (
+            dispatcher.lease_watch(),
+            dispatcher_stop.clone(),
+            settings.purge,
+        );
+        move || {
+            purge::run(
+                Arc::clone(&store),
+                Arc::clone(&metrics),
+                purge,
+                lease.clone(),
+                stop.clone(),
+            )
+        }
+    });
+    let dispatcher_task = supervisor.spawn_once(
+        "dispatcher",
         dispatcher_stop.clone(),
-    ));
-    let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
+        dispatcher.run(dispatcher_stop.clone()),
+    );
     let kpi_cache = kpi_cache(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -254,12 +286,11 @@ async fn serve<S: OutboxStore>(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter, &SERVICE_NAMES);
     health.store_ok(true).await;
-    let health_task = tokio::spawn(health::watch_store(
-        Arc::clone(&store),
-        health.clone(),
-        settings.health_check_interval,
-        shutdown.clone(),
-    ));
+    let health_task = supervisor.spawn("health", shutdown.clone(), {
+        let (store, health, stop) = (Arc::clone(&store), health.clone(), shutdown.clone());
+        let interval = settings.health_check_interval;
+        move || health::watch_store(Arc::clone(&store), health.clone(), interval, stop.clone())
+    });
     let reflection_v1 = outbox_proto::reflection(&SERVICE_NAMES).build_v1()?;
     let reflection_v1alpha = outbox_proto::reflection(&SERVICE_NAMES).build_v1alpha()?;
 
@@ -371,6 +402,31 @@ async fn serve<S: OutboxStore>(
         }
     }
     served?;
+    if let Some(task) = failure.task() {
+        return Err(RunError::TaskFailed(task));
+    }
     tracing::info!("central-outbox stopped");
     Ok(())
+}
+
+/// A token cancelled at `shutdown` or when `failure` fires, whichever comes first: a node
+/// whose supervised task was given up on stops as it would at shutdown (health NOT_SERVING,
+/// streams closed, the dispatcher drained and its lease released).
+fn stop_on_failure(shutdown: CancellationToken, failure: &NodeFailure) -> CancellationToken {
+    let stopping = shutdown.child_token();
+    let failure = failure.clone();
+    let fire = stopping.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            () = fire.cancelled() => {}
+            () = failure.failed() => {
+                tracing::error!(
+                    task = failure.task().unwrap_or("?"),
+                    "taking this node out of service: health NOT_SERVING, lease released"
+                );
+                fire.cancel();
+            }
+        }
+    });
+    stopping
 }

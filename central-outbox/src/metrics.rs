@@ -49,6 +49,11 @@ const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    task: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IngestLabels {
     outcome: &'static str,
 }
@@ -127,6 +132,9 @@ pub struct Metrics {
     outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
+    /// Supervised tasks restarted after ending or panicking, and those given up on.
+    task_restarts: Family<TaskLabels, Counter>,
+    task_failed: Family<TaskLabels, Gauge>,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     site_health: SiteHealthGauges,
@@ -234,6 +242,21 @@ impl Metrics {
             purged_parked.clone(),
         );
 
+        let task_restarts = Family::<TaskLabels, Counter>::default();
+        registry.register(
+            "outbox_task_restarts",
+            "Supervised long-lived tasks (channel loops, recorder, lease keeper, purge, health) \
+             restarted after they ended or panicked, by task",
+            task_restarts.clone(),
+        );
+        let task_failed = Family::<TaskLabels, Gauge>::default();
+        registry.register(
+            "outbox_task_failed",
+            "1 once a supervised task kept failing and was given up on, which takes this node \
+             out of service (health NOT_SERVING, lease released, process exits)",
+            task_failed.clone(),
+        );
+
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
         register_kpis(&mut registry, &kpis, &site_kpis);
@@ -253,6 +276,8 @@ impl Metrics {
             outcomes_unrecorded,
             purged,
             purged_parked,
+            task_restarts,
+            task_failed,
             kpis,
             site_kpis,
             site_health,
@@ -318,6 +343,16 @@ impl Metrics {
     /// `records` outcomes were given up on after the claim timeout.
     pub fn outcomes_unrecorded(&self, records: u64) {
         self.outcomes_unrecorded.inc_by(records);
+    }
+
+    /// A supervised task was restarted (or panicked while stopping).
+    pub fn task_restarted(&self, task: &'static str) {
+        self.task_restarts.get_or_create(&TaskLabels { task }).inc();
+    }
+
+    /// A supervised task was given up on.
+    pub fn task_given_up(&self, task: &'static str) {
+        self.task_failed.get_or_create(&TaskLabels { task }).set(1);
     }
 
     /// Counts what one purge pass deleted.

@@ -75,6 +75,21 @@ pub(super) struct ChannelParts<S, D> {
     pub(super) recorder: mpsc::Sender<AttemptRecord>,
 }
 
+impl<S, D> Clone for ChannelParts<S, D> {
+    fn clone(&self) -> Self {
+        Self {
+            kind: self.kind,
+            store: Arc::clone(&self.store),
+            metrics: Arc::clone(&self.metrics),
+            delivery: Arc::clone(&self.delivery),
+            config: Arc::clone(&self.config),
+            claim_timeout: self.claim_timeout,
+            claim_batch: self.claim_batch,
+            recorder: self.recorder.clone(),
+        }
+    }
+}
+
 /// How often a channel looks for due held rows while it finds none: a digest goes out within
 /// about this long of its window's end (or of the poll that follows).
 const DIGEST_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -401,7 +416,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             .settings
             .as_ref()
             .and_then(|c| c.policy().rate_limit)
-            .map(|limit| limit.per_second);
+            .map(|limit| limit.per_second());
         let mut ahead = self.ahead.rows(self.slots.size, rate_limit);
         // Outcomes waiting for the recorder mean the database is behind the deliveries: claiming
         // ahead would only make rows wait longer between their claim and their recorded
