@@ -31,8 +31,8 @@ use crate::domain::webhook::WebhookFormat;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
 use crate::store::mssql::MsSqlOptions;
-use crate::supervisor::FaultPlan;
 use crate::tls::{TlsConfig, TlsSettings};
+use task_supervisor::FaultPlan;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -83,7 +83,7 @@ pub struct Config {
     /// The web console; off unless `console.listen` is set. See [`ConsoleConfig`].
     pub console: ConsoleConfig,
     /// Debug builds only, for the tests: supervised task starts that fail on purpose
-    /// (`TASK=N` or `TASK=always`, comma-separated; `crate::supervisor::FaultPlan`). Release
+    /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
     /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
     pub test_faults: Option<String>,
 }

@@ -32,7 +32,6 @@ mod kpi_gauges;
 mod metrics;
 mod purge;
 mod secrets;
-pub mod supervisor;
 
 use std::sync::Arc;
 
@@ -55,8 +54,8 @@ use crate::metrics::Metrics;
 use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
-use crate::supervisor::{NodeFailure, Supervisor};
 use futures_util::future::BoxFuture;
+use task_supervisor::{NodeFailure, Supervisor};
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -227,11 +226,11 @@ async fn serve<S: OutboxStore>(
     // stops this node as a shutdown would (see `supervisor`) and makes `run` return an error.
     let failure = NodeFailure::default();
     let supervisor = Supervisor::new(
-        Arc::clone(&metrics),
+        metrics.supervision(),
         failure.clone(),
         settings.faults.clone(),
     );
-    let shutdown = stop_on_failure(shutdown, &failure);
+    let shutdown = failure.or_shutdown(&shutdown);
 
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
@@ -407,26 +406,4 @@ async fn serve<S: OutboxStore>(
     }
     tracing::info!("central-outbox stopped");
     Ok(())
-}
-
-/// A token cancelled at `shutdown` or when `failure` fires, whichever comes first: a node
-/// whose supervised task was given up on stops as it would at shutdown (health NOT_SERVING,
-/// streams closed, the dispatcher drained and its lease released).
-fn stop_on_failure(shutdown: CancellationToken, failure: &NodeFailure) -> CancellationToken {
-    let stopping = shutdown.child_token();
-    let failure = failure.clone();
-    let fire = stopping.clone();
-    tokio::spawn(async move {
-        tokio::select! {
-            () = fire.cancelled() => {}
-            () = failure.failed() => {
-                tracing::error!(
-                    task = failure.task().unwrap_or("?"),
-                    "taking this node out of service: health NOT_SERVING, lease released"
-                );
-                fire.cancel();
-            }
-        }
-    });
-    stopping
 }

@@ -20,6 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use task_supervisor::SupervisionMetrics;
 
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
@@ -47,11 +48,6 @@ const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
     AttemptOutcome::TransientFailure,
     AttemptOutcome::PermanentFailure,
 ];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct TaskLabels {
-    task: &'static str,
-}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct IngestLabels {
@@ -132,9 +128,10 @@ pub struct Metrics {
     outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
+    /// Claimed rows released unsent (they waited too long for a slot), by channel.
+    claims_released: Family<ChannelLabels, Counter>,
     /// Supervised tasks restarted after ending or panicking, and those given up on.
-    task_restarts: Family<TaskLabels, Counter>,
-    task_failed: Family<TaskLabels, Gauge>,
+    supervision: SupervisionMetrics,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     site_health: SiteHealthGauges,
@@ -242,20 +239,21 @@ impl Metrics {
             purged_parked.clone(),
         );
 
-        let task_restarts = Family::<TaskLabels, Counter>::default();
+        let claims_released = Family::<ChannelLabels, Counter>::default();
         registry.register(
-            "outbox_task_restarts",
-            "Supervised long-lived tasks (channel loops, recorder, lease keeper, purge, health) \
-             restarted after they ended or panicked, by task",
-            task_restarts.clone(),
+            "outbox_dispatcher_claims_released",
+            "Claimed notifications released without being sent, because they waited longer for \
+             a free delivery slot than half the claim timeout (each is due again at once; its \
+             history has a NotSent attempt)",
+            claims_released.clone(),
         );
-        let task_failed = Family::<TaskLabels, Gauge>::default();
-        registry.register(
-            "outbox_task_failed",
-            "1 once a supervised task kept failing and was given up on, which takes this node \
-             out of service (health NOT_SERVING, lease released, process exits)",
-            task_failed.clone(),
-        );
+        for channel in [NotificationType::Email, NotificationType::Webhook] {
+            claims_released.get_or_create_owned(&ChannelLabels {
+                channel: channel.as_str(),
+            });
+        }
+        let supervision = SupervisionMetrics::default();
+        supervision.register(&mut registry);
 
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
@@ -276,8 +274,8 @@ impl Metrics {
             outcomes_unrecorded,
             purged,
             purged_parked,
-            task_restarts,
-            task_failed,
+            claims_released,
+            supervision,
             kpis,
             site_kpis,
             site_health,
@@ -345,14 +343,18 @@ impl Metrics {
         self.outcomes_unrecorded.inc_by(records);
     }
 
-    /// A supervised task was restarted (or panicked while stopping).
-    pub fn task_restarted(&self, task: &'static str) {
-        self.task_restarts.get_or_create(&TaskLabels { task }).inc();
+    /// `rows` claimed rows of `channel` were released unsent.
+    pub fn claims_released(&self, channel: NotificationType, rows: u64) {
+        self.claims_released
+            .get_or_create(&ChannelLabels {
+                channel: channel.as_str(),
+            })
+            .inc_by(rows);
     }
 
-    /// A supervised task was given up on.
-    pub fn task_given_up(&self, task: &'static str) {
-        self.task_failed.get_or_create(&TaskLabels { task }).set(1);
+    /// The supervisor's series, registered here.
+    pub fn supervision(&self) -> SupervisionMetrics {
+        self.supervision.clone()
     }
 
     /// Counts what one purge pass deleted.

@@ -20,6 +20,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+use task_supervisor::SupervisionMetrics;
 
 use crate::buffer::Buffer;
 use crate::domain::{ForwardSnapshot, PairStatus, Role};
@@ -46,6 +47,8 @@ type SecondsGauge = Gauge<f64, AtomicU64>;
 #[derive(Debug)]
 pub struct SiteMetrics {
     registry: Registry,
+    /// Restarts of the supervised tasks (the node, the health reporter, the room check).
+    supervision: SupervisionMetrics,
     sends_accepted: Counter,
     forwarded: Family<OutcomeLabels, Counter>,
     buffer_depth: Gauge,
@@ -77,8 +80,15 @@ impl Default for SiteMetrics {
 }
 
 impl SiteMetrics {
+    /// The supervisor's series, registered here.
+    pub fn supervision(&self) -> SupervisionMetrics {
+        self.supervision.clone()
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let supervision = SupervisionMetrics::default();
+        supervision.register(&mut registry);
         let sends_accepted = Counter::default();
         registry.register(
             "outbox_site_sends_accepted",
@@ -208,6 +218,7 @@ impl SiteMetrics {
             promotions.clone(),
         );
         Self {
+            supervision,
             registry,
             pair_active,
             pair_term,

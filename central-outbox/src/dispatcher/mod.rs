@@ -24,6 +24,10 @@
 //! released so a successor takes over at once; rows still claimed become due again when their
 //! claims expire.
 //!
+//! The keeper, the channel loops and the recorder run supervised (`task_supervisor`): one
+//! that ends or panics is restarted from the same parts; one that keeps failing takes the node
+//! out (this loop drains and releases the lease as at shutdown, and the service stops).
+//!
 //! It needs the store's dispatch capability only ([`DispatchStore`]): leases, claims, outcomes
 //! and the channel settings it reads. `Dispatcher::dispatch_once` (compiled for tests only) is
 //! the deterministic step for tests: one turn of every channel, waiting for the store calls it
@@ -54,9 +58,9 @@ use crate::domain::NotificationType;
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, LeaseEpoch};
 use crate::store::DispatchStore;
-use crate::supervisor::{FaultPlan, NodeFailure, Supervisor};
 use channel::{ChannelLoop, ChannelParts};
 use lease::{EpochScope, LeaseKeeper, LeaseSettings, LeaseView, Mandate, Tenure};
+use task_supervisor::{FaultPlan, NodeFailure, Supervisor};
 
 pub use lease::DISPATCHER_LEASE;
 
@@ -124,7 +128,7 @@ pub struct Dispatcher<S, D = Adapters> {
     /// Cancelled when the recorder may end (the drain): it ends once every record is written.
     recorder_stop: CancellationToken,
     /// Restarts the keeper, the channel loops and the recorder when they fail; see
-    /// `crate::supervisor`.
+    /// `task_supervisor`.
     supervisor: Supervisor,
     metrics: Arc<Metrics>,
     delivery: Arc<D>,
@@ -164,7 +168,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             recorder: None,
             recorder_stop: CancellationToken::new(),
             supervisor: Supervisor::new(
-                Arc::clone(&metrics),
+                metrics.supervision(),
                 NodeFailure::default(),
                 FaultPlan::default(),
             ),

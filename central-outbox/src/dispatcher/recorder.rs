@@ -13,6 +13,10 @@
 //! claim (epoch and attempt number), so it applies only if nobody has claimed the row again
 //! since. And it avoids a duplicate mail: an outcome never recorded leaves the row to be
 //! delivered again once its claim expires.
+//!
+//! It runs supervised (`crate::supervisor`): its inbox lives outside any one run, so a run
+//! restarted after a panic takes up the records still queued. A write that panics costs only
+//! its own records (counted as unrecorded, due again when their claims expire).
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;

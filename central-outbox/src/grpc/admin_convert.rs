@@ -166,6 +166,7 @@ fn outcome_to_proto(outcome: AttemptOutcome) -> v1::AttemptOutcome {
         AttemptOutcome::Delivered => v1::AttemptOutcome::Delivered,
         AttemptOutcome::TransientFailure => v1::AttemptOutcome::TransientFailure,
         AttemptOutcome::PermanentFailure => v1::AttemptOutcome::PermanentFailure,
+        AttemptOutcome::NotSent => v1::AttemptOutcome::NotSent,
     }
 }
 

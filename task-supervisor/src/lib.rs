@@ -1,30 +1,36 @@
-//! Supervision of central's long-lived tasks, the way OTP supervisors work: a task that ends
+//! Supervision of a service's long-lived tasks, the way OTP supervisors work: a task that ends
 //! before it was told to stop, or panics, is restarted after a pause, counted
 //! (`outbox_task_restarts_total{task}`) and logged; one that keeps failing (more than
 //! [`MAX_RESTARTS`] restarts within [`RESTART_WINDOW`]) is not restarted again, and the failure
-//! travels up: [`NodeFailure`] fires, which takes the whole node out of service (health
-//! NOT_SERVING, the dispatcher drains and releases its lease so another replica takes over at
-//! once, `run` returns an error and the process exits non-zero for its service manager to
-//! restart). So there is no state where a node holds the lease and delivers nothing.
+//! travels up: [`NodeFailure`] fires, and the service takes itself out of service (central:
+//! health NOT_SERVING, the dispatcher drains and releases its lease so another replica takes
+//! over at once; the site-forwarder: health NOT_SERVING, so a pair's standby takes over), its
+//! `run` returns an error and the process exits non-zero for its service manager to restart.
+//! So there is no state where a node looks healthy, or holds the lease, and does nothing.
+//!
+//! Both services use it, each registering [`SupervisionMetrics`] in its own registry.
 //!
 //! A supervised task is started by a factory (`start`), so each restart begins from fresh state
 //! built from the same parts; whatever the task keeps across restarts (the recorder's inbox,
 //! the lease it holds) lives outside it, in those parts.
 //!
-//! Debug builds can inject failures ([`FaultPlan`], `OUTBOX_CENTRAL_TEST_FAULTS`): a planned
-//! start panics instead of running the task, so the tests exercise this module's real restart
-//! and give-up paths on a real process. Release builds refuse the setting.
+//! Debug builds can inject failures ([`FaultPlan`], each service's `test_faults` setting): a
+//! planned start panics instead of running the task, so the tests exercise the real restart and
+//! give-up paths on a real process. The services refuse the setting in release builds.
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-
-use crate::metrics::Metrics;
 
 /// Restarts allowed within [`RESTART_WINDOW`] before a task is given up on. Five restarts cover
 /// a burst of bad luck (a panic on one odd row, a few times over) without hiding a task that
@@ -36,6 +42,61 @@ pub const RESTART_WINDOW: Duration = Duration::from_secs(60);
 /// [`MAX_PAUSE`], so a task failing on every start does not spin.
 const FIRST_PAUSE: Duration = Duration::from_millis(100);
 const MAX_PAUSE: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TaskLabels {
+    task: &'static str,
+}
+
+/// The supervisor's series: restarts per task, and which task was given up on. Cheap to clone
+/// (the families are shared).
+#[derive(Clone, Debug, Default)]
+pub struct SupervisionMetrics {
+    restarts: Family<TaskLabels, Counter>,
+    failed: Family<TaskLabels, Gauge>,
+}
+
+impl SupervisionMetrics {
+    /// Registers `outbox_task_restarts_total` and `outbox_task_failed` in `registry`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "outbox_task_restarts",
+            "Supervised long-lived tasks restarted after they ended or panicked, by task",
+            self.restarts.clone(),
+        );
+        registry.register(
+            "outbox_task_failed",
+            "1 once a supervised task kept failing and was given up on, which takes this node \
+             out of service (health NOT_SERVING, a lease released, the process exits)",
+            self.failed.clone(),
+        );
+    }
+
+    /// A task is supervised: its series exist from now on, at zero, so alert rules and
+    /// dashboards find them on a healthy node.
+    fn supervised(&self, task: &'static str) {
+        self.restarts.get_or_create_owned(&TaskLabels { task });
+        self.failed.get_or_create_owned(&TaskLabels { task });
+    }
+
+    fn restarted(&self, task: &'static str) {
+        self.restarts.get_or_create(&TaskLabels { task }).inc();
+    }
+
+    fn given_up(&self, task: &'static str) {
+        self.failed.get_or_create(&TaskLabels { task }).set(1);
+    }
+
+    /// Restarts counted for `task` so far.
+    pub fn restarts(&self, task: &'static str) -> u64 {
+        self.restarts.get_or_create(&TaskLabels { task }).get()
+    }
+
+    /// Whether `task` was given up on.
+    pub fn was_given_up(&self, task: &'static str) -> bool {
+        self.failed.get_or_create(&TaskLabels { task }).get() > 0
+    }
+}
 
 /// Fires once a supervised task was given up on; says which.
 #[derive(Clone, Default)]
@@ -61,6 +122,26 @@ impl NodeFailure {
     /// The task given up on, if any.
     pub fn task(&self) -> Option<&'static str> {
         self.task.lock().ok().and_then(|t| *t)
+    }
+
+    /// A token cancelled at `shutdown` or when this fires, whichever comes first: a service
+    /// whose task was given up on stops as it would at shutdown.
+    pub fn or_shutdown(&self, shutdown: &CancellationToken) -> CancellationToken {
+        let stopping = shutdown.child_token();
+        let (failure, fire) = (self.clone(), stopping.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = fire.cancelled() => {}
+                () = failure.failed() => {
+                    tracing::error!(
+                        task = failure.task().unwrap_or("?"),
+                        "taking this node out of service: health NOT_SERVING"
+                    );
+                    fire.cancel();
+                }
+            }
+        });
+        stopping
     }
 }
 
@@ -112,13 +193,13 @@ impl FaultPlan {
 /// Starts and watches supervised tasks; cheap to clone.
 #[derive(Clone)]
 pub struct Supervisor {
-    metrics: Arc<Metrics>,
+    metrics: SupervisionMetrics,
     failure: NodeFailure,
     faults: FaultPlan,
 }
 
 impl Supervisor {
-    pub fn new(metrics: Arc<Metrics>, failure: NodeFailure, faults: FaultPlan) -> Self {
+    pub fn new(metrics: SupervisionMetrics, failure: NodeFailure, faults: FaultPlan) -> Self {
         Self {
             metrics,
             failure,
@@ -144,6 +225,7 @@ impl Supervisor {
         F: FnMut() -> Fut + Send + 'static,
         Fut: Future<Output = ()> + Send + 'static,
     {
+        self.metrics.supervised(task);
         let this = self.clone();
         tokio::spawn(async move { this.watch(task, stop, start).await })
     }
@@ -160,6 +242,7 @@ impl Supervisor {
     where
         Fut: Future<Output = ()> + Send + 'static,
     {
+        self.metrics.supervised(task);
         let this = self.clone();
         tokio::spawn(async move {
             let ended = AbortOnDrop(tokio::spawn(run)).join().await;
@@ -168,7 +251,7 @@ impl Supervisor {
             if (stop.is_cancelled() || this.failure.task().is_some()) && !panicked {
                 return;
             }
-            this.metrics.task_given_up(task);
+            this.metrics.given_up(task);
             match ended {
                 Ok(()) => tracing::error!(
                     task,
@@ -190,7 +273,7 @@ impl Supervisor {
         let mut restarts: VecDeque<Instant> = VecDeque::new();
         loop {
             let run = if self.faults.take(task) {
-                tokio::spawn(async move { panic!("injected fault (OUTBOX_CENTRAL_TEST_FAULTS)") })
+                tokio::spawn(async move { panic!("injected fault (test_faults)") })
             } else {
                 tokio::spawn(start())
             };
@@ -201,7 +284,7 @@ impl Supervisor {
                 if let Err(e) = ended
                     && e.is_panic()
                 {
-                    self.metrics.task_restarted(task);
+                    self.metrics.restarted(task);
                     tracing::error!(task, error = %e, "a task panicked while stopping");
                 }
                 return;
@@ -218,7 +301,7 @@ impl Supervisor {
                 restarts.pop_front();
             }
             if restarts.len() >= MAX_RESTARTS {
-                self.metrics.task_given_up(task);
+                self.metrics.given_up(task);
                 tracing::error!(
                     task,
                     reason = %why,
@@ -230,7 +313,7 @@ impl Supervisor {
                 return;
             }
             restarts.push_back(now);
-            self.metrics.task_restarted(task);
+            self.metrics.restarted(task);
             let pause = FIRST_PAUSE
                 .saturating_mul(1 << (restarts.len() - 1).min(16))
                 .min(MAX_PAUSE);
@@ -267,7 +350,7 @@ mod tests {
 
     fn supervisor(faults: &str) -> Supervisor {
         Supervisor::new(
-            Arc::new(Metrics::new()),
+            SupervisionMetrics::default(),
             NodeFailure::default(),
             FaultPlan::parse(faults).unwrap(),
         )
@@ -299,11 +382,7 @@ mod tests {
         handle.await.unwrap();
         assert_eq!(starts.load(Ordering::SeqCst), 3);
         assert!(sup.failure().task().is_none(), "two restarts are tolerated");
-        let page = sup.metrics.render();
-        assert!(
-            page.contains("outbox_task_restarts_total{task=\"flaky\"} 2"),
-            "{page}"
-        );
+        assert_eq!(sup.metrics.restarts("flaky"), 2);
     }
 
     #[tokio::test(start_paused = true)]
@@ -314,17 +393,8 @@ mod tests {
         sup.failure().failed().await;
         handle.await.unwrap();
         assert_eq!(sup.failure().task(), Some("doomed"));
-        let page = sup.metrics.render();
-        assert!(
-            page.contains(&format!(
-                "outbox_task_restarts_total{{task=\"doomed\"}} {MAX_RESTARTS}"
-            )),
-            "{page}"
-        );
-        assert!(
-            page.contains("outbox_task_failed{task=\"doomed\"} 1"),
-            "{page}"
-        );
+        assert_eq!(sup.metrics.restarts("doomed"), MAX_RESTARTS as u64);
+        assert!(sup.metrics.was_given_up("doomed"));
     }
 
     #[tokio::test(start_paused = true)]
