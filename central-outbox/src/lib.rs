@@ -189,6 +189,7 @@ fn spawn_metrics(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let connections = metrics.metrics_listener();
     let render = move || -> BoxFuture<'static, String> {
         let gauges = Arc::clone(&gauges);
         let metrics = Arc::clone(&metrics);
@@ -198,8 +199,11 @@ fn spawn_metrics(
         })
     };
     tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+    let limits = metrics_endpoint::METRICS_LIMITS;
     tokio::spawn(async move {
-        if let Err(e) = metrics_endpoint::serve(listener, render, shutdown).await {
+        if let Err(e) =
+            metrics_endpoint::serve(listener, render, limits, connections, shutdown).await
+        {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     })
@@ -291,8 +295,9 @@ async fn serve<S: OutboxStore>(
             let console =
                 console::Console::new(shared, settings.auth.clone(), console, tls.is_some());
             let stop = shutdown.clone();
+            let connections = metrics.console_listener();
             Some(tokio::spawn(async move {
-                if let Err(e) = console::serve(listener, console, tls, stop).await {
+                if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
                     tracing::error!(error = %e, "web console failed");
                 }
             }))

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use metrics_endpoint::{ListenerMetrics, ListenerStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -40,6 +41,10 @@ const DELIVERY_BUCKETS: [f64; 14] = [
 const LEASE_RENEWAL_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 15.0,
 ];
+
+/// The `listener` label of central's HTTP listeners.
+const METRICS: &str = "metrics";
+const CONSOLE: &str = "console";
 
 /// Outcomes a finished attempt can have (`InFlight` is what an unfinished one leaves behind).
 const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
@@ -114,6 +119,8 @@ struct SiteHealthGauges {
 pub struct Metrics {
     registry: Registry,
     ingest: Family<IngestLabels, Counter>,
+    /// The console's and /metrics' connections (see `metrics_endpoint::connections`).
+    http_listeners: ListenerMetrics,
     attempts: Family<AttemptLabels, Counter>,
     durations: Family<ChannelLabels, Histogram, fn() -> Histogram>,
     leader: Gauge,
@@ -154,6 +161,7 @@ impl Metrics {
         for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
             ingest.get_or_create_owned(&IngestLabels { outcome });
         }
+        let http_listeners = ListenerMetrics::register(&mut registry, &[METRICS, CONSOLE]);
 
         let attempts = Family::<AttemptLabels, Counter>::default();
         registry.register(
@@ -243,6 +251,7 @@ impl Metrics {
         Self {
             registry,
             ingest,
+            http_listeners,
             attempts,
             durations,
             leader,
@@ -275,6 +284,16 @@ impl Metrics {
         self.ingest
             .get_or_create(&IngestLabels { outcome: "invalid" })
             .inc();
+    }
+
+    /// The `/metrics` listener's connection figures.
+    pub fn metrics_listener(&self) -> ListenerStats {
+        self.http_listeners.listener(METRICS)
+    }
+
+    /// The web console's connection figures.
+    pub fn console_listener(&self) -> ListenerStats {
+        self.http_listeners.listener(CONSOLE)
     }
 
     /// Counts one attempt that reached an outcome, and how long the adapter took.
@@ -571,6 +590,11 @@ mod tests {
         assert_eq!(sample(&text, series), Some(0.0), "{text}");
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
+        for listener in ["metrics", "console"] {
+            let series =
+                format!("outbox_http_connections_refused_total{{listener=\"{listener}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
+        }
         assert!(text.contains("# UNIT outbox_oldest_pending_age_seconds seconds\n"));
         assert!(
             !text.contains("outbox_by_site_queue_depth{"),
