@@ -274,7 +274,8 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     )
-    .with_site_identity(SiteIdentity::for_tls(&settings.tls));
+    .with_site_identity(SiteIdentity::for_tls(&settings.tls))
+    .with_stream_limit(settings.server.max_ingest_streams);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
         OutboxService::new(
@@ -318,6 +319,12 @@ async fn serve<S: OutboxStore>(
         // Pings, so a site's stream over a link gone silent ends instead of lingering.
         .http2_keepalive_interval(Some(settings.server.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(settings.server.http2_keepalive_timeout))
+        // What one connection can make central hold (see ServerConfig); submit streams across
+        // all connections are bounded by the ingest service (server.max_ingest_streams).
+        .max_concurrent_streams(settings.server.max_concurrent_streams)
+        .concurrency_limit_per_connection(settings.server.concurrency_limit_per_connection)
+        .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW_BYTES)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

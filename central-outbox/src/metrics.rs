@@ -119,6 +119,9 @@ struct SiteHealthGauges {
 pub struct Metrics {
     registry: Registry,
     ingest: Family<IngestLabels, Counter>,
+    /// Submit streams open now, and those refused at `server.max_ingest_streams`.
+    ingest_streams_open: Gauge,
+    ingest_streams_refused: Counter,
     /// The console's and /metrics' connections (see `metrics_endpoint::connections`).
     http_listeners: ListenerMetrics,
     attempts: Family<AttemptLabels, Counter>,
@@ -161,6 +164,20 @@ impl Metrics {
         for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
             ingest.get_or_create_owned(&IngestLabels { outcome });
         }
+        let ingest_streams_open = Gauge::default();
+        registry.register(
+            "outbox_ingest_streams_open",
+            "Submit streams (SubmitNotifications) open on this node; at most \
+             server.max_ingest_streams",
+            ingest_streams_open.clone(),
+        );
+        let ingest_streams_refused = Counter::default();
+        registry.register(
+            "outbox_ingest_streams_refused",
+            "Submit streams refused with RESOURCE_EXHAUSTED because this node had \
+             server.max_ingest_streams open; the site retries, but its notifications wait",
+            ingest_streams_refused.clone(),
+        );
         let http_listeners = ListenerMetrics::register(&mut registry, &[METRICS, CONSOLE]);
 
         let attempts = Family::<AttemptLabels, Counter>::default();
@@ -251,6 +268,8 @@ impl Metrics {
         Self {
             registry,
             ingest,
+            ingest_streams_open,
+            ingest_streams_refused,
             http_listeners,
             attempts,
             durations,
@@ -284,6 +303,20 @@ impl Metrics {
         self.ingest
             .get_or_create(&IngestLabels { outcome: "invalid" })
             .inc();
+    }
+
+    /// One submit stream opened (`opened`) or ended.
+    pub fn ingest_stream(&self, opened: bool) {
+        if opened {
+            self.ingest_streams_open.inc();
+        } else {
+            self.ingest_streams_open.dec();
+        }
+    }
+
+    /// Counts one submit stream refused at `server.max_ingest_streams`.
+    pub fn ingest_stream_refused(&self) {
+        self.ingest_streams_refused.inc();
     }
 
     /// The `/metrics` listener's connection figures.
@@ -590,6 +623,11 @@ mod tests {
         assert_eq!(sample(&text, series), Some(0.0), "{text}");
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_ingest_streams_open"), Some(0.0));
+        assert_eq!(
+            sample(&text, "outbox_ingest_streams_refused_total"),
+            Some(0.0)
+        );
         for listener in ["metrics", "console"] {
             let series =
                 format!("outbox_http_connections_refused_total{{listener=\"{listener}\"}}");
