@@ -28,6 +28,7 @@ use crate::domain::consolidation::Consolidation;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookFormat;
+use crate::grpc::ingest::DEFAULT_MAX_INGEST_STREAMS;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
 use crate::store::mssql::MsSqlOptions;
@@ -144,13 +145,20 @@ impl ConsoleConfig {
     }
 }
 
-/// `[server]`: HTTP/2 keepalive on every connection central accepts. A site's submit stream
-/// over a link that stopped passing packets without closing anything would otherwise stay open
-/// (holding its batches and a task) until TCP gives up, which can take many minutes; with
-/// pings it ends at most `http2_keepalive_interval + http2_keepalive_timeout` after the site
-/// was last heard. The site runs its own, shorter pings (`[central]` in its config) and is the
-/// one that reconnects; central's are longer so that a congested site uplink, where a ping
-/// answer waits behind data, is not cut from this side first.
+/// `[server]`: how central's gRPC port treats the connections it accepts.
+///
+/// HTTP/2 keepalive on every connection. A site's submit stream over a link that stopped
+/// passing packets without closing anything would otherwise stay open (holding its batches and a
+/// task) until TCP gives up, which can take many minutes; with pings it ends at most
+/// `http2_keepalive_interval + http2_keepalive_timeout` after the site was last heard. The site
+/// runs its own, shorter pings (`[central]` in its config) and is the one that reconnects;
+/// central's are longer so that a congested site uplink, where a ping answer waits behind data,
+/// is not cut from this side first.
+///
+/// Bounds on what clients can make central hold in memory (see `grpc::ingest` for what one
+/// submit stream holds at most): calls open per connection, calls running per connection, and
+/// submit streams open across the whole node. Past `max_ingest_streams` a new stream is refused
+/// with RESOURCE_EXHAUSTED naming the key, and counted in `outbox_ingest_streams_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -160,6 +168,17 @@ pub struct ServerConfig {
     /// How long a PING may go unanswered before the connection is closed.
     #[serde(with = "humantime_serde")]
     pub http2_keepalive_timeout: Duration,
+    /// Calls (HTTP/2 streams) one connection may have open at once, announced to the client as
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: a client wanting more waits for one to end. A site node
+    /// has one call open per connection, `outboxctl` and grpcurl one.
+    pub max_concurrent_streams: u32,
+    /// Calls one connection may have running at once; further ones wait, their requests held
+    /// back by HTTP/2 flow control. Each running call may be decoding a request of up to
+    /// `MAX_GRPC_MESSAGE_BYTES` (4 MiB), so this bounds one connection's requests in memory. A
+    /// submit stream counts only while it opens.
+    pub concurrency_limit_per_connection: usize,
+    /// Submit streams (SubmitNotifications) open at once on this node, from all connections.
+    pub max_ingest_streams: usize,
 }
 
 impl Default for ServerConfig {
@@ -167,9 +186,25 @@ impl Default for ServerConfig {
         Self {
             http2_keepalive_interval: Duration::from_secs(10),
             http2_keepalive_timeout: Duration::from_secs(20),
+            // RFC 9113 suggests no less than 100, so as not to limit a client's parallelism
+            // needlessly; our own clients use one per connection. (hyper's own default is 200,
+            // which tonic replaces with "no limit" unless it is set.)
+            max_concurrent_streams: 100,
+            // 16 × 4 MiB = 64 MiB of requests from one connection at most; a client making more
+            // calls than that at once on one connection is queueing, not waiting on central.
+            concurrency_limit_per_connection: 16,
+            max_ingest_streams: DEFAULT_MAX_INGEST_STREAMS,
         }
     }
 }
+
+/// Upper bounds of the `[server]` limits: past them a limit bounds nothing a machine has.
+/// A thousand calls per connection is ten times RFC 9113's suggestion; 256 running calls are
+/// 1 GiB of requests from one connection; 4096 submit streams at `STREAM_MEMORY_BOUND` (16 MiB)
+/// each are 64 GiB.
+const MAX_CONCURRENT_STREAMS_LIMIT: usize = 1000;
+const CONCURRENCY_LIMIT_PER_CONNECTION_LIMIT: usize = 256;
+const MAX_INGEST_STREAMS_LIMIT: usize = 4096;
 
 impl ServerConfig {
     fn validate(&self) -> anyhow::Result<()> {
@@ -185,6 +220,27 @@ impl ServerConfig {
         ] {
             if value < Duration::from_millis(100) {
                 bail!("{key}: must be at least 100ms");
+            }
+        }
+        for (key, value, limit) in [
+            (
+                "server.max_concurrent_streams",
+                usize::try_from(self.max_concurrent_streams).unwrap_or(usize::MAX),
+                MAX_CONCURRENT_STREAMS_LIMIT,
+            ),
+            (
+                "server.concurrency_limit_per_connection",
+                self.concurrency_limit_per_connection,
+                CONCURRENCY_LIMIT_PER_CONNECTION_LIMIT,
+            ),
+            (
+                "server.max_ingest_streams",
+                self.max_ingest_streams,
+                MAX_INGEST_STREAMS_LIMIT,
+            ),
+        ] {
+            if !(1..=limit).contains(&value) {
+                bail!("{key}: must be between 1 and {limit}, not {value}");
             }
         }
         Ok(())
@@ -1070,6 +1126,61 @@ mod tests {
         );
         let err = from_toml("[server]\nhttp2_keepalive = '1s'").unwrap_err();
         assert!(format!("{err:#}").contains("http2_keepalive"), "{err:#}");
+    }
+
+    #[test]
+    fn server_limits_are_read_and_checked_by_name() {
+        let defaults = from_toml("").unwrap().server;
+        assert_eq!(
+            (
+                defaults.max_concurrent_streams,
+                defaults.concurrency_limit_per_connection,
+                defaults.max_ingest_streams
+            ),
+            (100, 16, 512)
+        );
+        let set = from_toml(
+            "[server]\nmax_concurrent_streams = 1\nconcurrency_limit_per_connection = 256\n\
+             max_ingest_streams = 4096",
+        )
+        .unwrap()
+        .server;
+        assert_eq!(
+            (
+                set.max_concurrent_streams,
+                set.concurrency_limit_per_connection,
+                set.max_ingest_streams
+            ),
+            (1, 256, 4096)
+        );
+        for (toml, message) in [
+            (
+                "max_concurrent_streams = 0",
+                "server.max_concurrent_streams: must be between 1 and 1000, not 0",
+            ),
+            (
+                "max_concurrent_streams = 1001",
+                "server.max_concurrent_streams: must be between 1 and 1000, not 1001",
+            ),
+            (
+                "concurrency_limit_per_connection = 0",
+                "server.concurrency_limit_per_connection: must be between 1 and 256, not 0",
+            ),
+            (
+                "max_ingest_streams = 0",
+                "server.max_ingest_streams: must be between 1 and 4096, not 0",
+            ),
+            (
+                "max_ingest_streams = 100000",
+                "server.max_ingest_streams: must be between 1 and 4096, not 100000",
+            ),
+        ] {
+            let err = from_toml(&format!("[server]\n{toml}")).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+        // Negative numbers are refused while the file is read, naming the key.
+        let err = from_toml("[server]\nmax_ingest_streams = -1").unwrap_err();
+        assert!(format!("{err:#}").contains("max_ingest_streams"), "{err:#}");
     }
 
     #[test]

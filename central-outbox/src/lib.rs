@@ -195,6 +195,7 @@ fn spawn_metrics(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let connections = metrics.metrics_listener();
     let render = move || -> BoxFuture<'static, String> {
         let gauges = Arc::clone(&gauges);
         let metrics = Arc::clone(&metrics);
@@ -204,8 +205,11 @@ fn spawn_metrics(
         })
     };
     tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+    let limits = metrics_endpoint::METRICS_LIMITS;
     tokio::spawn(async move {
-        if let Err(e) = metrics_endpoint::serve(listener, render, shutdown).await {
+        if let Err(e) =
+            metrics_endpoint::serve(listener, render, limits, connections, shutdown).await
+        {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     })
@@ -300,7 +304,8 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     )
-    .with_site_identity(SiteIdentity::for_tls(&settings.tls));
+    .with_site_identity(SiteIdentity::for_tls(&settings.tls))
+    .with_stream_limit(settings.server.max_ingest_streams);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
         OutboxService::new(
@@ -321,8 +326,9 @@ async fn serve<S: OutboxStore>(
             let console =
                 console::Console::new(shared, settings.auth.clone(), console, tls.is_some());
             let stop = shutdown.clone();
+            let connections = metrics.console_listener();
             Some(tokio::spawn(async move {
-                if let Err(e) = console::serve(listener, console, tls, stop).await {
+                if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
                     tracing::error!(error = %e, "web console failed");
                 }
             }))
@@ -343,6 +349,12 @@ async fn serve<S: OutboxStore>(
         // Pings, so a site's stream over a link gone silent ends instead of lingering.
         .http2_keepalive_interval(Some(settings.server.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(settings.server.http2_keepalive_timeout))
+        // What one connection can make central hold (see ServerConfig); submit streams across
+        // all connections are bounded by the ingest service (server.max_ingest_streams).
+        .max_concurrent_streams(settings.server.max_concurrent_streams)
+        .concurrency_limit_per_connection(settings.server.concurrency_limit_per_connection)
+        .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW_BYTES)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)

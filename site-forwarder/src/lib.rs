@@ -250,6 +250,7 @@ pub(crate) async fn run_with(
         config.health_report_interval,
         config.request_timeout,
     );
+    let metrics_connections = metrics.metrics_listener();
     let scraper = Arc::clone(&metrics).scraper(buffer.clone(), {
         let (state, pair) = (Arc::clone(&state), Arc::clone(&pair));
         move || (state.snapshot(), pair.status())
@@ -335,7 +336,13 @@ pub(crate) async fn run_with(
     let metrics_serving = metrics_listener.map(|listener| {
         let addr = listener.local_addr().ok();
         tracing::info!(addr = ?addr, "serving Prometheus metrics on /metrics");
-        let serving = metrics_endpoint::serve(listener, scraper, stop_metrics.clone());
+        let serving = metrics_endpoint::serve(
+            listener,
+            scraper,
+            metrics_endpoint::METRICS_LIMITS,
+            metrics_connections,
+            stop_metrics.clone(),
+        );
         tokio::spawn(async move {
             if let Err(error) = serving.await {
                 tracing::error!(%error, "the metrics endpoint failed; the service goes on");

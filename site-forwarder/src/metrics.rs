@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use chrono::Utc;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use metrics_endpoint::{ListenerMetrics, ListenerStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -42,6 +43,9 @@ const REJECTED: OutcomeLabels = OutcomeLabels {
 
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
+/// The `listener` label of the site's one HTTP listener.
+const METRICS_LISTENER: &str = "metrics";
+
 /// Every metric the forwarder exports. Shared by the `SiteNotify` service (Sends), the forwarder
 /// (acks) and the scrape handler (everything else).
 #[derive(Debug)]
@@ -68,6 +72,8 @@ pub struct SiteMetrics {
     standby_lag: SecondsGauge,
     active_silent: SecondsGauge,
     promotions: Counter,
+    /// The /metrics listener's own connections (see `metrics_endpoint::connections`).
+    metrics_listener: ListenerStats,
     /// Held from setting the gauges to encoding them, so concurrent scrapes do not mix their
     /// gauge values.
     scrape: Mutex<()>,
@@ -217,9 +223,12 @@ impl SiteMetrics {
             "Times this process promoted its node to active",
             promotions.clone(),
         );
+        let metrics_listener = ListenerMetrics::register(&mut registry, &[METRICS_LISTENER])
+            .listener(METRICS_LISTENER);
         Self {
             supervision,
             registry,
+            metrics_listener,
             pair_active,
             pair_term,
             pair_peer_connected,
@@ -318,6 +327,11 @@ impl SiteMetrics {
             tracing::error!(%error, "cannot encode the metrics");
         }
         text
+    }
+
+    /// The figures [`metrics_endpoint::serve`] counts the /metrics connections in.
+    pub fn metrics_listener(&self) -> ListenerStats {
+        self.metrics_listener.clone()
     }
 
     /// The `render` function [`metrics_endpoint::serve`] calls on each scrape.
