@@ -11,8 +11,8 @@ WHERE 1 = 1
   AND n.ListName = @P9
   AND n.CreatedAt >= @P10
   AND n.CreatedAt < @P11
-  AND n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < @P12
-  AND n.ResolvedAt < @P13
-  AND CHARINDEX(LOWER(@P14), LOWER(n.Subject)) > 0
-  AND (n.CreatedAt < @P15 OR (n.CreatedAt = @P15 AND n.Id < @P16))
+  AND ((n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < @P12) OR (n.Status = N'Held' AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt < @P13)))
+  AND n.ResolvedAt < @P14
+  AND CHARINDEX(LOWER(@P15), LOWER(n.Subject)) > 0
+  AND (n.CreatedAt < @P16 OR (n.CreatedAt = @P16 AND n.Id < @P17))
 ORDER BY n.CreatedAt DESC, n.Id DESC;
