@@ -2,7 +2,8 @@
 //!
 //! Three roles, each including the one before: `viewer` reads (queries, status, detail, KPIs,
 //! lists, SMTP settings without their secrets, site health), `operator` also retries and
-//! discards, `admin` also changes lists and the SMTP settings. A caller proves a role with a
+//! discards, `admin` also changes lists and the SMTP settings. A viewer reads webhook URLs cut
+//! to scheme, host and port ([`Role::sees_webhook_urls`]). A caller proves a role with a
 //! bearer token (`authorization: Bearer <token>`; the config holds only each token's SHA-256) or
 //! with a client certificate whose Common Name the config maps to a role (mTLS, see `tls`). The
 //! recorded actor of every change is that identity: the token's name or the certificate's CN,
@@ -38,6 +39,18 @@ pub enum Role {
     Viewer,
     Operator,
     Admin,
+}
+
+impl Role {
+    /// Whether this role reads webhook endpoint URLs whole (in lists, in a notification's
+    /// "Delivered to", in LastError and attempt errors). Slack, Teams and Discord keep a
+    /// webhook's secret in its path, so reading the URL is being able to post to the channel:
+    /// operators, who act on failed deliveries, and admins, who edit the lists, see it; a viewer
+    /// (a wall display, an auditor) sees scheme, host and port
+    /// (`domain::webhook::cut_urls`).
+    pub fn sees_webhook_urls(self) -> bool {
+        self >= Self::Operator
+    }
 }
 
 impl fmt::Display for Role {
@@ -192,9 +205,20 @@ impl ConsoleCaller {
 /// Whose notifications a status reader may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusReader {
-    Anyone,
+    /// An operator credential with this role: any notification.
+    Anyone(Role),
     /// Only notifications this site submitted.
     Site(String),
+}
+
+impl StatusReader {
+    /// Whether this reader sees webhook URLs whole: a site, like a viewer, does not.
+    pub fn sees_webhook_urls(&self) -> bool {
+        match self {
+            Self::Anyone(role) => role.sees_webhook_urls(),
+            Self::Site(_) => false,
+        }
+    }
 }
 
 /// A configured token: who, which role, and the digest presented tokens are compared with.
@@ -321,8 +345,20 @@ impl Authenticator {
         client_cn: Option<&str>,
         rpc: AdminRpc,
     ) -> Result<Actor, Status> {
+        self.authorize_as(request, client_cn, rpc)
+            .map(|(actor, _)| actor)
+    }
+
+    /// [`Self::authorize`], with the caller's role (for what the answer shows it). With
+    /// authentication off, everyone is an admin.
+    pub fn authorize_as<T>(
+        &self,
+        request: &Request<T>,
+        client_cn: Option<&str>,
+        rpc: AdminRpc,
+    ) -> Result<(Actor, Role), Status> {
         if self.mode == AuthMode::None {
-            return Ok(display_name(request));
+            return Ok((display_name(request), Role::Admin));
         }
         let needed = rpc.role();
         let (who, role) = self.identify(request, client_cn)?;
@@ -331,7 +367,7 @@ impl Authenticator {
                 "{rpc:?} needs the {needed} role; {who} has {role}"
             )));
         }
-        Ok(Actor::new(&who))
+        Ok((Actor::new(&who), role))
     }
 
     /// Who may read a notification's status: anyone with the viewer role, or a site (a verified
@@ -351,8 +387,8 @@ impl Authenticator {
                 Ok(StatusReader::Site(site.to_owned()))
             }
             _ => self
-                .authorize(request, client_cn, AdminRpc::GetNotificationStatus)
-                .map(|_| StatusReader::Anyone),
+                .authorize_as(request, client_cn, AdminRpc::GetNotificationStatus)
+                .map(|(_, role)| StatusReader::Anyone(role)),
         }
     }
 

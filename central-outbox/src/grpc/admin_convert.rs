@@ -2,6 +2,7 @@
 //! channels' settings (SMTP, webhook). Every inbound field is checked here, and errors name the field as the proto spells
 //! it, so an operator's typo comes back as "filter.statuses: ...", not as a database error.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -20,7 +21,7 @@ use crate::domain::kpi::KpiValues;
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::status::Status;
-use crate::domain::webhook::WebhookFormat;
+use crate::domain::webhook::{WebhookFormat, cut_urls};
 use crate::domain::{ContentError, NotificationType};
 use crate::records::NotificationDetail;
 
@@ -221,6 +222,35 @@ pub fn detail_view(detail: NotificationDetail, stuck: bool) -> v1::NotificationD
         resolved_targets: detail.resolved_targets.unwrap_or_default(),
         history: detail.history.into_iter().map(history_entry).collect(),
     }
+}
+
+/// Cuts every webhook URL in `text` to scheme, host and port, in place.
+fn cut(text: &mut String) {
+    if let Cow::Owned(cut) = cut_urls(text) {
+        *text = cut;
+    }
+}
+
+/// What a reader who may not see webhook URLs whole (`Role::sees_webhook_urls`) is shown of a
+/// notification's state: its LastError with every URL cut to scheme, host and port.
+pub fn cut_state_urls(view: &mut v1::NotificationStatusView) {
+    cut(&mut view.last_error);
+}
+
+/// The same for a notification's detail: LastError, "Delivered to" and every attempt's error.
+pub fn cut_detail_urls(view: &mut v1::NotificationDetail) {
+    if let Some(state) = view.notification.as_mut() {
+        cut_state_urls(state);
+    }
+    cut(&mut view.resolved_targets);
+    for entry in &mut view.history {
+        cut(&mut entry.error);
+    }
+}
+
+/// The same for a list: its endpoints.
+pub fn cut_list_urls(view: &mut v1::NotificationList) {
+    view.endpoints.iter_mut().for_each(cut);
 }
 
 pub fn kpi_values(values: &KpiValues) -> v1::KpiValues {
