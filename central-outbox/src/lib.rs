@@ -213,6 +213,8 @@ async fn serve<S: OutboxStore>(
 ) -> Result<(), RunError> {
     let listener = listeners.grpc;
     let metrics = Arc::new(Metrics::new());
+    let site_identity = SiteIdentity::for_tls(&settings.tls);
+    site_identity.announce(settings.tls.serves_tls(), &metrics);
     // The file seeds what the database lacks (or, with --apply-config, replaces it).
     bootstrap::apply(&*store, &settings).await?;
 
@@ -270,7 +272,7 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     )
-    .with_site_identity(SiteIdentity::for_tls(&settings.tls));
+    .with_site_identity(site_identity);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
         OutboxService::new(
@@ -289,7 +291,8 @@ async fn serve<S: OutboxStore>(
             // With [tls] the console is served over TLS too, with secure cookies.
             let tls = settings.tls.console_config()?;
             let console =
-                console::Console::new(shared, settings.auth.clone(), console, tls.is_some());
+                console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
+                    .with_site_identity(site_identity);
             let stop = shutdown.clone();
             Some(tokio::spawn(async move {
                 if let Err(e) = console::serve(listener, console, tls, stop).await {

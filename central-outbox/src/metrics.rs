@@ -127,6 +127,8 @@ pub struct Metrics {
     outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
+    /// 1 while ingest cannot tell sites apart (no client certificates required).
+    site_identity_unverified: Gauge,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     site_health: SiteHealthGauges,
@@ -234,6 +236,15 @@ impl Metrics {
             purged_parked.clone(),
         );
 
+        let site_identity_unverified = Gauge::default();
+        registry.register(
+            "outbox_site_identity_unverified",
+            "1 when central does not require client certificates ([tls] client_ca unset): any \
+             client that reaches the gRPC port may submit, clear conditions and report health as \
+             any site; 0 when each site is held to its certificate's name",
+            site_identity_unverified.clone(),
+        );
+
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
         register_kpis(&mut registry, &kpis, &site_kpis);
@@ -253,6 +264,7 @@ impl Metrics {
             outcomes_unrecorded,
             purged,
             purged_parked,
+            site_identity_unverified,
             kpis,
             site_kpis,
             site_health,
@@ -324,6 +336,11 @@ impl Metrics {
     pub fn purged(&self, report: &PurgeReport) {
         self.purged.inc_by(report.notifications);
         self.purged_parked.inc_by(report.parked);
+    }
+
+    /// Whether ingest holds each site to its client certificate's name.
+    pub fn set_sites_verified(&self, verified: bool) {
+        self.site_identity_unverified.set(i64::from(!verified));
     }
 
     /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.

@@ -43,6 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, ConsoleCaller, Role};
 use crate::config::ConsoleSettings;
+use crate::grpc::ingest::SiteIdentity;
 use reply::Failure;
 use session::{ActiveSession, Flash, Lookup, SESSION_COOKIE, Sessions, Use};
 
@@ -58,6 +59,8 @@ pub struct Console {
     sessions: Sessions,
     /// Served over TLS: cookies are marked `Secure`.
     secure: bool,
+    /// Whether ingest tells sites apart; the dashboard warns when it does not.
+    site_identity: SiteIdentity,
 }
 
 pub use listener::Peer;
@@ -76,7 +79,14 @@ impl Console {
             auth,
             sessions: Sessions::new(settings.idle_timeout, settings.lifetime),
             secure,
+            site_identity: SiteIdentity::default(),
         }
+    }
+
+    /// What ingest holds callers to (see `grpc::ingest::SiteIdentity`), for the dashboard.
+    pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
+        self.site_identity = site_identity;
+        self
     }
 
     /// The session of a request, if it has a live one. With authentication off, a visitor
