@@ -212,7 +212,7 @@ async fn serve<S: OutboxStore>(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let listener = listeners.grpc;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new().with_failed_logins(settings.auth.failed_logins()));
     let site_identity = SiteIdentity::for_tls(&settings.tls);
     site_identity.announce(settings.tls.serves_tls(), &metrics);
     // The file seeds what the database lacks (or, with --apply-config, replaces it).

@@ -338,6 +338,12 @@ impl Metrics {
         self.purged_parked.inc_by(report.parked);
     }
 
+    /// Adds the failed-login counters (`auth::FailedLogins`, which counts them) to `/metrics`.
+    pub fn with_failed_logins(mut self, logins: &crate::auth::FailedLogins) -> Self {
+        logins.register(&mut self.registry);
+        self
+    }
+
     /// Whether ingest holds each site to its client certificate's name.
     pub fn set_sites_verified(&self, verified: bool) {
         self.site_identity_unverified.set(i64::from(!verified));

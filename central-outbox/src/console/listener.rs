@@ -3,12 +3,15 @@
 //! a verified one's Common Name travels with each request of its connection as a [`Peer`], for
 //! the certificate login. Without TLS no request has a certificate.
 //!
-//! Both stop accepting at shutdown and let requests under way finish (the caller bounds the
-//! wait); a TLS handshake that does not finish within `tls::HANDSHAKE_TIMEOUT` is dropped, so
+//! Every request carries its client's address (`ConnectInfo<SocketAddr>`), which the login
+//! counts failures by. Both stop accepting at shutdown and let requests under way finish (the
+//! caller bounds the wait); a TLS handshake that does not finish within `tls::HANDSHAKE_TIMEOUT` is dropped, so
 //! a client that connects and says nothing holds nothing for long.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 
+use axum::extract::ConnectInfo;
 use axum::{Extension, Router};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
@@ -33,9 +36,12 @@ pub async fn serve_plain(
     router: Router,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown.cancelled_owned())
+    .await
 }
 
 /// Serves `router` over TLS until `shutdown`.
@@ -83,7 +89,11 @@ pub async fn serve_tls(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .and_then(|cert| tls_files::common_name(cert));
-            let service = TowerToHyperService::new(router.layer(Extension(Peer { client_cn })));
+            let service = TowerToHyperService::new(
+                router
+                    .layer(Extension(Peer { client_cn }))
+                    .layer(Extension(ConnectInfo(remote))),
+            );
             let builder = auto::Builder::new(TokioExecutor::new()).http1_only();
             let connection = builder.serve_connection(TokioIo::new(tls), service);
             tokio::pin!(connection);

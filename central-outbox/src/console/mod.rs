@@ -111,7 +111,7 @@ impl Console {
                 set_cookie: None,
             }),
             _ if self.auth.is_open() => {
-                let caller = self.auth.login("").map_err(|_| NoSession::Unknown)?;
+                let caller = self.auth.login("", None).map_err(|_| NoSession::Unknown)?;
                 self.start_session(caller).map_err(|_| NoSession::Unknown)
             }
             Lookup::Expired => Err(NoSession::Expired),
