@@ -28,10 +28,12 @@ use crate::domain::consolidation::Consolidation;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookFormat;
+use crate::grpc::ingest::DEFAULT_MAX_INGEST_STREAMS;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
 use crate::store::mssql::MsSqlOptions;
 use crate::tls::{TlsConfig, TlsSettings};
+use task_supervisor::FaultPlan;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -81,6 +83,10 @@ pub struct Config {
     pub server: ServerConfig,
     /// The web console; off unless `console.listen` is set. See [`ConsoleConfig`].
     pub console: ConsoleConfig,
+    /// Debug builds only, for the tests: supervised task starts that fail on purpose
+    /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
+    /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
+    pub test_faults: Option<String>,
 }
 
 /// `[console]`: the operators' web console (HTML over HTTP, served by central itself). Off
@@ -139,13 +145,20 @@ impl ConsoleConfig {
     }
 }
 
-/// `[server]`: HTTP/2 keepalive on every connection central accepts. A site's submit stream
-/// over a link that stopped passing packets without closing anything would otherwise stay open
-/// (holding its batches and a task) until TCP gives up, which can take many minutes; with
-/// pings it ends at most `http2_keepalive_interval + http2_keepalive_timeout` after the site
-/// was last heard. The site runs its own, shorter pings (`[central]` in its config) and is the
-/// one that reconnects; central's are longer so that a congested site uplink, where a ping
-/// answer waits behind data, is not cut from this side first.
+/// `[server]`: how central's gRPC port treats the connections it accepts.
+///
+/// HTTP/2 keepalive on every connection. A site's submit stream over a link that stopped
+/// passing packets without closing anything would otherwise stay open (holding its batches and a
+/// task) until TCP gives up, which can take many minutes; with pings it ends at most
+/// `http2_keepalive_interval + http2_keepalive_timeout` after the site was last heard. The site
+/// runs its own, shorter pings (`[central]` in its config) and is the one that reconnects;
+/// central's are longer so that a congested site uplink, where a ping answer waits behind data,
+/// is not cut from this side first.
+///
+/// Bounds on what clients can make central hold in memory (see `grpc::ingest` for what one
+/// submit stream holds at most): calls open per connection, calls running per connection, and
+/// submit streams open across the whole node. Past `max_ingest_streams` a new stream is refused
+/// with RESOURCE_EXHAUSTED naming the key, and counted in `outbox_ingest_streams_refused_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
@@ -155,6 +168,17 @@ pub struct ServerConfig {
     /// How long a PING may go unanswered before the connection is closed.
     #[serde(with = "humantime_serde")]
     pub http2_keepalive_timeout: Duration,
+    /// Calls (HTTP/2 streams) one connection may have open at once, announced to the client as
+    /// SETTINGS_MAX_CONCURRENT_STREAMS: a client wanting more waits for one to end. A site node
+    /// has one call open per connection, `outboxctl` and grpcurl one.
+    pub max_concurrent_streams: u32,
+    /// Calls one connection may have running at once; further ones wait, their requests held
+    /// back by HTTP/2 flow control. Each running call may be decoding a request of up to
+    /// `MAX_GRPC_MESSAGE_BYTES` (4 MiB), so this bounds one connection's requests in memory. A
+    /// submit stream counts only while it opens.
+    pub concurrency_limit_per_connection: usize,
+    /// Submit streams (SubmitNotifications) open at once on this node, from all connections.
+    pub max_ingest_streams: usize,
 }
 
 impl Default for ServerConfig {
@@ -162,9 +186,25 @@ impl Default for ServerConfig {
         Self {
             http2_keepalive_interval: Duration::from_secs(10),
             http2_keepalive_timeout: Duration::from_secs(20),
+            // RFC 9113 suggests no less than 100, so as not to limit a client's parallelism
+            // needlessly; our own clients use one per connection. (hyper's own default is 200,
+            // which tonic replaces with "no limit" unless it is set.)
+            max_concurrent_streams: 100,
+            // 16 × 4 MiB = 64 MiB of requests from one connection at most; a client making more
+            // calls than that at once on one connection is queueing, not waiting on central.
+            concurrency_limit_per_connection: 16,
+            max_ingest_streams: DEFAULT_MAX_INGEST_STREAMS,
         }
     }
 }
+
+/// Upper bounds of the `[server]` limits: past them a limit bounds nothing a machine has.
+/// A thousand calls per connection is ten times RFC 9113's suggestion; 256 running calls are
+/// 1 GiB of requests from one connection; 4096 submit streams at `STREAM_MEMORY_BOUND` (16 MiB)
+/// each are 64 GiB.
+const MAX_CONCURRENT_STREAMS_LIMIT: usize = 1000;
+const CONCURRENCY_LIMIT_PER_CONNECTION_LIMIT: usize = 256;
+const MAX_INGEST_STREAMS_LIMIT: usize = 4096;
 
 impl ServerConfig {
     fn validate(&self) -> anyhow::Result<()> {
@@ -180,6 +220,27 @@ impl ServerConfig {
         ] {
             if value < Duration::from_millis(100) {
                 bail!("{key}: must be at least 100ms");
+            }
+        }
+        for (key, value, limit) in [
+            (
+                "server.max_concurrent_streams",
+                usize::try_from(self.max_concurrent_streams).unwrap_or(usize::MAX),
+                MAX_CONCURRENT_STREAMS_LIMIT,
+            ),
+            (
+                "server.concurrency_limit_per_connection",
+                self.concurrency_limit_per_connection,
+                CONCURRENCY_LIMIT_PER_CONNECTION_LIMIT,
+            ),
+            (
+                "server.max_ingest_streams",
+                self.max_ingest_streams,
+                MAX_INGEST_STREAMS_LIMIT,
+            ),
+        ] {
+            if !(1..=limit).contains(&value) {
+                bail!("{key}: must be between 1 and {limit}, not {value}");
             }
         }
         Ok(())
@@ -211,6 +272,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             server: ServerConfig::default(),
             console: ConsoleConfig::default(),
+            test_faults: None,
         }
     }
 }
@@ -436,8 +498,8 @@ impl Default for WebhookConfig {
             backoff: BackoffKind::from(d.policy.backoff),
             max_retry_delay,
             max_concurrent_connections: d.policy.max_concurrent_connections,
-            rate_limit_per_second: d.policy.rate_limit.map(|r| r.per_second),
-            rate_limit_burst: d.policy.rate_limit.map(|r| r.burst),
+            rate_limit_per_second: d.policy.rate_limit.map(|r| r.per_second()),
+            rate_limit_burst: d.policy.rate_limit.map(|r| r.burst()),
         }
     }
 }
@@ -678,6 +740,8 @@ pub struct Settings {
     pub server: ServerConfig,
     /// The web console, when `console.listen` is set.
     pub console: Option<ConsoleSettings>,
+    /// Supervised task starts that fail on purpose (debug builds' tests only).
+    pub faults: FaultPlan,
 }
 
 impl Config {
@@ -794,7 +858,17 @@ impl Config {
                 );
             }
         }
+        let faults = match &self.test_faults {
+            None => FaultPlan::default(),
+            Some(_) if !cfg!(debug_assertions) => {
+                bail!("test_faults: fault injection exists only in debug builds")
+            }
+            Some(plan) => {
+                FaultPlan::parse(plan).map_err(|e| anyhow::anyhow!("test_faults: {e}"))?
+            }
+        };
         Ok(Settings {
+            faults,
             console,
             auth,
             server: self.server,
@@ -877,11 +951,8 @@ fn delivery_policy(k: PolicyKeys) -> anyhow::Result<DeliveryPolicy> {
             cap: k.max_retry_delay,
         },
     };
-    let rate_limit = match (k.rate_limit_per_second, k.rate_limit_burst) {
-        (None, None) => None,
-        (None, Some(_)) => bail!("{section}.rate_limit_burst: set rate_limit_per_second too"),
-        (Some(per_second), burst) => Some(RateLimit::new(per_second, burst)),
-    };
+    let rate_limit = RateLimit::parse(k.rate_limit_per_second, k.rate_limit_burst)
+        .map_err(|e| anyhow::anyhow!("{section}.{e}"))?;
     Ok(DeliveryPolicy {
         // Non-positive retry settings are not refused here: the retry policy clamps them to
         // 10 retries / 1 min with a warning, so a typo still retries instead of parking at once.
@@ -1055,6 +1126,61 @@ mod tests {
         );
         let err = from_toml("[server]\nhttp2_keepalive = '1s'").unwrap_err();
         assert!(format!("{err:#}").contains("http2_keepalive"), "{err:#}");
+    }
+
+    #[test]
+    fn server_limits_are_read_and_checked_by_name() {
+        let defaults = from_toml("").unwrap().server;
+        assert_eq!(
+            (
+                defaults.max_concurrent_streams,
+                defaults.concurrency_limit_per_connection,
+                defaults.max_ingest_streams
+            ),
+            (100, 16, 512)
+        );
+        let set = from_toml(
+            "[server]\nmax_concurrent_streams = 1\nconcurrency_limit_per_connection = 256\n\
+             max_ingest_streams = 4096",
+        )
+        .unwrap()
+        .server;
+        assert_eq!(
+            (
+                set.max_concurrent_streams,
+                set.concurrency_limit_per_connection,
+                set.max_ingest_streams
+            ),
+            (1, 256, 4096)
+        );
+        for (toml, message) in [
+            (
+                "max_concurrent_streams = 0",
+                "server.max_concurrent_streams: must be between 1 and 1000, not 0",
+            ),
+            (
+                "max_concurrent_streams = 1001",
+                "server.max_concurrent_streams: must be between 1 and 1000, not 1001",
+            ),
+            (
+                "concurrency_limit_per_connection = 0",
+                "server.concurrency_limit_per_connection: must be between 1 and 256, not 0",
+            ),
+            (
+                "max_ingest_streams = 0",
+                "server.max_ingest_streams: must be between 1 and 4096, not 0",
+            ),
+            (
+                "max_ingest_streams = 100000",
+                "server.max_ingest_streams: must be between 1 and 4096, not 100000",
+            ),
+        ] {
+            let err = from_toml(&format!("[server]\n{toml}")).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
+        // Negative numbers are refused while the file is read, naming the key.
+        let err = from_toml("[server]\nmax_ingest_streams = -1").unwrap_err();
+        assert!(format!("{err:#}").contains("max_ingest_streams"), "{err:#}");
     }
 
     #[test]
@@ -1292,11 +1418,34 @@ mod tests {
             err.to_string().starts_with("smtp.rate_limit_burst"),
             "{err}"
         );
+        // Every number and duration has its bounds, the same as the admin API's.
+        for (line, key) in [
+            (
+                "rate_limit_per_second = 1e-30",
+                "smtp.rate_limit_per_second",
+            ),
+            ("rate_limit_per_second = 1e9", "smtp.rate_limit_per_second"),
+            (
+                "rate_limit_per_second = 5.0\nrate_limit_burst = 1000000",
+                "smtp.rate_limit_burst",
+            ),
+            ("max_retries = 1000000", "smtp.max_retries"),
+            ("retry_delay = '400days'", "smtp.retry_delay"),
+            (
+                "backoff = 'exponential'\nmax_retry_delay = '400days'",
+                "smtp.max_retry_delay",
+            ),
+            ("timeout = '2h'\noverall_timeout = '3h'", "smtp.timeout"),
+            ("overall_timeout = '2days'", "smtp.overall_timeout"),
+        ] {
+            let err = from_toml(&format!("{smtp}{line}")).unwrap_err();
+            assert!(err.to_string().starts_with(key), "{line}: {err}");
+        }
         let err = from_toml(&format!("{smtp}username = 'u'")).unwrap_err();
         assert!(err.to_string().starts_with("smtp.username"), "{err}");
         let settings = from_toml(&format!("{smtp}rate_limit_per_second = 2.5")).unwrap();
         let limit = settings.smtp.unwrap().policy.rate_limit.unwrap();
-        assert_eq!((limit.per_second, limit.burst), (2.5, 3));
+        assert_eq!((limit.per_second(), limit.burst()), (2.5, 3));
         // A password goes in clear only to this host: the rule the admin API and the
         // console's form have too, so `--apply-config` cannot store what they refuse.
         let password = format!("{key}{smtp}username = 'u'\npassword = 'p'\n");

@@ -55,6 +55,7 @@ use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
 use futures_util::future::BoxFuture;
+use task_supervisor::{NodeFailure, Supervisor};
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -81,6 +82,11 @@ pub enum RunError {
     Secrets(StoreError),
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// A supervised task kept failing (`supervisor`): the node took itself out of service.
+    #[error(
+        "the {0} task kept failing; this node stopped so that another replica (or a restart) takes over"
+    )]
+    TaskFailed(&'static str),
 }
 
 /// gRPC service names reported by the health service, besides the overall "" entry.
@@ -189,6 +195,7 @@ fn spawn_metrics(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let connections = metrics.metrics_listener();
     let render = move || -> BoxFuture<'static, String> {
         let gauges = Arc::clone(&gauges);
         let metrics = Arc::clone(&metrics);
@@ -198,8 +205,11 @@ fn spawn_metrics(
         })
     };
     tracing::info!(addr = ?listener.local_addr().ok(), "serving /metrics");
+    let limits = metrics_endpoint::METRICS_LIMITS;
     tokio::spawn(async move {
-        if let Err(e) = metrics_endpoint::serve(listener, render, shutdown).await {
+        if let Err(e) =
+            metrics_endpoint::serve(listener, render, limits, connections, shutdown).await
+        {
             tracing::error!(error = %e, "metrics endpoint failed");
         }
     })
@@ -218,6 +228,16 @@ async fn serve<S: OutboxStore>(
     // The file seeds what the database lacks (or, with --apply-config, replaces it).
     bootstrap::apply(&*store, &settings).await?;
 
+    // Every long-lived task runs supervised; one that keeps failing fires `failure`, which
+    // stops this node as a shutdown would (see `supervisor`) and makes `run` return an error.
+    let failure = NodeFailure::default();
+    let supervisor = Supervisor::new(
+        metrics.supervision(),
+        failure.clone(),
+        settings.faults.clone(),
+    );
+    let shutdown = failure.or_shutdown(&shutdown);
+
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
     let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
@@ -228,16 +248,31 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&config),
         settings.dispatcher.clone(),
         Arc::clone(&wake),
-    );
+    )
+    .with_supervisor(supervisor.clone());
     let dispatcher_stop = CancellationToken::new();
-    let purge_task = tokio::spawn(purge::run(
-        Arc::clone(&store),
-        Arc::clone(&metrics),
-        settings.purge,
-        dispatcher.lease_watch(),
+    let purge_task = supervisor.spawn("purge", dispatcher_stop.clone(), {
+        let (store, metrics) = (Arc::clone(&store), Arc::clone(&metrics));
+        let (lease, stop, purge) = (
+            dispatcher.lease_watch(),
+            dispatcher_stop.clone(),
+            settings.purge,
+        );
+        move || {
+            purge::run(
+                Arc::clone(&store),
+                Arc::clone(&metrics),
+                purge,
+                lease.clone(),
+                stop.clone(),
+            )
+        }
+    });
+    let dispatcher_task = supervisor.spawn_once(
+        "dispatcher",
         dispatcher_stop.clone(),
-    ));
-    let dispatcher_task = tokio::spawn(dispatcher.run(dispatcher_stop.clone()));
+        dispatcher.run(dispatcher_stop.clone()),
+    );
     let kpi_cache = kpi_cache(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -256,12 +291,11 @@ async fn serve<S: OutboxStore>(
     let (reporter, health_service) = tonic_health::server::health_reporter();
     let health = Health::new(reporter, &SERVICE_NAMES);
     health.store_ok(true).await;
-    let health_task = tokio::spawn(health::watch_store(
-        Arc::clone(&store),
-        health.clone(),
-        settings.health_check_interval,
-        shutdown.clone(),
-    ));
+    let health_task = supervisor.spawn("health", shutdown.clone(), {
+        let (store, health, stop) = (Arc::clone(&store), health.clone(), shutdown.clone());
+        let interval = settings.health_check_interval;
+        move || health::watch_store(Arc::clone(&store), health.clone(), interval, stop.clone())
+    });
     let reflection_v1 = outbox_proto::reflection(&SERVICE_NAMES).build_v1()?;
     let reflection_v1alpha = outbox_proto::reflection(&SERVICE_NAMES).build_v1alpha()?;
 
@@ -272,7 +306,8 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     )
-    .with_site_identity(site_identity);
+    .with_site_identity(site_identity)
+    .with_stream_limit(settings.server.max_ingest_streams);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
         OutboxService::new(
@@ -294,8 +329,9 @@ async fn serve<S: OutboxStore>(
                 console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
                     .with_site_identity(site_identity);
             let stop = shutdown.clone();
+            let connections = metrics.console_listener();
             Some(tokio::spawn(async move {
-                if let Err(e) = console::serve(listener, console, tls, stop).await {
+                if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
                     tracing::error!(error = %e, "web console failed");
                 }
             }))
@@ -316,6 +352,12 @@ async fn serve<S: OutboxStore>(
         // Pings, so a site's stream over a link gone silent ends instead of lingering.
         .http2_keepalive_interval(Some(settings.server.http2_keepalive_interval))
         .http2_keepalive_timeout(Some(settings.server.http2_keepalive_timeout))
+        // What one connection can make central hold (see ServerConfig); submit streams across
+        // all connections are bounded by the ingest service (server.max_ingest_streams).
+        .max_concurrent_streams(settings.server.max_concurrent_streams)
+        .concurrency_limit_per_connection(settings.server.concurrency_limit_per_connection)
+        .initial_stream_window_size(grpc::HTTP2_STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(grpc::HTTP2_CONNECTION_WINDOW_BYTES)
         .add_service(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
@@ -374,6 +416,9 @@ async fn serve<S: OutboxStore>(
         }
     }
     served?;
+    if let Some(task) = failure.task() {
+        return Err(RunError::TaskFailed(task));
+    }
     tracing::info!("central-outbox stopped");
     Ok(())
 }

@@ -13,6 +13,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use metrics_endpoint::{ListenerMetrics, ListenerStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -20,6 +21,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use task_supervisor::SupervisionMetrics;
 
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
@@ -40,6 +42,10 @@ const DELIVERY_BUCKETS: [f64; 14] = [
 const LEASE_RENEWAL_BUCKETS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 15.0,
 ];
+
+/// The `listener` label of central's HTTP listeners.
+const METRICS: &str = "metrics";
+const CONSOLE: &str = "console";
 
 /// Outcomes a finished attempt can have (`InFlight` is what an unfinished one leaves behind).
 const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
@@ -114,6 +120,11 @@ struct SiteHealthGauges {
 pub struct Metrics {
     registry: Registry,
     ingest: Family<IngestLabels, Counter>,
+    /// Submit streams open now, and those refused at `server.max_ingest_streams`.
+    ingest_streams_open: Gauge,
+    ingest_streams_refused: Counter,
+    /// The console's and /metrics' connections (see `metrics_endpoint::connections`).
+    http_listeners: ListenerMetrics,
     attempts: Family<AttemptLabels, Counter>,
     durations: Family<ChannelLabels, Histogram, fn() -> Histogram>,
     leader: Gauge,
@@ -129,6 +140,10 @@ pub struct Metrics {
     purged_parked: Counter,
     /// 1 while ingest cannot tell sites apart (no client certificates required).
     site_identity_unverified: Gauge,
+    /// Claimed rows released unsent (they waited too long for a slot), by channel.
+    claims_released: Family<ChannelLabels, Counter>,
+    /// Supervised tasks restarted after ending or panicking, and those given up on.
+    supervision: SupervisionMetrics,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     site_health: SiteHealthGauges,
@@ -156,6 +171,21 @@ impl Metrics {
         for outcome in ["accepted", "duplicate", "conflict", "invalid"] {
             ingest.get_or_create_owned(&IngestLabels { outcome });
         }
+        let ingest_streams_open = Gauge::default();
+        registry.register(
+            "outbox_ingest_streams_open",
+            "Submit streams (SubmitNotifications) open on this node; at most \
+             server.max_ingest_streams",
+            ingest_streams_open.clone(),
+        );
+        let ingest_streams_refused = Counter::default();
+        registry.register(
+            "outbox_ingest_streams_refused",
+            "Submit streams refused with RESOURCE_EXHAUSTED because this node had \
+             server.max_ingest_streams open; the site retries, but its notifications wait",
+            ingest_streams_refused.clone(),
+        );
+        let http_listeners = ListenerMetrics::register(&mut registry, &[METRICS, CONSOLE]);
 
         let attempts = Family::<AttemptLabels, Counter>::default();
         registry.register(
@@ -244,6 +274,21 @@ impl Metrics {
              any site; 0 when each site is held to its certificate's name",
             site_identity_unverified.clone(),
         );
+        let claims_released = Family::<ChannelLabels, Counter>::default();
+        registry.register(
+            "outbox_dispatcher_claims_released",
+            "Claimed notifications released without being sent, because they waited longer for \
+             a free delivery slot than half the claim timeout (each is due again at once; its \
+             history has a NotSent attempt)",
+            claims_released.clone(),
+        );
+        for channel in [NotificationType::Email, NotificationType::Webhook] {
+            claims_released.get_or_create_owned(&ChannelLabels {
+                channel: channel.as_str(),
+            });
+        }
+        let supervision = SupervisionMetrics::default();
+        supervision.register(&mut registry);
 
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
@@ -254,6 +299,9 @@ impl Metrics {
         Self {
             registry,
             ingest,
+            ingest_streams_open,
+            ingest_streams_refused,
+            http_listeners,
             attempts,
             durations,
             leader,
@@ -265,6 +313,8 @@ impl Metrics {
             purged,
             purged_parked,
             site_identity_unverified,
+            claims_released,
+            supervision,
             kpis,
             site_kpis,
             site_health,
@@ -287,6 +337,30 @@ impl Metrics {
         self.ingest
             .get_or_create(&IngestLabels { outcome: "invalid" })
             .inc();
+    }
+
+    /// One submit stream opened (`opened`) or ended.
+    pub fn ingest_stream(&self, opened: bool) {
+        if opened {
+            self.ingest_streams_open.inc();
+        } else {
+            self.ingest_streams_open.dec();
+        }
+    }
+
+    /// Counts one submit stream refused at `server.max_ingest_streams`.
+    pub fn ingest_stream_refused(&self) {
+        self.ingest_streams_refused.inc();
+    }
+
+    /// The `/metrics` listener's connection figures.
+    pub fn metrics_listener(&self) -> ListenerStats {
+        self.http_listeners.listener(METRICS)
+    }
+
+    /// The web console's connection figures.
+    pub fn console_listener(&self) -> ListenerStats {
+        self.http_listeners.listener(CONSOLE)
     }
 
     /// Counts one attempt that reached an outcome, and how long the adapter took.
@@ -330,6 +404,20 @@ impl Metrics {
     /// `records` outcomes were given up on after the claim timeout.
     pub fn outcomes_unrecorded(&self, records: u64) {
         self.outcomes_unrecorded.inc_by(records);
+    }
+
+    /// `rows` claimed rows of `channel` were released unsent.
+    pub fn claims_released(&self, channel: NotificationType, rows: u64) {
+        self.claims_released
+            .get_or_create(&ChannelLabels {
+                channel: channel.as_str(),
+            })
+            .inc_by(rows);
+    }
+
+    /// The supervisor's series, registered here.
+    pub fn supervision(&self) -> SupervisionMetrics {
+        self.supervision.clone()
     }
 
     /// Counts what one purge pass deleted.
@@ -594,6 +682,16 @@ mod tests {
         assert_eq!(sample(&text, series), Some(0.0), "{text}");
         assert_eq!(sample(&text, "outbox_dispatcher_leader"), Some(0.0));
         assert_eq!(sample(&text, "outbox_queue_depth"), Some(0.0));
+        assert_eq!(sample(&text, "outbox_ingest_streams_open"), Some(0.0));
+        assert_eq!(
+            sample(&text, "outbox_ingest_streams_refused_total"),
+            Some(0.0)
+        );
+        for listener in ["metrics", "console"] {
+            let series =
+                format!("outbox_http_connections_refused_total{{listener=\"{listener}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
+        }
         assert!(text.contains("# UNIT outbox_oldest_pending_age_seconds seconds\n"));
         assert!(
             !text.contains("outbox_by_site_queue_depth{"),

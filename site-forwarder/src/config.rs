@@ -30,6 +30,11 @@ pub const MAX_FORWARD_WINDOW: usize = 65_536;
 pub struct Config {
     /// This site's id, stamped on every notification (`source_site_id`). Required.
     pub site_id: String,
+    /// Debug builds only, for the tests: supervised task starts that fail on purpose
+    /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
+    /// builds refuse it. Set through `OUTBOX_SITE_TEST_FAULTS`.
+    #[serde(default)]
+    pub test_faults: Option<String>,
     /// Where the local `SiteNotify` API listens. Loopback by default: only local scripts send.
     #[serde(default = "default_listen_addr")]
     pub listen_addr: SocketAddr,
@@ -284,6 +289,7 @@ impl Config {
     pub fn new(site_id: impl Into<String>) -> Config {
         Config {
             site_id: site_id.into(),
+            test_faults: None,
             listen_addr: default_listen_addr(),
             buffer_path: default_buffer_path(),
             min_free_disk_bytes: default_min_free_disk_bytes(),
@@ -328,8 +334,21 @@ impl Config {
         Ok(config)
     }
 
+    /// The supervised task starts that are to fail (`test_faults`; debug builds only).
+    pub fn faults(&self) -> anyhow::Result<task_supervisor::FaultPlan> {
+        match &self.test_faults {
+            None => Ok(task_supervisor::FaultPlan::default()),
+            Some(_) if !cfg!(debug_assertions) => {
+                bail!("test_faults: fault injection exists only in debug builds")
+            }
+            Some(plan) => task_supervisor::FaultPlan::parse(plan)
+                .map_err(|e| anyhow::anyhow!("test_faults: {e}")),
+        }
+    }
+
     /// Checks what serde cannot; each message starts with the key.
     pub fn validate(&self) -> anyhow::Result<()> {
+        self.faults()?;
         SiteId::parse(self.site_id.clone())
             .map_err(|e| anyhow::anyhow!("site_id: {}", e.problem))?;
         if !(1..=MAX_FORWARD_WINDOW).contains(&self.forward_window) {

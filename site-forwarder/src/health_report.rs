@@ -33,6 +33,7 @@ use crate::pair::Pair;
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Sends this node's health reports until stopped.
+#[derive(Clone)]
 pub struct HealthReporter {
     client: NotificationIngestClient<Channel>,
     site: SiteId,

@@ -42,6 +42,7 @@ use std::sync::Arc;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::site_notify_server::SiteNotifyServer;
+use task_supervisor::{NodeFailure, Supervisor};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
@@ -84,6 +85,11 @@ pub enum RunError {
     Reflection(#[from] tonic_reflection::server::Error),
     #[error("gRPC server failed: {0}")]
     Serve(#[from] tonic::transport::Error),
+    /// A supervised task kept failing (`task_supervisor`): the node took itself out of service.
+    #[error(
+        "the {0} task kept failing; this node stopped so that its pair's standby (or a restart) takes over"
+    )]
+    TaskFailed(&'static str),
 }
 
 /// A link's endpoint cannot be built: its setting (named in the message) is wrong.
@@ -190,6 +196,16 @@ pub(crate) async fn run_with(
                 BindError::Mismatch(problem) => RunError::Config(problem),
             })?;
 
+    // Every long-lived task runs supervised; one that keeps failing fires `failure`, which
+    // stops this node as a shutdown would and makes `run` return an error (task_supervisor).
+    let metrics = Arc::new(SiteMetrics::new());
+    let failure = NodeFailure::default();
+    let faults = config
+        .faults()
+        .map_err(|e| RunError::Config(format!("{e:#}")))?;
+    let supervisor = Supervisor::new(metrics.supervision(), failure.clone(), faults);
+    let shutdown = failure.or_shutdown(&shutdown);
+
     let path = config.buffer_path.clone();
     let limits = config.space_limits();
     // A child token: a settle waiting to retry (full disk) gives up when the node stops.
@@ -217,7 +233,6 @@ pub(crate) async fn run_with(
         })?;
     let pair = Arc::new(Pair::new(&config, starting));
     let state = Arc::new(ForwardState::default());
-    let metrics = Arc::new(SiteMetrics::new());
     // Built now, so a bad central_url or TLS file stops start-up, not the first forward (the
     // node task builds the forwarder from the same, already checked, settings).
     let endpoint = link::central_endpoint(&config)?;
@@ -235,6 +250,7 @@ pub(crate) async fn run_with(
         config.health_report_interval,
         config.request_timeout,
     );
+    let metrics_connections = metrics.metrics_listener();
     let scraper = Arc::clone(&metrics).scraper(buffer.clone(), {
         let (state, pair) = (Arc::clone(&state), Arc::clone(&pair));
         move || (state.snapshot(), pair.status())
@@ -292,24 +308,41 @@ pub(crate) async fn run_with(
     let room_now = room_watch.borrow().clone();
     set_send_health(&health, &room_now, &shutdown).await;
     let stop_room = shutdown.child_token();
-    let room_task = tokio::spawn(follow_room(
-        buffer_room,
-        room_watch,
-        health.clone(),
-        stop_room.clone(),
-    ));
+    let room_task = supervisor.spawn("room", stop_room.clone(), {
+        let (health, stop) = (health.clone(), stop_room.clone());
+        move || {
+            follow_room(
+                buffer_room.clone(),
+                room_watch.clone(),
+                health.clone(),
+                stop.clone(),
+            )
+        }
+    });
 
     // A child token: stopping the node after a server failure must not cancel the caller's.
     let stop_forwarding = shutdown.child_token();
-    let forwarding = tokio::spawn(node.run(stop_forwarding.clone()));
-    let reporting = tokio::spawn(reporter.run(stop_forwarding.clone()));
+    let forwarding = supervisor.spawn("node", stop_forwarding.clone(), {
+        let stop = stop_forwarding.clone();
+        move || node.clone().run(stop.clone())
+    });
+    let reporting = supervisor.spawn("health_report", stop_forwarding.clone(), {
+        let stop = stop_forwarding.clone();
+        move || reporter.clone().run(stop.clone())
+    });
     let pair_serving = pair_endpoint.map(PairEndpoint::serve);
     // Same reason for a child token; the endpoint lives exactly as long as the gRPC server.
     let stop_metrics = shutdown.child_token();
     let metrics_serving = metrics_listener.map(|listener| {
         let addr = listener.local_addr().ok();
         tracing::info!(addr = ?addr, "serving Prometheus metrics on /metrics");
-        let serving = metrics_endpoint::serve(listener, scraper, stop_metrics.clone());
+        let serving = metrics_endpoint::serve(
+            listener,
+            scraper,
+            metrics_endpoint::METRICS_LIMITS,
+            metrics_connections,
+            stop_metrics.clone(),
+        );
         tokio::spawn(async move {
             if let Err(error) = serving.await {
                 tracing::error!(%error, "the metrics endpoint failed; the service goes on");
@@ -388,6 +421,9 @@ pub(crate) async fn run_with(
         Err(_) => tracing::warn!("the forwarder did not stop within the shutdown timeout"),
     }
     served?;
+    if let Some(task) = failure.task() {
+        return Err(RunError::TaskFailed(task));
+    }
     tracing::info!("site-forwarder stopped");
     Ok(())
 }

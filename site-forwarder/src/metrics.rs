@@ -14,12 +14,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use chrono::Utc;
 use futures_util::FutureExt;
 use futures_util::future::BoxFuture;
+use metrics_endpoint::{ListenerMetrics, ListenerStats};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
+use task_supervisor::SupervisionMetrics;
 
 use crate::buffer::Buffer;
 use crate::domain::{ForwardSnapshot, PairStatus, Role};
@@ -41,11 +43,16 @@ const REJECTED: OutcomeLabels = OutcomeLabels {
 
 type SecondsGauge = Gauge<f64, AtomicU64>;
 
+/// The `listener` label of the site's one HTTP listener.
+const METRICS_LISTENER: &str = "metrics";
+
 /// Every metric the forwarder exports. Shared by the `SiteNotify` service (Sends), the forwarder
 /// (acks) and the scrape handler (everything else).
 #[derive(Debug)]
 pub struct SiteMetrics {
     registry: Registry,
+    /// Restarts of the supervised tasks (the node, the health reporter, the room check).
+    supervision: SupervisionMetrics,
     sends_accepted: Counter,
     forwarded: Family<OutcomeLabels, Counter>,
     buffer_depth: Gauge,
@@ -65,6 +72,8 @@ pub struct SiteMetrics {
     standby_lag: SecondsGauge,
     active_silent: SecondsGauge,
     promotions: Counter,
+    /// The /metrics listener's own connections (see `metrics_endpoint::connections`).
+    metrics_listener: ListenerStats,
     /// Held from setting the gauges to encoding them, so concurrent scrapes do not mix their
     /// gauge values.
     scrape: Mutex<()>,
@@ -77,8 +86,15 @@ impl Default for SiteMetrics {
 }
 
 impl SiteMetrics {
+    /// The supervisor's series, registered here.
+    pub fn supervision(&self) -> SupervisionMetrics {
+        self.supervision.clone()
+    }
+
     pub fn new() -> Self {
         let mut registry = Registry::default();
+        let supervision = SupervisionMetrics::default();
+        supervision.register(&mut registry);
         let sends_accepted = Counter::default();
         registry.register(
             "outbox_site_sends_accepted",
@@ -207,8 +223,12 @@ impl SiteMetrics {
             "Times this process promoted its node to active",
             promotions.clone(),
         );
+        let metrics_listener = ListenerMetrics::register(&mut registry, &[METRICS_LISTENER])
+            .listener(METRICS_LISTENER);
         Self {
+            supervision,
             registry,
+            metrics_listener,
             pair_active,
             pair_term,
             pair_peer_connected,
@@ -307,6 +327,11 @@ impl SiteMetrics {
             tracing::error!(%error, "cannot encode the metrics");
         }
         text
+    }
+
+    /// The figures [`metrics_endpoint::serve`] counts the /metrics connections in.
+    pub fn metrics_listener(&self) -> ListenerStats {
+        self.metrics_listener.clone()
     }
 
     /// The `render` function [`metrics_endpoint::serve`] calls on each scrape.

@@ -855,6 +855,15 @@ async fn metrics_mirror_the_buffer_while_central_is_away() {
     );
     assert!(sample("outbox_site_buffer_oldest_age_seconds").is_some());
     assert_eq!(forwarded(&text, "accepted"), Some(0.0));
+    // The endpoint's own connections: the scrape itself is open, nothing was refused.
+    assert_eq!(
+        sample("outbox_http_connections_refused_total{listener=\"metrics\"}"),
+        Some(0.0)
+    );
+    assert_eq!(
+        sample("outbox_http_connections_open{listener=\"metrics\"}"),
+        Some(1.0)
+    );
 
     let other = metrics_endpoint::get(metrics_addr, "/").await.unwrap();
     assert_eq!(other.status, 404);

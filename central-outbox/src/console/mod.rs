@@ -37,6 +37,7 @@ use axum::Router;
 use axum::http::HeaderMap;
 use axum::response::Response;
 use axum::routing::{get, post};
+use metrics_endpoint::ListenerStats;
 use outbox_proto::v1::notification_outbox_server::NotificationOutbox;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -63,7 +64,7 @@ pub struct Console {
     site_identity: SiteIdentity,
 }
 
-pub use listener::Peer;
+pub use listener::{CONSOLE_LIMITS, Peer};
 
 type Shared = Arc<Console>;
 
@@ -206,11 +207,13 @@ pub fn router(console: Arc<Console>) -> Router {
 
 /// Serves the console on `listener` until `shutdown`: over TLS with `tls` (see
 /// [`crate::tls::TlsSettings::console_config`]; the console must then have been made with
-/// `secure`), else plaintext.
+/// `secure`), else plaintext. Connections are bounded by [`listener::CONSOLE_LIMITS`] and
+/// counted in `connections`.
 pub async fn serve(
     listener: TcpListener,
     console: Console,
     tls: Option<Arc<rustls::ServerConfig>>,
+    connections: ListenerStats,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
     tracing::info!(
@@ -219,9 +222,12 @@ pub async fn serve(
         "serving the web console"
     );
     let router = router(Arc::new(console));
+    let limits = listener::CONSOLE_LIMITS;
     match tls {
-        Some(config) => listener::serve_tls(listener, router, config, shutdown).await,
-        None => listener::serve_plain(listener, router, shutdown).await,
+        Some(config) => {
+            listener::serve_tls(listener, router, config, limits, connections, shutdown).await
+        }
+        None => listener::serve_plain(listener, router, limits, connections, shutdown).await,
     }
 }
 

@@ -16,7 +16,8 @@ use futures_util::FutureExt;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
-use crate::domain::retry::RetryPolicy;
+use crate::domain::retry::{RetryPolicy, Transition};
+use crate::domain::status::Status;
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, ClaimedNotification};
 use crate::store::DispatchStore;
@@ -113,6 +114,57 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
             )));
         }
         self.delivery.deliver(&self.channel, &list, n, turn).await
+    }
+}
+
+/// The record of a claimed row that is never handed to its channel: the claim released at
+/// once, with `why` on its attempt (outcome NotSent), and the row due again now with its retry
+/// count unchanged. A row in a digest stays Held (the stores keep a Held row Held when told
+/// Retrying), so it goes out in its list's next digest.
+pub(super) fn not_sent(n: &ClaimedNotification, in_digest: bool, why: String) -> AttemptRecord {
+    let status = if in_digest || n.retry_count > 0 {
+        Status::Retrying
+    } else {
+        Status::Pending
+    };
+    AttemptRecord {
+        row_id: n.row_id,
+        id: n.id,
+        attempt_no: n.attempt_no,
+        epoch: n.epoch,
+        outcome: AttemptOutcome::NotSent,
+        error: Some(why),
+        duration: Duration::ZERO,
+        transition: Transition {
+            status,
+            retry_count: n.retry_count,
+            next_attempt_at: Some(Utc::now()),
+            last_error: None,
+            resolved_at: None,
+            resolved_targets: None,
+        },
+    }
+}
+
+/// The record of a row whose attempt failed before anything could be sent (a digest that
+/// cannot be composed): an attempt like any other, failed with `error`, through the retry
+/// policy.
+pub(super) fn failed_unsent(
+    n: &ClaimedNotification,
+    retry: &RetryPolicy,
+    error: DeliveryError,
+) -> AttemptRecord {
+    let result = Err(error);
+    let transition = retry.transition(n.retry_count, &result, Utc::now(), fastrand::f64());
+    AttemptRecord {
+        row_id: n.row_id,
+        id: n.id,
+        attempt_no: n.attempt_no,
+        epoch: n.epoch,
+        outcome: AttemptOutcome::of(&result),
+        error: result.err().map(|e| e.message().to_owned()),
+        duration: Duration::ZERO,
+        transition,
     }
 }
 

@@ -14,7 +14,9 @@
 //! one claim's latency ([`super::claim_ahead`]; nothing queued until that has been measured), so
 //! rows start in the order they were claimed (the order of `domain::serve_order`) and the
 //! connections do not wait for a claim to commit; a queued row that waited past half
-//! its claim is never started (it could not finish before a successor may claim it); a channel
+//! its claim is never started (it could not finish before a successor may claim it): its claim
+//! is released at once with a NotSent attempt saying why; every claimed row ends in a recorded
+//! outcome, none is dropped from the queue without one; a channel
 //! whose last claim found fewer due rows than it asked for claims again only once something
 //! may have made rows due, so finished deliveries do not each cost an empty claim of an idle
 //! channel. The loop itself never waits for the database: claims and the settings read (each
@@ -39,13 +41,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::attempt::{Attempt, attempt_timeout, panic_message};
+use super::attempt::{Attempt, attempt_timeout, failed_unsent, not_sent, panic_message};
 use super::claim_ahead::ClaimAhead;
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, StartOrder};
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
+use crate::domain::delivery::DeliveryError;
 use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
 use crate::domain::{NotificationId, NotificationType};
@@ -73,6 +76,21 @@ pub(super) struct ChannelParts<S, D> {
     pub(super) claim_batch: Option<usize>,
     /// Where finished attempts go to be recorded (the recorder task).
     pub(super) recorder: mpsc::Sender<AttemptRecord>,
+}
+
+impl<S, D> Clone for ChannelParts<S, D> {
+    fn clone(&self) -> Self {
+        Self {
+            kind: self.kind,
+            store: Arc::clone(&self.store),
+            metrics: Arc::clone(&self.metrics),
+            delivery: Arc::clone(&self.delivery),
+            config: Arc::clone(&self.config),
+            claim_timeout: self.claim_timeout,
+            claim_batch: self.claim_batch,
+            recorder: self.recorder.clone(),
+        }
+    }
 }
 
 /// How often a channel looks for due held rows while it finds none: a digest goes out within
@@ -401,7 +419,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             .settings
             .as_ref()
             .and_then(|c| c.policy().rate_limit)
-            .map(|limit| limit.per_second);
+            .map(|limit| limit.per_second());
         let mut ahead = self.ahead.rows(self.slots.size, rate_limit);
         // Outcomes waiting for the recorder mean the database is behind the deliveries: claiming
         // ahead would only make rows wait longer between their claim and their recorded
@@ -511,8 +529,10 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
 
     /// Starts queued rows while the channel has a free slot and a rate-limit token, and only
     /// while this node holds the lease. A row that waited longer than half its claim could
-    /// not finish before its claim runs out: it is dropped here (its token spent) and becomes
-    /// due again when its claim expires.
+    /// not finish before its claim runs out: its claim is released at once (its attempt says
+    /// it was never sent, and it is due again now), costing no slot and no token. A digest that
+    /// cannot be composed fails its rows' attempts (permanently: the same rows would fail the
+    /// same way), so they park with the reason instead of being claimed again and again.
     fn start_queued(&mut self, mandate: &Mandate) -> usize {
         let (Some(_), Some(scope)) = (mandate.now, mandate.scope.as_ref()) else {
             return 0;
@@ -524,11 +544,18 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let timeout = attempt_timeout(self.parts.claim_timeout, &channel);
         let stale_after = self.parts.claim_timeout / 2;
         let mut started = 0;
-        while !self.queue.is_empty() {
+        while let Some((_, claimed_at)) = self.queue.front() {
+            let now = now();
+            let waited = now.duration_since(*claimed_at);
+            if waited > stale_after {
+                if let Some((work, _)) = self.queue.pop_front() {
+                    self.release_unsent(work, waited);
+                }
+                continue;
+            }
             let Some(permit) = self.slots.try_take() else {
                 break;
             };
-            let now = now();
             if let Some(bucket) = self.bucket.as_mut() {
                 if bucket.available(now) == 0 {
                     self.note_throttle(now);
@@ -536,23 +563,27 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 }
                 bucket.take(1, now);
             }
-            let Some((work, claimed_at)) = self.queue.pop_front() else {
+            let Some((work, _)) = self.queue.pop_front() else {
                 break;
             };
-            if now.duration_since(claimed_at) > stale_after {
-                tracing::warn!(
-                    "claimed work waited too long to start; it is retried after its claim expires"
-                );
-                continue;
-            }
             let (notification, digest) = match work {
                 Work::Row(notification) => (notification, None),
                 Work::Digest(digest) => match digest.notification() {
                     Ok(notification) => (notification, Some(digest)),
                     Err(e) => {
-                        // Within the content limits by construction (domain::consolidation):
-                        // a bug. Its rows are claimed again when their claims expire.
+                        // Within the content limits by construction (domain::consolidation), so
+                        // a bug; still an outcome for every row, never a row left claimed.
                         tracing::error!(digest = %digest.id, error = %e, "cannot compose a digest");
+                        let error = DeliveryError::permanent(format!(
+                            "cannot compose digest {}: {e}",
+                            digest.id
+                        ));
+                        let records = digest
+                            .rows
+                            .iter()
+                            .map(|r| failed_unsent(r, &retry, error.clone()))
+                            .collect();
+                        self.record_unsent(records);
                         continue;
                     }
                 },
@@ -602,6 +633,45 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             started += 1;
         }
         started
+    }
+
+    /// Releases the claim of work that waited `waited` for a slot (see [`Self::start_queued`]).
+    fn release_unsent(&mut self, work: Work, waited: Duration) {
+        let why = format!(
+            "not sent: waited {:.1}s for a free {} slot, longer than half the claim timeout \
+             ({}s); the claim was released and the row is due again",
+            waited.as_secs_f64(),
+            self.parts.kind,
+            self.parts.claim_timeout.as_secs()
+        );
+        let records: Vec<AttemptRecord> = match &work {
+            Work::Row(n) => vec![not_sent(n, false, why)],
+            Work::Digest(d) => d
+                .rows
+                .iter()
+                .map(|n| not_sent(n, true, why.clone()))
+                .collect(),
+        };
+        tracing::warn!(rows = records.len(), channel = %self.parts.kind, "{}", records[0].error.as_deref().unwrap_or_default());
+        self.parts
+            .metrics
+            .claims_released(self.parts.kind, records.len() as u64);
+        self.record_unsent(records);
+    }
+
+    /// Hands records of attempts that sent nothing to the recorder, as a task among the
+    /// deliveries (so a drain waits for it) that holds no slot.
+    fn record_unsent(&mut self, records: Vec<AttemptRecord>) {
+        let recorder = self.parts.recorder.clone();
+        self.deliveries.spawn(async move {
+            for record in records {
+                // Err only once the recorder is gone: the row is due when its claim expires.
+                if recorder.send(record).await.is_err() {
+                    break;
+                }
+            }
+            None
+        });
     }
 
     /// Follows a change of what this node may do under the lease: work claimed under an

@@ -60,12 +60,25 @@ pub struct LeaseSettings {
     pub renew_interval: Duration,
 }
 
-/// Takes and renews the dispatcher lease until stopped; see the module documentation.
+/// Takes and renews the dispatcher lease until stopped; see the module documentation. Clones
+/// share what is held, so a keeper restarted by the supervisor renews the same lease, and the
+/// dispatcher can release it even after its keeper was given up on.
 pub struct LeaseKeeper<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     settings: LeaseSettings,
-    held: watch::Sender<Option<HeldLease>>,
+    held: Arc<watch::Sender<Option<HeldLease>>>,
+}
+
+impl<S> Clone for LeaseKeeper<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            metrics: Arc::clone(&self.metrics),
+            settings: self.settings.clone(),
+            held: Arc::clone(&self.held),
+        }
+    }
 }
 
 impl<S: DispatchStore> LeaseKeeper<S> {
@@ -74,7 +87,7 @@ impl<S: DispatchStore> LeaseKeeper<S> {
             store,
             metrics,
             settings,
-            held: watch::Sender::new(None),
+            held: Arc::new(watch::Sender::new(None)),
         }
     }
 
@@ -145,7 +158,9 @@ impl<S: DispatchStore> LeaseKeeper<S> {
         self.held.send_replace(now);
     }
 
-    async fn release(&self) {
+    /// Gives the lease up if this node holds it (a no-op otherwise, so calling it twice is
+    /// harmless).
+    pub async fn release(&self) {
         let Some(held) = self.held.send_replace(None) else {
             return;
         };

@@ -24,6 +24,10 @@
 //! released so a successor takes over at once; rows still claimed become due again when their
 //! claims expire.
 //!
+//! The keeper, the channel loops and the recorder run supervised (`task_supervisor`): one
+//! that ends or panics is restarted from the same parts; one that keeps failing takes the node
+//! out (this loop drains and releases the lease as at shutdown, and the service stops).
+//!
 //! It needs the store's dispatch capability only ([`DispatchStore`]): leases, claims, outcomes
 //! and the channel settings it reads. `Dispatcher::dispatch_once` (compiled for tests only) is
 //! the deterministic step for tests: one turn of every channel, waiting for the store calls it
@@ -45,7 +49,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc, watch};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use crate::config_cache::ConfigCache;
@@ -56,6 +60,7 @@ use crate::records::{AttemptRecord, LeaseEpoch};
 use crate::store::DispatchStore;
 use channel::{ChannelLoop, ChannelParts};
 use lease::{EpochScope, LeaseKeeper, LeaseSettings, LeaseView, Mandate, Tenure};
+use task_supervisor::{FaultPlan, NodeFailure, Supervisor};
 
 pub use lease::DISPATCHER_LEASE;
 
@@ -114,9 +119,17 @@ pub struct Dispatcher<S, D = Adapters> {
     due: watch::Sender<u64>,
     /// Parent of every epoch's token; cancelled when a drain runs out of time.
     all_work: CancellationToken,
+    /// The channel loops stepped by hand (`dispatch_once`); the service's run as tasks.
+    #[cfg(test)]
     channels: Vec<ChannelLoop<S, D>>,
-    /// The recorder's inbox, and its task (spawned at the first use).
+    /// Where the channel loops send finished attempts, and the recorder's task (started at
+    /// the first use, supervised).
     recorder: Option<(mpsc::Sender<AttemptRecord>, JoinHandle<()>)>,
+    /// Cancelled when the recorder may end (the drain): it ends once every record is written.
+    recorder_stop: CancellationToken,
+    /// Restarts the keeper, the channel loops and the recorder when they fail; see
+    /// `task_supervisor`.
+    supervisor: Supervisor,
     metrics: Arc<Metrics>,
     delivery: Arc<D>,
     config: Arc<ConfigCache>,
@@ -150,12 +163,26 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             mandate: watch::Sender::new(Mandate::default()),
             due: watch::Sender::new(0),
             all_work: CancellationToken::new(),
+            #[cfg(test)]
             channels: Vec::new(),
             recorder: None,
+            recorder_stop: CancellationToken::new(),
+            supervisor: Supervisor::new(
+                metrics.supervision(),
+                NodeFailure::default(),
+                FaultPlan::default(),
+            ),
             metrics,
             delivery,
             config,
         }
+    }
+
+    /// Supervises the dispatcher's tasks with `supervisor` (the service's, so that a task
+    /// given up on takes the whole node out) instead of one of its own.
+    pub fn with_supervisor(mut self, supervisor: Supervisor) -> Self {
+        self.supervisor = supervisor;
+        self
     }
 
     /// The lease epoch this node holds, `None` while it is not the dispatcher.
@@ -163,23 +190,37 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
         self.lease.subscribe()
     }
 
-    /// Runs until `shutdown` is cancelled, then drains and releases the lease.
+    /// Runs until `shutdown` is cancelled, then drains and releases the lease. The keeper,
+    /// the channel loops and the recorder run supervised: one that fails is restarted, and
+    /// one that keeps failing fires the supervisor's [`NodeFailure`], on which this loop stops
+    /// as on shutdown (drain, release the lease) so another replica takes over at once.
     pub async fn run(mut self, shutdown: CancellationToken) {
         let keeper_stop = CancellationToken::new();
-        let keeper = self
-            .keeper
-            .take()
-            .map(|keeper| tokio::spawn(keeper.run(keeper_stop.clone())));
+        let keeper = self.keeper.take().map(|keeper| {
+            let handle = self.supervisor.spawn("lease", keeper_stop.clone(), {
+                let keeper = keeper.clone();
+                let stop = keeper_stop.clone();
+                move || keeper.clone().run(stop.clone())
+            });
+            (keeper, handle)
+        });
         let channels_stop = CancellationToken::new();
-        let mut channels = JoinSet::new();
-        self.ensure_channels();
-        for channel in std::mem::take(&mut self.channels) {
-            channels.spawn(channel.run(
+        let mut channels = Vec::new();
+        for parts in self.channel_parts() {
+            let name = match parts.kind {
+                NotificationType::Email => "channel.email",
+                NotificationType::Webhook => "channel.webhook",
+            };
+            let (mandate, due, stop) = (
                 self.mandate.subscribe(),
                 self.due.subscribe(),
                 channels_stop.clone(),
-            ));
+            );
+            channels.push(self.supervisor.spawn(name, channels_stop.clone(), move || {
+                ChannelLoop::new(parts.clone()).run(mandate.clone(), due.clone(), stop.clone())
+            }));
         }
+        let failure = self.supervisor.failure().clone();
         let mut poll = tokio::time::interval(self.settings.poll_interval);
         poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -187,6 +228,13 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             tokio::select! {
                 biased;
                 () = shutdown.cancelled() => break,
+                () = failure.failed() => {
+                    tracing::error!(
+                        task = failure.task().unwrap_or("?"),
+                        "a dispatcher task was given up on: draining and releasing the lease"
+                    );
+                    break;
+                }
                 // Ahead of the deadline: a renewal published while this loop was busy moves the
                 // deadline on, and must be seen before the old deadline is judged.
                 Some(held) = self.lease.changed() => {
@@ -204,10 +252,12 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
         }
         self.drain(channels, channels_stop).await;
         keeper_stop.cancel();
-        if let Some(keeper) = keeper
-            && let Err(e) = keeper.await
-        {
-            tracing::error!(error = %e, "the lease keeper failed");
+        if let Some((keeper, handle)) = keeper {
+            if let Err(e) = handle.await {
+                tracing::error!(error = %e, "the lease keeper's supervisor failed");
+            }
+            // The keeper releases the lease when it stops; one given up on could not.
+            keeper.release().await;
         }
         self.lease.set(None);
     }
@@ -215,11 +265,14 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     /// Stops the channel loops (they finish the deliveries under way), then lets the recorder
     /// write what they returned; all within `drain_timeout`, after which what is left is
     /// cancelled and due again when its claims expire.
-    async fn drain(&mut self, mut channels: JoinSet<()>, stop: CancellationToken) {
+    async fn drain(&mut self, mut channels: Vec<JoinHandle<()>>, stop: CancellationToken) {
         stop.cancel();
         let recorder = self.recorder.take();
+        self.recorder_stop.cancel();
         let drained = tokio::time::timeout(self.settings.drain_timeout, async {
-            while channels.join_next().await.is_some() {}
+            for channel in &mut channels {
+                let _ = channel.await;
+            }
             if let Some((inbox, task)) = recorder {
                 // The channel loops hold the other senders and are gone now: the recorder
                 // ends once it has written what is queued.
@@ -233,8 +286,10 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                 "drain timeout: aborting deliveries; their rows are retried after the claim timeout"
             );
             self.all_work.cancel();
-            channels.abort_all();
-            while channels.join_next().await.is_some() {}
+            for channel in channels {
+                channel.abort();
+                let _ = channel.await;
+            }
         }
     }
 
@@ -269,37 +324,54 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
         });
     }
 
-    /// Builds the channel loops (and starts the recorder they send to) on first use.
-    fn ensure_channels(&mut self) {
-        if !self.channels.is_empty() {
-            return;
-        }
-        let recorder = self
-            .recorder
-            .get_or_insert_with(|| {
-                recorder::start(
-                    Arc::clone(&self.store),
-                    Arc::clone(&self.metrics),
-                    self.settings.claim_timeout,
-                )
-            })
-            .0
-            .clone();
-        self.channels = CHANNELS
+    /// What each channel loop is built from (a restarted loop is built from the same parts),
+    /// starting the recorder they send to on first use.
+    fn channel_parts(&mut self) -> Vec<ChannelParts<S, D>> {
+        let recorder = match &self.recorder {
+            Some((sender, _)) => sender.clone(),
+            None => {
+                let (sender, inbox) = recorder::channel();
+                let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
+                let claim_timeout = self.settings.claim_timeout;
+                let task =
+                    self.supervisor
+                        .spawn("recorder", self.recorder_stop.clone(), move || {
+                            recorder::run(
+                                Arc::clone(&store),
+                                Arc::clone(&metrics),
+                                claim_timeout,
+                                Arc::clone(&inbox),
+                            )
+                        });
+                self.recorder = Some((sender.clone(), task));
+                sender
+            }
+        };
+        CHANNELS
             .into_iter()
-            .map(|kind| {
-                ChannelLoop::new(ChannelParts {
-                    kind,
-                    store: Arc::clone(&self.store),
-                    metrics: Arc::clone(&self.metrics),
-                    delivery: Arc::clone(&self.delivery),
-                    config: Arc::clone(&self.config),
-                    claim_timeout: self.settings.claim_timeout,
-                    claim_batch: self.settings.claim_batch,
-                    recorder: recorder.clone(),
-                })
+            .map(|kind| ChannelParts {
+                kind,
+                store: Arc::clone(&self.store),
+                metrics: Arc::clone(&self.metrics),
+                delivery: Arc::clone(&self.delivery),
+                config: Arc::clone(&self.config),
+                claim_timeout: self.settings.claim_timeout,
+                claim_batch: self.settings.claim_batch,
+                recorder: recorder.clone(),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Builds the channel loops on first use, for stepping them by hand (`dispatch_once`).
+    #[cfg(test)]
+    fn ensure_channels(&mut self) {
+        if self.channels.is_empty() {
+            self.channels = self
+                .channel_parts()
+                .into_iter()
+                .map(ChannelLoop::new)
+                .collect();
+        }
     }
 
     /// One turn of every channel, as after a wake-up that may have made rows due: claim up to

@@ -27,6 +27,7 @@ use crate::config_cache::{ConfigCache, MAX_AGE};
 use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::NotificationId;
 use crate::domain::channel::{ListInput, NotificationList, SmtpSettings};
+use crate::domain::delivery::AttemptOutcome;
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::status::Status;
 use crate::metrics::Metrics;
@@ -475,9 +476,11 @@ async fn a_rate_limited_channel_starts_deliveries_at_its_rate() {
 
 /// Rows claimed ahead wait in the queue behind a slow delivery; the lease lapses while they
 /// wait, and by the time it is renewed they have waited more than half their claim, so they
-/// could not finish before a successor may claim them. They are not started: they are due
-/// again when their claims expire, and then delivered under a new attempt. The slow delivery's
-/// outcome, written during the lapse, stands.
+/// could not finish before a successor may claim them. They are not started: their claims are
+/// released at once, each with an attempt that says it was never sent and why (issue 33: they
+/// used to be dropped with a log line, left InFlight and delayed by a whole claim timeout), and
+/// they are delivered under a new attempt before their first claims would have expired. The
+/// slow delivery's outcome, written during the lapse, stands.
 #[tokio::test(start_paused = true)]
 async fn queued_rows_that_waited_past_half_their_claim_are_given_back() {
     let claim_timeout = Duration::from_secs(10);
@@ -510,16 +513,26 @@ async fn queued_rows_that_waited_past_half_their_claim_are_given_back() {
             .until_row(id, "the queued row is delivered", delivered)
             .await;
         assert_eq!(row.attempts, 2);
-        assert_eq!(row.outcomes.len(), 1, "{:?}", row.outcomes);
-        assert_eq!(row.outcomes[0].attempt_no, 2);
+        assert_eq!(row.outcomes.len(), 2, "{:?}", row.outcomes);
+        let released = &row.outcomes[0];
+        assert_eq!(
+            (released.attempt_no, released.outcome),
+            (1, AttemptOutcome::NotSent)
+        );
+        let why = released.error.as_deref().unwrap_or_default();
+        assert!(why.starts_with("not sent: waited"), "{why}");
+        assert_eq!(
+            (row.outcomes[1].attempt_no, row.outcomes[1].outcome),
+            (2, AttemptOutcome::Delivered)
+        );
     }
     let starts = rig.script.starts();
     assert_eq!(starts.len(), 3, "{starts:?}");
     for start in &starts[1..] {
         assert_eq!(start.attempt_no, 2, "{start:?}");
         assert!(
-            rig.since_start(start.at) >= claim_timeout,
-            "started before its first claim expired: {start:?}"
+            rig.since_start(start.at) < claim_timeout,
+            "released at once, not after the claim expired: {start:?}"
         );
     }
     rig.stop().await;

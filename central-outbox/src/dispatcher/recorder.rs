@@ -13,12 +13,18 @@
 //! claim (epoch and attempt number), so it applies only if nobody has claimed the row again
 //! since. And it avoids a duplicate mail: an outcome never recorded leaves the row to be
 //! delivered again once its claim expires.
+//!
+//! It runs supervised (`crate::supervisor`): its inbox lives outside any one run, so a run
+//! restarted after a panic takes up the records still queued. A write that panics costs only
+//! its own records (counted as unrecorded, due again when their claims expire).
 
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures_util::FutureExt;
 use tokio::sync::mpsc;
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinSet;
 
 use super::lease::DISPATCHER_LEASE;
 use crate::metrics::Metrics;
@@ -41,39 +47,57 @@ const PER_WRITE: usize = 1024;
 const FIRST_PAUSE: Duration = Duration::from_millis(50);
 const MAX_PAUSE: Duration = Duration::from_secs(1);
 
-/// Starts the recorder; returns where to send records, and the task (which ends once every
-/// sender is dropped and all it received is written).
-pub(super) fn start<S: DispatchStore>(
+/// Where the channel loops send records, and where the recorder takes them from. The inbox
+/// outlives any one run of the recorder: a run restarted by the supervisor takes up the same
+/// inbox, so records queued when a run failed are written by the next.
+pub(super) type Inbox = Arc<tokio::sync::Mutex<mpsc::Receiver<AttemptRecord>>>;
+
+/// A new outbox for finished attempts: the sending side for the channel loops, and the
+/// recorder's inbox.
+pub(super) fn channel() -> (mpsc::Sender<AttemptRecord>, Inbox) {
+    let (records, received) = mpsc::channel(BACKLOG);
+    (records, Arc::new(tokio::sync::Mutex::new(received)))
+}
+
+/// One run of the recorder: writes what arrives in `inbox` until every sender is gone and
+/// all it received is written. A write that panics (a bug in a store) costs only its own
+/// records: they are counted as unrecorded, and their rows are due again when their claims
+/// expire.
+pub(super) async fn run<S: DispatchStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     claim_timeout: Duration,
-) -> (mpsc::Sender<AttemptRecord>, JoinHandle<()>) {
-    let (records, mut received) = mpsc::channel(BACKLOG);
-    let task = tokio::spawn(async move {
-        let mut writes = JoinSet::new();
-        let mut open = true;
-        loop {
-            tokio::select! {
-                biased;
-                Some(_) = writes.join_next(), if !writes.is_empty() => {}
-                batch = next_batch(&mut received), if open && writes.len() < WRITES => {
-                    match batch {
-                        Some(batch) => {
-                            writes.spawn(record_outcomes(
-                                Arc::clone(&store),
-                                Arc::clone(&metrics),
-                                batch,
-                                claim_timeout,
-                            ));
-                        }
-                        None => open = false,
-                    }
+    inbox: Inbox,
+) {
+    let mut received = inbox.lock_owned().await;
+    let mut writes = JoinSet::new();
+    let mut open = true;
+    loop {
+        tokio::select! {
+            biased;
+            Some(written) = writes.join_next(), if !writes.is_empty() => {
+                if let Err(e) = written
+                    && e.is_panic()
+                {
+                    tracing::error!(error = %e, "an outcome write panicked");
                 }
-                else => break,
             }
+            batch = next_batch(&mut received), if open && writes.len() < WRITES => {
+                match batch {
+                    Some(batch) => {
+                        writes.spawn(record_outcomes(
+                            Arc::clone(&store),
+                            Arc::clone(&metrics),
+                            batch,
+                            claim_timeout,
+                        ));
+                    }
+                    None => open = false,
+                }
+            }
+            else => break,
         }
-    });
-    (records, task)
+    }
 }
 
 /// Every record waiting now (at least one); `None` once the channel is closed and empty.
@@ -94,7 +118,16 @@ async fn record_outcomes<S: DispatchStore>(
         .iter()
         .map(|r| (r.id, r.transition.status))
         .collect();
-    match write_retrying(&*store, &metrics, records, retry_for).await {
+    let written = AssertUnwindSafe(write_retrying(&*store, &metrics, records, retry_for))
+        .catch_unwind()
+        .await
+        .unwrap_or_else(|panic| {
+            Err(StoreError::Unavailable(format!(
+                "the outcome write panicked: {}",
+                super::attempt::panic_message(panic.as_ref())
+            )))
+        });
+    match written {
         Ok(applied) => {
             for ((id, status), applied) in ids.into_iter().zip(applied) {
                 if applied {

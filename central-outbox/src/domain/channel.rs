@@ -509,24 +509,126 @@ pub struct OAuthClientCredentials {
     pub scope: String,
 }
 
-/// A token bucket: `per_second` deliveries on average, up to `burst` at once.
+/// The bounds of every channel setting, with why. A value outside them is refused with the
+/// field named, by [`DeliveryPolicy::check`], [`SmtpSettings::check`] and
+/// [`WebhookSettings::check`], which the config file, the admin API (and through it the console
+/// and `outboxctl`) all go through. A value stored before a bound existed is brought inside it
+/// when read ([`RateLimit::stored`], [`super::retry::RetryPolicy::clamped`]), so no stored value
+/// can stop a channel.
+pub mod bounds {
+    use std::time::Duration;
+
+    /// The slowest rate limit: one delivery every 1,000 s (about 17 minutes). Slower than
+    /// that is not a rate limit but a channel switched off, which would leave its rows waiting
+    /// with nobody told; and the wait for the next token must stay a plain number of seconds.
+    pub const MIN_RATE_PER_SECOND: f64 = 0.001;
+    /// The fastest: far above what one relay or endpoint takes, and below what the token
+    /// bucket's arithmetic keeps exact.
+    pub const MAX_RATE_PER_SECOND: f64 = 100_000.0;
+    /// The largest burst: a bucket is a short allowance above the rate, not a backlog.
+    pub const MAX_BURST: u32 = 100_000;
+    /// Most retries after the first attempt. With the longest delay that is months of trying;
+    /// more would only hide a notification that can never be delivered from the parked count.
+    pub const MAX_RETRIES: i64 = 1_000;
+    /// The longest wait before a retry (and the longest exponential cap, and the longest wait a
+    /// server's Retry-After can impose): a day. Longer waits keep an alarm out of sight for
+    /// more than a day without it being parked, and far-future times overflow the stores'
+    /// timestamps (MS SQL's `datetime2` ends at year 9999).
+    pub const MAX_RETRY_DELAY: Duration = Duration::from_secs(24 * 3600);
+    /// The longest SMTP command timeout and webhook POST timeout: a relay or endpoint slower
+    /// than this is better retried.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
+    /// The longest whole SMTP delivery (an attempt is also cut at half the claim timeout).
+    pub const MAX_OVERALL_TIMEOUT: Duration = Duration::from_secs(3600);
+}
+
+/// A token bucket: `per_second` deliveries on average, up to `burst` at once. Built only
+/// through [`RateLimit::parse`] (new values, checked) or [`RateLimit::stored`] (values read
+/// back, brought within [`bounds`]), so every bucket's numbers are within the bounds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RateLimit {
-    pub per_second: f64,
-    pub burst: u32,
+    per_second: f64,
+    burst: u32,
 }
 
 impl Eq for RateLimit {}
 
 impl RateLimit {
-    /// A bucket of `per_second`, holding `burst` tokens, or one second's worth (at least one)
-    /// when no burst is given: the one default the config file and the admin API share.
-    pub fn new(per_second: f64, burst: Option<u32>) -> Self {
-        Self {
-            per_second,
-            burst: burst
-                .unwrap_or_else(|| per_second.ceil().clamp(1.0, f64::from(u32::MAX)) as u32),
+    /// The one parse path of a rate limit, for the config file and the admin API alike: no
+    /// rate is no limit (and a burst without a rate is refused: it is an allowance above a
+    /// rate); a rate within [`bounds`]; a burst of 1 to [`bounds::MAX_BURST`], or one
+    /// second's worth (at least one) when none is given. Errors name the field.
+    pub fn parse(
+        per_second: Option<f64>,
+        burst: Option<u32>,
+    ) -> Result<Option<Self>, ContentError> {
+        let Some(per_second) = per_second else {
+            return match burst {
+                None => Ok(None),
+                Some(_) => Err(ContentError::new(
+                    "rate_limit_burst",
+                    "needs rate_limit_per_second too (the burst is an allowance above a rate)",
+                )),
+            };
+        };
+        if !(bounds::MIN_RATE_PER_SECOND..=bounds::MAX_RATE_PER_SECOND).contains(&per_second) {
+            return Err(ContentError::new(
+                "rate_limit_per_second",
+                format!(
+                    "must be between {} and {} (leave it unset for no limit)",
+                    bounds::MIN_RATE_PER_SECOND,
+                    bounds::MAX_RATE_PER_SECOND
+                ),
+            ));
         }
+        let burst = match burst {
+            Some(burst) if !(1..=bounds::MAX_BURST).contains(&burst) => {
+                return Err(ContentError::new(
+                    "rate_limit_burst",
+                    format!("must be between 1 and {}", bounds::MAX_BURST),
+                ));
+            }
+            Some(burst) => burst,
+            None => Self::one_seconds_worth(per_second),
+        };
+        Ok(Some(Self { per_second, burst }))
+    }
+
+    /// A rate limit as stored, brought within [`bounds`] (a value stored before the bounds
+    /// existed, or written around the admin API), so that it paces instead of stopping the
+    /// channel. Returns whether it had to be changed, for the caller to warn.
+    pub fn stored(per_second: f64, burst: Option<u32>) -> (Self, bool) {
+        let rate = if per_second.is_nan() {
+            bounds::MIN_RATE_PER_SECOND
+        } else {
+            per_second.clamp(bounds::MIN_RATE_PER_SECOND, bounds::MAX_RATE_PER_SECOND)
+        };
+        let changed =
+            rate != per_second || burst.is_some_and(|b| !(1..=bounds::MAX_BURST).contains(&b));
+        let burst = burst.filter(|&b| b > 0).map_or_else(
+            || Self::one_seconds_worth(rate),
+            |b| b.min(bounds::MAX_BURST),
+        );
+        (
+            Self {
+                per_second: rate,
+                burst,
+            },
+            changed,
+        )
+    }
+
+    pub fn per_second(&self) -> f64 {
+        self.per_second
+    }
+
+    pub fn burst(&self) -> u32 {
+        self.burst
+    }
+
+    fn one_seconds_worth(per_second: f64) -> u32 {
+        // Within the bounds, so the cast cannot saturate.
+        per_second.ceil().clamp(1.0, f64::from(bounds::MAX_BURST)) as u32
     }
 }
 
@@ -560,17 +662,20 @@ impl DeliveryPolicy {
                 format!("must be between 1 and {MAX_CONCURRENT_DELIVERIES}"),
             ));
         }
-        if let Some(limit) = self.rate_limit {
-            if !(limit.per_second.is_finite() && limit.per_second > 0.0) {
-                return Err(ContentError::new(
-                    "rate_limit_per_second",
-                    "must be a positive number (leave it unset for no limit)",
-                ));
-            }
-            if limit.burst == 0 {
-                return Err(ContentError::new("rate_limit_burst", "must be at least 1"));
-            }
+        // Non-positive retry settings are clamped with a warning (a typo still retries); too
+        // large ones are refused.
+        if self.max_retries > bounds::MAX_RETRIES {
+            return Err(ContentError::new(
+                "max_retries",
+                format!("must be at most {}", bounds::MAX_RETRIES),
+            ));
         }
+        check_at_most("retry_delay", self.retry_delay, bounds::MAX_RETRY_DELAY)?;
+        if let Some(cap) = self.backoff.cap() {
+            check_at_most("max_retry_delay", cap, bounds::MAX_RETRY_DELAY)?;
+        }
+        // A rate limit is built by `RateLimit::parse` (checked) or `RateLimit::stored`
+        // (clamped): within the bounds by construction.
         Ok(())
     }
 }
@@ -666,6 +771,12 @@ impl SmtpSettings {
         if self.timeout.is_zero() {
             return Err(ContentError::new("timeout", "must be positive"));
         }
+        check_at_most("timeout", self.timeout, bounds::MAX_TIMEOUT)?;
+        check_at_most(
+            "overall_timeout",
+            self.overall_timeout,
+            bounds::MAX_OVERALL_TIMEOUT,
+        )?;
         if self.overall_timeout < self.timeout {
             return Err(ContentError::new(
                 "overall_timeout",
@@ -675,6 +786,17 @@ impl SmtpSettings {
         self.policy.check()?;
         Ok(self)
     }
+}
+
+/// Refuses a duration above its bound, naming the field and the bound in seconds.
+fn check_at_most(field: &'static str, value: Duration, max: Duration) -> Result<(), ContentError> {
+    if value > max {
+        return Err(ContentError::new(
+            field,
+            format!("must be at most {}s", max.as_secs()),
+        ));
+    }
+    Ok(())
 }
 
 fn check_username(username: &str) -> Result<(), ContentError> {
@@ -714,6 +836,7 @@ impl WebhookSettings {
         if self.timeout.is_zero() {
             return Err(ContentError::new("timeout", "must be positive"));
         }
+        check_at_most("timeout", self.timeout, bounds::MAX_TIMEOUT)?;
         self.policy.check()?;
         Ok(self)
     }

@@ -38,8 +38,25 @@ pub mod limits {
 /// SQL's submit procedure writes the same two seconds: migration 0007.)
 pub const SETTLE: Duration = Duration::from_secs(2);
 
-/// Longest subject quoted on a digest line; the rest is cut with an ellipsis.
+/// Longest subject quoted on a digest line, in characters; the rest is cut with an ellipsis.
 const MAX_LINE_CHARS: usize = 200;
+/// Longest subject quoted on a digest line, in bytes (UTF-8), ellipsis included: 200
+/// characters of a 4-byte script (emoji) would be 800 bytes a line, and 500 such lines more
+/// than the body limit. With it every digest fits; see [`MAX_DIGEST_BODY_BYTES`].
+const MAX_LINE_SUBJECT_BYTES: usize = 360;
+/// Most bytes a line takes besides its subject: a timestamp (29 bytes even for a 6-digit
+/// year), a site id (ASCII, at most 64), a notification id in brackets (38), two-space gaps
+/// and the newline.
+const MAX_LINE_OVERHEAD_BYTES: usize =
+    29 + 2 + outbox_domain::limits::MAX_SITE_ID_CHARS + 2 + 2 + 38 + 1;
+/// Most bytes of a digest's opening sentence: a count, the list name (at most 128 characters
+/// of up to 4 bytes) and the fixed words.
+const MAX_HEADER_BYTES: usize = 20 + 4 * outbox_domain::limits::MAX_LIST_NAME_CHARS + 100;
+/// The largest digest body: within the body limit by construction (checked at compile time),
+/// so composing a digest never fails for its size, whatever its rows' subjects hold.
+pub const MAX_DIGEST_BODY_BYTES: usize = MAX_HEADER_BYTES
+    + limits::MAX_PER_DIGEST as usize * (MAX_LINE_OVERHEAD_BYTES + MAX_LINE_SUBJECT_BYTES);
+const _: () = assert!(MAX_DIGEST_BODY_BYTES <= outbox_domain::limits::MAX_BODY_BYTES);
 
 /// A list's consolidation settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,25 +165,29 @@ pub fn digest_text(
     let mut sites: Vec<&str> = lines.iter().map(|l| l.site).collect();
     sites.sort_unstable();
     sites.dedup();
-    let shown = &sites[..sites.len().min(5)];
-    let from = match sites.len() - shown.len() {
-        0 => shown.join(", "),
-        more => format!("{} and {more} more", shown.join(", ")),
-    };
     let count = lines.len();
-    let subject = format!("{count} notifications for {list_name} from {from}");
+    // Up to five sites by name, fewer where a long list name and long site ids would pass the
+    // subject limit: the count and the list name always fit.
+    let subject = (0..=sites.len().min(5))
+        .rev()
+        .map(|named| {
+            let shown = sites[..named].join(", ");
+            let from = match (named, sites.len() - named) {
+                (0, n) => format!("{n} sites"),
+                (_, 0) => shown,
+                (_, more) => format!("{shown} and {more} more"),
+            };
+            format!("{count} notifications for {list_name} from {from}")
+        })
+        .find(|s| s.chars().count() <= outbox_domain::limits::MAX_SUBJECT_CHARS)
+        .unwrap_or_else(|| format!("{count} notifications"));
     lines.sort_by_key(|l| (l.enqueued_at, l.id));
     let mut body = format!(
         "{count} notifications for {list_name} arrived faster than the list's flood threshold \
          and are sent together:\n\n"
     );
     for line in lines {
-        let quoted: String = if line.subject.chars().count() > MAX_LINE_CHARS {
-            let cut: String = line.subject.chars().take(MAX_LINE_CHARS - 1).collect();
-            format!("{cut}\u{2026}")
-        } else {
-            line.subject.to_owned()
-        };
+        let quoted = quote(line.subject);
         body.push_str(&format!(
             "{}  {}  {}  ({})\n",
             line.enqueued_at.format("%Y-%m-%d %H:%M:%S%.3fZ"),
@@ -176,6 +197,25 @@ pub fn digest_text(
         ));
     }
     Ok((Subject::parse(subject)?, Body::parse(body)?))
+}
+
+/// A subject as a digest line quotes it: whole if it is at most [`MAX_LINE_CHARS`] characters
+/// and [`MAX_LINE_SUBJECT_BYTES`] bytes, else cut at a character boundary and ended with an
+/// ellipsis, within both.
+fn quote(subject: &str) -> std::borrow::Cow<'_, str> {
+    if subject.len() <= MAX_LINE_SUBJECT_BYTES && subject.chars().count() <= MAX_LINE_CHARS {
+        return subject.into();
+    }
+    let room = MAX_LINE_SUBJECT_BYTES - '\u{2026}'.len_utf8();
+    let mut cut = String::new();
+    for c in subject.chars().take(MAX_LINE_CHARS - 1) {
+        if cut.len() + c.len_utf8() > room {
+            break;
+        }
+        cut.push(c);
+    }
+    cut.push('\u{2026}');
+    cut.into()
 }
 
 #[cfg(test)]
@@ -265,6 +305,43 @@ mod tests {
         );
         assert!(listed[1].contains("Pump 7 tripped"));
         assert!(listed[2].contains(&format!("{}\u{2026}", "x".repeat(199))));
+    }
+
+    /// Issue 33: 400 subjects of 200 emoji each made a 350,097-byte body, over the limit, and
+    /// the digest could never be composed. Every line is bounded in bytes now.
+    #[test]
+    fn the_largest_digest_of_the_widest_characters_fits() {
+        let emoji = "\u{1F525}".repeat(outbox_domain::limits::MAX_SUBJECT_CHARS);
+        let site = "s".repeat(outbox_domain::limits::MAX_SITE_ID_CHARS);
+        let list = "\u{1F4E3}".repeat(outbox_domain::limits::MAX_LIST_NAME_CHARS);
+        let lines: Vec<DigestLine> = (0..limits::MAX_PER_DIGEST as usize)
+            .map(|_| DigestLine {
+                enqueued_at: at("+99999-12-31T23:59:59.999Z"),
+                site: &site,
+                subject: &emoji,
+                id: NotificationId::generate(),
+            })
+            .collect();
+        let (subject, body) = digest_text(&list, lines).unwrap();
+        assert!(body.as_str().len() <= MAX_DIGEST_BODY_BYTES);
+        assert!(subject.as_str().starts_with("500 notifications for"));
+        let line = body.as_str().lines().nth(2).unwrap();
+        assert!(line.ends_with(')') && line.contains('\u{2026}'), "{line}");
+    }
+
+    #[test]
+    fn quoting_cuts_at_a_character_boundary_within_both_limits() {
+        assert_eq!(quote("Tank 4 high level"), "Tank 4 high level");
+        for text in [
+            "x".repeat(300),
+            "\u{e9}".repeat(300),
+            "\u{1F525}".repeat(300),
+        ] {
+            let q = quote(&text);
+            assert!(q.len() <= MAX_LINE_SUBJECT_BYTES, "{}", q.len());
+            assert!(q.chars().count() <= MAX_LINE_CHARS);
+            assert!(q.ends_with('\u{2026}'));
+        }
     }
 
     #[test]

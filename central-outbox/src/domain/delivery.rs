@@ -50,6 +50,10 @@ pub enum AttemptOutcome {
     Delivered,
     TransientFailure,
     PermanentFailure,
+    /// Claimed and never handed to the channel: the claim was released (the row had waited too
+    /// long for a free slot to finish within its claim), and the row is due again at once. The
+    /// attempt's error says why; no mail or call went out for it.
+    NotSent,
 }
 
 impl AttemptOutcome {
@@ -59,6 +63,7 @@ impl AttemptOutcome {
             Self::Delivered => "Delivered",
             Self::TransientFailure => "TransientFailure",
             Self::PermanentFailure => "PermanentFailure",
+            Self::NotSent => "NotSent",
         }
     }
 
@@ -68,6 +73,7 @@ impl AttemptOutcome {
             Self::Delivered,
             Self::TransientFailure,
             Self::PermanentFailure,
+            Self::NotSent,
         ]
         .into_iter()
         .find(|o| o.as_str() == text)

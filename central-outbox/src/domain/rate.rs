@@ -1,9 +1,17 @@
 //! A token bucket: the per-channel rate limit. `per_second` tokens are added continuously up to
 //! `burst`; each delivery takes one. Time is passed in, so the rule is tested without a clock.
+//!
+//! Nothing here can panic or stop a channel: the rate is within `channel::bounds` by
+//! construction (`RateLimit::parse`, `RateLimit::stored`), and the wait for a token is
+//! computed without a conversion that could overflow, capped at [`MAX_WAIT`] besides.
 
 use std::time::{Duration, Instant};
 
 use super::channel::RateLimit;
+
+/// The longest [`TokenBucket::wait_for_one`] answers: the slowest allowed rate's interval. A
+/// channel waiting for a token looks again after at most this long whatever the arithmetic.
+pub const MAX_WAIT: Duration = Duration::from_secs(1000);
 
 #[derive(Debug, Clone)]
 pub struct TokenBucket {
@@ -17,7 +25,7 @@ impl TokenBucket {
     pub fn new(limit: RateLimit, now: Instant) -> Self {
         Self {
             limit,
-            tokens: f64::from(limit.burst),
+            tokens: f64::from(limit.burst()),
             updated: now,
         }
     }
@@ -29,7 +37,7 @@ impl TokenBucket {
     fn refill(&mut self, now: Instant) {
         let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
         self.tokens =
-            (self.tokens + elapsed * self.limit.per_second).min(f64::from(self.limit.burst));
+            (self.tokens + elapsed * self.limit.per_second()).min(f64::from(self.limit.burst()));
         self.updated = now;
     }
 
@@ -50,7 +58,9 @@ impl TokenBucket {
     pub fn wait_for_one(&mut self, now: Instant) -> Duration {
         self.refill(now);
         let missing = (1.0 - self.tokens).max(0.0);
-        Duration::from_secs_f64(missing / self.limit.per_second)
+        // `try_from` refuses what `from_secs_f64` would panic on (an infinite or huge wait).
+        Duration::try_from_secs_f64(missing / self.limit.per_second())
+            .map_or(MAX_WAIT, |wait| wait.min(MAX_WAIT))
     }
 }
 
@@ -59,7 +69,9 @@ mod tests {
     use super::*;
 
     fn limit(per_second: f64, burst: u32) -> RateLimit {
-        RateLimit { per_second, burst }
+        RateLimit::parse(Some(per_second), Some(burst))
+            .unwrap()
+            .unwrap()
     }
 
     #[test]
@@ -88,5 +100,26 @@ mod tests {
         }
         // One second: 2 (burst) + 4 (rate).
         assert_eq!(sent, 6);
+    }
+
+    #[test]
+    fn the_slowest_stored_rate_waits_a_bounded_time_and_never_panics() {
+        // The rate an admin once stored (issue 33): brought within the bounds when read.
+        let (slow, changed) = RateLimit::stored(1e-30, Some(1));
+        assert!(changed);
+        let start = Instant::now();
+        let mut bucket = TokenBucket::new(slow, start);
+        bucket.take(1, start);
+        assert_eq!(bucket.wait_for_one(start), MAX_WAIT);
+        for (rate, burst) in [
+            (f64::NAN, None),
+            (f64::INFINITY, Some(0)),
+            (-5.0, Some(u32::MAX)),
+        ] {
+            let (limit, _) = RateLimit::stored(rate, burst);
+            let mut bucket = TokenBucket::new(limit, start);
+            bucket.take(usize::MAX, start);
+            assert!(bucket.wait_for_one(start) <= MAX_WAIT, "{rate} {burst:?}");
+        }
     }
 }

@@ -22,6 +22,8 @@ pub const FALLBACK_MAX_RETRIES: u32 = super::channel::defaults::MAX_RETRIES;
 /// Delay used when the configured value is not positive: the channels' default.
 pub const FALLBACK_RETRY_DELAY: Duration = super::channel::defaults::RETRY_DELAY;
 
+use super::channel::bounds::{MAX_RETRIES, MAX_RETRY_DELAY};
+
 /// How the delay grows from one retry to the next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Backoff {
@@ -69,14 +71,42 @@ impl RetryPolicy {
                 FALLBACK_MAX_RETRIES
             }
         };
+        let max_retries = if i64::from(max_retries) > MAX_RETRIES {
+            warnings.push(format!(
+                "max_retries = {max_retries} is above {MAX_RETRIES}; using {MAX_RETRIES}"
+            ));
+            MAX_RETRIES as u32
+        } else {
+            max_retries
+        };
         let delay = if delay.is_zero() {
             warnings.push(format!(
                 "retry_delay is zero; using {}s",
                 FALLBACK_RETRY_DELAY.as_secs()
             ));
             FALLBACK_RETRY_DELAY
+        } else if delay > MAX_RETRY_DELAY {
+            warnings.push(format!(
+                "retry_delay is above {}s; using {}s",
+                MAX_RETRY_DELAY.as_secs(),
+                MAX_RETRY_DELAY.as_secs()
+            ));
+            MAX_RETRY_DELAY
         } else {
             delay
+        };
+        let backoff = match backoff {
+            Backoff::Exponential { cap } if cap > MAX_RETRY_DELAY => {
+                warnings.push(format!(
+                    "max_retry_delay is above {}s; using {}s",
+                    MAX_RETRY_DELAY.as_secs(),
+                    MAX_RETRY_DELAY.as_secs()
+                ));
+                Backoff::Exponential {
+                    cap: MAX_RETRY_DELAY,
+                }
+            }
+            other => other,
         };
         let backoff = match backoff {
             Backoff::Exponential { cap } if cap < delay => {
@@ -149,7 +179,10 @@ impl RetryPolicy {
                 let retry_count = retry_count + 1;
                 let mut delay = self.delay_before(retry_count, jitter);
                 if let DeliveryError::Throttled { retry_after, .. } = e {
-                    delay = delay.max(*retry_after);
+                    // A server's Retry-After is honoured up to the longest retry delay: a
+                    // far-future answer must not hide the row for years (or overflow a store's
+                    // timestamp).
+                    delay = delay.max((*retry_after).min(MAX_RETRY_DELAY));
                 }
                 let delay = chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
                 Transition {

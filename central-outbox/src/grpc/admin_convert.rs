@@ -167,6 +167,7 @@ fn outcome_to_proto(outcome: AttemptOutcome) -> v1::AttemptOutcome {
         AttemptOutcome::Delivered => v1::AttemptOutcome::Delivered,
         AttemptOutcome::TransientFailure => v1::AttemptOutcome::TransientFailure,
         AttemptOutcome::PermanentFailure => v1::AttemptOutcome::PermanentFailure,
+        AttemptOutcome::NotSent => v1::AttemptOutcome::NotSent,
     }
 }
 
@@ -433,8 +434,8 @@ fn policy_view(p: &DeliveryPolicy) -> PolicyFields {
         backoff: backoff.into(),
         max_retry_delay,
         max_concurrent_connections: p.max_concurrent_connections,
-        rate_limit_per_second: p.rate_limit.map(|r| r.per_second),
-        rate_limit_burst: p.rate_limit.map_or(0, |r| r.burst),
+        rate_limit_per_second: p.rate_limit.map(|r| r.per_second()),
+        rate_limit_burst: p.rate_limit.map_or(0, |r| r.burst()),
     }
 }
 
@@ -488,9 +489,7 @@ fn policy_from_proto(
     };
     // 0 means unset on the wire.
     let burst = Some(f.rate_limit_burst).filter(|&n| n > 0);
-    let rate_limit = f
-        .rate_limit_per_second
-        .map(|per_second| RateLimit::new(per_second, burst));
+    let rate_limit = RateLimit::parse(f.rate_limit_per_second, burst)?;
     Ok(DeliveryPolicy {
         max_retries: i64::from(match f.max_retries {
             0 => defaults::MAX_RETRIES,
@@ -700,7 +699,7 @@ mod tests {
             ),
             (2, Backoff::Fixed, 3)
         );
-        assert_eq!(set.policy.rate_limit.map(|r| r.burst), Some(1));
+        assert_eq!(set.policy.rate_limit.map(|r| r.burst()), Some(1));
         let view = webhook_view(set.clone(), None);
         assert_eq!(view.updated_at, None);
         assert_eq!(view.backoff(), v1::RetryBackoff::Fixed);

@@ -1,15 +1,30 @@
 //! `NotificationIngest`: how notifications enter central. Every ack is sent only after the row
 //! it acknowledges is committed, so a site may delete its copy the moment it sees the ack.
 //!
-//! The stream path batches: whatever submits have already arrived (up to [`MAX_STREAM_BATCH`])
-//! form one batch, and one committer per stream inserts the batches one store job each, in the
-//! order they arrived (up to [`MAX_BATCHES_QUEUED`] wait meanwhile). A batch is not folded into
-//! the next: its acks would wait for the larger job, and on MS SQL, whose statements take a
-//! chunk of rows each, that multiplies the time to a stream's first ack under load. A stream's
-//! rows are therefore committed in stream order: their Ids and serve turns follow the
-//! site's order, and of two submits with one condition key the later always supersedes the
-//! earlier, never the other way round. Reading and validating the next batches goes on while one
-//! commits. Acks of one batch come back in submit order; the contract does not promise it.
+//! The stream path batches: whatever submits have already arrived (up to [`MAX_STREAM_BATCH`]
+//! submits or [`MAX_STREAM_BATCH_BYTES`]) are validated as they are read and form one batch, and
+//! one committer per stream inserts the batches one store job each, in the order they arrived
+//! (up to [`MAX_BATCHES_QUEUED`] wait meanwhile). A batch is not folded into the next: its acks
+//! would wait for the larger job, and on MS SQL, whose statements take a chunk of rows each, that
+//! multiplies the time to a stream's first ack under load. A stream's rows are therefore
+//! committed in stream order: their Ids and serve turns follow the site's order, and of two
+//! submits with one condition key the later always supersedes the earlier, never the other way
+//! round. Reading and validating the next batches goes on while one commits. A submit refused by
+//! validation is answered (REJECTED) as soon as it is read, so its ack may come before the acks
+//! of earlier batches; the acks of valid submits come back in submit order. The contract
+//! promises no order.
+//!
+//! Memory. Whatever a client sends, and however slowly it reads its acks, one stream holds at
+//! most [`STREAM_MEMORY_BOUND`] (under 16 MiB, four times `MAX_GRPC_MESSAGE_BYTES`): the
+//! transport's share (the message being received and the one just decoded, each up to
+//! `MAX_GRPC_MESSAGE_BYTES`, and the stream's HTTP/2 window), the batches (only valid submits
+//! are kept, so each holds at most [`MAX_STREAM_BATCH_BYTES`] plus one maximal valid submit; at
+//! most [`MAX_BATCHES_QUEUED`] queued, one committing and one being read), and the acks waiting
+//! for the client (each with a bounded id and reason, see [`MAX_ECHOED_ID_BYTES`]). At most
+//! `server.max_ingest_streams` streams are open at once on a node (a further one is refused with
+//! RESOURCE_EXHAUSTED naming the key, and counted in `outbox_ingest_streams_refused_total`), so
+//! submit streams can make a node hold at most that many times the bound: 8 GiB with the
+//! default 512. A stream of typical submits holds a few hundred KiB.
 //!
 //! With client certificates required (`tls.client_ca`), a caller may submit only as the site its
 //! certificate names ([`SiteIdentity`]): any other `source_site_id` is refused before validation
@@ -18,22 +33,25 @@
 //! `ReportSiteHealth` (a site node's health, see `super::site_health`) and `ClearCondition`.
 
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures_util::FutureExt;
+use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::notification_ingest_server::NotificationIngest;
 use outbox_proto::v1::{
     ClearConditionRequest, ClearConditionResponse, NotificationSubmit, NotificationSubmitAck,
     ReportSiteHealthResponse, SiteHealthReport,
 };
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::Stream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{convert, invalid_argument, site_health, store_status};
+use super::{HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, store_status};
 use crate::domain::history::site_actor;
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
@@ -44,17 +62,74 @@ use crate::tls::{TlsSettings, client_common_name};
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
 /// enough that one batch's acks are not held back for long.
 pub const MAX_STREAM_BATCH: usize = 256;
-/// Most text one batch may hold, in bytes: [`MAX_STREAM_BATCH`] maximal valid submits (about
-/// 280 KiB each). The transport admits submits far larger than any valid one (so that they are
-/// refused naming the field, see `limits::MAX_GRPC_MESSAGE_BYTES`); counting bytes keeps a stream
-/// of those within the same memory bound as a stream of valid ones.
-const MAX_STREAM_BATCH_BYTES: usize = MAX_STREAM_BATCH * 280 * 1024;
-/// Batches one stream may have read ahead of its committer. With the batch bounds this bounds the
-/// memory one stream can pin (4 batches queued or committing and one being read, about 370 MiB
-/// worst case, a few MiB typical) and keeps one busy site from monopolising the writer.
+/// Most bytes of submits one batch may hold (each weighed by [`submit_weight`]): a batch is
+/// closed once it holds this much, so it holds at most this plus one [`MAX_SUBMIT_WEIGHT`].
+/// 256 typical submits (a few hundred bytes of text each) weigh about 200 KiB, so they still
+/// fill a batch by count, as before; a stream of large submits makes batches of a few rows,
+/// whose store jobs are dominated by the bytes written anyway.
+const MAX_STREAM_BATCH_BYTES: usize = 512 * 1024;
+/// What a submit weighs in a batch besides its text: the message's and the row's structs and
+/// the allocator's share of their strings (the structs are a few hundred bytes).
+const SUBMIT_OVERHEAD_BYTES: usize = 512;
+/// The most a valid submit weighs: its text at every field's limit (a 256 KiB body, 16 KiB of
+/// type_data, 500 four-byte characters of subject, and the small fields: about 277 KiB in all,
+/// see the test) plus [`SUBMIT_OVERHEAD_BYTES`]. Invalid submits are answered and dropped as they
+/// are read, so only valid ones are ever queued.
+const MAX_SUBMIT_WEIGHT: usize = 280 * 1024;
+/// Batches one stream may have read ahead of its committer: enough to keep the store busy while
+/// acks travel, few enough that one busy site does not monopolise the writer.
 pub const MAX_BATCHES_QUEUED: usize = 4;
 /// Acks buffered towards a slow reader before the stream stops reading new submits.
 const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_QUEUED;
+/// Most bytes of a submit's notification_id a REJECTED ack echoes. A valid id is a UUID, at most
+/// 45 bytes in any form `Uuid` parses (36 as sites send it), so a valid id always comes back
+/// whole; a longer one names nothing a site could match, and its beginning is enough to find it
+/// in a log. Without the bound, 4 MiB ids would make each buffered ack 4 MiB.
+const MAX_ECHOED_ID_BYTES: usize = 64;
+/// Most bytes of a REJECTED ack's reason. Validation's reasons are a line naming the field and
+/// quoting at most 64 characters of the value (about 200 bytes); this is the backstop.
+const MAX_REASON_BYTES: usize = 512;
+/// The most one buffered ack weighs: its bounded id and reason, and the struct around them.
+const MAX_ACK_WEIGHT: usize = MAX_ECHOED_ID_BYTES + MAX_REASON_BYTES + 128;
+/// HTTP/2's frame size, which central does not raise: tonic's buffer of a message being received
+/// may hold one frame beyond the message.
+const HTTP2_FRAME_BYTES: usize = 16 * 1024;
+/// What HTTP/2 may buffer towards a client that does not read (hyper's `max_send_buf_size`,
+/// which tonic leaves at its default).
+const HTTP2_SEND_BUFFER_BYTES: usize = 400 * 1024;
+
+/// The most memory one submit stream can make central hold, whatever its client does:
+/// - the transport: the message being received (tonic buffers a whole message, up to
+///   `MAX_GRPC_MESSAGE_BYTES`, plus a frame), the message just decoded and being validated, and
+///   the stream's HTTP/2 receive window;
+/// - the batches: [`MAX_BATCHES_QUEUED`] queued, one committing and the store's copy of it, and
+///   one being read, each at most [`MAX_STREAM_BATCH_BYTES`] plus one [`MAX_SUBMIT_WEIGHT`];
+/// - the acks: [`ACK_BUFFER`] buffered, the REJECTED acks of the batch being read, and what
+///   HTTP/2 buffers towards the client.
+///
+/// Under 16 MiB; `server.max_ingest_streams` streams hold at most that many times this.
+pub const STREAM_MEMORY_BOUND: usize = 2 * MAX_GRPC_MESSAGE_BYTES
+    + HTTP2_FRAME_BYTES
+    + HTTP2_STREAM_WINDOW_BYTES as usize
+    + (MAX_BATCHES_QUEUED + 3) * (MAX_STREAM_BATCH_BYTES + MAX_SUBMIT_WEIGHT)
+    + (ACK_BUFFER + MAX_STREAM_BATCH) * MAX_ACK_WEIGHT
+    + HTTP2_SEND_BUFFER_BYTES;
+
+// The bound the README and deploy/central-outbox.toml state (16 MiB a stream, four times
+// MAX_GRPC_MESSAGE_BYTES) holds for the constants above: raising one past it fails the build.
+const _: () = assert!(STREAM_MEMORY_BOUND <= 4 * MAX_GRPC_MESSAGE_BYTES);
+
+/// `server.max_ingest_streams` when not configured. Each site node keeps one submit stream open
+/// to central; during a reconnect its old stream may linger until central's keepalive ends it
+/// (up to 30 s) while the new one opens. 512 serves some 500 site nodes in steady state, and 250
+/// reconnecting all at once (streams refused meanwhile are retried by the sites within their
+/// `forward_retry_interval`), for at most 512 × [`STREAM_MEMORY_BOUND`] = 8 GiB.
+pub const DEFAULT_MAX_INGEST_STREAMS: usize = 512;
+
+/// A refused stream is counted every time; a WARN line says so at most once per this interval,
+/// with how many since the last, since each refused site retries every
+/// `forward_retry_interval`.
+const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 pub struct IngestService<S> {
     store: Arc<S>,
@@ -64,6 +139,19 @@ pub struct IngestService<S> {
     /// Cancelled at shutdown: open streams end so the server can stop.
     shutdown: CancellationToken,
     site_identity: SiteIdentity,
+    /// One permit per submit stream that may be open (`server.max_ingest_streams`); a stream
+    /// holds its permit until both its session and its ack stream are gone.
+    stream_slots: Arc<Semaphore>,
+    max_streams: usize,
+    /// Rate-limits the WARN lines about refused streams (see [`REFUSAL_LOG_INTERVAL`]).
+    refusals: Mutex<RefusalLog>,
+}
+
+/// When a refused stream was last logged, and how many were refused since.
+#[derive(Debug, Default)]
+struct RefusalLog {
+    last_line: Option<Instant>,
+    unlogged: u64,
 }
 
 /// Which `source_site_id` a caller may submit as.
@@ -137,7 +225,8 @@ fn check_site(caller_site: Option<&str>, msg: &NotificationSubmit) -> Result<(),
 fn check_site_field(caller_site: Option<&str>, field: &str, site: &str) -> Result<(), String> {
     match caller_site {
         Some(caller) if caller != site => Err(format!(
-            "{field}: {site:?} is not the caller's site: its client certificate is for {caller:?}"
+            "{field}: {:?} is not the caller's site: its client certificate is for {caller:?}",
+            prefix(site, MAX_ECHOED_ID_BYTES)
         )),
         _ => Ok(()),
     }
@@ -156,6 +245,9 @@ impl<S> IngestService<S> {
             dispatcher_wake,
             shutdown,
             site_identity: SiteIdentity::Unchecked,
+            stream_slots: Arc::new(Semaphore::new(DEFAULT_MAX_INGEST_STREAMS)),
+            max_streams: DEFAULT_MAX_INGEST_STREAMS,
+            refusals: Mutex::new(RefusalLog::default()),
         }
     }
 
@@ -163,6 +255,78 @@ impl<S> IngestService<S> {
     pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
         self.site_identity = site_identity;
         self
+    }
+
+    /// At most `max_streams` submit streams open at once (`server.max_ingest_streams`;
+    /// [`DEFAULT_MAX_INGEST_STREAMS`] unless set).
+    pub fn with_stream_limit(mut self, max_streams: usize) -> Self {
+        self.stream_slots = Arc::new(Semaphore::new(max_streams));
+        self.max_streams = max_streams;
+        self
+    }
+
+    /// A place for one more submit stream, or RESOURCE_EXHAUSTED naming the limit (counted).
+    fn open_stream_slot(&self) -> Result<StreamSlot, Status> {
+        match Arc::clone(&self.stream_slots).try_acquire_owned() {
+            Ok(permit) => {
+                self.metrics.ingest_stream(true);
+                Ok(StreamSlot {
+                    _permit: permit,
+                    metrics: Arc::clone(&self.metrics),
+                })
+            }
+            Err(_) => {
+                self.metrics.ingest_stream_refused();
+                let mut log = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+                log.unlogged += 1;
+                if log
+                    .last_line
+                    .is_none_or(|at| at.elapsed() >= REFUSAL_LOG_INTERVAL)
+                {
+                    tracing::warn!(
+                        max_ingest_streams = self.max_streams,
+                        refused = log.unlogged,
+                        "submit streams refused: server.max_ingest_streams are open \
+                         (counted in outbox_ingest_streams_refused_total)"
+                    );
+                    log.last_line = Some(Instant::now());
+                    log.unlogged = 0;
+                }
+                Err(Status::resource_exhausted(format!(
+                    "server.max_ingest_streams: this central has {} submit streams open, the \
+                     most it allows; try again later",
+                    self.max_streams
+                )))
+            }
+        }
+    }
+}
+
+/// A submit stream's place among `server.max_ingest_streams`, shared by the stream's session and
+/// its ack stream: given back, and `outbox_ingest_streams_open` lowered, when both are gone.
+struct StreamSlot {
+    _permit: OwnedSemaphorePermit,
+    metrics: Arc<Metrics>,
+}
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.metrics.ingest_stream(false);
+    }
+}
+
+/// The acks of one stream, holding the stream's slot until tonic drops them (the stream ended
+/// or the client went away).
+struct SlotAcks {
+    acks: ReceiverStream<Result<NotificationSubmitAck, Status>>,
+    _slot: Arc<StreamSlot>,
+}
+
+impl Stream for SlotAcks {
+    type Item = Result<NotificationSubmitAck, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.acks).poll_next(cx)
     }
 }
 
@@ -219,7 +383,7 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
             let reason = format!(
                 "source_site_id: {:?} is not the caller's site: its client certificate is for \
                  {caller:?}; a site may clear only its own conditions",
-                msg.source_site_id
+                prefix(&msg.source_site_id, MAX_ECHOED_ID_BYTES)
             );
             tracing::warn!(%reason, "refused a clear for another site");
             return Err(Status::permission_denied(reason));
@@ -268,6 +432,7 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
         request: Request<Streaming<NotificationSubmit>>,
     ) -> Result<Response<Self::SubmitNotificationsStream>, Status> {
         let caller_site = self.site_identity.caller_site(&request)?;
+        let slot = Arc::new(self.open_stream_slot()?);
         let (acks, ack_stream) = mpsc::channel(ACK_BUFFER);
         let session = StreamSession {
             store: Arc::clone(&self.store),
@@ -276,9 +441,13 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
             acks,
             caller_site,
             warned_other_site: AtomicBool::new(false),
+            _slot: Arc::clone(&slot),
         };
         tokio::spawn(session.run(request.into_inner(), self.shutdown.clone()));
-        Ok(Response::new(Box::pin(ReceiverStream::new(ack_stream))))
+        Ok(Response::new(Box::pin(SlotAcks {
+            acks: ReceiverStream::new(ack_stream),
+            _slot: slot,
+        })))
     }
 }
 
@@ -293,6 +462,24 @@ struct StreamSession<S> {
     /// Whether a submit for another site was logged at WARN yet: once per stream, since a
     /// misconfigured site would otherwise log once for every row of its backlog.
     warned_other_site: AtomicBool,
+    /// The stream's place among `server.max_ingest_streams`.
+    _slot: Arc<StreamSlot>,
+}
+
+/// Valid submits read together, committed by one store job.
+#[derive(Default)]
+struct Batch {
+    /// The ids as the client sent them, for the acks, in the order of `rows`.
+    ids: Vec<String>,
+    rows: Vec<NewNotification>,
+}
+
+/// What [`StreamSession::take_ready`] read in one go.
+struct Taken {
+    batch: Batch,
+    /// REJECTED acks for the submits that failed validation.
+    rejected: Vec<NotificationSubmitAck>,
+    end: StreamEnd,
 }
 
 impl<S: IngestStore> StreamSession<S> {
@@ -320,8 +507,18 @@ impl<S: IngestStore> StreamSession<S> {
                     break;
                 }
             };
-            let (batch, end) = take_ready(&mut inbound, first);
-            if queue.send(batch).await.is_err() {
+            let Taken {
+                batch,
+                rejected,
+                end,
+            } = this.take_ready(&mut inbound, first);
+            for ack in rejected {
+                if this.acks.send(Ok(ack)).await.is_err() {
+                    // The client went away: nothing more of this stream will be read.
+                    return;
+                }
+            }
+            if !batch.rows.is_empty() && queue.send(batch).await.is_err() {
                 // The committer stopped: a store failure it reported, or a client not reading.
                 return;
             }
@@ -351,10 +548,7 @@ impl<S: IngestStore> StreamSession<S> {
     /// Inserts the stream's batches one store job at a time, in the order they were read.
     /// Returns false when the stream must end (store failure, or the client stopped reading
     /// acks).
-    async fn commit_in_order(
-        self: Arc<Self>,
-        mut queued: mpsc::Receiver<Vec<NotificationSubmit>>,
-    ) -> bool {
+    async fn commit_in_order(self: Arc<Self>, mut queued: mpsc::Receiver<Batch>) -> bool {
         while let Some(batch) = queued.recv().await {
             // A client that went away reads no acks: what it sent is resent on its next
             // stream, so committing the rest now would only compete with that stream.
@@ -368,51 +562,10 @@ impl<S: IngestStore> StreamSession<S> {
         true
     }
 
-    /// Validates and inserts one batch, sending one ack per submit. Returns false when the stream
-    /// must end (store failure, or the client stopped reading acks).
-    async fn insert(&self, batch: Vec<NotificationSubmit>) -> bool {
-        let mut valid_ids = Vec::with_capacity(batch.len());
-        let mut valid = Vec::with_capacity(batch.len());
-        for msg in batch {
-            let id = msg.notification_id.clone();
-            if let Err(reason) = check_site(self.caller_site.as_deref(), &msg) {
-                if self.warned_other_site.swap(true, Ordering::Relaxed) {
-                    tracing::debug!(%reason, "refused a submit for another site");
-                } else {
-                    tracing::warn!(%reason, "refused a submit for another site (once per stream)");
-                }
-                if self
-                    .acks
-                    .send(Ok(convert::rejected(id, reason)))
-                    .await
-                    .is_err()
-                {
-                    return false;
-                }
-                continue;
-            }
-            match convert::submission(msg) {
-                Ok(submission) => {
-                    valid_ids.push(id);
-                    valid.push(NewNotification::new(submission));
-                }
-                Err(e) => {
-                    self.metrics.ingest_rejected_invalid();
-                    if self
-                        .acks
-                        .send(Ok(convert::rejected(id, e.to_string())))
-                        .await
-                        .is_err()
-                    {
-                        return false;
-                    }
-                }
-            }
-        }
-        if valid.is_empty() {
-            return true;
-        }
-        match self.store.submit(valid).await {
+    /// Inserts one batch, sending one ack per submit. Returns false when the stream must end
+    /// (store failure, or the client stopped reading acks).
+    async fn insert(&self, batch: Batch) -> bool {
+        match self.store.submit(batch.rows).await {
             Ok(outcomes) => {
                 self.dispatcher_wake.notify_one();
                 // Counted as committed, before any ack is sent: a client that stops reading
@@ -420,7 +573,7 @@ impl<S: IngestStore> StreamSession<S> {
                 for outcome in &outcomes {
                     self.metrics.ingested(*outcome);
                 }
-                for (id, outcome) in valid_ids.into_iter().zip(outcomes) {
+                for (id, outcome) in batch.ids.into_iter().zip(outcomes) {
                     if self.acks.send(Ok(convert::ack(id, outcome))).await.is_err() {
                         return false;
                     }
@@ -434,40 +587,107 @@ impl<S: IngestStore> StreamSession<S> {
             }
         }
     }
+
+    /// Takes `first` plus every submit that has already arrived, up to [`MAX_STREAM_BATCH`]
+    /// submits or [`MAX_STREAM_BATCH_BYTES`] of valid ones, without waiting, validating each as
+    /// it is taken: the valid ones form the batch, the others are dropped at once, leaving only
+    /// their (bounded) REJECTED acks. Also says whether the stream ended (cleanly or not)
+    /// meanwhile.
+    fn take_ready(
+        &self,
+        inbound: &mut Streaming<NotificationSubmit>,
+        first: NotificationSubmit,
+    ) -> Taken {
+        let mut taken = Taken {
+            batch: Batch::default(),
+            rejected: Vec::new(),
+            end: StreamEnd::Open,
+        };
+        let (mut count, mut bytes) = (0, 0);
+        let mut next = first;
+        loop {
+            count += 1;
+            let weight = submit_weight(&next);
+            match self.validate(next) {
+                Ok((id, row)) => {
+                    bytes += weight;
+                    taken.batch.ids.push(id);
+                    taken.batch.rows.push(row);
+                }
+                Err(ack) => taken.rejected.push(ack),
+            }
+            if count >= MAX_STREAM_BATCH || bytes >= MAX_STREAM_BATCH_BYTES {
+                return taken;
+            }
+            next = match inbound.message().now_or_never() {
+                Some(Ok(Some(msg))) => msg,
+                Some(Ok(None)) => {
+                    taken.end = StreamEnd::Closed;
+                    return taken;
+                }
+                Some(Err(status)) => {
+                    taken.end = StreamEnd::Failed(status);
+                    return taken;
+                }
+                None => return taken,
+            };
+        }
+    }
+
+    /// The row for `msg` and the id its ack names, or its REJECTED ack.
+    fn validate(
+        &self,
+        msg: NotificationSubmit,
+    ) -> Result<(String, NewNotification), NotificationSubmitAck> {
+        // Never longer than a valid id, so a valid one is echoed whole.
+        let id = prefix(&msg.notification_id, MAX_ECHOED_ID_BYTES).to_owned();
+        if let Err(reason) = check_site(self.caller_site.as_deref(), &msg) {
+            if self.warned_other_site.swap(true, Ordering::Relaxed) {
+                tracing::debug!(%reason, "refused a submit for another site");
+            } else {
+                tracing::warn!(%reason, "refused a submit for another site (once per stream)");
+            }
+            return Err(rejected(id, &reason));
+        }
+        match convert::submission(msg) {
+            Ok(submission) => Ok((id, NewNotification::new(submission))),
+            Err(e) => {
+                self.metrics.ingest_rejected_invalid();
+                Err(rejected(id, &e.to_string()))
+            }
+        }
+    }
 }
 
-/// How [`take_ready`] left the inbound stream.
+/// A REJECTED ack for `id` with at most [`MAX_REASON_BYTES`] of `reason`.
+fn rejected(id: String, reason: &str) -> NotificationSubmitAck {
+    convert::rejected(id, prefix(reason, MAX_REASON_BYTES).to_owned())
+}
+
+/// The longest beginning of `text` of at most `max_bytes` bytes that ends on a character
+/// boundary.
+fn prefix(text: &str, max_bytes: usize) -> &str {
+    let mut end = max_bytes.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// How [`StreamSession::take_ready`] left the inbound stream.
 enum StreamEnd {
     Open,
     Closed,
     Failed(Status),
 }
 
-/// Takes `first` plus every submit that has already arrived, up to [`MAX_STREAM_BATCH`] submits
-/// or [`MAX_STREAM_BATCH_BYTES`], without waiting. Returns the batch and whether the stream ended
-/// (cleanly or not) meanwhile.
-fn take_ready(
-    inbound: &mut Streaming<NotificationSubmit>,
-    first: NotificationSubmit,
-) -> (Vec<NotificationSubmit>, StreamEnd) {
-    let mut bytes = text_bytes(&first);
-    let mut batch = vec![first];
-    while batch.len() < MAX_STREAM_BATCH && bytes < MAX_STREAM_BATCH_BYTES {
-        match inbound.message().now_or_never() {
-            Some(Ok(Some(msg))) => {
-                bytes += text_bytes(&msg);
-                batch.push(msg);
-            }
-            Some(Ok(None)) => return (batch, StreamEnd::Closed),
-            Some(Err(status)) => return (batch, StreamEnd::Failed(status)),
-            None => break,
-        }
-    }
-    (batch, StreamEnd::Open)
-}
-
-/// The bytes of a submit's text fields: all that can make one large (the rest is a few dozen).
-fn text_bytes(m: &NotificationSubmit) -> usize {
+/// What `m` weighs in a batch: its text (every string field: all that can make one large; the
+/// rest is a few dozen bytes) and [`SUBMIT_OVERHEAD_BYTES`].
+fn submit_weight(m: &NotificationSubmit) -> usize {
+    let optional = [&m.origin_execution_id, &m.origin_parent_execution_id]
+        .into_iter()
+        .flatten()
+        .map(String::len);
     [
         &m.notification_id,
         &m.list_name,
@@ -477,10 +697,13 @@ fn text_bytes(m: &NotificationSubmit) -> usize {
         &m.source_site_id,
         &m.source_instance_id,
         &m.source_script,
+        &m.condition_key,
     ]
     .iter()
     .map(|text| text.len())
-    .sum()
+    .chain(optional)
+    .sum::<usize>()
+        + SUBMIT_OVERHEAD_BYTES
 }
 
 #[cfg(test)]
@@ -517,5 +740,52 @@ mod tests {
             .caller_site(&request)
             .unwrap_err();
         assert_eq!(refused.code(), tonic::Code::PermissionDenied);
+    }
+
+    #[test]
+    fn the_largest_valid_submit_weighs_at_most_max_submit_weight() {
+        use outbox_domain::limits::{
+            MAX_BODY_BYTES, MAX_CONDITION_KEY_CHARS, MAX_LIST_NAME_CHARS, MAX_SOURCE_FIELD_CHARS,
+            MAX_SUBJECT_CHARS, MAX_TYPE_DATA_BYTES,
+        };
+        // Every field at its limit, in four-byte characters where any character is allowed.
+        let wide = |chars: usize| "\u{1F600}".repeat(chars);
+        let type_data_filler = MAX_TYPE_DATA_BYTES - r#"{"k":""}"#.len();
+        let submit = NotificationSubmit {
+            notification_id: uuid::Uuid::now_v7().to_string(),
+            r#type: outbox_proto::v1::NotificationType::Email.into(),
+            list_name: wide(MAX_LIST_NAME_CHARS),
+            subject: wide(MAX_SUBJECT_CHARS),
+            body: "b".repeat(MAX_BODY_BYTES),
+            type_data: format!(r#"{{"k":"{}"}}"#, "t".repeat(type_data_filler)),
+            source_site_id: "s".repeat(outbox_domain::limits::MAX_SITE_ID_CHARS),
+            source_instance_id: wide(MAX_SOURCE_FIELD_CHARS),
+            source_script: wide(MAX_SOURCE_FIELD_CHARS),
+            site_enqueued_at: Some(outbox_proto::time::to_timestamp(chrono::Utc::now())),
+            origin_execution_id: Some(uuid::Uuid::new_v4().to_string()),
+            origin_parent_execution_id: Some(uuid::Uuid::new_v4().to_string()),
+            priority: 0,
+            condition_key: "k".repeat(MAX_CONDITION_KEY_CHARS),
+            cleared_at_site: None,
+        };
+        let weight = submit_weight(&submit);
+        convert::submission(submit).expect("every field at its limit is still valid");
+        assert!(
+            weight <= MAX_SUBMIT_WEIGHT,
+            "{weight} bytes > MAX_SUBMIT_WEIGHT {MAX_SUBMIT_WEIGHT}"
+        );
+    }
+
+    #[test]
+    fn echoed_text_is_cut_on_a_character_boundary() {
+        assert_eq!(prefix("short", 64), "short");
+        assert_eq!(prefix(&"x".repeat(100), 64).len(), 64);
+        // 16 four-byte characters are 64 bytes; 17 are cut back to 16, never mid-character.
+        let wide = "\u{1F600}".repeat(17);
+        assert_eq!(prefix(&wide, 64), "\u{1F600}".repeat(16));
+        assert_eq!(prefix(&wide, 66), "\u{1F600}".repeat(16));
+        // A valid id in any form Uuid parses comes back whole.
+        let urn = format!("urn:uuid:{}", uuid::Uuid::now_v7());
+        assert_eq!(prefix(&urn, MAX_ECHOED_ID_BYTES), urn);
     }
 }

@@ -14,6 +14,14 @@ use tonic::transport::server::TcpIncoming;
 use crate::domain::ContentError;
 use crate::store::StoreError;
 
+/// The HTTP/2 flow-control windows central announces: how much a client may send on one stream,
+/// and on one connection in all, ahead of what central has read. hyper's defaults (1 MiB each;
+/// tonic's documentation says 64 KiB, but passes nothing and hyper's apply), set here explicitly
+/// because what one submit stream can make central hold counts the stream window
+/// (`ingest::STREAM_MEMORY_BOUND`).
+pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
+pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+
 /// The connections the gRPC server accepts, with TCP_NODELAY: without it, Nagle's algorithm holds
 /// a small response (an ack, a status) until the client's delayed ACK of the previous segment,
 /// up to 40 ms per exchange on Linux.

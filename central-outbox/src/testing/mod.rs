@@ -15,7 +15,9 @@ pub use memory_store::{Gate, MemoryStore, Row, email};
 
 // Internals the tests outside this crate drive directly, named here so the modules that hold
 // them stay crate-only: the e2e mail tests render messages with the email adapter, the bench
-// holds the dispatcher's lease from a second replica and submits through ingest's conversion.
+// holds the dispatcher's lease from a second replica and submits through ingest's conversion;
+// the e2e listener tests fill the console's connection cap.
+pub use crate::console::CONSOLE_LIMITS;
 pub use crate::delivery::{EmailAdapter, Turn};
 pub use crate::dispatcher::DISPATCHER_LEASE;
 pub use crate::grpc::convert::submission;

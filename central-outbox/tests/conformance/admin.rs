@@ -799,10 +799,7 @@ pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
             backoff: Backoff::Exponential {
                 cap: Duration::from_secs(1800),
             },
-            rate_limit: Some(RateLimit {
-                per_second: 2.5,
-                burst: 5,
-            }),
+            rate_limit: Some(RateLimit::parse(Some(2.5), Some(5)).unwrap().unwrap()),
             ..password.policy.clone()
         },
         ..password.clone()

@@ -70,10 +70,7 @@ pub async fn webhook_settings_round_trip_beside_the_email_row<S: OutboxStore>(st
         Backoff::Exponential {
             cap: Duration::from_secs(600),
         },
-        Some(RateLimit {
-            per_second: 2.5,
-            burst: 5,
-        }),
+        Some(RateLimit::parse(Some(2.5), Some(5)).unwrap().unwrap()),
     );
     let fixed = webhook(0, Backoff::Fixed, None);
     for settings in [exponential, fixed.clone()] {

@@ -145,6 +145,23 @@ pub async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<S: Outb
         .global;
     assert_eq!(kpis.queue_depth, 11);
     assert_eq!(kpis.stuck_count, 0);
+    // Still Held a stuck threshold after their window's end, nothing takes them out: they are
+    // stuck (issue 33: they were counted neither stuck nor due, so no alert rule ever fired).
+    // An hour on, every row here is stuck: the seven waiting by age, the four held by due time.
+    let later = store
+        .kpis(KpiParams {
+            now: Utc::now() + chrono::Duration::hours(1),
+            stuck_age_threshold: Duration::from_secs(600),
+            delivered_window: Duration::from_secs(60),
+        })
+        .await
+        .unwrap()
+        .global;
+    assert_eq!(later.stuck_count, 11);
+    assert!(
+        later.oldest_retry_wait_age.is_none(),
+        "none waits any more: all are due"
+    );
 
     // Claims of rows one by one never take a held row.
     let epoch = seed::lease(store).await;

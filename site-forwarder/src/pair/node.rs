@@ -61,6 +61,8 @@ enum Next {
     Promote(String),
 }
 
+/// Cloned for each start under the supervisor: a restarted node begins from the same parts.
+#[derive(Clone)]
 pub struct Node {
     buffer: Buffer,
     config: Config,

@@ -205,3 +205,61 @@ async fn a_flood_goes_out_as_one_digest_per_window_and_every_row_is_delivered() 
         );
     }
 }
+
+/// Issue 33's second scenario: a list consolidating more than 10 per 30 s into digests of at
+/// most 400; one site sends 420 notifications whose subjects are 200 emoji each. The body of a
+/// 400-row digest came to 350,097 bytes, over the 256 KiB body limit, so the digest could never
+/// be composed and its rows stayed Held for good, claimed and failing after every claim expiry,
+/// counted nowhere. Now each digest line is bounded in bytes: every row is Delivered, in
+/// several digests, each body under the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_emoji_flood_goes_out_in_digests_under_the_body_limit() {
+    const N: usize = 420;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    let mut outbox = central.outbox().await;
+    let list = v1::NotificationList {
+        consolidation: Some(v1::ListConsolidation {
+            threshold: 10,
+            window: Some(to_duration(Duration::from_secs(30))),
+            max_per_digest: 400,
+        }),
+        ..consolidating_list()
+    };
+    outbox
+        .upsert_notification_list(v1::UpsertNotificationListRequest { list: Some(list) })
+        .await
+        .unwrap();
+    let mut ingest = central.ingest().await;
+    let subject = "\u{1F525}".repeat(200);
+    for i in 0..N {
+        let mut msg = crate::harness::submit(&subject, &format!("reading {i}"));
+        msg.list_name = FLOOD.into();
+        ingest.submit_notification(msg).await.unwrap();
+    }
+    let db = crate::harness::Db::open(&central.db);
+    eventually("every flooded row is delivered", || {
+        let delivered = db.count(&format!(
+            "SELECT COUNT(*) FROM Notifications WHERE ListName = '{FLOOD}' AND Status = 'Delivered'"
+        ));
+        async move { (delivered == N as i64).then_some(()) }
+    })
+    .await;
+    let digests = db.strings(
+        "SELECT DISTINCT DigestId FROM NotificationAttempts \
+         WHERE DigestId IS NOT NULL AND Outcome = 'Delivered'",
+    );
+    assert!(digests.len() >= 2, "several digests: {digests:?}");
+    let mails = sink.messages();
+    assert_eq!(
+        mails.len(),
+        N - db.count(
+            "SELECT COUNT(*) FROM NotificationAttempts \
+             WHERE DigestId IS NOT NULL AND Outcome = 'Delivered'"
+        ) as usize
+            + digests.len(),
+        "each lone row once and each digest once"
+    );
+    central.stop().await;
+}

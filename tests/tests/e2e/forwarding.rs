@@ -214,3 +214,72 @@ async fn bad_sends_are_invalid_argument_and_nothing_is_buffered() {
     assert_eq!(malformed.code(), Code::InvalidArgument);
     site.stop().await;
 }
+
+/// A site-forwarder process with `test_faults` (debug builds only) set through its environment.
+fn site_with_faults(
+    dir: &std::path::Path,
+    site_id: &str,
+    addr: std::net::SocketAddr,
+    central: std::net::SocketAddr,
+    faults: &str,
+) -> crate::harness::Process {
+    crate::harness::Process(
+        tokio::process::Command::new(crate::harness::binary("site-forwarder"))
+            .args(["serve", "--site-id", site_id, "--listen"])
+            .arg(addr.to_string())
+            .arg("--buffer")
+            .arg(dir.join(format!("{site_id}.db")))
+            .arg("--central")
+            .arg(format!("http://{central}"))
+            .env("RUST_LOG", "warn")
+            .env("OUTBOX_SITE_TEST_FAULTS", faults)
+            .env("OUTBOX_SITE_FORWARD_RETRY_INTERVAL", "100ms")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// Supervision at the site (README, "Supervised tasks"): the node's task (the forwarder and the
+/// pair's roles) fails at its first two starts (injected); the supervisor restarts it, and a
+/// Send still reaches central and is delivered. A node whose task fails at every start takes
+/// itself out of service and exits non-zero, for its service manager (or its pair's standby)
+/// to take over, instead of taking Sends it would never forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_site_task_is_restarted_and_one_that_keeps_failing_stops_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+
+    let addr = free_addr().await;
+    let _site = site_with_faults(dir.path(), "site-a", addr, central.addr, "node=2");
+    crate::harness::wait_until_serving(addr).await;
+    let mut client =
+        v1::site_notify_client::SiteNotifyClient::new(crate::harness::channel(addr).await);
+    let id = client
+        .send(send_request("Tank 4 high level", "Level 97%"))
+        .await
+        .unwrap()
+        .into_inner()
+        .notification_id;
+    crate::harness::wait_for_status(&central.db, &id, "Delivered").await;
+
+    let doomed_addr = free_addr().await;
+    let mut doomed = site_with_faults(
+        dir.path(),
+        "site-b",
+        doomed_addr,
+        central.addr,
+        "node=always",
+    );
+    let status = tokio::time::timeout(DEADLINE, doomed.0.wait())
+        .await
+        .expect("the node stops on its own")
+        .unwrap();
+    assert!(
+        !status.success(),
+        "a node out of service exits non-zero: {status}"
+    );
+    central.stop().await;
+}

@@ -50,6 +50,8 @@ struct Timings {
     claim_timeout: &'static str,
     /// SMTP sessions, hence deliveries, in flight at once on the leader.
     connections: u32,
+    /// Supervised task starts that fail on purpose (`test_faults`, debug builds only).
+    faults: Option<&'static str>,
 }
 
 /// One central-outbox process of the cluster, with its own gRPC and metrics ports.
@@ -127,8 +129,12 @@ fn write_config(
         .map(|r| format!("renew_interval = \"{r}\"\n"))
         .unwrap_or_default();
     let recipients = RECIPIENTS.map(|r| format!("\"{r}\"")).join(", ");
+    let faults = timings
+        .faults
+        .map(|f| format!("test_faults = \"{f}\"\n"))
+        .unwrap_or_default();
     let config = format!(
-        r#"listen_addr = "{addr}"
+        r#"{faults}listen_addr = "{addr}"
 metrics_listen = "{metrics}"
 database = "{db}"
 node_id = "{node}"
@@ -495,6 +501,7 @@ fn base_timings() -> Timings {
         renew_interval: None,
         claim_timeout: "5s",
         connections: 8,
+        faults: None,
     }
 }
 
@@ -729,6 +736,7 @@ async fn stalled_leader_cannot_overwrite_its_successor() {
         renew_interval: None,
         claim_timeout: "4s",
         connections: CONNECTIONS as u32,
+        faults: None,
     };
     let dir = tempfile::tempdir().unwrap();
     // Shared by every central process of the test (on MS SQL, a scratch database).
@@ -841,6 +849,7 @@ async fn leader_shutdown_hands_over_at_once() {
         renew_interval: Some("500ms"),
         claim_timeout: "5s",
         connections: 4,
+        faults: None,
     };
     let dir = tempfile::tempdir().unwrap();
     // Shared by every central process of the test (on MS SQL, a scratch database).
@@ -902,6 +911,7 @@ async fn deposed_leader_outcomes_are_refused_by_the_database() {
         // Its attempts are cut off at half of this: they must outlast the hold below.
         claim_timeout: "8s",
         connections: CONNECTIONS as u32,
+        faults: None,
     };
     // The successor tries for the lease often, so it takes it as soon as it has expired.
     let new_timings = Timings {
@@ -1002,4 +1012,98 @@ async fn deposed_leader_outcomes_are_refused_by_the_database() {
     );
     assert_epochs_take_turns(&db, &holders);
     drop(new);
+}
+
+/// Supervision (README, "Supervised tasks"): the email channel's loop fails at its first two
+/// starts (injected, `test_faults`); the supervisor restarts it, counts each restart on
+/// `/metrics`, and the node keeps the lease and delivers everything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_channel_loop_is_restarted_and_delivers() {
+    const N: usize = 5;
+    let timings = Timings {
+        faults: Some("channel.email=2"),
+        ..base_timings()
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
+    let db_path = dir.path().join("central.db");
+    let sink = smtp_sink().await;
+    let replica = Replica::start(dir.path(), "central-a", &sink, timings).await;
+    let ids = submit_spread(&[&replica], N).await;
+    wait_all_delivered(&Db::open(&db_path), N).await;
+    let received = received(&sink);
+    for id in &ids {
+        assert_eq!(received.get(id), Some(&1), "{id} is received exactly once");
+    }
+    let page = metrics_endpoint::get(replica.metrics, "/metrics")
+        .await
+        .unwrap()
+        .body;
+    assert_eq!(
+        metrics_endpoint::sample(&page, "outbox_task_restarts_total{task=\"channel.email\"}"),
+        Some(2.0),
+        "{page}"
+    );
+    assert_eq!(
+        metrics_endpoint::sample(&page, "outbox_task_failed{task=\"channel.email\"}"),
+        None,
+        "not given up on"
+    );
+    assert!(matches!(replica.leadership().await, Leadership::Leader(_)));
+}
+
+/// A node whose email channel loop fails at every start (injected) gives up after the restart
+/// budget: it releases the dispatcher lease and exits non-zero, so a replica started after it
+/// takes the lease at once (the lease lasts 120 s, so only a release lets it in within the
+/// deadline) and delivers. Before supervision the node kept renewing its lease while its
+/// channel delivered nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_loop_that_keeps_failing_takes_its_node_out_and_another_replica_delivers() {
+    const N: usize = 10;
+    let healthy = Timings {
+        lease_ttl: "120s",
+        renew_interval: Some("500ms"),
+        claim_timeout: "5s",
+        connections: 4,
+        faults: None,
+    };
+    let failing = Timings {
+        faults: Some("channel.email=always"),
+        ..healthy
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let _central_db = CentralDatabase::create(&dir.path().join("central.db")).await;
+    let db_path = dir.path().join("central.db");
+    let sink = smtp_sink().await;
+    let first = Replica::spawn(dir.path(), "central-first", &sink, failing).await;
+    let status = first.exited().await;
+    assert!(
+        !status.success(),
+        "a node out of service exits non-zero: {status}"
+    );
+    let db = Db::open(&db_path);
+    let holders: Vec<String> = db.strings("SELECT Holder FROM Leases WHERE Name = 'dispatcher'");
+    assert_eq!(
+        holders,
+        ["central-first"],
+        "the failing node had taken the lease"
+    );
+
+    let second = Replica::start(dir.path(), "central-second", &sink, healthy).await;
+    let (_, epoch) = wait_for_leader(std::slice::from_ref(&second), 0).await;
+    let ids = submit_spread(&[&second], N).await;
+    wait_all_delivered(&db, N).await;
+    let received = received(&sink);
+    for id in &ids {
+        assert_eq!(received.get(id), Some(&1), "{id} is received exactly once");
+    }
+    let attempts = all_attempts(&db);
+    assert_eq!(attempts.len(), N, "one attempt each: {attempts:?}");
+    for (id, _, outcome, attempt_epoch) in attempts {
+        assert_eq!(
+            (outcome.as_str(), attempt_epoch),
+            ("Delivered", Some(epoch)),
+            "{id}: delivered by the successor"
+        );
+    }
 }

@@ -24,6 +24,7 @@ mod forwarding;
 mod ingest;
 mod leader;
 mod link_reset;
+mod listeners;
 mod mail;
 mod operations;
 mod ops_pack;

@@ -427,3 +427,90 @@ async fn webhook_settings_round_trip_through_outboxctl_and_govern_parking() {
     assert_eq!(server.requests().len(), 2);
     central.stop().await;
 }
+
+/// Issue 33's first scenario. A rate limit so slow that the wait for its next token overflowed
+/// (1e-30 per second) once killed the email channel's loop at its second mail while the node
+/// kept the lease, and nothing delivered again until a restart. Now the admin API refuses it
+/// (naming the field and the bounds), a burst without a rate is refused as the config file and
+/// `outboxctl` refuse it, and a value stored before the bounds existed is brought within them
+/// when read: the channel paces at the slowest allowed rate, and the admin's correction takes
+/// effect without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_absurd_rate_limit_is_refused_and_a_stored_one_cannot_stop_the_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = outbox_tests::smtp_sink::SmtpSink::start().await.unwrap();
+    let config = central_config(dir.path(), Some(sink.addr()));
+    let central = Central::start(config.clone()).await;
+    let file = smtp_config(&central).await;
+    let mut outbox = central.outbox().await;
+    for (per_second, burst, field) in [
+        (Some(1e-30), 0, "rate_limit_per_second"),
+        (Some(f64::INFINITY), 0, "rate_limit_per_second"),
+        (Some(1e9), 0, "rate_limit_per_second"),
+        (Some(10.0), 1_000_000, "rate_limit_burst"),
+        (None, 5, "rate_limit_burst"),
+    ] {
+        let refused = outbox
+            .upsert_smtp_config(v1::UpsertSmtpConfigRequest {
+                rate_limit_per_second: per_second,
+                rate_limit_burst: burst,
+                ..smtp_edit(&file, "outbox@plant.example.test", 5)
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            tonic::Code::InvalidArgument,
+            "{per_second:?} {burst}"
+        );
+        assert!(
+            refused.message().contains(field),
+            "{per_second:?} {burst}: {}",
+            refused.message()
+        );
+    }
+    assert_eq!(
+        smtp_config(&central).await,
+        file,
+        "nothing refused was stored"
+    );
+    central.stop().await;
+
+    // As an older release stored it, behind the admin API's back; central started again
+    // reads it from the database (the file seeds only what is missing).
+    let db = crate::harness::Db::open(&dir.path().join("central.db"));
+    let changed = db.execute(
+        "UPDATE ChannelConfig SET RateLimitPerSecond = 1e-30, RateLimitBurst = 1 \
+         WHERE Channel = 'email'",
+        &[],
+    );
+    assert_eq!(changed, 1);
+    let central = Central::start(config).await;
+    let mut outbox = central.outbox().await;
+    let mut ingest = central.ingest().await;
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let msg = submit(&format!("Tank {n} high level"), "Level 97%");
+        ids.push(msg.notification_id.clone());
+        ingest.submit_notification(msg).await.unwrap();
+    }
+    // The bucket's one token goes to the first; the second waits for the slowest rate.
+    let delivered = crate::harness::eventually("one of the two delivered", || {
+        let rows: Vec<_> = ids.iter().filter_map(|id| db.row(id)).collect();
+        async move { (rows.iter().filter(|(s, _, _)| s == "Delivered").count() == 1).then_some(()) }
+    });
+    delivered.await;
+
+    outbox
+        .upsert_smtp_config(v1::UpsertSmtpConfigRequest {
+            rate_limit_per_second: Some(10.0),
+            ..smtp_edit(&file, "outbox@plant.example.test", 5)
+        })
+        .await
+        .unwrap();
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    assert_eq!(sink.messages().len(), 2);
+    central.stop().await;
+}

@@ -291,9 +291,19 @@ fn read_policy(row: &Row) -> Result<DeliveryPolicy> {
         backoff,
         max_concurrent_connections: u32::try_from(connections)
             .map_err(|_| corrupt(format!("connections {connections}")))?,
-        rate_limit: rate.map(|per_second| RateLimit {
-            per_second,
-            burst: burst.and_then(|b| u32::try_from(b).ok()).unwrap_or(1),
+        rate_limit: rate.map(|per_second| {
+            let burst = burst.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
+            let (limit, changed) = RateLimit::stored(per_second, burst);
+            if changed {
+                tracing::warn!(
+                    per_second,
+                    ?burst,
+                    used_per_second = limit.per_second(),
+                    used_burst = limit.burst(),
+                    "a stored rate limit is out of bounds; using the nearest allowed values (store it again to silence this)"
+                );
+            }
+            limit
         }),
     })
 }

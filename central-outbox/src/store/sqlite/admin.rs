@@ -149,9 +149,16 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
         arg(sql, " AND CreatedAt < ?", Value::Integer(ms_ceil(to)));
     }
     if let Some(cutoff) = filter.stuck_before {
+        // Held rows by their due time (their window's end), the others by their age; see
+        // `sql/kpis.sql`.
         arg(
             sql,
-            " AND Status IN ('Pending', 'Retrying') AND CreatedAt < ?",
+            " AND ((Status IN ('Pending', 'Retrying') AND CreatedAt < ?",
+            Value::Integer(ms_ceil(cutoff)),
+        );
+        arg(
+            sql,
+            ") OR (Status = 'Held' AND COALESCE(NextAttemptAt, 0) < ?))",
             Value::Integer(ms_ceil(cutoff)),
         );
     }

@@ -274,15 +274,29 @@ impl SmtpRow {
                     retry_delay,
                     backoff,
                     max_concurrent_connections: self.connections,
-                    rate_limit: self.rate_per_second.map(|per_second| RateLimit {
-                        per_second,
-                        burst: self.rate_burst.unwrap_or(1),
-                    }),
+                    rate_limit: self
+                        .rate_per_second
+                        .map(|per_second| stored_rate_limit(per_second, self.rate_burst)),
                 },
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
         })
     }
+}
+
+/// A stored rate limit, brought within the bounds (`RateLimit::stored`) with a warning.
+fn stored_rate_limit(per_second: f64, burst: Option<u32>) -> RateLimit {
+    let (limit, changed) = RateLimit::stored(per_second, burst);
+    if changed {
+        tracing::warn!(
+            per_second,
+            ?burst,
+            used_per_second = limit.per_second(),
+            used_burst = limit.burst(),
+            "a stored rate limit is out of bounds; using the nearest allowed values (store it again to silence this)"
+        );
+    }
+    limit
 }
 
 /// A stored backoff: an exponential one's cap, where a row lacks it, is its base delay.
@@ -342,8 +356,8 @@ pub(super) fn replace_smtp_settings(
             p.backoff.as_str(),
             max_retry_delay,
             p.max_concurrent_connections,
-            p.rate_limit.map(|r| r.per_second),
-            p.rate_limit.map(|r| r.burst),
+            p.rate_limit.map(|r| r.per_second()),
+            p.rate_limit.map(|r| r.burst()),
             duration_ms(s.timeout),
             duration_ms(s.overall_timeout),
             oauth.map(|o| o.token_url.as_str()),
@@ -394,10 +408,9 @@ impl WebhookRow {
                     retry_delay,
                     backoff: decode_backoff(&self.backoff, retry_delay, self.max_retry_delay_ms)?,
                     max_concurrent_connections: self.connections,
-                    rate_limit: self.rate_per_second.map(|per_second| RateLimit {
-                        per_second,
-                        burst: self.rate_burst.unwrap_or(1),
-                    }),
+                    rate_limit: self
+                        .rate_per_second
+                        .map(|per_second| stored_rate_limit(per_second, self.rate_burst)),
                 },
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
@@ -430,8 +443,8 @@ pub(super) fn replace_webhook_settings(
             p.backoff.as_str(),
             max_retry_delay,
             p.max_concurrent_connections,
-            p.rate_limit.map(|r| r.per_second),
-            p.rate_limit.map(|r| r.burst),
+            p.rate_limit.map(|r| r.per_second()),
+            p.rate_limit.map(|r| r.burst()),
             duration_ms(s.timeout),
             ms(now),
         ])?;

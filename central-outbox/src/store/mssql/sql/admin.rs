@@ -71,10 +71,17 @@ pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
         stmt.push_bound("\n  AND n.CreatedAt < ", at(to), "");
     }
     if let Some(cutoff) = filter.stuck_before {
+        // Held rows by their due time (their window's end), the others by their age; see
+        // `kpis`.
         stmt.push_bound(
-            "\n  AND n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < ",
+            "\n  AND ((n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < ",
             at(cutoff),
-            "",
+            ")",
+        );
+        stmt.push_bound(
+            " OR (n.Status = N'Held' AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt < ",
+            at(cutoff),
+            ")))",
         );
     }
     if let Some(before) = filter.resolved_before {
@@ -245,8 +252,9 @@ pub fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statement {
 
 /// One pass over the live, parked and recently delivered rows, per site. @P1: now,
 /// @P2: created before this is stuck, @P3: delivered since. Held rows are in the queue depth and
-/// wait (for their window's end, or their retry time) like retries; they are never stuck: they
-/// wait by design, not for their turn.
+/// wait (for their window's end, or their retry time) like retries; one still Held a stuck
+/// threshold after that due time (@P2 compared with NextAttemptAt) is stuck, and from its due
+/// time on it counts as due: a digest that cannot go out is seen.
 pub fn kpis(
     now: DateTime<Utc>,
     stuck_before: DateTime<Utc>,

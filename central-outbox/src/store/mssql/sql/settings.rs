@@ -195,10 +195,10 @@ pub fn replace_channel(
         .set("@P11", text(p.backoff.as_str()))
         .set("@P12", Param::BigInt(max_retry_delay))
         .set("@P13", int(p.max_concurrent_connections))
-        .set("@P14", Param::Float(p.rate_limit.map(|r| r.per_second)))
+        .set("@P14", Param::Float(p.rate_limit.map(|r| r.per_second())))
         .set(
             "@P15",
-            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst()))),
         )
         .set("@P16", Param::BigInt(Some(millis_i64(s.timeout))))
         .set("@P17", Param::BigInt(Some(millis_i64(s.overall_timeout))))
@@ -229,10 +229,10 @@ pub fn replace_webhook_channel(
         .set("@P4", text(p.backoff.as_str()))
         .set("@P5", Param::BigInt(max_retry_delay))
         .set("@P6", int(p.max_concurrent_connections))
-        .set("@P7", Param::Float(p.rate_limit.map(|r| r.per_second)))
+        .set("@P7", Param::Float(p.rate_limit.map(|r| r.per_second())))
         .set(
             "@P8",
-            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst))),
+            Param::BigInt(p.rate_limit.map(|r| i64::from(r.burst()))),
         )
         .set("@P9", Param::BigInt(Some(millis_i64(s.timeout))))
 }
