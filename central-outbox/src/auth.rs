@@ -2,7 +2,8 @@
 //!
 //! Three roles, each including the one before: `viewer` reads (queries, status, detail, KPIs,
 //! lists, SMTP settings without their secrets, site health), `operator` also retries and
-//! discards, `admin` also changes lists and the SMTP settings. A caller proves a role with a
+//! discards, `admin` also changes lists and the SMTP settings. A viewer reads webhook URLs cut
+//! to scheme, host and port ([`Role::sees_webhook_urls`]). A caller proves a role with a
 //! bearer token (`authorization: Bearer <token>`; the config holds only each token's SHA-256) or
 //! with a client certificate whose Common Name the config maps to a role (mTLS, see `tls`). The
 //! recorded actor of every change is that identity: the token's name or the certificate's CN,
@@ -14,19 +15,29 @@
 //! network call are filled by tonic from the connection, never from what the client sends, so
 //! only code in this process can present one; its role is checked here like any other.
 //!
+//! Failed logins (a bearer token not accepted, on the API or the console's login) are counted
+//! per client address and, past a few, refused for a while ([`throttle`]), a good token too.
+//!
 //! Unauthenticated mode (`mode = "none"`) must be chosen explicitly and is logged loudly at
 //! start; only then does `x-outbox-actor` name the actor, as a display name. The health and
 //! reflection services and site ingest are not covered here: sites are identified by their
 //! certificates at the TLS layer.
 
+mod throttle;
+
 use std::collections::HashMap;
 use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tonic::{Request, Status};
 
 use crate::domain::history::Actor;
+
+pub use throttle::{BLOCK, FailedLogins, MAX_CLIENTS, MAX_FAILURES, Throttled, Via, WINDOW};
 
 /// The header naming the actor in unauthenticated mode.
 pub const ACTOR_HEADER: &str = "x-outbox-actor";
@@ -38,6 +49,18 @@ pub enum Role {
     Viewer,
     Operator,
     Admin,
+}
+
+impl Role {
+    /// Whether this role reads webhook endpoint URLs whole (in lists, in a notification's
+    /// "Delivered to", in LastError and attempt errors). Slack, Teams and Discord keep a
+    /// webhook's secret in its path, so reading the URL is being able to post to the channel:
+    /// operators, who act on failed deliveries, and admins, who edit the lists, see it; a viewer
+    /// (a wall display, an auditor) sees scheme, host and port
+    /// (`domain::webhook::cut_urls`).
+    pub fn sees_webhook_urls(self) -> bool {
+        self >= Self::Operator
+    }
 }
 
 impl fmt::Display for Role {
@@ -192,9 +215,20 @@ impl ConsoleCaller {
 /// Whose notifications a status reader may see.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StatusReader {
-    Anyone,
+    /// An operator credential with this role: any notification.
+    Anyone(Role),
     /// Only notifications this site submitted.
     Site(String),
+}
+
+impl StatusReader {
+    /// Whether this reader sees webhook URLs whole: a site, like a viewer, does not.
+    pub fn sees_webhook_urls(&self) -> bool {
+        match self {
+            Self::Anyone(role) => role.sees_webhook_urls(),
+            Self::Site(_) => false,
+        }
+    }
 }
 
 /// A configured token: who, which role, and the digest presented tokens are compared with.
@@ -205,12 +239,14 @@ struct Token {
     digest: [u8; 32],
 }
 
-/// Decides each admin call from the config; cheap to share.
+/// Decides each admin call from the config; cheap to share. Clones share one count of failed
+/// logins, so the admin API and the console (each holds a clone) count together.
 #[derive(Clone)]
 pub struct Authenticator {
     mode: AuthMode,
     tokens: Vec<Token>,
     certificates: HashMap<String, Role>,
+    failed_logins: Arc<FailedLogins>,
 }
 
 impl fmt::Debug for Authenticator {
@@ -257,6 +293,7 @@ impl Authenticator {
             mode: config.mode,
             tokens,
             certificates,
+            failed_logins: Arc::new(FailedLogins::new()),
         };
         auth.warn_at_start();
         Ok(auth)
@@ -285,22 +322,38 @@ impl Authenticator {
         self.mode == AuthMode::None
     }
 
-    /// The web console's login with a bearer token: the same tokens and rules as the API.
-    /// With authentication off, anyone is the console's open identity.
-    pub fn login(&self, token: &str) -> Result<ConsoleCaller, Status> {
+    /// The count of failed logins, for `/metrics`.
+    pub fn failed_logins(&self) -> &FailedLogins {
+        &self.failed_logins
+    }
+
+    /// The web console's login with a bearer token from the client at `from`: the same tokens,
+    /// rules and failed-login count as the API (a throttled client gets UNAVAILABLE with
+    /// `retry-after`, see [`retry_after`]). With authentication off, anyone is the console's
+    /// open identity.
+    pub fn login(&self, token: &str, from: Option<IpAddr>) -> Result<ConsoleCaller, Status> {
         if self.is_open() {
             return Ok(ConsoleCaller::open());
         }
+        let now = Instant::now();
+        self.failed_logins
+            .check(from, Via::Console, now)
+            .map_err(throttled)?;
         let token = token.trim();
         if token.is_empty() {
             return Err(Status::unauthenticated("paste a bearer token to log in"));
         }
-        self.find_token(token)
-            .map(|t| ConsoleCaller {
+        match self.find_token(token) {
+            Some(t) => Ok(ConsoleCaller {
                 name: t.name.clone(),
                 role: t.role,
-            })
-            .ok_or_else(|| Status::unauthenticated("the bearer token is not accepted"))
+            }),
+            None => {
+                self.failed_logins
+                    .failed(from, Via::Console, "token not accepted", now);
+                Err(Status::unauthenticated("the bearer token is not accepted"))
+            }
+        }
     }
 
     /// The web console's login with a verified client certificate whose Common Name
@@ -321,8 +374,20 @@ impl Authenticator {
         client_cn: Option<&str>,
         rpc: AdminRpc,
     ) -> Result<Actor, Status> {
+        self.authorize_as(request, client_cn, rpc)
+            .map(|(actor, _)| actor)
+    }
+
+    /// [`Self::authorize`], with the caller's role (for what the answer shows it). With
+    /// authentication off, everyone is an admin.
+    pub fn authorize_as<T>(
+        &self,
+        request: &Request<T>,
+        client_cn: Option<&str>,
+        rpc: AdminRpc,
+    ) -> Result<(Actor, Role), Status> {
         if self.mode == AuthMode::None {
-            return Ok(display_name(request));
+            return Ok((display_name(request), Role::Admin));
         }
         let needed = rpc.role();
         let (who, role) = self.identify(request, client_cn)?;
@@ -331,7 +396,7 @@ impl Authenticator {
                 "{rpc:?} needs the {needed} role; {who} has {role}"
             )));
         }
-        Ok(Actor::new(&who))
+        Ok((Actor::new(&who), role))
     }
 
     /// Who may read a notification's status: anyone with the viewer role, or a site (a verified
@@ -351,8 +416,8 @@ impl Authenticator {
                 Ok(StatusReader::Site(site.to_owned()))
             }
             _ => self
-                .authorize(request, client_cn, AdminRpc::GetNotificationStatus)
-                .map(|_| StatusReader::Anyone),
+                .authorize_as(request, client_cn, AdminRpc::GetNotificationStatus)
+                .map(|(_, role)| StatusReader::Anyone(role)),
         }
     }
 
@@ -367,18 +432,31 @@ impl Authenticator {
             return Ok((caller.name.clone(), caller.role));
         }
         if let Some(value) = request.metadata().get("authorization") {
+            let from = request.remote_addr().map(|addr| addr.ip());
+            let now = Instant::now();
+            self.failed_logins
+                .check(from, Via::Api, now)
+                .map_err(throttled)?;
             let token = value
                 .to_str()
                 .ok()
                 .and_then(|v| v.strip_prefix("Bearer "))
-                .map(str::trim)
-                .ok_or_else(|| {
-                    Status::unauthenticated("authorization: expected \"Bearer <token>\"")
-                })?;
-            return self
-                .find_token(token)
-                .map(|t| (t.name.clone(), t.role))
-                .ok_or_else(|| Status::unauthenticated("the bearer token is not accepted"));
+                .map(str::trim);
+            let Some(token) = token else {
+                self.failed_logins
+                    .failed(from, Via::Api, "malformed authorization header", now);
+                return Err(Status::unauthenticated(
+                    "authorization: expected \"Bearer <token>\"",
+                ));
+            };
+            return match self.find_token(token) {
+                Some(t) => Ok((t.name.clone(), t.role)),
+                None => {
+                    self.failed_logins
+                        .failed(from, Via::Api, "bearer token not accepted", now);
+                    Err(Status::unauthenticated("the bearer token is not accepted"))
+                }
+            };
         }
         match client_cn {
             Some(cn) => match self.certificates.get(cn) {
@@ -407,6 +485,25 @@ impl Authenticator {
                 (found, _) => found,
             })
     }
+}
+
+/// The refusal of a throttled client's attempt: UNAVAILABLE (HTTP's 429 maps to it), with the
+/// wait in `retry-after` (whole seconds) and in the message.
+fn throttled(refusal: Throttled) -> Status {
+    let mut status = Status::unavailable(refusal.to_string());
+    status
+        .metadata_mut()
+        .insert("retry-after", refusal.retry_after_secs().into());
+    status
+}
+
+/// The seconds to wait that a throttled attempt's refusal carries, if it is one.
+pub fn retry_after(status: &Status) -> Option<u64> {
+    status
+        .metadata()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
 }
 
 /// The actor a caller names itself in unauthenticated mode: the console's caller when the call
@@ -497,6 +594,45 @@ mod tests {
     }
 
     #[test]
+    fn bad_tokens_block_their_client_on_the_api_and_the_console_together() {
+        let auth = auth();
+        // Requests built here have no connection: they all count as one unknown client.
+        for i in 0..MAX_FAILURES - 1 {
+            let refused = auth
+                .authorize(&bearer(&format!("guess-{i}")), None, AdminRpc::GetKpis)
+                .unwrap_err();
+            assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+        }
+        assert_eq!(
+            auth.login("guess", None).unwrap_err().code(),
+            tonic::Code::Unauthenticated
+        );
+        // Blocked now, a good token too, on both; a clone shares the count.
+        let throttled = auth
+            .clone()
+            .authorize(&bearer("ann-secret"), None, AdminRpc::GetKpis)
+            .unwrap_err();
+        assert_eq!(throttled.code(), tonic::Code::Unavailable);
+        assert_eq!(retry_after(&throttled), Some(BLOCK.as_secs()));
+        let throttled = auth.login("ann-secret", None).unwrap_err();
+        assert_eq!(retry_after(&throttled), Some(BLOCK.as_secs()));
+        // A certificate is not a guess: not counted, not refused.
+        assert!(
+            auth.authorize(&Request::new(()), Some("ops-console"), AdminRpc::GetKpis)
+                .is_ok()
+        );
+        // Another client is not held back.
+        let mut elsewhere = bearer("ann-secret");
+        elsewhere
+            .extensions_mut()
+            .insert(tonic::transport::server::TcpConnectInfo {
+                local_addr: None,
+                remote_addr: Some(([10, 0, 0, 9], 4000).into()),
+            });
+        assert!(auth.authorize(&elsewhere, None, AdminRpc::GetKpis).is_ok());
+    }
+
+    #[test]
     fn a_header_names_nobody_unless_authentication_is_off() {
         let mut request = Request::new(());
         request
@@ -554,14 +690,14 @@ mod tests {
     #[test]
     fn a_console_login_is_checked_like_the_api_and_acts_as_its_name() {
         let auth = auth();
-        let ann = auth.login(" ann-secret ").unwrap();
+        let ann = auth.login(" ann-secret ", None).unwrap();
         assert_eq!((ann.name(), ann.role()), ("ann", Role::Operator));
         assert_eq!(
-            auth.login("guess").unwrap_err().code(),
+            auth.login("guess", None).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
         assert_eq!(
-            auth.login("").unwrap_err().code(),
+            auth.login("", None).unwrap_err().code(),
             tonic::Code::Unauthenticated
         );
 
@@ -602,7 +738,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap();
-        let caller = open.login("anything").unwrap();
+        let caller = open.login("anything", None).unwrap();
         assert_eq!((caller.name(), caller.role()), ("console", Role::Admin));
         let actor = open
             .authorize(&as_console(caller), None, AdminRpc::DeleteSmtpConfig)

@@ -1446,6 +1446,23 @@ mod tests {
         let settings = from_toml(&format!("{smtp}rate_limit_per_second = 2.5")).unwrap();
         let limit = settings.smtp.unwrap().policy.rate_limit.unwrap();
         assert_eq!((limit.per_second(), limit.burst()), (2.5, 3));
+        // A password goes in clear only to this host: the rule the admin API and the
+        // console's form have too, so `--apply-config` cannot store what they refuse.
+        let password = format!("{key}{smtp}username = 'u'\npassword = 'p'\n");
+        let err = from_toml(&format!("{password}tls = 'none'\n")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("smtp.tls: none would send the password"),
+            "{err}"
+        );
+        assert!(err.to_string().contains("loopback"), "{err}");
+        assert!(
+            from_toml(&format!(
+                "{key}[smtp]\nhost = '127.0.0.1'\nfrom_address = 'o@x.test'\ntls = 'none'\n\
+                 username = 'u'\npassword = 'p'\n"
+            ))
+            .is_ok()
+        );
 
         let hooks = "[[lists]]\nname = 'hooks'\ntype = 'webhook'\n";
         let settings = from_toml(&format!(

@@ -222,7 +222,9 @@ async fn serve<S: OutboxStore>(
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let listener = listeners.grpc;
-    let metrics = Arc::new(Metrics::new());
+    let metrics = Arc::new(Metrics::new().with_failed_logins(settings.auth.failed_logins()));
+    let site_identity = SiteIdentity::for_tls(&settings.tls);
+    site_identity.announce(settings.tls.serves_tls(), &metrics);
     // The file seeds what the database lacks (or, with --apply-config, replaces it).
     bootstrap::apply(&*store, &settings).await?;
 
@@ -304,7 +306,7 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
         streams_stop.clone(),
     )
-    .with_site_identity(SiteIdentity::for_tls(&settings.tls))
+    .with_site_identity(site_identity)
     .with_stream_limit(settings.server.max_ingest_streams);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
@@ -324,7 +326,8 @@ async fn serve<S: OutboxStore>(
             // With [tls] the console is served over TLS too, with secure cookies.
             let tls = settings.tls.console_config()?;
             let console =
-                console::Console::new(shared, settings.auth.clone(), console, tls.is_some());
+                console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
+                    .with_site_identity(site_identity);
             let stop = shutdown.clone();
             let connections = metrics.console_listener();
             Some(tokio::spawn(async move {

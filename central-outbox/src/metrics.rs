@@ -138,6 +138,8 @@ pub struct Metrics {
     outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
+    /// 1 while ingest cannot tell sites apart (no client certificates required).
+    site_identity_unverified: Gauge,
     /// Claimed rows released unsent (they waited too long for a slot), by channel.
     claims_released: Family<ChannelLabels, Counter>,
     /// Supervised tasks restarted after ending or panicking, and those given up on.
@@ -264,6 +266,14 @@ impl Metrics {
             purged_parked.clone(),
         );
 
+        let site_identity_unverified = Gauge::default();
+        registry.register(
+            "outbox_site_identity_unverified",
+            "1 when central does not require client certificates ([tls] client_ca unset): any \
+             client that reaches the gRPC port may submit, clear conditions and report health as \
+             any site; 0 when each site is held to its certificate's name",
+            site_identity_unverified.clone(),
+        );
         let claims_released = Family::<ChannelLabels, Counter>::default();
         registry.register(
             "outbox_dispatcher_claims_released",
@@ -302,6 +312,7 @@ impl Metrics {
             outcomes_unrecorded,
             purged,
             purged_parked,
+            site_identity_unverified,
             claims_released,
             supervision,
             kpis,
@@ -413,6 +424,17 @@ impl Metrics {
     pub fn purged(&self, report: &PurgeReport) {
         self.purged.inc_by(report.notifications);
         self.purged_parked.inc_by(report.parked);
+    }
+
+    /// Adds the failed-login counters (`auth::FailedLogins`, which counts them) to `/metrics`.
+    pub fn with_failed_logins(mut self, logins: &crate::auth::FailedLogins) -> Self {
+        logins.register(&mut self.registry);
+        self
+    }
+
+    /// Whether ingest holds each site to its client certificate's name.
+    pub fn set_sites_verified(&self, verified: bool) {
+        self.site_identity_unverified.set(i64::from(!verified));
     }
 
     /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.

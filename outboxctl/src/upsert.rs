@@ -198,7 +198,8 @@ pub fn smtp_auth(args: &SmtpSetArgs) -> Result<AuthArg> {
 /// The whole SMTP configuration. Unset optional settings are sent as zero or unset, which central
 /// reads as "its default", so `smtp set` always describes everything. The secret the mechanism
 /// uses comes from stdin when its flag says so, else from its environment variable, else is not
-/// sent (central keeps the stored one for the same username or client id).
+/// sent (central keeps the stored one for the same username or client id going to the same
+/// relay and token endpoint, and otherwise refuses the change naming the secret).
 pub fn smtp_request(
     args: SmtpSetArgs,
     secrets: &mut impl Secrets,

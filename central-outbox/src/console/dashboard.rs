@@ -1,5 +1,7 @@
 //! The dashboard: the KPI tiles (GetKpis, global and per source site) and every site node's
-//! health (ListSiteHealth): online, or offline since when, and the backlog at the site.
+//! health (ListSiteHealth): online, or offline since when, and the backlog at the site. When
+//! central does not tell sites apart (no client certificates required), a warning says that
+//! any client may act as any site, so the health shown may not be the site's own.
 
 use askama::Template;
 use axum::extract::State;
@@ -57,6 +59,8 @@ struct DashboardPage {
     delivered_window: String,
     stuck_after: String,
     offline_after: String,
+    /// Ingest does not tell sites apart (no client certificates required): warn.
+    sites_unverified: bool,
 }
 
 fn tiles(kpis: &v1::KpiValues) -> Vec<Tile> {
@@ -171,6 +175,7 @@ pub async fn show(State(console): State<Shared>, visit: Visit) -> Response {
         delivered_window: display::duration(kpis.delivered_kpi_window.as_ref()),
         stuck_after: display::duration(kpis.stuck_age_threshold.as_ref()),
         offline_after: display::duration(health.site_offline_after.as_ref()),
+        sites_unverified: !console.site_identity.tells_sites_apart(),
     };
     reply::page(StatusCode::OK, &page, visit.set_cookie.as_deref())
 }

@@ -3,7 +3,8 @@
 //! a verified one's Common Name travels with each request of its connection as a [`Peer`], for
 //! the certificate login. Without TLS no request has a certificate.
 //!
-//! Both run on the HTTP connection loop the `/metrics` endpoint uses
+//! Every request carries its client's address (`ConnectInfo<SocketAddr>`), which the login
+//! counts failures by. Both run on the HTTP connection loop the `/metrics` endpoint uses
 //! (`metrics_endpoint::connections`), with [`CONSOLE_LIMITS`]: at most that many connections
 //! open (one more is closed at once and counted in
 //! `outbox_http_connections_refused_total{listener="console"}`), and a request header must
@@ -15,6 +16,7 @@
 
 use std::sync::Arc;
 
+use axum::extract::ConnectInfo;
 use axum::{Extension, Router};
 use metrics_endpoint::connections;
 use metrics_endpoint::{Limits, ListenerStats};
@@ -49,8 +51,8 @@ pub async fn serve_plain(
     stats: ListenerStats,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    connections::serve(listener, limits, stats, shutdown, move |stream, _| {
-        let router = router.clone();
+    connections::serve(listener, limits, stats, shutdown, move |stream, remote| {
+        let router = router.clone().layer(Extension(ConnectInfo(remote)));
         async move { Some((stream, router)) }
     })
     .await
@@ -88,7 +90,12 @@ pub async fn serve_tls(
                 .peer_certificates()
                 .and_then(|chain| chain.first())
                 .and_then(|cert| tls_files::common_name(cert));
-            Some((tls, router.layer(Extension(Peer { client_cn }))))
+            Some((
+                tls,
+                router
+                    .layer(Extension(Peer { client_cn }))
+                    .layer(Extension(ConnectInfo(remote))),
+            ))
         }
     })
     .await

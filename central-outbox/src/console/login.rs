@@ -1,15 +1,19 @@
 //! Logging in and out. An operator pastes a bearer token; the [`Authenticator`] checks it by the
 //! API's own rules (the same tokens, names and roles) and the console starts a session for
 //! that identity. The login form is tied to its browser by a one-off nonce (cookie and hidden
-//! field), so another site cannot log a browser in under its own token.
+//! field), so another site cannot log a browser in under its own token. A refused token counts
+//! as a failed login of the browser's address, with the API's bad tokens; a client with too many
+//! is answered 429 with `Retry-After` (see `auth::throttle`).
 //!
 //! [`Authenticator`]: crate::auth::Authenticator
+
+use std::net::SocketAddr;
 
 use askama::Template;
 use axum::Extension;
 use axum::body::Bytes;
-use axum::extract::{RawQuery, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{ConnectInfo, RawQuery, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::Response;
 
 use super::reply::{self, Failure, Form, Layout};
@@ -87,10 +91,12 @@ pub async fn form(
 pub async fn submit(
     State(console): State<Shared>,
     peer: Option<Extension<Peer>>,
+    remote: Option<Extension<ConnectInfo<SocketAddr>>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
     let peer = peer.map(|Extension(peer)| peer);
+    let from = remote.map(|Extension(ConnectInfo(addr))| addr.ip());
     let form = Form::from_body(&body);
     let nonce = headers
         .get_all(header::COOKIE)
@@ -123,19 +129,35 @@ pub async fn submit(
     } else {
         (
             "token",
-            console.auth.login(form.get("token").unwrap_or_default()),
+            console
+                .auth
+                .login(form.get("token").unwrap_or_default(), from),
         )
     };
     let caller = match checked {
         Ok(caller) => caller,
         Err(status) => {
-            tracing::info!(reason = status.message(), "console login refused");
-            return login_page(
+            tracing::info!(
+                client = ?from,
+                reason = status.message(),
+                "console login refused"
+            );
+            let wait = crate::auth::retry_after(&status);
+            let code = match wait {
+                Some(_) => StatusCode::TOO_MANY_REQUESTS,
+                None => StatusCode::UNAUTHORIZED,
+            };
+            let mut page = login_page(
                 &console,
                 peer.as_ref(),
-                StatusCode::UNAUTHORIZED,
+                code,
                 Some(format!("{field}: {}", status.message())),
             );
+            if let Some(seconds) = wait {
+                page.headers_mut()
+                    .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            }
+            return page;
         }
     };
     tracing::info!(

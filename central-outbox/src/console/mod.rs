@@ -44,6 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Authenticator, ConsoleCaller, Role};
 use crate::config::ConsoleSettings;
+use crate::grpc::ingest::SiteIdentity;
 use reply::Failure;
 use session::{ActiveSession, Flash, Lookup, SESSION_COOKIE, Sessions, Use};
 
@@ -59,6 +60,8 @@ pub struct Console {
     sessions: Sessions,
     /// Served over TLS: cookies are marked `Secure`.
     secure: bool,
+    /// Whether ingest tells sites apart; the dashboard warns when it does not.
+    site_identity: SiteIdentity,
 }
 
 pub use listener::{CONSOLE_LIMITS, Peer};
@@ -77,7 +80,14 @@ impl Console {
             auth,
             sessions: Sessions::new(settings.idle_timeout, settings.lifetime),
             secure,
+            site_identity: SiteIdentity::default(),
         }
+    }
+
+    /// What ingest holds callers to (see `grpc::ingest::SiteIdentity`), for the dashboard.
+    pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
+        self.site_identity = site_identity;
+        self
     }
 
     /// The session of a request, if it has a live one. With authentication off, a visitor
@@ -102,7 +112,7 @@ impl Console {
                 set_cookie: None,
             }),
             _ if self.auth.is_open() => {
-                let caller = self.auth.login("").map_err(|_| NoSession::Unknown)?;
+                let caller = self.auth.login("", None).map_err(|_| NoSession::Unknown)?;
                 self.start_session(caller).map_err(|_| NoSession::Unknown)
             }
             Lookup::Expired => Err(NoSession::Expired),

@@ -278,7 +278,7 @@ mod tests {
             ..Default::default()
         })
         .unwrap()
-        .login("ann-secret")
+        .login("ann-secret", None)
         .unwrap()
     }
 

@@ -1,7 +1,8 @@
 //! The email channel's settings (GetSmtpConfig, read by every role) and, for admins, their edit
 //! form (UpsertSmtpConfig); others see the same fields read-only. The password and the OAuth
 //! client secret are write-only: never put back into the page, and an empty field keeps the
-//! stored one (the API's "unset keeps it").
+//! stored one (the API's "unset keeps it", with the API's rule: only for the same relay and
+//! token endpoint, so a move needs the secret typed again).
 
 use askama::Template;
 use axum::body::Bytes;

@@ -351,6 +351,154 @@ impl SmtpAuth {
     }
 }
 
+/// SMTP authentication as a change asks for it (the admin API, the console's form): a secret
+/// left out (`None`) asks to keep the stored one. [`Self::resolve`] decides whether it may be
+/// kept, the one rule every way of changing the settings shares.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SmtpAuthChange {
+    None,
+    Password {
+        username: String,
+        password: Option<Secret>,
+    },
+    XOAuth2 {
+        username: String,
+        token_url: String,
+        client_id: String,
+        client_secret: Option<Secret>,
+        scope: String,
+    },
+}
+
+/// Where the credentials of the email channel go: the relay (which sees the password, or the
+/// OAuth access token) and how the connection to it is protected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Relay<'a> {
+    pub host: &'a str,
+    pub port: u16,
+    pub tls: TlsMode,
+}
+
+impl Relay<'_> {
+    /// Host names compare without regard to case (DNS does); any other difference, even
+    /// another spelling of the same address, is a move.
+    fn same_as(&self, stored: &SmtpSettings) -> bool {
+        self.host.eq_ignore_ascii_case(&stored.host)
+            && self.port == stored.port
+            && self.tls == stored.tls
+    }
+}
+
+impl SmtpAuthChange {
+    /// The authentication to store for `relay`, given what is stored now. Nobody can read a
+    /// stored secret back (not even an admin), so keeping one must not let anybody send it
+    /// somewhere else: a secret left out is kept only for the same identity (username, or
+    /// OAuth client) going to the same place as before. A password goes to the relay, so a
+    /// change of host, port or TLS mode needs it again; a client secret goes to the token
+    /// endpoint, and the tokens it yields to the relay, so a change of the token URL, host,
+    /// port or TLS mode needs it again. Errors name `password` or `oauth_client_secret`.
+    pub fn resolve(
+        self,
+        relay: Relay<'_>,
+        current: Option<&SmtpSettings>,
+    ) -> Result<SmtpAuth, ContentError> {
+        let same_relay = current.is_some_and(|c| relay.same_as(c));
+        match self {
+            Self::None => Ok(SmtpAuth::None),
+            Self::Password {
+                username,
+                password: Some(password),
+            } => Ok(SmtpAuth::Password { username, password }),
+            Self::Password {
+                username,
+                password: None,
+            } => {
+                let stored = match current.map(|c| &c.auth) {
+                    Some(SmtpAuth::Password {
+                        username: u,
+                        password,
+                    }) if *u == username => password.clone(),
+                    _ => {
+                        return Err(ContentError::new(
+                            "password",
+                            "required when setting a username (or changing it)",
+                        ));
+                    }
+                };
+                if !same_relay {
+                    return Err(ContentError::new(
+                        "password",
+                        "must be given again when host, port or TLS mode change: the stored \
+                         password is sent only to the relay it was given for",
+                    ));
+                }
+                Ok(SmtpAuth::Password {
+                    username,
+                    password: stored,
+                })
+            }
+            Self::XOAuth2 {
+                username,
+                token_url,
+                client_id,
+                client_secret,
+                scope,
+            } => {
+                let client_secret = match client_secret {
+                    Some(secret) => secret,
+                    None => {
+                        let stored = match current.map(|c| &c.auth) {
+                            Some(SmtpAuth::XOAuth2 { oauth, .. })
+                                if oauth.client_id == client_id =>
+                            {
+                                oauth
+                            }
+                            _ => {
+                                return Err(ContentError::new(
+                                    "oauth_client_secret",
+                                    "required when setting (or changing) the OAuth client",
+                                ));
+                            }
+                        };
+                        if stored.token_url != token_url || !same_relay {
+                            return Err(ContentError::new(
+                                "oauth_client_secret",
+                                "must be given again when the OAuth token URL, host, port or \
+                                 TLS mode change: the stored client secret is sent only to the \
+                                 token endpoint it was given for, and its tokens only to the \
+                                 relay they were for",
+                            ));
+                        }
+                        stored.client_secret.clone()
+                    }
+                };
+                Ok(SmtpAuth::XOAuth2 {
+                    username,
+                    oauth: OAuthClientCredentials {
+                        token_url,
+                        client_id,
+                        client_secret,
+                        scope,
+                    },
+                })
+            }
+        }
+    }
+}
+
+/// Whether `host` (an SMTP relay's host setting) is this machine: a loopback address
+/// (127.0.0.0/8, ::1) or `localhost`.
+pub fn is_loopback_host(host: &str) -> bool {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) => ip.is_loopback(),
+        Err(_) => bare.eq_ignore_ascii_case("localhost"),
+    }
+}
+
 /// An OAuth2 client-credentials grant (RFC 6749 §4.4) at `token_url`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OAuthClientCredentials {
@@ -566,6 +714,24 @@ impl SmtpSettings {
         if self.port == 0 {
             return Err(ContentError::new("port", "must be between 1 and 65535"));
         }
+        // Credentials in clear are readable on every hop to the relay; on this host there is
+        // no hop (a local MTA, or a test's sink).
+        if self.tls == TlsMode::None && self.auth != SmtpAuth::None && !is_loopback_host(&self.host)
+        {
+            return Err(ContentError::new(
+                "tls",
+                format!(
+                    "none would send the {} in clear to {:?}: authentication without TLS is \
+                     allowed only to a loopback host (127.0.0.1, ::1 or localhost); use \
+                     starttls or tls",
+                    match self.auth {
+                        SmtpAuth::XOAuth2 { .. } => "OAuth access token",
+                        _ => "password",
+                    },
+                    self.host
+                ),
+            ));
+        }
         match &self.auth {
             SmtpAuth::None => {}
             SmtpAuth::Password { username, password } => {
@@ -701,6 +867,155 @@ mod tests {
                 .domain(),
             "plant.example.test"
         );
+    }
+
+    fn password_settings(host: &str, tls: TlsMode) -> SmtpSettings {
+        SmtpSettings {
+            host: host.into(),
+            port: 587,
+            tls,
+            auth: SmtpAuth::Password {
+                username: "outbox".into(),
+                password: Secret::new("stored-password".into()),
+            },
+            from_address: EmailAddress::parse("outbox@plant.test", "from_address").unwrap(),
+            timeout: defaults::SMTP_TIMEOUT,
+            overall_timeout: defaults::SMTP_OVERALL_TIMEOUT,
+            policy: WebhookSettings::default().policy,
+        }
+    }
+
+    #[test]
+    fn a_left_out_password_is_kept_only_for_the_same_user_and_relay() {
+        let stored = password_settings("Relay.Plant.Test", TlsMode::StartTls);
+        let keep = SmtpAuthChange::Password {
+            username: "outbox".into(),
+            password: None,
+        };
+        let relay = Relay {
+            host: "relay.plant.test",
+            port: 587,
+            tls: TlsMode::StartTls,
+        };
+        assert_eq!(
+            keep.clone().resolve(relay, Some(&stored)).unwrap(),
+            stored.auth
+        );
+        for moved in [
+            Relay {
+                host: "relay.elsewhere.test",
+                ..relay
+            },
+            Relay { port: 25, ..relay },
+            Relay {
+                tls: TlsMode::Implicit,
+                ..relay
+            },
+        ] {
+            let err = keep.clone().resolve(moved, Some(&stored)).unwrap_err();
+            assert_eq!(err.field, "password", "{moved:?}");
+            assert!(err.problem.contains("must be given again"), "{err}");
+        }
+        let other_user = SmtpAuthChange::Password {
+            username: "someone-else".into(),
+            password: None,
+        };
+        assert_eq!(
+            other_user.resolve(relay, Some(&stored)).unwrap_err().field,
+            "password"
+        );
+        assert_eq!(keep.resolve(relay, None).unwrap_err().field, "password");
+        // Given again, it may go anywhere.
+        let given = SmtpAuthChange::Password {
+            username: "outbox".into(),
+            password: Some(Secret::new("new".into())),
+        };
+        let moved = Relay {
+            host: "relay.elsewhere.test",
+            ..relay
+        };
+        assert!(given.resolve(moved, Some(&stored)).is_ok());
+    }
+
+    #[test]
+    fn a_left_out_client_secret_is_kept_only_for_the_same_client_endpoint_and_relay() {
+        let mut stored = password_settings("relay.plant.test", TlsMode::StartTls);
+        stored.auth = SmtpAuth::XOAuth2 {
+            username: "outbox".into(),
+            oauth: OAuthClientCredentials {
+                token_url: "https://login.plant.test/token".into(),
+                client_id: "client".into(),
+                client_secret: Secret::new("client-secret".into()),
+                scope: String::new(),
+            },
+        };
+        let keep = |token_url: &str, client_id: &str| SmtpAuthChange::XOAuth2 {
+            username: "outbox".into(),
+            token_url: token_url.into(),
+            client_id: client_id.into(),
+            client_secret: None,
+            scope: "more".into(),
+        };
+        let relay = Relay {
+            host: "relay.plant.test",
+            port: 587,
+            tls: TlsMode::StartTls,
+        };
+        let kept = keep("https://login.plant.test/token", "client")
+            .resolve(relay, Some(&stored))
+            .unwrap();
+        let SmtpAuth::XOAuth2 { oauth, .. } = kept else {
+            panic!("{kept:?}")
+        };
+        assert_eq!(oauth.client_secret.expose(), "client-secret");
+        assert_eq!(oauth.scope, "more");
+        for (change, relay) in [
+            (keep("https://login.elsewhere.test/token", "client"), relay),
+            (keep("https://login.plant.test/token", "other"), relay),
+            (
+                keep("https://login.plant.test/token", "client"),
+                Relay { port: 25, ..relay },
+            ),
+        ] {
+            let err = change.resolve(relay, Some(&stored)).unwrap_err();
+            assert_eq!(err.field, "oauth_client_secret", "{err}");
+        }
+    }
+
+    #[test]
+    fn credentials_go_in_clear_only_to_a_loopback_host() {
+        for host in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "[::1]",
+            "localhost",
+            "LOCALHOST",
+        ] {
+            assert!(
+                password_settings(host, TlsMode::None).check().is_ok(),
+                "{host}"
+            );
+        }
+        for host in [
+            "relay.plant.test",
+            "10.0.0.5",
+            "localhost.evil.test",
+            "::ffff:10.0.0.1",
+        ] {
+            let err = password_settings(host, TlsMode::None).check().unwrap_err();
+            assert_eq!(err.field, "tls", "{host}");
+            assert!(err.problem.contains("loopback"), "{err}");
+        }
+        // With TLS, or without credentials, any host.
+        assert!(
+            password_settings("relay.plant.test", TlsMode::StartTls)
+                .check()
+                .is_ok()
+        );
+        let mut anonymous = password_settings("relay.plant.test", TlsMode::None);
+        anonymous.auth = SmtpAuth::None;
+        assert!(anonymous.check().is_ok());
     }
 
     #[test]

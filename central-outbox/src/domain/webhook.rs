@@ -1,6 +1,11 @@
 //! Webhook targets: the endpoints a webhook list posts to, the payload format each expects, and
 //! the optional signing secret. The HTTP side lives in `delivery::webhook`.
+//!
+//! An endpoint URL is itself a credential for the chat services (Slack, Teams and Discord keep
+//! the webhook's secret in the path; some endpoints take a token in the query): whoever reads
+//! it can post to the channel. [`cut_urls`] is what a reader who may not post is shown of it.
 
+use std::borrow::Cow;
 use std::fmt;
 
 use super::ContentError;
@@ -97,6 +102,66 @@ pub fn is_loopback(url: &url::Url) -> bool {
     }
 }
 
+/// What replaces the part of a URL that is cut.
+pub const CUT: &str = "/\u{2026}";
+
+/// `text` with every `http://` and `https://` URL in it cut to its scheme, host and port: the
+/// path, query and fragment become [`CUT`], user information is dropped. Works on free text
+/// (an error message, a list of targets), where a URL runs to the next whitespace; punctuation
+/// ending that run (`,` `;` `:` `.` `)` `]` `>` and quotes) is kept as the text's own. Text
+/// without a URL comes back as it is.
+pub fn cut_urls(text: &str) -> Cow<'_, str> {
+    // ASCII lower-casing keeps every byte where it was, so positions found in `lower` are
+    // positions (and char boundaries) in `text`.
+    let lower = text.to_ascii_lowercase();
+    let mut out = String::new();
+    let mut copied = 0;
+    let mut from = 0;
+    while let Some(scheme_end) = next_url(&lower, from) {
+        let run_end = text[scheme_end..]
+            .find(char::is_whitespace)
+            .map_or(text.len(), |i| scheme_end + i);
+        let url_end = scheme_end
+            + text[scheme_end..run_end]
+                .trim_end_matches([',', ';', ':', '.', ')', ']', '>', '"', '\'', '!', '?'])
+                .len();
+        let url = &text[scheme_end..url_end];
+        let authority_len = url.find(['/', '?', '#']).unwrap_or(url.len());
+        let authority = &url[..authority_len];
+        // `user:password@host`: the part before the last '@' is a credential too.
+        let host_port = authority
+            .rsplit_once('@')
+            .map_or(authority, |(_, host)| host);
+        out.push_str(&text[copied..scheme_end]);
+        out.push_str(host_port);
+        if authority_len < url.len() {
+            out.push_str(CUT);
+        }
+        copied = url_end;
+        from = url_end.max(scheme_end);
+    }
+    if copied == 0 {
+        return Cow::Borrowed(text);
+    }
+    out.push_str(&text[copied..]);
+    Cow::Owned(out)
+}
+
+/// Where the next URL's `http://` or `https://` ends, at or after `from` in lower-cased text.
+fn next_url(lower: &str, from: usize) -> Option<usize> {
+    let rest = lower.get(from..)?;
+    let at = rest.find("http")? + from;
+    let after = &lower[at..];
+    if after.starts_with("https://") {
+        Some(at + "https://".len())
+    } else if after.starts_with("http://") {
+        Some(at + "http://".len())
+    } else {
+        // "http" in another word: look on after it.
+        next_url(lower, at + "http".len())
+    }
+}
+
 /// Where a webhook list posts, in which format, and how it signs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookTarget {
@@ -132,6 +197,56 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+
+    #[test]
+    fn urls_are_cut_to_scheme_host_and_port_wherever_they_are_in_the_text() {
+        let cases = [
+            (
+                "https://hooks.slack.com/services/T0/B0/secret",
+                "https://hooks.slack.com/\u{2026}",
+            ),
+            (
+                "http://127.0.0.1:8080/hook?token=abc#frag",
+                "http://127.0.0.1:8080/\u{2026}",
+            ),
+            ("https://[::1]:9/x", "https://[::1]:9/\u{2026}"),
+            ("https://h.test", "https://h.test"),
+            ("https://h.test?token=t", "https://h.test/\u{2026}"),
+            ("HTTPS://H.test/Secret", "HTTPS://H.test/\u{2026}"),
+            ("https://user:pw@h.test/p", "https://h.test/\u{2026}"),
+            // Free text: LastError, attempt errors, ResolvedTargets.
+            (
+                "https://a.test/s1: HTTP 500: oops",
+                "https://a.test/\u{2026}: HTTP 500: oops",
+            ),
+            (
+                "1 of 2 webhook endpoints failed: https://a.test/s1: HTTP 404",
+                "1 of 2 webhook endpoints failed: https://a.test/\u{2026}: HTTP 404",
+            ),
+            (
+                "https://a.test/s1, https://b.test:8443/s2?q=1",
+                "https://a.test/\u{2026}, https://b.test:8443/\u{2026}",
+            ),
+            (
+                "error sending request (https://a.test/s1).",
+                "error sending request (https://a.test/\u{2026}).",
+            ),
+            (
+                "ops@plant.test, http-proxy said httpx",
+                "ops@plant.test, http-proxy said httpx",
+            ),
+            ("", ""),
+            ("https://", "https://"),
+            (
+                "päss https://ü.test/ä ok",
+                "päss https://ü.test/\u{2026} ok",
+            ),
+        ];
+        for (text, shown) in cases {
+            assert_eq!(cut_urls(text), shown, "{text:?}");
+        }
+        assert!(matches!(cut_urls("no url here"), Cow::Borrowed(_)));
     }
 
     #[test]

@@ -1,6 +1,10 @@
 //! `NotificationOutbox`: the admin API for UI backends, outboxctl and grpcurl. Each handler first
 //! asks `auth` whether the caller's role allows the call (and who the actor is), then validates
-//! (through `admin_convert`), calls the store once, and answers.
+//! (through `admin_convert`), calls the store once, and answers. A reader whose role does not
+//! see webhook URLs whole (viewers, and sites reading their own notifications' status) gets
+//! them cut to scheme, host and port in every answer that carries one: lists, LastError,
+//! "Delivered to" and attempt errors. The console calls this service, so its pages show the
+//! same.
 
 use crate::config_cache::ConfigCache;
 use std::sync::Arc;
@@ -79,6 +83,14 @@ impl<S> OutboxService<S> {
         self.auth.authorize(request, client_cn.as_deref(), rpc)
     }
 
+    /// Whether the caller of a read, `rpc`, may make it and sees webhook URLs whole
+    /// (`Role::sees_webhook_urls`), or why it may not make it.
+    fn authorize_read<T>(&self, request: &Request<T>, rpc: AdminRpc) -> Result<Urls, Status> {
+        let client_cn = crate::tls::client_common_name(request);
+        let (_, role) = self.auth.authorize_as(request, client_cn.as_deref(), rpc)?;
+        Ok(Urls::seen_by(role.sees_webhook_urls()))
+    }
+
     fn view(&self, state: NotificationState) -> NotificationStatusView {
         let stuck = self
             .kpis
@@ -88,6 +100,20 @@ impl<S> OutboxService<S> {
 
     fn stuck_before(&self) -> chrono::DateTime<Utc> {
         stuck_cutoff(Utc::now(), self.kpis.stuck_age_threshold)
+    }
+}
+
+/// How an answer shows webhook URLs to its reader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Urls {
+    Whole,
+    /// Cut to scheme, host and port (`domain::webhook::cut_urls`).
+    Cut,
+}
+
+impl Urls {
+    fn seen_by(whole: bool) -> Self {
+        if whole { Self::Whole } else { Self::Cut }
     }
 }
 
@@ -275,7 +301,7 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         &self,
         request: Request<v1::QueryNotificationsRequest>,
     ) -> Result<Response<v1::QueryNotificationsResponse>, Status> {
-        self.authorize(&request, AdminRpc::QueryNotifications)?;
+        let urls = self.authorize_read(&request, AdminRpc::QueryNotifications)?;
         let msg = request.into_inner();
         let filter =
             admin_convert::filter(msg.filter, self.stuck_before()).map_err(invalid_argument)?;
@@ -293,8 +319,14 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
             })
             .await
             .map_err(store_status)?;
+        let mut notifications: Vec<_> = page.rows.into_iter().map(|s| self.view(s)).collect();
+        if urls == Urls::Cut {
+            notifications
+                .iter_mut()
+                .for_each(admin_convert::cut_state_urls);
+        }
         Ok(Response::new(v1::QueryNotificationsResponse {
-            notifications: page.rows.into_iter().map(|s| self.view(s)).collect(),
+            notifications,
             next_page_token: page.next.map(Cursor::token).unwrap_or_default(),
         }))
     }
@@ -311,10 +343,14 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         match self.store.state(id).await.map_err(store_status)? {
             // A site sees only its own notifications; another's is "not known", as if absent.
             Some(state)
-                if reader == StatusReader::Anyone
+                if matches!(reader, StatusReader::Anyone(_))
                     || reader == StatusReader::Site(state.source_site_id.clone()) =>
             {
-                Ok(Response::new(self.view(state)))
+                let mut view = self.view(state);
+                if !reader.sees_webhook_urls() {
+                    admin_convert::cut_state_urls(&mut view);
+                }
+                Ok(Response::new(view))
             }
             _ => Err(not_found(id)),
         }
@@ -324,7 +360,7 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         &self,
         request: Request<v1::GetNotificationDetailRequest>,
     ) -> Result<Response<v1::NotificationDetail>, Status> {
-        self.authorize(&request, AdminRpc::GetNotificationDetail)?;
+        let urls = self.authorize_read(&request, AdminRpc::GetNotificationDetail)?;
         let id = parse_id(&request.into_inner().notification_id, "notification_id")?;
         let detail = self
             .store
@@ -335,7 +371,11 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         let stuck = self
             .kpis
             .is_stuck(detail.state.status, detail.state.created_at, Utc::now());
-        Ok(Response::new(admin_convert::detail_view(detail, stuck)))
+        let mut view = admin_convert::detail_view(detail, stuck);
+        if urls == Urls::Cut {
+            admin_convert::cut_detail_urls(&mut view);
+        }
+        Ok(Response::new(view))
     }
 
     async fn retry_notification(
@@ -433,18 +473,20 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         &self,
         request: Request<v1::ListNotificationListsRequest>,
     ) -> Result<Response<v1::ListNotificationListsResponse>, Status> {
-        self.authorize(&request, AdminRpc::ListNotificationLists)?;
+        let urls = self.authorize_read(&request, AdminRpc::ListNotificationLists)?;
         let lists = self.store.lists().await.map_err(store_status)?;
-        Ok(Response::new(v1::ListNotificationListsResponse {
-            lists: lists.into_iter().map(admin_convert::list_view).collect(),
-        }))
+        let mut lists: Vec<_> = lists.into_iter().map(admin_convert::list_view).collect();
+        if urls == Urls::Cut {
+            lists.iter_mut().for_each(admin_convert::cut_list_urls);
+        }
+        Ok(Response::new(v1::ListNotificationListsResponse { lists }))
     }
 
     async fn get_notification_list(
         &self,
         request: Request<v1::GetNotificationListRequest>,
     ) -> Result<Response<v1::NotificationList>, Status> {
-        self.authorize(&request, AdminRpc::GetNotificationList)?;
+        let urls = self.authorize_read(&request, AdminRpc::GetNotificationList)?;
         let name = ListName::parse(request.into_inner().name).map_err(invalid_argument)?;
         let list = self
             .store
@@ -452,7 +494,11 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
             .await
             .map_err(store_status)?
             .ok_or_else(|| no_such_list(&name))?;
-        Ok(Response::new(admin_convert::list_view(list)))
+        let mut view = admin_convert::list_view(list);
+        if urls == Urls::Cut {
+            admin_convert::cut_list_urls(&mut view);
+        }
+        Ok(Response::new(view))
     }
 
     async fn upsert_notification_list(

@@ -2,6 +2,7 @@
 //! channels' settings (SMTP, webhook). Every inbound field is checked here, and errors name the field as the proto spells
 //! it, so an operator's typo comes back as "filter.statuses: ...", not as a database error.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -10,8 +11,8 @@ use outbox_proto::v1;
 
 use super::convert::{notification_type_to_proto, state_view};
 use crate::domain::channel::{
-    DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, OAuthClientCredentials,
-    RateLimit, Secret, SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings, defaults,
+    DeliveryPolicy, EmailAddress, ListInput, ListTargets, NotificationList, RateLimit, Relay,
+    Secret, SmtpAuth, SmtpAuthChange, SmtpSettings, Stored, TlsMode, WebhookSettings, defaults,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::delivery::AttemptOutcome;
@@ -20,7 +21,7 @@ use crate::domain::kpi::KpiValues;
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::status::Status;
-use crate::domain::webhook::WebhookFormat;
+use crate::domain::webhook::{WebhookFormat, cut_urls};
 use crate::domain::{ContentError, NotificationType};
 use crate::records::NotificationDetail;
 
@@ -222,6 +223,35 @@ pub fn detail_view(detail: NotificationDetail, stuck: bool) -> v1::NotificationD
         resolved_targets: detail.resolved_targets.unwrap_or_default(),
         history: detail.history.into_iter().map(history_entry).collect(),
     }
+}
+
+/// Cuts every webhook URL in `text` to scheme, host and port, in place.
+fn cut(text: &mut String) {
+    if let Cow::Owned(cut) = cut_urls(text) {
+        *text = cut;
+    }
+}
+
+/// What a reader who may not see webhook URLs whole (`Role::sees_webhook_urls`) is shown of a
+/// notification's state: its LastError with every URL cut to scheme, host and port.
+pub fn cut_state_urls(view: &mut v1::NotificationStatusView) {
+    cut(&mut view.last_error);
+}
+
+/// The same for a notification's detail: LastError, "Delivered to" and every attempt's error.
+pub fn cut_detail_urls(view: &mut v1::NotificationDetail) {
+    if let Some(state) = view.notification.as_mut() {
+        cut_state_urls(state);
+    }
+    cut(&mut view.resolved_targets);
+    for entry in &mut view.history {
+        cut(&mut entry.error);
+    }
+}
+
+/// The same for a list: its endpoints.
+pub fn cut_list_urls(view: &mut v1::NotificationList) {
+    view.endpoints.iter_mut().for_each(cut);
 }
 
 pub fn kpi_values(values: &KpiValues) -> v1::KpiValues {
@@ -517,13 +547,9 @@ fn duration_or(
     }
 }
 
-/// The authentication the request asks for. Unset secrets keep `current`'s when the identity
-/// (username, or OAuth client) is unchanged: operators can change the host without re-entering
-/// a secret, but a new identity needs its own.
-fn smtp_auth(
-    msg: &mut v1::UpsertSmtpConfigRequest,
-    current: Option<&SmtpAuth>,
-) -> Result<SmtpAuth, ContentError> {
+/// The authentication the request asks for; an unset secret asks to keep the stored one, which
+/// [`SmtpAuthChange::resolve`] allows only for the same identity going to the same place.
+fn smtp_auth(msg: &mut v1::UpsertSmtpConfigRequest) -> Result<SmtpAuthChange, ContentError> {
     let mechanism = match v1::SmtpAuthMechanism::try_from(msg.auth_mechanism) {
         Ok(v1::SmtpAuthMechanism::Unspecified) if msg.username.is_empty() => {
             v1::SmtpAuthMechanism::None
@@ -546,55 +572,23 @@ fn smtp_auth(
                     "username/password given with auth_mechanism NONE",
                 ));
             }
-            Ok(SmtpAuth::None)
+            Ok(SmtpAuthChange::None)
         }
-        v1::SmtpAuthMechanism::Password => {
-            let password = match (msg.password.take(), current) {
-                (Some(password), _) => Secret::new(password),
-                (
-                    None,
-                    Some(SmtpAuth::Password {
-                        username: u,
-                        password,
-                    }),
-                ) if *u == username => password.clone(),
-                (None, _) => {
-                    return Err(ContentError::new(
-                        "password",
-                        "required when setting a username (or changing it)",
-                    ));
-                }
-            };
-            Ok(SmtpAuth::Password { username, password })
-        }
-        v1::SmtpAuthMechanism::Xoauth2 => {
-            let client_id = std::mem::take(&mut msg.oauth_client_id);
-            let client_secret = match (msg.oauth_client_secret.take(), current) {
-                (Some(secret), _) => Secret::new(secret),
-                (None, Some(SmtpAuth::XOAuth2 { oauth, .. })) if oauth.client_id == client_id => {
-                    oauth.client_secret.clone()
-                }
-                (None, _) => {
-                    return Err(ContentError::new(
-                        "oauth_client_secret",
-                        "required when setting (or changing) the OAuth client",
-                    ));
-                }
-            };
-            Ok(SmtpAuth::XOAuth2 {
-                username,
-                oauth: OAuthClientCredentials {
-                    token_url: std::mem::take(&mut msg.oauth_token_url),
-                    client_id,
-                    client_secret,
-                    scope: std::mem::take(&mut msg.oauth_scope),
-                },
-            })
-        }
+        v1::SmtpAuthMechanism::Password => Ok(SmtpAuthChange::Password {
+            username,
+            password: msg.password.take().map(Secret::new),
+        }),
+        v1::SmtpAuthMechanism::Xoauth2 => Ok(SmtpAuthChange::XOAuth2 {
+            username,
+            token_url: std::mem::take(&mut msg.oauth_token_url),
+            client_id: std::mem::take(&mut msg.oauth_client_id),
+            client_secret: msg.oauth_client_secret.take().map(Secret::new),
+            scope: std::mem::take(&mut msg.oauth_scope),
+        }),
     }
 }
 
-/// Checks new SMTP settings; see [`smtp_auth`] for how stored secrets are kept.
+/// Checks new SMTP settings; see [`SmtpAuthChange::resolve`] for when a stored secret is kept.
 pub fn smtp_from_proto(
     mut msg: v1::UpsertSmtpConfigRequest,
     current: Option<&SmtpSettings>,
@@ -612,7 +606,14 @@ pub fn smtp_from_proto(
             ));
         }
     };
-    let auth = smtp_auth(&mut msg, current.map(|c| &c.auth))?;
+    let auth = smtp_auth(&mut msg)?.resolve(
+        Relay {
+            host: &msg.host,
+            port,
+            tls,
+        },
+        current,
+    )?;
     let policy = policy_from_proto(
         PolicyFields {
             max_retries: msg.max_retries,
@@ -641,6 +642,12 @@ pub fn smtp_from_proto(
         policy,
     }
     .check()
+    // The domain names the TLS mode `tls`, as the config file does; the request calls it
+    // `tls_mode`.
+    .map_err(|e| match e.field {
+        "tls" => ContentError::new("tls_mode", e.problem),
+        _ => e,
+    })
 }
 
 #[cfg(test)]
@@ -734,26 +741,39 @@ mod tests {
     }
 
     #[test]
-    fn an_unset_password_keeps_the_stored_one_for_the_same_user_only() {
+    fn an_unset_password_keeps_the_stored_one_for_the_same_user_and_relay_only() {
         let stored = smtp_from_proto(smtp_request(), None).unwrap();
         let keep = v1::UpsertSmtpConfigRequest {
             password: None,
-            host: "other.plant.test".into(),
+            max_retries: 3,
             ..smtp_request()
         };
         let updated = smtp_from_proto(keep.clone(), Some(&stored)).unwrap();
-        assert_eq!(updated.host, "other.plant.test");
+        assert_eq!(updated.policy.max_retries, 3);
         assert_eq!(updated.auth, stored.auth);
-        let other_user = v1::UpsertSmtpConfigRequest {
-            username: "someone-else".into(),
-            ..keep
+        for moved in [
+            v1::UpsertSmtpConfigRequest {
+                host: "other.plant.test".into(),
+                ..keep.clone()
+            },
+            v1::UpsertSmtpConfigRequest {
+                username: "someone-else".into(),
+                ..keep.clone()
+            },
+        ] {
+            assert_eq!(
+                smtp_from_proto(moved, Some(&stored)).unwrap_err().field,
+                "password"
+            );
+        }
+        // AUTH in clear off this host is refused naming the request's field.
+        let in_clear = v1::UpsertSmtpConfigRequest {
+            tls_mode: v1::SmtpTlsMode::None.into(),
+            ..smtp_request()
         };
-        assert_eq!(
-            smtp_from_proto(other_user, Some(&stored))
-                .unwrap_err()
-                .field,
-            "password"
-        );
+        let err = smtp_from_proto(in_clear, Some(&stored)).unwrap_err();
+        assert_eq!(err.field, "tls_mode");
+        assert!(err.problem.contains("loopback"), "{err}");
     }
 
     /// Secrets are write-only: the views carry a "set" flag, never the value.

@@ -175,6 +175,33 @@ impl SiteIdentity {
         }
     }
 
+    /// Whether each caller is held to the site its client certificate names.
+    pub fn tells_sites_apart(self) -> bool {
+        self == Self::ClientCertificate
+    }
+
+    /// Says where an operator sees it when sites are not told apart: a warning in the log at
+    /// start (over TLS, where an operator may well believe sites are verified; without TLS
+    /// the plaintext warning, or loopback, says as much) and the `/metrics` gauge
+    /// `outbox_site_identity_unverified`. Changes nothing else: every client served before
+    /// is served still.
+    pub fn announce(self, serves_tls: bool, metrics: &Metrics) {
+        metrics.set_sites_verified(self.tells_sites_apart());
+        match (self, serves_tls) {
+            (Self::ClientCertificate, _) => {}
+            (Self::Unchecked, true) => tracing::warn!(
+                "SITES ARE NOT VERIFIED: gRPC is served over TLS without [tls] client_ca, so any \
+                 client that reaches this port can submit notifications, clear conditions and \
+                 report health as any site (and keep a dead site shown online); set \
+                 tls.client_ca to the CA that signs the sites' certificates"
+            ),
+            (Self::Unchecked, false) => tracing::info!(
+                "sites are not verified: without TLS and client certificates, any client that \
+                 reaches the gRPC port can submit, clear conditions and report health as any site"
+            ),
+        }
+    }
+
     /// The site `request`'s caller may submit as: `None` for any. A verified certificate
     /// without a Common Name names no site, so it may submit as none.
     fn caller_site<T>(self, request: &Request<T>) -> Result<Option<String>, Status> {

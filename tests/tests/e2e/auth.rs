@@ -1,7 +1,8 @@
 //! Operator roles on the admin API against a running central with authentication on: every RPC
 //! answers each caller exactly as its role allows (table-driven over every admin RPC), the
 //! actor recorded in history is the authenticated identity whatever header the caller sends,
-//! and outboxctl and grpcurl work with a bearer token.
+//! and outboxctl and grpcurl work with a bearer token. Bad tokens are throttled per client
+//! address, on the API and the console's login alike, and counted on `/metrics`.
 
 use central_outbox::auth::{
     AdminRpc, AuthMode, CertificateConfig, Role, TokenConfig, token_digest,
@@ -13,8 +14,10 @@ use outbox_tests::smtp_sink::Behaviour;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
+use crate::console::Browser;
 use crate::harness::{
-    Central, Db, binary, central_config, channel, smtp_sink, submit, wait_for_status,
+    Central, Db, binary, central_config, channel, eventually, free_addr, smtp_sink, submit,
+    wait_for_status, with_console,
 };
 use crate::operations::{grpcurl_path, run};
 
@@ -107,9 +110,19 @@ async fn every_admin_rpc_answers_each_role_as_the_table_says() {
         ("an admin", Some(ADMIN_TOKEN), Some(Role::Admin)),
     ];
     let mut wrong = Vec::new();
-    for rpc in AdminRpc::ALL {
+    for (i, rpc) in AdminRpc::ALL.into_iter().enumerate() {
+        // Bad tokens from one address are throttled after a few (see the last test): each
+        // RPC's guess comes from an address of its own, so here every one is just refused.
+        let mut guesser = NotificationOutboxClient::new(
+            channel_from(&central, [127, 0, 1, i as u8 + 1].into()).await,
+        );
         for (who, token, role) in callers {
-            let code = call(&mut client, rpc, token)
+            let client = if role.is_none() && token.is_some() {
+                &mut guesser
+            } else {
+                &mut client
+            };
+            let code = call(client, rpc, token)
                 .await
                 .err()
                 .map_or(Code::Ok, |s| s.code());
@@ -328,5 +341,111 @@ async fn a_mapped_client_certificate_is_an_operator_identity() {
         "{}",
         denied.stderr
     );
+    central.stop().await;
+}
+
+/// A connection to central's gRPC port from `local`, a loopback address of its own: to central,
+/// another client machine.
+async fn channel_from(central: &Central, local: std::net::IpAddr) -> Channel {
+    Channel::from_shared(format!("http://{}", central.addr))
+        .unwrap()
+        .local_address(Some(local))
+        .connect()
+        .await
+        .unwrap()
+}
+
+/// After 10 bad tokens from one address within 5 minutes, the admin API and the console's login
+/// refuse that address for 15 minutes, even with a good token: UNAVAILABLE with `retry-after`
+/// on the API, 429 with `Retry-After` on the console; other addresses go on as before. Failures
+/// from one address count together wherever they were made, and every failure and every
+/// throttled attempt is counted on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_tokens_are_throttled_per_client_address_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.auth.mode = AuthMode::Required;
+    config.auth.tokens = vec![token("vera", Role::Viewer, VIEWER_TOKEN)];
+    let metrics = free_addr().await;
+    config.metrics_listen = Some(metrics);
+    with_console(&mut config).await;
+    let central = Central::start(config).await;
+    let kpis = || v1::GetKpisRequest::default();
+
+    // The API: ten bad tokens from one address are each refused as such...
+    let guesser: std::net::IpAddr = [127, 0, 0, 3].into();
+    let mut from_guesser = NotificationOutboxClient::new(channel_from(&central, guesser).await);
+    for i in 0..10 {
+        let refused = from_guesser
+            .get_kpis(with(kpis(), Some(&format!("guess-{i}"))))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.code(),
+            Code::Unauthenticated,
+            "guess {i}: {refused:?}"
+        );
+    }
+    // ...and then that address is refused, good token or not, and told for how long.
+    for token in [VIEWER_TOKEN, "guess-10"] {
+        let throttled = from_guesser
+            .get_kpis(with(kpis(), Some(token)))
+            .await
+            .unwrap_err();
+        assert_eq!(throttled.code(), Code::Unavailable, "{throttled:?}");
+        assert!(
+            throttled.message().contains("too many failed"),
+            "{throttled:?}"
+        );
+        let retry_after: u64 = throttled
+            .metadata()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no retry-after: {throttled:?}"));
+        assert!((1..=900).contains(&retry_after), "{retry_after}");
+    }
+    // Another address is not held back.
+    let mut from_elsewhere =
+        NotificationOutboxClient::new(channel_from(&central, [127, 0, 0, 4].into()).await);
+    from_elsewhere
+        .get_kpis(with(kpis(), Some(VIEWER_TOKEN)))
+        .await
+        .unwrap();
+
+    // The console's login from the throttled address is refused too, with a good token.
+    let mut browser = Browser::from_address(&central, guesser);
+    let refused = browser.log_in(VIEWER_TOKEN).await;
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    let retry_after: u64 = refused
+        .header("retry-after")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {:?}", refused.headers));
+    assert!((1..=900).contains(&retry_after), "{retry_after}");
+    assert!(refused.body.contains("too many failed"), "{}", refused.body);
+
+    // Ten bad logins on the console from a third address throttle it the same way.
+    let mut third = Browser::from_address(&central, [127, 0, 0, 5].into());
+    for i in 0..10 {
+        let refused = third.log_in(&format!("guess-{i}")).await;
+        assert_eq!(refused.status, 401, "guess {i}: {}", refused.body);
+    }
+    assert_eq!(third.log_in(VIEWER_TOKEN).await.status, 429);
+    let mut fourth = Browser::from_address(&central, [127, 0, 0, 6].into());
+    assert_eq!(fourth.log_in(VIEWER_TOKEN).await.status, 303);
+
+    // Every failure and every throttled attempt is counted.
+    let scrape = eventually("/metrics answers", || async move {
+        metrics_endpoint::get(metrics, "/metrics").await.ok()
+    })
+    .await;
+    let sample = |series: &str| {
+        metrics_endpoint::sample(&scrape.body, series)
+            .unwrap_or_else(|| panic!("no {series}:\n{}", scrape.body))
+    };
+    assert_eq!(sample(r#"outbox_auth_failures_total{via="api"}"#), 10.0);
+    assert_eq!(sample(r#"outbox_auth_failures_total{via="console"}"#), 10.0);
+    assert_eq!(sample(r#"outbox_auth_throttled_total{via="api"}"#), 2.0);
+    assert_eq!(sample(r#"outbox_auth_throttled_total{via="console"}"#), 2.0);
     central.stop().await;
 }

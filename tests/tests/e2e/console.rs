@@ -3,16 +3,19 @@
 //! with a token, the dashboard and the PARKED list, a retry from the detail page with and
 //! without the session's CSRF token, a viewer refused, a malformed filter, the bulk dry-run
 //! count and the bulk discard, logging out. What changed is checked through the gRPC admin API,
-//! not only on the pages.
+//! not only on the pages. A viewer sees webhook URLs cut to scheme, host and port, on the pages
+//! and through the API alike.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use central_outbox::auth::{AuthMode, Role, TokenConfig, token_digest};
+use central_outbox::config::{BackoffKind, ListConfig, WebhookConfig, WebhookFormatKind};
 use outbox_proto::v1;
 use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
 use outbox_tests::smtp_sink::Behaviour;
+use outbox_tests::webhook_server::{Reply as HookReply, WebhookServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Request;
@@ -26,14 +29,14 @@ const VIEWER_TOKEN: &str = "viewer-token-2b7c9d41";
 const OPERATOR_TOKEN: &str = "operator-token-6e1f0a58";
 
 /// One HTTP answer.
-struct Reply {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+pub(crate) struct Reply {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
 }
 
 impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -43,18 +46,31 @@ impl Reply {
 
 /// A browser reduced to what the test needs: HTTP/1.1 over a fresh connection per request,
 /// a cookie jar, no redirects followed (the test checks them).
-struct Browser {
+pub(crate) struct Browser {
     addr: SocketAddr,
+    /// The loopback address it connects from (`None`: the system's choice, 127.0.0.1), so a
+    /// test can be several clients.
+    local: Option<std::net::IpAddr>,
     cookies: HashMap<String, String>,
 }
 
 impl Browser {
-    fn new(central: &Central) -> Self {
+    pub fn new(central: &Central) -> Self {
         let url = central.console_url();
         let addr = url.strip_prefix("http://").unwrap().parse().unwrap();
         Self {
             addr,
+            local: None,
             cookies: HashMap::new(),
+        }
+    }
+
+    /// A browser on another machine, as far as central can tell: it connects from `local` (any
+    /// address of 127.0.0.0/8 is this host's on Linux).
+    pub fn from_address(central: &Central, local: std::net::IpAddr) -> Self {
+        Self {
+            local: Some(local),
+            ..Self::new(central)
         }
     }
 
@@ -90,7 +106,14 @@ impl Browser {
         request.push_str("\r\n");
         request.push_str(&body);
         let exchange = async {
-            let mut stream = TcpStream::connect(self.addr).await?;
+            let mut stream = match self.local {
+                None => TcpStream::connect(self.addr).await?,
+                Some(local) => {
+                    let socket = tokio::net::TcpSocket::new_v4()?;
+                    socket.bind(SocketAddr::new(local, 0))?;
+                    socket.connect(self.addr).await?
+                }
+            };
             stream.write_all(request.as_bytes()).await?;
             let mut raw = Vec::new();
             stream.read_to_end(&mut raw).await?;
@@ -130,16 +153,16 @@ impl Browser {
         }
     }
 
-    async fn get(&mut self, path: &str) -> Reply {
+    pub async fn get(&mut self, path: &str) -> Reply {
         self.send("GET", path, None).await
     }
 
-    async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
+    pub async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
         self.send("POST", path, Some(form)).await
     }
 
     /// Logs in with `token`, as a person would: the form, then its post.
-    async fn log_in(&mut self, token: &str) -> Reply {
+    pub async fn log_in(&mut self, token: &str) -> Reply {
         let form = self.get("/login").await;
         assert_eq!(form.status, 200, "{}", form.body);
         assert!(form.body.contains(r#"id="login-form""#));
@@ -172,7 +195,7 @@ fn csrf(html: &str) -> String {
 }
 
 /// The text of the first `.error` element, if any.
-fn error_text(html: &str) -> Option<&str> {
+pub(crate) fn error_text(html: &str) -> Option<&str> {
     let at = html.find(r#"class="error""#)?;
     let text = &html[at..];
     let start = text.find('>')? + 1;
@@ -602,5 +625,169 @@ async fn with_authentication_off_the_console_is_open_and_acts_as_console() {
             .any(|h| h.kind() == v1::HistoryEntryKind::OperatorRetry && h.actor == "console"),
         "{entries:?}"
     );
+    central.stop().await;
+}
+
+fn as_viewer<T>(message: T) -> Request<T> {
+    let mut request = Request::new(message);
+    request.metadata_mut().insert(
+        "authorization",
+        format!("Bearer {VIEWER_TOKEN}").parse().unwrap(),
+    );
+    request
+}
+
+/// Slack, Teams and Discord keep a webhook's credential in its URL's path (other endpoints in
+/// the query): whoever reads the URL can post to the channel. A viewer sees scheme, host and port
+/// only, in the lists, in "Delivered to" and in the errors, through the API and on the console's
+/// pages; an operator sees the whole URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn viewers_see_webhook_urls_cut_to_scheme_host_and_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = WebhookServer::start().await.unwrap();
+    // The first POST fails: the endpoint is named in LastError and in that attempt's error.
+    hooks.set_responses(vec![HookReply::status(500)]);
+    let path = "/services/T0001/B0002/slackPathSecret7Q";
+    let endpoint = hooks.url(&format!("{path}?token=queryToken3X"));
+    let hidden = ["slackPathSecret7Q", "queryToken3X", "/services/"];
+    let cut = format!("http://{}/\u{2026}", hooks.addr());
+    let mut config = central_config(dir.path(), None);
+    config.webhook = Some(WebhookConfig {
+        max_retries: 5,
+        retry_delay: Duration::from_millis(200),
+        backoff: BackoffKind::Fixed,
+        ..WebhookConfig::default()
+    });
+    config.lists.push(ListConfig::webhook(
+        "hooks",
+        vec![endpoint.clone()],
+        WebhookFormatKind::Slack,
+    ));
+    config.auth.mode = AuthMode::Required;
+    config.auth.tokens = vec![
+        token("vera", Role::Viewer, VIEWER_TOKEN),
+        token("otto", Role::Operator, OPERATOR_TOKEN),
+    ];
+    with_console(&mut config).await;
+    let central = Central::start(config).await;
+    let msg = v1::NotificationSubmit {
+        r#type: v1::NotificationType::Webhook.into(),
+        list_name: "hooks".into(),
+        ..submit("Tank 4 high level", "Level 97%")
+    };
+    let id = msg.notification_id.clone();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
+    wait_for_status(&central.db, &id, "Delivered").await;
+    let assert_hidden = |what: &str, shown: &str| {
+        for secret in hidden {
+            assert!(
+                !shown.contains(secret),
+                "{what} shows {secret:?} to a viewer: {shown}"
+            );
+        }
+    };
+
+    // The API, as a viewer.
+    let mut api = NotificationOutboxClient::new(channel(central.addr).await);
+    let lists = api
+        .list_notification_lists(as_viewer(v1::ListNotificationListsRequest {}))
+        .await
+        .unwrap()
+        .into_inner();
+    let listed = lists.lists.iter().find(|l| l.name == "hooks").unwrap();
+    assert_eq!(listed.endpoints, std::slice::from_ref(&cut));
+    assert_hidden("ListNotificationLists", &format!("{lists:?}"));
+    let list = api
+        .get_notification_list(as_viewer(v1::GetNotificationListRequest {
+            name: "hooks".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.endpoints, std::slice::from_ref(&cut));
+    let detail = api
+        .get_notification_detail(as_viewer(v1::GetNotificationDetailRequest {
+            notification_id: id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(detail.resolved_targets, cut);
+    let last_error = &detail.notification.as_ref().unwrap().last_error;
+    assert!(
+        last_error.starts_with(&format!("{cut}: HTTP 500")),
+        "{last_error}"
+    );
+    assert!(
+        detail
+            .history
+            .iter()
+            .any(|h| h.error.starts_with(&format!("{cut}: HTTP 500"))),
+        "{:?}",
+        detail.history
+    );
+    assert_hidden("GetNotificationDetail", &format!("{detail:?}"));
+    let status = api
+        .get_notification_status(as_viewer(v1::GetNotificationStatusRequest {
+            notification_id: id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(&status.last_error, last_error);
+    let query = api
+        .query_notifications(as_viewer(v1::QueryNotificationsRequest::default()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(query.notifications.len(), 1);
+    assert_hidden("QueryNotifications", &format!("{query:?}"));
+
+    // An operator sees the whole URL.
+    let full = api
+        .get_notification_detail(as_operator(v1::GetNotificationDetailRequest {
+            notification_id: id.clone(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(full.resolved_targets, endpoint);
+    assert!(
+        full.notification.unwrap().last_error.contains(path),
+        "an operator sees the endpoint's path"
+    );
+    let full_list = api
+        .get_notification_list(as_operator(v1::GetNotificationListRequest {
+            name: "hooks".into(),
+        }))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(full_list.endpoints, std::slice::from_ref(&endpoint));
+
+    // The console's pages, as a viewer: the same cut, wherever a URL shows.
+    let mut vera = Browser::new(&central);
+    assert_eq!(vera.log_in(VIEWER_TOKEN).await.status, 303);
+    for page in [
+        "/lists".to_owned(),
+        "/lists/hooks".to_owned(),
+        "/notifications".to_owned(),
+        format!("/notifications/{id}"),
+    ] {
+        let shown = vera.get(&page).await;
+        assert_eq!(shown.status, 200, "{page}: {}", shown.body);
+        assert_hidden(&page, &shown.body);
+    }
+    let seen = vera.get(&format!("/notifications/{id}")).await;
+    assert!(seen.body.contains(&cut), "{}", seen.body);
+    let mut otto = Browser::new(&central);
+    assert_eq!(otto.log_in(OPERATOR_TOKEN).await.status, 303);
+    let seen = otto.get(&format!("/notifications/{id}")).await;
+    assert!(seen.body.contains(path), "{}", seen.body);
     central.stop().await;
 }

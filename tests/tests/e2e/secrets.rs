@@ -3,7 +3,9 @@
 //! (the SQLite file and its WAL, byte for byte), never come back from the admin API, and still
 //! authenticate every delivery. A restart with the wrong key stops with an error naming the key
 //! id the secrets need; with the old key kept as previous, every secret (a clear-text one an
-//! older release left too) is re-encrypted with the new key.
+//! older release left too) is re-encrypted with the new key. An admin, who cannot read a stored
+//! secret, cannot have it sent anywhere else either: moving the relay or the token endpoint needs
+//! the secret again, and a password crosses the network in clear only to this host.
 
 use std::path::Path;
 use std::time::Duration;
@@ -19,6 +21,7 @@ use outbox_tests::webhook_server::WebhookServer;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tonic::Code;
 
 use crate::harness::{
     Central, CentralDatabase, DEADLINE, Db, central_config, submit, wait_for_status,
@@ -458,5 +461,222 @@ async fn without_a_key_the_admin_api_refuses_to_store_a_secret() {
         .unwrap()
         .into_inner();
     assert!(!list.webhook_secret_set);
+    central.stop().await;
+}
+
+/// The request an admin sends to store password AUTH to `relay` in clear (loopback), with
+/// `password` (`None`: keep the stored one).
+fn password_request(
+    relay: std::net::SocketAddr,
+    password: Option<&str>,
+) -> v1::UpsertSmtpConfigRequest {
+    v1::UpsertSmtpConfigRequest {
+        host: relay.ip().to_string(),
+        port: u32::from(relay.port()),
+        tls_mode: v1::SmtpTlsMode::None.into(),
+        from_address: SMTP_USER.into(),
+        auth_mechanism: v1::SmtpAuthMechanism::Password.into(),
+        username: SMTP_USER.into(),
+        password: password.map(Into::into),
+        max_retries: 5,
+        retry_delay: Some(to_duration(Duration::from_millis(300))),
+        ..Default::default()
+    }
+}
+
+/// Asserts that `refused` is INVALID_ARGUMENT naming `field` first and saying `why`.
+fn assert_refused(what: &str, refused: &tonic::Status, field: &str, why: &str) {
+    assert_eq!(refused.code(), Code::InvalidArgument, "{what}: {refused:?}");
+    assert!(
+        refused.message().starts_with(&format!("{field}:")) && refused.message().contains(why),
+        "{what}: {refused:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_stored_password_is_sent_only_to_the_relay_it_was_given_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = SmtpSink::start_with(SinkOptions {
+        auth: Some(AuthRequirement::password(SMTP_USER, PASSWORD_FILE)),
+    })
+    .await
+    .unwrap();
+    // A relay of the admin's choosing, which would learn the password if it were sent there.
+    let elsewhere = SmtpSink::start_with(SinkOptions {
+        auth: Some(AuthRequirement::password(SMTP_USER, PASSWORD_API)),
+    })
+    .await
+    .unwrap();
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    let smtp = config.smtp.as_mut().unwrap();
+    smtp.username = Some(SMTP_USER.into());
+    smtp.password = Some(PASSWORD_FILE.into());
+    let central = Central::start(config).await;
+    let mut admin = central.outbox().await;
+    let stored = admin
+        .get_smtp_config(v1::GetSmtpConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Host, port or TLS mode changed with the password left out: refused, naming the password.
+    let keep = password_request(sink.addr(), None);
+    let moves = [
+        (
+            "another port",
+            v1::UpsertSmtpConfigRequest {
+                port: u32::from(elsewhere.addr().port()),
+                ..keep.clone()
+            },
+        ),
+        (
+            "another host",
+            v1::UpsertSmtpConfigRequest {
+                host: "localhost".into(),
+                ..keep.clone()
+            },
+        ),
+        (
+            "another TLS mode",
+            v1::UpsertSmtpConfigRequest {
+                tls_mode: v1::SmtpTlsMode::Starttls.into(),
+                ..keep.clone()
+            },
+        ),
+    ];
+    for (what, request) in moves {
+        let refused = admin.upsert_smtp_config(request).await.unwrap_err();
+        assert_refused(what, &refused, "password", "must be given again");
+    }
+    // Password AUTH in clear to a host that is not this one: refused, saying loopback only.
+    let in_clear = v1::UpsertSmtpConfigRequest {
+        host: "relay.plant.example.test".into(),
+        password: Some(PASSWORD_API.into()),
+        ..keep.clone()
+    };
+    let refused = admin.upsert_smtp_config(in_clear).await.unwrap_err();
+    assert_refused("AUTH in clear", &refused, "tls_mode", "loopback");
+
+    // Nothing changed: the stored relay and password still deliver, and the other relay never
+    // heard from central.
+    let after = admin
+        .get_smtp_config(v1::GetSmtpConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after, stored);
+    assert_authenticated_delivery(&central, &sink, "after the refused moves").await;
+
+    // The same relay keeps the stored password: other settings change without it.
+    let retuned = admin
+        .upsert_smtp_config(v1::UpsertSmtpConfigRequest {
+            max_retries: 4,
+            ..keep.clone()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(retuned.password_set);
+    assert_eq!(retuned.max_retries, 4);
+    assert_authenticated_delivery(&central, &sink, "with the password kept").await;
+    assert_eq!(
+        elsewhere.max_concurrent_sessions(),
+        0,
+        "the other relay was contacted"
+    );
+
+    // With the password given again, the relay may move.
+    admin
+        .upsert_smtp_config(password_request(elsewhere.addr(), Some(PASSWORD_API)))
+        .await
+        .unwrap();
+    assert_authenticated_delivery(&central, &elsewhere, "to the new relay").await;
+    central.stop().await;
+}
+
+#[tokio::test]
+async fn a_stored_oauth_client_secret_is_sent_only_to_the_token_endpoint_it_was_given_for() {
+    let dir = tempfile::tempdir().unwrap();
+    let oauth = OAuthServer::start(OAUTH_CLIENT, OAUTH_SECRET_FILE, 3600)
+        .await
+        .unwrap();
+    // A token endpoint of the admin's choosing, which would learn the client secret.
+    let elsewhere = OAuthServer::start(OAUTH_CLIENT, OAUTH_SECRET_FILE, 3600)
+        .await
+        .unwrap();
+    let sink = SmtpSink::start_with(SinkOptions {
+        auth: Some(AuthRequirement::xoauth2(SMTP_USER, oauth.token_check())),
+    })
+    .await
+    .unwrap();
+    // A relay of the admin's choosing, which would receive the access tokens.
+    let other_relay = SmtpSink::start().await.unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let mut admin = central.outbox().await;
+    let request = |relay: std::net::SocketAddr, token_url: String, secret: Option<&str>| {
+        v1::UpsertSmtpConfigRequest {
+            host: relay.ip().to_string(),
+            port: u32::from(relay.port()),
+            tls_mode: v1::SmtpTlsMode::None.into(),
+            from_address: SMTP_USER.into(),
+            auth_mechanism: v1::SmtpAuthMechanism::Xoauth2.into(),
+            username: SMTP_USER.into(),
+            oauth_token_url: token_url,
+            oauth_client_id: OAUTH_CLIENT.into(),
+            oauth_client_secret: secret.map(Into::into),
+            max_retries: 5,
+            retry_delay: Some(to_duration(Duration::from_millis(300))),
+            ..Default::default()
+        }
+    };
+    admin
+        .upsert_smtp_config(request(sink.addr(), oauth.url(), Some(OAUTH_SECRET_FILE)))
+        .await
+        .unwrap();
+    let stored = admin
+        .get_smtp_config(v1::GetSmtpConfigRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Another token endpoint, or another relay for the tokens, without the secret: refused.
+    let refused = admin
+        .upsert_smtp_config(request(sink.addr(), elsewhere.url(), None))
+        .await
+        .unwrap_err();
+    assert_refused(
+        "another token URL",
+        &refused,
+        "oauth_client_secret",
+        "must be given again",
+    );
+    let refused = admin
+        .upsert_smtp_config(request(other_relay.addr(), oauth.url(), None))
+        .await
+        .unwrap_err();
+    assert_refused(
+        "another relay",
+        &refused,
+        "oauth_client_secret",
+        "must be given again",
+    );
+    assert_eq!(
+        admin
+            .get_smtp_config(v1::GetSmtpConfigRequest {})
+            .await
+            .unwrap()
+            .into_inner(),
+        stored
+    );
+
+    // Unchanged endpoint and relay keep the secret; deliveries authenticate as before, and
+    // neither the other endpoint nor the other relay heard from central.
+    admin
+        .upsert_smtp_config(request(sink.addr(), oauth.url(), None))
+        .await
+        .unwrap();
+    assert_authenticated_delivery(&central, &sink, "with the client secret kept").await;
+    assert_eq!(elsewhere.request_count(), 0);
+    assert_eq!(other_relay.max_concurrent_sessions(), 0);
     central.stop().await;
 }

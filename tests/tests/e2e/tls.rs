@@ -2,7 +2,8 @@
 //! serving TLS and requiring client certificates, sites forwarding over `https://`, a site
 //! refused at the handshake (no certificate, or one from another CA), a site certificate
 //! naming the only site its holder may submit as, and the rule that plaintext off loopback
-//! must be asked for.
+//! must be asked for. Central says when it cannot tell sites apart (TLS without client
+//! certificates): in its log at start, on `/metrics` and on the console's dashboard.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -23,8 +24,9 @@ use tonic::Code;
 use tonic::transport::Channel;
 
 use crate::harness::{
-    Central, DEADLINE, Db, central_config, channel, eventually, send_request, smtp_sink, submit,
-    tls_channel, wait_for_attempts_under_way, wait_for_status, wait_until_serving,
+    Central, CentralDatabase, DEADLINE, Db, binary, central_config, channel, database_url,
+    eventually, free_addr, send_request, smtp_sink, submit, tls_channel,
+    wait_for_attempts_under_way, wait_for_status, wait_until_serving, with_console,
 };
 
 /// A CA with central's server certificate, in `dir`.
@@ -511,4 +513,122 @@ async fn a_site_forwards_to_an_https_central_trusting_its_ca() {
     assert_eq!(status.status(), v1::NotificationStatus::Delivered);
     site.stop().await;
     central.stop().await;
+}
+
+/// `outbox_site_identity_unverified` on the `/metrics` at `addr`, once it is served.
+async fn site_identity_gauge(addr: SocketAddr) -> f64 {
+    eventually("/metrics answers", || async move {
+        let scrape = metrics_endpoint::get(addr, "/metrics").await.ok()?;
+        assert_eq!(scrape.status, 200);
+        let sample = metrics_endpoint::sample(&scrape.body, "outbox_site_identity_unverified");
+        assert!(sample.is_some(), "no site identity gauge:\n{}", scrape.body);
+        sample
+    })
+    .await
+}
+
+/// With TLS but no `client_ca`, any client that reaches central may submit, clear conditions and
+/// report health as any site. Central says so where an operator looks: a warning in its log at
+/// every start, `outbox_site_identity_unverified 1` on `/metrics`, and a warning on the
+/// console's dashboard. With `client_ca` the gauge is 0. Nothing else changes: such a central
+/// still serves every client it served before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn central_says_when_it_cannot_tell_sites_apart() {
+    use tokio::io::AsyncBufReadExt;
+
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+
+    // The binary, TLS without client_ca: its log says so at start.
+    let addr = free_addr().await;
+    let metrics = free_addr().await;
+    let db = dir.path().join("central.db");
+    let _database = CentralDatabase::create(&db).await;
+    let file = dir.path().join("central.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "listen_addr = \"{addr}\"\nmetrics_listen = \"{metrics}\"\ndatabase = \"{}\"\n\
+             [auth]\nmode = \"none\"\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            database_url(&db),
+            pki.server.cert.display(),
+            pki.server.key.display(),
+        ),
+    )
+    .unwrap();
+    let mut child = tokio::process::Command::new(binary("central-outbox"))
+        .args(["--config", file.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut log = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let warning = tokio::time::timeout(DEADLINE, async {
+        while let Some(line) = log.next_line().await.unwrap() {
+            if line.contains("client_ca") {
+                return line;
+            }
+        }
+        panic!("central's log ended without a word about client_ca");
+    })
+    .await
+    .expect("central warns about client_ca at start");
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("any site"), "{warning}");
+    assert_eq!(site_identity_gauge(metrics).await, 1.0);
+    // Still serving sites as before.
+    let ack = NotificationIngestClient::new(
+        tls_channel(addr, pki.pki.client_tls(None).unwrap())
+            .await
+            .unwrap(),
+    )
+    .submit_notification(submit("Tank 4 high level", "Level 97%"))
+    .await
+    .unwrap()
+    .into_inner();
+    assert_eq!(ack.outcome(), v1::SubmitOutcome::Accepted);
+    child.kill().await.unwrap();
+
+    // With client_ca, sites are told apart: 0.
+    let site = pki.pki.client_cert("site-a").unwrap();
+    let mut config = central_config(&dir.path().join("mutual"), None);
+    std::fs::create_dir_all(dir.path().join("mutual")).unwrap();
+    config.tls = pki.central_tls(true);
+    let metrics = free_addr().await;
+    config.metrics_listen = Some(metrics);
+    let central = Central::start_tls(config, pki.pki.client_tls(Some(&site)).unwrap()).await;
+    assert_eq!(site_identity_gauge(metrics).await, 0.0);
+    central.stop().await;
+
+    // Plaintext (here on loopback) cannot tell sites apart either: the dashboard says so.
+    let plain_dir = dir.path().join("plain");
+    std::fs::create_dir_all(&plain_dir).unwrap();
+    let mut config = central_config(&plain_dir, None);
+    with_console(&mut config).await;
+    let central = Central::start(config).await;
+    let dashboard = http_get(central.console.unwrap(), "/").await;
+    assert!(
+        dashboard.contains(r#"id="site-identity-warning""#) && dashboard.contains("any site"),
+        "{dashboard}"
+    );
+    central.stop().await;
+}
+
+/// The body of a plain HTTP GET of `path` at `addr`.
+async fn http_get(addr: SocketAddr, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw).await.unwrap();
+    let text = String::from_utf8(raw).unwrap();
+    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    text.split_once("\r\n\r\n").unwrap().1.to_owned()
 }
