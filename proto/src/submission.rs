@@ -72,8 +72,12 @@ pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
         .as_ref()
         .ok_or_else(|| ContentError::new("site_enqueued_at", "is required"))
         .and_then(|ts| {
-            from_timestamp(ts)
-                .ok_or_else(|| ContentError::new("site_enqueued_at", "is not a valid timestamp"))
+            from_timestamp(ts).ok_or_else(|| {
+                ContentError::new(
+                    "site_enqueued_at",
+                    "is not a valid timestamp (years 1 to 9999, nanos 0 to 999999999)",
+                )
+            })
         })?;
     let origin = ScriptOrigin::parse(
         msg.source_instance_id,

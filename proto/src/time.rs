@@ -13,9 +13,21 @@ pub fn to_timestamp(at: DateTime<Utc>) -> Timestamp {
     }
 }
 
-/// Decodes a protobuf timestamp; `None` if it is outside chrono's range or its nanos are invalid.
+/// The earliest instant a protobuf timestamp may hold: 0001-01-01T00:00:00Z.
+const MIN_SECONDS: i64 = -62_135_596_800;
+/// The latest: 9999-12-31T23:59:59.999999999Z. Also where MS SQL's `datetime2` ends, so an
+/// instant the services accept can always be stored (a later one failed a whole batch).
+const MAX_SECONDS: i64 = 253_402_300_799;
+
+/// Decodes a protobuf timestamp; `None` outside the range the protobuf spec allows (years 1 to
+/// 9999) or with nanos outside 0..1e9.
 pub fn from_timestamp(ts: &Timestamp) -> Option<DateTime<Utc>> {
-    let nanos = u32::try_from(ts.nanos).ok()?;
+    if !(MIN_SECONDS..=MAX_SECONDS).contains(&ts.seconds) {
+        return None;
+    }
+    let nanos = u32::try_from(ts.nanos)
+        .ok()
+        .filter(|&n| n < 1_000_000_000)?;
     DateTime::from_timestamp(ts.seconds, nanos)
 }
 
@@ -42,6 +54,21 @@ mod tests {
     fn round_trips_to_the_nanosecond() {
         let at = DateTime::from_timestamp(1_700_000_000, 123_456_789).unwrap();
         assert_eq!(from_timestamp(&to_timestamp(at)), Some(at));
+    }
+
+    #[test]
+    fn takes_years_1_to_9999_and_nothing_beyond() {
+        for (seconds, nanos) in [(MIN_SECONDS, 0), (MAX_SECONDS, 999_999_999)] {
+            assert!(from_timestamp(&Timestamp { seconds, nanos }).is_some());
+        }
+        for (seconds, nanos) in [
+            (MIN_SECONDS - 1, 0),
+            (MAX_SECONDS + 1, 0),
+            (i64::MAX, 0),
+            (0, 1_000_000_000),
+        ] {
+            assert_eq!(from_timestamp(&Timestamp { seconds, nanos }), None);
+        }
     }
 
     #[test]

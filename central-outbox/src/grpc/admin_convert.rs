@@ -76,7 +76,21 @@ fn optional_name(text: String, field: &'static str) -> Result<Option<String>, Co
             format!("longer than {MAX_FILTER_NAME_CHARS} characters"),
         ));
     }
+    no_control_characters(&text, field)?;
     Ok((!text.is_empty()).then_some(text))
+}
+
+/// No stored name or subject holds a control character (but a subject's tab), so a filter
+/// with one could match nothing; refused by name instead, the same on every store (MS SQL
+/// answered a NUL with a failed query, "store unavailable").
+fn no_control_characters(text: &str, field: &'static str) -> Result<(), ContentError> {
+    if text.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(ContentError::new(
+            field,
+            "must not contain control characters (NUL, CR, LF ...)",
+        ));
+    }
+    Ok(())
 }
 
 fn optional_time(
@@ -130,7 +144,10 @@ pub fn filter(
         created_from: optional_time(msg.created_from, "filter.created_from")?,
         created_to: optional_time(msg.created_to, "filter.created_to")?,
         stuck_before: msg.stuck_only.then_some(stuck_before),
-        subject_contains: (!msg.subject_contains.is_empty()).then_some(msg.subject_contains),
+        subject_contains: {
+            no_control_characters(&msg.subject_contains, "filter.subject_contains")?;
+            (!msg.subject_contains.is_empty()).then_some(msg.subject_contains)
+        },
         resolved_before: None,
     }
     .check()
@@ -852,6 +869,41 @@ mod tests {
     #[test]
     fn filters_name_bad_fields() {
         let now = Utc::now();
+        for (msg, field) in [
+            (
+                v1::NotificationFilter {
+                    source_site_id: "\0\u{ff}".into(),
+                    ..Default::default()
+                },
+                "filter.source_site_id",
+            ),
+            (
+                v1::NotificationFilter {
+                    list_name: "ops\r\n".into(),
+                    ..Default::default()
+                },
+                "filter.list_name",
+            ),
+            (
+                v1::NotificationFilter {
+                    subject_contains: "tank\0".into(),
+                    ..Default::default()
+                },
+                "filter.subject_contains",
+            ),
+            (
+                v1::NotificationFilter {
+                    created_from: Some(prost_types::Timestamp {
+                        seconds: 253_402_300_800,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                },
+                "filter.created_from",
+            ),
+        ] {
+            assert_eq!(filter(Some(msg), now).unwrap_err().field, field);
+        }
         let bad_status = v1::NotificationFilter {
             statuses: vec![v1::NotificationStatus::Forwarding.into()],
             ..Default::default()

@@ -348,3 +348,68 @@ async fn accepted_rows_are_counted_once_even_when_their_acks_are_lost() {
     .await;
     central.stop().await;
 }
+
+/// Times at the edges of what a protobuf timestamp (and MS SQL's datetime2) holds: a submit
+/// whose site time is past year 9999 used to fail the whole MS SQL batch it was in, blocking its
+/// site's stream. Now it is REJECTED on its own, naming the field, and the rest of the stream is
+/// stored; year 9999 itself is still a time like any other. A filter with a NUL in it answered
+/// "store unavailable" on MS SQL; now every store refuses it naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn times_past_year_9999_and_filters_with_control_characters_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let mut ingest = central.ingest().await;
+    let mut late = submit("Tank 4 high level", "Level 97%");
+    let at = |seconds, nanos| {
+        let instant = chrono::DateTime::from_timestamp(seconds, nanos).unwrap();
+        Some(outbox_proto::time::to_timestamp(instant))
+    };
+    // 10000-01-01T00:00:00Z, then the last instant of year 9999.
+    late.site_enqueued_at = at(253_402_300_800, 0);
+    let mut last = submit("Tank 5 high level", "Level 97%");
+    last.site_enqueued_at = at(253_402_300_799, 999_999_000);
+    let good = submit("Tank 6 high level", "Level 97%");
+    let acks: Vec<v1::NotificationSubmitAck> = ingest
+        .submit_notifications(tokio_stream::iter(vec![late.clone(), last, good]))
+        .await
+        .unwrap()
+        .into_inner()
+        .collect::<Result<_, _>>()
+        .await
+        .unwrap();
+    assert_eq!(acks.len(), 3);
+    for ack in &acks {
+        if ack.notification_id == late.notification_id {
+            assert_eq!(ack.outcome(), v1::SubmitOutcome::Rejected);
+            assert!(
+                ack.reason.starts_with("site_enqueued_at:"),
+                "{}",
+                ack.reason
+            );
+        } else {
+            assert_eq!(ack.outcome(), v1::SubmitOutcome::Accepted, "{ack:?}");
+        }
+    }
+    let db = Db::open(&central.db);
+    assert_eq!(db.count("SELECT COUNT(*) FROM Notifications"), 2);
+
+    let refused = central
+        .outbox()
+        .await
+        .query_notifications(v1::QueryNotificationsRequest {
+            filter: Some(v1::NotificationFilter {
+                source_site_id: "\0\u{ff}".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::InvalidArgument);
+    assert!(
+        refused.message().starts_with("filter.source_site_id:"),
+        "{}",
+        refused.message()
+    );
+    central.stop().await;
+}
