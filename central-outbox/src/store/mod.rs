@@ -350,3 +350,22 @@ pub trait ChannelSettingsStore: ReadChannelSettings {
     /// naming the key id, if one was sealed with a key that is not configured.
     fn reseal_secrets(&self) -> impl Future<Output = Result<ResealReport>> + Send;
 }
+
+/// A rate limit as a backend read it, brought within the bounds (`RateLimit::stored`) with a
+/// warning: the one rule both backends decode with.
+pub(crate) fn stored_rate_limit(
+    per_second: f64,
+    burst: Option<u32>,
+) -> crate::domain::channel::RateLimit {
+    let (limit, changed) = crate::domain::channel::RateLimit::stored(per_second, burst);
+    if changed {
+        tracing::warn!(
+            per_second,
+            ?burst,
+            used_per_second = limit.per_second(),
+            used_burst = limit.burst(),
+            "a stored rate limit is out of bounds; using the nearest allowed values (store it again to silence this)"
+        );
+    }
+    limit
+}

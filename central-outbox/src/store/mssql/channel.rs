@@ -18,8 +18,8 @@ use tiberius::Row;
 use super::dispatch::single_count;
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::channel::{
-    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings,
+    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, SmtpAuth,
+    SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::consolidation::Consolidation;
 use crate::domain::retry::Backoff;
@@ -293,17 +293,7 @@ fn read_policy(row: &Row) -> Result<DeliveryPolicy> {
             .map_err(|_| corrupt(format!("connections {connections}")))?,
         rate_limit: rate.map(|per_second| {
             let burst = burst.map(|b| u32::try_from(b).unwrap_or(u32::MAX));
-            let (limit, changed) = RateLimit::stored(per_second, burst);
-            if changed {
-                tracing::warn!(
-                    per_second,
-                    ?burst,
-                    used_per_second = limit.per_second(),
-                    used_burst = limit.burst(),
-                    "a stored rate limit is out of bounds; using the nearest allowed values (store it again to silence this)"
-                );
-            }
-            limit
+            super::super::stored_rate_limit(per_second, burst)
         }),
     })
 }

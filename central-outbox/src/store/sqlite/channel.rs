@@ -16,8 +16,8 @@ use super::{at_ms, corrupt, duration_ms, ms};
 use std::time::Duration;
 
 use crate::domain::channel::{
-    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, RateLimit,
-    SmtpAuth, SmtpSettings, Stored, TlsMode, WebhookSettings,
+    DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, SmtpAuth,
+    SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
@@ -274,29 +274,14 @@ impl SmtpRow {
                     retry_delay,
                     backoff,
                     max_concurrent_connections: self.connections,
-                    rate_limit: self
-                        .rate_per_second
-                        .map(|per_second| stored_rate_limit(per_second, self.rate_burst)),
+                    rate_limit: self.rate_per_second.map(|per_second| {
+                        super::super::stored_rate_limit(per_second, self.rate_burst)
+                    }),
                 },
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
         })
     }
-}
-
-/// A stored rate limit, brought within the bounds (`RateLimit::stored`) with a warning.
-fn stored_rate_limit(per_second: f64, burst: Option<u32>) -> RateLimit {
-    let (limit, changed) = RateLimit::stored(per_second, burst);
-    if changed {
-        tracing::warn!(
-            per_second,
-            ?burst,
-            used_per_second = limit.per_second(),
-            used_burst = limit.burst(),
-            "a stored rate limit is out of bounds; using the nearest allowed values (store it again to silence this)"
-        );
-    }
-    limit
 }
 
 /// A stored backoff: an exponential one's cap, where a row lacks it, is its base delay.
@@ -408,9 +393,9 @@ impl WebhookRow {
                     retry_delay,
                     backoff: decode_backoff(&self.backoff, retry_delay, self.max_retry_delay_ms)?,
                     max_concurrent_connections: self.connections,
-                    rate_limit: self
-                        .rate_per_second
-                        .map(|per_second| stored_rate_limit(per_second, self.rate_burst)),
+                    rate_limit: self.rate_per_second.map(|per_second| {
+                        super::super::stored_rate_limit(per_second, self.rate_burst)
+                    }),
                 },
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
