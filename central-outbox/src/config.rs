@@ -858,15 +858,8 @@ impl Config {
                 );
             }
         }
-        let faults = match &self.test_faults {
-            None => FaultPlan::default(),
-            Some(_) if !cfg!(debug_assertions) => {
-                bail!("test_faults: fault injection exists only in debug builds")
-            }
-            Some(plan) => {
-                FaultPlan::parse(plan).map_err(|e| anyhow::anyhow!("test_faults: {e}"))?
-            }
-        };
+        let faults = FaultPlan::from_setting(self.test_faults.as_deref())
+            .map_err(|e| anyhow::anyhow!("test_faults: {e}"))?;
         Ok(Settings {
             faults,
             console,

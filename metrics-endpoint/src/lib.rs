@@ -86,6 +86,27 @@ where
     }
 }
 
+/// Reads from `stream` until the peer closes it (end of stream, or an error such as a reset or
+/// a TLS stream cut without close_notify), for at most `within`. Returns what arrived, or
+/// `None` if the stream was still open then. For tests of how a server ends connections.
+pub async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(
+    stream: &mut S,
+    within: Duration,
+) -> Option<Vec<u8>> {
+    let mut arrived = Vec::new();
+    let closed = tokio::time::timeout(within, async {
+        let mut chunk = [0u8; 4096];
+        loop {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => arrived.extend_from_slice(&chunk[..n]),
+            }
+        }
+    })
+    .await;
+    closed.is_ok().then_some(arrived)
+}
+
 /// An HTTP answer as [`get`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -180,25 +201,12 @@ mod tests {
         (addr, stats, shutdown, server)
     }
 
-    /// Reads from `stream` until the server closes it (end of stream, or a reset); returns what
-    /// arrived meanwhile. Panics if the server keeps it open for [`DEADLINE`].
+    /// What arrived on `stream` until the server closed it. Panics if the server keeps it
+    /// open for [`DEADLINE`].
     async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
-        let mut arrived = Vec::new();
-        let closed = tokio::time::timeout(DEADLINE, async {
-            let mut chunk = [0u8; 4096];
-            loop {
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => arrived.extend_from_slice(&chunk[..n]),
-                }
-            }
-        })
-        .await;
-        assert!(
-            closed.is_ok(),
-            "the server kept the connection open for {DEADLINE:?}"
-        );
-        arrived
+        super::read_until_closed(stream, DEADLINE)
+            .await
+            .unwrap_or_else(|| panic!("the server kept the connection open for {DEADLINE:?}"))
     }
     #[tokio::test]
     async fn renders_on_every_scrape_404s_elsewhere_and_stops_on_shutdown() {

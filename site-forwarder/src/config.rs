@@ -336,14 +336,8 @@ impl Config {
 
     /// The supervised task starts that are to fail (`test_faults`; debug builds only).
     pub fn faults(&self) -> anyhow::Result<task_supervisor::FaultPlan> {
-        match &self.test_faults {
-            None => Ok(task_supervisor::FaultPlan::default()),
-            Some(_) if !cfg!(debug_assertions) => {
-                bail!("test_faults: fault injection exists only in debug builds")
-            }
-            Some(plan) => task_supervisor::FaultPlan::parse(plan)
-                .map_err(|e| anyhow::anyhow!("test_faults: {e}")),
-        }
+        task_supervisor::FaultPlan::from_setting(self.test_faults.as_deref())
+            .map_err(|e| anyhow::anyhow!("test_faults: {e}"))
     }
 
     /// Checks what serde cannot; each message starts with the key.

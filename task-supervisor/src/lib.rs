@@ -174,6 +174,19 @@ impl FaultPlan {
         })
     }
 
+    /// The plan a service's `test_faults` setting asks for: none when unset; refused in release
+    /// builds, where fault injection does not exist. The error is for the caller to prefix
+    /// with the key.
+    pub fn from_setting(setting: Option<&str>) -> Result<Self, String> {
+        match setting {
+            None => Ok(Self::default()),
+            Some(_) if !cfg!(debug_assertions) => {
+                Err("fault injection exists only in debug builds".into())
+            }
+            Some(plan) => Self::parse(plan),
+        }
+    }
+
     /// Whether this start of `task` is to fail (and counts it).
     fn take(&self, task: &str) -> bool {
         let Ok(mut planned) = self.planned.lock() else {

@@ -270,26 +270,12 @@ mod tests {
 
     const HALF_A_HEADER: &[u8] = b"GET / HTTP/1.1\r\nHost: localhost\r\n";
 
-    /// Reads from `stream` until the server closes it (end of stream, or an error such as a
-    /// reset or a TLS stream cut without close_notify); returns what arrived meanwhile. Panics if
-    /// the server keeps it open for [`DEADLINE`].
+    /// What arrived on `stream` until the server closed it (a reset or a TLS stream cut without
+    /// close_notify counts). Panics if the server keeps it open for [`DEADLINE`].
     async fn read_until_closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S) -> Vec<u8> {
-        let mut arrived = Vec::new();
-        let closed = tokio::time::timeout(DEADLINE, async {
-            let mut chunk = [0u8; 4096];
-            loop {
-                match stream.read(&mut chunk).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => arrived.extend_from_slice(&chunk[..n]),
-                }
-            }
-        })
-        .await;
-        assert!(
-            closed.is_ok(),
-            "the server kept the connection open for {DEADLINE:?}"
-        );
-        arrived
+        metrics_endpoint::read_until_closed(stream, DEADLINE)
+            .await
+            .unwrap_or_else(|| panic!("the server kept the connection open for {DEADLINE:?}"))
     }
 
     /// Polls `served` until it is true, or panics after [`DEADLINE`].

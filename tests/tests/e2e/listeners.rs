@@ -193,25 +193,11 @@ async fn a_rejected_ack_echoes_a_bounded_part_of_a_huge_notification_id() {
     central.stop().await;
 }
 
-/// Reads from `stream` until central closes it; what arrived meanwhile. Panics if it stays open
-/// for [`DEADLINE`].
+/// What arrived on `stream` until central closed it. Panics if it stays open for [`DEADLINE`].
 async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
-    let mut arrived = Vec::new();
-    let closed = tokio::time::timeout(DEADLINE, async {
-        let mut chunk = [0u8; 4096];
-        loop {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return,
-                Ok(n) => arrived.extend_from_slice(&chunk[..n]),
-            }
-        }
-    })
-    .await;
-    assert!(
-        closed.is_ok(),
-        "central kept the connection open for {DEADLINE:?}"
-    );
-    arrived
+    metrics_endpoint::read_until_closed(stream, DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("central kept the connection open for {DEADLINE:?}"))
 }
 
 #[tokio::test]
