@@ -645,14 +645,14 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             self.parts.claim_timeout.as_secs()
         );
         let records: Vec<AttemptRecord> = match &work {
-            Work::Row(n) => vec![not_sent(n, false, why)],
+            Work::Row(n) => vec![not_sent(n, false, why.clone())],
             Work::Digest(d) => d
                 .rows
                 .iter()
                 .map(|n| not_sent(n, true, why.clone()))
                 .collect(),
         };
-        tracing::warn!(rows = records.len(), channel = %self.parts.kind, "{}", records[0].error.as_deref().unwrap_or_default());
+        tracing::warn!(rows = records.len(), channel = %self.parts.kind, "{why}");
         self.parts
             .metrics
             .claims_released(self.parts.kind, records.len() as u64);
