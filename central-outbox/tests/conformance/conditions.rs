@@ -252,3 +252,231 @@ pub async fn a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered<S: 
     assert_eq!(report.notifications, 1);
     assert!(store.state(cleared.submission.id).await.unwrap().is_none());
 }
+
+/// A keyed row of `site`/`list` enqueued at the site at `at`.
+fn keyed_at(
+    list: &'static str,
+    subject: &str,
+    key: &str,
+    at: chrono::DateTime<Utc>,
+) -> NewNotification {
+    let mut row = keyed("north", list, subject, key);
+    row.submission.provenance.site_enqueued_at = at;
+    row
+}
+
+/// The site's time in whole milliseconds, as both stores keep it, so that ties are exact.
+fn site_now() -> chrono::DateTime<Utc> {
+    chrono::DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap()
+}
+
+pub async fn a_late_older_keyed_notification_is_stored_superseded<S: OutboxStore>(store: &S) {
+    let t = site_now();
+    let five = chrono::Duration::seconds(5);
+
+    // Waiting: the newer row (T) arrives first, the older one (T - 5 s) after it.
+    let newer = keyed_at("ops", "99%", "a", t);
+    submit(store, &newer).await;
+    let late = keyed_at("ops", "95%", "a", t - five);
+    submit(store, &late).await;
+    // The same late row's key on another list is another condition: untouched.
+    let other_list = keyed_at("ops-webhook", "95% elsewhere", "a", t - five);
+    submit(store, &other_list).await;
+
+    // Delivered: the newer row already went out; a late older one is stale all the same.
+    let epoch = seed::lease(store).await;
+    let sent = keyed_at("ops", "sent", "b", t);
+    submit(store, &sent).await;
+    let claimed = claim(store, epoch, 10).await;
+    let sent_claim = claimed
+        .iter()
+        .find(|c| c.id == sent.submission.id)
+        .expect("the newer row is claimed");
+    seed::record(store, sent_claim, End::Delivered).await;
+    // Release the other claims: they are looked at below, waiting.
+    for c in claimed.iter().filter(|c| c.id != sent.submission.id) {
+        seed::record(store, c, End::Retrying(0)).await;
+    }
+    let late_after_sent = keyed_at("ops", "late after sent", "b", t - five);
+    submit(store, &late_after_sent).await;
+
+    // One batch, newest first: the older row in it is stale when it is stored.
+    let batch_newer = keyed_at("ops", "batch newer", "c", t);
+    let batch_older = keyed_at("ops", "batch older", "c", t - five);
+    assert_eq!(
+        store
+            .submit(vec![batch_newer.clone(), batch_older.clone()])
+            .await
+            .unwrap(),
+        [InsertOutcome::Accepted, InsertOutcome::Accepted]
+    );
+
+    // A tie on the site's time: the later arrival wins.
+    let first = keyed_at("ops", "tie first", "d", t);
+    submit(store, &first).await;
+    let second = keyed_at("ops", "tie second", "d", t);
+    submit(store, &second).await;
+
+    for (stale, by) in [
+        (&late, &newer),
+        (&late_after_sent, &sent),
+        (&batch_older, &batch_newer),
+        (&first, &second),
+    ] {
+        let subject = stale.submission.content.subject.as_str();
+        assert_eq!(status(store, stale).await, Status::Superseded, "{subject}");
+        assert_eq!(
+            last_event(store, stale).await,
+            HistoryEvent::Superseded {
+                by: by.submission.id
+            },
+            "{subject}"
+        );
+        let state = store.state(stale.submission.id).await.unwrap().unwrap();
+        assert!(state.resolved_at.is_some(), "{subject}");
+        assert_eq!(state.next_attempt_at, None, "{subject}");
+    }
+    assert_eq!(status(store, &sent).await, Status::Delivered);
+
+    // What is due is the latest state of each condition, and the other list's row.
+    let claimed = claim(store, epoch, 20).await;
+    let mut subjects: Vec<&str> = claimed.iter().map(|c| c.content.subject.as_str()).collect();
+    subjects.sort();
+    assert_eq!(
+        subjects,
+        ["95% elsewhere", "99%", "batch newer", "tie second"]
+    );
+}
+
+pub async fn a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delivers_it<
+    S: OutboxStore,
+>(
+    store: &S,
+) {
+    let epoch = seed::lease(store).await;
+    // Four keyed rows, each of its own key, all claimed (being delivered).
+    let failing_superseded = keyed("north", "ops", "fails, superseded", "k1");
+    let parking_cleared = keyed("north", "ops", "parks, cleared", "k2");
+    let delivered_superseded = keyed("north", "ops", "delivered, superseded", "k3");
+    let untouched = keyed("north", "ops", "fails, untouched", "k4");
+    let rows = [
+        &failing_superseded,
+        &parking_cleared,
+        &delivered_superseded,
+        &untouched,
+    ];
+    for row in rows {
+        submit(store, row).await;
+    }
+    let claimed = claim(store, epoch, 10).await;
+    assert_eq!(claimed.len(), 4);
+    let claim_of = |row: &NewNotification| {
+        claimed
+            .iter()
+            .find(|c| c.id == row.submission.id)
+            .expect("claimed")
+            .clone()
+    };
+
+    // While they are out: a newer state of k1 and k3, and k2 cleared. The claimed rows are left
+    // to their attempts.
+    let newer_k1 = keyed("north", "ops", "newer k1", "k1");
+    let newer_k3 = keyed("north", "ops", "newer k3", "k3");
+    submit(store, &newer_k1).await;
+    submit(store, &newer_k3).await;
+    let north = SiteId::parse("north".into()).unwrap();
+    let k2 = ConditionKey::parse("k2".into(), "condition_key").unwrap();
+    let cleared = store
+        .clear_condition(&north, &k2, Actor::new("operator ana"))
+        .await
+        .unwrap();
+    assert!(
+        cleared.is_empty(),
+        "a row being delivered is not cleared then"
+    );
+    for row in rows {
+        assert_eq!(status(store, row).await, Status::Pending);
+    }
+
+    // The attempts end: a transient failure, a permanent one, a delivery, a transient failure.
+    seed::record(store, &claim_of(&failing_superseded), End::Retrying(60)).await;
+    seed::record(store, &claim_of(&parking_cleared), End::Parked).await;
+    seed::record(store, &claim_of(&delivered_superseded), End::Delivered).await;
+    seed::record(store, &claim_of(&untouched), End::Retrying(60)).await;
+
+    assert_eq!(status(store, &failing_superseded).await, Status::Superseded);
+    assert_eq!(
+        last_event(store, &failing_superseded).await,
+        HistoryEvent::Superseded {
+            by: newer_k1.submission.id
+        }
+    );
+    assert_eq!(status(store, &parking_cleared).await, Status::Cleared);
+    assert_eq!(
+        last_event(store, &parking_cleared).await,
+        HistoryEvent::Cleared {
+            actor: "operator ana".into()
+        }
+    );
+    for row in [&failing_superseded, &parking_cleared] {
+        let detail = store.detail(row.submission.id).await.unwrap().unwrap();
+        // The attempt, then the ending it made final.
+        assert_eq!(detail.history.len(), 2);
+        assert!(matches!(
+            detail.history[0].event,
+            HistoryEvent::Attempt { .. }
+        ));
+        assert_eq!(detail.state.next_attempt_at, None);
+        assert!(detail.state.resolved_at.is_some());
+    }
+    // Delivered is delivered: its attempt was under way before the newer state arrived.
+    assert_eq!(
+        status(store, &delivered_superseded).await,
+        Status::Delivered
+    );
+    assert_eq!(status(store, &untouched).await, Status::Retrying);
+    for row in [&newer_k1, &newer_k3] {
+        assert_eq!(status(store, row).await, Status::Pending);
+    }
+}
+
+pub async fn a_row_ended_while_claimed_ends_when_its_claim_expires<S: OutboxStore>(store: &S) {
+    let epoch = seed::lease(store).await;
+    let row = keyed("north", "ops", "its node dies", KEY);
+    submit(store, &row).await;
+    let claimed = store
+        .claim_due(
+            LEASE,
+            epoch,
+            NotificationType::Email,
+            ClaimLanes::in_turn(10),
+            Duration::from_millis(300),
+        )
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 1);
+    let newer = keyed("north", "ops", "newer", KEY);
+    submit(store, &newer).await;
+    assert_eq!(status(store, &row).await, Status::Pending);
+
+    // The node delivering it dies. The newer row is claimed (and kept) meanwhile; once the old
+    // row's claim runs out, a claim ends it as recorded rather than claiming it again.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let mut claimed_ids = Vec::new();
+    while status(store, &row).await == Status::Pending {
+        claimed_ids.extend(claim(store, epoch, 10).await.iter().map(|c| c.id));
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the expired claim was never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(claimed_ids, [newer.submission.id]);
+    assert_eq!(status(store, &row).await, Status::Superseded);
+    assert_eq!(
+        last_event(store, &row).await,
+        HistoryEvent::Superseded {
+            by: newer.submission.id
+        }
+    );
+}

@@ -248,6 +248,18 @@ macro_rules! whole_store_behaviours {
             conditions::a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered
         );
         behaviour!(
+            a_late_older_keyed_notification_is_stored_superseded,
+            conditions::a_late_older_keyed_notification_is_stored_superseded
+        );
+        behaviour!(
+            a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delivers_it,
+            conditions::a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delivers_it
+        );
+        behaviour!(
+            a_row_ended_while_claimed_ends_when_its_claim_expires,
+            conditions::a_row_ended_while_claimed_ends_when_its_claim_expires
+        );
+        behaviour!(
             a_flood_is_held_and_claimed_as_digests_when_its_window_ends,
             consolidation::a_flood_is_held_and_claimed_as_digests_when_its_window_ends
         );

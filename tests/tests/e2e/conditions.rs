@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use outbox_proto::v1;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
-use outbox_tests::smtp_sink::SmtpSink;
+use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
 use tokio::net::TcpListener;
 
 use crate::harness::{
@@ -186,6 +186,153 @@ async fn a_newer_notification_supersedes_and_a_clear_ends_the_undelivered_ones()
         Db::open(&central.db).row(&newer.notification_id).unwrap().0,
         "Delivered"
     );
+    central.stop().await;
+}
+
+/// `msg` as enqueued at the site `age` before now.
+fn enqueued_ago(mut msg: v1::NotificationSubmit, age: Duration) -> v1::NotificationSubmit {
+    let at = chrono::Utc::now() - chrono::Duration::from_std(age).unwrap();
+    msg.site_enqueued_at = Some(outbox_proto::time::to_timestamp(at));
+    msg
+}
+
+/// A site pair's hand-over delivers the old active's rows after the new active's: a keyed
+/// notification older by the site's clock arrives after a newer one of its condition. The latest
+/// state wins by the site's time, whether the newer one is still waiting or already delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_older_notification_never_reaches_the_relay_after_the_newer_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = start_central(dir.path(), sink.addr()).await;
+    let mut ingest = central.ingest().await;
+
+    // Both waiting behind a busy relay: "99%" (now), then "95%" (5 s older at the site).
+    let fillers = hold_the_relay(&central, &sink).await;
+    let newer = keyed("tank 4 at 99%", "site-a", "tank4.level");
+    let late = enqueued_ago(
+        keyed("tank 4 at 95%", "site-a", "tank4.level"),
+        Duration::from_secs(5),
+    );
+    for msg in [&newer, &late] {
+        ingest.submit_notification(msg.clone()).await.unwrap();
+    }
+    sink.resume_replies();
+    for id in fillers.iter().chain([&newer.notification_id]) {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    wait_for_status(&central.db, &late.notification_id, "Superseded").await;
+
+    // The newer one already delivered when the older one arrives.
+    let delivered = keyed("pump 7 at 80 bar", "site-a", "pump7.pressure");
+    ingest.submit_notification(delivered.clone()).await.unwrap();
+    wait_for_status(&central.db, &delivered.notification_id, "Delivered").await;
+    let late_after = enqueued_ago(
+        keyed("pump 7 at 60 bar", "site-a", "pump7.pressure"),
+        Duration::from_secs(5),
+    );
+    ingest
+        .submit_notification(late_after.clone())
+        .await
+        .unwrap();
+    wait_for_status(&central.db, &late_after.notification_id, "Superseded").await;
+    // A notification after it is delivered, so the stale one had every chance to go out.
+    let after = keyed("after", "site-a", "");
+    ingest.submit_notification(after.clone()).await.unwrap();
+    wait_for_status(&central.db, &after.notification_id, "Delivered").await;
+
+    let mailed = subjects(&sink);
+    for stale in ["tank 4 at 95%", "pump 7 at 60 bar"] {
+        assert!(!mailed.contains(stale), "{stale} was mailed: {mailed:?}");
+    }
+    for current in ["tank 4 at 99%", "pump 7 at 80 bar", "after"] {
+        assert!(mailed.contains(current), "{current} missing: {mailed:?}");
+    }
+    // The history names the state that replaced it.
+    let mut outbox = central.outbox().await;
+    for (stale, by) in [(&late, &newer), (&late_after, &delivered)] {
+        let detail = outbox
+            .get_notification_detail(v1::GetNotificationDetailRequest {
+                notification_id: stale.notification_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let last = detail.history.last().unwrap();
+        assert_eq!(last.kind(), v1::HistoryEntryKind::Superseded);
+        assert_eq!(last.superseded_by, by.notification_id);
+    }
+    central.stop().await;
+}
+
+/// A keyed notification already at the relay when a newer state or a clear arrives is left to
+/// its attempt; when that attempt fails for now, the notification ends Superseded or Cleared
+/// rather than being retried and mailed after the newer state or the clear.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_ended_while_at_the_relay_is_not_retried_after_a_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = start_central(dir.path(), sink.addr()).await;
+    let mut ingest = central.ingest().await;
+
+    sink.pause_replies();
+    let superseded = keyed("tank 4 high", "site-a", "tank4.level.high");
+    let cleared = keyed("pump 7 tripped", "site-a", "pump7.trip");
+    let plain = keyed("no key", "site-a", "");
+    for msg in [&superseded, &cleared, &plain] {
+        ingest.submit_notification(msg.clone()).await.unwrap();
+    }
+    wait_for_attempts_under_way(&central.db, 3).await;
+
+    // While all three are out: a newer state of the first's condition, and the second's cleared.
+    let newer = keyed("tank 4 high again", "site-a", "tank4.level.high");
+    ingest.submit_notification(newer.clone()).await.unwrap();
+    let response = ingest
+        .clear_condition(v1::ClearConditionRequest {
+            condition_key: "pump7.trip".into(),
+            source_site_id: "site-a".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        response.cleared, 0,
+        "a notification at the relay is left to its attempt"
+    );
+
+    // The relay refuses the three for now, then accepts.
+    sink.set_behaviour_for(
+        3,
+        Behaviour::RejectData {
+            code: 451,
+            text: "4.3.0 try again later".into(),
+        },
+    );
+    sink.resume_replies();
+    wait_for_status(&central.db, &superseded.notification_id, "Superseded").await;
+    wait_for_status(&central.db, &cleared.notification_id, "Cleared").await;
+    for msg in [&plain, &newer] {
+        wait_for_status(&central.db, &msg.notification_id, "Delivered").await;
+    }
+    let mailed = subjects(&sink);
+    let expected: BTreeSet<String> = ["no key", "tank 4 high again"].map(String::from).into();
+    assert_eq!(mailed, expected);
+
+    // Each history: the failed attempt, then the ending it made final.
+    let mut outbox = central.outbox().await;
+    for (msg, kind) in [
+        (&superseded, v1::HistoryEntryKind::Superseded),
+        (&cleared, v1::HistoryEntryKind::Cleared),
+    ] {
+        let detail = outbox
+            .get_notification_detail(v1::GetNotificationDetailRequest {
+                notification_id: msg.notification_id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let kinds: Vec<v1::HistoryEntryKind> = detail.history.iter().map(|e| e.kind()).collect();
+        assert_eq!(kinds, [v1::HistoryEntryKind::DeliveryAttempt, kind]);
+    }
     central.stop().await;
 }
 

@@ -94,6 +94,7 @@ pub(super) fn claim_digest(
     if !holds_lease {
         return Ok(Vec::new());
     }
+    super::settle_pending_ends(conn, now_ms)?;
     let list: Option<String> = conn
         .prepare_cached(include_str!("sql/select_digest_list.sql"))?
         .query_row(params![kind.as_str(), now_ms], |row| row.get(0))

@@ -52,6 +52,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "webhook_channel",
         sql: include_str!("../../../../migrations/sqlite/0008_webhook_channel.sql"),
     },
+    Migration {
+        version: 9,
+        name: "latest_condition_state",
+        sql: include_str!("../../../../migrations/sqlite/0009_latest_condition_state.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

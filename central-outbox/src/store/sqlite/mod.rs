@@ -432,17 +432,26 @@ fn insert_idempotently(
             s.cleared_at_site.map(|_| ms(now)),
         ])?;
         let outcome = if inserted == 1 {
-            match (&s.cleared_at_site, &s.condition_key) {
+            // A row stored already ended (cleared at the site, or stale on arrival) neither
+            // supersedes others nor counts towards its list's flood window.
+            let ended_on_arrival = match (&s.cleared_at_site, &s.condition_key) {
                 (Some(cleared_at), _) => {
                     // The history says who ended it and when: the site, before forwarding it.
                     let actor = site_actor(p.source_site_id.as_str());
                     let first = [(id.clone(), 1)];
                     record_endings(conn, &first, ms(*cleared_at), CLEARED_ENTRY, actor.as_str())?;
+                    true
                 }
-                (None, Some(key)) => supersede_older(conn, s, key, now)?,
-                (None, None) => {}
-            }
-            if s.cleared_at_site.is_none() {
+                (None, Some(key)) => {
+                    let stale = superseded_on_arrival(conn, &id, now)?;
+                    if !stale {
+                        supersede_older(conn, s, key, now)?;
+                    }
+                    stale
+                }
+                (None, None) => false,
+            };
+            if !ended_on_arrival {
                 let list = s.content.list_name.as_str();
                 let rules = match consolidating.get(list) {
                     Some(rules) => *rules,
@@ -468,9 +477,32 @@ fn insert_idempotently(
     Ok(outcomes)
 }
 
+/// Stores the keyed row `id`, just inserted, as Superseded when its site, key and list already
+/// have a row enqueued at the site after it (in any status): the latest state wins by the site's
+/// time, whatever order the rows arrive in. Its history entry names the newest such row.
+fn superseded_on_arrival(conn: &Connection, id: &str, now: DateTime<Utc>) -> Result<bool> {
+    let now_ms = ms(now);
+    let newer: Option<String> = conn
+        .prepare_cached(include_str!("sql/supersede_on_arrival.sql"))?
+        .query_row(params![id, now_ms], |row| row.get(0))
+        .optional()?;
+    let Some(newer) = newer else {
+        return Ok(false);
+    };
+    record_endings(
+        conn,
+        &[(id.to_owned(), 1)],
+        now_ms,
+        SUPERSEDED_ENTRY,
+        &newer,
+    )?;
+    Ok(true)
+}
+
 /// Ends the waiting rows that `newer` (just stored, with condition key `key`) supersedes: the
-/// unclaimed Pending/Retrying rows of its site, list and key enqueued at the site no later than
-/// it. Each gets a history entry naming `newer`.
+/// unclaimed Pending/Retrying/Held rows of its site, list and key enqueued at the site no later
+/// than it. Each gets a history entry naming `newer`. The claimed ones (being delivered) are
+/// marked instead: they end Superseded when their attempt does not deliver them.
 fn supersede_older(
     conn: &Connection,
     newer: &Submission,
@@ -493,6 +525,15 @@ fn supersede_older(
             |row| Ok((row.get::<_, String>(0)?, row.get::<_, u32>(1)?)),
         )?
         .collect::<rusqlite::Result<Vec<_>>>()?;
+    conn.prepare_cached(include_str!("sql/mark_in_flight_superseded.sql"))?
+        .execute(params![
+            now_ms,
+            newer.provenance.source_site_id.as_str(),
+            key.as_str(),
+            newer.content.list_name.as_str(),
+            ms(newer.provenance.site_enqueued_at),
+            newer_id,
+        ])?;
     record_endings(conn, &ended, now_ms, SUPERSEDED_ENTRY, &newer_id)
 }
 
@@ -530,6 +571,8 @@ fn clear_condition(
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     record_endings(conn, &ended, now_ms, CLEARED_ENTRY, actor.as_str())?;
+    conn.prepare_cached(include_str!("sql/mark_in_flight_cleared.sql"))?
+        .execute(params![now_ms, site.as_str(), key.as_str(), actor.as_str()])?;
     ended
         .iter()
         .map(|(id, _)| {
@@ -572,6 +615,7 @@ fn claim(
     now: DateTime<Utc>,
 ) -> Result<Vec<ClaimedNotification>> {
     let now_ms = ms(now);
+    settle_pending_ends(conn, now_ms)?;
     let until = now_ms.saturating_add(duration_ms(claim_timeout));
     let mut rows = Vec::with_capacity(lanes.total());
     for (sql, limit, in_turn) in [
@@ -604,6 +648,32 @@ fn claim(
         rows.extend(lane);
     }
     stamp_claims(conn, rows, epoch, now_ms, None)
+}
+
+/// Ends the rows superseded or cleared while claimed whose claim expired without an outcome (see
+/// `settle_pending_ends.sql`), each with its history entry, so that no claim delivers them again.
+pub(super) fn settle_pending_ends(conn: &Connection, now_ms: i64) -> Result<()> {
+    let ended = conn
+        .prepare_cached(include_str!("sql/settle_pending_ends.sql"))?
+        .query_map([now_ms], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, u32>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<String>>(3)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for (id, sequence, entry, by) in ended {
+        record_endings(
+            conn,
+            &[(id, sequence)],
+            now_ms,
+            &entry,
+            by.as_deref().unwrap_or_default(),
+        )?;
+    }
+    Ok(())
 }
 
 /// Writes the InFlight attempt row of each claimed row (naming `digest`, for the rows of one)
@@ -727,22 +797,42 @@ impl ClaimedRow {
 fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Result<bool> {
     let t = &record.transition;
     let delivered_at = t.delivered_at().map(ms);
+    let now_ms = ms(Utc::now());
     let mut update = conn.prepare_cached(include_str!("sql/record_outcome.sql"))?;
-    let changed = update.execute(params![
-        t.status.as_str(),
-        t.retry_count,
-        t.last_error,
-        t.next_attempt_at.map(ms),
-        delivered_at,
-        t.resolved_at.map(ms),
-        t.resolved_targets,
-        record.row_id,
-        record.epoch.0,
-        lease,
-        record.attempt_no,
-    ])?;
-    if changed == 0 {
+    let applied = update
+        .query_row(
+            params![
+                t.status.as_str(),
+                t.retry_count,
+                t.last_error,
+                t.next_attempt_at.map(ms),
+                delivered_at,
+                t.resolved_at.map(ms),
+                t.resolved_targets,
+                record.row_id,
+                record.epoch.0,
+                lease,
+                record.attempt_no,
+                now_ms,
+            ],
+            |row| {
+                Ok((
+                    row.get::<_, String>(0)?,
+                    row.get::<_, u32>(1)?,
+                    row.get::<_, Option<String>>(2)?,
+                ))
+            },
+        )
+        .optional()?;
+    let Some((status, sequence, ended_by)) = applied else {
         return Ok(false);
+    };
+    // Superseded or cleared while this attempt was under way, and not delivered by it: its
+    // ending follows the attempt in its history.
+    if status != t.status.as_str() && (status == SUPERSEDED_ENTRY || status == CLEARED_ENTRY) {
+        let id = record.id.to_string();
+        let by = ended_by.unwrap_or_default();
+        record_endings(conn, &[(id, sequence)], now_ms, &status, &by)?;
     }
     let mut attempt = conn.prepare_cached(include_str!("sql/complete_attempt.sql"))?;
     attempt.execute(params![
