@@ -90,6 +90,33 @@ test-mssql: tools
 	fi; \
 	export OUTBOX_TEST_MSSQL_URL="$$url"; $(MSSQL_SUITES)
 
+## The lifecycle model (central-outbox/tests/conformance/lifecycle_model.rs) on fresh random
+## seeds for SOAK_SECS (30 minutes by default): `make test` runs three fixed seeds, this runs as
+## many cases as fit. Each case prints its seed before it starts; a failure names the seed to
+## replay it with (`OUTBOX_MODEL_SEED=<n> cargo test -p central-outbox --test conformance --
+## sqlite_backend::the_lifecycle_matches_its_model`). `soak` runs it on SQLite, `soak-mssql` on
+## the server `make test-mssql` uses.
+.PHONY: soak soak-mssql
+SOAK_SECS ?= 1800
+SOAK_TEST = the_lifecycle_matches_its_model --nocapture
+
+soak:
+	OUTBOX_MODEL_SOAK_SECS=$(SOAK_SECS) $(CARGO) test -p central-outbox --test conformance \
+		-- sqlite_backend::$(SOAK_TEST)
+
+soak-mssql:
+	@url="$${OUTBOX_TEST_MSSQL_URL:-}"; \
+	if [ -z "$$url" ] && [ -x "$(BABELFISH_DIR)/start.sh" ]; then \
+		url=$$("$(BABELFISH_DIR)/start.sh") || exit 1; \
+		url="$$url;Min Pool Size=2"; \
+	fi; \
+	if [ -z "$$url" ]; then \
+		echo "soak-mssql: set OUTBOX_TEST_MSSQL_URL or put Babelfish in $(BABELFISH_DIR)" >&2; \
+		exit 2; \
+	fi; \
+	OUTBOX_TEST_MSSQL_URL="$$url" OUTBOX_MODEL_SOAK_SECS=$(SOAK_SECS) $(CARGO) test \
+		-p central-outbox --test conformance -- --include-ignored mssql_backend::$(SOAK_TEST)
+
 ## The same suites against SQL Server 2022 in Docker (needs Docker with compose): starts only
 ## the `mssql` service of deploy/docker-compose.yml, waits until it answers, runs the suites,
 ## then removes the container and its volume.

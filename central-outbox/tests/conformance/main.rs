@@ -30,6 +30,7 @@ mod channels;
 mod conditions;
 mod consolidation;
 mod engine;
+mod lifecycle_model;
 mod purge;
 mod serve_order;
 mod site_health;
@@ -270,6 +271,10 @@ macro_rules! whole_store_behaviours {
         behaviour!(
             consolidation_settings_round_trip,
             consolidation::consolidation_settings_round_trip
+        );
+        behaviour!(
+            the_lifecycle_matches_its_model,
+            lifecycle_model::the_lifecycle_matches_its_model
         );
         behaviour!(
             site_health_keeps_the_latest_report_per_node,
