@@ -9,7 +9,15 @@ CREATE INDEX IX_Notifications_ConditionLatest
     ON Notifications (SourceSiteId, ConditionKey, ListName, SiteEnqueuedAt)
     WHERE ConditionKey IS NOT NULL;
 
--- 2. A keyed row being delivered when a supersede or a clear arrives is not touched then (its
+-- 2. A supersede or a clear ends Parked rows too: a failure of a state the condition has left
+--    is no longer worth an operator's retry (which would mail that stale state); it stays in
+--    the row's history. The index of the rows a supersede or clear looks at takes them in.
+DROP INDEX IX_Notifications_Condition;
+CREATE INDEX IX_Notifications_Condition
+    ON Notifications (SourceSiteId, ConditionKey, ListName, SiteEnqueuedAt)
+    WHERE Status IN ('Pending', 'Retrying', 'Held', 'Parked') AND ConditionKey IS NOT NULL;
+
+-- 3. A keyed row being delivered when a supersede or a clear arrives is not touched then (its
 --    attempt is under way); the ending is recorded here instead, and applied when its attempt
 --    ends in anything but Delivered (or its claim expires): the row ends Superseded or Cleared
 --    rather than going back to Retrying and being mailed after the newer state or the clear.

@@ -136,9 +136,10 @@ pub trait IngestStore: Send + Sync + 'static {
         batch: Vec<NewNotification>,
     ) -> impl Future<Output = Result<Vec<InsertOutcome>>> + Send;
 
-    /// Ends every notification of `site` with condition key `key` that is waiting (Pending or
-    /// Retrying, and not claimed) as Cleared, with a history entry naming `actor`; returns
-    /// their ids. Delivered rows, and rows being delivered, are never touched.
+    /// Ends every notification of `site` with condition key `key` that is waiting (Pending,
+    /// Retrying or Held, and not claimed) or Parked as Cleared, with a history entry naming
+    /// `actor`; returns their ids. Delivered rows are never touched; a row being delivered is
+    /// marked, and ends Cleared when its attempt does not deliver it (or its claim expires).
     fn clear_condition(
         &self,
         site: &SiteId,

@@ -12,8 +12,9 @@
 //!   were asked for up to what is claimable, and never a row whose condition was superseded or
 //!   cleared before the claim (nothing is mailed after that unless its attempt was under way);
 //! - an outcome applies exactly when its attempt still holds the row under the leader's epoch;
-//! - every status, after every step, is the one the model derives, and each ending's history
-//!   entry names who or what ended it;
+//! - every status, after every step, is the one the model derives (a supersede or clear ends
+//!   Parked rows too, so an operator's retry cannot mail a state the condition has left), and
+//!   each ending's history entry names who or what ended it;
 //! - when the run ends and the relay accepts everything, every notification is in a final
 //!   status, Parked (for an operator), or held by a deposed leader's claim (due again when that
 //!   claim expires): nothing is left waiting for ever.
@@ -53,8 +54,9 @@ const PLAIN: &str = "ops";
 /// More than 2 arrivals a second are held, digests of at most 3.
 const FLOOD: &str = "flood";
 const KEYS: [&str; 3] = ["tank4.level", "pump7.trip", "door.open"];
-/// A live node's claim: it outlasts any run, so it is "being delivered" until its outcome.
-const LIVE_CLAIM: Duration = Duration::from_secs(600);
+/// A live node's claim: it outlasts any run (a soak's too: a deposed node's claims must not
+/// expire into a later case), so it is "being delivered" until its outcome.
+const LIVE_CLAIM: Duration = Duration::from_secs(30 * 24 * 3600);
 /// A node that dies as it claims: its claim has expired by the next step.
 const DEAD_CLAIM: Duration = Duration::from_millis(1);
 /// Between two steps, so a dead node's claim and a retry's delay are over (the stores keep
@@ -446,7 +448,11 @@ impl Case {
         }
         let by = self.rows[index].id();
         for (i, row) in self.rows.iter_mut().enumerate() {
-            if i == index || !same_condition(row) || row.site_ms > site_ms || !row.waiting() {
+            if i == index
+                || !same_condition(row)
+                || row.site_ms > site_ms
+                || !(row.waiting() || row.status == Status::Parked)
+            {
                 continue;
             }
             if row.held_by_live_claim() {
@@ -483,7 +489,10 @@ impl Case {
         let mut expected = BTreeSet::new();
         let mut touched = Vec::new();
         for (i, row) in self.rows.iter_mut().enumerate() {
-            if row.site != site || row.key != Some(key) || !row.waiting() {
+            if row.site != site
+                || row.key != Some(key)
+                || !(row.waiting() || row.status == Status::Parked)
+            {
                 continue;
             }
             touched.push(i);

@@ -23,6 +23,7 @@ mod disk_full;
 mod forwarding;
 mod ingest;
 mod leader;
+mod lifecycle;
 mod link_reset;
 mod listeners;
 mod mail;
