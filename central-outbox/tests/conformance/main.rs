@@ -30,6 +30,7 @@ mod channels;
 mod conditions;
 mod consolidation;
 mod engine;
+mod procedures;
 mod purge;
 mod serve_order;
 mod site_health;
