@@ -334,6 +334,24 @@ fn long_runs_of_plain_rows_go_in_one_insert() {
     assert_eq!(in_order_layout(&[false, false]), [false, false]);
 }
 
+/// A migration's batches are split at its GO lines; a batch of comments alone (what is left of a
+/// migration emptied of its procedures) is not sent, a comment before a statement goes with it.
+#[test]
+fn migration_batches_split_at_go_and_skip_comments_alone() {
+    let file = "-- why\nALTER TABLE a ADD b int;\nGO\n-- only a comment\n\nGO\nSELECT 1;\n";
+    assert_eq!(
+        migration_batches(file),
+        ["-- why\nALTER TABLE a ADD b int;\n", "SELECT 1;\n"]
+    );
+    assert!(migration_batches("-- the procedure moved\n-- to procedures/\n").is_empty());
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| m.version == 4 || m.version == 9)
+    {
+        assert!(migration_batches(m.sql).is_empty(), "{}", m.file);
+    }
+}
+
 /// A row of a batch calls the procedure as a single row does, at the batch's time.
 #[test]
 fn a_batch_calls_the_procedure_as_a_single_row_does() {
