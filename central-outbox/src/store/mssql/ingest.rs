@@ -9,14 +9,14 @@
 //! row is never changed by its resubmit. Each new row is stored with its priority and serve
 //! turn, the turns given as if the rows were stored one by one in batch order.
 //!
-//! Flood consolidation: the procedure counts each row it stores as an arrival of its list's
-//! window and holds it when over the list's threshold (migration 0007); the INSERT of many rows
-//! does not, so the rows of a list that consolidates go through the procedure in batch order,
-//! as keyed rows do. Which lists consolidate is a hint kept per replica
+//! Flood consolidation: the procedure counts each row it stores as an arrival of its list's window
+//! and holds it when over the list's threshold (procedures/SubmitNotification.sql); the INSERT of
+//! many rows does not, so the rows of a list that consolidates go through the procedure in batch
+//! order, as keyed rows do. Which lists consolidate is a hint kept per replica
 //! ([`ConsolidatingLists`]); the batch itself checks the lists of the rows it puts in an INSERT
-//! and, when one consolidates after all, stores nothing and names it, and the chunk is sent
-//! again with that list's rows through the procedure (`sql::insert_rows`). So a row is counted
-//! whatever the hint says, and a batch of lists that do not consolidate costs what it did.
+//! and, when one consolidates after all, stores nothing and names it, and the chunk is sent again
+//! with that list's rows through the procedure (`sql::insert_rows`). So a row is counted whatever
+//! the hint says, and a batch of lists that do not consolidate costs what it did.
 //!
 //! When another replica inserts one of the same new ids at the same moment, the chunk fails
 //! with a duplicate key (2627/2601) and is rolled back whole; its rows are then stored one by

@@ -1,18 +1,24 @@
 //! Versioned schema migrations for the MS SQL backend, embedded from `migrations/mssql/` at build
-//! time and applied at start-up.
+//! time and applied at start-up, then the stored procedures brought up to date from their files
+//! (`procedures`).
 //!
 //! Replicas starting together serialise on an exclusive, session-owned application lock
 //! (`sp_getapplock`) taken on a connection of its own: the first applies what is missing, the
 //! others wait, then find nothing to do. Each migration commits together with its
 //! `SchemaMigrations` row (a file's `GO`-separated batches run in one transaction), so a crash
-//! mid-way leaves the previous version intact. The lock
-//! belongs to the session, so closing the connection releases it whatever happened.
+//! mid-way leaves the previous version intact; each procedure likewise with its
+//! `SchemaProcedures` row. The lock belongs to the session, so closing the connection releases it
+//! whatever happened.
+//!
+//! The numbered migrations hold schema only (tables, columns, indexes, constraints); an applied
+//! one is never run again, and nothing checks its text, so one that used to create procedures
+//! was emptied of them when they moved to their own files.
 
 use std::time::Duration;
 
 use super::error::to_store_error;
 use super::pool::Manager;
-use super::{decode, result_set, sql};
+use super::{decode, procedures, result_set, sql};
 use crate::store::{Result, StoreError};
 
 pub struct Migration {
@@ -24,7 +30,8 @@ pub struct Migration {
     pub sql: &'static str,
 }
 
-/// Every migration, in order. Append only: an applied migration is never edited.
+/// Every migration, in order. Append only: an applied migration is never run again (the ones
+/// that created procedures were emptied of them; a procedure changes in its own file).
 pub const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
@@ -88,10 +95,17 @@ pub const MIGRATIONS: &[Migration] = &[
         file: "0010_webhook_channel.sql",
         sql: include_str!("../../../../migrations/mssql/0010_webhook_channel.sql"),
     },
+    Migration {
+        version: 11,
+        name: "schema_procedures",
+        file: "0011_schema_procedures.sql",
+        sql: include_str!("../../../../migrations/mssql/0011_schema_procedures.sql"),
+    },
 ];
 
-/// Brings the schema up to date. Fails if the database was migrated by a newer binary, or the
-/// lock is not granted in time (another replica is migrating).
+/// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a
+/// newer binary (its schema version, or a procedure's revision, is newer than this one knows),
+/// or the lock is not granted in time (another replica is migrating).
 pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<()> {
     // A connection of its own, closed at the end, so the session's lock goes with it.
     let mut conn = pool
@@ -155,6 +169,8 @@ pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<
                 .await
                 .map_err(|e| to_store_error("migrations: record", &e))?;
         }
+        // After the schema they use, under the same lock.
+        procedures::apply(&mut conn).await?;
         conn.batch(sql::MIGRATION_UNLOCK, &[])
             .await
             .map_err(|e| to_store_error("migrations: unlock", &e))?;
@@ -179,24 +195,12 @@ mod tests {
             previous = m.version;
             // Plain CREATE guarded by an existence check, so a re-run (or a DBA's manual run)
             // is harmless and Babelfish accepts it: a table or index is created only if it is
-            // missing (`IF ... BEGIN CREATE`), a column added only if missing, and a procedure or
-            // function dropped if present just before it is created.
+            // missing (`IF ... BEGIN CREATE`), a column added only if missing.
             assert!(!m.sql.contains("CREATE OR ALTER"));
             let lines: Vec<&str> = m.sql.lines().collect();
             for (i, line) in lines.iter().enumerate() {
                 let guarded = |at: usize| lines[..at].last().is_some_and(|l| l.starts_with("IF "));
-                let routine = ["PROCEDURE", "FUNCTION"].into_iter().find_map(|kind| {
-                    let name = line.strip_prefix(&format!("CREATE {kind} "))?;
-                    Some((kind, name.split(' ').next().unwrap_or(name)))
-                });
-                if let Some((kind, name)) = routine {
-                    let drop = format!("    DROP {kind} {name};");
-                    assert!(
-                        m.sql.contains(&drop),
-                        "{}: {name} is not dropped first",
-                        m.name
-                    );
-                } else if line.starts_with("CREATE ") {
+                if line.starts_with("CREATE ") {
                     let at = if i > 0 && lines[i - 1] == "BEGIN" {
                         i - 1
                     } else {
@@ -206,6 +210,21 @@ mod tests {
                 } else if line.trim_start().starts_with("ALTER TABLE") {
                     assert!(guarded(i), "{}: unguarded {line}", m.name);
                 }
+            }
+        }
+    }
+
+    /// Schema only: a procedure or function lives in its file under procedures/, so what runs
+    /// is that file, never the last migration that happened to create it.
+    #[test]
+    fn migrations_create_no_procedure() {
+        for m in MIGRATIONS {
+            for kind in ["PROCEDURE", "FUNCTION"] {
+                assert!(
+                    !m.sql.to_uppercase().contains(&format!("CREATE {kind}")),
+                    "{} creates a {kind}: put it in migrations/mssql/procedures/",
+                    m.file
+                );
             }
         }
     }

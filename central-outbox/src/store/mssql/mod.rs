@@ -11,12 +11,14 @@
 //! (`SYSUTCDATETIME()`), which dates claims, leases and CreatedAt.
 //!
 //! Layout: `options` (connection strings), `pool` (connections and their discard rules),
-//! `error` (what an error number means), `sql` (every statement: its files and builders), `migrate`, `ingest`
-//! (idempotent submit with the condition keys' supersede and flood consolidation's count and
-//! hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
+//! `error` (what an error number means), `sql` (every statement: its files and builders),
+//! `migrate` (the numbered schema migrations) and `procedures` (the stored procedures, one
+//! living file each), `ingest` (idempotent submit with the condition keys' supersede and flood
+//! consolidation's count and hold, and the keys' clear), `dispatch` (leases, claims, digest
+//! claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
 //! SMTP settings), `site_health` (the latest report of each site node), `warm` (what a new
-//! pooled connection runs before it is handed out), `decode` (rows to domain types), `scratch` (throw-away databases for the
-//! test suites and benchmarks).
+//! pooled connection runs before it is handed out), `decode` (rows to domain types), `scratch`
+//! (throw-away databases for the test suites and benchmarks).
 
 mod admin;
 mod channel;
@@ -27,6 +29,7 @@ mod ingest;
 mod migrate;
 mod options;
 mod pool;
+mod procedures;
 mod scratch;
 mod site_health;
 mod sql;

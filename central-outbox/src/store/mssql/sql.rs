@@ -7,11 +7,11 @@
 //! claims, outcomes), [`admin`] (reads, operator actions, KPIs, purge), [`settings`] (lists and
 //! channel settings) and [`site_health`].
 //!
-//! The dispatcher's two busiest statements (claiming and recording outcomes), the single-row
-//! submit (also each keyed row of a larger submit) and the digest claim call stored procedures,
-//! whose bodies are in the migrations that create them (migrations/mssql/0002_dispatch_procedures.sql,
-//! recreated by 0004 to 0007 and 0009): a one-line call costs a server far less to parse than
-//! the batch would.
+//! The dispatcher's two busiest statements (claiming and recording outcomes), the lease, the
+//! single-row submit (also each keyed row of a larger submit) and the digest claim call stored
+//! procedures, each defined by its own file under migrations/mssql/procedures/ (which the
+//! migrator creates again whenever the file changes, see `procedures`): a one-line call costs a
+//! server far less to parse than the batch would.
 //!
 //! Rules they keep:
 //! - One batch per unit of work, starting `SET XACT_ABORT ON` so any error rolls the whole
@@ -32,10 +32,10 @@
 //!   (claims, leases, CreatedAt); instants computed by the dispatcher (next attempt, resolution)
 //!   and query bounds are bound as datetime2(7) and compared at full precision.
 //!
-//! The tests (`sql/tests.rs`) parse every statement file, every migration and a rendering of
-//! each built statement as T-SQL, check that every file is included by exactly one module and
-//! every placeholder bound once, and compare each built statement's rendering with its committed
-//! snapshot under `sql/snapshots/` (`UPDATE_SNAPSHOTS=1` rewrites them: review the diff).
+//! The tests (`sql/tests.rs`) parse every statement file, every migration, every procedure file and
+//! a rendering of each built statement as T-SQL, check that every file is included by exactly one
+//! module and every placeholder bound once, and compare each built statement's rendering with its
+//! committed snapshot under `sql/snapshots/` (`UPDATE_SNAPSHOTS=1` rewrites them: review the diff).
 
 use std::borrow::Cow;
 
@@ -69,9 +69,9 @@ impl Statement {
         }
     }
 
-    /// Binds `value` to `placeholder`, which must be the next one (`@P1`, then `@P2`, ...):
-    /// each fixed statement's function names every value by the placeholder it fills, beside
-    /// the text that uses it. Out of order is a bug in the statement's module, caught by debug builds and by
+    /// Binds `value` to `placeholder`, which must be the next one (`@P1`, then `@P2`, ...): each
+    /// fixed statement's function names every value by the placeholder it fills, beside the text
+    /// that uses it. Out of order is a bug in the statement's module, caught by debug builds and by
     /// the tests (`every_placeholder_is_bound_once`).
     fn set(mut self, placeholder: &str, value: Param) -> Self {
         self.params.push(value);

@@ -205,8 +205,8 @@ pub fn steps() -> Vec<Step> {
         name: "record outcomes",
         statement: sql::record_outcomes(&lease, &[&record]),
     });
-    // The decoding of outcome texts that hold a code (migration 0009), which the outcome above
-    // (for no row) never reaches.
+    // The decoding of outcome texts that hold a code (dbo.DecodeOutcomeText), which the outcome
+    // above (for no row) never reaches.
     steps.push(Step::fixed("decode outcome text", DECODE_OUTCOME_TEXT));
     steps.push(Step {
         name: "state",

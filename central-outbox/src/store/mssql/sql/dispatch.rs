@@ -18,8 +18,8 @@ use crate::records::{AttemptRecord, LeaseEpoch};
 /// holder was the last to hold it, even if it lapsed (nobody held it in between, so its claims
 /// are still its own); takes it with the next epoch if another holder's lease is free or has
 /// lapsed; creates it at epoch 1 if it never existed. Result: the epoch held, or no row. The
-/// stored procedure of migration 0002: a renewal must stay cheap when the server is busy with
-/// bulk work, and a one-line call is (see that migration).
+/// stored procedure dbo.AcquireLease (migrations/mssql/procedures/AcquireLease.sql): a renewal
+/// must stay cheap when the server is busy with bulk work, and a one-line call is.
 pub fn acquire_lease(name: &str, holder: &str, ttl: Duration) -> Statement {
     Statement::fixed(include_str!("acquire_lease.sql"))
         .set("@P1", text(name))
@@ -39,9 +39,10 @@ pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
 
 /// Claims due rows of type @P5 for @P2 milliseconds under epoch @P1 of lease @P6, and writes
 /// their InFlight attempt rows, in one transaction: up to @P3 rows due longest, then up to @P4
-/// more by priority and serve turn (`domain::serve_order`). The stored procedure of migration
-/// 0005 (migrations/mssql/0005_serve_order.sql), which says how. Result: the claimed rows, the
-/// longest-waiting ones first (by due time), then the others in turn.
+/// more by priority and serve turn (`domain::serve_order`). The stored procedure
+/// dbo.ClaimDueNotifications (migrations/mssql/procedures/ClaimDueNotifications.sql), which says
+/// how. Result: the claimed rows, the longest-waiting ones first (by due time), then the others
+/// in turn.
 pub fn claim_due(
     lease: &str,
     epoch: LeaseEpoch,
@@ -61,9 +62,10 @@ pub fn claim_due(
 
 /// Claims, as digest @P5, the due Held rows of one list of type @P3 for @P2 milliseconds under
 /// epoch @P1 of lease @P4 (only while that epoch holds it), with an InFlight attempt row each
-/// naming the digest, in one transaction (`DispatchStore::claim_digest`). The stored procedure of
-/// migration 0007 (migrations/mssql/0007_consolidation.sql), which says how. Result: the
-/// claimed rows, longest due first (none when no Held row is due).
+/// naming the digest, in one transaction (`DispatchStore::claim_digest`). The stored procedure
+/// dbo.ClaimDigestNotifications (migrations/mssql/procedures/ClaimDigestNotifications.sql),
+/// which says how. Result: the claimed rows, longest due first (none when no Held row is
+/// due).
 pub fn claim_digest(
     lease: &str,
     epoch: LeaseEpoch,
@@ -105,9 +107,9 @@ pub fn park_invalid(
 /// visible). A Held row that would become Retrying (its digest failed for now) stays Held, due
 /// at the retry time, for the next digest. One call for a group of outcomes instead of one
 /// each, because a server spends far more on a call than on a row (on Babelfish, parsing the
-/// batch is most of it). The stored procedure of migration 0009
-/// (migrations/mssql/0009_outcome_texts.sql, first created by 0002). Result: the ids of the
-/// rows it applied to.
+/// batch is most of it). The stored procedure dbo.RecordAttemptOutcomes
+/// (migrations/mssql/procedures/RecordAttemptOutcomes.sql). Result: the ids of the rows it
+/// applied to.
 ///
 /// Every outcome takes this one path, whatever its texts hold. Each text (LastError,
 /// ResolvedTargets, Error) goes through [`escape_free`], so that no character of it is one JSON
@@ -145,11 +147,12 @@ pub fn record_outcomes(lease: &str, records: &[&AttemptRecord]) -> Statement {
 /// The character that starts a code in [`escape_free`]'s texts.
 const CODE: char = '%';
 
-/// `text` with every character JSON escapes (`"`, `\` and those below U+0020), and [`CODE`]
-/// itself, written as `%` and two upper-case hex digits (`%22`, `%5C`, `%0A`, `%25`); every
-/// other character, non-ASCII included, as it is. `dbo.DecodeOutcomeText` (migration 0009)
-/// turns it back. Such a text crosses JSON unescaped, so OPENJSON reads it the same on SQL
-/// Server and on Babelfish. Borrowed when there is nothing to encode (most texts).
+/// `text` with every character JSON escapes (`"`, `\` and those below U+0020), and [`CODE`] itself,
+/// written as `%` and two upper-case hex digits (`%22`, `%5C`, `%0A`, `%25`); every other
+/// character, non-ASCII included, as it is. `dbo.DecodeOutcomeText`
+/// (migrations/mssql/procedures/DecodeOutcomeText.sql) turns it back. Such a text crosses JSON
+/// unescaped, so OPENJSON reads it the same on SQL Server and on Babelfish. Borrowed when there is
+/// nothing to encode (most texts).
 pub fn escape_free(text: &str) -> Cow<'_, str> {
     let encoded = |c: char| c == CODE || c == '"' || c == '\\' || c < ' ';
     if !text.chars().any(encoded) {

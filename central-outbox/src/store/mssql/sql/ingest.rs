@@ -89,8 +89,9 @@ fn row_params(new: &NewNotification) -> Vec<Param> {
 /// answers only those lists (see [`consolidation_guard`]).
 ///
 /// The procedure counts a row as an arrival of its list's window and holds it if it is over the
-/// threshold (migration 0007); the INSERT of many rows does not, so a row of a list that
-/// consolidates goes through the procedure, in batch order, as a keyed row does.
+/// threshold (migrations/mssql/procedures/SubmitNotification.sql); the INSERT of many rows does
+/// not, so a row of a list that consolidates goes through the procedure, in batch order, as a keyed
+/// row does.
 pub fn insert_rows(rows: &[&NewNotification], consolidating: &HashSet<String>) -> Statement {
     if let [one] = rows {
         return submit_one(one);
@@ -156,14 +157,14 @@ pub(super) fn in_order_layout(insertable: &[bool]) -> Vec<bool> {
 }
 
 /// The two reads of a new row's serve turn (`domain::serve_order::serve_turn`) for type `$type`,
-/// priority `$priority` and site `$site` (column references or placeholders), as the columns
-/// `Head` (the smallest turn waiting at that type and priority, in flight or not: the first
-/// entry of IX_Notifications_Serve there, whose filter `Priority >= 0` the read states to use
-/// it) and `SiteLast` (the newest turn the site has waiting there: the last entry of
-/// IX_Notifications_Site_Turn, which leaves turn 0 out, changing no turn), each NULL when
-/// nothing waits. Each is one seek (migrations/mssql/0005_serve_order.sql). No hint or stricter
-/// isolation serialises two submits at once: both may read the same turns and store the same
-/// turn, a tie the claim gives to the older row (Id), as the rule does for rows stored
+/// priority `$priority` and site `$site` (column references or placeholders), as the columns `Head`
+/// (the smallest turn waiting at that type and priority, in flight or not: the first entry of
+/// IX_Notifications_Serve there, whose filter `Priority >= 0` the read states to use it) and
+/// `SiteLast` (the newest turn the site has waiting there: the last entry of
+/// IX_Notifications_Site_Turn, which leaves turn 0 out, changing no turn), each NULL when nothing
+/// waits. Each is one seek (the indexes of migrations/mssql/0005_serve_order.sql). No hint or
+/// stricter isolation serialises two submits at once: both may read the same turns and store the
+/// same turn, a tie the claim gives to the older row (Id), as the rule does for rows stored
 /// together.
 macro_rules! serve_turn_reads {
     ($type:literal, $priority:literal, $site:literal) => {
@@ -311,25 +312,25 @@ WHERE n.NotificationId IN ({});",
     )
 }
 
-/// Stores rows among which at least one has a condition key or was cleared at the site, one
-/// after another in batch order as the SQLite backend stores them, in one transaction: each
-/// keyed or cleared row through the submit procedure (which stores the key, stores a cleared
-/// row Cleared with its history entry and lets a keyed row supersede the older waiting ones of
-/// its site, list and key, migrations/mssql/0006_condition_keys.sql), a long run of plain rows
-/// between them through one [`insert_plain`] (see [`in_order_layout`]), a short one through the
-/// procedure too, every row at the batch's `@now`. Every statement sees what the ones before it stored and ended, so a later row
-/// of a site, list and key supersedes an earlier one of the same batch, and every serve turn is
-/// the one the row reads in its turn (a run of plain rows supersedes nothing, so the turns read
-/// once at its start are those). One INSERT of all the rows, then their supersedes, would not
-/// do: a supersede can end the head turn, or a site's newest one, that a later row reads (and
-/// on Babelfish that statement cost more than the calls, measured). `plain[i]` tells whether
-/// row i is plain; its values start at the next placeholder ([`SUBMIT_COLUMNS`] for a plain
-/// row, [`SUBMIT_PARAMS`] for the others). `insertable[i]` tells whether row i may go in an
-/// INSERT: plain, and of a list not known to consolidate (a row of a list that does goes
-/// through the procedure, which counts and holds it; the INSERTs' lists are checked first by
-/// [`consolidation_guard`], whose `lists` distinct lists of the rows in INSERTs follow every
-/// row's values). Answers as [`insert_batch`]: one result per call, then one for the rows of the
-/// INSERTs; the caller matches them by id.
+/// Stores rows among which at least one has a condition key or was cleared at the site, one after
+/// another in batch order as the SQLite backend stores them, in one transaction: each keyed or
+/// cleared row through the submit procedure (which stores the key, stores a cleared row Cleared
+/// with its history entry and lets a keyed row supersede the older waiting ones of its site, list
+/// and key, migrations/mssql/procedures/SubmitNotification.sql), a long run of plain rows between
+/// them through one [`insert_plain`] (see [`in_order_layout`]), a short one through the procedure
+/// too, every row at the batch's `@now`. Every statement sees what the ones before it stored and
+/// ended, so a later row of a site, list and key supersedes an earlier one of the same batch, and
+/// every serve turn is the one the row reads in its turn (a run of plain rows supersedes nothing,
+/// so the turns read once at its start are those). One INSERT of all the rows, then their
+/// supersedes, would not do: a supersede can end the head turn, or a site's newest one, that a
+/// later row reads (and on Babelfish that statement cost more than the calls, measured). `plain[i]`
+/// tells whether row i is plain; its values start at the next placeholder ([`SUBMIT_COLUMNS`] for a
+/// plain row, [`SUBMIT_PARAMS`] for the others). `insertable[i]` tells whether row i may go in an
+/// INSERT: plain, and of a list not known to consolidate (a row of a list that does goes through
+/// the procedure, which counts and holds it; the INSERTs' lists are checked first by
+/// [`consolidation_guard`], whose `lists` distinct lists of the rows in INSERTs follow every row's
+/// values). Answers as [`insert_batch`]: one result per call, then one for the rows of the INSERTs;
+/// the caller matches them by id.
 pub fn insert_in_order(plain: &[bool], insertable: &[bool], lists: usize) -> String {
     let in_insert = in_order_layout(insertable);
     let any_insert = in_insert.iter().any(|&i| i);
@@ -410,9 +411,9 @@ pub(super) fn submit_call(first: usize, keyed: bool, at_now: bool) -> String {
     format!("EXEC dbo.SubmitNotification {};", args.join(", "))
 }
 
-/// A single plain row ([`is_plain`]), through the stored procedure of migration 0006
-/// (migrations/mssql/0006_condition_keys.sql, first created by 0004: on Babelfish ~0.9 ms against
-/// ~3 ms for the batch of one row), which gives the row its serve turn with the reads of
+/// A single plain row ([`is_plain`]), through the stored procedure dbo.SubmitNotification
+/// (migrations/mssql/procedures/SubmitNotification.sql: on Babelfish ~0.9 ms against ~3 ms for
+/// the batch of one row), which gives the row its serve turn with the reads of
 /// [`serve_turn_reads`]. Result as [`insert_batch`]'s. Also the fallback, row by row, after a
 /// duplicate key.
 pub(super) const SUBMIT_ONE: &str = include_str!("submit_one.sql");
@@ -442,11 +443,11 @@ pub fn select_content_hash(id: NotificationId) -> Statement {
 
 /// Ends, as Cleared, the waiting rows (Pending, Retrying or Held, not claimed, or whose claim ran
 /// out) of site @P1 with condition key @P2, each with a history entry by @P3 numbered as its
-/// history count goes up by one, in one transaction (`IngestStore::clear_condition`). The rows
-/// are found through IX_Notifications_Condition (migration 0006, with Held since 0007). Without OUTPUT or a table
-/// variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a token of
-/// this call, and the history INSERT and the answer find exactly those (Cleared, resolved at
-/// @now, that token) through IX_Notifications_Status_Resolved. Result: their ids.
+/// history count goes up by one, in one transaction (`IngestStore::clear_condition`). The rows are
+/// found through IX_Notifications_Condition (migration 0006, with Held since 0007). Without OUTPUT
+/// or a table variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a
+/// token of this call, and the history INSERT and the answer find exactly those (Cleared, resolved
+/// at @now, that token) through IX_Notifications_Status_Resolved. Result: their ids.
 pub fn clear_condition(site: &SiteId, key: &ConditionKey, actor: &Actor) -> Statement {
     Statement::fixed(include_str!("clear_condition.sql"))
         .set("@P1", text(site.as_str()))

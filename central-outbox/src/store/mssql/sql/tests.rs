@@ -1,8 +1,8 @@
-//! The checks that keep the statements honest: every statement file under `sql/` is included
-//! by exactly one `include_str!`, starts as a batch must and parses as T-SQL (sqlglot, with the
-//! migrations and a rendering of every built statement); every placeholder is bound once; the
-//! built statements' renderings match their committed snapshots under `sql/snapshots/`; and the
-//! outcome texts' encoding is one the procedure decodes back.
+//! The checks that keep the statements honest: every statement file under `sql/` is included by
+//! exactly one `include_str!`, starts as a batch must and parses as T-SQL (sqlglot, with the
+//! migrations, the procedure files and a rendering of every built statement); every placeholder is
+//! bound once; the built statements' renderings match their committed snapshots under
+//! `sql/snapshots/`; and the outcome texts' encoding is one the procedure decodes back.
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
@@ -12,6 +12,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use super::super::migrate::MIGRATIONS;
+use super::super::procedures::PROCEDURES;
 use super::ingest::{MIN_INSERT_RUN, SUBMIT_ONE, SUBMIT_ONE_KEYED, in_order_layout, submit_call};
 use super::*;
 use crate::domain::consolidation::Consolidation;
@@ -31,6 +32,10 @@ fn snapshot_dir() -> PathBuf {
 
 fn migrations_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../migrations/mssql")
+}
+
+fn procedures_dir() -> PathBuf {
+    migrations_dir().join("procedures")
 }
 
 /// Every `(name, text)` of the `.sql` files in `dir`, by name. Read at test time rather than
@@ -141,7 +146,20 @@ fn renderings() -> Vec<(&'static str, String)> {
         ),
         ("replace_list_2", replace_list(2)),
         ("seed_list_2", seed_list(2)),
+        (
+            "drop_procedure",
+            drop_procedure(procedure("SubmitNotification")),
+        ),
+        (
+            "drop_function",
+            drop_procedure(procedure("DecodeOutcomeText")),
+        ),
     ]
+}
+
+/// The living procedure file of `name`.
+fn procedure(name: &str) -> &'static super::super::procedures::Procedure {
+    PROCEDURES.iter().find(|p| p.name == name).unwrap()
 }
 
 /// Each built statement's rendering equals its committed snapshot, and every snapshot belongs
@@ -220,6 +238,7 @@ fn statements_are_batches_with_bound_parameters() {
         "migration_lock.sql",
         "migration_unlock.sql",
         "migration_record.sql",
+        "procedure_record.sql",
         "warm_up_begin.sql",
         "warm_up_roll_back.sql",
     ];
@@ -235,7 +254,10 @@ fn statements_are_batches_with_bound_parameters() {
         }
         assert_portable(&name, &sql);
     }
-    for (name, sql) in sql_files(&migrations_dir()) {
+    for (name, sql) in sql_files(&migrations_dir())
+        .into_iter()
+        .chain(sql_files(&procedures_dir()))
+    {
         assert_portable(&name, &sql);
     }
     // Built statements number their placeholders in step with their parameters.
@@ -312,6 +334,24 @@ fn long_runs_of_plain_rows_go_in_one_insert() {
     assert_eq!(in_order_layout(&[false, false]), [false, false]);
 }
 
+/// A migration's batches are split at its GO lines; a batch of comments alone (what is left of a
+/// migration emptied of its procedures) is not sent, a comment before a statement goes with it.
+#[test]
+fn migration_batches_split_at_go_and_skip_comments_alone() {
+    let file = "-- why\nALTER TABLE a ADD b int;\nGO\n-- only a comment\n\nGO\nSELECT 1;\n";
+    assert_eq!(
+        migration_batches(file),
+        ["-- why\nALTER TABLE a ADD b int;\n", "SELECT 1;\n"]
+    );
+    assert!(migration_batches("-- the procedure moved\n-- to procedures/\n").is_empty());
+    for m in MIGRATIONS
+        .iter()
+        .filter(|m| m.version == 4 || m.version == 9)
+    {
+        assert!(migration_batches(m.sql).is_empty(), "{}", m.file);
+    }
+}
+
 /// A row of a batch calls the procedure as a single row does, at the batch's time.
 #[test]
 fn a_batch_calls_the_procedure_as_a_single_row_does() {
@@ -356,9 +396,9 @@ fn rows_of_a_consolidating_list_go_through_the_procedure() {
     assert!(guard < all_plain.find("INSERT").unwrap());
 }
 
-/// What `dbo.DecodeOutcomeText` (migration 0009) does, step for step: each `%XX` (two hex
-/// digits) becomes the character XX names, read left to right into a new string; any other `%`
-/// stays.
+/// What `dbo.DecodeOutcomeText` (migrations/mssql/procedures/DecodeOutcomeText.sql) does, step for
+/// step: each `%XX` (two hex digits) becomes the character XX names, read left to right into a new
+/// string; any other `%` stays.
 fn decode_outcome_text(encoded: &str) -> String {
     let mut decoded = String::new();
     let mut rest = encoded;
@@ -495,6 +535,10 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
     vec![
         ("migration_lock", migration_lock(Duration::from_secs(5))),
         ("migration_record", migration_record(&MIGRATIONS[0])),
+        (
+            "procedure_record",
+            procedure_record(procedure("AcquireLease"), 1),
+        ),
         ("insert_rows", insert_rows(&[&new, &new], &HashSet::new())),
         ("insert_rows_one", insert_rows(&[&new], &HashSet::new())),
         (
@@ -666,7 +710,8 @@ fn every_placeholder_is_bound_once() {
     }
 }
 
-/// Every statement file, every built statement's snapshot and every migration parses as T-SQL
+/// Every statement file, every built statement's snapshot, every migration and every procedure
+/// file parses as T-SQL
 /// (sqlglot, tsql dialect), and none is only accepted as an opaque command. The parser is
 /// installed by `make tools` (which `make test` runs); its absence fails the test, because a
 /// silently skipped check is no check.
@@ -682,7 +727,12 @@ fn every_statement_parses_as_tsql() {
          (`make test` does it first), or point OUTBOX_SQLGLOT_PYTHON at a python with sqlglot",
         python.display()
     );
-    let dirs = [sql_dir(), snapshot_dir(), migrations_dir()];
+    let dirs = [
+        sql_dir(),
+        snapshot_dir(),
+        migrations_dir(),
+        procedures_dir(),
+    ];
     let output = Command::new(&python)
         .arg(sql_dir().join("check_tsql.py"))
         .args(&dirs)
@@ -697,13 +747,13 @@ fn every_statement_parses_as_tsql() {
         output.status.success(),
         "T-SQL parse check failed:\n{report}"
     );
-    // The script names every file it parsed; all of them must be there, and the migrations
-    // the backend applies among them.
+    // The script names every file it parsed; all of them must be there, and the migrations and
+    // procedures the backend applies among them.
     let mut expected: Vec<String> = dirs
         .iter()
         .flat_map(|dir| sql_files(dir).into_iter().map(|(name, _)| name))
         .collect();
-    assert!(expected.len() >= MIGRATIONS.len() + renderings().len());
+    assert!(expected.len() >= MIGRATIONS.len() + PROCEDURES.len() + renderings().len());
     expected.sort();
     for file in expected {
         assert!(
@@ -711,8 +761,12 @@ fn every_statement_parses_as_tsql() {
             "{file} was not parsed:\n{report}"
         );
     }
-    for m in MIGRATIONS {
-        let file = m.file;
+    let procedure_files = PROCEDURES.iter().map(|p| format!("{}.sql", p.name));
+    for file in MIGRATIONS
+        .iter()
+        .map(|m| m.file.to_owned())
+        .chain(procedure_files)
+    {
         assert!(
             report.contains(&format!("ok {file}\n")),
             "{file} was not parsed"
