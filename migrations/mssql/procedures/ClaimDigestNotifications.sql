@@ -1,4 +1,4 @@
--- dbo.ClaimDigestNotifications, revision 1
+-- dbo.ClaimDigestNotifications, revision 2
 --
 -- Claims, as digest @DigestId, the due Held rows of one list of type @Type for @ClaimMs
 -- milliseconds under epoch @Epoch of lease @Lease (only while that epoch holds it), and writes
@@ -11,6 +11,10 @@
 -- dbo.ClaimDueNotifications (ClaimDueNotifications.sql): the UPDATE re-checks each row and the
 -- lease, the rows it took carry this call's token. Returns the claimed rows, longest due first;
 -- none when no Held row is due or the epoch does not hold the lease.
+--
+-- First, in the same transaction, the rows a supersede or clear ended while they were claimed
+-- and whose claim then expired without an outcome end as recorded (Superseded or Cleared, with
+-- their history entry), so that no claim delivers them again (SQLite's settle_pending_ends).
 CREATE PROCEDURE dbo.ClaimDigestNotifications
     @Epoch bigint,
     @ClaimMs int,
@@ -22,11 +26,24 @@ BEGIN
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
 DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @settleToken uniqueidentifier = NEWID();
 DECLARE @until datetime2(3) = DATEADD(millisecond, @ClaimMs, @now);
 DECLARE @token uniqueidentifier = NEWID();
 DECLARE @list nvarchar(256);
 DECLARE @max int;
 BEGIN TRANSACTION;
+-- Rows superseded or cleared while claimed whose claim expired without an outcome (the node
+-- delivering them died) end as recorded, each with its history entry, before this claim could
+-- take them again (IX_Notifications_PendingEnd: almost always empty).
+UPDATE dbo.Notifications
+SET Status = PendingEnd, ResolvedAt = @now, NextAttemptAt = NULL, ClaimedUntil = NULL,
+    ClaimEpoch = NULL, ClaimToken = @settleToken, AttemptCount = AttemptCount + 1
+WHERE PendingEnd IS NOT NULL AND Status IN (N'Pending', N'Retrying', N'Held') AND ClaimedUntil <= @now;
+IF @@ROWCOUNT > 0
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+FROM dbo.Notifications AS n
+WHERE n.Status IN (N'Superseded', N'Cleared') AND n.ResolvedAt = @now AND n.ClaimToken = @settleToken;
 IF EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @Lease AND l.Epoch = @Epoch AND l.ExpiresAt > @now)
     SELECT TOP (1) @list = h.ListName
     FROM dbo.Notifications AS h

@@ -1,4 +1,4 @@
--- dbo.ClaimDueNotifications, revision 2
+-- dbo.ClaimDueNotifications, revision 3
 --
 -- Claims due rows of type @Type for @ClaimMs milliseconds under epoch @Epoch of lease @Lease,
 -- and writes their InFlight attempt rows, in one transaction, in the two orders of
@@ -33,6 +33,10 @@
 --
 -- @Limit is revision 1's single size (oldest due first): a replica still running a release
 -- from before serve order keeps claiming during an upgrade, in turn.
+--
+-- First, in the same transaction, the rows a supersede or clear ended while they were claimed
+-- and whose claim then expired without an outcome end as recorded (Superseded or Cleared, with
+-- their history entry), so that no claim delivers them again (SQLite's settle_pending_ends).
 CREATE PROCEDURE dbo.ClaimDueNotifications
     @Epoch bigint,
     @ClaimMs int,
@@ -46,11 +50,24 @@ BEGIN
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
 DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @settleToken uniqueidentifier = NEWID();
 DECLARE @until datetime2(3) = DATEADD(millisecond, @ClaimMs, @now);
 DECLARE @waitingToken uniqueidentifier = NEWID();
 DECLARE @turnToken uniqueidentifier = NEWID();
 DECLARE @turnRows bigint = COALESCE(@InTurn, @Limit, 0);
 BEGIN TRANSACTION;
+-- Rows superseded or cleared while claimed whose claim expired without an outcome (the node
+-- delivering them died) end as recorded, each with its history entry, before this claim could
+-- take them again (IX_Notifications_PendingEnd: almost always empty).
+UPDATE dbo.Notifications
+SET Status = PendingEnd, ResolvedAt = @now, NextAttemptAt = NULL, ClaimedUntil = NULL,
+    ClaimEpoch = NULL, ClaimToken = @settleToken, AttemptCount = AttemptCount + 1
+WHERE PendingEnd IS NOT NULL AND Status IN (N'Pending', N'Retrying', N'Held') AND ClaimedUntil <= @now;
+IF @@ROWCOUNT > 0
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+FROM dbo.Notifications AS n
+WHERE n.Status IN (N'Superseded', N'Cleared') AND n.ResolvedAt = @now AND n.ClaimToken = @settleToken;
 IF @LongestWaiting > 0
 UPDATE dbo.Notifications
 SET ClaimedUntil = @until,

@@ -1,4 +1,4 @@
--- dbo.RecordAttemptOutcomes, revision 3
+-- dbo.RecordAttemptOutcomes, revision 4
 --
 -- Applies each outcome in @Outcomes (a JSON array, one object per row, no row twice; see
 -- sql::record_outcomes) whose claim still stands: the row is still claimed by that attempt
@@ -15,6 +15,11 @@
 -- due again at the retry time, so that it goes out in the next digest of its list rather than
 -- on its own (as SQLite's apply_outcome). LastError, ResolvedTargets and Error arrive
 -- percent-encoded and are decoded by dbo.DecodeOutcomeText (DecodeOutcomeText.sql says why).
+--
+-- A row superseded or cleared while this attempt was under way (PendingEnd) ends so, now,
+-- unless the attempt delivered it: it is not retried or parked after the newer state or the
+-- clear. Its history count then goes up by one, after the attempt row is completed (the applied
+-- rows are found by the attempt's number first), and its ending is that entry.
 CREATE PROCEDURE dbo.RecordAttemptOutcomes
     @Lease nvarchar(64),
     @Outcomes nvarchar(max)
@@ -22,14 +27,19 @@ AS
 BEGIN
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
+DECLARE @now datetime2(3) = SYSUTCDATETIME();
+DECLARE @endToken uniqueidentifier = NEWID();
 BEGIN TRANSACTION;
 UPDATE n
-SET n.Status = CASE WHEN n.Status = N'Held' AND o.Status = N'Retrying' THEN N'Held' ELSE o.Status END,
+SET n.Status = CASE
+        WHEN n.PendingEnd IS NOT NULL AND o.Status <> N'Delivered' THEN n.PendingEnd
+        WHEN n.Status = N'Held' AND o.Status = N'Retrying' THEN N'Held'
+        ELSE o.Status END,
     n.RetryCount = o.RetryCount,
     n.LastError = COALESCE(CASE WHEN CHARINDEX(N'%', o.LastError) > 0 THEN dbo.DecodeOutcomeText(o.LastError) ELSE o.LastError END, n.LastError),
-    n.NextAttemptAt = o.NextAttemptAt,
+    n.NextAttemptAt = CASE WHEN n.PendingEnd IS NOT NULL AND o.Status <> N'Delivered' THEN NULL ELSE o.NextAttemptAt END,
     n.DeliveredAt = COALESCE(o.DeliveredAt, n.DeliveredAt),
-    n.ResolvedAt = o.ResolvedAt,
+    n.ResolvedAt = CASE WHEN n.PendingEnd IS NOT NULL AND o.Status <> N'Delivered' THEN @now ELSE o.ResolvedAt END,
     n.ResolvedTargets = COALESCE(CASE WHEN CHARINDEX(N'%', o.ResolvedTargets) > 0 THEN dbo.DecodeOutcomeText(o.ResolvedTargets) ELSE o.ResolvedTargets END, n.ResolvedTargets),
     n.ClaimedUntil = NULL,
     n.ClaimEpoch = NULL
@@ -72,5 +82,18 @@ JOIN OPENJSON(@Outcomes) WITH (
 ) AS o ON o.NotificationId = a.NotificationId AND o.AttemptNo = a.AttemptNo
 JOIN dbo.Notifications AS n ON n.Id = o.Id
 WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND a.Outcome = N'InFlight';
+UPDATE n
+SET n.AttemptCount = n.AttemptCount + 1, n.ClaimToken = @endToken
+FROM dbo.Notifications AS n
+JOIN OPENJSON(@Outcomes) WITH (Id bigint '$.Id', AttemptNo int '$.AttemptNo', Status nvarchar(16) '$.Status') AS o
+  ON o.Id = n.Id
+WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND n.PendingEnd IS NOT NULL
+  AND n.Status = n.PendingEnd AND o.Status <> N'Delivered';
+IF @@ROWCOUNT > 0
+INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+FROM dbo.Notifications AS n
+JOIN OPENJSON(@Outcomes) WITH (Id bigint '$.Id') AS o ON o.Id = n.Id
+WHERE n.ClaimToken = @endToken;
 COMMIT TRANSACTION;
 END;

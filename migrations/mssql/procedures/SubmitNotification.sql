@@ -1,4 +1,4 @@
--- dbo.SubmitNotification, revision 4
+-- dbo.SubmitNotification, revision 5
 --
 -- Stores one submitted notification, as the SQLite backend stores a row, and answers the id's
 -- stored content hash and whether this call inserted it, from which the caller tells Accepted,
@@ -19,6 +19,11 @@
 --   or stricter isolation serialises two submits at once: both may read the same turns and
 --   store the same turn, a tie the claim gives to the older row (Id), as the rule does for rows
 --   stored together.
+-- - if it has a condition key and its site, key and list already have a row enqueued at the
+--   site after it (in any status: IX_Notifications_ConditionLatest), is stale on arrival: it is
+--   stored Superseded, resolved now, never due, with one history entry (number 1) naming the
+--   newest such row (the latest state; ties by arrival). It supersedes nothing and is counted
+--   in no window. Between rows of one site time the later arrival wins (below).
 -- - if cleared at the site (@ClearedAtSite, by @ClearedBy), is stored Cleared, resolved now,
 --   never due (NextAttemptAt NULL), with one history entry (number 1, at the site's time of the
 --   clear, by the site). It supersedes nothing and is counted in no window: the site's own
@@ -30,9 +35,11 @@
 --   Unix epoch (domain::consolidation::Consolidation::window_of): the window of @now starts @now
 --   less its milliseconds since 1970-01-01 modulo the window's length.
 -- - otherwise, if it has a condition key, ends as Superseded the waiting rows (Pending, Retrying
---   or Held) of its site, list and key enqueued at the site no later than it and not claimed (or
---   whose claim ran out): each one's history count goes up by one and its entry, numbered that
---   count, names this row. No OUTPUT and no table variable (migrations/mssql/README.md): the
+--   or Held) and the Parked rows of its site, list and key enqueued at the site no later than it
+--   and not claimed (or whose claim ran out): each one's history count goes up by one and its
+--   entry, numbered that count, names this row. Those being delivered (claimed) are marked
+--   instead (PendingEnd): they end Superseded when their attempt does not deliver them
+--   (dbo.RecordAttemptOutcomes) or their claim expires (the claims). No OUTPUT and no table variable (migrations/mssql/README.md): the
 --   UPDATE stamps the rows it ends with this row's id in ClaimToken (which only a claim of a
 --   waiting row reads), so the history INSERT finds exactly those rows (Status Superseded,
 --   resolved at @now, this token) through IX_Notifications_Status_Resolved.
@@ -75,10 +82,18 @@ DECLARE @window int;
 DECLARE @start datetime2(3);
 DECLARE @arrived int;
 DECLARE @heldUntil datetime2(3);
+DECLARE @newer uniqueidentifier;
 IF NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = @NotificationId)
 BEGIN
     BEGIN TRANSACTION;
-    IF @ClearedAtSite IS NULL
+    IF @ClearedAtSite IS NULL AND @ConditionKey IS NOT NULL
+        SELECT TOP (1) @newer = k.NotificationId
+        FROM dbo.Notifications AS k
+        WHERE k.ConditionKey IS NOT NULL AND k.SourceSiteId = @SourceSiteId
+          AND k.ConditionKey = @ConditionKey AND k.ListName = @ListName
+          AND k.SiteEnqueuedAt > @SiteEnqueuedAt
+        ORDER BY k.SiteEnqueuedAt DESC, k.Id DESC;
+    IF @ClearedAtSite IS NULL AND @newer IS NULL
         SELECT @threshold = l.ConsolidateThreshold, @window = l.ConsolidateWindowSeconds
         FROM dbo.NotificationLists AS l
         WHERE l.Name = @ListName;
@@ -104,11 +119,11 @@ BEGIN
     END;
     INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey)
     SELECT @NotificationId, @Type, @ListName, @Subject, @Body, @TypeData, @ContentHash,
-        CASE WHEN @ClearedAtSite IS NOT NULL THEN N'Cleared' WHEN @heldUntil IS NOT NULL THEN N'Held' ELSE N'Pending' END,
+        CASE WHEN @ClearedAtSite IS NOT NULL THEN N'Cleared' WHEN @newer IS NOT NULL THEN N'Superseded' WHEN @heldUntil IS NOT NULL THEN N'Held' ELSE N'Pending' END,
         @SourceSiteId, @SourceInstanceId, @SourceScript, @OriginExecutionId, @OriginParentExecutionId, @SiteEnqueuedAt, @now,
-        CASE WHEN @ClearedAtSite IS NULL THEN COALESCE(@heldUntil, @now) END,
-        CASE WHEN @ClearedAtSite IS NOT NULL THEN @now END,
-        CASE WHEN @ClearedAtSite IS NULL THEN 0 ELSE 1 END,
+        CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN COALESCE(@heldUntil, @now) END,
+        CASE WHEN @ClearedAtSite IS NOT NULL OR @newer IS NOT NULL THEN @now END,
+        CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN 0 ELSE 1 END,
         @Priority,
         1 + CASE WHEN t.SiteLast > t.Head THEN t.SiteLast ELSE t.Head END,
         @ConditionKey
@@ -128,6 +143,9 @@ BEGIN
     IF @ClearedAtSite IS NOT NULL
         INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
         VALUES (@NotificationId, 1, @ClearedAtSite, N'Cleared', @ClearedBy);
+    ELSE IF @newer IS NOT NULL
+        INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
+        VALUES (@NotificationId, 1, @now, N'Superseded', LOWER(CONVERT(nvarchar(36), @newer)));
     ELSE IF @ConditionKey IS NOT NULL
     BEGIN
         UPDATE dbo.Notifications
@@ -138,7 +156,7 @@ BEGIN
             ClaimEpoch = NULL,
             ClaimToken = @NotificationId,
             AttemptCount = AttemptCount + 1
-        WHERE Status IN (N'Pending', N'Retrying', N'Held') AND ConditionKey IS NOT NULL
+        WHERE Status IN (N'Pending', N'Retrying', N'Held', N'Parked') AND ConditionKey IS NOT NULL
           AND SourceSiteId = @SourceSiteId AND ConditionKey = @ConditionKey AND ListName = @ListName
           AND SiteEnqueuedAt <= @SiteEnqueuedAt AND NotificationId <> @NotificationId
           AND (ClaimedUntil IS NULL OR ClaimedUntil <= @now);
@@ -147,6 +165,12 @@ BEGIN
             SELECT n.NotificationId, n.AttemptCount, @now, N'Superseded', LOWER(CONVERT(nvarchar(36), @NotificationId))
             FROM dbo.Notifications AS n
             WHERE n.Status = N'Superseded' AND n.ResolvedAt = @now AND n.ClaimToken = @NotificationId;
+        UPDATE dbo.Notifications
+        SET PendingEnd = N'Superseded', PendingEndBy = LOWER(CONVERT(nvarchar(36), @NotificationId))
+        WHERE Status IN (N'Pending', N'Retrying', N'Held') AND ConditionKey IS NOT NULL
+          AND SourceSiteId = @SourceSiteId AND ConditionKey = @ConditionKey AND ListName = @ListName
+          AND SiteEnqueuedAt <= @SiteEnqueuedAt AND NotificationId <> @NotificationId
+          AND ClaimedUntil > @now;
     END;
     COMMIT TRANSACTION;
 END;

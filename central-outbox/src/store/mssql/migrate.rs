@@ -101,6 +101,12 @@ pub const MIGRATIONS: &[Migration] = &[
         file: "0011_schema_procedures.sql",
         sql: include_str!("../../../../migrations/mssql/0011_schema_procedures.sql"),
     },
+    Migration {
+        version: 12,
+        name: "latest_condition_state",
+        file: "0012_latest_condition_state.sql",
+        sql: include_str!("../../../../migrations/mssql/0012_latest_condition_state.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

@@ -442,9 +442,11 @@ pub fn select_content_hash(id: NotificationId) -> Statement {
 }
 
 /// Ends, as Cleared, the waiting rows (Pending, Retrying or Held, not claimed, or whose claim ran
-/// out) of site @P1 with condition key @P2, each with a history entry by @P3 numbered as its
-/// history count goes up by one, in one transaction (`IngestStore::clear_condition`). The rows are
-/// found through IX_Notifications_Condition (migration 0006, with Held since 0007). Without OUTPUT
+/// out) and the Parked rows of site @P1 with condition key @P2, each with a history entry by @P3
+/// numbered as its history count goes up by one, and marks those being delivered (PendingEnd,
+/// applied when their attempt does not deliver them), in one transaction
+/// (`IngestStore::clear_condition`). The rows are found through IX_Notifications_Condition
+/// (migration 0006, with Held since 0007 and Parked since 0012). Without OUTPUT
 /// or a table variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a
 /// token of this call, and the history INSERT and the answer find exactly those (Cleared, resolved
 /// at @now, that token) through IX_Notifications_Status_Resolved. Result: their ids.
