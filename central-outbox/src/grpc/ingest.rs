@@ -53,6 +53,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, store_status};
 use crate::domain::history::site_actor;
+use crate::domain::site_health::{MAX_NODES_PER_SITE, SiteHealthWrite};
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
 use crate::records::NewNotification;
@@ -418,11 +419,33 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
             return Err(Status::permission_denied(reason));
         }
         let report = site_health::report(msg).map_err(invalid_argument)?;
-        self.store
+        let (site, node) = (report.site.clone(), report.node.clone());
+        match self
+            .store
             .record_site_health(report)
             .await
-            .map_err(store_status)?;
-        Ok(Response::new(ReportSiteHealthResponse {}))
+            .map_err(store_status)?
+        {
+            SiteHealthWrite::Stored => Ok(Response::new(ReportSiteHealthResponse {})),
+            SiteHealthWrite::SiteFull => {
+                // Answered to the node, which logs it; counted here. Not logged per report: the
+                // node sends one every few seconds.
+                self.metrics.site_health_refused();
+                tracing::debug!(
+                    site = site.as_str(),
+                    node = node.as_str(),
+                    "refused a health report: its site has the most nodes central keeps"
+                );
+                Err(Status::resource_exhausted(format!(
+                    "node_name: site {:?} already has {MAX_NODES_PER_SITE} nodes reported, the \
+                     most central keeps per site, and {:?} is not one of them; a node that has \
+                     not reported for retention.site_health_retention is forgotten and frees \
+                     its place",
+                    site.as_str(),
+                    node.as_str()
+                )))
+            }
+        }
     }
 
     type SubmitNotificationsStream = AckStream;
