@@ -346,7 +346,19 @@ pub struct RetentionConfig {
     pub purge_interval: Duration,
     /// Rows deleted per transaction, so a large purge never holds the write lock for long.
     pub purge_batch_size: u32,
+    /// A site node whose latest health report is this old is forgotten (by the purge): it no
+    /// longer shows in ListSiteHealth or `/metrics` and frees its place among its site's 16.
+    #[serde(with = "humantime_serde")]
+    pub site_health_retention: Duration,
 }
+
+/// `retention.site_health_retention` when not configured: 30 days. Long enough that a site down
+/// for a long outage stays on screen (offline) and keeps its alert firing well past any holiday;
+/// short enough that a renamed or retired node leaves within a month.
+pub const DEFAULT_SITE_HEALTH_RETENTION: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The longest `retention.site_health_retention`: ten years (the MS SQL statement binds it in
+/// seconds as an int, which holds 68 years).
+pub const MAX_SITE_HEALTH_RETENTION: Duration = Duration::from_secs(3650 * 24 * 3600);
 
 impl Default for RetentionConfig {
     fn default() -> Self {
@@ -354,6 +366,7 @@ impl Default for RetentionConfig {
             terminal_retention: Duration::from_secs(365 * 24 * 3600),
             purge_interval: Duration::from_secs(24 * 3600),
             purge_batch_size: 1000,
+            site_health_retention: DEFAULT_SITE_HEALTH_RETENTION,
         }
     }
 }
@@ -815,6 +828,18 @@ impl Config {
         if !(1..=100_000).contains(&r.purge_batch_size) {
             bail!("retention.purge_batch_size: must be between 1 and 100000");
         }
+        // Longer than the offline threshold, so a silent node is shown offline (and alerted
+        // on) before it is forgotten.
+        if r.site_health_retention <= self.site_offline_after
+            || r.site_health_retention > MAX_SITE_HEALTH_RETENTION
+        {
+            bail!(
+                "retention.site_health_retention: must be longer than site_offline_after ({}) \
+                 and at most {}, so a silent node is shown offline before it is forgotten",
+                humantime::format_duration(self.site_offline_after),
+                humantime::format_duration(MAX_SITE_HEALTH_RETENTION)
+            );
+        }
         let tls = self.tls.load()?;
         tls.plaintext_exposure(self.listen_addr)?;
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
@@ -888,6 +913,7 @@ impl Config {
             },
             purge: PurgeSettings {
                 terminal_retention: r.terminal_retention,
+                site_health_retention: r.site_health_retention,
                 interval: r.purge_interval,
                 batch_size: r.purge_batch_size,
             },
@@ -1275,6 +1301,10 @@ mod tests {
         assert_eq!(example.site_offline_after, defaults.site_offline_after);
         assert_eq!(defaults.site_offline_after, Duration::from_secs(180));
         assert_eq!(example.purge.batch_size, defaults.purge.batch_size);
+        assert_eq!(
+            example.purge.site_health_retention,
+            defaults.purge.site_health_retention
+        );
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
         // The example states the webhook defaults; a file without [webhook] seeds nothing.
         assert_eq!(example.webhook, Some(WebhookSettings::default()));
@@ -1375,6 +1405,28 @@ mod tests {
         );
         let err = from_toml("metrics_listen = 'nowhere'").unwrap_err();
         assert!(format!("{err:#}").contains("metrics_listen"), "{err:#}");
+    }
+
+    #[test]
+    fn site_health_retention_outlasts_the_offline_threshold() {
+        assert_eq!(
+            from_toml("").unwrap().purge.site_health_retention,
+            Duration::from_secs(30 * 24 * 3600)
+        );
+        let short =
+            from_toml("site_offline_after = '1s'\n[retention]\nsite_health_retention = '2s'")
+                .unwrap();
+        assert_eq!(short.purge.site_health_retention, Duration::from_secs(2));
+        for retention in ["3m", "1s", "3651days"] {
+            let text = format!("[retention]\nsite_health_retention = '{retention}'");
+            let err = from_toml(&text).unwrap_err().to_string();
+            assert!(
+                err.starts_with(
+                    "retention.site_health_retention: must be longer than site_offline_after (3m)"
+                ),
+                "{retention}: {err}"
+            );
+        }
     }
 
     #[test]

@@ -138,6 +138,10 @@ pub struct Metrics {
     outcomes_unrecorded: Counter,
     purged: Counter,
     purged_parked: Counter,
+    /// Site nodes the purge forgot (silent for `retention.site_health_retention`), and health
+    /// reports refused because their site already had `MAX_NODES_PER_SITE` nodes.
+    site_nodes_forgotten: Counter,
+    site_health_refused: Counter,
     /// 1 while ingest cannot tell sites apart (no client certificates required).
     site_identity_unverified: Gauge,
     /// Claimed rows released unsent (they waited too long for a slot), by channel.
@@ -265,6 +269,23 @@ impl Metrics {
             "Of those purged, the Parked ones: failures no operator retried or discarded",
             purged_parked.clone(),
         );
+        let site_nodes_forgotten = Counter::default();
+        registry.register(
+            "outbox_site_nodes_forgotten",
+            "Site nodes whose health central forgot because they had not reported for \
+             retention.site_health_retention (they no longer show in ListSiteHealth or here)",
+            site_nodes_forgotten.clone(),
+        );
+        let site_health_refused = Counter::default();
+        registry.register(
+            "outbox_site_health_reports_refused",
+            format!(
+                "Health reports refused (RESOURCE_EXHAUSTED) because they came from a new node of \
+                 a site that already has the most nodes central keeps per site ({})",
+                crate::domain::site_health::MAX_NODES_PER_SITE
+            ),
+            site_health_refused.clone(),
+        );
 
         let site_identity_unverified = Gauge::default();
         registry.register(
@@ -312,6 +333,8 @@ impl Metrics {
             outcomes_unrecorded,
             purged,
             purged_parked,
+            site_nodes_forgotten,
+            site_health_refused,
             site_identity_unverified,
             claims_released,
             supervision,
@@ -424,6 +447,17 @@ impl Metrics {
     pub fn purged(&self, report: &PurgeReport) {
         self.purged.inc_by(report.notifications);
         self.purged_parked.inc_by(report.parked);
+    }
+
+    /// Counts site nodes the purge forgot.
+    pub fn site_nodes_forgotten(&self, nodes: usize) {
+        self.site_nodes_forgotten
+            .inc_by(u64::try_from(nodes).unwrap_or(u64::MAX));
+    }
+
+    /// Counts a health report refused because its site is full.
+    pub fn site_health_refused(&self) {
+        self.site_health_refused.inc();
     }
 
     /// Adds the failed-login counters (`auth::FailedLogins`, which counts them) to `/metrics`.

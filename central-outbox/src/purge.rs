@@ -8,8 +8,16 @@
 //! `outbox_purged_parked_notifications_total` counts them, so failures nobody acted on are not
 //! lost without a trace.
 //!
+//! It also forgets site nodes whose latest health report is `site_health_retention` old (by the
+//! database's clock, which stamped it): a node renamed, rebuilt or retired would otherwise stay
+//! in ListSiteHealth and `/metrics` for ever and keep its place among its site's
+//! `MAX_NODES_PER_SITE`. The retention is longer than `site_offline_after` (checked at start), so
+//! a silent node is shown offline first; each pass that forgets any logs them at WARN and counts
+//! them in `outbox_site_nodes_forgotten_total`.
+//!
 //! It runs on the dispatcher lease holder only (one replica does the work, the others skip it),
-//! once on becoming leader and then every `purge_interval`.
+//! once on becoming leader and then every `purge_interval`. A failure of either part is logged
+//! and does not stop the other.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +26,7 @@ use chrono::Utc;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::domain::SiteId;
 use crate::metrics::Metrics;
 use crate::records::{LeaseEpoch, PurgeReport};
 use crate::store::{DispatchStore, StoreError};
@@ -26,6 +35,8 @@ use crate::store::{DispatchStore, StoreError};
 #[derive(Debug, Clone, Copy)]
 pub struct PurgeSettings {
     pub terminal_retention: Duration,
+    /// A site node silent this long is forgotten.
+    pub site_health_retention: Duration,
     pub interval: Duration,
     pub batch_size: u32,
 }
@@ -55,6 +66,19 @@ pub async fn run<S: DispatchStore>(
             }
             Err(e) => tracing::error!(error = %e, "purge failed; retrying next interval"),
         }
+        match store
+            .forget_silent_nodes(settings.site_health_retention)
+            .await
+        {
+            Ok(forgotten) => {
+                metrics.site_nodes_forgotten(forgotten.len());
+                log_forgotten(&forgotten, settings.site_health_retention);
+            }
+            Err(e) => tracing::error!(
+                error = %e,
+                "forgetting silent site nodes failed; retrying next interval"
+            ),
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(settings.interval) => {}
@@ -83,6 +107,27 @@ fn log(report: &PurgeReport, retention: Duration) {
     } else {
         tracing::debug!("purge: nothing past retention");
     }
+}
+
+/// Most forgotten nodes named in one log line; the rest are counted.
+const MAX_NODES_LOGGED: usize = 20;
+
+fn log_forgotten(forgotten: &[(SiteId, SiteId)], retention: Duration) {
+    if forgotten.is_empty() {
+        return;
+    }
+    let named: Vec<String> = forgotten
+        .iter()
+        .take(MAX_NODES_LOGGED)
+        .map(|(site, node)| format!("{}/{}", site.as_str(), node.as_str()))
+        .collect();
+    tracing::warn!(
+        count = forgotten.len(),
+        nodes = %named.join(", "),
+        retention = %humantime::format_duration(retention),
+        "forgot site nodes that have not reported for the site health retention; they no \
+         longer show in site health (a node that reports again is shown again)"
+    );
 }
 
 /// Deletes batches until one comes back short (or shutdown). Returns the totals.

@@ -284,6 +284,10 @@ pub fn format_stats(stats: &BufferStats) -> String {
     let _ = writeln!(out, "in_flight: {}", stats.in_flight);
     let _ = writeln!(out, "rejected: {}", stats.rejected);
     let _ = writeln!(out, "central_reachable: {}", stats.central_reachable);
+    // Only when it matters: why nothing is forwarded although central answers.
+    if !stats.forward_refused_reason.is_empty() {
+        let _ = writeln!(out, "forward_refused: {}", stats.forward_refused_reason);
+    }
     // Only when it matters: the line a script's author looks for when Sends fail.
     if stats.sends_refused {
         let _ = writeln!(out, "sends_refused: {}", stats.sends_refused_reason);
@@ -410,6 +414,15 @@ mod tests {
         };
         assert!(
             format_stats(&full).contains("sends_refused: max_buffer_bytes: the limit is 1048576\n")
+        );
+        assert!(!text.contains("forward_refused"), "{text}");
+        let refused = BufferStats {
+            forward_refused_reason: "source_site_id: \"site-a\" is not the caller's site".into(),
+            ..Default::default()
+        };
+        assert!(
+            format_stats(&refused)
+                .contains("forward_refused: source_site_id: \"site-a\" is not the caller's site\n")
         );
         assert_eq!(
             format_role(&NodeRoleView {

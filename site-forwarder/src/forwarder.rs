@@ -22,13 +22,21 @@
 //!   for the stream to open), and a stream with submits outstanding and no ack for
 //!   `central.ack_timeout` is abandoned; `central_reachable` turns false at that moment.
 //! - Every wait also watches the shutdown token, so shutdown stops sending at once.
+//! - Central ending a stream with PERMISSION_DENIED (with client certificates required, this
+//!   node's certificate names another site than `site_id`) is not an answer about any row: it is
+//!   "cannot forward". Every row stays buffered (none moves to the rejected table), the refusal
+//!   is shown (`GetBufferStats.forward_refused_reason`, `outbox_site_forward_refused` for an
+//!   alert rule, a WARN line when it starts or its reason changes) until central acks again,
+//!   and the forwarder retries after `forward_retry_interval`, doubling up to
+//!   [`MAX_REFUSED_BACKOFF`] while refusals go on, so a certificate fixed at either end is
+//!   noticed within a minute without hammering central meanwhile.
 //! - A row a pending clear holds (`PendingClears::holds`: an unmarked row buffered after a clear
 //!   of its condition key that central has not applied yet) stops the stream at that row until
 //!   central has; the [`crate::clears`] task, run here beside the stream, sends the clears.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -57,6 +65,11 @@ use crate::metrics::SiteMetrics;
 const PAGE_ROWS: usize = 128;
 /// Most acks settled in one buffer write job; bounds the job's duration in the writer.
 const MAX_ACK_BATCH: usize = 1024;
+/// The longest wait between two attempts while central refuses this node's submits
+/// (PERMISSION_DENIED). A refusal is a configuration to fix (a certificate, or central's CA),
+/// which nothing here can heal by retrying fast; once an operator fixes it at central, the
+/// backlog should move within a minute. Never shorter than `forward_retry_interval`.
+pub const MAX_REFUSED_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Why a forwarding session ended (the forwarder then reconnects; see the module comment for
 /// when it waits first).
@@ -80,6 +93,29 @@ pub enum ForwardError {
     Buffer(#[from] BufferError),
 }
 
+impl ForwardError {
+    /// Central's refusal of this node's submits (PERMISSION_DENIED, when the stream is opened or
+    /// as the status that ends it), as opposed to a link or server failure.
+    pub fn refusal(&self) -> Option<&tonic::Status> {
+        match self {
+            Self::Open(status) | Self::Stream(status)
+                if status.code() == tonic::Code::PermissionDenied =>
+            {
+                Some(status)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The wait before attempt `refusals + 1` after `refusals` refusals in a row: `base`, doubling,
+/// at most [`MAX_REFUSED_BACKOFF`] (or `base`, if that is longer).
+pub fn refused_backoff(base: Duration, refusals: u32) -> Duration {
+    let cap = MAX_REFUSED_BACKOFF.max(base);
+    let doublings = refusals.saturating_sub(1).min(16);
+    base.saturating_mul(1 << doublings).min(cap)
+}
+
 pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
 
 /// The forwarder's live figures, shared with `GetBufferStats` and `/metrics`. Atomics: written by
@@ -90,6 +126,8 @@ pub struct ForwardState {
     in_flight: AtomicU64,
     /// Unix milliseconds of the last ACCEPTED/DUPLICATE ack; 0 = none since start.
     last_forward_at_ms: AtomicI64,
+    /// Central's reason while it refuses this node's submits (see [`ForwardError::refusal`]).
+    refused: Mutex<Option<String>>,
 }
 
 impl ForwardState {
@@ -101,7 +139,18 @@ impl ForwardState {
             last_forward_at: (last != 0)
                 .then(|| DateTime::from_timestamp_millis(last))
                 .flatten(),
+            refused: self.refused().clone(),
         }
+    }
+
+    fn refused(&self) -> MutexGuard<'_, Option<String>> {
+        self.refused.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Records central's refusal (`Some(reason)`) or its end (`None`); returns the reason
+    /// recorded before.
+    fn set_refused(&self, reason: Option<String>) -> Option<String> {
+        std::mem::replace(&mut *self.refused(), reason)
     }
 
     fn set_reachable(&self, reachable: bool) -> bool {
@@ -237,14 +286,47 @@ impl Forwarder {
         let mut window = ForwardWindow::new(self.window_size);
         // Whether the last failure was already reported as a warning.
         let mut reported = false;
+        // Sessions in a row that central refused (PERMISSION_DENIED).
+        let mut refusals: u32 = 0;
         loop {
             window.restart();
             let attempt_started = Instant::now();
             let outcome = self.session(&mut window, shutdown).await;
             let was_reachable = self.state.set_reachable(false);
             self.state.set_in_flight(0);
-            let next_attempt = attempt_started + self.retry_interval;
+            let refusal = outcome.as_ref().err().and_then(ForwardError::refusal);
+            let next_attempt = match refusal {
+                Some(_) => {
+                    refusals = refusals.saturating_add(1);
+                    Instant::now() + refused_backoff(self.retry_interval, refusals)
+                }
+                None => {
+                    refusals = 0;
+                    attempt_started + self.retry_interval
+                }
+            };
             let retry_in = next_attempt.saturating_duration_since(Instant::now());
+            if let Some(status) = refusal {
+                let reason = status.message().to_owned();
+                let before = self.state.set_refused(Some(reason.clone()));
+                // When it starts or its reason changes; repeats go to debug.
+                if before.as_ref() == Some(&reason) {
+                    tracing::debug!(%reason, ?retry_in, "central still refuses this node's submits");
+                } else {
+                    tracing::warn!(
+                        central = %self.central_url, %reason, ?retry_in,
+                        "central refuses this node's submits (PERMISSION_DENIED): every \
+                         notification stays buffered until it accepts them; check that this \
+                         node's client certificate names site_id. Retrying with a backoff"
+                    );
+                }
+                reported = true;
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep_until(next_attempt) => {}
+                }
+                continue;
+            }
             match outcome {
                 Ok(()) => return,
                 // The first failure (at start or after being connected) is worth a warning;
@@ -315,6 +397,9 @@ impl Forwarder {
                 () = shutdown.cancelled() => return Ok(()),
                 first = acks.next() => {
                     let (batch, end) = take_ready(&mut acks, first);
+                    if !batch.is_empty() && self.state.set_refused(None).is_some() {
+                        tracing::info!("central accepts this node's submits again");
+                    }
                     let settlement = apply_acks(window, batch);
                     self.settle(settlement).await?;
                     self.state.set_in_flight(window.len());
@@ -493,6 +578,35 @@ mod tests {
             notification_id: id.to_string(),
             outcome: outcome.into(),
             reason: reason.into(),
+        }
+    }
+
+    #[test]
+    fn refusals_back_off_doubling_up_to_a_minute() {
+        let base = Duration::from_millis(500);
+        let waits: Vec<Duration> = (1..=9).map(|n| refused_backoff(base, n)).collect();
+        assert_eq!(
+            waits,
+            [500, 1000, 2000, 4000, 8000, 16_000, 32_000, 60_000, 60_000]
+                .map(Duration::from_millis)
+        );
+        assert_eq!(refused_backoff(base, u32::MAX), MAX_REFUSED_BACKOFF);
+        // A retry interval longer than the cap is never shortened.
+        let slow = Duration::from_secs(90);
+        assert_eq!(refused_backoff(slow, 3), slow);
+    }
+
+    #[test]
+    fn only_permission_denied_is_a_refusal() {
+        let denied = tonic::Status::permission_denied("certificate for site-b");
+        assert!(ForwardError::Stream(denied.clone()).refusal().is_some());
+        assert!(ForwardError::Open(denied).refusal().is_some());
+        for other in [
+            ForwardError::Stream(tonic::Status::unavailable("down")),
+            ForwardError::Closed,
+            ForwardError::Stalled(Duration::from_secs(1)),
+        ] {
+            assert!(other.refusal().is_none(), "{other}");
         }
     }
 

@@ -91,10 +91,13 @@ impl HealthReporter {
                 }
                 Err(status) => {
                     if reaching {
-                        // Refused (a certificate for another site, say): a configuration to fix.
+                        // Refused (a certificate for another site, or a site already reported
+                        // by as many nodes as central keeps): a configuration to fix.
                         let refused = matches!(
                             status.code(),
-                            tonic::Code::PermissionDenied | tonic::Code::InvalidArgument
+                            tonic::Code::PermissionDenied
+                                | tonic::Code::InvalidArgument
+                                | tonic::Code::ResourceExhausted
                         );
                         if refused {
                             tracing::warn!(%status, "central refused this node's health report");

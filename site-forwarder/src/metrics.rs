@@ -60,6 +60,8 @@ pub struct SiteMetrics {
     pending_clears: Gauge,
     oldest_age: SecondsGauge,
     central_reachable: Gauge,
+    /// 1 while central refuses this node's submits (PERMISSION_DENIED).
+    forward_refused: Gauge,
     sends_refused: Gauge,
     buffer_bytes: Gauge,
     disk_available_bytes: Gauge,
@@ -143,6 +145,15 @@ impl SiteMetrics {
             "outbox_site_central_reachable",
             "1 while the forwarding stream to central is open, else 0",
             central_reachable.clone(),
+        );
+        let forward_refused = Gauge::default();
+        registry.register(
+            "outbox_site_forward_refused",
+            "1 while central refuses this node's submits (PERMISSION_DENIED: with client \
+             certificates required, its certificate names another site than site_id), else 0. \
+             Nothing is lost: every notification stays buffered and the forwarder retries with \
+             a backoff up to a minute; GetBufferStats.forward_refused_reason says why",
+            forward_refused.clone(),
         );
         let sends_refused = Gauge::default();
         registry.register(
@@ -243,6 +254,7 @@ impl SiteMetrics {
             pending_clears,
             oldest_age,
             central_reachable,
+            forward_refused,
             sends_refused,
             buffer_bytes,
             disk_available_bytes,
@@ -303,6 +315,8 @@ impl SiteMetrics {
         }
         self.central_reachable
             .set(i64::from(forward.central_reachable));
+        self.forward_refused
+            .set(i64::from(forward.refused.is_some()));
         self.sends_refused.set(i64::from(room.refusing.is_some()));
         self.buffer_bytes.set(gauge_count(room.buffer_bytes));
         self.disk_available_bytes

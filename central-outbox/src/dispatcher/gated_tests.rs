@@ -136,6 +136,9 @@ impl DispatchStore for GatedStore {
     ) -> Result<PurgeReport> {
         self.inner.purge_terminal(resolved_before, batch).await
     }
+    async fn forget_silent_nodes(&self, silent_for: Duration) -> Result<Vec<(SiteId, SiteId)>> {
+        self.inner.forget_silent_nodes(silent_for).await
+    }
 }
 
 /// A running dispatcher over a gated store with one due email notification. No SMTP relay is

@@ -264,6 +264,43 @@ impl NotificationList {
     }
 }
 
+impl NotificationList {
+    /// This list, changed with its signing secret left out (the admin API's and the console's
+    /// "keep the stored one"), with `current`'s secret. Nobody can read a stored secret back, so
+    /// keeping one must not let anybody have it used somewhere else: it is kept only while every
+    /// endpoint goes to a receiver (scheme, host and port) the stored endpoints went to
+    /// ([`WebhookTarget::same_receivers`]); with the endpoints moved elsewhere it must be given
+    /// again, or removed (an empty secret), as the SMTP password must when the relay moves
+    /// ([`SmtpAuthChange::resolve`]). Signed requests at a host of an admin's choosing would let
+    /// that host test guesses of the secret at leisure, and carry signatures the real receivers
+    /// accept. The error names `webhook_secret`.
+    pub fn keeping_secret_of(
+        mut self,
+        current: Option<&NotificationList>,
+    ) -> Result<Self, ContentError> {
+        let stored = match current.map(|c| &c.targets) {
+            Some(ListTargets::Webhook(stored)) if stored.secret.is_some() => stored,
+            _ => return Ok(self),
+        };
+        let ListTargets::Webhook(target) = &mut self.targets else {
+            return Ok(self);
+        };
+        if target.secret.is_some() {
+            return Ok(self);
+        }
+        if !stored.same_receivers(&target.endpoints) {
+            return Err(ContentError::new(
+                "webhook_secret",
+                "must be given again (or removed with an empty value) when the endpoints move \
+                 to another host, port or scheme: the stored secret signs only for the \
+                 receivers it was given for",
+            ));
+        }
+        target.secret.clone_from(&stored.secret);
+        Ok(self)
+    }
+}
+
 /// A stored configuration value and when it was last written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Stored<T> {

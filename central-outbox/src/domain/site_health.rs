@@ -6,6 +6,10 @@
 //! the database's clock at the read ([`SiteHealthSnapshot::assess`]), so every central replica
 //! reading the same rows agrees, whatever its own clock says, and a node that stops reporting
 //! turns offline without anything being written.
+//!
+//! What a report can make central keep is bounded: at most [`MAX_NODES_PER_SITE`] nodes per site
+//! (a report from one more is refused, see [`SiteHealthWrite`]), and a node not heard from for
+//! `retention.site_health_retention` is forgotten by the purge, which frees its place.
 
 use std::time::Duration;
 
@@ -19,6 +23,22 @@ pub const MAX_VERSION_CHARS: usize = 64;
 /// The longest age or lag a report may state: a century. Larger values (or negative ones, NaN,
 /// infinity) are a broken client, refused naming the field.
 const MAX_REPORTED_SECONDS: f64 = 100.0 * 365.0 * 24.0 * 3600.0;
+
+/// Most nodes one site may have reported at once. A site is one node or an active/standby pair;
+/// 16 leaves room for nodes renamed or rebuilt (an old name keeps its place until it has been
+/// silent for the retention and is forgotten), while a client that invents node names (a bug, or
+/// anybody where sites are not told apart) cannot grow the table, the admin API's answer or the
+/// `/metrics` series without bound.
+pub const MAX_NODES_PER_SITE: usize = 16;
+
+/// What recording a report did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiteHealthWrite {
+    /// Stored as the node's latest report.
+    Stored,
+    /// Not stored: the node is new and its site already has [`MAX_NODES_PER_SITE`] nodes.
+    SiteFull,
+}
 
 /// A node's place in its site's pair (a single node is active).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

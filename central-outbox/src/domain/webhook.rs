@@ -84,6 +84,13 @@ impl WebhookUrl {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// Where requests to this endpoint go: its scheme, host and port (the default port when
+    /// none is written, so `https://h/` and `https://h:443/` are one receiver). `None` only for
+    /// a value that no longer parses, which `parse` never builds.
+    fn receiver(&self) -> Option<url::Origin> {
+        url::Url::parse(&self.0).ok().map(|url| url.origin())
+    }
 }
 
 impl fmt::Display for WebhookUrl {
@@ -171,9 +178,62 @@ pub struct WebhookTarget {
     pub secret: Option<Secret>,
 }
 
+impl WebhookTarget {
+    /// Whether every one of `endpoints` goes to a receiver (scheme, host and port) that one of
+    /// these endpoints goes to: paths may change, endpoints may be dropped or added beside the
+    /// old ones, but no request goes anywhere new. Host names compare as the URL parser writes
+    /// them (lower case); another spelling of the same address is another receiver.
+    pub fn same_receivers(&self, endpoints: &[WebhookUrl]) -> bool {
+        let known: Vec<url::Origin> = self
+            .endpoints
+            .iter()
+            .filter_map(WebhookUrl::receiver)
+            .collect();
+        endpoints
+            .iter()
+            .all(|e| e.receiver().is_some_and(|r| known.contains(&r)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn target(endpoints: &[&str]) -> WebhookTarget {
+        WebhookTarget {
+            endpoints: endpoints
+                .iter()
+                .map(|e| WebhookUrl::parse(e).unwrap())
+                .collect(),
+            format: WebhookFormat::Generic,
+            secret: Some(Secret::new("hook-secret-0123456789".into())),
+        }
+    }
+
+    #[test]
+    fn same_receivers_means_the_same_scheme_host_and_port() {
+        let stored = target(&["https://hooks.plant.test/a", "http://127.0.0.1:8080/b"]);
+        let same = |endpoints: &[&str]| stored.same_receivers(&target(endpoints).endpoints);
+        assert!(same(&["https://hooks.plant.test/other?x=1"]));
+        assert!(same(&[
+            "https://HOOKS.plant.test:443/a",
+            "http://127.0.0.1:8080/c"
+        ]));
+        assert!(same(&["http://127.0.0.1:8080/b"]), "one dropped");
+        for moved in [
+            "https://hooks.elsewhere.test/a",
+            "https://hooks.plant.test:8443/a",
+            "https://127.0.0.1:8080/b",
+            "http://127.0.0.1:8081/b",
+            "http://localhost:8080/b",
+        ] {
+            assert!(!same(&[moved]), "{moved}");
+            assert!(
+                !same(&["https://hooks.plant.test/a", moved]),
+                "{moved} added"
+            );
+        }
+    }
 
     #[test]
     fn endpoints_must_be_https_or_loopback_http_without_credentials() {

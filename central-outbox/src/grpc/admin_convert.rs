@@ -313,7 +313,9 @@ pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
 }
 
 /// Checks a list to store. An unset type means EMAIL, as it does for `Send`. An unset webhook
-/// secret keeps `current`'s (so an operator can edit endpoints without re-entering it).
+/// secret keeps `current`'s (so an operator can edit endpoints without re-entering it), but only
+/// for endpoints on the receivers it was given for ([`NotificationList::keeping_secret_of`]); an
+/// empty one removes it.
 pub fn list_from_proto(
     msg: Option<v1::NotificationList>,
     current: Option<&NotificationList>,
@@ -332,14 +334,8 @@ pub fn list_from_proto(
             ));
         }
     };
-    let webhook_secret = match msg.webhook_secret {
-        Some(secret) if secret.is_empty() => None,
-        Some(secret) => Some(secret),
-        None => current.and_then(|list| match &list.targets {
-            ListTargets::Webhook(target) => target.secret.as_ref().map(|s| s.expose().to_owned()),
-            ListTargets::Email(_) => None,
-        }),
-    };
+    let keep_secret = msg.webhook_secret.is_none();
+    let webhook_secret = msg.webhook_secret.filter(|secret| !secret.is_empty());
     let consolidation = msg
         .consolidation
         .map(|c| {
@@ -361,18 +357,26 @@ pub fn list_from_proto(
         webhook_secret,
         consolidation,
     };
-    NotificationList::parse(input).map_err(|e| {
-        ContentError::new(
-            match e.field {
-                "list_name" | "name" => "list.name",
-                "type" => "list.type",
-                "endpoints" => "list.endpoints",
-                "webhook_secret" => "list.webhook_secret",
-                _ => "list.recipients",
-            },
-            e.problem,
-        )
-    })
+    NotificationList::parse(input)
+        .and_then(|list| {
+            if keep_secret {
+                list.keeping_secret_of(current)
+            } else {
+                Ok(list)
+            }
+        })
+        .map_err(|e| {
+            ContentError::new(
+                match e.field {
+                    "list_name" | "name" => "list.name",
+                    "type" => "list.type",
+                    "endpoints" => "list.endpoints",
+                    "webhook_secret" => "list.webhook_secret",
+                    _ => "list.recipients",
+                },
+                e.problem,
+            )
+        })
 }
 
 /// The request's name of a consolidation setting's field.

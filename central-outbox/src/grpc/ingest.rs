@@ -28,12 +28,16 @@
 //!
 //! With client certificates required (`tls.client_ca`), a caller may submit only as the site its
 //! certificate names ([`SiteIdentity`]): any other `source_site_id` is refused before validation
-//! and nothing of it is stored (PERMISSION_DENIED on the unary call, a REJECTED ack on the
-//! stream, which goes on with the caller's other submits). The same rule holds for
-//! `ReportSiteHealth` (a site node's health, see `super::site_health`) and `ClearCondition`.
+//! and nothing of it is stored. The unary call answers PERMISSION_DENIED; the stream ends with
+//! PERMISSION_DENIED at the first such submit, after the acks of the submits read before it,
+//! and that submit and everything after it get no ack. Not a REJECTED ack: REJECTED is final,
+//! and the site would set the row aside for good, so a site whose certificate names another site
+//! (a configuration to fix, not content to refuse) would throw its whole backlog away; with the
+//! stream refused it keeps its rows and resends them once its certificate is fixed. The same
+//! rule holds for `ReportSiteHealth` (a site node's health, see `super::site_health`) and
+//! `ClearCondition`.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -53,6 +57,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::{HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, store_status};
 use crate::domain::history::site_actor;
+use crate::domain::site_health::{MAX_NODES_PER_SITE, SiteHealthWrite};
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
 use crate::records::NewNotification;
@@ -418,11 +423,33 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
             return Err(Status::permission_denied(reason));
         }
         let report = site_health::report(msg).map_err(invalid_argument)?;
-        self.store
+        let (site, node) = (report.site.clone(), report.node.clone());
+        match self
+            .store
             .record_site_health(report)
             .await
-            .map_err(store_status)?;
-        Ok(Response::new(ReportSiteHealthResponse {}))
+            .map_err(store_status)?
+        {
+            SiteHealthWrite::Stored => Ok(Response::new(ReportSiteHealthResponse {})),
+            SiteHealthWrite::SiteFull => {
+                // Answered to the node, which logs it; counted here. Not logged per report: the
+                // node sends one every few seconds.
+                self.metrics.site_health_refused();
+                tracing::debug!(
+                    site = site.as_str(),
+                    node = node.as_str(),
+                    "refused a health report: its site has the most nodes central keeps"
+                );
+                Err(Status::resource_exhausted(format!(
+                    "node_name: site {:?} already has {MAX_NODES_PER_SITE} nodes reported, the \
+                     most central keeps per site, and {:?} is not one of them; a node that has \
+                     not reported for retention.site_health_retention is forgotten and frees \
+                     its place",
+                    site.as_str(),
+                    node.as_str()
+                )))
+            }
+        }
     }
 
     type SubmitNotificationsStream = AckStream;
@@ -440,7 +467,6 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
             dispatcher_wake: Arc::clone(&self.dispatcher_wake),
             acks,
             caller_site,
-            warned_other_site: AtomicBool::new(false),
             _slot: Arc::clone(&slot),
         };
         tokio::spawn(session.run(request.into_inner(), self.shutdown.clone()));
@@ -459,9 +485,6 @@ struct StreamSession<S> {
     acks: mpsc::Sender<Result<NotificationSubmitAck, Status>>,
     /// The only `source_site_id` this stream may submit as; `None` for any.
     caller_site: Option<String>,
-    /// Whether a submit for another site was logged at WARN yet: once per stream, since a
-    /// misconfigured site would otherwise log once for every row of its backlog.
-    warned_other_site: AtomicBool,
     /// The stream's place among `server.max_ingest_streams`.
     _slot: Arc<StreamSlot>,
 }
@@ -592,7 +615,9 @@ impl<S: IngestStore> StreamSession<S> {
     /// submits or [`MAX_STREAM_BATCH_BYTES`] of valid ones, without waiting, validating each as
     /// it is taken: the valid ones form the batch, the others are dropped at once, leaving only
     /// their (bounded) REJECTED acks. Also says whether the stream ended (cleanly or not)
-    /// meanwhile.
+    /// meanwhile. A submit for another site than the caller's stops the taking and ends the
+    /// stream with PERMISSION_DENIED (after the batch so far is committed and acked); nothing
+    /// more is read.
     fn take_ready(
         &self,
         inbound: &mut Streaming<NotificationSubmit>,
@@ -614,7 +639,11 @@ impl<S: IngestStore> StreamSession<S> {
                     taken.batch.ids.push(id);
                     taken.batch.rows.push(row);
                 }
-                Err(ack) => taken.rejected.push(ack),
+                Err(Refusal::Rejected(ack)) => taken.rejected.push(ack),
+                Err(Refusal::OtherSite(status)) => {
+                    taken.end = StreamEnd::Failed(status);
+                    return taken;
+                }
             }
             if count >= MAX_STREAM_BATCH || bytes >= MAX_STREAM_BATCH_BYTES {
                 return taken;
@@ -634,29 +663,36 @@ impl<S: IngestStore> StreamSession<S> {
         }
     }
 
-    /// The row for `msg` and the id its ack names, or its REJECTED ack.
-    fn validate(
-        &self,
-        msg: NotificationSubmit,
-    ) -> Result<(String, NewNotification), NotificationSubmitAck> {
+    /// The row for `msg` and the id its ack names, or why it is refused.
+    fn validate(&self, msg: NotificationSubmit) -> Result<(String, NewNotification), Refusal> {
         // Never longer than a valid id, so a valid one is echoed whole.
         let id = prefix(&msg.notification_id, MAX_ECHOED_ID_BYTES).to_owned();
         if let Err(reason) = check_site(self.caller_site.as_deref(), &msg) {
-            if self.warned_other_site.swap(true, Ordering::Relaxed) {
-                tracing::debug!(%reason, "refused a submit for another site");
-            } else {
-                tracing::warn!(%reason, "refused a submit for another site (once per stream)");
-            }
-            return Err(rejected(id, &reason));
+            // Once per stream: the stream ends here, and the site retries with a backoff.
+            tracing::warn!(
+                %reason,
+                "refused a submit stream: a submit for another site than the caller's \
+                 certificate names (the site keeps its rows until its certificate is fixed)"
+            );
+            return Err(Refusal::OtherSite(Status::permission_denied(reason)));
         }
         match convert::submission(msg) {
             Ok(submission) => Ok((id, NewNotification::new(submission))),
             Err(e) => {
                 self.metrics.ingest_rejected_invalid();
-                Err(rejected(id, &e.to_string()))
+                Err(Refusal::Rejected(rejected(id, &e.to_string())))
             }
         }
     }
+}
+
+/// Why [`StreamSession::validate`] refused a submit.
+enum Refusal {
+    /// Invalid content: answered with this REJECTED ack (final), and the stream goes on.
+    Rejected(NotificationSubmitAck),
+    /// For another site than the caller's certificate names: the stream ends with this
+    /// PERMISSION_DENIED and the submit gets no ack, so the site keeps it (see the module docs).
+    OtherSite(Status),
 }
 
 /// A REJECTED ack for `id` with at most [`MAX_REASON_BYTES`] of `reason`.

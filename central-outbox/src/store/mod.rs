@@ -8,7 +8,7 @@
 //! - [`IngestStore`] (`ping`, `submit`, `clear_condition`, `record_site_health`): the ingest
 //!   service (`grpc::ingest`) and the health probe (`health`).
 //! - [`DispatchStore`] (`acquire_lease`, `release_lease`, `claim_due`, `claim_digest`,
-//!   `record_outcomes`, `record_outcome`, `purge_terminal`): the dispatcher with its lease
+//!   `record_outcomes`, `record_outcome`, `purge_terminal`, `forget_silent_nodes`): the dispatcher with its lease
 //!   keeper, channel loops, attempts and recorder (`dispatcher`), and the purge (`purge`),
 //!   which runs under the dispatcher's lease.
 //! - [`ReadChannelSettings`] (`list`, `smtp_settings`, `webhook_settings`): what a delivery
@@ -60,7 +60,10 @@
 //!   calls (the admin API, or start-up asked to replace) overwrite them.
 //! - `record_site_health` keeps one row per (site, node): the latest report, stamped with the
 //!   database's clock; `site_health` reads every row with that clock's reading at the same time,
-//!   so the offline rule (`domain::site_health`) is applied to one clock on every replica.
+//!   so the offline rule (`domain::site_health`) is applied to one clock on every replica. A
+//!   report from a new node of a site that already has `MAX_NODES_PER_SITE` nodes is not stored
+//!   (`SiteHealthWrite::SiteFull`); `forget_silent_nodes` deletes the nodes whose latest report
+//!   is older than the retention, by the same clock.
 //!
 //! The conformance suite also holds the in-memory store to the dispatch part of this contract
 //! (leases, claims and their serve order, fenced outcomes, the purge), so the dispatcher's
@@ -80,7 +83,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
@@ -148,11 +151,12 @@ pub trait IngestStore: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<NotificationId>>> + Send;
 
     /// Stores `report` as the latest of its (site, node), replacing the one before, received
-    /// now by the database's clock.
+    /// now by the database's clock; unless the node is new and its site already has
+    /// `domain::site_health::MAX_NODES_PER_SITE` nodes (`SiteFull`, nothing stored).
     fn record_site_health(
         &self,
         report: SiteHealthReport,
-    ) -> impl Future<Output = Result<()>> + Send;
+    ) -> impl Future<Output = Result<SiteHealthWrite>> + Send;
 }
 
 /// The channel settings a delivery reads: one list by name and each channel's settings.
@@ -253,6 +257,14 @@ pub trait DispatchStore: ReadChannelSettings {
         resolved_before: DateTime<Utc>,
         batch: u32,
     ) -> impl Future<Output = Result<PurgeReport>> + Send;
+
+    /// Deletes the site health of every node whose latest report is `silent_for` old or older
+    /// by the database's clock (the clock that stamped it); returns those nodes as (site,
+    /// node). The table holds at most `MAX_NODES_PER_SITE` rows per site, so one statement.
+    fn forget_silent_nodes(
+        &self,
+        silent_for: Duration,
+    ) -> impl Future<Output = Result<Vec<(SiteId, SiteId)>>> + Send;
 }
 
 /// What operators look at and act on: notifications, their history, the KPIs, site health.

@@ -666,4 +666,9 @@ impl DispatchStore for MemoryStore {
         });
         Ok(report)
     }
+
+    /// Keeps no site health (it has no ingest): nothing to forget.
+    async fn forget_silent_nodes(&self, _silent_for: Duration) -> Result<Vec<(SiteId, SiteId)>> {
+        Ok(Vec::new())
+    }
 }

@@ -285,6 +285,10 @@ macro_rules! whole_store_behaviours {
             a_silent_node_goes_offline_and_a_report_brings_it_back,
             site_health::a_silent_node_goes_offline_and_a_report_brings_it_back
         );
+        behaviour!(
+            a_site_keeps_at_most_its_bound_of_nodes_and_silent_ones_are_forgotten,
+            site_health::a_site_keeps_at_most_its_bound_of_nodes_and_silent_ones_are_forgotten
+        );
     };
 }
 

@@ -1,13 +1,17 @@
 //! Site health: the store keeps the latest report per (site, node), stamped with the database's
 //! clock, and reads them with that clock, so a node that goes silent turns offline once its
-//! report is `site_offline_after` old and online again with its next report.
+//! report is `site_offline_after` old and online again with its next report. It keeps at most
+//! `MAX_NODES_PER_SITE` nodes a site, and forgets the nodes silent for the retention by the
+//! same clock.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
 use central_outbox::domain::SiteId;
-use central_outbox::domain::site_health::{NodeHealth, NodeRole, SiteHealthReport};
+use central_outbox::domain::site_health::{
+    MAX_NODES_PER_SITE, NodeHealth, NodeRole, SiteHealthReport, SiteHealthWrite,
+};
 use central_outbox::store::OutboxStore;
 
 use crate::poll::until;
@@ -144,4 +148,113 @@ pub async fn a_silent_node_goes_offline_and_a_report_brings_it_back<S: OutboxSto
     assert_eq!(back.offline_since, None);
     assert_eq!(back.stored.report.buffer_depth, 9);
     assert!(back.stored.received_at > gone.stored.received_at);
+}
+
+/// The (site, node) pairs stored, in the store's order (by site, then node).
+async fn stored_nodes<S: OutboxStore>(store: &S) -> Vec<(String, String)> {
+    store
+        .site_health()
+        .await
+        .unwrap()
+        .nodes
+        .into_iter()
+        .map(|n| {
+            (
+                n.report.site.as_str().to_owned(),
+                n.report.node.as_str().to_owned(),
+            )
+        })
+        .collect()
+}
+
+pub async fn a_site_keeps_at_most_its_bound_of_nodes_and_silent_ones_are_forgotten<
+    S: OutboxStore,
+>(
+    store: &S,
+) {
+    let node = |i: usize| format!("north-{i:02}");
+    for i in 0..MAX_NODES_PER_SITE {
+        let written = store
+            .record_site_health(report("north", &node(i), 1))
+            .await
+            .unwrap();
+        assert_eq!(written, SiteHealthWrite::Stored, "{}", node(i));
+    }
+    // One more node of a full site: refused, nothing stored.
+    let extra = node(MAX_NODES_PER_SITE);
+    assert_eq!(
+        store
+            .record_site_health(report("north", &extra, 1))
+            .await
+            .unwrap(),
+        SiteHealthWrite::SiteFull
+    );
+    assert_eq!(stored_nodes(store).await.len(), MAX_NODES_PER_SITE);
+    // A node already stored still reports, and another site has its own places.
+    assert_eq!(
+        store
+            .record_site_health(report("north", &node(3), 7))
+            .await
+            .unwrap(),
+        SiteHealthWrite::Stored
+    );
+    assert_eq!(
+        store
+            .record_site_health(report("south", "south-a", 1))
+            .await
+            .unwrap(),
+        SiteHealthWrite::Stored
+    );
+
+    // Nothing is silent for an hour yet.
+    assert!(
+        store
+            .forget_silent_nodes(Duration::from_secs(3600))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // Wait (by the database's clock) until every report so far is older than `old`, then
+    // report two nodes afresh: forgetting what is `retention` old takes the others only. The
+    // margin between the two covers a slow server's statements in between.
+    let (old, retention) = (Duration::from_secs(6), Duration::from_secs(4));
+    until("the reports age", DEADLINE, || async {
+        let snapshot = store.site_health().await.unwrap();
+        let newest = snapshot.nodes.iter().map(|n| n.received_at).max().unwrap();
+        (snapshot.read_at - newest >= chrono::Duration::from_std(old).unwrap()).then_some(())
+    })
+    .await;
+    for (site, fresh) in [("north", node(0)), ("south", "south-a".to_owned())] {
+        store
+            .record_site_health(report(site, &fresh, 2))
+            .await
+            .unwrap();
+    }
+    let mut forgotten: Vec<(String, String)> = store
+        .forget_silent_nodes(retention)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(site, node)| (site.as_str().to_owned(), node.as_str().to_owned()))
+        .collect();
+    forgotten.sort();
+    let expected: Vec<(String, String)> = (1..MAX_NODES_PER_SITE)
+        .map(|i| ("north".to_owned(), node(i)))
+        .collect();
+    assert_eq!(forgotten, expected);
+    assert_eq!(
+        stored_nodes(store).await,
+        [
+            ("north".to_owned(), node(0)),
+            ("south".to_owned(), "south-a".to_owned())
+        ]
+    );
+    // The forgotten nodes' places are free again.
+    assert_eq!(
+        store
+            .record_site_health(report("north", &extra, 1))
+            .await
+            .unwrap(),
+        SiteHealthWrite::Stored
+    );
 }

@@ -3,10 +3,15 @@
 
 use chrono::{DateTime, Utc};
 
-/// Whether central is reachable, what is in flight, and when the last ack arrived.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Whether central is reachable, what is in flight, when the last ack arrived, and whether
+/// central refuses this node's submits.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ForwardSnapshot {
     pub central_reachable: bool,
     pub in_flight: u64,
     pub last_forward_at: Option<DateTime<Utc>>,
+    /// Central's reason, while it ends this node's submit streams with PERMISSION_DENIED (its
+    /// client certificate names another site than `site_id`, say): the buffer keeps every row
+    /// and the forwarder retries with a backoff. Cleared by central's next ack.
+    pub refused: Option<String>,
 }

@@ -202,6 +202,7 @@ impl SiteNotify for SiteNotifyService {
                 .unwrap_or_default(),
             buffer_bytes: room.buffer_bytes,
             disk_available_bytes: room.disk_available_bytes.unwrap_or(0),
+            forward_refused_reason: forwarding.refused.unwrap_or_default(),
         }))
     }
 

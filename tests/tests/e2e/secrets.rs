@@ -680,3 +680,110 @@ async fn a_stored_oauth_client_secret_is_sent_only_to_the_token_endpoint_it_was_
     assert_eq!(other_relay.max_concurrent_sessions(), 0);
     central.stop().await;
 }
+
+/// The request an admin sends to change webhook list "hooks" to `endpoints`, with `secret`
+/// (`None`: keep the stored one; `Some("")`: remove it).
+fn hook_list_request(
+    endpoints: Vec<String>,
+    secret: Option<&str>,
+) -> v1::UpsertNotificationListRequest {
+    v1::UpsertNotificationListRequest {
+        list: Some(v1::NotificationList {
+            name: "hooks".into(),
+            r#type: v1::NotificationType::Webhook.into(),
+            endpoints,
+            webhook_format: v1::WebhookFormat::Generic.into(),
+            webhook_secret: secret.map(Into::into),
+            ..Default::default()
+        }),
+    }
+}
+
+/// List "hooks" as the admin API shows it.
+async fn hooks_list(central: &Central) -> v1::NotificationList {
+    central
+        .outbox()
+        .await
+        .get_notification_list(v1::GetNotificationListRequest {
+            name: "hooks".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A list's signing secret stays with the receivers it was given for: endpoints moved to
+/// another port, host or scheme (or one added there) without the secret are refused naming
+/// `list.webhook_secret`, and nothing changes; new paths on the same receiver keep it; given
+/// again, or removed, the endpoints may move anywhere.
+#[tokio::test]
+async fn a_stored_webhook_secret_is_kept_only_for_the_same_receivers() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = WebhookServer::start().await.unwrap();
+    // A receiver of the admin's choosing, which would get requests signed with the secret.
+    let elsewhere = WebhookServer::start().await.unwrap();
+    let mut config = central_config(dir.path(), None);
+    config
+        .lists
+        .push(hook_list("hooks", server.url("/a"), HOOK_SECRET_FILE));
+    let central = Central::start(config).await;
+    let mut admin = central.outbox().await;
+    let stored = hooks_list(&central).await;
+    assert!(stored.webhook_secret_set);
+
+    let port = server.addr().port();
+    let moves = [
+        ("another port", vec![elsewhere.url("/a")]),
+        ("another host", vec![format!("http://localhost:{port}/a")]),
+        (
+            "another scheme",
+            vec![format!("https://127.0.0.1:{port}/a")],
+        ),
+        (
+            "one added elsewhere",
+            vec![server.url("/a"), elsewhere.url("/b")],
+        ),
+    ];
+    for (what, endpoints) in moves {
+        let refused = admin
+            .upsert_notification_list(hook_list_request(endpoints, None))
+            .await
+            .unwrap_err();
+        assert_refused(what, &refused, "list.webhook_secret", "must be given again");
+    }
+    assert_eq!(hooks_list(&central).await, stored, "nothing changed");
+    assert_signed_delivery(&central, &server, "hooks", "/a", HOOK_SECRET_FILE).await;
+
+    // Another path on the same receiver, and a second one there: the secret is kept.
+    let kept = admin
+        .upsert_notification_list(hook_list_request(
+            vec![server.url("/b"), server.url("/c")],
+            None,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(kept.webhook_secret_set);
+    assert_signed_delivery(&central, &server, "hooks", "/b", HOOK_SECRET_FILE).await;
+    assert!(
+        elsewhere.requests().is_empty(),
+        "the other receiver was contacted"
+    );
+
+    // Given again, the endpoints may move; removed, too.
+    admin
+        .upsert_notification_list(hook_list_request(
+            vec![elsewhere.url("/a")],
+            Some(HOOK_SECRET_API),
+        ))
+        .await
+        .unwrap();
+    assert_signed_delivery(&central, &elsewhere, "hooks", "/a", HOOK_SECRET_API).await;
+    let removed = admin
+        .upsert_notification_list(hook_list_request(vec![server.url("/d")], Some("")))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!removed.webhook_secret_set);
+    central.stop().await;
+}

@@ -293,3 +293,118 @@ async fn a_site_certificate_may_report_health_only_for_its_own_site() {
     site.await.unwrap();
     central.stop().await;
 }
+
+/// A health report of the given site and node, as a site-forwarder sends it.
+fn node_report(site: &str, node: &str) -> v1::SiteHealthReport {
+    v1::SiteHealthReport {
+        site_id: site.into(),
+        node_name: node.into(),
+        role: v1::NodeRole::Active.into(),
+        version: "0.1.0".into(),
+        central_reachable: true,
+        ..Default::default()
+    }
+}
+
+/// What central keeps of site health is bounded: once a site has 16 nodes reported, a report
+/// from a 17th is refused naming the limit and stores nothing, while the 16 (and other sites)
+/// report as before; a node silent for `retention.site_health_retention` is forgotten by the
+/// purge (ListSiteHealth and `/metrics` no longer show it, and it is counted), which frees its
+/// place, while a node that keeps reporting stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_keeps_at_most_16_nodes_and_silent_ones_are_forgotten() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = central_config(dir.path(), None);
+    config.site_offline_after = Duration::from_secs(1);
+    config.retention.site_health_retention = Duration::from_secs(3);
+    config.retention.purge_interval = Duration::from_secs(1);
+    let metrics = free_addr().await;
+    config.metrics_listen = Some(metrics);
+    let central = Central::start(config).await;
+    let mut ingest = central.ingest().await;
+    for i in 0..16 {
+        ingest
+            .report_site_health(node_report("north", &format!("north-{i}")))
+            .await
+            .unwrap();
+    }
+    let refused = ingest
+        .report_site_health(node_report("north", "north-16"))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("node_name: site \"north\" already has 16 nodes")
+            && refused
+                .message()
+                .contains("retention.site_health_retention"),
+        "{}",
+        refused.message()
+    );
+    let db = Db::open(&central.db);
+    let count = |site: &str| {
+        db.count(&format!(
+            "SELECT COUNT(*) FROM SiteHealth WHERE SiteId = '{site}'"
+        ))
+    };
+    assert_eq!(count("north"), 16);
+    // The 16 still report; another site has places of its own.
+    ingest
+        .report_site_health(node_report("north", "north-0"))
+        .await
+        .unwrap();
+    ingest
+        .report_site_health(node_report("south", "south-a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        scrape(metrics, "outbox_site_health_reports_refused_total").await,
+        Some(1.0)
+    );
+
+    // north-0 keeps reporting; the other nodes fall silent and are forgotten.
+    let shared = &central;
+    let listed = eventually("the silent nodes are forgotten", || {
+        let mut ingest = ingest.clone();
+        async move {
+            ingest
+                .report_site_health(node_report("north", "north-0"))
+                .await
+                .unwrap();
+            let listed = site_health(shared).await;
+            (listed.nodes.len() == 1).then_some(listed)
+        }
+    })
+    .await;
+    assert_eq!(
+        (
+            listed.nodes[0].site_id.as_str(),
+            listed.nodes[0].node_name.as_str()
+        ),
+        ("north", "north-0")
+    );
+    assert!(listed.nodes[0].online);
+    // 15 of north and south-a (counted once the pass that deleted them returns).
+    eventually("the forgotten nodes are counted", || async {
+        (scrape(metrics, "outbox_site_nodes_forgotten_total").await == Some(16.0)).then_some(())
+    })
+    .await;
+    assert_eq!(
+        scrape(
+            metrics,
+            "outbox_site_health_online{site=\"north\",node=\"north-1\"}"
+        )
+        .await,
+        None,
+        "a forgotten node has no series"
+    );
+    // Their places are free: a new node of north reports.
+    ingest
+        .report_site_health(node_report("north", "north-16"))
+        .await
+        .unwrap();
+    assert_eq!(count("north"), 2);
+    central.stop().await;
+}

@@ -1,8 +1,9 @@
 //! TLS on every hop, with real certificates made at test time ([`outbox_tests::pki`]): central
 //! serving TLS and requiring client certificates, sites forwarding over `https://`, a site
 //! refused at the handshake (no certificate, or one from another CA), a site certificate
-//! naming the only site its holder may submit as, and the rule that plaintext off loopback
-//! must be asked for. Central says when it cannot tell sites apart (TLS without client
+//! naming the only site its holder may submit as (a site with another site's certificate keeps
+//! its rows until its certificate is fixed), and the rule that plaintext off loopback must be
+//! asked for. Central says when it cannot tell sites apart (TLS without client
 //! certificates): in its log at start, on `/metrics` and on the console's dashboard.
 
 use std::net::SocketAddr;
@@ -73,7 +74,19 @@ struct TlsSite {
 
 impl TlsSite {
     async fn start(dir: &Path, site_id: &str, central_url: String, tls: SiteTls) -> Self {
+        Self::start_with(dir, site_id, central_url, tls, None).await
+    }
+
+    /// [`Self::start`], serving `/metrics` on `metrics` if given.
+    async fn start_with(
+        dir: &Path,
+        site_id: &str,
+        central_url: String,
+        tls: SiteTls,
+        metrics: Option<SocketAddr>,
+    ) -> Self {
         let mut config = site_forwarder::config::Config::new(site_id);
+        config.metrics_listen = metrics;
         config.buffer_path = dir.join(format!("{site_id}.db"));
         config.central_url = central_url;
         config.tls = tls;
@@ -306,42 +319,49 @@ async fn a_site_certificate_names_the_only_site_its_holder_may_submit_as() {
         .into_inner();
     assert_eq!(accepted.outcome(), v1::SubmitOutcome::Accepted);
 
-    // Stream: a REJECTED ack with the reason; the stream goes on with the caller's own submits.
-    let mut stream_impostor = submit("Tank 6 high level", "Level 99%");
+    // Stream: the submits before the impostor's are acked; the impostor's ends the stream with
+    // PERMISSION_DENIED naming both ids, and neither it nor anything after it is acked (no
+    // REJECTED ack, which a site would take as final and set its row aside for good).
+    let stream_own = submit("Tank 6 high level", "Level 99%");
+    let mut stream_impostor = submit("Tank 7 high level", "Level 99%");
     stream_impostor.source_site_id = "site-b".into();
-    let stream_own = submit("Tank 7 high level", "Level 99%");
-    let acks: Vec<v1::NotificationSubmitAck> = ingest
+    let after = submit("Tank 8 high level", "Level 99%");
+    let mut answers = ingest
         .submit_notifications(tokio_stream::iter([
-            stream_impostor.clone(),
             stream_own.clone(),
+            stream_impostor.clone(),
+            after.clone(),
         ]))
         .await
         .unwrap()
-        .into_inner()
-        .map(|ack| ack.unwrap())
-        .collect()
-        .await;
-    assert_eq!(acks.len(), 2, "{acks:?}");
-    let ack_for = |id: &str| acks.iter().find(|a| a.notification_id == id).unwrap();
-    let rejected = ack_for(&stream_impostor.notification_id);
-    assert_eq!(rejected.outcome(), v1::SubmitOutcome::Rejected);
-    assert!(
-        rejected.reason.starts_with("source_site_id: \"site-b\"")
-            && rejected.reason.contains("\"site-a\""),
-        "{}",
-        rejected.reason
-    );
+        .into_inner();
+    let ack = answers.next().await.unwrap().unwrap();
     assert_eq!(
-        ack_for(&stream_own.notification_id).outcome(),
-        v1::SubmitOutcome::Accepted
+        (ack.notification_id.as_str(), ack.outcome()),
+        (
+            stream_own.notification_id.as_str(),
+            v1::SubmitOutcome::Accepted
+        )
     );
+    let ended = answers.next().await.unwrap().unwrap_err();
+    assert_eq!(ended.code(), Code::PermissionDenied, "{ended:?}");
+    assert!(
+        ended.message().starts_with("source_site_id: \"site-b\"")
+            && ended.message().contains("\"site-a\""),
+        "{}",
+        ended.message()
+    );
+    assert!(answers.next().await.is_none(), "nothing after the end");
 
     let db = Db::open(&central.db);
     let mut stored = db.strings("SELECT NotificationId FROM Notifications");
     stored.sort();
     let mut want = vec![own.notification_id, stream_own.notification_id];
     want.sort();
-    assert_eq!(stored, want, "nothing of the impostor's submits is stored");
+    assert_eq!(
+        stored, want,
+        "nothing of the impostor's submits, nor what came after, is stored"
+    );
     central.stop().await;
 }
 
@@ -631,4 +651,100 @@ async fn http_get(addr: SocketAddr, path: &str) -> String {
     let text = String::from_utf8(raw).unwrap();
     assert!(text.starts_with("HTTP/1.1 200"), "{text}");
     text.split_once("\r\n\r\n").unwrap().1.to_owned()
+}
+
+/// `outbox_site_forward_refused` on the site's `/metrics` at `addr`, once it is served.
+async fn forward_refused_gauge(addr: SocketAddr) -> Option<f64> {
+    let scrape = metrics_endpoint::get(addr, "/metrics").await.ok()?;
+    metrics_endpoint::sample(&scrape.body, "outbox_site_forward_refused")
+}
+
+/// With client certificates required, a site whose certificate names another site than its
+/// `site_id` cannot forward, and loses nothing: central ends its stream with PERMISSION_DENIED
+/// without acking anything of it, the site keeps every row buffered (none is set aside as
+/// rejected), says so (GetBufferStats' `forward_refused_reason`, `outbox_site_forward_refused 1`)
+/// and keeps trying. Restarted with its own certificate on the same buffer, it delivers them all
+/// and the refusal is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_site_with_another_sites_certificate_keeps_its_rows_until_the_certificate_is_fixed() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = CentralPki::new(dir.path());
+    let site_a = pki.pki.client_cert("site-a").unwrap();
+    let site_b = pki.pki.client_cert("site-b").unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.tls = pki.central_tls(true);
+    let central = Central::start_tls(config, pki.pki.client_tls(Some(&site_a)).unwrap()).await;
+    let relay = CountingRelay::start(central.addr).await;
+
+    // site-a, presenting site-b's certificate.
+    let metrics = free_addr().await;
+    let site = TlsSite::start_with(
+        dir.path(),
+        "site-a",
+        format!("https://{}", relay.addr),
+        pki.site_tls(Some(&site_b)),
+        Some(metrics),
+    )
+    .await;
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        let id = site
+            .client()
+            .await
+            .send(send_request(&format!("Tank {i} high level"), "Level 97%"))
+            .await
+            .unwrap()
+            .into_inner()
+            .notification_id;
+        ids.push(id);
+    }
+    let stats = eventually("the site says central refuses it", || async {
+        let stats = site.stats().await;
+        (!stats.forward_refused_reason.is_empty()).then_some(stats)
+    })
+    .await;
+    assert!(
+        stats
+            .forward_refused_reason
+            .starts_with("source_site_id: \"site-a\"")
+            && stats.forward_refused_reason.contains("\"site-b\""),
+        "{stats:?}"
+    );
+    // It tries again (a connection for its health reports, then one per stream), and still
+    // holds every row, none set aside.
+    let before = relay.connections.load(Ordering::SeqCst);
+    relay.wait_for_connections(before + 2).await;
+    let stats = site.stats().await;
+    assert_eq!((stats.depth, stats.rejected), (3, 0), "{stats:?}");
+    assert!(!stats.forward_refused_reason.is_empty(), "{stats:?}");
+    assert_eq!(forward_refused_gauge(metrics).await, Some(1.0));
+    let db = Db::open(&central.db);
+    assert_eq!(db.count("SELECT COUNT(*) FROM Notifications"), 0);
+    site.stop().await;
+
+    // The certificate fixed: the same buffer, forwarded and delivered.
+    let metrics = free_addr().await;
+    let site = TlsSite::start_with(
+        dir.path(),
+        "site-a",
+        format!("https://{}", central.addr),
+        pki.site_tls(Some(&site_a)),
+        Some(metrics),
+    )
+    .await;
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    sink.wait_for_messages(3, DEADLINE).await;
+    eventually("the site buffer drains", || async {
+        (site.stats().await.depth == 0).then_some(())
+    })
+    .await;
+    let stats = site.stats().await;
+    assert_eq!(stats.rejected, 0);
+    assert_eq!(stats.forward_refused_reason, "");
+    assert_eq!(forward_refused_gauge(metrics).await, Some(0.0));
+    site.stop().await;
+    central.stop().await;
 }

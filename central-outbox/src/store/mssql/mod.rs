@@ -53,7 +53,7 @@ use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::ClaimLanes;
-use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
@@ -267,7 +267,7 @@ impl IngestStore for MsSqlStore {
         ingest::clear_condition(self, site, key, &actor).await
     }
 
-    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<SiteHealthWrite> {
         site_health::record(self, &report).await
     }
 }
@@ -341,6 +341,10 @@ impl DispatchStore for MsSqlStore {
         batch: u32,
     ) -> Result<PurgeReport> {
         admin::purge_terminal(self, resolved_before, batch).await
+    }
+
+    async fn forget_silent_nodes(&self, silent_for: Duration) -> Result<Vec<(SiteId, SiteId)>> {
+        site_health::forget_silent(self, silent_for).await
     }
 }
 

@@ -1,6 +1,8 @@
 //! Site health on MS SQL: the `dbo.SiteHealth` table (migration 0008), one row per (site, node)
-//! holding its latest report, stamped and read with the database's clock (`sql::record_site_health`,
-//! `sql::SELECT_SITE_HEALTH`), so every replica applies the offline rule to the same clock.
+//! holding its latest report, at most `MAX_NODES_PER_SITE` per site, stamped, read and purged
+//! with the database's clock (`sql::record_site_health`, `sql::SELECT_SITE_HEALTH`,
+//! `sql::forget_silent_nodes`), so every replica applies the offline rule and the retention to
+//! the same clock.
 
 use std::time::Duration;
 
@@ -10,24 +12,48 @@ use super::error::{ErrorClass, classify};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::SiteId;
 use crate::domain::site_health::{
-    NodeRole, SiteHealthReport, SiteHealthSnapshot, StoredSiteHealth,
+    NodeRole, SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite, StoredSiteHealth,
 };
 use crate::store::{Result, StoreError};
 
 const CONTEXT: &str = "site health";
 
-pub async fn record(store: &MsSqlStore, report: &SiteHealthReport) -> Result<()> {
+pub async fn record(store: &MsSqlStore, report: &SiteHealthReport) -> Result<SiteHealthWrite> {
     let stmt = sql::record_site_health(report);
-    match store.batch_raw(&stmt.sql, &stmt.params).await {
+    let mut results = match store.batch_raw(&stmt.sql, &stmt.params).await {
         // A concurrent first report of the same node inserted the row; run again, it updates.
         Err(e) if classify(&e) == ErrorClass::DuplicateKey => {
-            store.batch(CONTEXT, &stmt.sql, &stmt.params).await?;
+            store.batch(CONTEXT, &stmt.sql, &stmt.params).await?
         }
-        other => {
-            other.map_err(|e| super::error::to_store_error(CONTEXT, &e))?;
-        }
-    }
-    Ok(())
+        other => other.map_err(|e| super::error::to_store_error(CONTEXT, &e))?,
+    };
+    let rows = result_set(&mut results, 0, CONTEXT)?;
+    let stored = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt(format!("{CONTEXT}: no result row")))
+        .and_then(|row| decode::req::<i32>(row, "Stored"))?;
+    Ok(if stored == 0 {
+        SiteHealthWrite::SiteFull
+    } else {
+        SiteHealthWrite::Stored
+    })
+}
+
+pub async fn forget_silent(
+    store: &MsSqlStore,
+    silent_for: Duration,
+) -> Result<Vec<(SiteId, SiteId)>> {
+    let stmt = sql::forget_silent_nodes(silent_for);
+    let mut results = store.batch(CONTEXT, &stmt.sql, &stmt.params).await?;
+    result_set(&mut results, 0, CONTEXT)?
+        .iter()
+        .map(|row| {
+            let id = |column: &str| -> Result<SiteId> {
+                SiteId::parse(decode::text(row, column)?).map_err(|e| corrupt(column, e.problem))
+            };
+            Ok((id("SiteId")?, id("NodeName")?))
+        })
+        .collect()
 }
 
 pub async fn select(store: &MsSqlStore) -> Result<SiteHealthSnapshot> {

@@ -41,7 +41,7 @@ use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_EN
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
-use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot};
+use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::status::Status;
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
 use crate::records::{
@@ -125,7 +125,7 @@ impl IngestStore for SqliteStore {
             .await
     }
 
-    async fn record_site_health(&self, report: SiteHealthReport) -> Result<()> {
+    async fn record_site_health(&self, report: SiteHealthReport) -> Result<SiteHealthWrite> {
         self.db
             .write(move |conn| site_health::record(conn, &report, Utc::now()))
             .await
@@ -245,6 +245,12 @@ impl DispatchStore for SqliteStore {
     ) -> Result<PurgeReport> {
         self.db
             .write(move |conn| admin::purge_terminal(conn, resolved_before, batch))
+            .await
+    }
+
+    async fn forget_silent_nodes(&self, silent_for: Duration) -> Result<Vec<(SiteId, SiteId)>> {
+        self.db
+            .write(move |conn| site_health::forget_silent(conn, silent_for, Utc::now()))
             .await
     }
 }

@@ -1,6 +1,7 @@
 //! Site health on SQLite: the `SiteHealth` table (migration 0007), one row per (site, node)
-//! holding its latest report. The database's clock is this process's clock, so `received_at`
-//! and the read's `now` are both taken here.
+//! holding its latest report, at most `MAX_NODES_PER_SITE` per site. The database's clock is
+//! this process's clock, so `received_at`, the read's `now` and the purge's cutoff are all taken
+//! here.
 
 use std::time::Duration;
 
@@ -10,14 +11,20 @@ use rusqlite::{Connection, Row, params};
 use super::{at_ms, corrupt, duration_ms, ms};
 use crate::domain::SiteId;
 use crate::domain::site_health::{
-    NodeRole, SiteHealthReport, SiteHealthSnapshot, StoredSiteHealth,
+    MAX_NODES_PER_SITE, NodeRole, SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite,
+    StoredSiteHealth,
 };
 use crate::store::Result;
 
-/// Replaces the (site, node)'s row with `report`, received at `now`.
-pub fn record(conn: &Connection, report: &SiteHealthReport, now: DateTime<Utc>) -> Result<()> {
+/// Replaces the (site, node)'s row with `report`, received at `now`; a new node only while its
+/// site has fewer than [`MAX_NODES_PER_SITE`].
+pub fn record(
+    conn: &Connection,
+    report: &SiteHealthReport,
+    now: DateTime<Utc>,
+) -> Result<SiteHealthWrite> {
     let mut stmt = conn.prepare_cached(include_str!("sql/record_site_health.sql"))?;
-    stmt.execute(params![
+    let changed = stmt.execute(params![
         report.site.as_str(),
         report.node.as_str(),
         report.role.as_str(),
@@ -31,8 +38,36 @@ pub fn record(conn: &Connection, report: &SiteHealthReport, now: DateTime<Utc>) 
         count(report.rejected),
         report.sends_refused,
         ms(now),
+        count(MAX_NODES_PER_SITE as u64),
     ])?;
-    Ok(())
+    Ok(if changed == 0 {
+        SiteHealthWrite::SiteFull
+    } else {
+        SiteHealthWrite::Stored
+    })
+}
+
+/// Deletes the nodes last heard from at or before `now - silent_for`; returns them.
+pub fn forget_silent(
+    conn: &Connection,
+    silent_for: Duration,
+    now: DateTime<Utc>,
+) -> Result<Vec<(SiteId, SiteId)>> {
+    let cutoff = ms(now).saturating_sub(duration_ms(silent_for));
+    let mut stmt = conn.prepare_cached(include_str!("sql/forget_silent_nodes.sql"))?;
+    let rows = stmt.query_map([cutoff], |row| {
+        Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?))
+    })?;
+    let mut forgotten = Vec::new();
+    for row in rows {
+        let (site, node) = row?;
+        let site = SiteId::parse(site)
+            .map_err(|e| corrupt(format!("SiteHealth.SiteId: {}", e.problem)))?;
+        let node = SiteId::parse(node)
+            .map_err(|e| corrupt(format!("SiteHealth.NodeName: {}", e.problem)))?;
+        forgotten.push((site, node));
+    }
+    Ok(forgotten)
 }
 
 /// Every row, by site then node, read at `now`.

@@ -685,6 +685,10 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 sends_refused: false,
             }),
         ),
+        (
+            "forget_silent_nodes",
+            forget_silent_nodes(Duration::from_millis(30 * 24 * 3600 * 1000 + 500)),
+        ),
     ]
 }
 
