@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{AuthConfig, Authenticator};
 use crate::dispatcher::DispatcherSettings;
+use crate::domain::ListName;
 use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
@@ -27,10 +28,13 @@ use crate::domain::channel::{
 use crate::domain::consolidation::Consolidation;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
+use crate::domain::self_alert::Routes;
 use crate::domain::webhook::WebhookFormat;
 use crate::grpc::ingest::DEFAULT_MAX_INGEST_STREAMS;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
+use crate::self_alerts::SelfAlertSettings;
+use crate::self_alerts::heartbeat::HeartbeatSettings;
 use crate::store::mssql::MsSqlOptions;
 use crate::tls::{TlsConfig, TlsSettings};
 use task_supervisor::FaultPlan;
@@ -83,6 +87,9 @@ pub struct Config {
     pub server: ServerConfig,
     /// The web console; off unless `console.listen` is set. See [`ConsoleConfig`].
     pub console: ConsoleConfig,
+    /// Central's alerts about itself; off unless the section names a list or a heartbeat URL.
+    /// See [`SelfAlertsConfig`].
+    pub self_alerts: Option<SelfAlertsConfig>,
     /// Debug builds only, for the tests: supervised task starts that fail on purpose
     /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
     /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
@@ -247,6 +254,256 @@ impl ServerConfig {
     }
 }
 
+/// `[self_alerts]`: central sends notifications about itself (a site node offline, a channel
+/// failing, parked rising, held rows past their window, a task restarting repeatedly, no
+/// dispatcher leader, a certificate expiring) to the lists named here, and, with
+/// `heartbeat_url`, calls an outside watchdog while it dispatches; see `self_alerts`. Each
+/// number and duration has the bounds of [`SELF_ALERT_BOUNDS`]' entries and is refused naming
+/// the key outside them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SelfAlertsConfig {
+    /// An email list that receives every alert (but one about the email channel failing).
+    pub email_list: Option<String>,
+    /// A webhook list that receives every alert (but one about the webhook channel failing).
+    pub webhook_list: Option<String>,
+    /// How often central checks itself.
+    #[serde(with = "humantime_serde")]
+    pub check_interval: Duration,
+    /// How long a raised condition must stay clear before "recovered" is sent (a condition
+    /// that flickers sends nothing meanwhile).
+    #[serde(with = "humantime_serde")]
+    pub recover_after: Duration,
+    /// A channel is failing after this many transient failures in a row ...
+    pub channel_failures: u32,
+    /// ... or once one of its notifications has waited this long (Pending or Retrying).
+    #[serde(with = "humantime_serde")]
+    pub channel_max_wait: Duration,
+    /// Parked notifications rising by this many within `parked_window`.
+    pub parked_rise: u32,
+    #[serde(with = "humantime_serde")]
+    pub parked_window: Duration,
+    /// Notifications held by flood consolidation still Held this long after their window.
+    #[serde(with = "humantime_serde")]
+    pub held_grace: Duration,
+    /// A supervised task restarting this many times within `task_restart_window`.
+    pub task_restarts: u32,
+    #[serde(with = "humantime_serde")]
+    pub task_restart_window: Duration,
+    /// No node holding the dispatcher lease for this long (noticed by every replica).
+    #[serde(with = "humantime_serde")]
+    pub no_leader_after: Duration,
+    /// A certificate of `[tls]` expiring within this many days.
+    pub certificate_expiry_days: u32,
+    /// Called (an empty POST) every `heartbeat_interval` while this node dispatches and is
+    /// healthy: https, or http to a loopback address.
+    pub heartbeat_url: Option<String>,
+    #[serde(with = "humantime_serde")]
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for SelfAlertsConfig {
+    fn default() -> Self {
+        Self {
+            email_list: None,
+            webhook_list: None,
+            check_interval: Duration::from_secs(15),
+            recover_after: Duration::from_secs(60),
+            channel_failures: 5,
+            channel_max_wait: Duration::from_secs(10 * 60),
+            parked_rise: 10,
+            parked_window: Duration::from_secs(15 * 60),
+            held_grace: Duration::from_secs(5 * 60),
+            task_restarts: 3,
+            task_restart_window: Duration::from_secs(10 * 60),
+            no_leader_after: Duration::from_secs(60),
+            certificate_expiry_days: 14,
+            heartbeat_url: None,
+            heartbeat_interval: Duration::from_secs(60),
+        }
+    }
+}
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+/// The bounds of `[self_alerts]`' durations: (key, least, most). Checks more often than every
+/// 100 ms would load the store for nothing; more than an hour between checks, or thresholds
+/// beyond a day (a week for a notification's wait), would make an alert too late to matter.
+pub const SELF_ALERT_BOUNDS: [(&str, Duration, Duration); 9] = [
+    (
+        "check_interval",
+        Duration::from_millis(100),
+        Duration::from_secs(3600),
+    ),
+    ("recover_after", Duration::ZERO, Duration::from_secs(3600)),
+    (
+        "channel_max_wait",
+        Duration::from_secs(1),
+        Duration::from_secs(7 * 24 * 3600),
+    ),
+    ("parked_window", Duration::from_secs(1), DAY),
+    ("held_grace", Duration::ZERO, DAY),
+    ("task_restart_window", Duration::from_secs(1), DAY),
+    ("no_leader_after", Duration::from_secs(1), DAY),
+    (
+        "heartbeat_interval",
+        Duration::from_secs(1),
+        Duration::from_secs(3600),
+    ),
+    // Not a key: certificate_expiry_days, as a duration (1 to 365 days).
+    (
+        "certificate_expiry",
+        DAY,
+        Duration::from_secs(365 * 24 * 3600),
+    ),
+];
+
+/// The bounds of `[self_alerts]`' counts: (key, least, most).
+pub const SELF_ALERT_COUNT_BOUNDS: [(&str, u32, u32); 4] = [
+    ("channel_failures", 1, 1000),
+    ("parked_rise", 1, 1_000_000),
+    ("task_restarts", 1, 1000),
+    ("certificate_expiry_days", 1, 365),
+];
+
+impl SelfAlertsConfig {
+    /// Checks every key; `lists` are the file's lists (a named one must be of its channel),
+    /// `renew_interval` the dispatcher's (no leader can only be told after two of them).
+    fn validate(
+        &self,
+        lists: &[NotificationList],
+        renew_interval: Duration,
+    ) -> anyhow::Result<SelfAlertSettings> {
+        let in_bounds = |key: &str, value: Duration| -> anyhow::Result<()> {
+            if let Some((_, least, most)) = SELF_ALERT_BOUNDS.iter().find(|(k, _, _)| *k == key)
+                && !(*least..=*most).contains(&value)
+            {
+                bail!(
+                    "self_alerts.{key}: must be between {} and {}, not {}",
+                    humantime::format_duration(*least),
+                    humantime::format_duration(*most),
+                    humantime::format_duration(value)
+                );
+            }
+            Ok(())
+        };
+        for (key, value) in [
+            ("check_interval", self.check_interval),
+            ("recover_after", self.recover_after),
+            ("channel_max_wait", self.channel_max_wait),
+            ("parked_window", self.parked_window),
+            ("held_grace", self.held_grace),
+            ("task_restart_window", self.task_restart_window),
+            ("no_leader_after", self.no_leader_after),
+            ("heartbeat_interval", self.heartbeat_interval),
+        ] {
+            in_bounds(key, value)?;
+        }
+        for (key, value) in [
+            ("channel_failures", self.channel_failures),
+            ("parked_rise", self.parked_rise),
+            ("task_restarts", self.task_restarts),
+            ("certificate_expiry_days", self.certificate_expiry_days),
+        ] {
+            if let Some((_, least, most)) =
+                SELF_ALERT_COUNT_BOUNDS.iter().find(|(k, _, _)| *k == key)
+                && !(*least..=*most).contains(&value)
+            {
+                bail!("self_alerts.{key}: must be between {least} and {most}, not {value}");
+            }
+        }
+        if self.no_leader_after < renew_interval.saturating_mul(2) {
+            bail!(
+                "self_alerts.no_leader_after: must be at least twice dispatcher.renew_interval \
+                 ({}): a lease can be free that long between two nodes' attempts to take it",
+                humantime::format_duration(renew_interval.saturating_mul(2))
+            );
+        }
+        let list = |key: &str, name: &Option<String>, kind: NotificationType| {
+            let Some(name) = name else {
+                return Ok(None);
+            };
+            let name = ListName::parse(name.clone())
+                .map_err(|e| anyhow::anyhow!("self_alerts.{key}: {}", e.problem))?;
+            if let Some(other) = lists.iter().find(|l| l.name == name && l.kind() != kind) {
+                bail!(
+                    "self_alerts.{key}: list {:?} is a {} list; name a{} {kind} list",
+                    name.as_str(),
+                    other.kind(),
+                    if kind == NotificationType::Email {
+                        "n"
+                    } else {
+                        ""
+                    }
+                );
+            }
+            Ok(Some(name))
+        };
+        let routes = Routes {
+            email: list("email_list", &self.email_list, NotificationType::Email)?,
+            webhook: list(
+                "webhook_list",
+                &self.webhook_list,
+                NotificationType::Webhook,
+            )?,
+        };
+        let heartbeat = self
+            .heartbeat_url
+            .as_deref()
+            .map(|url| {
+                heartbeat_url(url).map(|url| HeartbeatSettings {
+                    url,
+                    interval: self.heartbeat_interval,
+                })
+            })
+            .transpose()?;
+        if routes.is_empty() && heartbeat.is_none() {
+            bail!(
+                "self_alerts: name email_list, webhook_list or heartbeat_url (or leave the \
+                 section out: self-alerts are off without it)"
+            );
+        }
+        Ok(SelfAlertSettings {
+            routes,
+            check_interval: self.check_interval,
+            recover_after: self.recover_after,
+            channel_failures: self.channel_failures,
+            channel_max_wait: self.channel_max_wait,
+            parked_rise: self.parked_rise,
+            parked_window: self.parked_window,
+            held_grace: self.held_grace,
+            task_restarts: self.task_restarts,
+            task_restart_window: self.task_restart_window,
+            no_leader_after: self.no_leader_after,
+            certificate_expiry: DAY.saturating_mul(self.certificate_expiry_days),
+            heartbeat,
+        })
+    }
+}
+
+/// `self_alerts.heartbeat_url`: https, or http to a loopback address (as webhook endpoints),
+/// without credentials in it (a watchdog's secret goes in its path).
+fn heartbeat_url(text: &str) -> anyhow::Result<String> {
+    const KEY: &str = "self_alerts.heartbeat_url";
+    if text.len() > 2048 {
+        bail!("{KEY}: longer than 2048 bytes");
+    }
+    let url = url::Url::parse(text).map_err(|e| anyhow::anyhow!("{KEY}: not a URL: {e}"))?;
+    match url.scheme() {
+        "https" => {}
+        "http" if crate::domain::webhook::is_loopback(&url) => {}
+        "http" => bail!("{KEY}: plain http:// is only allowed to a loopback address; use https"),
+        other => bail!("{KEY}: scheme {other:?} is not https"),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        bail!("{KEY}: has no host");
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        bail!("{KEY}: must not carry credentials (user:password@)");
+    }
+    Ok(url.into())
+}
+
 /// `site_offline_after` when not configured: three minutes, as the source system's 180 s.
 pub const DEFAULT_SITE_OFFLINE_AFTER: Duration = Duration::from_secs(180);
 
@@ -272,6 +529,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             server: ServerConfig::default(),
             console: ConsoleConfig::default(),
+            self_alerts: None,
             test_faults: None,
         }
     }
@@ -753,6 +1011,8 @@ pub struct Settings {
     pub server: ServerConfig,
     /// The web console, when `console.listen` is set.
     pub console: Option<ConsoleSettings>,
+    /// Central's alerts about itself, when `[self_alerts]` is set.
+    pub self_alerts: Option<SelfAlertSettings>,
     /// Supervised task starts that fail on purpose (debug builds' tests only).
     pub faults: FaultPlan,
 }
@@ -885,8 +1145,14 @@ impl Config {
         }
         let faults = FaultPlan::from_setting(self.test_faults.as_deref())
             .map_err(|e| anyhow::anyhow!("test_faults: {e}"))?;
+        let self_alerts = self
+            .self_alerts
+            .as_ref()
+            .map(|s| s.validate(&lists, renew_interval))
+            .transpose()?;
         Ok(Settings {
             faults,
+            self_alerts,
             console,
             auth,
             server: self.server,
@@ -1077,6 +1343,98 @@ mod tests {
             .merge(Toml::string(text))
             .extract()?;
         config.validate()
+    }
+
+    #[test]
+    fn self_alerts_are_off_unless_configured_and_every_key_is_checked_by_name() {
+        assert!(from_toml("").unwrap().self_alerts.is_none());
+        let on = from_toml("[self_alerts]\nemail_list = 'ops'\n")
+            .unwrap()
+            .self_alerts
+            .unwrap();
+        assert_eq!(on.routes.email.unwrap().as_str(), "ops");
+        assert_eq!(on.routes.webhook, None);
+        assert_eq!(on.check_interval, Duration::from_secs(15));
+        assert_eq!(on.certificate_expiry, Duration::from_secs(14 * 24 * 3600));
+        assert_eq!(on.heartbeat, None);
+        let beat = from_toml(
+            "[self_alerts]\nheartbeat_url = 'https://hc-ping.test/0f1e'\nheartbeat_interval = '30s'\n",
+        )
+        .unwrap()
+        .self_alerts
+        .unwrap();
+        assert!(beat.routes.is_empty());
+        assert_eq!(beat.heartbeat.unwrap().interval, Duration::from_secs(30));
+        let hooks =
+            "[[lists]]\nname = 'hooks'\ntype = 'webhook'\nendpoints = ['https://h.test/a']\n";
+        for (toml, message) in [
+            (
+                "",
+                "self_alerts: name email_list, webhook_list or heartbeat_url (or leave the \
+                 section out: self-alerts are off without it)",
+            ),
+            (
+                "email_list = 'ops'\ncheck_interval = '0s'",
+                "self_alerts.check_interval: must be between 100ms and 1h, not 0s",
+            ),
+            (
+                "email_list = 'ops'\nrecover_after = '2h'",
+                "self_alerts.recover_after: must be between 0s and 1h, not 2h",
+            ),
+            (
+                "email_list = 'ops'\nchannel_max_wait = '8days'",
+                "self_alerts.channel_max_wait: must be between 1s and 7days, not 8days",
+            ),
+            (
+                "email_list = 'ops'\nchannel_failures = 0",
+                "self_alerts.channel_failures: must be between 1 and 1000, not 0",
+            ),
+            (
+                "email_list = 'ops'\nparked_rise = 0",
+                "self_alerts.parked_rise: must be between 1 and 1000000, not 0",
+            ),
+            (
+                "email_list = 'ops'\ntask_restarts = 5000",
+                "self_alerts.task_restarts: must be between 1 and 1000, not 5000",
+            ),
+            (
+                "email_list = 'ops'\ncertificate_expiry_days = 400",
+                "self_alerts.certificate_expiry_days: must be between 1 and 365, not 400",
+            ),
+            (
+                "email_list = 'ops'\nheartbeat_url = 'https://hc.test/x'\nheartbeat_interval = '2h'",
+                "self_alerts.heartbeat_interval: must be between 1s and 1h, not 2h",
+            ),
+            (
+                "heartbeat_url = 'http://hc.test/x'",
+                "self_alerts.heartbeat_url: plain http:// is only allowed to a loopback \
+                 address; use https",
+            ),
+            (
+                "heartbeat_url = 'https://user:pw@hc.test/x'",
+                "self_alerts.heartbeat_url: must not carry credentials (user:password@)",
+            ),
+            (
+                "email_list = ' ops'",
+                "self_alerts.email_list: must not start or end with whitespace",
+            ),
+            (
+                "email_list = 'hooks'",
+                "self_alerts.email_list: list \"hooks\" is a Webhook list; name an Email list",
+            ),
+            (
+                "email_list = 'ops'\nno_leader_after = '5s'",
+                "self_alerts.no_leader_after: must be at least twice dispatcher.renew_interval \
+                 (10s): a lease can be free that long between two nodes' attempts to take it",
+            ),
+        ] {
+            let err = from_toml(&format!("{hooks}[self_alerts]\n{toml}")).unwrap_err();
+            assert_eq!(err.to_string(), message, "{toml}");
+        }
+        let err = from_toml("[self_alerts]\nemail_lists = 'ops'").unwrap_err();
+        assert!(format!("{err:#}").contains("email_lists"), "{err:#}");
+        let err = from_toml("[self_alerts]\nemail_list = 'ops'\nparked_rise = -1").unwrap_err();
+        assert!(format!("{err:#}").contains("parked_rise"), "{err:#}");
     }
 
     #[test]

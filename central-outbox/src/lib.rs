@@ -32,6 +32,7 @@ mod kpi_gauges;
 mod metrics;
 mod purge;
 mod secrets;
+mod self_alerts;
 
 use std::sync::Arc;
 
@@ -215,6 +216,45 @@ fn spawn_metrics(
     })
 }
 
+/// Starts the self-alerts' watch (when they have a list) and heartbeat (when configured),
+/// supervised, until `stop`; see `self_alerts`.
+fn spawn_self_alerts<S: OutboxStore>(
+    supervisor: &Supervisor,
+    parts: self_alerts::WatchParts<S>,
+    http: delivery::http::HttpClient,
+    stop: CancellationToken,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let heartbeat = parts.settings.heartbeat.clone();
+    let (store, metrics, lease) = (
+        Arc::clone(&parts.store),
+        Arc::clone(&parts.metrics),
+        parts.lease.clone(),
+    );
+    let watch = self_alerts::SelfWatch::new(parts);
+    let mut tasks = Vec::new();
+    if let Some(settings) = heartbeat {
+        let beat = self_alerts::heartbeat::Heartbeat {
+            store,
+            metrics,
+            http,
+            settings,
+            lease,
+            routable: watch.routable(),
+        };
+        tasks.push(supervisor.spawn("heartbeat", stop.clone(), {
+            let stop = stop.clone();
+            move || beat.clone().run(stop.clone())
+        }));
+    }
+    if watch.has_routes() {
+        tasks.push(supervisor.spawn("self_alerts", stop.clone(), {
+            let stop = stop.clone();
+            move || watch.clone().run(stop.clone())
+        }));
+    }
+    tasks
+}
+
 async fn serve<S: OutboxStore>(
     store: Arc<S>,
     settings: Settings,
@@ -241,6 +281,7 @@ async fn serve<S: OutboxStore>(
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
     let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
+    let http = adapters.http();
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -251,6 +292,7 @@ async fn serve<S: OutboxStore>(
     )
     .with_supervisor(supervisor.clone());
     let dispatcher_stop = CancellationToken::new();
+    let dispatcher_lease = dispatcher.lease_watch();
     let purge_task = supervisor.spawn("purge", dispatcher_stop.clone(), {
         let (store, metrics) = (Arc::clone(&store), Arc::clone(&metrics));
         let (lease, stop, purge) = (
@@ -279,6 +321,24 @@ async fn serve<S: OutboxStore>(
         settings.kpis,
         settings.site_offline_after,
     );
+    let self_alert_tasks = settings.self_alerts.clone().map(|self_alerts| {
+        spawn_self_alerts(
+            &supervisor,
+            self_alerts::WatchParts {
+                store: Arc::clone(&store),
+                metrics: Arc::clone(&metrics),
+                kpis: Arc::clone(&kpi_cache),
+                settings: self_alerts,
+                site_offline_after: settings.site_offline_after,
+                node_id: settings.dispatcher.node_id.clone(),
+                lease: dispatcher_lease.clone(),
+                certificates: settings.tls.watched_certificates(),
+                wake: Arc::clone(&wake),
+            },
+            http.clone(),
+            shutdown.clone(),
+        )
+    });
     let metrics_task = listeners.metrics.map(|listener| {
         spawn_metrics(
             listener,
@@ -400,6 +460,11 @@ async fn serve<S: OutboxStore>(
     }
     if let Err(e) = purge_task.await {
         tracing::error!(error = %e, "purge task failed");
+    }
+    for task in self_alert_tasks.into_iter().flatten() {
+        if let Err(e) = task.await {
+            tracing::error!(error = %e, "self-alert task failed");
+        }
     }
     if let Some(task) = metrics_task
         && let Err(e) = task.await

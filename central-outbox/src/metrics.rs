@@ -26,6 +26,7 @@ use task_supervisor::SupervisionMetrics;
 use crate::domain::NotificationType;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::kpi::{KpiValues, Kpis};
+use crate::domain::self_alert::{ChannelStreak, ConditionKind};
 use crate::domain::site_health::NodeHealth;
 use crate::records::{InsertOutcome, PurgeReport};
 
@@ -68,6 +69,24 @@ struct AttemptLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ChannelLabels {
     channel: &'static str,
+}
+
+/// A self-alert condition's kind (`domain::self_alert::ConditionKind::as_str`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    condition: &'static str,
+}
+
+/// What a self-alert check could not read.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CheckLabels {
+    figure: &'static str,
+}
+
+/// How a heartbeat call went.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct HeartbeatLabels {
+    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -148,6 +167,19 @@ pub struct Metrics {
     claims_released: Family<ChannelLabels, Counter>,
     /// Supervised tasks restarted after ending or panicking, and those given up on.
     supervision: SupervisionMetrics,
+    /// Each channel's latest attempts (`ChannelStreak`), read by the self-alerts, and its
+    /// consecutive transient failures as a gauge.
+    streaks: Mutex<[ChannelStreak; 2]>,
+    consecutive_failures: Family<ChannelLabels, Gauge>,
+    /// The self-alerts (`self_alerts`): notifications stored per condition kind, conditions
+    /// raised now, alerts that could not go around a failing channel, figures a check could
+    /// not read, and heartbeat calls. Their series exist only where self-alerts are on.
+    self_alerts_raised: Family<ConditionLabels, Counter>,
+    self_alerts_recovered: Family<ConditionLabels, Counter>,
+    self_alerts_active: Family<ConditionLabels, Gauge>,
+    self_alerts_unroutable: Family<ConditionLabels, Counter>,
+    self_alert_check_failures: Family<CheckLabels, Counter>,
+    heartbeats: Family<HeartbeatLabels, Counter>,
     kpis: KpiGauges,
     site_kpis: SiteKpiGauges,
     site_health: SiteHealthGauges,
@@ -310,6 +342,56 @@ impl Metrics {
         }
         let supervision = SupervisionMetrics::default();
         supervision.register(&mut registry);
+        let consecutive_failures = Family::<ChannelLabels, Gauge>::default();
+        registry.register(
+            "outbox_channel_consecutive_failures",
+            "Delivery attempts of the channel that failed transiently in a row, as this node saw \
+             them; 0 after a delivery",
+            consecutive_failures.clone(),
+        );
+        for channel in [NotificationType::Email, NotificationType::Webhook] {
+            consecutive_failures.get_or_create_owned(&ChannelLabels {
+                channel: channel.as_str(),
+            });
+        }
+        let self_alerts_raised = Family::<ConditionLabels, Counter>::default();
+        registry.register(
+            "outbox_self_alerts_raised",
+            "Self-alerts this node stored (one per list), by condition",
+            self_alerts_raised.clone(),
+        );
+        let self_alerts_recovered = Family::<ConditionLabels, Counter>::default();
+        registry.register(
+            "outbox_self_alerts_recovered",
+            "Self-alert recoveries this node stored (one per list), by condition",
+            self_alerts_recovered.clone(),
+        );
+        let self_alerts_active = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "outbox_self_alerts_active",
+            "Self-alert conditions raised and not yet recovered, as this node watches them",
+            self_alerts_active.clone(),
+        );
+        let self_alerts_unroutable = Family::<ConditionLabels, Counter>::default();
+        registry.register(
+            "outbox_self_alerts_unroutable",
+            "Self-alerts about a failing channel with no list on another channel to go to: \
+             stored on the failing channel's own list",
+            self_alerts_unroutable.clone(),
+        );
+        let self_alert_check_failures = Family::<CheckLabels, Counter>::default();
+        registry.register(
+            "outbox_self_alert_check_failures",
+            "Self-alert checks that could not read a figure (the store did not answer), by \
+             figure; the conditions it decides were left as they were",
+            self_alert_check_failures.clone(),
+        );
+        let heartbeats = Family::<HeartbeatLabels, Counter>::default();
+        registry.register(
+            "outbox_self_alert_heartbeats",
+            "Calls of the heartbeat URL, by result (ok: a 2xx answer)",
+            heartbeats.clone(),
+        );
 
         let kpis = KpiGauges::default();
         let site_kpis = SiteKpiGauges::default();
@@ -338,6 +420,14 @@ impl Metrics {
             site_identity_unverified,
             claims_released,
             supervision,
+            streaks: Mutex::new([ChannelStreak::default(); 2]),
+            consecutive_failures,
+            self_alerts_raised,
+            self_alerts_recovered,
+            self_alerts_active,
+            self_alerts_unroutable,
+            self_alert_check_failures,
+            heartbeats,
             kpis,
             site_kpis,
             site_health,
@@ -393,6 +483,7 @@ impl Metrics {
         outcome: AttemptOutcome,
         duration: Duration,
     ) {
+        let kind = channel;
         let channel = channel.as_str();
         self.attempts
             .get_or_create(&AttemptLabels {
@@ -403,6 +494,91 @@ impl Metrics {
         self.durations
             .get_or_create(&ChannelLabels { channel })
             .observe(duration.as_secs_f64());
+        let consecutive = {
+            let mut streaks = self.streaks.lock().unwrap_or_else(PoisonError::into_inner);
+            let streak = &mut streaks[streak_index(kind)];
+            streak.record(outcome, chrono::Utc::now());
+            streak.consecutive_failures
+        };
+        self.consecutive_failures
+            .get_or_create(&ChannelLabels { channel })
+            .set(count(consecutive));
+    }
+
+    /// The channel's latest attempts as this node saw them.
+    pub fn channel_streak(&self, kind: NotificationType) -> ChannelStreak {
+        self.streaks.lock().unwrap_or_else(PoisonError::into_inner)[streak_index(kind)]
+    }
+
+    /// Self-alerts are on: their series exist from now on, at zero (the heartbeat's too when
+    /// one is configured), so rules and dashboards find them on a healthy node.
+    pub fn enable_self_alerts(&self, heartbeat: bool) {
+        for kind in ConditionKind::ALL {
+            let labels = ConditionLabels {
+                condition: kind.as_str(),
+            };
+            self.self_alerts_raised.get_or_create_owned(&labels);
+            self.self_alerts_recovered.get_or_create_owned(&labels);
+            self.self_alerts_active.get_or_create_owned(&labels);
+            self.self_alerts_unroutable.get_or_create_owned(&labels);
+        }
+        if heartbeat {
+            for result in ["ok", "failed"] {
+                self.heartbeats
+                    .get_or_create_owned(&HeartbeatLabels { result });
+            }
+        }
+    }
+
+    /// One self-alert notification (`raised`: an alert, else a recovery) about `kind` was
+    /// stored as a new row.
+    pub fn self_alert_stored(&self, kind: ConditionKind, raised: bool) {
+        let labels = ConditionLabels {
+            condition: kind.as_str(),
+        };
+        if raised {
+            self.self_alerts_raised.get_or_create(&labels).inc();
+        } else {
+            self.self_alerts_recovered.get_or_create(&labels).inc();
+        }
+    }
+
+    /// An alert about a failing channel had no other channel's list to go to.
+    pub fn self_alert_unroutable(&self, kind: ConditionKind) {
+        self.self_alerts_unroutable
+            .get_or_create(&ConditionLabels {
+                condition: kind.as_str(),
+            })
+            .inc();
+    }
+
+    /// The conditions raised now, per kind.
+    pub fn set_self_alerts_active(
+        &self,
+        counts: &std::collections::BTreeMap<ConditionKind, usize>,
+    ) {
+        for (kind, n) in counts {
+            self.self_alerts_active
+                .get_or_create(&ConditionLabels {
+                    condition: kind.as_str(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// A self-alert check could not read `figure`.
+    pub fn self_alert_check_failed(&self, figure: &'static str) {
+        self.self_alert_check_failures
+            .get_or_create(&CheckLabels { figure })
+            .inc();
+    }
+
+    /// One call of the heartbeat URL; `ok` when it answered 2xx.
+    pub fn heartbeat_called(&self, ok: bool) {
+        let result = if ok { "ok" } else { "failed" };
+        self.heartbeats
+            .get_or_create(&HeartbeatLabels { result })
+            .inc();
     }
 
     /// Whether this node holds the dispatcher lease, and its epoch if known.
@@ -677,6 +853,14 @@ fn register_site_health(registry: &mut Registry, gauges: &SiteHealthGauges) {
     );
 }
 
+/// Where a channel's streak is kept.
+fn streak_index(kind: NotificationType) -> usize {
+    match kind {
+        NotificationType::Email => 0,
+        NotificationType::Webhook => 1,
+    }
+}
+
 /// A count as a gauge value (gauges are i64; no table holds 2^63 rows).
 fn count(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -731,6 +915,36 @@ mod tests {
             !text.contains("outbox_by_site_queue_depth{"),
             "no sites yet"
         );
+    }
+
+    #[test]
+    fn self_alert_series_exist_only_once_enabled_and_streaks_follow_attempts() {
+        let metrics = Metrics::new();
+        let text = metrics.render();
+        let raised = "outbox_self_alerts_raised_total{condition=\"site_offline\"}";
+        assert_eq!(sample(&text, raised), None, "off unless configured");
+        let failures = "outbox_channel_consecutive_failures{channel=\"Email\"}";
+        assert_eq!(sample(&text, failures), Some(0.0));
+        metrics.enable_self_alerts(true);
+        let text = metrics.render();
+        assert_eq!(sample(&text, raised), Some(0.0), "{text}");
+        assert_eq!(
+            sample(
+                &text,
+                "outbox_self_alert_heartbeats_total{result=\"failed\"}"
+            ),
+            Some(0.0)
+        );
+        let email = NotificationType::Email;
+        for _ in 0..3 {
+            metrics.attempt_finished(email, AttemptOutcome::TransientFailure, Duration::ZERO);
+        }
+        assert_eq!(metrics.channel_streak(email).consecutive_failures, 3);
+        assert_eq!(sample(&metrics.render(), failures), Some(3.0));
+        metrics.attempt_finished(email, AttemptOutcome::Delivered, Duration::ZERO);
+        assert_eq!(sample(&metrics.render(), failures), Some(0.0));
+        metrics.self_alert_stored(ConditionKind::SiteOffline, true);
+        assert_eq!(sample(&metrics.render(), raised), Some(1.0));
     }
 
     #[test]

@@ -133,6 +133,32 @@ pub struct PurgeReport {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LeaseEpoch(pub i64);
 
+/// A lease as stored, and the store's clock when it was read: what any replica reads to tell
+/// whether some node holds the dispatcher lease (`self_alerts`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseReading {
+    pub read_at: DateTime<Utc>,
+    /// `None` when the lease has never been taken.
+    pub record: Option<LeaseRecord>,
+}
+
+/// The stored row of a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRecord {
+    pub holder: String,
+    pub epoch: LeaseEpoch,
+    pub expires_at: DateTime<Utc>,
+}
+
+impl LeaseReading {
+    /// Whether some node held the lease when it was read.
+    pub fn is_held(&self) -> bool {
+        self.record
+            .as_ref()
+            .is_some_and(|r| r.expires_at > self.read_at)
+    }
+}
+
 /// A row handed to the dispatcher for one delivery attempt.
 #[derive(Debug, Clone)]
 pub struct ClaimedNotification {

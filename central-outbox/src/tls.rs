@@ -225,6 +225,65 @@ impl TlsSettings {
     }
 }
 
+/// A certificate central presents or trusts, and when it stops being valid: what the
+/// self-alerts watch (`self_alerts`), so an expiry is announced days ahead instead of showing as
+/// every site failing its handshake.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchedCertificate {
+    /// The `[tls]` key it was configured under: `cert` (central's chain) or `client_ca`.
+    pub key: &'static str,
+    /// Its Subject Common Name, or a placeholder when it has none.
+    pub subject: String,
+    pub not_after: chrono::DateTime<chrono::Utc>,
+    /// SHA-256 of its DER, in hex: tells apart two certificates with one subject (the old and
+    /// the renewed one).
+    pub fingerprint: String,
+}
+
+impl TlsSettings {
+    /// Every certificate of `tls.cert` (central's own and the intermediates it sends) and of
+    /// `tls.client_ca`, with its end of validity; none without `[tls]`. The files were checked at
+    /// start-up; a certificate whose validity cannot be read is left out (rustls would refuse it
+    /// at the handshake anyway).
+    pub fn watched_certificates(&self) -> Vec<WatchedCertificate> {
+        use sha2::{Digest, Sha256};
+        let Some(pems) = &self.server else {
+            return Vec::new();
+        };
+        let mut watched = Vec::new();
+        let files = [
+            ("cert", Some(&pems.cert)),
+            ("client_ca", pems.client_ca.as_ref()),
+        ];
+        for (key, pem) in files {
+            let Some(pem) = pem else { continue };
+            let Ok(chain) = certificates(key, Path::new(key), pem) else {
+                continue;
+            };
+            for der in chain {
+                let Some(not_after) = tls_files::not_after(&der)
+                    .and_then(|d| i64::try_from(d.as_secs()).ok())
+                    .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0))
+                else {
+                    continue;
+                };
+                let fingerprint = Sha256::digest(der.as_ref())
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                watched.push(WatchedCertificate {
+                    key,
+                    subject: tls_files::common_name(&der)
+                        .unwrap_or_else(|| "(no common name)".to_owned()),
+                    not_after,
+                    fingerprint,
+                });
+            }
+        }
+        watched
+    }
+}
+
 pub use tls_files::client_common_name;
 
 #[cfg(test)]
@@ -271,6 +330,15 @@ mod tests {
         let settings = full.load().unwrap();
         assert!(settings.serves_tls() && settings.requires_client_certificates());
         assert!(settings.server_builder().is_ok());
+        let watched = settings.watched_certificates();
+        let subjects: Vec<_> = watched
+            .iter()
+            .map(|c| (c.key, c.subject.as_str()))
+            .collect();
+        assert_eq!(subjects, [("cert", "central"), ("client_ca", "other")]);
+        assert_eq!(watched[0].fingerprint.len(), 64);
+        assert_ne!(watched[0].fingerprint, watched[1].fingerprint);
+        assert!(TlsSettings::default().watched_certificates().is_empty());
         assert!(!format!("{settings:?}").contains("PRIVATE KEY"));
         assert!(!TlsConfig::default().load().unwrap().serves_tls());
 

@@ -248,7 +248,31 @@ impl TypeData {
 }
 
 impl SiteId {
+    /// The source of the notifications central sends about itself (its self-alerts). No site
+    /// may use it: [`Self::parse`], which every id a site or its configuration supplies goes
+    /// through, refuses it, so a row from this source was written by central.
+    pub const CENTRAL: &'static str = "_central";
+
+    /// A site's id: 1 to 64 ASCII letters, digits, '-', '_' and '.', and not
+    /// [`Self::CENTRAL`].
     pub fn parse(text: String) -> Result<Self> {
+        const FIELD: &str = "source_site_id";
+        let id = Self::parse_stored(text)?;
+        if id.is_central() {
+            return Err(ContentError::new(
+                FIELD,
+                format!(
+                    "{:?} is reserved for central's own notifications (self-alerts)",
+                    Self::CENTRAL
+                ),
+            ));
+        }
+        Ok(id)
+    }
+
+    /// An id read back from central's own table, where [`Self::CENTRAL`] is the source of its
+    /// self-alerts: the rules of [`Self::parse`] but the reservation.
+    pub fn parse_stored(text: String) -> Result<Self> {
         const FIELD: &str = "source_site_id";
         require_non_empty(&text, FIELD)?;
         require_max_chars(&text, MAX_SITE_ID_CHARS, FIELD)?;
@@ -262,6 +286,16 @@ impl SiteId {
             ));
         }
         Ok(Self(text))
+    }
+
+    /// The source of central's own notifications ([`Self::CENTRAL`]).
+    pub fn central() -> Self {
+        Self(Self::CENTRAL.to_owned())
+    }
+
+    /// Whether this is [`Self::CENTRAL`].
+    pub fn is_central(&self) -> bool {
+        self.0 == Self::CENTRAL
     }
 }
 
@@ -504,6 +538,22 @@ mod tests {
             SiteId::parse(String::new()).unwrap_err().field,
             "source_site_id"
         );
+    }
+
+    #[test]
+    fn no_site_may_use_centrals_own_id() {
+        let err = SiteId::parse(SiteId::CENTRAL.into()).unwrap_err();
+        assert_eq!(err.field, "source_site_id");
+        assert!(err.to_string().contains("reserved"), "{err}");
+        // Only that exact id: others that look like it are ordinary site ids.
+        for id in ["central", "_central2", "_Central", "x_central"] {
+            assert!(SiteId::parse(id.into()).is_ok(), "{id}");
+        }
+        // Read back from central's table, it is central's.
+        let stored = SiteId::parse_stored(SiteId::CENTRAL.into()).unwrap();
+        assert!(stored.is_central());
+        assert_eq!(stored, SiteId::central());
+        assert!(SiteId::parse_stored("a b".into()).is_err());
     }
 
     #[test]

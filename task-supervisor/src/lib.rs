@@ -18,7 +18,7 @@
 //! planned start panics instead of running the task, so the tests exercise the real restart and
 //! give-up paths on a real process. The services refuse the setting in release builds.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -54,6 +54,9 @@ struct TaskLabels {
 pub struct SupervisionMetrics {
     restarts: Family<TaskLabels, Counter>,
     failed: Family<TaskLabels, Gauge>,
+    /// Every task supervised so far, so a watcher can read each one's restarts
+    /// ([`Self::restart_counts`]) without knowing the service's task names.
+    tasks: Arc<Mutex<BTreeSet<&'static str>>>,
 }
 
 impl SupervisionMetrics {
@@ -77,6 +80,22 @@ impl SupervisionMetrics {
     fn supervised(&self, task: &'static str) {
         self.restarts.get_or_create_owned(&TaskLabels { task });
         self.failed.get_or_create_owned(&TaskLabels { task });
+        if let Ok(mut tasks) = self.tasks.lock() {
+            tasks.insert(task);
+        }
+    }
+
+    /// Each task supervised so far with its restarts, by name: what a watcher samples to see a
+    /// task restarting repeatedly below the give-up intensity (central's self-alerts).
+    pub fn restart_counts(&self) -> Vec<(&'static str, u64)> {
+        let tasks: Vec<&'static str> = match self.tasks.lock() {
+            Ok(tasks) => tasks.iter().copied().collect(),
+            Err(_) => Vec::new(),
+        };
+        tasks
+            .into_iter()
+            .map(|task| (task, self.restarts(task)))
+            .collect()
     }
 
     fn restarted(&self, task: &'static str) {
@@ -396,6 +415,7 @@ mod tests {
         assert_eq!(starts.load(Ordering::SeqCst), 3);
         assert!(sup.failure().task().is_none(), "two restarts are tolerated");
         assert_eq!(sup.metrics.restarts("flaky"), 2);
+        assert_eq!(sup.metrics.restart_counts(), vec![("flaky", 2)]);
     }
 
     #[tokio::test(start_paused = true)]

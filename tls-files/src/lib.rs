@@ -132,6 +132,20 @@ pub fn common_name(der: &[u8]) -> Option<String> {
     Some(name.value().into_owned())
 }
 
+/// When a DER certificate stops being valid (its notAfter), as time since the Unix epoch;
+/// `None` when it does not parse.
+pub fn not_after(der: &[u8]) -> Option<std::time::Duration> {
+    use x509_cert::der::Decode;
+    let certificate = x509_cert::Certificate::from_der(der).ok()?;
+    Some(
+        certificate
+            .tbs_certificate()
+            .validity()
+            .not_after
+            .to_unix_duration(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -159,6 +173,20 @@ mod tests {
         params.distinguished_name = rcgen::DistinguishedName::new();
         let without_cn = params.self_signed(&key).unwrap();
         assert_eq!(common_name(without_cn.der()), None);
+    }
+
+    #[test]
+    fn the_end_of_validity_is_read() {
+        let key = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.not_after = rcgen::date_time_ymd(2031, 7, 1);
+        let cert = params.self_signed(&key).unwrap();
+        // 2031-07-01T00:00:00Z
+        assert_eq!(
+            not_after(cert.der()),
+            Some(std::time::Duration::from_secs(1_940_630_400))
+        );
+        assert_eq!(not_after(b"not a certificate"), None);
     }
 
     #[test]

@@ -128,6 +128,8 @@ pub struct Adapters {
     email: EmailAdapter,
     webhook: WebhookAdapter,
     tokens: TokenCache,
+    /// The HTTP client the webhook and OAuth calls share, lent to the heartbeat too.
+    http: HttpClient,
 }
 
 impl std::fmt::Debug for Adapters {
@@ -142,8 +144,14 @@ impl Adapters {
         Ok(Self {
             email: EmailAdapter::new(),
             webhook: WebhookAdapter::new(http.clone()),
-            tokens: TokenCache::new(http),
+            tokens: TokenCache::new(http.clone()),
+            http,
         })
+    }
+
+    /// The outbound HTTP client (one pool, one TLS set-up for every HTTP call central makes).
+    pub fn http(&self) -> HttpClient {
+        self.http.clone()
     }
 
     /// One email delivery attempt. With XOAUTH2 the access token comes from the cache (fetched

@@ -86,6 +86,9 @@ impl DispatchStore for GatedStore {
     ) -> Result<bool> {
         self.inner.release_lease(name, holder, epoch).await
     }
+    async fn read_lease(&self, name: &'static str) -> Result<crate::records::LeaseReading> {
+        self.inner.read_lease(name).await
+    }
     async fn claim_due(
         &self,
         lease: &'static str,

@@ -10,6 +10,7 @@ pub mod kpi;
 pub mod query;
 pub mod rate;
 pub mod retry;
+pub mod self_alert;
 pub mod serve_order;
 pub mod site_health;
 pub mod status;

@@ -55,7 +55,7 @@ impl StoredClaim {
             self.origin_parent_execution_id.as_deref(),
         )
         .map_err(|e| e.to_string())?;
-        let site = SiteId::parse(self.source_site_id).map_err(|e| e.to_string())?;
+        let site = SiteId::parse_stored(self.source_site_id).map_err(|e| e.to_string())?;
         let enqueued = self
             .site_enqueued_at
             .ok_or("SiteEnqueuedAt is not a valid timestamp")?;

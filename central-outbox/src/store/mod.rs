@@ -7,10 +7,11 @@
 //!
 //! - [`IngestStore`] (`ping`, `submit`, `clear_condition`, `record_site_health`): the ingest
 //!   service (`grpc::ingest`) and the health probe (`health`).
-//! - [`DispatchStore`] (`acquire_lease`, `release_lease`, `claim_due`, `claim_digest`,
-//!   `record_outcomes`, `record_outcome`, `purge_terminal`, `forget_silent_nodes`): the dispatcher with its lease
-//!   keeper, channel loops, attempts and recorder (`dispatcher`), and the purge (`purge`),
-//!   which runs under the dispatcher's lease.
+//! - [`DispatchStore`] (`acquire_lease`, `release_lease`, `read_lease`, `claim_due`,
+//!   `claim_digest`, `record_outcomes`, `record_outcome`, `purge_terminal`,
+//!   `forget_silent_nodes`): the dispatcher with its lease keeper, channel loops, attempts and
+//!   recorder (`dispatcher`), the purge (`purge`), which runs under the dispatcher's lease, and
+//!   the self-alerts' watch for a missing leader (`self_alerts`).
 //! - [`ReadChannelSettings`] (`list`, `smtp_settings`, `webhook_settings`): what a delivery
 //!   reads, through
 //!   `config_cache`. Both [`DispatchStore`] and [`ChannelSettingsStore`] require it, so the
@@ -48,7 +49,8 @@
 //!   attempt number) and no other holder has taken the lease since (it is still at that epoch,
 //!   lapsed or not); otherwise it changes nothing and returns false.
 //! - `acquire_lease` bumps the epoch only when the holder changes: a holder re-taking its own
-//!   lapsed lease keeps its epoch. Lease calls are served ahead of bulk work, so a renewal
+//!   lapsed lease keeps its epoch. `read_lease` answers what is stored, with the clock leases
+//!   are judged by (the database's, or on SQLite this process's). Lease calls are served ahead of bulk work, so a renewal
 //!   never queues behind ingest, claims or a purge.
 //! - `query` pages newest first by (CreatedAt, row id) with a keyset cursor, so concurrent inserts
 //!   never make a row appear twice or not at all in pages after the first.
@@ -87,8 +89,8 @@ use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealt
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport,
+    InsertOutcome, LeaseEpoch, LeaseReading, NewNotification, NotificationDetail,
+    NotificationState, Page, PurgeReport,
 };
 use crate::secrets::ResealReport;
 
@@ -200,6 +202,10 @@ pub trait DispatchStore: ReadChannelSettings {
         holder: &str,
         epoch: LeaseEpoch,
     ) -> impl Future<Output = Result<bool>> + Send;
+
+    /// The named lease as stored (holder, epoch, expiry) and the store's clock at the read, so
+    /// every replica judges whether it is held alike. Changes nothing.
+    fn read_lease(&self, name: &'static str) -> impl Future<Output = Result<LeaseReading>> + Send;
 
     /// Claims due rows of one channel for `claim_timeout` under `epoch`, writing an InFlight
     /// attempt row for each: up to `lanes.longest_waiting` rows due longest, then up to

@@ -45,8 +45,8 @@ use crate::domain::{
     ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId, Submission,
 };
 use crate::records::{
-    ActionResult, AttemptRecord, ClaimedNotification, LeaseEpoch, NewNotification,
-    NotificationDetail, NotificationState, PurgeReport,
+    ActionResult, AttemptRecord, ClaimedNotification, LeaseEpoch, LeaseReading, LeaseRecord,
+    NewNotification, NotificationDetail, NotificationState, PurgeReport,
 };
 use crate::store::{DispatchStore, ReadChannelSettings, Result};
 
@@ -529,6 +529,29 @@ impl DispatchStore for MemoryStore {
             }
             _ => Ok(false),
         }
+    }
+
+    /// Not gated, like another node's connection: the lease calls' gate stands for this
+    /// node's own link to the database. Expiries are tokio instants here, shown on the wall
+    /// clock as the same distance from now.
+    async fn read_lease(&self, name: &'static str) -> Result<LeaseReading> {
+        let (now_i, now) = (Instant::now(), Utc::now());
+        let state = self.lock();
+        let record = state.leases.get(name).map(|l| {
+            let left = l.expires.saturating_duration_since(now_i);
+            let passed = now_i.saturating_duration_since(l.expires);
+            let expires_at = now + chrono::Duration::from_std(left).unwrap_or_default()
+                - chrono::Duration::from_std(passed).unwrap_or_default();
+            LeaseRecord {
+                holder: l.holder.clone(),
+                epoch: l.epoch,
+                expires_at,
+            }
+        });
+        Ok(LeaseReading {
+            read_at: now,
+            record,
+        })
     }
 
     async fn claim_due(

@@ -170,6 +170,36 @@ pub async fn leases_are_exclusive_and_epochs_only_grow<S: Rows>(store: &S) {
     );
 }
 
+/// A lease is read as stored, with the clock leases are judged by: absent before anyone took
+/// it, held by its holder at its epoch until about a TTL after the read, and not held once
+/// released.
+pub async fn a_lease_is_read_as_stored<S: Rows>(store: &S) {
+    let never = store.read_lease(LEASE).await.unwrap();
+    assert_eq!(never.record, None);
+    assert!(!never.is_held());
+    let ttl = Duration::from_secs(600);
+    let epoch = store
+        .acquire_lease(LEASE, "node-a", ttl)
+        .await
+        .unwrap()
+        .unwrap();
+    let held = store.read_lease(LEASE).await.unwrap();
+    assert!(held.is_held(), "{held:?}");
+    let record = held.record.clone().unwrap();
+    assert_eq!((record.holder.as_str(), record.epoch), ("node-a", epoch));
+    // Compared with the read's own clock, not this process's (a database server's may differ).
+    let left = (record.expires_at - held.read_at).to_std().unwrap();
+    assert!(
+        left <= ttl && left > ttl - Duration::from_secs(60),
+        "{left:?} of a {ttl:?} lease left just after it was taken"
+    );
+    assert!(store.release_lease(LEASE, "node-a", epoch).await.unwrap());
+    let released = store.read_lease(LEASE).await.unwrap();
+    assert!(!released.is_held(), "{released:?}");
+    assert!(released.record.unwrap().epoch > epoch);
+    assert_eq!(store.read_lease("other").await.unwrap().record, None);
+}
+
 async fn claim<S: Rows>(
     store: &S,
     epoch: LeaseEpoch,

@@ -143,6 +143,7 @@ macro_rules! dispatch_behaviours {
             leases_are_exclusive_and_epochs_only_grow,
             engine::leases_are_exclusive_and_epochs_only_grow
         );
+        behaviour!(a_lease_is_read_as_stored, engine::a_lease_is_read_as_stored);
         behaviour!(
             claims_are_exclusive_per_channel_and_outcomes_are_fenced,
             engine::claims_are_exclusive_per_channel_and_outcomes_are_fenced

@@ -31,6 +31,7 @@ mod operations;
 mod ops_pack;
 mod pair;
 mod secrets;
+mod self_alerts;
 mod serve_order;
 mod settings;
 mod silent_link;

@@ -12,7 +12,7 @@ use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{NotificationId, NotificationType};
-use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch};
+use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch, LeaseReading, LeaseRecord};
 use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{Result, StoreError};
 
@@ -50,6 +50,27 @@ pub async fn release_lease(
         .await
         .map_err(|e| to_store_error("release lease", &e))?;
     Ok(single_count(&mut results, "Released", "release lease")? > 0)
+}
+
+pub async fn read_lease(store: &MsSqlStore, name: &str) -> Result<LeaseReading> {
+    const CONTEXT: &str = "read lease";
+    let stmt = sql::select_lease(name);
+    let mut results = store.batch(CONTEXT, &stmt.sql, &stmt.params).await?;
+    let read_at = result_set(&mut results, 0, CONTEXT)?
+        .first()
+        .ok_or_else(|| StoreError::Corrupt(format!("{CONTEXT}: the clock was not read")))
+        .and_then(|row| decode::time(row, "ReadAt"))?;
+    let record = result_set(&mut results, 1, CONTEXT)?
+        .first()
+        .map(|row| -> Result<LeaseRecord> {
+            Ok(LeaseRecord {
+                holder: decode::text(row, "Holder")?,
+                epoch: LeaseEpoch(decode::req::<i64>(row, "Epoch")?),
+                expires_at: decode::time(row, "ExpiresAt")?,
+            })
+        })
+        .transpose()?;
+    Ok(LeaseReading { read_at, record })
 }
 
 /// The one integer of a batch's one-row result.

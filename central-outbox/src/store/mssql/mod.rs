@@ -57,8 +57,8 @@ use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealt
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport,
+    InsertOutcome, LeaseEpoch, LeaseReading, NewNotification, NotificationDetail,
+    NotificationState, Page, PurgeReport,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -303,6 +303,10 @@ impl DispatchStore for MsSqlStore {
         epoch: LeaseEpoch,
     ) -> Result<bool> {
         dispatch::release_lease(self, name, holder, epoch).await
+    }
+
+    async fn read_lease(&self, name: &'static str) -> Result<LeaseReading> {
+        dispatch::read_lease(self, name).await
     }
 
     async fn claim_due(

@@ -46,8 +46,8 @@ use crate::domain::status::Status;
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
 use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport,
+    InsertOutcome, LeaseEpoch, LeaseReading, LeaseRecord, NewNotification, NotificationDetail,
+    NotificationState, Page, PurgeReport,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -181,6 +181,12 @@ impl DispatchStore for SqliteStore {
                     .execute(params![name, holder, epoch.0, ms(Utc::now())])?;
                 Ok(released > 0)
             })
+            .await
+    }
+
+    async fn read_lease(&self, name: &'static str) -> Result<LeaseReading> {
+        self.db
+            .read(move |conn| select_lease(conn, name, Utc::now()))
             .await
     }
 
@@ -605,6 +611,32 @@ fn upsert_lease(
         .query_row(params![name, holder, now_ms, expires], |row| row.get(0))
         .optional()?;
     Ok(epoch.map(LeaseEpoch))
+}
+
+/// The lease `name` as stored, read at `now` (this process's clock is the database's here).
+fn select_lease(conn: &Connection, name: &str, now: DateTime<Utc>) -> Result<LeaseReading> {
+    let row = conn
+        .prepare_cached(include_str!("sql/select_lease.sql"))?
+        .query_row(params![name], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?,
+                row.get::<_, i64>(2)?,
+            ))
+        })
+        .optional()?;
+    let record = match row {
+        Some((holder, epoch, expires)) => Some(LeaseRecord {
+            holder,
+            epoch: LeaseEpoch(epoch),
+            expires_at: at_ms("Leases.ExpiresAt", expires)?,
+        }),
+        None => None,
+    };
+    Ok(LeaseReading {
+        read_at: now,
+        record,
+    })
 }
 
 /// Claims due rows under `epoch` (only while that epoch holds the lease) and writes their

@@ -37,6 +37,14 @@ pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
         .set("@P3", Param::BigInt(Some(epoch.0)))
 }
 
+/// Lease @P1 as stored, with the database's clock: two results, the clock (`ReadAt`, with the
+/// leases' millisecond precision) and the lease's row (none if it was never taken). A plain
+/// read on the main pool: it is the self-alerts' check, which must not take the connection
+/// the renewals have to themselves.
+pub fn select_lease(name: &str) -> Statement {
+    Statement::fixed(include_str!("select_lease.sql")).set("@P1", text(name))
+}
+
 /// Claims due rows of type @P5 for @P2 milliseconds under epoch @P1 of lease @P6, and writes
 /// their InFlight attempt rows, in one transaction: up to @P3 rows due longest, then up to @P4
 /// more by priority and serve turn (`domain::serve_order`). The stored procedure

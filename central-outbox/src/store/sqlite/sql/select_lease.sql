@@ -1,0 +1,1 @@
+SELECT Holder, Epoch, ExpiresAt FROM Leases WHERE Name = ?1
