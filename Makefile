@@ -78,17 +78,20 @@ MSSQL_SUITES = $(CARGO) test -p central-outbox --test conformance -- --include-i
 	OUTBOX_E2E_CENTRAL=mssql $(CARGO) test -p outbox-tests --test e2e -- $(MSSQL_E2E_MODULES) && \
 	OUTBOX_E2E_CENTRAL=mssql $(CARGO) test -p outbox-tests --test e2e -- leader:: --test-threads=1
 
-test-mssql: tools
-	@url="$${OUTBOX_TEST_MSSQL_URL:-}"; \
+## The shell lines that set $$url to the server the MS SQL suites use: OUTBOX_TEST_MSSQL_URL
+## when set, else the Babelfish in BABELFISH_DIR, started by its own script, with two warm spares.
+MSSQL_URL = url="$${OUTBOX_TEST_MSSQL_URL:-}"; \
 	if [ -z "$$url" ] && [ -x "$(BABELFISH_DIR)/start.sh" ]; then \
 		url=$$("$(BABELFISH_DIR)/start.sh") || exit 1; \
 		url="$$url;Min Pool Size=2"; \
 	fi; \
 	if [ -z "$$url" ]; then \
-		echo "test-mssql: set OUTBOX_TEST_MSSQL_URL, put Babelfish in $(BABELFISH_DIR), or run make test-mssql-docker" >&2; \
+		echo "$@: set OUTBOX_TEST_MSSQL_URL, put Babelfish in $(BABELFISH_DIR), or run make test-mssql-docker" >&2; \
 		exit 2; \
-	fi; \
-	export OUTBOX_TEST_MSSQL_URL="$$url"; $(MSSQL_SUITES)
+	fi
+
+test-mssql: tools
+	@$(MSSQL_URL); export OUTBOX_TEST_MSSQL_URL="$$url"; $(MSSQL_SUITES)
 
 ## The lifecycle model (central-outbox/tests/conformance/lifecycle_model.rs) on fresh random
 ## seeds for SOAK_SECS (30 minutes by default): `make test` runs three fixed seeds, this runs as
@@ -105,16 +108,7 @@ soak:
 		-- sqlite_backend::$(SOAK_TEST)
 
 soak-mssql:
-	@url="$${OUTBOX_TEST_MSSQL_URL:-}"; \
-	if [ -z "$$url" ] && [ -x "$(BABELFISH_DIR)/start.sh" ]; then \
-		url=$$("$(BABELFISH_DIR)/start.sh") || exit 1; \
-		url="$$url;Min Pool Size=2"; \
-	fi; \
-	if [ -z "$$url" ]; then \
-		echo "soak-mssql: set OUTBOX_TEST_MSSQL_URL or put Babelfish in $(BABELFISH_DIR)" >&2; \
-		exit 2; \
-	fi; \
-	OUTBOX_TEST_MSSQL_URL="$$url" OUTBOX_MODEL_SOAK_SECS=$(SOAK_SECS) $(CARGO) test \
+	@$(MSSQL_URL); OUTBOX_TEST_MSSQL_URL="$$url" OUTBOX_MODEL_SOAK_SECS=$(SOAK_SECS) $(CARGO) test \
 		-p central-outbox --test conformance -- --include-ignored mssql_backend::$(SOAK_TEST)
 
 ## The same suites against SQL Server 2022 in Docker (needs Docker with compose): starts only
