@@ -134,6 +134,12 @@ async fn a_site_killed_is_mailed_as_offline_and_recovered_when_it_reports_again(
     assert!(text.contains("no health report from site north"), "{text}");
     assert!(text.contains("outbox/site-offline/north/north"), "{text}");
     let key = "outbox/site-offline/north/north";
+    // The relay has the mail before central records the outcome: wait for the row to say so.
+    eventually("the alert row is Delivered", || async {
+        let rows = central_rows(&central.db, key);
+        rows.iter().all(|r| r.2 == "Delivered").then_some(())
+    })
+    .await;
     assert_eq!(
         central_rows(&central.db, key),
         vec![(ALERT_LIST.into(), alert.into(), "Delivered".into())],
