@@ -31,6 +31,7 @@ mod ops_pack;
 mod pair;
 mod secrets;
 mod serve_order;
+mod setting_inputs;
 mod settings;
 mod silent_link;
 mod site_health;
