@@ -1294,7 +1294,16 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
         policy,
     }
     .check()
-    .map_err(|e| anyhow::anyhow!("smtp.{e}"))
+    // The domain names the OAuth settings as the admin API's fields; the file nests them.
+    .map_err(|e| {
+        let key = match e.field {
+            "oauth_token_url" => "oauth.token_url",
+            "oauth_client_id" => "oauth.client_id",
+            "oauth_client_secret" => "oauth.client_secret",
+            other => other,
+        };
+        anyhow::anyhow!("smtp.{key}: {}", e.problem)
+    })
 }
 
 fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
@@ -1331,7 +1340,14 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         webhook_secret: c.webhook_secret.clone(),
         consolidation,
     })
-    .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))
+    // The domain names a list's name as a submit's field; the file's key is `name`.
+    .map_err(|e| {
+        let key = match e.field {
+            "list_name" => "name",
+            other => other,
+        };
+        anyhow::anyhow!("lists[{index}].{key}: {}", e.problem)
+    })
 }
 
 #[cfg(test)]
@@ -1840,12 +1856,24 @@ mod tests {
             ),
             ("timeout = '2h'\noverall_timeout = '3h'", "smtp.timeout"),
             ("overall_timeout = '2days'", "smtp.overall_timeout"),
+            // The stores keep milliseconds.
+            ("timeout = '1s 500us'", "smtp.timeout"),
+            ("retry_delay = '1ns'", "smtp.retry_delay"),
         ] {
             let err = from_toml(&format!("{smtp}{line}")).unwrap_err();
             assert!(err.to_string().starts_with(key), "{line}: {err}");
         }
         let err = from_toml(&format!("{smtp}username = 'u'")).unwrap_err();
         assert!(err.to_string().starts_with("smtp.username"), "{err}");
+        // Errors name the file's keys: the OAuth settings are nested, a list's name is `name`.
+        let bad_token_url = oauth.replace("https://login.test/t", "ftp://login.test/t");
+        let err = from_toml(&format!("{key}{bad_token_url}")).unwrap_err();
+        assert!(
+            err.to_string().starts_with("smtp.oauth.token_url:"),
+            "{err}"
+        );
+        let err = from_toml("[[lists]]\nname = ''\nrecipients = ['a@x.test']").unwrap_err();
+        assert!(err.to_string().starts_with("lists[0].name:"), "{err}");
         let settings = from_toml(&format!("{smtp}rate_limit_per_second = 2.5")).unwrap();
         let limit = settings.smtp.unwrap().policy.rate_limit.unwrap();
         assert_eq!((limit.per_second(), limit.burst()), (2.5, 3));

@@ -577,6 +577,10 @@ pub mod bounds {
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(600);
     /// The longest whole SMTP delivery (an attempt is also cut at half the claim timeout).
     pub const MAX_OVERALL_TIMEOUT: Duration = Duration::from_secs(3600);
+    /// Every duration setting is a whole number of these: both stores keep milliseconds, so a
+    /// finer value would be stored as something else than what was accepted (a timeout of a
+    /// microsecond would read back as zero).
+    pub const DURATION_RESOLUTION: Duration = Duration::from_millis(1);
 }
 
 /// A token bucket: `per_second` deliveries on average, up to `burst` at once. Built only
@@ -825,12 +829,25 @@ impl SmtpSettings {
     }
 }
 
-/// Refuses a duration above its bound, naming the field and the bound in seconds.
+/// Refuses a duration above its bound, naming the field and the bound in seconds, or finer than
+/// a millisecond ([`bounds::DURATION_RESOLUTION`]).
 fn check_at_most(field: &'static str, value: Duration, max: Duration) -> Result<(), ContentError> {
     if value > max {
         return Err(ContentError::new(
             field,
             format!("must be at most {}s", max.as_secs()),
+        ));
+    }
+    if !value
+        .subsec_nanos()
+        .is_multiple_of(bounds::DURATION_RESOLUTION.subsec_nanos())
+    {
+        return Err(ContentError::new(
+            field,
+            format!(
+                "must be a whole number of milliseconds (the settings are stored in \
+                 milliseconds), not {value:?}"
+            ),
         ));
     }
     Ok(())

@@ -485,22 +485,20 @@ fn policy_from_proto(
     default_connections: u32,
 ) -> Result<DeliveryPolicy, ContentError> {
     let retry_delay = duration_or(f.retry_delay, defaults::RETRY_DELAY, "retry_delay")?;
-    let exponential = |max_retry_delay| -> Result<Backoff, ContentError> {
-        Ok(Backoff::Exponential {
-            cap: duration_or(
-                max_retry_delay,
-                defaults::MAX_RETRY_DELAY,
-                "max_retry_delay",
-            )?,
-        })
-    };
+    // Decoded whatever the backoff, so a malformed value is refused even where it is not used
+    // (with fixed backoff it is not stored).
+    let cap = duration_or(
+        f.max_retry_delay,
+        defaults::MAX_RETRY_DELAY,
+        "max_retry_delay",
+    )?;
     let backoff = match v1::RetryBackoff::try_from(f.backoff) {
         Ok(v1::RetryBackoff::Unspecified) => match default_backoff {
             Backoff::Fixed => Backoff::Fixed,
-            Backoff::Exponential { .. } => exponential(f.max_retry_delay)?,
+            Backoff::Exponential { .. } => Backoff::Exponential { cap },
         },
         Ok(v1::RetryBackoff::Fixed) => Backoff::Fixed,
-        Ok(v1::RetryBackoff::Exponential) => exponential(f.max_retry_delay)?,
+        Ok(v1::RetryBackoff::Exponential) => Backoff::Exponential { cap },
         Err(_) => {
             return Err(ContentError::new(
                 "backoff",
@@ -755,6 +753,29 @@ mod tests {
                     ..Default::default()
                 },
                 "timeout",
+            ),
+            // Malformed even where unused (fixed backoff does not store it).
+            (
+                v1::UpsertWebhookConfigRequest {
+                    backoff: v1::RetryBackoff::Fixed.into(),
+                    max_retry_delay: Some(prost_types::Duration {
+                        seconds: -1,
+                        nanos: 0,
+                    }),
+                    ..Default::default()
+                },
+                "max_retry_delay",
+            ),
+            // Finer than the milliseconds the stores keep.
+            (
+                v1::UpsertWebhookConfigRequest {
+                    retry_delay: Some(prost_types::Duration {
+                        seconds: 0,
+                        nanos: 1,
+                    }),
+                    ..Default::default()
+                },
+                "retry_delay",
             ),
         ] {
             assert_eq!(webhook_from_proto(bad).unwrap_err().field, field);

@@ -33,6 +33,7 @@ mod pair;
 mod secrets;
 mod self_alerts;
 mod serve_order;
+mod setting_inputs;
 mod settings;
 mod silent_link;
 mod site_health;
