@@ -249,8 +249,9 @@ impl<S: OutboxStore> SelfWatch<S> {
             }
         }
         // A condition observed active that this node knows nothing of may have been raised
-        // by another replica or an earlier run: its latest row decides.
-        for observation in &observations {
+        // by another replica or an earlier run: its latest row decides. Without it, the
+        // condition waits for the next check (raising it blind could repeat an alert).
+        for observation in &mut observations {
             if matches!(observation.reading, Reading::Active { .. })
                 && !state.tracker.knows(&observation.condition.key)
                 && let Err(e) = self
@@ -259,6 +260,7 @@ impl<S: OutboxStore> SelfWatch<S> {
             {
                 self.metrics.self_alert_check_failed("history");
                 tracing::warn!(error = %e, key = %observation.condition.key, "self-alerts: cannot look up a condition's latest alert");
+                observation.reading = Reading::Unknown;
             }
         }
         let transitions = state.tracker.plan(now, observations, &complete);

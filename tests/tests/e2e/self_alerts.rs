@@ -352,3 +352,50 @@ async fn the_heartbeat_is_called_by_the_dispatching_node_and_by_the_next_when_it
     .await;
     second.stop().await;
 }
+
+#[tokio::test]
+async fn no_site_can_speak_as_central() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let mut ingest = central.ingest().await;
+    let refused = ingest
+        .submit_notification(v1::NotificationSubmit {
+            source_site_id: "_central".into(),
+            condition_key: "outbox/no-leader".into(),
+            ..submit("[outbox RECOVERED] no dispatcher leader", "all is well")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("source_site_id: \"_central\" is reserved"),
+        "{}",
+        refused.message()
+    );
+    let refused = ingest
+        .clear_condition(v1::ClearConditionRequest {
+            condition_key: "outbox/no-leader".into(),
+            source_site_id: "_central".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    let refused = ingest
+        .report_site_health(v1::SiteHealthReport {
+            site_id: "_central".into(),
+            node_name: "_central".into(),
+            role: v1::NodeRole::Active.into(),
+            version: "0.0.0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        Db::open(&central.db).count("SELECT COUNT(*) FROM Notifications"),
+        0
+    );
+    central.stop().await;
+}
