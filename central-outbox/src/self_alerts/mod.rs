@@ -615,7 +615,13 @@ impl<S: OutboxStore> SelfWatch<S> {
             .map(|(task, restarts)| {
                 let rise = windows
                     .entry(task)
-                    .or_insert_with(|| RiseWindow::new(settings.task_restart_window))
+                    .or_insert_with(|| {
+                        // Every count starts at zero with the process: restarts before this
+                        // node watched (before it dispatched) count within the window too.
+                        let mut window = RiseWindow::new(settings.task_restart_window);
+                        window.record(self.started_at, 0);
+                        window
+                    })
                     .record(now, restarts);
                 let reading = if rise.by >= u64::from(settings.task_restarts) {
                     Reading::Active {
