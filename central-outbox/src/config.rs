@@ -1748,6 +1748,35 @@ mod tests {
         }
     }
 
+    /// The commented `[self_alerts]` of `deploy/central-outbox.toml`, uncommented, is valid and
+    /// states the defaults.
+    #[test]
+    fn the_example_self_alerts_state_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/central-outbox.toml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let section: String = text
+            .lines()
+            .skip_while(|l| *l != "# [self_alerts]")
+            .take_while(|l| l.starts_with("# "))
+            .filter(|l| !l.starts_with("#  "))
+            .map(|l| format!("{}\n", l.trim_start_matches("# ")))
+            .collect();
+        assert!(section.starts_with("[self_alerts]\n"), "{section}");
+        let example: Config = Figment::from(Serialized::defaults(Config::default()))
+            .merge(Toml::string(&section))
+            .extract()
+            .unwrap();
+        let mut example = example.self_alerts.unwrap();
+        assert!(example.email_list.is_some() && example.heartbeat_url.is_some());
+        (
+            example.email_list,
+            example.webhook_list,
+            example.heartbeat_url,
+        ) = (None, None, None);
+        assert_eq!(example, SelfAlertsConfig::default());
+        assert!(from_toml(&section).is_ok());
+    }
+
     /// The commented example in `deploy/central-outbox.toml` is valid once uncommented.
     #[test]
     fn the_example_consolidation_is_valid() {

@@ -515,6 +515,11 @@ mod tests {
                 "forward_window",
             ),
             ("site_id = \"a b\"\n", "site_id"),
+            // Central's own notifications (its self-alerts) come from this id.
+            (
+                "site_id = \"_central\"\n",
+                "site_id: \"_central\" is reserved for central's own notifications",
+            ),
             (
                 "site_id = \"a\"\nmin_free_disk_bytes = 1000\n",
                 "min_free_disk_bytes: must be at least 1048576",

@@ -544,6 +544,10 @@ impl Tracker {
         let mut seen = std::collections::BTreeSet::new();
         for Observation { condition, reading } in observations {
             seen.insert(condition.key.as_str().to_owned());
+            if reading == Reading::Unknown {
+                // Nothing learnt, not even that the condition exists.
+                continue;
+            }
             let tracked = self
                 .by_key
                 .entry(condition.key.as_str().to_owned())
@@ -883,6 +887,12 @@ mod tests {
         assert!(step(&mut tracker, 70, vec![clear(&offline)]).is_empty());
         // An unknown reading in between changes nothing.
         assert!(step(&mut tracker, 75, vec![unknown(&offline)]).is_empty());
+        let unseen = Condition::site_offline(&site("south"), &site("south"));
+        assert!(step(&mut tracker, 75, vec![unknown(&unseen)]).is_empty());
+        assert!(
+            !tracker.knows(&unseen.key),
+            "an unknown reading teaches nothing"
+        );
         let recovered = step(&mut tracker, 80, vec![clear(&offline)]);
         assert_eq!(
             recovered,

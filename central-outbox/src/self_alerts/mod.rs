@@ -249,8 +249,9 @@ impl<S: OutboxStore> SelfWatch<S> {
             }
         }
         // A condition observed active that this node knows nothing of may have been raised
-        // by another replica or an earlier run: its latest row decides.
-        for observation in &observations {
+        // by another replica or an earlier run: its latest row decides. Without it, the
+        // condition waits for the next check (raising it blind could repeat an alert).
+        for observation in &mut observations {
             if matches!(observation.reading, Reading::Active { .. })
                 && !state.tracker.knows(&observation.condition.key)
                 && let Err(e) = self
@@ -259,6 +260,7 @@ impl<S: OutboxStore> SelfWatch<S> {
             {
                 self.metrics.self_alert_check_failed("history");
                 tracing::warn!(error = %e, key = %observation.condition.key, "self-alerts: cannot look up a condition's latest alert");
+                observation.reading = Reading::Unknown;
             }
         }
         let transitions = state.tracker.plan(now, observations, &complete);
@@ -613,7 +615,13 @@ impl<S: OutboxStore> SelfWatch<S> {
             .map(|(task, restarts)| {
                 let rise = windows
                     .entry(task)
-                    .or_insert_with(|| RiseWindow::new(settings.task_restart_window))
+                    .or_insert_with(|| {
+                        // Every count starts at zero with the process: restarts before this
+                        // node watched (before it dispatched) count within the window too.
+                        let mut window = RiseWindow::new(settings.task_restart_window);
+                        window.record(self.started_at, 0);
+                        window
+                    })
                     .record(now, restarts);
                 let reading = if rise.by >= u64::from(settings.task_restarts) {
                     Reading::Active {

@@ -133,18 +133,18 @@ async fn a_site_killed_is_mailed_as_offline_and_recovered_when_it_reports_again(
     let text = mail.body_text();
     assert!(text.contains("no health report from site north"), "{text}");
     assert!(text.contains("outbox/site-offline/north/north"), "{text}");
+    // One row from central itself, delivered (its outcome is recorded just after the relay
+    // took the mail).
     let key = "outbox/site-offline/north/north";
-    // The relay has the mail before central records the outcome: wait for the row to say so.
-    eventually("the alert row is Delivered", || async {
-        let rows = central_rows(&central.db, key);
-        rows.iter().all(|r| r.2 == "Delivered").then_some(())
+    let delivered = vec![(
+        ALERT_LIST.to_string(),
+        alert.to_string(),
+        "Delivered".to_string(),
+    )];
+    eventually("the alert's row is delivered", || async {
+        (central_rows(&central.db, key) == delivered).then_some(())
     })
     .await;
-    assert_eq!(
-        central_rows(&central.db, key),
-        vec![(ALERT_LIST.into(), alert.into(), "Delivered".into())],
-        "one row from central itself, delivered"
-    );
 
     // The site comes back (its buffer as it left it): recovered.
     let (site, _) = spawn_reporting_site(dir.path(), "north", central.addr).await;
@@ -173,6 +173,44 @@ async fn a_site_killed_is_mailed_as_offline_and_recovered_when_it_reports_again(
         Some(0.0)
     );
     site.kill9().await;
+    central.stop().await;
+}
+
+/// A supervised task whose first starts fail (debug builds' `test_faults`) restarts below the
+/// budget that takes a node out: the alert list hears it is restarting repeatedly, and, a whole
+/// window without a restart later, that it recovered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_restarting_repeatedly_is_alerted_and_recovers_once_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.test_faults = Some("purge=3".into());
+    config.self_alerts = Some(SelfAlertsConfig {
+        task_restarts: 3,
+        task_restart_window: Duration::from_secs(10),
+        ..quick_self_alerts()
+    });
+    with_alert_list(&mut config);
+    let central = Central::start(config).await;
+    let alert = "[outbox ALERT] task purge restarting repeatedly";
+    let recovered = "[outbox RECOVERED] task purge restarting repeatedly";
+    eventually(
+        "the alert list hears the purge task keeps restarting",
+        || async { (mails(&sink, alert) > 0).then_some(()) },
+    )
+    .await;
+    eventually("and that it recovered", || async {
+        (mails(&sink, recovered) > 0).then_some(())
+    })
+    .await;
+    assert_eq!((mails(&sink, alert), mails(&sink, recovered)), (1, 1));
+    let text = sink
+        .messages()
+        .into_iter()
+        .find(|m| m.subject().as_deref() == Some(alert))
+        .unwrap()
+        .body_text();
+    assert!(text.contains("restarted 3 times"), "{text}");
     central.stop().await;
 }
 
@@ -255,10 +293,12 @@ async fn relay_refusing_then_healed(tune: impl FnOnce(&mut SelfAlertsConfig)) {
         || async { posts(&hooks, "/alerts", recovered).into_iter().next() },
     )
     .await;
-    assert_eq!(
-        db.row(&id).map(|(status, _, _)| status),
-        Some("Delivered".to_string())
-    );
+    // Its outcome is recorded just after the relay took it.
+    eventually("the alarm is delivered", || async {
+        let status = db.row(&id).map(|(status, _, _)| status);
+        (status.as_deref() == Some("Delivered")).then_some(())
+    })
+    .await;
     let rows = central_rows(&central.db, "outbox/channel-failing/email");
     let lists: Vec<&str> = rows.iter().map(|(list, _, _)| list.as_str()).collect();
     assert_eq!(
@@ -357,4 +397,51 @@ async fn the_heartbeat_is_called_by_the_dispatching_node_and_by_the_next_when_it
     })
     .await;
     second.stop().await;
+}
+
+#[tokio::test]
+async fn no_site_can_speak_as_central() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = Central::start(central_config(dir.path(), None)).await;
+    let mut ingest = central.ingest().await;
+    let refused = ingest
+        .submit_notification(v1::NotificationSubmit {
+            source_site_id: "_central".into(),
+            condition_key: "outbox/no-leader".into(),
+            ..submit("[outbox RECOVERED] no dispatcher leader", "all is well")
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert!(
+        refused
+            .message()
+            .starts_with("source_site_id: \"_central\" is reserved"),
+        "{}",
+        refused.message()
+    );
+    let refused = ingest
+        .clear_condition(v1::ClearConditionRequest {
+            condition_key: "outbox/no-leader".into(),
+            source_site_id: "_central".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    let refused = ingest
+        .report_site_health(v1::SiteHealthReport {
+            site_id: "_central".into(),
+            node_name: "_central".into(),
+            role: v1::NodeRole::Active.into(),
+            version: "0.0.0".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument, "{refused:?}");
+    assert_eq!(
+        Db::open(&central.db).count("SELECT COUNT(*) FROM Notifications"),
+        0
+    );
+    central.stop().await;
 }
