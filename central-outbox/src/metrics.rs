@@ -83,6 +83,10 @@ struct CheckLabels {
     figure: &'static str,
 }
 
+/// The figures the self-alert watch reads, each a `figure` label of its check failures
+/// (exported at zero once self-alerts are on, so an alert rule sees the first failure).
+pub const SELF_ALERT_FIGURES: [&str; 6] = ["history", "lease", "kpis", "queue", "held", "store"];
+
 /// How a heartbeat call went.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HeartbeatLabels {
@@ -522,6 +526,10 @@ impl Metrics {
             self.self_alerts_active.get_or_create_owned(&labels);
             self.self_alerts_unroutable.get_or_create_owned(&labels);
         }
+        for figure in SELF_ALERT_FIGURES {
+            self.self_alert_check_failures
+                .get_or_create_owned(&CheckLabels { figure });
+        }
         if heartbeat {
             for result in ["ok", "failed"] {
                 self.heartbeats
@@ -568,6 +576,7 @@ impl Metrics {
 
     /// A self-alert check could not read `figure`.
     pub fn self_alert_check_failed(&self, figure: &'static str) {
+        debug_assert!(SELF_ALERT_FIGURES.contains(&figure), "{figure}");
         self.self_alert_check_failures
             .get_or_create(&CheckLabels { figure })
             .inc();
@@ -934,6 +943,14 @@ mod tests {
                 "outbox_self_alert_heartbeats_total{result=\"failed\"}"
             ),
             Some(0.0)
+        );
+        assert_eq!(
+            sample(
+                &text,
+                "outbox_self_alert_check_failures_total{figure=\"queue\"}"
+            ),
+            Some(0.0),
+            "a rule sees the first failed check"
         );
         let email = NotificationType::Email;
         for _ in 0..3 {

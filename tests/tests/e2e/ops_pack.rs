@@ -12,12 +12,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use central_outbox::config::SelfAlertsConfig;
 use metrics_endpoint::sample;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use serde_json::Value;
 
 use crate::harness::{
-    Central, Process, binary, central_config, channel, eventually, free_addr, send_request,
+    Central, LIST, Process, binary, central_config, channel, eventually, free_addr, send_request,
     smtp_sink, wait_until_serving,
 };
 
@@ -559,6 +560,11 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
     let mut config = central_config(dir.path(), Some(sink.addr()));
     let central_metrics = free_addr().await;
     config.metrics_listen = Some(central_metrics);
+    // Self-alerts on (to the test's own list), so their series are exported too.
+    config.self_alerts = Some(SelfAlertsConfig {
+        email_list: Some(LIST.into()),
+        ..SelfAlertsConfig::default()
+    });
     let central = Central::start(config).await;
 
     let site_addr = free_addr().await;
