@@ -158,7 +158,7 @@ async fn mssql_a_changed_procedure_file_is_created_again_at_the_next_start() {
         &options,
         &[
             "DROP TABLE dbo.SchemaProcedures",
-            "DELETE FROM dbo.SchemaMigrations WHERE Version = 11",
+            "DELETE FROM dbo.SchemaMigrations WHERE Version >= 11",
         ],
     )
     .await;

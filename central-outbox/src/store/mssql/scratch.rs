@@ -16,8 +16,9 @@ use crate::store::{Result, StoreError};
 /// Attempts at creating a database before giving up.
 const CREATE_ATTEMPTS: u32 = 4;
 /// Plain drops tried, [`PLAIN_DROP_PAUSE`] apart: longer than a connection's warm-up on
-/// Babelfish (about 5 s on a busy machine), which a pool dropped meanwhile waits for.
-const PLAIN_DROP_ATTEMPTS: u32 = 10;
+/// Babelfish (about 5 s on a busy machine, and more than 10 s with builds beside it), which a
+/// pool dropped meanwhile waits for. Babelfish has no other way to drop a database still in use.
+const PLAIN_DROP_ATTEMPTS: u32 = 60;
 const PLAIN_DROP_PAUSE: Duration = Duration::from_secs(1);
 
 /// Held while a database is created or dropped: catalog changes one at a time.
