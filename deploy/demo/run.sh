@@ -51,7 +51,12 @@ done
 echo "== mail received by the SMTP sink"
 cat "$var/smtp-sink.log"
 
-echo "== look around"
+if [ "${DEMO_KEEP:-0}" = 1 ]; then
+  echo "== look around"
+else
+  echo "== look around with \`make demo-up\`: this run stops the services now, so these addresses"
+  echo "   stop answering; \`make demo-up\` runs the same demo and keeps them up until Ctrl-C"
+fi
 echo "  console:  http://127.0.0.1:50065/  (open: the demo runs with [auth] mode = \"none\")"
 echo "  outboxctl: $bin/outboxctl --addr http://127.0.0.1:50061 kpis"
 echo "             $bin/outboxctl --addr http://127.0.0.1:50061 list --status delivered"

@@ -21,7 +21,7 @@
 //! [`verify_signature`] checks an `X-Outbox-Signature: t=<unix seconds>,v1=<hex>`
 //! header (HMAC-SHA256 of `<t>.<id>.<raw body>` with the list secret, the id
 //! being the `Idempotency-Key`) independently of the sender's code, the way the
-//! README tells receivers to: constant-time compare, and refuse a time more than
+//! docs/delivery.md tells receivers to: constant-time compare, and refuse a time more than
 //! [`SIGNATURE_TOLERANCE`] away. [`ReplayGuard`] adds the last step, acting on
 //! each id once.
 
@@ -47,7 +47,7 @@ pub const SIGNATURE_HEADER: &str = "x-outbox-signature";
 /// The header carrying the NotificationId, so a receiver can drop duplicates.
 pub const IDEMPOTENCY_HEADER: &str = "idempotency-key";
 /// How far a signature's time may be from the receiver's clock, either way, as
-/// the README's recipe says: long enough for clock skew and a slow network,
+/// the recipe in docs/delivery.md says: long enough for clock skew and a slow network,
 /// short enough that a captured request is soon useless.
 pub const SIGNATURE_TOLERANCE: Duration = Duration::from_secs(5 * 60);
 /// A delay long enough to outlast any client timeout in the tests; see [`Reply::hang`].
@@ -455,7 +455,7 @@ pub fn sign(secret: &[u8], timestamp: i64, id: &str, body: &[u8]) -> String {
     format!("t={timestamp},v1={hex}")
 }
 
-/// The README's recipe: split `header_value` into `t` and `v1` (surrounding
+/// The recipe in docs/delivery.md: split `header_value` into `t` and `v1` (surrounding
 /// whitespace ignored, hex in either case), recompute the HMAC-SHA256 of
 /// `"<t>.<id>.<body>"` under `secret`, compare in constant time, then refuse a
 /// `t` more than [`SIGNATURE_TOLERANCE`] from `now` (Unix seconds). Returns `t`.

@@ -814,7 +814,8 @@ async fn outboxctl_and_grpcurl_set_and_show_a_lists_consolidation() {
     let plain = outboxctl(addr, &args).await.json();
     assert_eq!(plain["consolidation"], Value::Null);
 
-    // The README's grpcurl form (proto field names; grpcurl answers in lowerCamelCase).
+    // The grpcurl form docs/operations.md shows (proto field names; grpcurl answers in
+    // lowerCamelCase).
     let upserted = run(
         &grpcurl_path(),
         &[

@@ -615,7 +615,7 @@ async fn a_2xx_webhook_delivers_a_signed_generic_document_with_an_idempotency_ke
     assert_eq!(request.idempotency_key(), Some(id.as_str()));
     assert_eq!(request.header("content-type"), Some("application/json"));
     // X-Outbox-Signature: t=<unix seconds>,v1=<HMAC of "<t>.<id>.<body>">, checked as the
-    // README tells receivers to.
+    // docs/delivery.md tells receivers to.
     let signature = request.header("x-outbox-signature").unwrap();
     let now = unix_now();
     let signed_at = verify_signature(HOOK_SECRET.as_bytes(), &id, &request.body, signature, now)

@@ -9,9 +9,10 @@
 //! with the admin API's message, and nothing changes. Then the site's forwarder stops and the
 //! dashboard, refreshing by itself, shows the site offline.
 //!
-//! Every step that shows something worth seeing saves a screenshot into `docs/console/` (the
-//! README shows them), so a run of the suite keeps them current. Markup is the console's
-//! contract: ids, classes and data attributes, never layout or wording beyond what it names.
+//! Every step that shows something worth seeing saves a screenshot into `docs/console/`
+//! (docs/operations.md shows them), so a run of the suite keeps them current. Markup is the
+//! console's contract: ids, classes and data attributes, never layout or wording beyond what it
+//! names.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -241,11 +241,11 @@ fn site_with_faults(
     )
 }
 
-/// Supervision at the site (README, "Supervised tasks"): the node's task (the forwarder and the
-/// pair's roles) fails at its first two starts (injected); the supervisor restarts it, and a
-/// Send still reaches central and is delivered. A node whose task fails at every start takes
-/// itself out of service and exits non-zero, for its service manager (or its pair's standby)
-/// to take over, instead of taking Sends it would never forward.
+/// Supervision at the site (docs/guarantees.md, "Supervised tasks"): the node's task (the forwarder
+/// and the pair's roles) fails at its first two starts (injected); the supervisor restarts it, and
+/// a Send still reaches central and is delivered. A node whose task fails at every start takes
+/// itself out of service and exits non-zero, for its service manager (or its pair's standby) to
+/// take over, instead of taking Sends it would never forward.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_site_task_is_restarted_and_one_that_keeps_failing_stops_the_node() {
     let dir = tempfile::tempdir().unwrap();

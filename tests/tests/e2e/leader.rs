@@ -1,7 +1,7 @@
-//! The dispatcher lease across real central-outbox processes that share one database (README.md,
-//! "Several central replicas"): only the lease holder dispatches; when it dies, stalls or shuts
-//! down another replica takes over; and a deposed holder can never record an outcome over its
-//! successor's.
+//! The dispatcher lease across real central-outbox processes that share one database
+//! (docs/guarantees.md, "Several central replicas"): only the lease holder dispatches; when it
+//! dies, stalls or shuts down another replica takes over; and a deposed holder can never record an
+//! outcome over its successor's.
 //!
 //! Who dispatched is checked two ways. From the data: every attempt row carries the LeaseEpoch
 //! its claim was made under, and since a claim needs its epoch's lease unexpired while a new epoch
@@ -1032,8 +1032,8 @@ async fn deposed_leader_outcomes_are_refused_by_the_database() {
     drop(new);
 }
 
-/// Supervision (README, "Supervised tasks"): the email channel's loop fails at its first two
-/// starts (injected, `test_faults`); the supervisor restarts it, counts each restart on
+/// Supervision (docs/guarantees.md, "Supervised tasks"): the email channel's loop fails at its
+/// first two starts (injected, `test_faults`); the supervisor restarts it, counts each restart on
 /// `/metrics`, and the node keeps the lease and delivers everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_channel_loop_is_restarted_and_delivers() {

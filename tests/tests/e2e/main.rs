@@ -20,6 +20,7 @@ mod consolidation;
 mod crash;
 mod delivery;
 mod disk_full;
+mod docs;
 mod forwarding;
 mod ingest;
 mod leader;

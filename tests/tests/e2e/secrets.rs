@@ -42,8 +42,8 @@ const HOOK_SECRET_FILE: &str = "webhook-secret-from-the-file-5Tz1";
 const HOOK_SECRET_API: &str = "webhook-secret-from-the-admin-api-2Vb6";
 const HOOK_SECRET_LEGACY: &str = "webhook-secret-left-in-clear-8Hn4";
 
-/// A key's id as the README says to compute it: the first 4 bytes of the SHA-256 of the key, in
-/// hex.
+/// A key's id as docs/security.md says to compute it: the first 4 bytes of the SHA-256 of the key,
+/// in hex.
 fn key_id(key: &str) -> String {
     let digest = Sha256::digest(BASE64.decode(key).unwrap());
     digest[..4].iter().map(|b| format!("{b:02x}")).collect()

@@ -6,7 +6,7 @@
 //! running for the whole run, through the admin API over a real gRPC socket, and the same value,
 //! written into a config file, through the config loader.
 //!
-//! Each draw is judged by the test's own model of the bounds the README states (Limits): the
+//! Each draw is judged by the test's own model of the bounds docs/configuration.md states: the
 //! fields out of bounds. Out of bounds, the answer must be INVALID_ARGUMENT whose message starts
 //! with one of those fields (the config loader: an error naming one of those keys), and nothing
 //! may change. Within bounds, the setting must be stored exactly as the model normalises it
@@ -56,8 +56,9 @@ const HOOK_LIST: &str = "prop-hook";
 /// The key `central_config` configures, for the config files the loader reads.
 const SECRETS_KEY: &str = "b3V0Ym94LXRlc3Qtc2VjcmV0cy1rZXktMzItYnl0ZXM=";
 
-// The bounds as the README's Limits states them: the model's own copy, so a bound changed in the
-// code without the README (or the other way round) fails here.
+// The bounds as docs/configuration.md ("What a channel setting may hold") states them: the
+// model's own copy, so a bound changed in the code without the docs (or the other way round) fails
+// here.
 const MIN_RATE: f64 = 0.001;
 const MAX_RATE: f64 = 100_000.0;
 const MAX_BURST: u32 = 100_000;
@@ -71,7 +72,7 @@ const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(12 * 3600);
 const MAX_PER_DIGEST: u32 = 500;
 const MAX_TARGETS: usize = 1000;
-// The defaults an unset field takes (README, Operations).
+// The defaults an unset field takes (docs/configuration.md, "the database wins").
 const DEFAULT_RETRIES: u32 = 10;
 const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(60);
 const DEFAULT_MAX_RETRY_DELAY: Duration = Duration::from_secs(3600);
