@@ -47,8 +47,8 @@ pub struct Cli {
     /// name or the client certificate's CN. Defaults to $USER.
     #[arg(long, env = "USER", global = true)]
     pub actor: Option<String>,
-    /// File holding the bearer token central knows this operator by (see README, "Operator
-    /// roles"). OUTBOX_TOKEN may hold the token itself instead.
+    /// File holding the bearer token central knows this operator by (see docs/security.md,
+    /// "Operator roles"). OUTBOX_TOKEN may hold the token itself instead.
     #[arg(long, env = "OUTBOX_TOKEN_FILE", value_name = "PATH", global = true)]
     pub token_file: Option<PathBuf>,
     /// CA certificate (PEM) that central's TLS certificate must chain to; implies https.

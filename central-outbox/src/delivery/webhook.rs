@@ -11,7 +11,7 @@
 //! `X-Outbox-Signature: t=<unix seconds>,v1=<hex>`, where the hex is the HMAC-SHA256 of
 //! `<t>.<NotificationId>.<body bytes>` under the secret. A receiver checks origin and integrity
 //! of the body, the id and the time together: it rejects a signature older than its tolerance
-//! (the README says 5 minutes) and drops repeats of an id it has seen, so a captured request
+//! (docs/delivery.md says 5 minutes) and drops repeats of an id it has seen, so a captured request
 //! cannot be replayed later. Each attempt signs afresh, so a retry carries a current time.
 //!
 //! Classification per endpoint: 2xx delivered; 408, 429, 5xx, connect errors and

@@ -120,7 +120,7 @@ pub const STREAM_MEMORY_BOUND: usize = 2 * MAX_GRPC_MESSAGE_BYTES
     + (ACK_BUFFER + MAX_STREAM_BATCH) * MAX_ACK_WEIGHT
     + HTTP2_SEND_BUFFER_BYTES;
 
-// The bound the README and deploy/central-outbox.toml state (16 MiB a stream, four times
+// The bound docs/limits.md and deploy/central-outbox.toml state (16 MiB a stream, four times
 // MAX_GRPC_MESSAGE_BYTES) holds for the constants above: raising one past it fails the build.
 const _: () = assert!(STREAM_MEMORY_BOUND <= 4 * MAX_GRPC_MESSAGE_BYTES);
 

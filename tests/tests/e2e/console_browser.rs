@@ -9,8 +9,9 @@
 //! with the admin API's message, and nothing changes. Then the site's forwarder stops and the
 //! dashboard, refreshing by itself, shows the site offline.
 //!
-//! Every step that shows something worth seeing saves a screenshot into `docs/console/`
-//! (docs/operations.md shows them), so a run of the suite keeps them current. Markup is the
+//! Every step that shows something worth seeing saves a screenshot: into `docs/console/`
+//! (docs/operations.md shows them) when `UPDATE_SCREENSHOTS=1`, else into the build's
+//! `target/console-screenshots/`, so a plain `make test` leaves the checkout as it was. Markup is the
 //! console's contract: ids, classes and data attributes, never layout or wording beyond what it
 //! names.
 
@@ -37,12 +38,17 @@ const VIEWER_TOKEN: &str = "viewer-token-c04f2a86";
 /// Short, so the site turns offline on the page quickly; far longer than the report interval.
 const OFFLINE_AFTER: Duration = Duration::from_secs(3);
 
-/// Where the screenshots go: `docs/console/` of the workspace.
+/// Where the screenshots go: `docs/console/` of the workspace with `UPDATE_SCREENSHOTS=1`,
+/// else `console-screenshots/` beside the test binary's build output.
 fn screenshot_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .join("docs/console")
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    if std::env::var_os("UPDATE_SCREENSHOTS").is_some_and(|v| v == "1") {
+        return workspace.join("docs/console");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace.join("target"));
+    target.join("console-screenshots")
 }
 
 fn token(name: &str, role: Role, secret: &str) -> TokenConfig {
@@ -127,6 +133,7 @@ async fn an_operator_retries_a_parked_notification_a_viewer_may_not_and_a_site_g
 async fn run() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let shots = screenshot_dir();
+    std::fs::create_dir_all(&shots)?;
     let sink = smtp_sink().await;
     let mut config = central_config(dir.path(), Some(sink.addr()));
     config.site_offline_after = OFFLINE_AFTER;

@@ -1,5 +1,5 @@
 //! The MS SQL Server backend of [`OutboxStore`](super::OutboxStore): the production central
-//! store, shared by every central replica (README.md, "MS SQL Server"). Also meant to run
+//! store, shared by every central replica (docs/mssql.md). Also meant to run
 //! unchanged on Babelfish for PostgreSQL.
 //!
 //! Each store operation is one T-SQL batch (see [`sql`]) on a pooled connection: one round trip,
