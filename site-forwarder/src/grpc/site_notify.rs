@@ -22,7 +22,7 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Response, Status};
 
 use super::{buffer_status, convert, invalid_argument};
-use crate::buffer::Buffer;
+use crate::buffer::{Intake, StatusReader};
 use crate::domain::Role;
 use crate::domain::{ConditionKey, LocalStatus, NotificationId, SiteId};
 use crate::forwarder::ForwardState;
@@ -103,7 +103,10 @@ impl CentralStatus {
 
 pub struct SiteNotifyService {
     site: SiteId,
-    buffer: Buffer,
+    /// Sends and clears go in here.
+    intake: Intake,
+    /// GetStatus and GetBufferStats read here.
+    buffer: StatusReader,
     forwarding: Arc<ForwardState>,
     central: CentralStatus,
     metrics: Arc<SiteMetrics>,
@@ -113,7 +116,8 @@ pub struct SiteNotifyService {
 impl SiteNotifyService {
     pub fn new(
         site: SiteId,
-        buffer: Buffer,
+        intake: Intake,
+        buffer: StatusReader,
         forwarding: Arc<ForwardState>,
         central: CentralStatus,
         metrics: Arc<SiteMetrics>,
@@ -121,6 +125,7 @@ impl SiteNotifyService {
     ) -> Self {
         Self {
             site,
+            intake,
             buffer,
             forwarding,
             central,
@@ -141,7 +146,7 @@ impl SiteNotify for SiteNotifyService {
         let id = notification.id;
         // Held until the row is committed: a standby refuses, and a step-down waits for it.
         let _active = self.pair.while_active().await?;
-        self.buffer
+        self.intake
             .enqueue(notification)
             .await
             .map_err(buffer_status)?;
@@ -217,7 +222,7 @@ impl SiteNotify for SiteNotifyService {
         // central, and a step-down waits for this one before handing the buffer over.
         let _active = self.pair.while_active().await?;
         let cleared = self
-            .buffer
+            .intake
             .clear_condition(&self.site, key, Utc::now())
             .await
             .map_err(buffer_status)?;

@@ -33,12 +33,21 @@ use tonic::{Request, Response, Status, Streaming};
 use super::buffer_status;
 use super::convert::{clear_from_proto, node_view_to_proto};
 use crate::RunError;
-use crate::buffer::Buffer;
+use crate::buffer::{Adoption, Replication};
 use crate::config::{Config, PairConfig};
 use crate::domain::{Role, Seq, SiteId};
 use crate::link::peer_endpoint;
 use crate::pair::source::{self, Hello, StreamTiming, WINDOW};
 use crate::pair::{MAX_PENDING_CLEARS, Pair};
+
+/// The buffer's capabilities the pair endpoint serves from.
+#[derive(Debug)]
+pub struct PairBuffer {
+    /// What a standby's stream copies.
+    pub feed: Replication,
+    /// Where a former active's rows are stored.
+    pub adoption: Adoption,
+}
 
 /// The pair endpoint of a node: its listener is bound at start-up (so a busy port stops
 /// start-up), served by [`PairEndpoint::serve`] until the stop token.
@@ -58,7 +67,7 @@ impl PairEndpoint {
         config: &Config,
         pair_config: &PairConfig,
         site: SiteId,
-        buffer: Buffer,
+        buffer: PairBuffer,
         pair: Arc<Pair>,
         stop: CancellationToken,
     ) -> Result<Self, RunError> {
@@ -82,7 +91,8 @@ impl PairEndpoint {
         );
         let service = SitePairService {
             site,
-            buffer,
+            feed: buffer.feed,
+            adoption: buffer.adoption,
             pair,
             tls: tls.is_some(),
             hello_timeout: config.request_timeout,
@@ -127,7 +137,10 @@ impl PairEndpoint {
 
 pub struct SitePairService {
     site: SiteId,
-    buffer: Buffer,
+    /// What a standby's stream copies.
+    feed: Replication,
+    /// Where a former active's rows are stored.
+    adoption: Adoption,
     pair: Arc<Pair>,
     /// Whether the link is TLS, so callers must present this site's certificate.
     tls: bool,
@@ -200,7 +213,7 @@ impl SitePair for SitePairService {
         };
         let (out, batches) = mpsc::channel(WINDOW);
         tokio::spawn(source::stream_to_standby(
-            self.buffer.clone(),
+            self.feed.clone(),
             Arc::clone(&self.pair),
             hello,
             inbound,
@@ -243,7 +256,7 @@ impl SitePair for SitePairService {
         // that is already handing its own buffer over.
         let _active = self.pair.while_active().await?;
         let adopted = self
-            .buffer
+            .adoption
             .adopt(rows, clears)
             .await
             .map_err(buffer_status)?;

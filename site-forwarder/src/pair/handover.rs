@@ -23,7 +23,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::source::BATCH_BYTES;
 use super::{MAX_PENDING_CLEARS, Pair};
-use crate::buffer::{Buffer, BufferError};
+use crate::buffer::{BufferError, Handover};
 use crate::domain::{NodeView, Role, Seq};
 use crate::grpc::convert;
 use crate::link::error_chain;
@@ -50,7 +50,7 @@ pub enum HandoverError {
 /// Gives every buffered row to the active at `endpoint`, then empties the buffer and records
 /// this node as a standby with nothing copied. Returns how many rows the active adopted.
 pub async fn hand_over(
-    buffer: &Buffer,
+    buffer: &Handover,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
     timeout: Duration,
@@ -78,7 +78,7 @@ pub async fn hand_over(
                 .iter()
                 .map(|(seq, _, problem)| (*seq, format!("invalid in the site buffer: {problem}")))
                 .collect();
-            buffer.settle(Vec::new(), rejected).await?;
+            buffer.set_aside(rejected).await?;
         }
         let mut chunk: Vec<NotificationSubmit> = Vec::new();
         let mut bytes = 0;

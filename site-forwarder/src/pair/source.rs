@@ -59,7 +59,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
 use super::{MAX_PENDING_CLEARS, Pair};
-use crate::buffer::{Buffer, RecentReader, RetainedSpan, RowChange};
+use crate::buffer::{RecentReader, Replication, RetainedSpan, RowChange};
 use crate::domain::{BufferedNotification, PendingClears, Role, Seq};
 use crate::grpc::convert;
 
@@ -92,7 +92,7 @@ pub struct Hello {
 /// Streams the buffer to one standby until it goes away, this node stops being active, the
 /// stream breaks, or `stop` (shutdown). `out` is the response stream.
 pub async fn stream_to_standby(
-    buffer: Buffer,
+    buffer: Replication,
     pair: Arc<Pair>,
     hello: Hello,
     mut inbound: Streaming<ReplicaMessage>,
@@ -138,7 +138,7 @@ struct Unconfirmed {
 }
 
 struct Session {
-    buffer: Buffer,
+    buffer: Replication,
     pair: Arc<Pair>,
     hello: Hello,
     timing: StreamTiming,
@@ -163,7 +163,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, timing: StreamTiming) -> Self {
+    fn new(buffer: Replication, pair: Arc<Pair>, hello: Hello, timing: StreamTiming) -> Self {
         Self {
             pair,
             hello,
