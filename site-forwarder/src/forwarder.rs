@@ -55,9 +55,9 @@ use crate::buffer::{BufferError, Clears, Forwarding, Page};
 use crate::clears::ClearSender;
 use crate::config::Config;
 use crate::domain::{ForwardSnapshot, NotificationId, Seq};
-use crate::grpc::convert;
 use crate::link::{LinkError, central_endpoint, error_chain};
 use crate::metrics::SiteMetrics;
+use crate::wire;
 
 /// Rows read from the buffer per refill query. Small enough that one read holds little memory
 /// (rows can be up to ~280 KiB each), large enough that refilling a whole window takes a few
@@ -445,7 +445,7 @@ impl Forwarder {
                     return Ok(());
                 }
                 submits
-                    .send(convert::submit(&notification))
+                    .send(wire::submit(&notification))
                     .await
                     .map_err(|_| ForwardError::Closed)?;
                 window.sent(notification.id, seq);

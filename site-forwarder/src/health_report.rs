@@ -138,7 +138,7 @@ impl HealthReporter {
         Ok(SiteHealthReport {
             site_id: self.site.as_str().to_owned(),
             node_name: pair.node_name,
-            role: crate::grpc::convert::role_to_proto(pair.role).into(),
+            role: crate::wire::role_to_proto(pair.role).into(),
             buffer_depth: stats.depth,
             oldest_buffered_age_seconds: stats.oldest_age_seconds(Utc::now()),
             last_forward_at: forwarding.last_forward_at.map(to_timestamp),

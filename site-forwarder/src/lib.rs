@@ -24,6 +24,7 @@ pub mod domain;
 pub mod tls;
 
 mod buffer;
+mod central_status;
 mod clears;
 mod forwarder;
 mod grpc;
@@ -31,6 +32,7 @@ mod health_report;
 mod link;
 mod metrics;
 mod pair;
+mod wire;
 
 /// The version this node reports to central in its health reports.
 pub use health_report::VERSION;
@@ -50,10 +52,11 @@ use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::buffer::{Buffer, BufferError, RoomKeeper};
+use crate::central_status::CentralStatus;
 use crate::config::Config;
 use crate::domain::SiteId;
 use crate::forwarder::ForwardState;
-use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
+use crate::grpc::site_notify::SiteNotifyService;
 use crate::grpc::site_pair::{PairBuffer, PairEndpoint};
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
@@ -95,6 +98,13 @@ pub enum RunError {
 /// A link's endpoint cannot be built: its setting (named in the message) is wrong.
 impl From<link::LinkError> for RunError {
     fn from(e: link::LinkError) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
+/// The pair endpoint cannot be set up: its setting (named in the message) is wrong.
+impl From<grpc::site_pair::EndpointError> for RunError {
+    fn from(e: grpc::site_pair::EndpointError) -> Self {
         Self::Config(e.to_string())
     }
 }

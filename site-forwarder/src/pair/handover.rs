@@ -25,8 +25,8 @@ use super::source::BATCH_BYTES;
 use super::{MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, Handover};
 use crate::domain::{NodeView, Role, Seq};
-use crate::grpc::convert;
 use crate::link::error_chain;
+use crate::wire;
 
 /// Rows read per query during a hand-over.
 const PAGE_ROWS: usize = 256;
@@ -83,7 +83,7 @@ pub async fn hand_over(
         let mut chunk: Vec<NotificationSubmit> = Vec::new();
         let mut bytes = 0;
         for (_, row) in &page.rows {
-            let submit = convert::submit(row);
+            let submit = wire::submit(row);
             bytes += submit.encoded_len();
             chunk.push(submit);
             if bytes >= BATCH_BYTES {
@@ -111,7 +111,7 @@ pub async fn hand_over(
         .iter()
         .map(|c| c.condition_key.as_str().to_owned())
         .collect();
-    let listed: Vec<v1::PendingClear> = clears.iter().map(convert::clear_to_proto).collect();
+    let listed: Vec<v1::PendingClear> = clears.iter().map(wire::clear_to_proto).collect();
     for part in listed.chunks(MAX_PENDING_CLEARS) {
         adopt(
             &mut client,
@@ -154,7 +154,7 @@ async fn role_of(
         .map_err(|_| HandoverError::Timeout(timeout))?
         .map_err(HandoverError::Refused)?
         .into_inner();
-    convert::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
+    wire::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
 }
 
 async fn adopt(

@@ -201,7 +201,7 @@ impl Node {
                 .await
                 .ok()?
                 .into_inner();
-            crate::grpc::convert::node_view_from_proto(view)
+            crate::wire::node_view_from_proto(view)
         };
         let peer = tokio::time::timeout(pair.failover_timeout, ask)
             .await

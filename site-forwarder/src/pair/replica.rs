@@ -31,8 +31,8 @@ use super::source::{WINDOW, span_from_proto};
 use super::{MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, PairRecord, Replica, ReplicaChanges, Roles};
 use crate::domain::{Role, Seq};
-use crate::grpc::convert::{clear_from_proto, node_view_from_proto};
 use crate::link::error_chain;
+use crate::wire::{clear_from_proto, node_view_from_proto};
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
 #[derive(Debug, thiserror::Error)]
