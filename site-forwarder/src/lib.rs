@@ -6,13 +6,16 @@
 //! with `run_with`, on pair and metrics listeners they bound themselves); `main.rs` only parses the command line,
 //! sets up tracing and calls it (or the client commands in [`cli`]).
 //!
-//! Layout: [`domain`] (plain types, no transport or storage), `buffer` (the SQLite buffer),
-//! `forwarder` (the stream to central), `clears` (the central half of `ClearCondition`),
-//! `health_report` (this node's health, reported to central every few seconds),
-//! `pair` (an active/standby pair: roles, replication,
-//! failover), `grpc` (the local API and conversions), `metrics` (Prometheus, served on
-//! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
-//! for the local port), [`config`].
+//! Layout: [`domain`] (plain types, no transport or storage), `wire` (the domain types as the
+//! protocol carries them, for every part that talks to central or the peer), `buffer` (the
+//! SQLite buffer, one handle per capability), `forwarder` (the stream to central), `clears`
+//! (the central half of `ClearCondition`), `health_report` (this node's health, reported to
+//! central every few seconds), `link` and `central_status` (the outgoing links to central and
+//! the peer), `pair` (an active/standby pair: roles, replication, failover), `grpc` (the
+//! services this node serves, their conversions, and the one mapping of its errors to gRPC
+//! statuses), `metrics` (Prometheus, served on `metrics_listen` when set), [`tls`] (TLS to
+//! central and between the pair, the plaintext rule for the local port), [`config`]. Lower
+//! layers never import `grpc`.
 
 // The public surface, each for what outside code uses: `main.rs` (`cli`, `config`, `domain`,
 // `run`) and the `outbox-tests` crate's e2e tests (site configs with `config` and `tls`, the
