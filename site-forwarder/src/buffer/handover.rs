@@ -5,8 +5,8 @@
 //!
 //! Invariants:
 //! - The end of a hand-over deletes the rows and the pending clears handed over and ends
-//!   `holds_own_rows` in one transaction (`super::roles`): a crash before it hands them over
-//!   again, one after it finds an empty standby.
+//!   `holds_own_rows` in one transaction (`super::roles`): a node that crashes before it still
+//!   holds its rows and hands them over again; one that crashes after it is an empty standby.
 //! - An adopted row is stored once: a notification already buffered is skipped, and the held
 //!   copy of a row the former active marked cleared is marked here too.
 //! - The pending clears handed over are recorded after the rows (how: `super::pending_clears`).

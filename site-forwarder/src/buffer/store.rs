@@ -61,12 +61,12 @@ impl Store {
         options.durability = Durability::Full;
         options.readers = READERS;
         let mut head = Seq::START;
-        let mut pending_clears = PendingClears::default();
+        let mut clears = PendingClears::default();
         let mut pages = room::Pages::default();
         let db = Database::open(&options, |conn| {
             schema::migrate(conn)?;
             head = rows::select_head(conn)?;
-            pending_clears = pending_clears::select_pending(conn, pending_clears::Invalid::Report)?;
+            clears = pending_clears::select_pending(conn, pending_clears::Invalid::Report)?;
             schema::keep_job_journals_in_memory(conn)?;
             pages = room::Pages::read(conn)?;
             Ok(())
@@ -75,7 +75,7 @@ impl Store {
             room: room::Room::new(path, limits, pages),
             stop,
             db,
-            announce: Arc::new(Announcements::new(head, pending_clears)),
+            announce: Arc::new(Announcements::new(head, clears)),
         })
     }
 
