@@ -311,7 +311,7 @@ pub(crate) async fn run_with(
         node::NodeBuffer {
             forwarding: buffer.forwarding(),
             clears: buffer.clears(),
-            commits: buffer.replication(),
+            commits: buffer.commits(),
             roles: buffer.roles(),
             handover: buffer.handover(),
             replica: buffer.replica(),

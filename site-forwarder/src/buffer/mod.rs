@@ -12,7 +12,8 @@
 //! | [`RoomKeeper`] | check the room every second, follow whether Sends are taken | `lib.rs`'s room task |
 //! | [`Forwarding`] | wake on Sends, read rows with their pending clears, settle acks | `forwarder` |
 //! | [`Clears`] | follow pending clears and leaving rows, forget an applied clear | `clears` |
-//! | [`Replication`] | the active's feed: head, rows, marks, removals, spans, pending clears | `pair::source` (via `grpc::site_pair`), `pair::node` (the head, for the standby lag) |
+//! | [`Replication`] | the active's feed: head, rows, marks, removals, spans, pending clears | `pair::source` (via `grpc::site_pair`) |
+//! | [`Commits`] | follow the newest committed seq | `pair::node` (dates commits for the standby lag) |
 //! | [`Replica`] | apply the active's batches | `pair::replica` |
 //! | [`Roles`] | read and save the node's role record | `pair::node`, `pair::replica` |
 //! | [`Handover`] | read out own rows and clears, end the hand-over | `pair::handover` |
@@ -51,7 +52,7 @@ pub use forwarding::Forwarding;
 pub use handover::{Adoption, Handover};
 pub use intake::Intake;
 pub use replica::{Replica, ReplicaChanges};
-pub use replication::{Replication, RetainedSpan};
+pub use replication::{Commits, Replication, RetainedSpan};
 pub use roles::{PairRecord, Roles};
 pub use room::{RoomStatus, SpaceLimits};
 pub use room_keeper::RoomKeeper;
@@ -109,6 +110,10 @@ impl Buffer {
 
     pub fn replication(&self) -> Replication {
         Replication::new(self.store.clone())
+    }
+
+    pub fn commits(&self) -> Commits {
+        Commits::new(self.store.clone())
     }
 
     pub fn replica(&self) -> Replica {

@@ -51,6 +51,24 @@ impl RetainedSpan {
     }
 }
 
+/// The newest committed seq alone, for the node's standby lag (`crate::pair::node` dates each
+/// commit while active); it reads nothing else of the buffer.
+#[derive(Clone, Debug)]
+pub struct Commits {
+    store: Store,
+}
+
+impl Commits {
+    pub(super) fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// The newest seq ever committed to `buffered` (rows since deleted included).
+    pub fn head(&self) -> watch::Receiver<Seq> {
+        self.store.announce.head.subscribe()
+    }
+}
+
 /// The active's feed for its standby's stream.
 #[derive(Clone, Debug)]
 pub struct Replication {

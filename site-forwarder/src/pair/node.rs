@@ -25,8 +25,7 @@ use tonic::transport::Endpoint;
 
 use super::{NodeView, Pair, Role, RoleState, handover, replica};
 use crate::buffer::{
-    BufferError, Clears, Forwarding, Handover, PairRecord, Replica, Replication, Roles,
-    StatusReader,
+    BufferError, Clears, Commits, Forwarding, Handover, PairRecord, Replica, Roles, StatusReader,
 };
 use crate::config::{Config, PairConfig};
 use crate::forwarder::{ForwardState, Forwarder};
@@ -75,7 +74,7 @@ pub struct NodeBuffer {
     pub forwarding: Forwarding,
     pub clears: Clears,
     /// The active's commits, dated for the standby lag.
-    pub commits: Replication,
+    pub commits: Commits,
     /// The role record, written before every role is used.
     pub roles: Roles,
     /// The standby's: handing its own rows over, then copying the active.
