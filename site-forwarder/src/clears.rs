@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
-use crate::buffer::{Buffer, BufferError};
+use crate::buffer::{BufferError, Clears};
 use crate::config::Config;
 use crate::domain::{PendingClear, PendingClears};
 use crate::link::error_chain;
@@ -47,7 +47,7 @@ pub enum ClearError {
 /// Sends the pending clears to central's `NotificationIngest.ClearCondition`.
 #[derive(Debug)]
 pub struct ClearSender {
-    buffer: Buffer,
+    buffer: Clears,
     /// Lazily connected: tonic reconnects it as needed, on the endpoint the forwarder uses.
     central: NotificationIngestClient<Channel>,
     central_url: String,
@@ -58,7 +58,7 @@ pub struct ClearSender {
 }
 
 impl ClearSender {
-    pub fn new(buffer: Buffer, endpoint: &Endpoint, config: &Config) -> Self {
+    pub fn new(buffer: Clears, endpoint: &Endpoint, config: &Config) -> Self {
         Self {
             buffer,
             central: NotificationIngestClient::new(endpoint.connect_lazy()),

@@ -51,13 +51,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Endpoint;
 
-use crate::buffer::{Buffer, BufferError, Page};
+use crate::buffer::{BufferError, Clears, Forwarding, Page};
 use crate::clears::ClearSender;
 use crate::config::Config;
 use crate::domain::{ForwardSnapshot, NotificationId, Seq};
-use crate::grpc::convert;
 use crate::link::{LinkError, central_endpoint, error_chain};
 use crate::metrics::SiteMetrics;
+use crate::wire;
 
 /// Rows read from the buffer per refill query. Small enough that one read holds little memory
 /// (rows can be up to ~280 KiB each), large enough that refilling a whole window takes a few
@@ -231,7 +231,7 @@ impl ForwardWindow {
 /// The forwarding task. Build with [`Forwarder::new`], run with [`Forwarder::run`].
 #[derive(Debug)]
 pub struct Forwarder {
-    buffer: Buffer,
+    buffer: Forwarding,
     endpoint: Endpoint,
     central_url: String,
     retry_interval: Duration,
@@ -256,14 +256,15 @@ pub struct Settlement {
 
 impl Forwarder {
     pub fn new(
-        buffer: Buffer,
+        buffer: Forwarding,
+        clears: Clears,
         config: &Config,
         state: Arc<ForwardState>,
         metrics: Arc<SiteMetrics>,
     ) -> Result<Self> {
         let endpoint = central_endpoint(config)?;
         Ok(Self {
-            clears: ClearSender::new(buffer.clone(), &endpoint, config),
+            clears: ClearSender::new(clears, &endpoint, config),
             buffer,
             endpoint,
             central_url: config.central_url.clone(),
@@ -444,7 +445,7 @@ impl Forwarder {
                     return Ok(());
                 }
                 submits
-                    .send(convert::submit(&notification))
+                    .send(wire::submit(&notification))
                     .await
                     .map_err(|_| ForwardError::Closed)?;
                 window.sent(notification.id, seq);

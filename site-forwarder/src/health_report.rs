@@ -23,7 +23,7 @@ use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use crate::buffer::Buffer;
+use crate::buffer::StatusReader;
 use crate::domain::Role;
 use crate::domain::SiteId;
 use crate::forwarder::ForwardState;
@@ -37,7 +37,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub struct HealthReporter {
     client: NotificationIngestClient<Channel>,
     site: SiteId,
-    buffer: Buffer,
+    buffer: StatusReader,
     forwarding: Arc<ForwardState>,
     pair: Arc<Pair>,
     interval: Duration,
@@ -48,7 +48,7 @@ impl HealthReporter {
     pub fn new(
         channel: Channel,
         site: SiteId,
-        buffer: Buffer,
+        buffer: StatusReader,
         forwarding: Arc<ForwardState>,
         pair: Arc<Pair>,
         interval: Duration,
@@ -138,7 +138,7 @@ impl HealthReporter {
         Ok(SiteHealthReport {
             site_id: self.site.as_str().to_owned(),
             node_name: pair.node_name,
-            role: crate::grpc::convert::role_to_proto(pair.role).into(),
+            role: crate::wire::role_to_proto(pair.role).into(),
             buffer_depth: stats.depth,
             oldest_buffered_age_seconds: stats.oldest_age_seconds(Utc::now()),
             last_forward_at: forwarding.last_forward_at.map(to_timestamp),

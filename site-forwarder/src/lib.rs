@@ -6,13 +6,16 @@
 //! with `run_with`, on pair and metrics listeners they bound themselves); `main.rs` only parses the command line,
 //! sets up tracing and calls it (or the client commands in [`cli`]).
 //!
-//! Layout: [`domain`] (plain types, no transport or storage), `buffer` (the SQLite buffer),
-//! `forwarder` (the stream to central), `clears` (the central half of `ClearCondition`),
-//! `health_report` (this node's health, reported to central every few seconds),
-//! `pair` (an active/standby pair: roles, replication,
-//! failover), `grpc` (the local API and conversions), `metrics` (Prometheus, served on
-//! `metrics_listen` when set), [`tls`] (TLS to central and between the pair, the plaintext rule
-//! for the local port), [`config`].
+//! Layout: [`domain`] (plain types, no transport or storage), `wire` (the domain types as the
+//! protocol carries them, for every part that talks to central or the peer), `buffer` (the
+//! SQLite buffer, one handle per capability), `forwarder` (the stream to central), `clears`
+//! (the central half of `ClearCondition`), `health_report` (this node's health, reported to
+//! central every few seconds), `link` and `central_status` (the outgoing links to central and
+//! the peer), `pair` (an active/standby pair: roles, replication, failover), `grpc` (the
+//! services this node serves, their conversions, and the one mapping of its errors to gRPC
+//! statuses), `metrics` (Prometheus, served on `metrics_listen` when set), [`tls`] (TLS to
+//! central and between the pair, the plaintext rule for the local port), [`config`]. Lower
+//! layers never import `grpc`.
 
 // The public surface, each for what outside code uses: `main.rs` (`cli`, `config`, `domain`,
 // `run`) and the `outbox-tests` crate's e2e tests (site configs with `config` and `tls`, the
@@ -24,6 +27,7 @@ pub mod domain;
 pub mod tls;
 
 mod buffer;
+mod central_status;
 mod clears;
 mod forwarder;
 mod grpc;
@@ -31,6 +35,7 @@ mod health_report;
 mod link;
 mod metrics;
 mod pair;
+mod wire;
 
 /// The version this node reports to central in its health reports.
 pub use health_report::VERSION;
@@ -49,12 +54,13 @@ use tonic::transport::Server;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
-use crate::buffer::{Buffer, BufferError};
+use crate::buffer::{Buffer, BufferError, RoomKeeper};
+use crate::central_status::CentralStatus;
 use crate::config::Config;
 use crate::domain::SiteId;
 use crate::forwarder::ForwardState;
-use crate::grpc::site_notify::{CentralStatus, SiteNotifyService};
-use crate::grpc::site_pair::PairEndpoint;
+use crate::grpc::site_notify::SiteNotifyService;
+use crate::grpc::site_pair::{PairBuffer, PairEndpoint};
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
 use crate::pair::node::{self, Node};
@@ -95,6 +101,13 @@ pub enum RunError {
 /// A link's endpoint cannot be built: its setting (named in the message) is wrong.
 impl From<link::LinkError> for RunError {
     fn from(e: link::LinkError) -> Self {
+        Self::Config(e.to_string())
+    }
+}
+
+/// The pair endpoint cannot be set up: its setting (named in the message) is wrong.
+impl From<grpc::site_pair::EndpointError> for RunError {
+    fn from(e: grpc::site_pair::EndpointError) -> Self {
         Self::Config(e.to_string())
     }
 }
@@ -225,7 +238,7 @@ pub(crate) async fn run_with(
             "forwarding to central in PLAINTEXT over the network; use an https:// central_url"
         );
     }
-    let starting = node::starting_role(&buffer, &config)
+    let starting = node::starting_role(&buffer.roles(), &buffer.status(), &config)
         .await
         .map_err(|source| RunError::Buffer {
             path: config.buffer_path.clone(),
@@ -244,20 +257,21 @@ pub(crate) async fn run_with(
     let reporter = health_report::HealthReporter::new(
         central.channel(),
         site.clone(),
-        buffer.clone(),
+        buffer.status(),
         Arc::clone(&state),
         Arc::clone(&pair),
         config.health_report_interval,
         config.request_timeout,
     );
     let metrics_connections = metrics.metrics_listener();
-    let scraper = Arc::clone(&metrics).scraper(buffer.clone(), {
+    let scraper = Arc::clone(&metrics).scraper(buffer.status(), {
         let (state, pair) = (Arc::clone(&state), Arc::clone(&pair));
         move || (state.snapshot(), pair.status())
     });
     let service = SiteNotifyService::new(
         site.clone(),
-        buffer.clone(),
+        buffer.intake(),
+        buffer.status(),
         state.clone(),
         central,
         metrics.clone(),
@@ -282,29 +296,41 @@ pub(crate) async fn run_with(
             &config,
             pair_config,
             site.clone(),
-            buffer.clone(),
+            PairBuffer {
+                feed: buffer.replication(),
+                adoption: buffer.adoption(),
+            },
             Arc::clone(&pair),
             stop_pair.clone(),
         )?),
         _ => None,
     };
     let peer = pair_endpoint.as_ref().map(PairEndpoint::peer);
-    let buffer_room = buffer.clone();
+    let room_keeper = buffer.room_keeper();
     let node = Node::new(
-        buffer,
+        node::NodeBuffer {
+            forwarding: buffer.forwarding(),
+            clears: buffer.clears(),
+            commits: buffer.commits(),
+            roles: buffer.roles(),
+            handover: buffer.handover(),
+            replica: buffer.replica(),
+        },
         config.clone(),
         Arc::clone(&pair),
         state,
         metrics,
         peer,
     );
+    // Every task has the capabilities it uses; nothing else may reach the whole buffer.
+    drop(buffer);
 
     let (health, health_service) = tonic_health::server::health_reporter();
     let reflection_v1 = reflection().build_v1()?;
     let reflection_v1alpha = reflection().build_v1alpha()?;
     // SiteNotify is SERVING while the buffer takes Sends; the server as a whole ("") stays
     // SERVING, since GetStatus and GetBufferStats still answer (see `follow_room`).
-    let room_watch = buffer_room.watch_room();
+    let room_watch = room_keeper.watch();
     let room_now = room_watch.borrow().clone();
     set_send_health(&health, &room_now, &shutdown).await;
     let stop_room = shutdown.child_token();
@@ -312,7 +338,7 @@ pub(crate) async fn run_with(
         let (health, stop) = (health.clone(), stop_room.clone());
         move || {
             follow_room(
-                buffer_room.clone(),
+                room_keeper.clone(),
                 room_watch.clone(),
                 health.clone(),
                 stop.clone(),
@@ -433,19 +459,19 @@ pub(crate) async fn run_with(
 /// probe then sees that this node cannot take them; the reason is in `GetBufferStats`, the log
 /// and the Send error), SERVING again once it takes them.
 async fn follow_room(
-    buffer: Buffer,
+    keeper: RoomKeeper,
     mut room: tokio::sync::watch::Receiver<buffer::RoomStatus>,
     health: tonic_health::server::HealthReporter,
     stop: CancellationToken,
 ) {
-    let checks = buffer.keep_room_current(stop.clone());
+    let checks = keeper.keep_current(stop.clone());
     tokio::pin!(checks);
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = &mut checks => return,
             changed = room.changed() => {
-                // The buffer lives as long as this task holds a clone of it; never spin.
+                // The room lives as long as this task holds the keeper; never spin.
                 if changed.is_err() {
                     return;
                 }

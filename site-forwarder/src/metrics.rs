@@ -23,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::{Registry, Unit};
 use task_supervisor::SupervisionMetrics;
 
-use crate::buffer::Buffer;
+use crate::buffer::StatusReader;
 use crate::domain::{ForwardSnapshot, PairStatus, Role};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -294,7 +294,7 @@ impl SiteMetrics {
     /// logged); the rest is still current.
     pub async fn render(
         &self,
-        buffer: &Buffer,
+        buffer: &StatusReader,
         figures: impl FnOnce() -> (ForwardSnapshot, PairStatus),
     ) -> String {
         let stats = buffer.stats().await;
@@ -351,7 +351,7 @@ impl SiteMetrics {
     /// The `render` function [`metrics_endpoint::serve`] calls on each scrape.
     pub fn scraper(
         self: Arc<Self>,
-        buffer: Buffer,
+        buffer: StatusReader,
         figures: impl Fn() -> (ForwardSnapshot, PairStatus) + Clone + Send + Sync + 'static,
     ) -> impl Fn() -> BoxFuture<'static, String> + Clone + Send + Sync + 'static {
         move || {
@@ -396,7 +396,9 @@ mod tests {
     #[tokio::test]
     async fn pair_gauges_show_the_role_and_the_term() {
         let dir = tempfile::tempdir().unwrap();
-        let buffer = Buffer::open(&dir.path().join("b.db")).unwrap();
+        let buffer = crate::buffer::Buffer::open(&dir.path().join("b.db"))
+            .unwrap()
+            .status();
         let pair = crate::pair::Pair::new(
             &crate::config::Config::new("site-a"),
             crate::domain::RoleState {

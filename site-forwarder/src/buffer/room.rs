@@ -578,7 +578,7 @@ mod tests {
     async fn fill(buffer: &crate::buffer::Buffer, kib: usize) -> (Vec<crate::domain::Seq>, NoRoom) {
         let mut seqs = Vec::new();
         for _ in 0..10_000 {
-            match buffer.enqueue(large(kib)).await {
+            match buffer.intake().enqueue(large(kib)).await {
                 Ok(seq) => seqs.push(seq),
                 Err(crate::buffer::BufferError::NoRoom(why)) => return (seqs, why),
                 Err(other) => panic!("after {} rows: not a refusal: {other}", seqs.len()),
@@ -598,7 +598,7 @@ mod tests {
             tokio_util::sync::CancellationToken::new(),
         )
         .unwrap();
-        assert_eq!(buffer.room_status().refusing, None);
+        assert_eq!(buffer.status().room_status().refusing, None);
 
         let (seqs, why) = fill(&buffer, 16).await;
         assert!(
@@ -610,15 +610,18 @@ mod tests {
             seqs.len() > 10,
             "a 1 MiB buffer holds dozens of 16 KiB rows"
         );
-        let depth = buffer.stats().await.unwrap().depth;
+        let depth = buffer.status().stats().await.unwrap().depth;
         assert_eq!(depth, seqs.len() as u64, "the refused Send stored nothing");
         // Checked against an estimate of each row: past the limit by a few pages at most.
-        assert!(buffer.room_status().buffer_bytes < MIB + MIB / 16);
+        assert!(buffer.status().room_status().buffer_bytes < MIB + MIB / 16);
 
         // Central acks everything: the deletes go through and Sends are taken again, with no
         // other step; the file keeps its size, its free pages take the new rows.
-        assert_eq!(buffer.remove(seqs.clone()).await.unwrap(), seqs.len());
-        assert_eq!(buffer.room_status().refusing, None);
+        assert_eq!(
+            buffer.forwarding().remove(seqs.clone()).await.unwrap(),
+            seqs.len()
+        );
+        assert_eq!(buffer.status().room_status().refusing, None);
         let (again, _) = fill(&buffer, 16).await;
         assert!(
             again.len() + 2 >= seqs.len(),
@@ -635,9 +638,12 @@ mod tests {
             tokio_util::sync::CancellationToken::new(),
         )
         .unwrap();
-        assert_eq!(reopened.stats().await.unwrap().depth, again.len() as u64);
+        assert_eq!(
+            reopened.status().stats().await.unwrap().depth,
+            again.len() as u64
+        );
         assert!(matches!(
-            reopened.enqueue(large(16)).await,
+            reopened.intake().enqueue(large(16)).await,
             Err(crate::buffer::BufferError::NoRoom(
                 NoRoom::BufferFull { .. }
             ))
@@ -710,7 +716,7 @@ mod tests {
             // Smaller rows still fit for a while; once those are refused too, so is a page,
             // and the status says so.
             let (small, _) = fill(&buffer, 2).await;
-            let status = buffer.room_status();
+            let status = buffer.status().room_status();
             assert!(
                 matches!(status.refusing, Some(NoRoom::DiskLow { .. })),
                 "{status:?}"
@@ -720,10 +726,18 @@ mod tests {
 
             // One settle per row, as acks trickle in: each must commit.
             for seq in &seqs {
-                assert_eq!(buffer.remove(vec![*seq]).await.unwrap(), 1, "round {round}");
+                assert_eq!(
+                    buffer.forwarding().remove(vec![*seq]).await.unwrap(),
+                    1,
+                    "round {round}"
+                );
             }
-            assert_eq!(buffer.stats().await.unwrap().depth, 0);
-            assert_eq!(buffer.room_status().refusing, None, "round {round}");
+            assert_eq!(buffer.status().stats().await.unwrap().depth, 0);
+            assert_eq!(
+                buffer.status().room_status().refusing,
+                None,
+                "round {round}"
+            );
         }
         drop(buffer);
     }

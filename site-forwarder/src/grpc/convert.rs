@@ -1,15 +1,15 @@
-//! Proto <-> domain conversions for the forwarder and its pair link. Every field of a `Send` is
-//! checked here, through the content types' constructors, before anything reaches the buffer;
-//! so is every pending clear a peer sends. The first bad field is named in the error.
+//! Proto <-> domain conversions of the local `SiteNotify` API. Every field of a `Send` is checked
+//! here, through the content types' constructors, before anything reaches the buffer. The first
+//! bad field is named in the error. What the forwarder and the pair link convert too (the submit,
+//! a role, a pending clear) is in `crate::wire`, below the edge.
 
 use chrono::{DateTime, Utc};
 use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::{
-    BufferedNotification, BufferedStatus, ConditionKey, ContentError, NodeView,
-    NotificationContent, NotificationId, NotificationType, PendingClear, Role, ScriptOrigin, Seq,
-    SiteId, accepted_send, to_buffer_precision,
+    BufferedNotification, BufferedStatus, ConditionKey, ContentError, NotificationContent,
+    NotificationId, NotificationType, ScriptOrigin, SiteId, accepted_send,
 };
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
@@ -67,13 +67,6 @@ pub fn send_request(
     ))
 }
 
-/// The submit for a buffered notification. Built from the stored row every time, so a resend
-/// after a reconnect is identical to the first send (but for `cleared_at_site` once a clear
-/// marked it, which is not content).
-pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
-    outbox_proto::submission::encode(n)
-}
-
 /// The status view of a notification still in the local buffer: FORWARDING, or CLEARED once a
 /// clear ended it (it reaches central as such and is never delivered).
 pub fn buffered_view(
@@ -98,71 +91,11 @@ pub fn buffered_view(
     }
 }
 
-pub fn role_to_proto(role: Role) -> v1::NodeRole {
-    match role {
-        Role::Active => v1::NodeRole::Active,
-        Role::Standby => v1::NodeRole::Standby,
-    }
-}
-
-pub fn node_view_to_proto(view: &NodeView) -> v1::NodeRoleView {
-    v1::NodeRoleView {
-        node_name: view.name.clone(),
-        role: role_to_proto(view.role).into(),
-        term: view.term,
-        send_addr: view.send_addr.clone(),
-    }
-}
-
-/// A peer's description of itself; `None` when the role is not one this build knows.
-pub fn node_view_from_proto(view: v1::NodeRoleView) -> Option<NodeView> {
-    let role = match v1::NodeRole::try_from(view.role).ok()? {
-        v1::NodeRole::Active => Role::Active,
-        v1::NodeRole::Standby => Role::Standby,
-        v1::NodeRole::Unspecified => return None,
-    };
-    Some(NodeView {
-        name: view.node_name,
-        role,
-        term: view.term,
-        send_addr: view.send_addr,
-    })
-}
-
-/// A pending clear as the pair link carries it.
-pub fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
-    v1::PendingClear {
-        condition_key: clear.condition_key.as_str().to_owned(),
-        up_to_seq: clear.up_to.0,
-        cleared_at: Some(outbox_proto::time::to_timestamp(clear.cleared_at)),
-    }
-}
-
-/// A pending clear from the peer, checked as the buffer would check its own; the error names
-/// the field.
-pub fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, ContentError> {
-    let condition_key = ConditionKey::parse(clear.condition_key, "condition_key")?;
-    if clear.up_to_seq < 0 {
-        return Err(ContentError::new("up_to_seq", "must not be negative"));
-    }
-    let cleared_at = clear
-        .cleared_at
-        .as_ref()
-        .ok_or_else(|| ContentError::new("cleared_at", "is required"))?;
-    let cleared_at = outbox_proto::time::from_timestamp(cleared_at)
-        .ok_or_else(|| ContentError::new("cleared_at", "is not a valid timestamp"))?;
-    Ok(PendingClear {
-        condition_key,
-        up_to: Seq(clear.up_to_seq),
-        // The precision the buffer keeps, so what is stored is what was sent.
-        cleared_at: to_buffer_precision(cleared_at),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::Priority;
+    use crate::wire::submit;
 
     fn valid() -> v1::SendRequest {
         v1::SendRequest {
@@ -340,49 +273,5 @@ mod tests {
         msg.r#type = v1::NotificationType::Webhook.into();
         let n = send_request(msg, &site(), Utc::now()).unwrap();
         assert_eq!(n.content.kind, NotificationType::Webhook);
-    }
-
-    #[test]
-    fn a_pending_clear_crosses_the_link_unchanged_and_a_bad_one_names_its_field() {
-        let at = to_buffer_precision(chrono::Utc::now());
-        let clear = PendingClear {
-            condition_key: ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap(),
-            up_to: Seq(42),
-            cleared_at: at,
-        };
-        let wire = clear_to_proto(&clear);
-        assert_eq!(clear_from_proto(wire.clone()).unwrap(), clear);
-        let broken = [
-            v1::PendingClear {
-                condition_key: "tank 4".into(),
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                up_to_seq: -1,
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                cleared_at: None,
-                ..wire.clone()
-            },
-            v1::PendingClear {
-                cleared_at: Some(prost_types::Timestamp {
-                    seconds: 0,
-                    nanos: -1,
-                }),
-                ..wire
-            },
-        ];
-        let fields: Vec<String> = broken
-            .into_iter()
-            .map(|bad| clear_from_proto(bad).unwrap_err().to_string())
-            .collect();
-        for (problem, field) in
-            fields
-                .iter()
-                .zip(["condition_key:", "up_to_seq:", "cleared_at:", "cleared_at:"])
-        {
-            assert!(problem.starts_with(field), "{problem}");
-        }
     }
 }

@@ -1,7 +1,7 @@
 //! The gRPC edge of the forwarder: the local `SiteNotify` service, the `SitePair` service a node
-//! serves its peer, the proto <-> domain conversions, and the one mapping from the forwarder's
-//! errors to `tonic::Status`. Handlers stay thin: validate, call the buffer (or central, or the
-//! pair), answer.
+//! serves its peer, the local API's proto <-> domain conversions, and the one mapping from the
+//! forwarder's errors (the buffer's, the replication stream's) to `tonic::Status`. Handlers stay
+//! thin: validate, call the buffer (or central, or the pair), answer.
 
 pub mod convert;
 pub mod site_notify;
@@ -11,6 +11,7 @@ use tonic::Status;
 
 use crate::buffer::BufferError;
 use crate::domain::{ContentError, NotActive};
+use crate::pair::source::SourceError;
 
 /// A standby's refusal: UNAVAILABLE, so a script retries, naming the node to send to instead.
 impl From<NotActive> for Status {
@@ -46,5 +47,23 @@ pub fn buffer_status(e: BufferError) -> Status {
             "the site buffer takes no Sends now, nothing was stored; retry later (it takes \
              Sends again by itself once central has drained it): {why}"
         )),
+    }
+}
+
+/// How a replication stream's end reaches the standby. UNAVAILABLE and RESOURCE_EXHAUSTED say
+/// "reconnect and resume"; FAILED_PRECONDITION that this node is no longer the one to follow.
+impl From<SourceError> for Status {
+    fn from(e: SourceError) -> Self {
+        let message = e.to_string();
+        match e {
+            SourceError::Buffer(_) | SourceError::BufferClosed | SourceError::Unconfirmed(_) => {
+                Status::unavailable(message)
+            }
+            SourceError::FellBehind => Status::resource_exhausted(message),
+            SourceError::UnexpectedMessage => Status::invalid_argument(message),
+            SourceError::Standby(status) => status,
+            SourceError::NotActive => Status::failed_precondition(message),
+            SourceError::StandbyGone => Status::cancelled(message),
+        }
     }
 }

@@ -11,99 +11,30 @@ use std::time::Duration;
 
 use chrono::Utc;
 use outbox_proto::time::to_timestamp;
-use outbox_proto::v1::notification_outbox_client::NotificationOutboxClient;
 use outbox_proto::v1::site_notify_server::SiteNotify;
 use outbox_proto::v1::{
     BufferStats, ClearConditionRequest, ClearConditionResponse, GetBufferStatsRequest,
     GetNotificationStatusRequest, NodeRoleView, NotificationStatusView, PromoteRequest,
     SendRequest, SendResponse,
 };
-use tonic::transport::{Channel, Endpoint};
-use tonic::{Code, Request, Response, Status};
+use tonic::{Request, Response, Status};
 
 use super::{buffer_status, convert, invalid_argument};
-use crate::buffer::Buffer;
+use crate::buffer::{Intake, StatusReader};
+use crate::central_status::CentralStatus;
 use crate::domain::Role;
 use crate::domain::{ConditionKey, LocalStatus, NotificationId, SiteId};
 use crate::forwarder::ForwardState;
-use crate::link::error_chain;
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
-
-/// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
-/// it as needed) and a bounded wait per call.
-#[derive(Debug, Clone)]
-pub struct CentralStatus {
-    client: NotificationOutboxClient<Channel>,
-    /// The channel under `client`, shared with the health reports (`crate::health_report`), so
-    /// a node keeps one connection to central besides its submit stream.
-    channel: Channel,
-    url: String,
-    timeout: Duration,
-}
-
-impl CentralStatus {
-    pub fn new(endpoint: &Endpoint, url: String, timeout: Duration) -> Self {
-        let channel = endpoint.connect_lazy();
-        Self {
-            client: NotificationOutboxClient::new(channel.clone()),
-            channel,
-            url,
-            timeout,
-        }
-    }
-
-    /// The lazily connected channel to central these lookups use.
-    pub fn channel(&self) -> Channel {
-        self.channel.clone()
-    }
-
-    fn unreachable(&self, detail: impl std::fmt::Display) -> Status {
-        Status::unavailable(format!(
-            "central outbox at {} is unreachable: {detail}",
-            self.url
-        ))
-    }
-
-    /// Central's answer, passed through; transport failures and timeouts become UNAVAILABLE
-    /// with a message naming central.
-    async fn status(&self, id: NotificationId) -> Result<NotificationStatusView, Status> {
-        let mut request = Request::new(GetNotificationStatusRequest {
-            notification_id: id.to_string(),
-        });
-        // Tells central the deadline too, so it stops working on an answer nobody awaits.
-        request.set_timeout(self.timeout);
-        let mut client = self.client.clone();
-        match tokio::time::timeout(self.timeout, client.get_notification_status(request)).await {
-            Err(_) => Err(self.unreachable(format!("no answer within {:?}", self.timeout))),
-            Ok(Ok(view)) => Ok(view.into_inner()),
-            // Connection refused/reset, DNS failure and the like surface as these codes.
-            Ok(Err(status))
-                if matches!(
-                    status.code(),
-                    Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown
-                ) =>
-            {
-                let mut detail = status.message().to_owned();
-                // The message is terse ("tcp connect error"); the source says why.
-                if let Some(source) = std::error::Error::source(&status) {
-                    let cause = error_chain(source);
-                    if !detail.contains(&cause) {
-                        detail = format!("{detail}: {cause}");
-                    }
-                }
-                Err(self.unreachable(detail))
-            }
-            // Central's own answer (NOT_FOUND, INVALID_ARGUMENT, ...): code and message only,
-            // not central's response metadata.
-            Ok(Err(status)) => Err(Status::new(status.code(), status.message())),
-        }
-    }
-}
+use crate::wire;
 
 pub struct SiteNotifyService {
     site: SiteId,
-    buffer: Buffer,
+    /// Sends and clears go in here.
+    intake: Intake,
+    /// GetStatus and GetBufferStats read here.
+    buffer: StatusReader,
     forwarding: Arc<ForwardState>,
     central: CentralStatus,
     metrics: Arc<SiteMetrics>,
@@ -113,7 +44,8 @@ pub struct SiteNotifyService {
 impl SiteNotifyService {
     pub fn new(
         site: SiteId,
-        buffer: Buffer,
+        intake: Intake,
+        buffer: StatusReader,
         forwarding: Arc<ForwardState>,
         central: CentralStatus,
         metrics: Arc<SiteMetrics>,
@@ -121,6 +53,7 @@ impl SiteNotifyService {
     ) -> Self {
         Self {
             site,
+            intake,
             buffer,
             forwarding,
             central,
@@ -141,7 +74,7 @@ impl SiteNotify for SiteNotifyService {
         let id = notification.id;
         // Held until the row is committed: a standby refuses, and a step-down waits for it.
         let _active = self.pair.while_active().await?;
-        self.buffer
+        self.intake
             .enqueue(notification)
             .await
             .map_err(buffer_status)?;
@@ -186,7 +119,7 @@ impl SiteNotify for SiteNotifyService {
             central_reachable: forwarding.central_reachable,
             rejected: stats.rejected,
             in_flight: forwarding.in_flight,
-            role: convert::role_to_proto(pair.role).into(),
+            role: wire::role_to_proto(pair.role).into(),
             term: pair.term,
             node_name: pair.node_name,
             peer_connected: pair.peer_connected,
@@ -217,7 +150,7 @@ impl SiteNotify for SiteNotifyService {
         // central, and a step-down waits for this one before handing the buffer over.
         let _active = self.pair.while_active().await?;
         let cleared = self
-            .buffer
+            .intake
             .clear_condition(&self.site, key, Utc::now())
             .await
             .map_err(buffer_status)?;
@@ -250,8 +183,6 @@ impl SiteNotify for SiteNotifyService {
                 }
             }
         }
-        Ok(Response::new(convert::node_view_to_proto(
-            &self.pair.view(),
-        )))
+        Ok(Response::new(wire::node_view_to_proto(&self.pair.view())))
     }
 }

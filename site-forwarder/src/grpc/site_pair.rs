@@ -10,7 +10,9 @@
 //! also name this site (Common Name = `site_id`), so a certificate issued to another site cannot
 //! read or inject this site's notifications.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
@@ -23,22 +25,40 @@ use outbox_proto::v1::{
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_stream::StreamExt;
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
 use super::buffer_status;
-use super::convert::{clear_from_proto, node_view_to_proto};
-use crate::RunError;
-use crate::buffer::Buffer;
+use crate::buffer::{Adoption, Replication};
 use crate::config::{Config, PairConfig};
 use crate::domain::{Role, Seq, SiteId};
-use crate::link::peer_endpoint;
-use crate::pair::source::{self, Hello, StreamTiming, WINDOW};
+use crate::link::{LinkError, peer_endpoint};
+use crate::pair::source::{self, Hello, SourceError, StreamTiming, WINDOW};
 use crate::pair::{MAX_PENDING_CLEARS, Pair};
+use crate::wire::{clear_from_proto, node_view_to_proto};
+
+/// Why the pair endpoint cannot be set up: a setting, named at the start of the message, is
+/// wrong (start-up reports it as a configuration error).
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error(transparent)]
+    Link(#[from] LinkError),
+    #[error("{0}")]
+    Tls(String),
+}
+
+/// The buffer's capabilities the pair endpoint serves from.
+#[derive(Debug)]
+pub struct PairBuffer {
+    /// What a standby's stream copies.
+    pub feed: Replication,
+    /// Where a former active's rows are stored.
+    pub adoption: Adoption,
+}
 
 /// The pair endpoint of a node: its listener is bound at start-up (so a busy port stops
 /// start-up), served by [`PairEndpoint::serve`] until the stop token.
@@ -58,21 +78,21 @@ impl PairEndpoint {
         config: &Config,
         pair_config: &PairConfig,
         site: SiteId,
-        buffer: Buffer,
+        buffer: PairBuffer,
         pair: Arc<Pair>,
         stop: CancellationToken,
-    ) -> Result<Self, RunError> {
+    ) -> Result<Self, EndpointError> {
         let tls = config
             .tls
             .pair_server_config()
-            .map_err(|e| RunError::Config(e.to_string()))?;
+            .map_err(|e| EndpointError::Tls(e.to_string()))?;
         let peer = peer_endpoint(config, pair_config)?;
         let mut server = Server::builder()
             .http2_keepalive_interval(Some(pair_config.heartbeat_interval()))
             .http2_keepalive_timeout(Some(pair_config.link_timeout()));
         if let Some(tls) = tls.clone() {
             server = server.tls_config(tls).map_err(|e| {
-                RunError::Config(format!("tls.cert: cannot serve the pair link with it: {e}"))
+                EndpointError::Tls(format!("tls.cert: cannot serve the pair link with it: {e}"))
             })?;
         }
         tracing::info!(
@@ -82,7 +102,8 @@ impl PairEndpoint {
         );
         let service = SitePairService {
             site,
-            buffer,
+            feed: buffer.feed,
+            adoption: buffer.adoption,
             pair,
             tls: tls.is_some(),
             hello_timeout: config.request_timeout,
@@ -127,7 +148,10 @@ impl PairEndpoint {
 
 pub struct SitePairService {
     site: SiteId,
-    buffer: Buffer,
+    /// What a standby's stream copies.
+    feed: Replication,
+    /// Where a former active's rows are stored.
+    adoption: Adoption,
     pair: Arc<Pair>,
     /// Whether the link is TLS, so callers must present this site's certificate.
     tls: bool,
@@ -155,7 +179,19 @@ impl SitePairService {
     }
 }
 
-type BatchStream = ReceiverStream<Result<ReplicationBatch, Status>>;
+/// One standby's batches as `Replicate` answers them: the stream's end, when it ends early,
+/// becomes the status the standby gets (see `From<SourceError> for Status`).
+pub struct BatchStream(ReceiverStream<Result<ReplicationBatch, SourceError>>);
+
+impl Stream for BatchStream {
+    type Item = Result<ReplicationBatch, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        Pin::new(&mut self.0)
+            .poll_next(cx)
+            .map(|batch| batch.map(|batch| batch.map_err(Status::from)))
+    }
+}
 
 #[tonic::async_trait]
 impl SitePair for SitePairService {
@@ -200,7 +236,7 @@ impl SitePair for SitePairService {
         };
         let (out, batches) = mpsc::channel(WINDOW);
         tokio::spawn(source::stream_to_standby(
-            self.buffer.clone(),
+            self.feed.clone(),
             Arc::clone(&self.pair),
             hello,
             inbound,
@@ -208,7 +244,7 @@ impl SitePair for SitePairService {
             self.timing,
             self.stop.clone(),
         ));
-        Ok(Response::new(ReceiverStream::new(batches)))
+        Ok(Response::new(BatchStream(ReceiverStream::new(batches))))
     }
 
     async fn adopt(
@@ -243,7 +279,7 @@ impl SitePair for SitePairService {
         // that is already handing its own buffer over.
         let _active = self.pair.while_active().await?;
         let adopted = self
-            .buffer
+            .adoption
             .adopt(rows, clears)
             .await
             .map_err(buffer_status)?;

@@ -23,10 +23,10 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::source::BATCH_BYTES;
 use super::{MAX_PENDING_CLEARS, Pair};
-use crate::buffer::{Buffer, BufferError};
+use crate::buffer::{BufferError, Handover};
 use crate::domain::{NodeView, Role, Seq};
-use crate::grpc::convert;
 use crate::link::error_chain;
+use crate::wire;
 
 /// Rows read per query during a hand-over.
 const PAGE_ROWS: usize = 256;
@@ -50,7 +50,7 @@ pub enum HandoverError {
 /// Gives every buffered row to the active at `endpoint`, then empties the buffer and records
 /// this node as a standby with nothing copied. Returns how many rows the active adopted.
 pub async fn hand_over(
-    buffer: &Buffer,
+    buffer: &Handover,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
     timeout: Duration,
@@ -78,12 +78,12 @@ pub async fn hand_over(
                 .iter()
                 .map(|(seq, _, problem)| (*seq, format!("invalid in the site buffer: {problem}")))
                 .collect();
-            buffer.settle(Vec::new(), rejected).await?;
+            buffer.set_aside(rejected).await?;
         }
         let mut chunk: Vec<NotificationSubmit> = Vec::new();
         let mut bytes = 0;
         for (_, row) in &page.rows {
-            let submit = convert::submit(row);
+            let submit = wire::submit(row);
             bytes += submit.encoded_len();
             chunk.push(submit);
             if bytes >= BATCH_BYTES {
@@ -111,7 +111,7 @@ pub async fn hand_over(
         .iter()
         .map(|c| c.condition_key.as_str().to_owned())
         .collect();
-    let listed: Vec<v1::PendingClear> = clears.iter().map(convert::clear_to_proto).collect();
+    let listed: Vec<v1::PendingClear> = clears.iter().map(wire::clear_to_proto).collect();
     for part in listed.chunks(MAX_PENDING_CLEARS) {
         adopt(
             &mut client,
@@ -154,7 +154,7 @@ async fn role_of(
         .map_err(|_| HandoverError::Timeout(timeout))?
         .map_err(HandoverError::Refused)?
         .into_inner();
-    convert::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
+    wire::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
 }
 
 async fn adopt(

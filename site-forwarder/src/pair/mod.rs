@@ -260,7 +260,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
     use crate::domain::{ConditionKey, PendingClear};
-    use crate::grpc::convert::clear_to_proto;
+    use crate::wire::clear_to_proto;
     use outbox_proto::v1;
 
     /// The longest list a message may carry, of the longest keys, the highest seqs and

@@ -24,21 +24,27 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
 
 use super::{NodeView, Pair, Role, RoleState, handover, replica};
-use crate::buffer::{Buffer, BufferError, PairRecord};
+use crate::buffer::{
+    BufferError, Clears, Commits, Forwarding, Handover, PairRecord, Replica, Roles, StatusReader,
+};
 use crate::config::{Config, PairConfig};
 use crate::forwarder::{ForwardState, Forwarder};
 use crate::metrics::SiteMetrics;
 
 /// The role to start in: the persisted one, or on the very first start the configured one
 /// (persisted at once). A single node is always active.
-pub async fn starting_role(buffer: &Buffer, config: &Config) -> Result<RoleState, BufferError> {
+pub async fn starting_role(
+    roles: &Roles,
+    status: &StatusReader,
+    config: &Config,
+) -> Result<RoleState, BufferError> {
     let Some(pair) = &config.pair else {
         return Ok(RoleState {
             role: Role::Active,
             term: 0,
         });
     };
-    if let Some(record) = buffer.pair_record().await? {
+    if let Some(record) = roles.pair_record().await? {
         return Ok(RoleState {
             role: record.role,
             term: record.term,
@@ -48,9 +54,9 @@ pub async fn starting_role(buffer: &Buffer, config: &Config) -> Result<RoleState
     let term = u64::from(role == Role::Active);
     // A standby that already has rows or pending clears was a single node before: they are its
     // own (a hand-over gives them to the active).
-    let stats = buffer.stats().await?;
+    let stats = status.stats().await?;
     let holds_own_rows = role == Role::Active || stats.depth > 0 || stats.pending_clears > 0;
-    buffer.save_role(role, term, holds_own_rows, true).await?;
+    roles.save_role(role, term, holds_own_rows, true).await?;
     Ok(RoleState { role, term })
 }
 
@@ -61,10 +67,25 @@ enum Next {
     Promote(String),
 }
 
+/// The buffer's capabilities a node's roles use.
+#[derive(Clone)]
+pub struct NodeBuffer {
+    /// The active's forwarding and the central half of its clears (its forwarder's).
+    pub forwarding: Forwarding,
+    pub clears: Clears,
+    /// The active's commits, dated for the standby lag.
+    pub commits: Commits,
+    /// The role record, written before every role is used.
+    pub roles: Roles,
+    /// The standby's: handing its own rows over, then copying the active.
+    pub handover: Handover,
+    pub replica: Replica,
+}
+
 /// Cloned for each start under the supervisor: a restarted node begins from the same parts.
 #[derive(Clone)]
 pub struct Node {
-    buffer: Buffer,
+    buffer: NodeBuffer,
     config: Config,
     pair: Arc<Pair>,
     forwarding: Arc<ForwardState>,
@@ -75,7 +96,7 @@ pub struct Node {
 
 impl Node {
     pub fn new(
-        buffer: Buffer,
+        buffer: NodeBuffer,
         config: Config,
         pair: Arc<Pair>,
         forwarding: Arc<ForwardState>,
@@ -115,7 +136,8 @@ impl Node {
 
     async fn run_active(&self, shutdown: &CancellationToken) -> Next {
         let forwarder = match Forwarder::new(
-            self.buffer.clone(),
+            self.buffer.forwarding.clone(),
+            self.buffer.clears.clone(),
             &self.config,
             Arc::clone(&self.forwarding),
             Arc::clone(&self.metrics),
@@ -154,7 +176,7 @@ impl Node {
                 // every commit is dated within microseconds for the standby lag.
                 let next = tokio::select! {
                     next = watch_peer => next,
-                    never = self.pair.track_commits(self.buffer.head()) => match never {},
+                    never = self.pair.track_commits(self.buffer.commits.head()) => match never {},
                 };
                 self.pair.stopped_tracking();
                 next
@@ -178,7 +200,7 @@ impl Node {
                 .await
                 .ok()?
                 .into_inner();
-            crate::grpc::convert::node_view_from_proto(view)
+            crate::wire::node_view_from_proto(view)
         };
         let peer = tokio::time::timeout(pair.failover_timeout, ask)
             .await
@@ -237,13 +259,13 @@ impl Node {
     /// Hands over (when this node holds rows of its own) and follows the active until that
     /// stops; returns why it stopped.
     async fn follow_once(&self, endpoint: &Endpoint) -> String {
-        let record = match self.buffer.pair_record().await {
+        let record = match self.buffer.roles.pair_record().await {
             Ok(record) => record,
             Err(e) => return e.to_string(),
         };
         if record.is_some_and(|r: PairRecord| r.holds_own_rows)
             && let Err(e) = handover::hand_over(
-                &self.buffer,
+                &self.buffer.handover,
                 &self.pair,
                 endpoint,
                 self.config.request_timeout,
@@ -256,7 +278,8 @@ impl Node {
             return "no pair is configured".into();
         };
         replica::follow(
-            &self.buffer,
+            &self.buffer.roles,
+            &self.buffer.replica,
             &self.pair,
             endpoint,
             replica::FollowTiming {
@@ -273,7 +296,12 @@ impl Node {
         let term = self.pair.role_now().term.max(seen) + 1;
         // Persisted first: a crash right after must not restart this node as a standby that
         // throws away rows it has already started to accept.
-        while let Err(error) = self.buffer.save_role(Role::Active, term, true, false).await {
+        while let Err(error) = self
+            .buffer
+            .roles
+            .save_role(Role::Active, term, true, false)
+            .await
+        {
             tracing::error!(%error, "cannot record the promotion; retrying");
             tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -306,6 +334,7 @@ impl Node {
         // If this fails the record still says active, and the next start steps down again.
         if let Err(error) = self
             .buffer
+            .roles
             .save_role(Role::Standby, peer.term, true, true)
             .await
         {

@@ -29,10 +29,10 @@ use tonic::transport::Endpoint;
 
 use super::source::{WINDOW, span_from_proto};
 use super::{MAX_PENDING_CLEARS, Pair};
-use crate::buffer::{Buffer, BufferError, PairRecord, ReplicaChanges};
+use crate::buffer::{BufferError, PairRecord, Replica, ReplicaChanges, Roles};
 use crate::domain::{Role, Seq};
-use crate::grpc::convert::{clear_from_proto, node_view_from_proto};
 use crate::link::error_chain;
+use crate::wire::{clear_from_proto, node_view_from_proto};
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
 #[derive(Debug, thiserror::Error)]
@@ -68,12 +68,13 @@ pub struct FollowTiming {
 
 /// Follows the active at `endpoint` until the stream ends; always returns why.
 pub async fn follow(
-    buffer: &Buffer,
+    roles: &Roles,
+    replica: &Replica,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
     timing: FollowTiming,
 ) -> FollowError {
-    let outcome = follow_inner(buffer, pair, endpoint, timing).await;
+    let outcome = follow_inner(roles, replica, pair, endpoint, timing).await;
     pair.set_following(false);
     match outcome {
         Ok(never) => match never {},
@@ -82,13 +83,14 @@ pub async fn follow(
 }
 
 async fn follow_inner(
-    buffer: &Buffer,
+    roles: &Roles,
+    replica: &Replica,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,
     timing: FollowTiming,
 ) -> Result<std::convert::Infallible, FollowError> {
     let open_timeout = timing.open_timeout;
-    let record = buffer.pair_record().await?.unwrap_or(PairRecord {
+    let record = roles.pair_record().await?.unwrap_or(PairRecord {
         role: Role::Standby,
         term: 0,
         holds_own_rows: false,
@@ -134,7 +136,7 @@ async fn follow_inner(
     if active.term != record.term {
         // A different term means a different history: the active sends a full copy, so the
         // copy restarts from nothing here too.
-        buffer
+        roles
             .save_role(Role::Standby, active.term, false, true)
             .await?;
     }
@@ -157,7 +159,7 @@ async fn follow_inner(
             }
         }
         let last = pending.last().map_or(0, |b| b.batch);
-        buffer
+        replica
             .apply_replica(changes(std::mem::take(&mut pending)))
             .await?;
         pair.heard_from(None);

@@ -56,12 +56,12 @@ use tokio::sync::{broadcast, mpsc, watch};
 use tokio::time::Instant;
 use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
-use tonic::{Status, Streaming};
+use tonic::Streaming;
 
 use super::{MAX_PENDING_CLEARS, Pair};
-use crate::buffer::{Buffer, RecentReader, RetainedSpan, RowChange};
+use crate::buffer::{BufferError, RecentReader, Replication, RetainedSpan, RowChange};
 use crate::domain::{BufferedNotification, PendingClears, Role, Seq};
-use crate::grpc::convert;
+use crate::wire;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
 /// and confirms it, so under load the lag is about this many batches: 8 keeps it to tens of
@@ -92,11 +92,11 @@ pub struct Hello {
 /// Streams the buffer to one standby until it goes away, this node stops being active, the
 /// stream breaks, or `stop` (shutdown). `out` is the response stream.
 pub async fn stream_to_standby(
-    buffer: Buffer,
+    buffer: Replication,
     pair: Arc<Pair>,
     hello: Hello,
     mut inbound: Streaming<ReplicaMessage>,
-    out: mpsc::Sender<Result<ReplicationBatch, Status>>,
+    out: mpsc::Sender<Result<ReplicationBatch, SourceError>>,
     timing: StreamTiming,
     stop: CancellationToken,
 ) {
@@ -110,11 +110,43 @@ pub async fn stream_to_standby(
     pair.stream_closed();
     match outcome {
         Ok(()) => tracing::info!(standby = %hello.node_name, "replication stream ended"),
-        Err(status) => {
-            tracing::info!(standby = %hello.node_name, reason = %status.message(), "replication stream ended");
-            let _ = out.send(Err(status)).await;
+        Err(error) => {
+            tracing::info!(standby = %hello.node_name, reason = %error, "replication stream ended");
+            let _ = out.send(Err(error)).await;
         }
     }
+}
+
+/// Why a replication stream ended early; the standby gets it as the stream's last message
+/// (`grpc` maps it to a status: the one place the pair's errors meet the transport).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// The buffer could not be read; the standby reconnects and resumes.
+    #[error("{0}")]
+    Buffer(#[from] BufferError),
+    /// The buffer's announcements stopped: the node is shutting down.
+    #[error("the buffer closed")]
+    BufferClosed,
+    /// The stream could not keep up with the buffer's changes; a resume reads the table.
+    #[error(
+        "the standby fell too far behind the buffer's changes; reconnect to resume from the buffer"
+    )]
+    FellBehind,
+    /// The standby sent something other than a confirmation after its hello.
+    #[error("message: after the hello, only applied_batch is expected")]
+    UnexpectedMessage,
+    /// The standby's side of the stream failed; its own status is passed back.
+    #[error("{}", .0.message())]
+    Standby(tonic::Status),
+    /// This node stepped down while streaming.
+    #[error("this node is no longer the active one of its pair")]
+    NotActive,
+    /// A batch stayed unconfirmed for `failover_timeout`.
+    #[error("the standby confirmed no batch for {0:?} (failover_timeout); reconnect to resume")]
+    Unconfirmed(Duration),
+    /// The response stream was dropped.
+    #[error("the standby went away")]
+    StandbyGone,
 }
 
 /// The pair's timing, from `failover_timeout`.
@@ -138,7 +170,7 @@ struct Unconfirmed {
 }
 
 struct Session {
-    buffer: Buffer,
+    buffer: Replication,
     pair: Arc<Pair>,
     hello: Hello,
     timing: StreamTiming,
@@ -163,7 +195,7 @@ struct Session {
 }
 
 impl Session {
-    fn new(buffer: Buffer, pair: Arc<Pair>, hello: Hello, timing: StreamTiming) -> Self {
+    fn new(buffer: Replication, pair: Arc<Pair>, hello: Hello, timing: StreamTiming) -> Self {
         Self {
             pair,
             hello,
@@ -185,8 +217,8 @@ impl Session {
     async fn run(
         &mut self,
         inbound: &mut Streaming<ReplicaMessage>,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         // Before any read, so no removal or mark committed after it can be missed.
         let mut changes = self.buffer.row_changes();
         // Rows committed from now on stay in memory for this stream.
@@ -211,11 +243,7 @@ impl Session {
         self.send_spans(through, out).await?;
         if resume {
             // The standby's copies of rows marked while it was away are unmarked.
-            let marked = self
-                .buffer
-                .marked_seqs(through)
-                .await
-                .map_err(|e| Status::unavailable(e.to_string()))?;
+            let marked = self.buffer.marked_seqs(through).await?;
             self.remarked.extend(marked);
         }
 
@@ -246,45 +274,37 @@ impl Session {
             tokio::select! {
                 changed = head.changed(), if self.unconfirmed.len() < WINDOW => {
                     if changed.is_err() {
-                        return Err(Status::unavailable("the buffer closed"));
+                        return Err(SourceError::BufferClosed);
                     }
                 }
                 change = changes.recv() => match change {
                     Ok(change) => self.note(change),
-                    Err(broadcast::error::RecvError::Lagged(_)) => return Err(fell_behind()),
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Err(SourceError::FellBehind),
                     Err(broadcast::error::RecvError::Closed) => {
-                        return Err(Status::unavailable("the buffer closed"));
+                        return Err(SourceError::BufferClosed);
                     }
                 },
                 message = inbound.next() => match message {
                     Some(Ok(ReplicaMessage { message: Some(replica_message::Message::AppliedBatch(n)) })) => {
                         self.confirm(n);
                     }
-                    Some(Ok(_)) => return Err(Status::invalid_argument(
-                        "message: after the hello, only applied_batch is expected",
-                    )),
-                    Some(Err(status)) => return Err(status),
+                    Some(Ok(_)) => return Err(SourceError::UnexpectedMessage),
+                    Some(Err(status)) => return Err(SourceError::Standby(status)),
                     None => return Ok(()),
                 },
                 changed = clears_changed.changed() => {
                     if changed.is_err() {
-                        return Err(Status::unavailable("the buffer closed"));
+                        return Err(SourceError::BufferClosed);
                     }
                 }
                 changed = role.changed() => {
                     if changed.is_err() || role.borrow().role != Role::Active {
-                        return Err(Status::failed_precondition(
-                            "this node is no longer the active one of its pair",
-                        ));
+                        return Err(SourceError::NotActive);
                     }
                 }
                 () = tokio::time::sleep_until(self.last_sent + self.timing.heartbeat) => {}
                 () = tokio::time::sleep_until(self.confirm_deadline()), if !self.unconfirmed.is_empty() => {
-                    return Err(Status::unavailable(format!(
-                        "the standby confirmed no batch for {:?} (failover_timeout); reconnect \
-                         to resume",
-                        self.timing.confirm_timeout
-                    )));
+                    return Err(SourceError::Unconfirmed(self.timing.confirm_timeout));
                 }
                 () = out.closed() => return Ok(()),
             }
@@ -296,22 +316,18 @@ impl Session {
     async fn send_spans(
         &mut self,
         through: Seq,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         let mut after = Seq::START;
         let mut first = true;
         loop {
             let mut batch = ReplicationBatch::default();
             if first {
-                batch.active = Some(convert::node_view_to_proto(&self.pair.view()));
+                batch.active = Some(wire::node_view_to_proto(&self.pair.view()));
                 first = false;
             }
             if after < through {
-                let span = self
-                    .buffer
-                    .retained_span(after, through, SPAN_ROWS)
-                    .await
-                    .map_err(|e| Status::unavailable(e.to_string()))?;
+                let span = self.buffer.retained_span(after, through, SPAN_ROWS).await?;
                 after = span.through;
                 batch.retained.push(span_to_proto(&span));
             }
@@ -330,8 +346,8 @@ impl Session {
         &mut self,
         recent: &RecentReader,
         changes: &mut broadcast::Receiver<RowChange>,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<bool, Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<bool, SourceError> {
         let (rows, full) = match recent.after(self.cursor, PAGE_ROWS) {
             Some(page) => {
                 self.cursor = self.cursor.max(page.through);
@@ -348,19 +364,15 @@ impl Session {
     async fn send_marked(
         &mut self,
         changes: &mut broadcast::Receiver<RowChange>,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         let mut seqs = Vec::with_capacity(PAGE_ROWS.min(self.remarked.len()));
         while seqs.len() < PAGE_ROWS
             && let Some(seq) = self.remarked.pop_first()
         {
             seqs.push(seq);
         }
-        let page = self
-            .buffer
-            .rows_at(seqs)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let page = self.buffer.rows_at(seqs).await?;
         let rows = page
             .rows
             .into_iter()
@@ -375,12 +387,12 @@ impl Session {
         &mut self,
         rows: Vec<(Seq, Arc<BufferedNotification>)>,
         changes: &mut broadcast::Receiver<RowChange>,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         let mut adds: Vec<ReplicatedRow> = Vec::new();
         let mut bytes = 0;
         for (seq, row) in rows {
-            let notification = convert::submit(&row);
+            let notification = wire::submit(&row);
             bytes += notification.encoded_len();
             adds.push(ReplicatedRow {
                 seq: seq.0,
@@ -401,15 +413,13 @@ impl Session {
     }
 
     /// The rows after the cursor as read from the table; moves the cursor past them.
-    async fn read_rows(&mut self) -> Result<(Vec<(Seq, Arc<BufferedNotification>)>, bool), Status> {
+    async fn read_rows(
+        &mut self,
+    ) -> Result<(Vec<(Seq, Arc<BufferedNotification>)>, bool), SourceError> {
         // Every row up to this head is committed, so the read below sees all of them that
         // still exist.
         let head = self.buffer.head_now();
-        let page = self
-            .buffer
-            .next_after(self.cursor, PAGE_ROWS)
-            .await
-            .map_err(|e| Status::unavailable(e.to_string()))?;
+        let page = self.buffer.next_after(self.cursor, PAGE_ROWS).await?;
         // Rows committed after the head was read are left for the next read, once their commit
         // is announced: until then a clear committed before them may not be published, and a
         // row must not reach the standby ahead of the pending clears committed before it.
@@ -438,8 +448,8 @@ impl Session {
     async fn send(
         &mut self,
         adds: Vec<ReplicatedRow>,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         // A batch cut mid-page covers only up to its own last row.
         let through = adds
             .iter()
@@ -461,8 +471,8 @@ impl Session {
         &mut self,
         mut batch: ReplicationBatch,
         through: Seq,
-        out: &mpsc::Sender<Result<ReplicationBatch, Status>>,
-    ) -> Result<(), Status> {
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<(), SourceError> {
         if self.next_batch == 1 || self.clears.has_changed().unwrap_or(false) {
             let clears = self.clears.borrow_and_update().clone();
             batch.pending_clears = self.clears_to_proto(&clears);
@@ -479,7 +489,7 @@ impl Session {
         self.next_batch += 1;
         out.send(Ok(batch))
             .await
-            .map_err(|_| Status::cancelled("the standby went away"))
+            .map_err(|_| SourceError::StandbyGone)
     }
 
     /// The list a batch carries: the oldest [`MAX_PENDING_CLEARS`] watermarks.
@@ -496,19 +506,21 @@ impl Session {
         clears
             .iter()
             .take(MAX_PENDING_CLEARS)
-            .map(convert::clear_to_proto)
+            .map(wire::clear_to_proto)
             .collect()
     }
 
     /// Collects every change announced so far.
-    fn drain(&mut self, changes: &mut broadcast::Receiver<RowChange>) -> Result<(), Status> {
+    fn drain(&mut self, changes: &mut broadcast::Receiver<RowChange>) -> Result<(), SourceError> {
         loop {
             match changes.try_recv() {
                 Ok(change) => self.note(change),
                 Err(
                     broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
                 ) => return Ok(()),
-                Err(broadcast::error::TryRecvError::Lagged(_)) => return Err(fell_behind()),
+                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                    return Err(SourceError::FellBehind);
+                }
             }
         }
     }
@@ -541,12 +553,6 @@ impl Session {
             .map_or(self.last_sent, |oldest| oldest.sent_at)
             + self.timing.confirm_timeout
     }
-}
-
-fn fell_behind() -> Status {
-    Status::resource_exhausted(
-        "the standby fell too far behind the buffer's changes; reconnect to resume from the buffer",
-    )
 }
 
 pub fn span_to_proto(span: &RetainedSpan) -> ProtoSpan {

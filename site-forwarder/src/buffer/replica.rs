@@ -1,0 +1,104 @@
+//! Replication, the standby's side: applying the active's batches (`crate::pair::replica`).
+//!
+//! Invariants:
+//! - A standby stores the active's rows at the active's seqs; AUTOINCREMENT then starts any
+//!   seq it hands out once promoted above all of them. A row the active marked cleared comes
+//!   again at the same seq and replaces the copy.
+//! - Batches that arrived together are applied in one transaction with how far the copy
+//!   reaches (`pair_state.replicated_through`, see `super::roles`).
+//! - A standby's pending clears are the active's, as the active last listed them, at the
+//!   active's seqs like its rows (how: `super::pending_clears`).
+
+use std::sync::Arc;
+
+use super::error::{BufferError, Result};
+use super::pending_clears::{self, Invalid};
+use super::replication::RetainedSpan;
+use super::rows::{self, Insert};
+use super::store::Store;
+use crate::domain::{BufferedNotification, PendingClear, Seq};
+
+/// One or more replication batches as a standby applies them, in one transaction: the spans,
+/// then the adds, then the removes, then the pending clears.
+#[derive(Debug, Default)]
+pub struct ReplicaChanges {
+    /// Spans in which the standby keeps only the listed seqs.
+    pub retained: Vec<RetainedSpan>,
+    /// Rows to copy at the active's seqs, in seq order.
+    pub adds: Vec<(Seq, BufferedNotification)>,
+    /// Seqs the active no longer holds.
+    pub removes: Vec<Seq>,
+    /// The active's pending clears, all of them (the latest list of the batches), when a batch
+    /// carried them: they replace the standby's.
+    pub pending_clears: Option<Vec<PendingClear>>,
+}
+
+/// The standby's copy of the active.
+#[derive(Clone, Debug)]
+pub struct Replica {
+    store: Store,
+}
+
+impl Replica {
+    pub(super) fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Applies replication batches in one transaction and records how far the copy reaches.
+    pub async fn apply_replica(&self, changes: ReplicaChanges) -> Result<()> {
+        let through = changes.adds.iter().map(|(seq, _)| *seq).max();
+        let announce = Arc::clone(&self.store.announce);
+        self.store
+            .db
+            .write_then(
+                move |conn| {
+                    // Spans first: they describe the active before any of these adds were read,
+                    // and a row added now may fall in one of their gaps.
+                    let mut delete_span =
+                        conn.prepare_cached("DELETE FROM buffered WHERE seq BETWEEN ?1 AND ?2")?;
+                    for span in &changes.retained {
+                        for (first, last) in span.gaps() {
+                            delete_span.execute([first.0, last.0])?;
+                        }
+                    }
+                    for (seq, row) in &changes.adds {
+                        // Nearly always a seq and a notification this node does not hold yet: the
+                        // plain insert, which (unlike a REPLACE) needs no statement journal. A
+                        // full copy over an older one replaces what it finds.
+                        if rows::insert_row(conn, Insert::ReplicaUnlessHeld(*seq), row)? == 0 {
+                            rows::insert_row(conn, Insert::Replica(*seq), row)?;
+                        }
+                    }
+                    let mut delete = conn.prepare_cached("DELETE FROM buffered WHERE seq = ?1")?;
+                    for seq in &changes.removes {
+                        delete.execute([seq.0])?;
+                    }
+                    if let Some(through) = through {
+                        conn.prepare_cached(
+                        "UPDATE pair_state SET replicated_through = max(replicated_through, ?1)",
+                    )?
+                    .execute([through.0])?;
+                    }
+                    let clears = match &changes.pending_clears {
+                        Some(list) => {
+                            let head = pending_clears::replace_pending(conn, list)?;
+                            let stored = pending_clears::select_pending(conn, Invalid::Report)?;
+                            Some((head, stored))
+                        }
+                        None => None,
+                    };
+                    Ok::<_, BufferError>(clears)
+                },
+                // The head only moves forward: what a promotion starts the replication stream from.
+                move |clears| {
+                    let head = clears.as_ref().map(|(head, _)| *head);
+                    announce.other_change(through.max(head));
+                    if let Some((_, stored)) = clears {
+                        announce.pending_clears(stored.clone());
+                    }
+                },
+            )
+            .await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,126 @@
+//! The buffer as `GetStatus`, `GetBufferStats`, the health reports and `/metrics` see it:
+//! where one notification stands locally, the buffer's figures, and whether it takes Sends.
+//! Reads only; nothing here changes the buffer.
+
+use chrono::DateTime;
+use rusqlite::{Connection, OptionalExtension};
+
+use super::error::{BufferError, Result};
+use super::room::RoomStatus;
+use super::store::Store;
+use crate::domain::{
+    BufferStats, BufferedStatus, LocalStatus, NotificationId, NotificationType, Priority,
+};
+
+/// Reads of where notifications and the buffer stand (`grpc::site_notify`, the health reporter,
+/// the metrics scraper, the node's first start).
+#[derive(Clone, Debug)]
+pub struct StatusReader {
+    store: Store,
+}
+
+impl StatusReader {
+    pub(super) fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    /// Where the notification stands locally: buffered, rejected, or not here.
+    pub async fn local_status(&self, id: NotificationId) -> Result<LocalStatus> {
+        self.store
+            .db
+            .read(move |conn| select_status(conn, id))
+            .await
+    }
+
+    /// Whether the notification is still waiting in the buffer. Test-only: the service asks
+    /// for the whole `local_status`.
+    #[cfg(test)]
+    pub async fn contains(&self, id: NotificationId) -> Result<bool> {
+        Ok(matches!(
+            self.local_status(id).await?,
+            LocalStatus::Buffered(_)
+        ))
+    }
+
+    /// The buffer's depth, its oldest row, the rejected rows and the pending clears.
+    pub async fn stats(&self) -> Result<BufferStats> {
+        self.store.db.read(select_stats).await
+    }
+
+    /// Whether the buffer takes Sends now, and why not (as of the last check).
+    pub fn room_status(&self) -> RoomStatus {
+        self.store.room.status()
+    }
+}
+
+fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
+    let id = id.to_string();
+    let mut buffered = conn.prepare_cached(
+        "SELECT type, list_name, enqueued_at, priority, condition_key, cleared_at FROM buffered
+         WHERE notification_id = ?1",
+    )?;
+    let row = buffered
+        .query_row([&id], |r| {
+            Ok((
+                (
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, i64>(3)?,
+                ),
+                (r.get::<_, Option<String>>(4)?, r.get::<_, Option<i64>>(5)?),
+            ))
+        })
+        .optional()?;
+    if let Some(((kind, list_name, enqueued_ms, rank), (condition_key, cleared_ms))) = row {
+        let kind = NotificationType::from_db(&kind)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown type {kind:?}")))?;
+        let enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: enqueued_at out of range")))?;
+        let priority = Priority::from_rank(rank)
+            .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown priority rank {rank}")))?;
+        let cleared_at = cleared_ms
+            .map(|ms| {
+                DateTime::from_timestamp_millis(ms)
+                    .ok_or_else(|| BufferError::Corrupt(format!("{id}: cleared_at out of range")))
+            })
+            .transpose()?;
+        return Ok(LocalStatus::Buffered(BufferedStatus {
+            kind,
+            list_name,
+            enqueued_at,
+            priority,
+            condition_key,
+            cleared_at,
+        }));
+    }
+    let mut rejected =
+        conn.prepare_cached("SELECT reason FROM rejected WHERE notification_id = ?1")?;
+    let reason: Option<String> = rejected.query_row([&id], |r| r.get(0)).optional()?;
+    Ok(match reason {
+        Some(reason) => LocalStatus::Rejected { reason },
+        None => LocalStatus::NotHere,
+    })
+}
+
+fn select_stats(conn: &Connection) -> Result<BufferStats> {
+    // COUNT(*) walks the table, which stays cheap even for a week-long outage's worth of rows;
+    // the oldest row is the lowest seq, found through the primary key.
+    let depth: i64 = conn.query_row("SELECT COUNT(*) FROM buffered", [], |r| r.get(0))?;
+    let oldest: Option<i64> = conn
+        .query_row(
+            "SELECT enqueued_at FROM buffered ORDER BY seq LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
+    let rejected: i64 = conn.query_row("SELECT COUNT(*) FROM rejected", [], |r| r.get(0))?;
+    let pending_clears: i64 =
+        conn.query_row("SELECT COUNT(*) FROM pending_clears", [], |r| r.get(0))?;
+    Ok(BufferStats {
+        depth: u64::try_from(depth).unwrap_or(0),
+        oldest_enqueued_at: oldest.and_then(DateTime::from_timestamp_millis),
+        rejected: u64::try_from(rejected).unwrap_or(0),
+        pending_clears: u64::try_from(pending_clears).unwrap_or(0),
+    })
+}
