@@ -9,9 +9,12 @@
 
 // The public surface, each for what outside code uses: `main.rs` (`config`, `telemetry`, `run`),
 // the `outbox-tests` crate's e2e tests and bench (configs with `auth` and `tls`, the `store`
-// backends and their `records`, `domain`), and central's store conformance suite in
-// `tests/conformance` (`store`, `records`, `domain`, `testing`). Test-only helpers and the few
-// internals a test drives directly are re-exported from [`testing`]; everything else is crate-only.
+// backends and their `records`, `domain`, and the dispatcher's lease name the bench holds from a
+// second replica), and central's store conformance suite in `tests/conformance` (`store`,
+// `records`, `domain`, `testing`). Test doubles and the few internals a test drives directly are
+// re-exported from [`testing`], compiled only with the `test-support` feature (which the test
+// crates enable as a dev-dependency feature) or for this crate's unit tests; everything else is
+// crate-only.
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
@@ -19,6 +22,7 @@ pub mod domain;
 pub mod records;
 pub mod store;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod tls;
 
@@ -57,6 +61,8 @@ use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
 use futures_util::future::BoxFuture;
 use task_supervisor::{NodeFailure, Supervisor};
+
+pub use dispatcher::DISPATCHER_LEASE;
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
