@@ -9,9 +9,12 @@
 
 // The public surface, each for what outside code uses: `main.rs` (`config`, `telemetry`, `run`),
 // the `outbox-tests` crate's e2e tests and bench (configs with `auth` and `tls`, the `store`
-// backends and their `records`, `domain`), and central's store conformance suite in
-// `tests/conformance` (`store`, `records`, `domain`, `testing`). Test-only helpers and the few
-// internals a test drives directly are re-exported from [`testing`]; everything else is crate-only.
+// backends and their `records`, `domain`, and the dispatcher's lease name the bench holds from a
+// second replica), and central's store conformance suite in `tests/conformance` (`store`,
+// `records`, `domain`, `testing`). Test doubles and the few internals a test drives directly are
+// re-exported from [`testing`], compiled only with the `test-support` feature (which the test
+// crates enable as a dev-dependency feature) or for this crate's unit tests; everything else is
+// crate-only.
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
@@ -19,6 +22,7 @@ pub mod domain;
 pub mod records;
 pub mod store;
 pub mod telemetry;
+#[cfg(any(test, feature = "test-support"))]
 pub mod testing;
 pub mod tls;
 
@@ -26,6 +30,7 @@ mod config_cache;
 mod console;
 mod delivery;
 mod dispatcher;
+mod drain;
 mod grpc;
 mod health;
 mod kpi_gauges;
@@ -57,6 +62,8 @@ use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
 use futures_util::future::BoxFuture;
 use task_supervisor::{NodeFailure, Supervisor};
+
+pub use dispatcher::DISPATCHER_LEASE;
 
 /// Why the service stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -276,7 +283,10 @@ async fn serve<S: OutboxStore>(
         failure.clone(),
         settings.faults.clone(),
     );
-    let shutdown = failure.or_shutdown(&shutdown);
+    // Everything below stops in the order `drain` sets out, from this token on.
+    let mut drain =
+        drain::DrainOrder::new(failure.or_shutdown(&shutdown), settings.shutdown_timeout);
+    let shutdown = drain.shutdown.clone();
 
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
@@ -291,7 +301,7 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
     )
     .with_supervisor(supervisor.clone());
-    let dispatcher_stop = CancellationToken::new();
+    let dispatcher_stop = drain.dispatch.clone();
     let dispatcher_lease = dispatcher.lease_watch();
     let purge_task = supervisor.spawn("purge", dispatcher_stop.clone(), {
         let (store, metrics) = (Arc::clone(&store), Arc::clone(&metrics));
@@ -315,6 +325,8 @@ async fn serve<S: OutboxStore>(
         dispatcher_stop.clone(),
         dispatcher.run(dispatcher_stop.clone()),
     );
+    drain.stops_after_server("dispatcher", dispatcher_task);
+    drain.stops_after_server("purge", purge_task);
     let kpi_cache = kpi_cache(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -356,15 +368,21 @@ async fn serve<S: OutboxStore>(
         let interval = settings.health_check_interval;
         move || health::watch_store(Arc::clone(&store), health.clone(), interval, stop.clone())
     });
+    drain.stops_with_server("health", health_task);
+    for task in self_alert_tasks.into_iter().flatten() {
+        drain.stops_with_server("self-alert", task);
+    }
+    if let Some(task) = metrics_task {
+        drain.stops_with_server("metrics", task);
+    }
     let reflection_v1 = outbox_proto::reflection(&SERVICE_NAMES).build_v1()?;
     let reflection_v1alpha = outbox_proto::reflection(&SERVICE_NAMES).build_v1alpha()?;
 
-    let streams_stop = CancellationToken::new();
     let ingest = IngestService::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
         Arc::clone(&wake),
-        streams_stop.clone(),
+        drain.streams.clone(),
     )
     .with_site_identity(site_identity)
     .with_stream_limit(settings.server.max_ingest_streams);
@@ -380,24 +398,20 @@ async fn serve<S: OutboxStore>(
         .with_site_offline_after(settings.site_offline_after)
         .with_kpi_cache(kpi_cache),
     );
-    let console_task = match (listeners.console, &settings.console) {
-        (Some(listener), Some(console)) => {
-            let shared: Arc<dyn NotificationOutbox> = Arc::clone(&outbox) as _;
-            // With [tls] the console is served over TLS too, with secure cookies.
-            let tls = settings.tls.console_config()?;
-            let console =
-                console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
-                    .with_site_identity(site_identity);
-            let stop = shutdown.clone();
-            let connections = metrics.console_listener();
-            Some(tokio::spawn(async move {
-                if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
-                    tracing::error!(error = %e, "web console failed");
-                }
-            }))
-        }
-        _ => None,
-    };
+    if let (Some(listener), Some(console)) = (listeners.console, &settings.console) {
+        let shared: Arc<dyn NotificationOutbox> = Arc::clone(&outbox) as _;
+        // With [tls] the console is served over TLS too, with secure cookies.
+        let tls = settings.tls.console_config()?;
+        let console = console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
+            .with_site_identity(site_identity);
+        let stop = shutdown.clone();
+        let connections = metrics.console_listener();
+        drain.console(tokio::spawn(async move {
+            if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
+                tracing::error!(error = %e, "web console failed");
+            }
+        }));
+    }
     let local_addr = listener.local_addr().ok();
     tracing::info!(
         addr = ?local_addr,
@@ -428,58 +442,8 @@ async fn serve<S: OutboxStore>(
             NotificationOutboxServer::from_arc(outbox)
                 .max_decoding_message_size(MAX_GRPC_MESSAGE_BYTES),
         )
-        .serve_with_incoming_shutdown(grpc::incoming(listener), {
-            let shutdown = shutdown.clone();
-            let health = health.clone();
-            async move {
-                shutdown.cancelled().await;
-                tracing::info!("shutting down: health NOT_SERVING, closing streams");
-                health.begin_shutdown().await;
-                // Long-lived submit streams would hold the server open forever: end them.
-                streams_stop.cancel();
-            }
-        });
-
-    // The server stops accepting at shutdown and waits for open calls; bound that wait.
-    let served = tokio::select! {
-        served = server => served,
-        () = async {
-            shutdown.cancelled().await;
-            tokio::time::sleep(settings.shutdown_timeout).await;
-        } => {
-            tracing::warn!("gRPC calls did not finish within the shutdown timeout");
-            Ok(())
-        }
-    };
-    dispatcher_stop.cancel();
-    if let Err(e) = dispatcher_task.await {
-        tracing::error!(error = %e, "dispatcher task failed");
-    }
-    if let Err(e) = health_task.await {
-        tracing::error!(error = %e, "health task failed");
-    }
-    if let Err(e) = purge_task.await {
-        tracing::error!(error = %e, "purge task failed");
-    }
-    for task in self_alert_tasks.into_iter().flatten() {
-        if let Err(e) = task.await {
-            tracing::error!(error = %e, "self-alert task failed");
-        }
-    }
-    if let Some(task) = metrics_task
-        && let Err(e) = task.await
-    {
-        tracing::error!(error = %e, "metrics task failed");
-    }
-    // The console stops taking requests at shutdown and finishes those under way; a browser
-    // holding a request open does not hold up the exit beyond the shutdown timeout.
-    if let Some(task) = console_task {
-        match tokio::time::timeout(settings.shutdown_timeout, task).await {
-            Ok(Err(e)) => tracing::error!(error = %e, "console task failed"),
-            Ok(Ok(())) => {}
-            Err(_) => tracing::warn!("console requests did not finish within the shutdown timeout"),
-        }
-    }
+        .serve_with_incoming_shutdown(grpc::incoming(listener), drain.server_shutdown(health));
+    let served = drain.serve(server).await;
     served?;
     if let Some(task) = failure.task() {
         return Err(RunError::TaskFailed(task));

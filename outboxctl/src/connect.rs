@@ -166,19 +166,9 @@ pub async fn connect(
 }
 
 /// "transport error: tcp connect error: Connection refused (os error 111)": the outer tonic error
-/// alone says nothing useful.
+/// alone says nothing useful. On one line even where a source's text has line breaks.
 fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    crate::error::one_line(&text)
+    crate::error::one_line(&outbox_proto::error_chain(error))
 }
 
 #[cfg(test)]

@@ -1,15 +1,19 @@
 //! The `outbox.v1` contract shared by the site-forwarder, central-outbox and their clients:
 //! generated protobuf types and tonic stubs, the descriptor set for server reflection, the
-//! transport limit, and the conversions between wire messages and the validated content types.
+//! transport limit, the conversions between wire messages and the validated content types, and
+//! the one-line text of a transport error ([`error_chain`]).
 //! (The TLS files both services load live in the `tls-files` crate.)
 //!
 //! The content rules themselves are not here: they live in the `outbox-domain` crate, which has
 //! no transport, and `submission` is the one place a `NotificationSubmit` becomes those types
 //! (and back).
 
+mod error_chain;
 pub mod limits;
 pub mod submission;
 pub mod time;
+
+pub use error_chain::error_chain;
 
 /// Generated messages and services of package `outbox.v1`.
 #[allow(clippy::all, missing_docs)]

@@ -64,7 +64,10 @@ pub struct Console {
     site_identity: SiteIdentity,
 }
 
-pub use listener::{CONSOLE_LIMITS, Peer};
+/// For the e2e listener tests, through `crate::testing`.
+#[cfg(any(test, feature = "test-support"))]
+pub use listener::CONSOLE_LIMITS;
+pub use listener::Peer;
 
 type Shared = Arc<Console>;
 

@@ -19,6 +19,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use outbox_proto::error_chain;
 
 /// How much of a response body [`HttpClient::post`] keeps: enough for a status document or an
 /// error message, small enough that a hostile endpoint cannot make us buffer much.
@@ -198,21 +199,6 @@ where
         }
     }
     Ok(kept)
-}
-
-/// An error and its sources as one line, skipping sources whose text is already included.
-pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let part = s.to_string();
-        if !text.contains(&part) {
-            text.push_str(": ");
-            text.push_str(&part);
-        }
-        source = s.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -39,7 +39,8 @@ impl StartOrder {
 }
 
 impl Turn {
-    /// A turn that waits for nothing: for an attempt outside any order (tests, a one-off).
+    /// A turn that waits for nothing: for an attempt outside any order (tests).
+    #[cfg(any(test, feature = "test-support"))]
     pub fn first() -> Self {
         StartOrder::default().next_turn()
     }

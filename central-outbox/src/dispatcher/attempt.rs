@@ -1,6 +1,10 @@
-//! One delivery attempt of one claimed row: resolve its list, deliver through the channel's
-//! adapter within the attempt's time bound, turn the answer into the row's next state, and
-//! record that outcome under the claim's epoch.
+//! One delivery attempt of one claimed row (or of one digest): resolve its list, deliver through
+//! the channel's adapter within the attempt's time bound, turn the answer into the row's next
+//! state, and hand that outcome to the recorder, which writes it under the claim's epoch.
+//!
+//! A [`Delivery`] is the task a channel loop starts for it: it holds a delivery slot until the
+//! channel has answered and frees it before the outcome is handed over, so the outcome write
+//! shares a commit with the next claim instead of holding the slot for it.
 //!
 //! An attempt never fails its caller: a panic in the adapter, a timeout and an unknown list are
 //! all outcomes like any other, recorded on the row. Its time bound is at most half the claim
@@ -12,7 +16,12 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use futures_util::FutureExt;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_util::sync::CancellationToken;
 
+use super::caught::panic_message;
+use super::digest::Digest;
+use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
@@ -34,7 +43,63 @@ pub(super) fn attempt_timeout(claim_timeout: Duration, channel: &ChannelSettings
     }
 }
 
-/// One delivery attempt of one claimed row, run as its own task.
+/// A delivery a channel loop starts: one attempt, run as a task of its own while it holds a
+/// slot; see the module documentation.
+pub(super) struct Delivery<S, D> {
+    pub(super) attempt: Attempt<S, D>,
+    /// What the adapter delivers: a claimed row, or the one notification of a digest.
+    pub(super) notification: ClaimedNotification,
+    /// The digest `notification` stands for: each of its rows gets the attempt's outcome.
+    pub(super) digest: Option<Digest>,
+    /// Its place at the channel's connections: the order deliveries started in.
+    pub(super) turn: Turn,
+    /// The delivery slot, held until the channel has answered.
+    pub(super) slot: OwnedSemaphorePermit,
+    /// Cancelled when another node takes the lease (the outcome would be refused and the
+    /// successor redelivers the row) or when the drain runs out of time.
+    pub(super) cancelled: CancellationToken,
+    pub(super) recorder: RecorderHandle,
+}
+
+impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
+    /// Delivers, frees the slot, and hands the outcome (each digest row's) to the recorder.
+    /// Returns how long the slot was held; `None`: cancelled before the channel answered.
+    pub(super) async fn run(self) -> Option<Duration> {
+        let Self {
+            attempt,
+            notification,
+            digest,
+            turn,
+            slot,
+            cancelled,
+            recorder,
+        } = self;
+        let began = tokio::time::Instant::now();
+        let record = tokio::select! {
+            biased;
+            () = cancelled.cancelled() => return None,
+            record = attempt.run(notification, turn) => record,
+        };
+        // The slot is free as soon as the channel has answered: the outcome write then shares a
+        // commit with the next claim instead of holding the slot for it.
+        drop(slot);
+        let held = began.elapsed();
+        // Err only once the recorder is gone (a drain that ran out of time): the row is due
+        // again when its claim expires.
+        match digest {
+            None => {
+                let _ = recorder.send(record).await;
+            }
+            Some(digest) => {
+                tracing::debug!(digest = %digest.id, rows = digest.rows.len(), outcome = %record.outcome.as_str(), "digest attempted");
+                let _ = recorder.send_all(digest.records(&record)).await;
+            }
+        }
+        Some(held)
+    }
+}
+
+/// One delivery attempt of one claimed row.
 pub(super) struct Attempt<S, D> {
     pub(super) store: Arc<S>,
     pub(super) metrics: Arc<Metrics>,
@@ -166,13 +231,4 @@ pub(super) fn failed_unsent(
         duration: Duration::ZERO,
         transition,
     }
-}
-
-/// The text a panic was raised with, when it was a string (as `panic!` makes it).
-pub(super) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("a non-text panic payload")
 }

@@ -3,7 +3,8 @@
 //! claim waiting for the database or a rate limit on one channel never holds the other up.
 //!
 //! Each turn of the loop starts what it can (a queued row needs a free slot and a whole
-//! rate-limit token, which it takes), then claims if the channel has room, then waits for
+//! rate-limit token, which it takes), then claims if the channel has room (the rules are
+//! [`super::claim_decision`]; a delivery's task is [`super::attempt::Delivery`]), then waits for
 //! whichever comes first: the lease changing, a claim or settings read answering, a delivery
 //! finishing (its slot is free), something that may have made rows due (a row ingested here,
 //! the poll timer, a lease taken), or the next rate-limit token.
@@ -32,19 +33,20 @@
 //! clock: there, the pacing follows the test's time exactly.
 
 use std::collections::VecDeque;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::attempt::{Attempt, attempt_timeout, failed_unsent, not_sent, panic_message};
+use super::attempt::{Attempt, Delivery, attempt_timeout, failed_unsent, not_sent};
+use super::caught;
 use super::claim_ahead::ClaimAhead;
+use super::claim_decision::{ClaimState, Decision, DueRows, NoClaim, decide};
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
+use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, StartOrder};
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
@@ -75,7 +77,7 @@ pub(super) struct ChannelParts<S, D> {
     /// connection.
     pub(super) claim_batch: Option<usize>,
     /// Where finished attempts go to be recorded (the recorder task).
-    pub(super) recorder: mpsc::Sender<AttemptRecord>,
+    pub(super) recorder: RecorderHandle,
 }
 
 impl<S, D> Clone for ChannelParts<S, D> {
@@ -197,12 +199,9 @@ pub(super) struct ChannelLoop<S, D> {
     digests_checked_at: Option<Instant>,
     /// Which claimed rows go to the longest-waiting (`domain::serve_order`).
     share: LongestWaitingShare,
-    /// The last claim found fewer due rows than it asked for (or failed): none is left until
-    /// something may have made rows due.
-    drained: bool,
-    /// Something may have made rows due since the claim under way read the table, so a short
-    /// answer does not mean nothing is left.
-    due_changed_while_claiming: bool,
+    /// Whether rows may be due: drained after a short claim until something may have made
+    /// rows due ([`DueRows`]).
+    due: DueRows,
     claim: Option<JoinHandle<ClaimAnswer>>,
     settings_read: Option<JoinHandle<Result<ChannelSettings, StoreError>>>,
     /// A settings read answered since the last turn: its answer is fresh enough to claim
@@ -232,8 +231,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             queue: VecDeque::new(),
             digests_checked_at: None,
             share: LongestWaitingShare::default(),
-            drained: false,
-            due_changed_while_claiming: false,
+            due: DueRows::default(),
             claim: None,
             settings_read: None,
             settings_just_read: false,
@@ -308,16 +306,15 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     }
 
     /// One turn: take fresh settings if at hand (or send for them), start what is queued, and
-    /// claim if the channel has room. Returns the deliveries started.
+    /// claim if the channel has room. Returns the deliveries started. Without a lease that
+    /// allows claiming now, a turn does nothing.
     fn sweep(&mut self, mandate: &Mandate) -> usize {
         let Some(epoch) = mandate.now else {
             return 0;
         };
         let fresh = self.refresh_settings();
         let started = self.start_queued(mandate);
-        if fresh {
-            self.claim_if_room(epoch);
-        }
+        self.claim_if_room(epoch, fresh);
         started
     }
 
@@ -377,7 +374,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let store = Arc::clone(&self.parts.store);
         let kind = self.parts.kind;
         self.settings_read = Some(tokio::spawn(async move {
-            caught(read_settings(kind, config, store)).await
+            caught::store_call("the store call", read_settings(kind, config, store)).await
         }));
         false
     }
@@ -406,55 +403,39 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         self.settings = Some(channel);
     }
 
-    /// Sends a claim if the channel has room: no claim under way, rows possibly due, fewer
-    /// rows queued than the free slots plus the depth claimed ahead ([`ClaimAhead`]), and a
-    /// token for more than the queue holds. It claims `claim_batch` rows, or enough to fill
-    /// the free slots, two more per connection and the depth ahead, bounded by the tokens.
-    fn claim_if_room(&mut self, epoch: LeaseEpoch) {
-        if self.claim.is_some() || self.drained {
-            return;
-        }
-        let free = self.slots.free();
+    /// Sends a claim if [`decide`] says the channel has room (`fresh`: its settings are
+    /// current), of as many rows as it says; a channel out of rate-limit tokens takes its next
+    /// turn when one comes.
+    fn claim_if_room(&mut self, epoch: LeaseEpoch, fresh: bool) {
+        let now = now();
         let rate_limit = self
             .settings
             .as_ref()
             .and_then(|c| c.policy().rate_limit)
             .map(|limit| limit.per_second());
-        let mut ahead = self.ahead.rows(self.slots.size, rate_limit);
-        // Outcomes waiting for the recorder mean the database is behind the deliveries: claiming
-        // ahead would only make rows wait longer between their claim and their recorded
-        // outcome, and a claim that runs out first is claimed again while its first send
-        // stands (a duplicate mail). Then the channel claims only once its queue is empty.
-        let unrecorded = self.parts.recorder.max_capacity() - self.parts.recorder.capacity();
-        if unrecorded > ahead + 2 * self.slots.size {
-            ahead = 0;
-        }
-        let queued = self.queue.len();
-        if queued >= free + ahead {
-            return;
-        }
-        let now = now();
-        let tokens = self
-            .bucket
-            .as_mut()
-            .map_or(usize::MAX, |b| b.available(now));
-        if tokens <= queued {
-            self.note_throttle(now);
-            return;
-        }
-        // Claiming ahead cuts the claims per delivery and hides their commit latency: without
-        // it (a claim only once the queue ran dry) four connections waited for every claim,
-        // and a server that spends more on a call than on a row (MS SQL, Babelfish above all)
-        // could not keep up. The price: a row claimed but not yet started when this node dies
-        // shows an InFlight attempt like one that was under way, so its redelivery is reported
-        // as a possible duplicate.
-        let wanted = self.parts.claim_batch.unwrap_or_else(|| {
-            (free + 2 * self.connections + ahead)
-                .saturating_sub(queued)
-                .min(tokens - queued)
-        });
+        let state = ClaimState {
+            settings_fresh: fresh,
+            claim_under_way: self.claim.is_some(),
+            drained: self.due.drained(),
+            free_slots: self.slots.free(),
+            slots: self.slots.size,
+            connections: self.connections,
+            queued: self.queue.len(),
+            ahead: self.ahead.rows(self.slots.size, rate_limit),
+            recorder_backlog: self.parts.recorder.backlog(),
+            tokens: self.bucket.as_mut().map(|b| b.available(now)),
+            claim_batch: self.parts.claim_batch,
+        };
+        let wanted = match decide(&state) {
+            Decision::Claim(rows) => rows,
+            Decision::Wait(NoClaim::Throttled) => {
+                self.note_throttle(now);
+                return;
+            }
+            Decision::Wait(_) => return,
+        };
         let lanes = self.share.split(wanted);
-        self.due_changed_while_claiming = false;
+        self.due.claim_sent();
         let look_for_digest = self
             .digests_checked_at
             .is_none_or(|at| now.duration_since(at) >= DIGEST_CHECK_INTERVAL);
@@ -482,7 +463,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                     .await?;
                 Ok(Taken { digest, rows })
             };
-            let taken = caught(claim).await;
+            let taken = caught::store_call("the store call", claim).await;
             ClaimAnswer {
                 wanted,
                 epoch,
@@ -512,7 +493,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let short = taken.as_ref().map_or(true, |taken| {
             taken.rows.len() < wanted && taken.digest.is_none()
         });
-        self.drained = short && !self.due_changed_while_claiming;
+        self.due.claim_answered(short);
         let Taken { digest, rows } = taken?;
         if digest.is_some() {
             self.digests_checked_at = None;
@@ -597,39 +578,18 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 retry,
                 timeout,
             };
-            let turn = self.start_order.next_turn();
-            let cancelled = scope.token.clone();
-            let recorder = self.parts.recorder.clone();
-            self.deliveries.spawn(async move {
-                // Cancelled when another node takes the lease (its outcome would be refused
-                // and the successor redelivers the row) or when the drain runs out of time.
-                let began = tokio::time::Instant::now();
-                let record = tokio::select! {
-                    biased;
-                    () = cancelled.cancelled() => return None,
-                    record = attempt.run(notification, turn) => record,
-                };
-                // The slot is free as soon as the channel has answered: the outcome write then
-                // shares a commit with the next claim instead of holding the slot for it.
-                drop(permit);
-                let held = began.elapsed();
-                // Err only once the recorder is gone (a drain that ran out of time): the row
-                // is due again when its claim expires.
-                match digest {
-                    None => {
-                        let _ = recorder.send(record).await;
-                    }
-                    Some(digest) => {
-                        tracing::debug!(digest = %digest.id, rows = digest.rows.len(), outcome = %record.outcome.as_str(), "digest attempted");
-                        for record in digest.records(&record) {
-                            if recorder.send(record).await.is_err() {
-                                break;
-                            }
-                        }
-                    }
+            self.deliveries.spawn(
+                Delivery {
+                    attempt,
+                    notification,
+                    digest,
+                    turn: self.start_order.next_turn(),
+                    slot: permit,
+                    cancelled: scope.token.clone(),
+                    recorder: self.parts.recorder.clone(),
                 }
-                Some(held)
-            });
+                .run(),
+            );
             started += 1;
         }
         started
@@ -664,12 +624,8 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     fn record_unsent(&mut self, records: Vec<AttemptRecord>) {
         let recorder = self.parts.recorder.clone();
         self.deliveries.spawn(async move {
-            for record in records {
-                // Err only once the recorder is gone: the row is due when its claim expires.
-                if recorder.send(record).await.is_err() {
-                    break;
-                }
-            }
+            // Err only once the recorder is gone: the rows are due when their claims expire.
+            let _ = recorder.send_all(records).await;
             None
         });
     }
@@ -689,8 +645,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     /// Something may have made rows due (a row ingested, the poll timer, a lease taken): the
     /// next turn claims again. A finished delivery or a lease renewal does not count.
     fn due_may_have_changed(&mut self) {
-        self.drained = false;
-        self.due_changed_while_claiming = self.claim.is_some();
+        self.due.woken(self.claim.is_some());
     }
 
     fn delivery_ended(&mut self, ended: Result<Option<Duration>, tokio::task::JoinError>) {
@@ -819,20 +774,6 @@ impl<T> From<LostCall> for Result<T, StoreError> {
             lost.0
         )))
     }
-}
-
-/// A panic in a store call is a bug, but it must cost only this call: it is answered as the
-/// database being unavailable, so the channel is claimed again at the next ingest or poll.
-async fn caught<T>(call: impl Future<Output = Result<T, StoreError>>) -> Result<T, StoreError> {
-    AssertUnwindSafe(call)
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| {
-            Err(StoreError::Unavailable(format!(
-                "the store call panicked: {}",
-                panic_message(panic.as_ref())
-            )))
-        })
 }
 
 async fn sleep_until(deadline: Option<tokio::time::Instant>) {

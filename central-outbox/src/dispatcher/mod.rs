@@ -7,9 +7,11 @@
 //!   (the epoch this node may claim under now, and the epoch its work belongs to with that
 //!   epoch's cancellation token), and turns ingest and the poll timer into "rows may be due";
 //! - one loop per channel (`channel`): its slots, rate limit, queue of rows claimed ahead and
-//!   its claims, in the order of `domain::serve_order`;
+//!   its claims, in the order of `domain::serve_order`; whether it claims, and how many rows,
+//!   is the pure `claim_decision`, how deep it claims ahead `claim_ahead`;
 //! - one attempt per row (`attempt`), run as a task holding a slot;
-//! - the recorder (`recorder`), one task writing every outcome, in groups.
+//! - the recorder (`recorder`), one task writing every outcome, in groups; the channel loops
+//!   hold its handle, which also says how many outcomes wait for a write.
 //!
 //! The lease rules. A node claims and starts rows only under a lease still valid. When the
 //! lease lapses (no renewal succeeded for its TTL) it stops claiming and starting, but keeps
@@ -34,8 +36,10 @@
 //! makes.
 
 mod attempt;
+mod caught;
 mod channel;
 mod claim_ahead;
+mod claim_decision;
 mod digest;
 mod lease;
 mod recorder;
@@ -48,7 +52,7 @@ mod paused_tests;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -56,7 +60,7 @@ use crate::config_cache::ConfigCache;
 use crate::delivery::{Adapters, Deliver};
 use crate::domain::NotificationType;
 use crate::metrics::Metrics;
-use crate::records::{AttemptRecord, LeaseEpoch};
+use crate::records::LeaseEpoch;
 use crate::store::DispatchStore;
 use channel::{ChannelLoop, ChannelParts};
 use lease::{EpochScope, LeaseKeeper, LeaseSettings, LeaseView, Mandate, Tenure};
@@ -124,7 +128,7 @@ pub struct Dispatcher<S, D = Adapters> {
     channels: Vec<ChannelLoop<S, D>>,
     /// Where the channel loops send finished attempts, and the recorder's task (started at
     /// the first use, supervised).
-    recorder: Option<(mpsc::Sender<AttemptRecord>, JoinHandle<()>)>,
+    recorder: Option<(recorder::RecorderHandle, JoinHandle<()>)>,
     /// Cancelled when the recorder may end (the drain): it ends once every record is written.
     recorder_stop: CancellationToken,
     /// Restarts the keeper, the channel loops and the recorder when they fail; see

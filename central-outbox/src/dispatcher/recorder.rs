@@ -18,14 +18,13 @@
 //! restarted after a panic takes up the records still queued. A write that panics costs only
 //! its own records (counted as unrecorded, due again when their claims expire).
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use super::caught;
 use super::lease::DISPATCHER_LEASE;
 use crate::metrics::Metrics;
 use crate::records::AttemptRecord;
@@ -52,11 +51,48 @@ const MAX_PAUSE: Duration = Duration::from_secs(1);
 /// inbox, so records queued when a run failed are written by the next.
 pub(super) type Inbox = Arc<tokio::sync::Mutex<mpsc::Receiver<AttemptRecord>>>;
 
-/// A new outbox for finished attempts: the sending side for the channel loops, and the
-/// recorder's inbox.
-pub(super) fn channel() -> (mpsc::Sender<AttemptRecord>, Inbox) {
+/// A new outbox for finished attempts: the channel loops' handle, and the recorder's inbox.
+pub(super) fn channel() -> (RecorderHandle, Inbox) {
     let (records, received) = mpsc::channel(BACKLOG);
-    (records, Arc::new(tokio::sync::Mutex::new(received)))
+    (
+        RecorderHandle { records },
+        Arc::new(tokio::sync::Mutex::new(received)),
+    )
+}
+
+/// The recorder as the channel loops and their deliveries see it: where records are handed
+/// over, and how many wait for a write. The recorder ends once every handle is dropped and
+/// what they handed over is written.
+#[derive(Debug, Clone)]
+pub(super) struct RecorderHandle {
+    records: mpsc::Sender<AttemptRecord>,
+}
+
+/// The recorder is gone (a drain that ran out of time): a record not handed over leaves its
+/// row due again when its claim expires.
+#[derive(Debug)]
+pub(super) struct RecorderGone;
+
+impl RecorderHandle {
+    /// Hands `record` over, waiting (holding no slot) while the backlog is full.
+    pub(super) async fn send(&self, record: AttemptRecord) -> Result<(), RecorderGone> {
+        self.records.send(record).await.map_err(|_| RecorderGone)
+    }
+
+    /// Hands `records` over in order, stopping at the first that cannot be (the rest are
+    /// then not handed over either: the recorder is gone).
+    pub(super) async fn send_all(&self, records: Vec<AttemptRecord>) -> Result<(), RecorderGone> {
+        for record in records {
+            self.send(record).await?;
+        }
+        Ok(())
+    }
+
+    /// Records handed over and not yet taken by a write: how far the database is behind the
+    /// deliveries (at most [`BACKLOG`]).
+    pub(super) fn backlog(&self) -> usize {
+        self.records.max_capacity() - self.records.capacity()
+    }
 }
 
 /// One run of the recorder: writes what arrives in `inbox` until every sender is gone and
@@ -118,15 +154,11 @@ async fn record_outcomes<S: DispatchStore>(
         .iter()
         .map(|r| (r.id, r.transition.status))
         .collect();
-    let written = AssertUnwindSafe(write_retrying(&*store, &metrics, records, retry_for))
-        .catch_unwind()
-        .await
-        .unwrap_or_else(|panic| {
-            Err(StoreError::Unavailable(format!(
-                "the outcome write panicked: {}",
-                super::attempt::panic_message(panic.as_ref())
-            )))
-        });
+    let written = caught::store_call(
+        "the outcome write",
+        write_retrying(&*store, &metrics, records, retry_for),
+    )
+    .await;
     match written {
         Ok(applied) => {
             for ((id, status), applied) in ids.into_iter().zip(applied) {

@@ -74,6 +74,7 @@
 mod claimed;
 pub mod mssql;
 pub mod sqlite;
+mod stored_list;
 
 use std::future::Future;
 use std::time::Duration;

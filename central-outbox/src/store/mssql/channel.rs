@@ -17,15 +17,14 @@ use tiberius::Row;
 
 use super::dispatch::single_count;
 use super::{MsSqlStore, decode, result_set, sql};
+use crate::domain::ListName;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, SmtpAuth,
     SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
-use crate::domain::consolidation::Consolidation;
 use crate::domain::retry::Backoff;
-use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
-use crate::domain::{ListName, NotificationType};
 use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
+use crate::store::stored_list::StoredList;
 use crate::store::{Result, StoreError};
 
 /// The channel key of the email settings row in `ChannelConfig`.
@@ -43,60 +42,25 @@ fn read_list(
     mut targets: Vec<String>,
     secrets: &Keyring,
 ) -> Result<Stored<NotificationList>> {
-    let name = ListName::parse(decode::text(row, "Name")?).map_err(corrupt)?;
-    let kind = decode::text(row, "Type")?;
-    let kind =
-        NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
+    // Sorted as the SQLite backend reads them (ORDER BY Address: byte order, as here).
     targets.sort();
-    let targets = match kind {
-        NotificationType::Email => ListTargets::Email(
-            targets
-                .iter()
-                .map(|a| EmailAddress::parse(a, "recipients").map_err(corrupt))
-                .collect::<Result<_>>()?,
-        ),
-        NotificationType::Webhook => ListTargets::Webhook(WebhookTarget {
-            endpoints: targets
-                .iter()
-                .map(|u| WebhookUrl::parse(u).map_err(corrupt))
-                .collect::<Result<_>>()?,
-            format: match decode::opt_text(row, "WebhookFormat")? {
-                None => WebhookFormat::Generic,
-                Some(f) => WebhookFormat::parse(&f)
-                    .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
-            },
-            secret: decode::opt_text(row, "WebhookSecret")?
-                .map(|s| secrets.open(&s, Slot::WebhookSecret(name.as_str())))
-                .transpose()?,
-        }),
+    let consolidation = |column| decode::opt::<i32>(row, column).map(|v| v.map(i64::from));
+    let stored = StoredList {
+        name: ListName::parse(decode::text(row, "Name")?).map_err(corrupt)?,
+        kind: decode::text(row, "Type")?,
+        webhook_format: decode::opt_text(row, "WebhookFormat")?,
+        webhook_secret: decode::opt_text(row, "WebhookSecret")?,
+        targets,
+        consolidation: [
+            consolidation("ConsolidateThreshold")?,
+            consolidation("ConsolidateWindowSeconds")?,
+            consolidation("ConsolidateMaxPerDigest")?,
+        ],
     };
     Ok(Stored {
-        value: NotificationList {
-            name,
-            targets,
-            consolidation: read_consolidation(row)?,
-        },
+        value: stored.decode(secrets)?,
         updated_at: decode::time(row, "UpdatedAt")?,
     })
-}
-
-/// A list row's consolidation settings: all three columns set, or none (migration 0007's
-/// constraint keeps them so, within the domain's limits).
-fn read_consolidation(row: &Row) -> Result<Option<Consolidation>> {
-    let threshold = decode::opt::<i32>(row, "ConsolidateThreshold")?;
-    let window = decode::opt::<i32>(row, "ConsolidateWindowSeconds")?;
-    let max = decode::opt::<i32>(row, "ConsolidateMaxPerDigest")?;
-    let (Some(threshold), Some(window), Some(max)) = (threshold, window, max) else {
-        return Ok(None);
-    };
-    let whole = |v: i32| u32::try_from(v).unwrap_or(0);
-    Consolidation::parse(
-        whole(threshold),
-        Duration::from_secs(u64::from(whole(window))),
-        whole(max),
-    )
-    .map(Some)
-    .map_err(corrupt)
 }
 
 /// Targets by list name, from a `ListName, Address` result.

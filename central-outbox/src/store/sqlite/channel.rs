@@ -15,15 +15,15 @@ use rusqlite::{Connection, OptionalExtension, params};
 use super::{at_ms, corrupt, duration_ms, ms};
 use std::time::Duration;
 
+use crate::domain::ListName;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, OAuthClientCredentials, SmtpAuth,
     SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::retry::Backoff;
-use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
-use crate::domain::{ListName, NotificationType};
 use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::Result;
+use crate::store::stored_list::StoredList;
 
 /// The channel key of the email settings row in `ChannelConfig`.
 const EMAIL_CHANNEL: &str = "email";
@@ -54,46 +54,19 @@ pub(super) fn select_list(
             ))
         })
         .optional()?;
-    let Some((kind, format, secret, updated_at, consolidation)) = row else {
+    let Some((kind, webhook_format, webhook_secret, updated_at, consolidation)) = row else {
         return Ok(None);
     };
-    let consolidation = match consolidation {
-        [Some(threshold), Some(window), Some(max)] => {
-            Some(super::consolidate::decode(threshold, window, max).map_err(corrupt)?)
-        }
-        _ => None,
-    };
-    let kind =
-        NotificationType::from_db(&kind).ok_or_else(|| corrupt(format!("list type {kind:?}")))?;
-    let targets = select_targets(conn, name)?;
-    let targets = match kind {
-        NotificationType::Email => ListTargets::Email(
-            targets
-                .iter()
-                .map(|a| EmailAddress::parse(a, "recipients").map_err(corrupt))
-                .collect::<Result<_>>()?,
-        ),
-        NotificationType::Webhook => ListTargets::Webhook(WebhookTarget {
-            endpoints: targets
-                .iter()
-                .map(|u| WebhookUrl::parse(u).map_err(corrupt))
-                .collect::<Result<_>>()?,
-            format: match format {
-                None => WebhookFormat::Generic,
-                Some(f) => WebhookFormat::parse(&f)
-                    .ok_or_else(|| corrupt(format!("webhook format {f:?}")))?,
-            },
-            secret: secret
-                .map(|s| secrets.open(&s, Slot::WebhookSecret(name.as_str())))
-                .transpose()?,
-        }),
+    let stored = StoredList {
+        name: name.clone(),
+        kind,
+        webhook_format,
+        webhook_secret,
+        targets: select_targets(conn, name)?,
+        consolidation,
     };
     Ok(Some(Stored {
-        value: NotificationList {
-            name: name.clone(),
-            targets,
-            consolidation,
-        },
+        value: stored.decode(secrets)?,
         updated_at: at_ms("UpdatedAt", updated_at)?,
     }))
 }

@@ -12,6 +12,7 @@ use crate::domain::consolidation::{Consolidation, limits};
 use crate::domain::{NotificationId, NotificationType, Submission};
 use crate::records::{ClaimedNotification, LeaseEpoch};
 use crate::store::Result;
+use crate::store::stored_list::consolidation_settings;
 
 /// A list's consolidation settings as stored; `None` when the list does not consolidate (or
 /// does not exist). A stored setting out of its limits (a hand edit) consolidates nothing
@@ -30,23 +31,9 @@ pub(super) fn settings(conn: &Connection, list: &str) -> Result<Option<Consolida
     let Some((Some(threshold), Some(window), Some(max))) = stored else {
         return Ok(None);
     };
-    Ok(decode(threshold, window, max)
+    Ok(consolidation_settings(threshold, window, max)
         .inspect_err(|e| tracing::error!(list, error = %e, "stored consolidation settings are invalid; not consolidating"))
         .ok())
-}
-
-/// The stored columns as domain settings.
-pub(super) fn decode(
-    threshold: i64,
-    window_seconds: i64,
-    max_per_digest: i64,
-) -> std::result::Result<Consolidation, crate::domain::ContentError> {
-    let int = |v: i64| u32::try_from(v).unwrap_or(u32::MAX);
-    Consolidation::parse(
-        int(threshold),
-        Duration::from_secs(u64::try_from(window_seconds).unwrap_or(u64::MAX)),
-        int(max_per_digest),
-    )
 }
 
 /// Counts the just-stored row `s` as an arrival of its list's current window and holds it

@@ -22,11 +22,11 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
+use central_outbox::DISPATCHER_LEASE;
 use central_outbox::domain::kpi::KpiParams;
 use central_outbox::records::{InsertOutcome, NewNotification};
 use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore, ScratchDatabase};
 use central_outbox::store::{AdminStore, DispatchStore, IngestStore};
-use central_outbox::testing::DISPATCHER_LEASE;
 use serde_json::{Value, json};
 
 use crate::fixtures::{self, CentralRows};
@@ -211,7 +211,7 @@ impl CentralDb {
                     let count = ROWS_PER_SUBMIT.min(n - written);
                     let batch = (0..count)
                         .map(|_| {
-                            central_outbox::testing::submission(crate::central_figures::submit())
+                            outbox_proto::submission::parse(crate::central_figures::submit())
                                 .map(NewNotification::new)
                                 .map_err(|e| anyhow!("a generated notification is invalid: {e}"))
                         })
