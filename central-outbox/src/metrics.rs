@@ -83,9 +83,18 @@ struct CheckLabels {
     figure: &'static str,
 }
 
+/// The steps of a retention pass, each a `step` label of its failures (exported at zero).
+pub const PURGE_STEPS: [&str; 2] = ["notifications", "site_health"];
+
 /// The figures the self-alert watch reads, each a `figure` label of its check failures
 /// (exported at zero once self-alerts are on, so an alert rule sees the first failure).
 pub const SELF_ALERT_FIGURES: [&str; 6] = ["history", "lease", "kpis", "queue", "held", "store"];
+
+/// Which step of a retention pass failed.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PurgeStepLabels {
+    step: &'static str,
+}
 
 /// How a heartbeat call went.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -164,6 +173,7 @@ pub struct Metrics {
     /// Site nodes the purge forgot (silent for `retention.site_health_retention`), and health
     /// reports refused because their site already had `MAX_NODES_PER_SITE` nodes.
     site_nodes_forgotten: Counter,
+    purge_failures: Family<PurgeStepLabels, Counter>,
     site_health_refused: Counter,
     /// 1 while ingest cannot tell sites apart (no client certificates required).
     site_identity_unverified: Gauge,
@@ -312,6 +322,17 @@ impl Metrics {
              retention.site_health_retention (they no longer show in ListSiteHealth or here)",
             site_nodes_forgotten.clone(),
         );
+        let purge_failures = Family::<PurgeStepLabels, Counter>::default();
+        registry.register(
+            "outbox_purge_failures",
+            "Retention passes whose step failed (the store refused it), by step: notifications \
+             (terminal rows past retention) or site_health (silent nodes); tried again at the next \
+             retention.purge_interval",
+            purge_failures.clone(),
+        );
+        for step in PURGE_STEPS {
+            purge_failures.get_or_create_owned(&PurgeStepLabels { step });
+        }
         let site_health_refused = Counter::default();
         registry.register(
             "outbox_site_health_reports_refused",
@@ -420,6 +441,7 @@ impl Metrics {
             purged,
             purged_parked,
             site_nodes_forgotten,
+            purge_failures,
             site_health_refused,
             site_identity_unverified,
             claims_released,
@@ -638,6 +660,14 @@ impl Metrics {
     pub fn site_nodes_forgotten(&self, nodes: usize) {
         self.site_nodes_forgotten
             .inc_by(u64::try_from(nodes).unwrap_or(u64::MAX));
+    }
+
+    /// Counts a failed step (one of [`PURGE_STEPS`]) of a retention pass.
+    pub fn purge_failed(&self, step: &'static str) {
+        debug_assert!(PURGE_STEPS.contains(&step), "{step}");
+        self.purge_failures
+            .get_or_create(&PurgeStepLabels { step })
+            .inc();
     }
 
     /// Counts a health report refused because its site is full.
@@ -914,6 +944,10 @@ mod tests {
             sample(&text, "outbox_ingest_streams_refused_total"),
             Some(0.0)
         );
+        for step in PURGE_STEPS {
+            let series = format!("outbox_purge_failures_total{{step=\"{step}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
+        }
         for listener in ["metrics", "console"] {
             let series =
                 format!("outbox_http_connections_refused_total{{listener=\"{listener}\"}}");

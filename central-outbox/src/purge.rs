@@ -64,7 +64,10 @@ pub async fn run<S: DispatchStore>(
                 metrics.purged(&report);
                 log(&report, settings.terminal_retention);
             }
-            Err(e) => tracing::error!(error = %e, "purge failed; retrying next interval"),
+            Err(e) => {
+                metrics.purge_failed("notifications");
+                tracing::error!(error = %e, "purge failed; retrying next interval");
+            }
         }
         match store
             .forget_silent_nodes(settings.site_health_retention)
@@ -74,10 +77,13 @@ pub async fn run<S: DispatchStore>(
                 metrics.site_nodes_forgotten(forgotten.len());
                 log_forgotten(&forgotten, settings.site_health_retention);
             }
-            Err(e) => tracing::error!(
-                error = %e,
-                "forgetting silent site nodes failed; retrying next interval"
-            ),
+            Err(e) => {
+                metrics.purge_failed("site_health");
+                tracing::error!(
+                    error = %e,
+                    "forgetting silent site nodes failed; retrying next interval"
+                );
+            }
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

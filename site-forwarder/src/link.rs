@@ -92,21 +92,8 @@ fn with_tls(
         })
 }
 
-/// An error and its sources on one line: tonic's own text ("transport error") hides the cause
-/// ("Connection refused") in its source.
-pub fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
+/// An error and its sources on one line (one copy for every crate, in the contract's crate).
+pub use outbox_proto::error_chain;
 
 #[cfg(test)]
 mod tests {

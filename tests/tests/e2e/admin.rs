@@ -399,14 +399,10 @@ async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
     });
     let parked = ingest_one(&central, "Parked and never looked at").await;
     wait_for_status(&central.db, &parked, "Parked").await;
-    sink.set_behaviour(Behaviour::RejectMail {
-        code: 451,
-        text: "4.3.0 try again later".into(),
-    });
-    let live = ingest_one(&central, "Still retrying").await;
-    wait_for_status(&central.db, &live, "Retrying").await;
-    // The live row's next retries wait an hour: an operator's change, stored, so the restart
-    // below keeps it (the file only seeds what the database lacks).
+    // The live row's retries wait an hour, set before it is sent so that it stays Retrying
+    // (with the test's short delay it could be retried to Parked between two looks at a slow
+    // database): an operator's change, stored, so the restart below keeps it (the file only
+    // seeds what the database lacks).
     let mut outbox = central.outbox().await;
     let smtp = outbox
         .get_smtp_config(v1::GetSmtpConfigRequest {})
@@ -427,6 +423,12 @@ async fn the_purge_removes_terminal_rows_past_retention_and_keeps_live_ones() {
         })
         .await
         .unwrap();
+    sink.set_behaviour(Behaviour::RejectMail {
+        code: 451,
+        text: "4.3.0 try again later".into(),
+    });
+    let live = ingest_one(&central, "Still retrying").await;
+    wait_for_status(&central.db, &live, "Retrying").await;
     central.stop().await;
 
     // Restart with a retention shorter than the resolved rows' age: the new leader purges once.
