@@ -19,21 +19,27 @@ GO
 -- already stored, in any status, is stored Superseded at once: this index finds the newest row
 -- of a key. It holds every keyed row, and none of its columns change after the insert.
 -- Both indexes here are dropped if they exist and created, so the migration can run again (a
--- conformance test replays the migrations from 0010): an INDEXPROPERTY guard never finds an
--- index on Babelfish (see migration 0005).
+-- conformance test replays the migrations from 0010): an INDEXPROPERTY guard alone never finds
+-- an index on Babelfish (see migration 0005); it stays for the rule every CREATE follows.
 DROP INDEX IF EXISTS IX_Notifications_ConditionLatest ON dbo.Notifications;
 GO
+IF INDEXPROPERTY(OBJECT_ID(N'dbo.Notifications'), N'IX_Notifications_ConditionLatest', N'IndexID') IS NULL
+BEGIN
 CREATE NONCLUSTERED INDEX IX_Notifications_ConditionLatest
     ON dbo.Notifications (SourceSiteId, ConditionKey, ListName, SiteEnqueuedAt)
     WHERE ConditionKey IS NOT NULL;
+END;
 GO
 
 -- The rows whose ending waits for their claim, found by each claim once the claim expired.
 DROP INDEX IF EXISTS IX_Notifications_PendingEnd ON dbo.Notifications;
 GO
+IF INDEXPROPERTY(OBJECT_ID(N'dbo.Notifications'), N'IX_Notifications_PendingEnd', N'IndexID') IS NULL
+BEGIN
 CREATE NONCLUSTERED INDEX IX_Notifications_PendingEnd
     ON dbo.Notifications (ClaimedUntil)
     WHERE PendingEnd IS NOT NULL AND Status IN (N'Pending', N'Retrying', N'Held');
+END;
 GO
 
 -- A supersede or a clear ends Parked rows too (a failure of a state the condition has left is
@@ -42,7 +48,10 @@ GO
 -- than an INDEXPROPERTY guard, which never finds the index on Babelfish (see migration 0005).
 DROP INDEX IF EXISTS IX_Notifications_Condition ON dbo.Notifications;
 GO
+IF INDEXPROPERTY(OBJECT_ID(N'dbo.Notifications'), N'IX_Notifications_Condition', N'IndexID') IS NULL
+BEGIN
 CREATE NONCLUSTERED INDEX IX_Notifications_Condition
     ON dbo.Notifications (SourceSiteId, ConditionKey, ListName, SiteEnqueuedAt)
     WHERE Status IN (N'Pending', N'Retrying', N'Held', N'Parked') AND ConditionKey IS NOT NULL;
+END;
 GO
