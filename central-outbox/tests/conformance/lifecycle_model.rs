@@ -47,6 +47,8 @@ use chrono::{DateTime, Utc};
 use outbox_domain::ScriptOrigin;
 use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 
+use crate::poll::Asks;
+
 const LEASE: &str = "dispatcher";
 /// Two dispatcher nodes take turns holding the lease.
 const NODES: [&str; 2] = ["node-a", "node-b"];
@@ -59,9 +61,9 @@ const KEYS: [&str; 3] = ["tank4.level", "pump7.trip", "door.open"];
 const LIVE_CLAIM: Duration = Duration::from_secs(30 * 24 * 3600);
 /// A node that dies as it claims: its claim has expired by the next step.
 const DEAD_CLAIM: Duration = Duration::from_millis(1);
-/// Between two steps, so a dead node's claim and a retry's delay are over (the stores keep
-/// milliseconds).
-const STEP_GAP: Duration = Duration::from_millis(3);
+/// The stores keep milliseconds: an expiry has passed for them once the clock has left its
+/// millisecond, so the model waits this much beyond it.
+const STORE_TICK: Duration = Duration::from_millis(2);
 const MAX_RETRIES: i64 = 2;
 /// The seeds `make test` runs: two plain draws, and one whose batch holds two rows of one
 /// condition at the same site time (the later in the batch wins).
@@ -124,8 +126,8 @@ pub async fn the_lifecycle_matches_its_model<S: OutboxStore>(store: &S) {
         );
         let mut case = Case::new(seed, cases, lease);
         for step in 0..plan.steps {
+            case.await_lapses().await;
             case.step(store, step).await;
-            tokio::time::sleep(STEP_GAP).await;
         }
         case.drain(store).await;
         eprintln!("lifecycle model: case {cases} ended {}", case.summary());
@@ -230,6 +232,9 @@ struct Case {
     /// must be refused.
     stale: Vec<ClaimedNotification>,
     policy: RetryPolicy,
+    /// When every dead node's claim and every retry delay the case has started is over: the
+    /// model counts those rows claimable, so the next step waits for this (and only then).
+    lapses_at: Option<Instant>,
     /// What happened so far, for the failure message.
     log: Vec<String>,
 }
@@ -245,7 +250,21 @@ impl Case {
             lease,
             stale: Vec::new(),
             policy: RetryPolicy::clamped(MAX_RETRIES, Duration::from_millis(1), Backoff::Fixed).0,
+            lapses_at: None,
             log: Vec::new(),
+        }
+    }
+
+    /// Something the case started (a dead node's claim, a retry delay) lapses after `wait`.
+    fn lapses_after(&mut self, wait: Duration) {
+        let at = Instant::now() + wait + STORE_TICK;
+        self.lapses_at = Some(self.lapses_at.map_or(at, |later| later.max(at)));
+    }
+
+    /// Waits until whatever the case started has lapsed by the stores' clock.
+    async fn await_lapses(&mut self) {
+        if let Some(at) = self.lapses_at.take() {
+            tokio::time::sleep_until(at.into()).await;
         }
     }
 
@@ -587,6 +606,9 @@ impl Case {
             )
             .await
             .unwrap();
+        if !live {
+            self.lapses_after(DEAD_CLAIM);
+        }
         assert_eq!(
             claimed.len(),
             wanted.min(claimable.len()),
@@ -610,6 +632,9 @@ impl Case {
             )
             .await
             .unwrap();
+        if !live {
+            self.lapses_after(DEAD_CLAIM);
+        }
         self.take(claimed, live, true);
     }
 
@@ -678,6 +703,9 @@ impl Case {
         let transition = record.transition.clone();
         let applied = store.record_outcome(LEASE, record).await.unwrap();
         assert_eq!(applied, applies, "{}", self.ctx());
+        if let Some(next) = transition.next_attempt_at.filter(|_| applied) {
+            self.lapses_after((next - Utc::now()).to_std().unwrap_or_default());
+        }
         let row = &mut self.rows[index];
         if applied {
             row.claim = None;
@@ -868,8 +896,10 @@ impl Case {
     /// (due again when it expires), exactly as the model says, with its history telling why.
     async fn drain<S: OutboxStore>(&mut self, store: &S) {
         self.log.push("drain".into());
-        let give_up = Instant::now() + Duration::from_secs(60);
+        // Held rows wait for their window's end.
+        let mut asks = Asks::within(Duration::from_secs(60));
         loop {
+            asks.next().await;
             // Outcomes for the leader's own live claims.
             let mine: Vec<usize> = (0..self.rows.len())
                 .filter(|i| {
@@ -926,7 +956,7 @@ impl Case {
                 break;
             }
             assert!(
-                Instant::now() < give_up,
+                !asks.overdue(),
                 "rows still waiting after the drain: {:?}; {}",
                 self.rows
                     .iter()
@@ -935,8 +965,6 @@ impl Case {
                     .collect::<Vec<_>>(),
                 self.ctx()
             );
-            // Held rows wait for their window's end.
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         self.check_all(store).await;
         for (index, row) in self.rows.iter().enumerate() {

@@ -156,8 +156,10 @@ async fn random_traffic_ends_every_notification_and_mails_nothing_stale() {
                 sink.set_reply_delay(Duration::from_millis(delay));
             }
             _ => {
-                // Traffic comes in bursts and pauses, so the dispatcher interleaves with it.
-                tokio::time::sleep(Duration::from_millis(rng.u64(0..40))).await;
+                // Traffic comes in bursts and pauses, so the dispatcher interleaves with it: a
+                // pause lasts until the relay takes the next message, or at most a drawn while.
+                let most = Duration::from_millis(rng.u64(0..40));
+                sink.wait_for_count(sink.accepted_count() + 1, most).await;
             }
         }
     }
