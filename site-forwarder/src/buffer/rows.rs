@@ -46,6 +46,19 @@ impl Page {
         let unreadable = self.unreadable.iter().map(|(seq, _, _)| *seq);
         rows.chain(unreadable).max()
     }
+
+    /// Adds the row at `seq`, selected with [`ROW_COLUMNS`]: rebuilt, or set aside with the
+    /// rule it breaks.
+    fn push_row(&mut self, seq: Seq, row: &rusqlite::Row<'_>) -> rusqlite::Result<()> {
+        match decode_row(row)? {
+            Ok(n) => self.rows.push((seq, n)),
+            Err(problem) => {
+                let id: String = row.get(1)?;
+                self.unreadable.push((seq, id, problem.to_string()));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The newest seq ever handed out: AUTOINCREMENT keeps it in `sqlite_sequence` even after the
@@ -176,14 +189,7 @@ pub(super) fn select_after(conn: &Connection, after: Seq, limit: i64) -> Result<
     let mut rows = stmt.query(params![after.0, limit])?;
     let mut page = Page::default();
     while let Some(row) = rows.next()? {
-        let seq = Seq(row.get(0)?);
-        match decode_row(row)? {
-            Ok(n) => page.rows.push((seq, n)),
-            Err(problem) => {
-                let id: String = row.get(1)?;
-                page.unreadable.push((seq, id, problem.to_string()));
-            }
-        }
+        page.push_row(Seq(row.get(0)?), row)?;
     }
     Ok(page)
 }
@@ -279,13 +285,7 @@ pub(super) fn select_at(conn: &Connection, seqs: Vec<Seq>) -> Result<Page> {
     for seq in seqs {
         let mut rows = stmt.query([seq.0])?;
         if let Some(row) = rows.next()? {
-            match decode_row(row)? {
-                Ok(n) => page.rows.push((seq, n)),
-                Err(problem) => {
-                    let id: String = row.get(1)?;
-                    page.unreadable.push((seq, id, problem.to_string()));
-                }
-            }
+            page.push_row(seq, row)?;
         }
     }
     Ok(page)

@@ -7,7 +7,7 @@
 //! This module holds what every topic shares: the fake central, starting a site (or one node of
 //! a pair, or with `/metrics`), the client calls, and reading a running site's buffer file. The
 //! tests are in one file per topic: [`forwarding`], [`serving`], [`metrics`], [`pair`],
-//! [`clears`], [`pair_clears`], [`room`].
+//! [`clears`], [`pair_clears`], [`room`]; [`pair_rig`] runs the two nodes of a pair.
 //!
 //! Every port a test uses stays its own from start to end: listeners are bound up front and
 //! handed to the code under test ([`crate::run_with`]), and an address with nothing behind it
@@ -40,12 +40,14 @@ use tonic::transport::Channel;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use crate::config::Config;
+use pair_rig::{Node, PairRig};
 
 mod clears;
 mod forwarding;
 mod metrics;
 mod pair;
 mod pair_clears;
+mod pair_rig;
 mod room;
 mod serving;
 
@@ -653,60 +655,43 @@ fn pair_node(
     }
 }
 
-/// The notification ids in a buffer file's `buffered` table, read beside its writer.
-fn buffered_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
+/// What `sql` selects from a buffer file, read beside its writer, each row through `row`.
+fn read_buffer<T, C: FromIterator<T>>(
+    buffer: &std::path::Path,
+    sql: &str,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> C {
     let conn =
         rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT notification_id FROM buffered")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
+    let mut stmt = conn.prepare(sql).unwrap();
+    stmt.query_map([], row)
         .unwrap()
         .collect::<Result<_, _>>()
         .unwrap()
+}
+
+/// The notification ids in a buffer file's `buffered` table.
+fn buffered_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
+    read_buffer(buffer, "SELECT notification_id FROM buffered", |r| r.get(0))
 }
 
 /// The notification ids of a buffer file's rows that a clear marked.
 fn marked_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
-    let conn =
-        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT notification_id FROM buffered WHERE cleared_at IS NOT NULL")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    let sql = "SELECT notification_id FROM buffered WHERE cleared_at IS NOT NULL";
+    read_buffer(buffer, sql, |r| r.get(0))
 }
 
 /// The keys of a buffer file's pending clears.
 fn pending_clear_keys(buffer: &std::path::Path) -> Vec<String> {
-    let conn =
-        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT condition_key FROM pending_clears ORDER BY condition_key")
-        .unwrap();
-    stmt.query_map([], |r| r.get(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    let sql = "SELECT condition_key FROM pending_clears ORDER BY condition_key";
+    read_buffer(buffer, sql, |r| r.get(0))
 }
 
 /// A buffer file's pending clears: key, watermark and time, by key.
 fn pending_clears(buffer: &std::path::Path) -> Vec<(String, i64, i64)> {
-    let conn =
-        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT condition_key, up_to_seq, cleared_at FROM pending_clears ORDER BY 1")
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    let sql = "SELECT condition_key, up_to_seq, cleared_at FROM pending_clears ORDER BY 1";
+    read_buffer(buffer, sql, |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
 }
 
 /// Waits until `done` holds, failing after a generous deadline.

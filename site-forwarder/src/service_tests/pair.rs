@@ -5,16 +5,11 @@ use super::*;
 
 /// The notification ids in a buffer file's `buffered` table with their priority ranks.
 fn buffered_priorities(buffer: &std::path::Path) -> std::collections::BTreeMap<String, i64> {
-    let conn =
-        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT notification_id, priority FROM buffered")
-        .unwrap();
-    stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    read_buffer(
+        buffer,
+        "SELECT notification_id, priority FROM buffered",
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )
 }
 
 /// Sends `n` notifications on 8 connections at once, cycling through every priority value
@@ -47,23 +42,12 @@ async fn send_concurrently(site: &Site, n: usize, tag: &str) -> Vec<String> {
 /// memory (sent while it follows).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
-    use crate::domain::Role;
-    let central_port = Reserved::new();
-    let central = central_port.addr;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let active = start_pair_node(
-        central,
-        a_port,
-        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
-    )
-    .await;
-    let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
+    let central = Reserved::new();
+    let mut pair = PairRig::new(central.addr);
+    let active = pair.start(Node::A).await;
 
     let mut sent = send_concurrently(&active, 300, "before").await;
-    let mut standby = start_pair_node(central, b_port, standby_config()).await;
+    let mut standby = pair.start(Node::B).await;
     standby
         .wait_for("the rows sent before it attached", |s| s.depth == 300)
         .await;
@@ -72,23 +56,22 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
         .wait_for("the rows sent while it follows", |s| s.depth == 900)
         .await;
     let expected: std::collections::BTreeSet<String> = sent.iter().cloned().collect();
-    assert_eq!(buffered_ids(&b_buffer), expected);
+    assert_eq!(buffered_ids(pair.buffer(Node::B)), expected);
 
     // Down and back: it resumes, reading what it missed from the table.
-    standby.shut_down().await;
-    let b_port = Reserved::again(b_pair);
+    pair.stop(Node::B, standby).await;
     sent.extend(send_concurrently(&active, 200, "while away").await);
-    let mut standby = start_pair_node(central, b_port, standby_config()).await;
+    let mut standby = pair.start(Node::B).await;
     sent.extend(send_concurrently(&active, 200, "after").await);
     standby
         .wait_for("every row after the restart", |s| s.depth == 1300)
         .await;
     let expected: std::collections::BTreeSet<String> = sent.into_iter().collect();
-    assert_eq!(buffered_ids(&b_buffer), expected);
-    assert_eq!(buffered_ids(&a_buffer), expected);
+    assert_eq!(buffered_ids(pair.buffer(Node::B)), expected);
+    assert_eq!(buffered_ids(pair.buffer(Node::A)), expected);
     // Each row with the priority it was sent with (an unspecified one stored as normal).
-    let priorities = buffered_priorities(&b_buffer);
-    assert_eq!(priorities, buffered_priorities(&a_buffer));
+    let priorities = buffered_priorities(pair.buffer(Node::B));
+    assert_eq!(priorities, buffered_priorities(pair.buffer(Node::A)));
     let ranks: std::collections::BTreeSet<i64> = priorities.values().copied().collect();
     assert_eq!(ranks, (0..4).collect());
     standby.shut_down().await;
@@ -99,28 +82,15 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
 /// held in memory for the stream: it never keeps a row the active deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_drops_every_row_central_acked() {
-    use crate::domain::Role;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let central_addr = listener.local_addr().unwrap();
     let central_stop = CancellationToken::new();
     let central = FakeCentral::default();
     start_central(central.clone(), listener, central_stop.clone()).await;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let b_buffer = dir.path().join("b.db");
-    let mut active = start_pair_node(
-        central_addr,
-        a_port,
-        pair_node("a", Role::Active, a_pair, b_pair, dir.path().join("a.db")),
-    )
-    .await;
-    let mut standby = start_pair_node(
-        central_addr,
-        b_port,
-        pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
-    )
-    .await;
+    let mut pair = PairRig::new(central_addr);
+    let mut active = pair.start(Node::A).await;
+    let mut standby = pair.start(Node::B).await;
+    let b_buffer = pair.buffer(Node::B);
     standby
         .wait_for("the standby to follow", |s| s.active_node == "a")
         .await;
@@ -139,15 +109,15 @@ async fn a_standby_drops_every_row_central_acked() {
     central.acks_held.send_replace(true);
     let last = active.send("last").await;
     eventually("the standby to copy the last row", || {
-        buffered_ids(&b_buffer).contains(&last)
+        buffered_ids(b_buffer).contains(&last)
     })
     .await;
-    assert_eq!(buffered_ids(&b_buffer), [last].into());
+    assert_eq!(buffered_ids(b_buffer), [last].into());
     central.acks_held.send_replace(false);
     standby
         .wait_for("the standby to drop the last row", |s| s.depth == 0)
         .await;
-    assert!(buffered_ids(&b_buffer).is_empty());
+    assert!(buffered_ids(b_buffer).is_empty());
     standby.shut_down().await;
     active.shut_down().await;
     central_stop.cancel();

@@ -8,21 +8,14 @@ use super::*;
 /// as it refuses a Send: only the active's clears reach central.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
-    use crate::domain::Role;
-    let central_port = Reserved::new();
-    let central = central_port.addr;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_pair_node(
-        central,
-        a_port,
-        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
-    )
-    .await;
-    let standby_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
-    let mut standby = start_pair_node(central, b_port, standby_config()).await;
+    let central = Reserved::new();
+    let mut pair = PairRig::new(central.addr);
+    let mut active = pair.start(Node::A).await;
+    let mut standby = pair.start(Node::B).await;
+    let (a_buffer, b_buffer) = (
+        pair.buffer(Node::A).to_owned(),
+        pair.buffer(Node::B).to_owned(),
+    );
 
     let high = [
         active.send_keyed("high", "tank4.level.high").await,
@@ -51,10 +44,9 @@ async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
     assert_eq!(pending_clears(&b_buffer), pending_clears(&a_buffer));
 
     // Marked while the standby is away: a resume copies the marks it missed.
-    standby.shut_down().await;
-    let b_port = Reserved::again(b_pair);
+    pair.stop(Node::B, standby).await;
     assert_eq!(active.clear("pump7.running").await.unwrap(), 1);
-    let mut standby = start_pair_node(central, b_port, standby_config()).await;
+    let mut standby = pair.start(Node::B).await;
     let mut expected = expected;
     expected.insert(pump);
     eventually("the resumed standby to copy the marks", || {
@@ -117,25 +109,14 @@ impl FakeCentral {
 /// forwards the row of the key sent after the clear.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
-    use crate::domain::Role;
     let central_port = Reserved::new();
-    let central_addr = central_port.addr;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_pair_node(
-        central_addr,
-        a_port,
-        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
-    )
-    .await;
-    let mut standby = start_pair_node(
-        central_addr,
-        b_port,
-        pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
-    )
-    .await;
+    let mut pair = PairRig::new(central_port.addr);
+    let mut active = pair.start(Node::A).await;
+    let mut standby = pair.start(Node::B).await;
+    let (a_buffer, b_buffer) = (
+        pair.buffer(Node::A).to_owned(),
+        pair.buffer(Node::B).to_owned(),
+    );
     let key = "tank4.level.high";
     let high = active.send_keyed("high", key).await;
     let plain = active.send("plain").await;
@@ -172,25 +153,14 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
 /// A clear central applied leaves the standby too: the active's list replaces the standby's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clear_central_applied_leaves_the_standby() {
-    use crate::domain::Role;
     let central_port = Reserved::new();
-    let central_addr = central_port.addr;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let mut active = start_pair_node(
-        central_addr,
-        a_port,
-        pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone()),
-    )
-    .await;
-    let mut standby = start_pair_node(
-        central_addr,
-        b_port,
-        pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone()),
-    )
-    .await;
+    let mut pair = PairRig::new(central_port.addr);
+    let mut active = pair.start(Node::A).await;
+    let mut standby = pair.start(Node::B).await;
+    let (a_buffer, b_buffer) = (
+        pair.buffer(Node::A).to_owned(),
+        pair.buffer(Node::B).to_owned(),
+    );
     active.send_keyed("high", "tank4.level.high").await;
     active.clear("tank4.level.high").await.unwrap();
     active.clear("pump7.running").await.unwrap();
@@ -230,35 +200,30 @@ async fn a_clear_central_applied_leaves_the_standby() {
 /// old active, now its standby, ends with the new active's pending clears, then none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handover_carries_the_pending_clear() {
-    use crate::domain::Role;
     let central_port = Reserved::new();
-    let central_addr = central_port.addr;
-    let (a_port, b_port) = (Reserved::new(), Reserved::new());
-    let (a_pair, b_pair) = (a_port.addr, b_port.addr);
-    let dir = tempfile::tempdir().unwrap();
-    let (a_buffer, b_buffer) = (dir.path().join("a.db"), dir.path().join("b.db"));
-    let a_config = || pair_node("a", Role::Active, a_pair, b_pair, a_buffer.clone());
-    let b_config = || pair_node("b", Role::Standby, b_pair, a_pair, b_buffer.clone());
-    let mut a = start_pair_node(central_addr, a_port, a_config()).await;
-    let mut b = start_pair_node(central_addr, b_port, b_config()).await;
+    let mut pair = PairRig::new(central_port.addr);
+    let mut a = pair.start(Node::A).await;
+    let mut b = pair.start(Node::B).await;
+    let (a_buffer, b_buffer) = (
+        pair.buffer(Node::A).to_owned(),
+        pair.buffer(Node::B).to_owned(),
+    );
     b.wait_for("b to follow a", |s| s.active_node == "a").await;
-    b.shut_down().await;
-    let b_port = Reserved::again(b_pair);
+    pair.stop(Node::B, b).await;
 
     let key = "tank4.level.high";
     let high = a.send_keyed("high", key).await;
     assert_eq!(a.clear(key).await.unwrap(), 1);
     let again_on_a = a.send_keyed("high again", key).await;
-    a.shut_down().await;
-    let a_port = Reserved::again(a_pair);
+    pair.stop(Node::A, a).await;
     let on_a = pending_clears(&a_buffer);
     assert_eq!(pending_clear_keys(&a_buffer), [key]);
     assert!(pending_clear_keys(&b_buffer).is_empty());
 
-    let mut b = start_pair_node(central_addr, b_port, b_config()).await;
+    let mut b = pair.start(Node::B).await;
     b.promote().await;
     let again_on_b = b.send_keyed("high on b", key).await;
-    let a = start_pair_node(central_addr, a_port, a_config()).await;
+    let mut a = pair.start(Node::A).await;
     b.wait_for("a's rows and clear to be handed over", |s| {
         s.depth == 3 && pending_clear_keys(&b_buffer).len() == 1
     })
@@ -269,7 +234,6 @@ async fn a_handover_carries_the_pending_clear() {
         vec![(key.to_owned(), 0, on_a[0].2)],
         "due at once on the new active, as cleared on the old one"
     );
-    let mut a = a;
     a.wait_for("a to follow b", |s| s.active_node == "b" && s.depth == 3)
         .await;
     eventually("a to hold b's pending clears", || {

@@ -1579,22 +1579,19 @@ fn view_duration(d: Option<&prost_types::Duration>) -> Duration {
     d.and_then(from_duration).unwrap()
 }
 
-fn view_policy(
-    max_retries: u32,
-    retry_delay: Option<&prost_types::Duration>,
-    backoff: i32,
-    max_retry_delay: Option<&prost_types::Duration>,
-    connections: u32,
-    rate: Option<f64>,
-    burst: u32,
-) -> PolicyModel {
-    PolicyModel {
-        max_retries,
-        retry_delay: view_duration(retry_delay),
-        exponential: (backoff == 2).then(|| view_duration(max_retry_delay)),
-        connections,
-        rate: rate.map(|r| (r, burst)),
-    }
+/// The pacing and retry fields, which `SmtpConfig` and `WebhookConfig` both carry under the
+/// same names, as the model holds them.
+macro_rules! view_policy {
+    ($v:expr) => {{
+        let v = $v;
+        PolicyModel {
+            max_retries: v.max_retries,
+            retry_delay: view_duration(v.retry_delay.as_ref()),
+            exponential: (v.backoff == 2).then(|| view_duration(v.max_retry_delay.as_ref())),
+            connections: v.max_concurrent_connections,
+            rate: v.rate_limit_per_second.map(|r| (r, v.rate_limit_burst)),
+        }
+    }};
 }
 
 fn smtp_view(v: &v1::SmtpConfig) -> SmtpModel {
@@ -1616,30 +1613,14 @@ fn smtp_view(v: &v1::SmtpConfig) -> SmtpModel {
         },
         timeout: view_duration(v.timeout.as_ref()),
         overall_timeout: view_duration(v.overall_timeout.as_ref()),
-        policy: view_policy(
-            v.max_retries,
-            v.retry_delay.as_ref(),
-            v.backoff,
-            v.max_retry_delay.as_ref(),
-            v.max_concurrent_connections,
-            v.rate_limit_per_second,
-            v.rate_limit_burst,
-        ),
+        policy: view_policy!(v),
     }
 }
 
 fn webhook_view(v: &v1::WebhookConfig) -> WebhookModel {
     WebhookModel {
         timeout: view_duration(v.timeout.as_ref()),
-        policy: view_policy(
-            v.max_retries,
-            v.retry_delay.as_ref(),
-            v.backoff,
-            v.max_retry_delay.as_ref(),
-            v.max_concurrent_connections,
-            v.rate_limit_per_second,
-            v.rate_limit_burst,
-        ),
+        policy: view_policy!(v),
     }
 }
 

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use rusqlite::{Connection, params};
 
-use super::notification;
+use super::{all_rows, damage, notification, select_one};
 use crate::buffer::pending_clears::AdoptedClears;
 use crate::buffer::pending_clears::{APPLIED_CLEARS_KEPT, remember_applied};
 use crate::buffer::schema::{SCHEMA_V1, SCHEMA_V2, SCHEMA_V3, SCHEMA_VERSION};
@@ -64,12 +64,7 @@ async fn a_clear_marks_only_this_sites_unmarked_rows_of_the_key_and_records_the_
             cleared_at: at,
         }
     );
-    let rows = buffer
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let rows = all_rows(&buffer).await.rows;
     assert_eq!(marks(&rows), vec![Some(at), Some(at), None, None, None]);
     let Ok(LocalStatus::Buffered(status)) = buffer.status().local_status(rows[0].1.id).await else {
         panic!("still buffered");
@@ -88,12 +83,7 @@ async fn a_clear_marks_only_this_sites_unmarked_rows_of_the_key_and_records_the_
         .unwrap();
     assert_eq!(cleared.marked, 1);
     assert_eq!(cleared.pending.up_to, later);
-    let rows = buffer
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let rows = all_rows(&buffer).await.rows;
     assert_eq!(
         marks(&rows),
         vec![Some(at), Some(at), None, None, None, Some(again)]
@@ -290,26 +280,14 @@ async fn a_version_3_buffer_is_upgraded_and_its_rows_have_no_key() {
     }
 
     let buffer = Buffer::open(&path).unwrap();
-    let rows = buffer
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let rows = all_rows(&buffer).await.rows;
     let expected = BufferedNotification {
         priority: crate::domain::Priority::High,
         ..n
     };
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].1, expected, "the same row, with no key and no mark");
-    let version: i64 = buffer
-        .db()
-        .read(|c| {
-            c.query_row("PRAGMA user_version", [], |r| r.get(0))
-                .map_err(BufferError::from)
-        })
-        .await
-        .unwrap();
+    let version: i64 = select_one(&buffer, "PRAGMA user_version").await;
     assert_eq!(version, SCHEMA_VERSION);
     assert!(buffer.clears().pending_clears_now().is_empty());
     let cleared = buffer
@@ -320,12 +298,7 @@ async fn a_version_3_buffer_is_upgraded_and_its_rows_have_no_key() {
     assert_eq!(cleared.marked, 0);
     let keyed = about("new", "k1");
     buffer.intake().enqueue(keyed.clone()).await.unwrap();
-    let rows = buffer
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let rows = all_rows(&buffer).await.rows;
     assert_eq!(rows.last().map(|(_, r)| r), Some(&keyed));
 }
 
@@ -423,14 +396,7 @@ async fn handed_over_clears_are_merged_per_key_and_never_applied_twice() {
     let head = buffer.replication().head_now();
     let finished = buffer.handover().finish_handover(head, 2).await.unwrap();
     assert_eq!(finished.deleted_clears, vec!["k2".to_owned()]);
-    let applied: i64 = buffer
-        .db()
-        .read(|c| {
-            c.query_row("SELECT COUNT(*) FROM applied_clears", [], |r| r.get(0))
-                .map_err(BufferError::from)
-        })
-        .await
-        .unwrap();
+    let applied: i64 = select_one(&buffer, "SELECT COUNT(*) FROM applied_clears").await;
     assert_eq!(applied, 0);
 }
 
@@ -468,23 +434,11 @@ async fn an_invalid_stored_key_is_a_bad_row_and_an_invalid_pending_clear_is_skip
     let dir = tempfile::tempdir().unwrap();
     let buffer = open(&dir);
     let bad = buffer.intake().enqueue(about("a", "k1")).await.unwrap();
-    buffer
-        .db()
-        .write(move |c| {
-            c.execute(
-                "UPDATE buffered SET condition_key = 'tank 4' WHERE seq = ?1",
-                [bad.0],
-            )?;
-            c.execute("INSERT INTO pending_clears VALUES ('tank 4', 1, 0)", [])
-                .map_err(BufferError::from)
-        })
-        .await
-        .unwrap();
-    let page = buffer
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap();
+    let key = "UPDATE buffered SET condition_key = 'tank 4' WHERE seq = ?1";
+    damage(&buffer, key, bad).await;
+    let clear = "INSERT INTO pending_clears SELECT 'tank 4', ?1, 0";
+    damage(&buffer, clear, Seq(1)).await;
+    let page = all_rows(&buffer).await;
     assert!(page.rows.is_empty());
     assert!(
         page.unreadable[0].2.starts_with("condition_key:"),

@@ -1,7 +1,7 @@
 //! The buffer's side of a site pair: the role record, a standby's copy, the feed it copies
 //! from, and both ends of a hand-over.
 
-use super::notification;
+use super::{all_rows, notification};
 use crate::buffer::handover::Adopted;
 use crate::buffer::pending_clears::AdoptedClears;
 use crate::buffer::{Buffer, PairRecord, ReplicaChanges, RetainedSpan};
@@ -52,11 +52,7 @@ async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left(
                 .unwrap(),
         );
     }
-    let page = active
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap();
+    let page = all_rows(&active).await;
     standby
         .replica()
         .apply_replica(ReplicaChanges {
@@ -65,15 +61,7 @@ async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left(
         })
         .await
         .unwrap();
-    assert_eq!(
-        standby
-            .replication()
-            .next_after(Seq::START, 10)
-            .await
-            .unwrap()
-            .rows,
-        page.rows
-    );
+    assert_eq!(all_rows(&standby).await.rows, page.rows);
     let record = standby.roles().pair_record().await.unwrap().unwrap();
     assert_eq!(record.replicated_through, seqs[4]);
 
@@ -100,11 +88,8 @@ async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left(
         })
         .await
         .unwrap();
-    let left: Vec<Seq> = standby
-        .replication()
-        .next_after(Seq::START, 10)
+    let left: Vec<Seq> = all_rows(&standby)
         .await
-        .unwrap()
         .rows
         .iter()
         .map(|(s, _)| *s)
@@ -145,12 +130,7 @@ async fn a_copied_row_replaces_what_held_its_seq_or_its_notification() {
         })
         .await
         .unwrap();
-    let rows = standby
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let rows = all_rows(&standby).await.rows;
     assert_eq!(rows, vec![(Seq(1), new), (Seq(3), moved)]);
     assert!(!standby.status().contains(old.id).await.unwrap());
 }
@@ -292,11 +272,8 @@ async fn adoption_skips_held_rows_and_a_finished_handover_empties_the_node() {
         .await
         .unwrap();
 
-    let rows: Vec<_> = old
-        .replication()
-        .next_after(Seq::START, 10)
+    let rows: Vec<_> = all_rows(&old)
         .await
-        .unwrap()
         .rows
         .into_iter()
         .map(|(_, n)| n)
@@ -373,11 +350,8 @@ async fn a_handover_carries_the_marks_and_the_pending_clears() {
     active.intake().enqueue(own.clone()).await.unwrap();
 
     let mut changes = active.clears().row_changes();
-    let rows: Vec<_> = old
-        .replication()
-        .next_after(Seq::START, 10)
+    let rows: Vec<_> = all_rows(&old)
         .await
-        .unwrap()
         .rows
         .into_iter()
         .map(|(_, n)| n)
@@ -416,12 +390,7 @@ async fn a_handover_carries_the_marks_and_the_pending_clears() {
     );
     let oldest = active.clears().oldest_seq().await.unwrap();
     assert_eq!(clears.due(oldest).count(), 1, "due at once");
-    let copies = active
-        .replication()
-        .next_after(Seq::START, 10)
-        .await
-        .unwrap()
-        .rows;
+    let copies = all_rows(&active).await.rows;
     let waiting: Vec<_> = copies
         .iter()
         .filter(|(seq, row)| clears.holds(*seq, row))
