@@ -90,6 +90,17 @@ pub const PURGE_STEPS: [&str; 2] = ["notifications", "site_health"];
 /// (exported at zero once self-alerts are on, so an alert rule sees the first failure).
 pub const SELF_ALERT_FIGURES: [&str; 6] = ["history", "lease", "kpis", "queue", "held", "store"];
 
+/// The steps of a channel loop's claim, each a `step` label of its failures (exported at zero
+/// for each channel): reading the channel's settings, then claiming due rows with them.
+pub const CLAIM_STEPS: [&str; 2] = ["settings", "claim"];
+
+/// Which channel's claim failed, at which of [`CLAIM_STEPS`].
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClaimStepLabels {
+    channel: &'static str,
+    step: &'static str,
+}
+
 /// Which step of a retention pass failed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PurgeStepLabels {
@@ -179,6 +190,7 @@ pub struct Metrics {
     site_identity_unverified: Gauge,
     /// Claimed rows released unsent (they waited too long for a slot), by channel.
     claims_released: Family<ChannelLabels, Counter>,
+    claim_failures: Family<ClaimStepLabels, Counter>,
     /// Supervised tasks restarted after ending or panicking, and those given up on.
     supervision: SupervisionMetrics,
     /// Each channel's latest attempts (`ChannelStreak`), read by the self-alerts, and its
@@ -365,6 +377,22 @@ impl Metrics {
                 channel: channel.as_str(),
             });
         }
+        let claim_failures = Family::<ClaimStepLabels, Counter>::default();
+        registry.register(
+            "outbox_dispatcher_claim_failures",
+            "Claims of due notifications that failed, by channel and step: settings (reading the \
+             channel's settings) or claim (the claim itself); the channel tries again at its next \
+             turn and delivers nothing new meanwhile",
+            claim_failures.clone(),
+        );
+        for channel in [NotificationType::Email, NotificationType::Webhook] {
+            for step in CLAIM_STEPS {
+                claim_failures.get_or_create_owned(&ClaimStepLabels {
+                    channel: channel.as_str(),
+                    step,
+                });
+            }
+        }
         let supervision = SupervisionMetrics::default();
         supervision.register(&mut registry);
         let consecutive_failures = Family::<ChannelLabels, Gauge>::default();
@@ -445,6 +473,7 @@ impl Metrics {
             site_health_refused,
             site_identity_unverified,
             claims_released,
+            claim_failures,
             supervision,
             streaks: Mutex::new([ChannelStreak::default(); 2]),
             consecutive_failures,
@@ -660,6 +689,17 @@ impl Metrics {
     pub fn site_nodes_forgotten(&self, nodes: usize) {
         self.site_nodes_forgotten
             .inc_by(u64::try_from(nodes).unwrap_or(u64::MAX));
+    }
+
+    /// Counts a failed step (one of [`CLAIM_STEPS`]) of `channel`'s claim.
+    pub fn claim_failed(&self, channel: NotificationType, step: &'static str) {
+        debug_assert!(CLAIM_STEPS.contains(&step), "{step}");
+        self.claim_failures
+            .get_or_create(&ClaimStepLabels {
+                channel: channel.as_str(),
+                step,
+            })
+            .inc();
     }
 
     /// Counts a failed step (one of [`PURGE_STEPS`]) of a retention pass.
@@ -946,6 +986,12 @@ mod tests {
         );
         for step in PURGE_STEPS {
             let series = format!("outbox_purge_failures_total{{step=\"{step}\"}}");
+            assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
+        }
+        for (channel, step) in [("Email", "settings"), ("Webhook", "claim")] {
+            let series = format!(
+                "outbox_dispatcher_claim_failures_total{{channel=\"{channel}\",step=\"{step}\"}}"
+            );
             assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
         }
         for listener in ["metrics", "console"] {

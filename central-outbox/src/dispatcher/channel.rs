@@ -268,6 +268,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 answer = join(&mut self.claim), if self.claim.is_some() => {
                     self.claim = None;
                     if let Err(e) = self.claim_answered(answer, &current) {
+                        self.parts.metrics.claim_failed(self.parts.kind, "claim");
                         tracing::error!(channel = %self.parts.kind, error = %e, "claiming due rows failed");
                     }
                 }
@@ -278,11 +279,14 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                             self.set_settings(settings);
                             self.settings_just_read = true;
                         }
-                        Err(e) => tracing::error!(
-                            channel = %self.parts.kind,
-                            error = %e,
-                            "cannot read the channel settings"
-                        ),
+                        Err(e) => {
+                            self.parts.metrics.claim_failed(self.parts.kind, "settings");
+                            tracing::error!(
+                                channel = %self.parts.kind,
+                                error = %e,
+                                "cannot read the channel settings"
+                            );
+                        }
                     }
                 }
                 Some(finished) = self.deliveries.join_next(), if !self.deliveries.is_empty() => {

@@ -50,6 +50,19 @@ struct GatedStore {
     renewals: AtomicUsize,
     /// Outcome writes still to fail, as SQLite's fail on a full disk.
     failing_outcome_writes: AtomicUsize,
+    /// Reads of the SMTP settings, and claims of email rows, still to fail.
+    failing_smtp_reads: AtomicUsize,
+    failing_email_claims: AtomicUsize,
+}
+
+/// Takes one of `failures` if any is left: the call it stands for fails.
+fn fails(failures: &AtomicUsize) -> Result<()> {
+    match failures.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)) {
+        Ok(_) => Err(crate::store::StoreError::Unavailable(
+            "database or disk is full".into(),
+        )),
+        Err(_) => Ok(()),
+    }
 }
 
 impl ReadChannelSettings for GatedStore {
@@ -57,6 +70,7 @@ impl ReadChannelSettings for GatedStore {
         self.inner.list(name).await
     }
     async fn smtp_settings(&self) -> Result<Option<Stored<SmtpSettings>>> {
+        fails(&self.failing_smtp_reads)?;
         self.inner.smtp_settings().await
     }
     async fn webhook_settings(&self) -> Result<Option<Stored<WebhookSettings>>> {
@@ -98,6 +112,9 @@ impl DispatchStore for GatedStore {
         claim_timeout: Duration,
     ) -> Result<Vec<ClaimedNotification>> {
         self.claims.pass().await;
+        if kind == NotificationType::Email {
+            fails(&self.failing_email_claims)?;
+        }
         self.inner
             .claim_due(lease, epoch, kind, lanes, claim_timeout)
             .await
@@ -121,15 +138,7 @@ impl DispatchStore for GatedStore {
         records: Vec<AttemptRecord>,
     ) -> Result<Vec<bool>> {
         self.outcomes.pass().await;
-        let fail = self
-            .failing_outcome_writes
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .is_ok();
-        if fail {
-            return Err(crate::store::StoreError::Unavailable(
-                "database or disk is full".into(),
-            ));
-        }
+        fails(&self.failing_outcome_writes)?;
         self.inner.record_outcomes(lease, records).await
     }
     async fn purge_terminal(
@@ -148,6 +157,7 @@ impl DispatchStore for GatedStore {
 /// configured, so its delivery parks it at once: every delay comes from the gates.
 struct Rig {
     store: Arc<GatedStore>,
+    metrics: Arc<Metrics>,
     id: NotificationId,
     lease: watch::Receiver<Option<LeaseEpoch>>,
     shutdown: CancellationToken,
@@ -173,6 +183,8 @@ async fn start() -> Rig {
         leases: Gate::closed(),
         renewals: AtomicUsize::new(0),
         failing_outcome_writes: AtomicUsize::new(0),
+        failing_smtp_reads: AtomicUsize::new(0),
+        failing_email_claims: AtomicUsize::new(0),
     });
     let content = NotificationContent::parse(
         NotificationType::Email,
@@ -205,9 +217,10 @@ async fn start() -> Rig {
         drain_timeout: Duration::from_secs(20),
         claim_batch: None,
     };
+    let metrics = Arc::new(Metrics::new());
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
-        Arc::new(Metrics::new()),
+        Arc::clone(&metrics),
         Arc::new(Adapters::new().unwrap()),
         Arc::new(ConfigCache::new()),
         settings,
@@ -219,6 +232,7 @@ async fn start() -> Rig {
     let task = tokio::spawn(dispatcher.run(shutdown.clone()));
     Rig {
         store,
+        metrics,
         id,
         lease,
         shutdown,
@@ -395,6 +409,44 @@ async fn an_outcome_whose_write_fails_for_a_while_is_written_when_it_can_be() {
         .unwrap()
         .history;
     assert_eq!(history.len(), 1, "attempted again: {history:?}");
+    rig.shutdown.cancel();
+    rig.task.await.unwrap();
+}
+
+/// A claim the store refuses, and a read of the settings it claims with, are counted where an
+/// alert rule sees them, and tried again: the row is settled once the store answers, in one
+/// attempt.
+#[tokio::test]
+async fn claims_the_store_refuses_are_counted_and_tried_again() {
+    let rig = start().await;
+    rig.store.failing_smtp_reads.store(2, Ordering::SeqCst);
+    rig.store.failing_email_claims.store(3, Ordering::SeqCst);
+    rig.store.claims.open();
+    rig.store.outcomes.open();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while status(&rig.store, rig.id).await == Status::Pending {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the row was not claimed after the failures"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let text = rig.metrics.render();
+    for (step, failed) in [("settings", 2), ("claim", 3)] {
+        let series = format!(
+            "outbox_dispatcher_claim_failures_total{{channel=\"Email\",step=\"{step}\"}} {failed}\n"
+        );
+        assert!(text.contains(&series), "{series}{text}");
+    }
+    let history = rig
+        .store
+        .inner
+        .detail(rig.id)
+        .await
+        .unwrap()
+        .unwrap()
+        .history;
+    assert_eq!(history.len(), 1, "{history:?}");
     rig.shutdown.cancel();
     rig.task.await.unwrap();
 }
