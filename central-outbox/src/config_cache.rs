@@ -30,15 +30,15 @@ use crate::domain::channel::{NotificationList, SmtpSettings, WebhookSettings};
 use crate::store::{ReadChannelSettings, Result};
 
 /// Longest a cached value is used as it is.
-pub const MAX_AGE: Duration = Duration::from_secs(1);
+pub(crate) const MAX_AGE: Duration = Duration::from_secs(1);
 
 /// How long past [`MAX_AGE`] a list may still be served while it is read again. Beyond it (the
 /// store failing all along) an attempt reads the list itself, and fails if it cannot.
-pub const MAX_STALE: Duration = Duration::from_secs(30);
+pub(crate) const MAX_STALE: Duration = Duration::from_secs(30);
 
 /// Cached channel settings and lists. Shared by the dispatcher and the admin service.
 #[derive(Debug, Default)]
-pub struct ConfigCache {
+pub(crate) struct ConfigCache {
     /// Bumped by every local change; entries from an older generation are stale.
     generation: AtomicU64,
     smtp: Mutex<Option<Entry<SmtpSettings>>>,
@@ -63,18 +63,18 @@ impl<T: Clone> Entry<T> {
 }
 
 impl ConfigCache {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// Forgets everything: the configuration was just changed through this node.
-    pub fn invalidate(&self) {
+    pub(crate) fn invalidate(&self) {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// The SMTP settings if a fresh copy is at hand, without a store call. `None`: the store
     /// must be read (no copy, an old one, or no settings stored: absence is never cached).
-    pub fn fresh_smtp_settings(&self) -> Option<SmtpSettings> {
+    pub(crate) fn fresh_smtp_settings(&self) -> Option<SmtpSettings> {
         let generation = self.generation.load(Ordering::Acquire);
         lock(&self.smtp)
             .as_ref()
@@ -82,7 +82,7 @@ impl ConfigCache {
     }
 
     /// The stored SMTP settings, `None` when there are none.
-    pub async fn smtp_settings<S: ReadChannelSettings>(
+    pub(crate) async fn smtp_settings<S: ReadChannelSettings>(
         &self,
         store: &S,
     ) -> Result<Option<SmtpSettings>> {
@@ -102,7 +102,7 @@ impl ConfigCache {
     }
 
     /// The webhook settings if a fresh copy is at hand, without a store call.
-    pub fn fresh_webhook_settings(&self) -> Option<WebhookSettings> {
+    pub(crate) fn fresh_webhook_settings(&self) -> Option<WebhookSettings> {
         let generation = self.generation.load(Ordering::Acquire);
         lock(&self.webhook)
             .as_ref()
@@ -111,7 +111,7 @@ impl ConfigCache {
 
     /// The webhook settings to deliver with: the stored ones, or the domain's defaults while
     /// none are stored.
-    pub async fn webhook_settings<S: ReadChannelSettings>(
+    pub(crate) async fn webhook_settings<S: ReadChannelSettings>(
         &self,
         store: &S,
     ) -> Result<WebhookSettings> {
@@ -134,7 +134,7 @@ impl ConfigCache {
 
     /// The list called `name`, `None` when there is none. A copy past [`MAX_AGE`] is served
     /// while a background task reads the list again (see the module documentation).
-    pub async fn list<S: ReadChannelSettings>(
+    pub(crate) async fn list<S: ReadChannelSettings>(
         self: &Arc<Self>,
         store: &Arc<S>,
         name: &ListName,

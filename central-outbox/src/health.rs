@@ -18,7 +18,7 @@ use crate::store::IngestStore;
 
 /// Reports one status for the overall "" entry and every named service.
 #[derive(Clone)]
-pub struct Health {
+pub(crate) struct Health {
     reporter: HealthReporter,
     services: &'static [&'static str],
     /// Set once shutdown begins; afterwards nothing turns the status back to SERVING.
@@ -26,7 +26,7 @@ pub struct Health {
 }
 
 impl Health {
-    pub fn new(reporter: HealthReporter, services: &'static [&'static str]) -> Self {
+    pub(crate) fn new(reporter: HealthReporter, services: &'static [&'static str]) -> Self {
         Self {
             reporter,
             services,
@@ -41,7 +41,7 @@ impl Health {
     }
 
     /// The store's state as last probed (ignored once shutdown began).
-    pub async fn store_ok(&self, ok: bool) {
+    pub(crate) async fn store_ok(&self, ok: bool) {
         let stopping = self.stopping.lock().await;
         if !*stopping {
             self.set(if ok {
@@ -54,7 +54,7 @@ impl Health {
     }
 
     /// NOT_SERVING for good.
-    pub async fn begin_shutdown(&self) {
+    pub(crate) async fn begin_shutdown(&self) {
         let mut stopping = self.stopping.lock().await;
         *stopping = true;
         self.set(ServingStatus::NotServing).await;
@@ -62,7 +62,7 @@ impl Health {
 }
 
 /// Probes the store every `interval` until `shutdown`, reporting changes.
-pub async fn watch_store<S: IngestStore>(
+pub(crate) async fn watch_store<S: IngestStore>(
     store: Arc<S>,
     health: Health,
     interval: Duration,

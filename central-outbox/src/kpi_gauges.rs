@@ -23,23 +23,23 @@ use crate::metrics::Metrics;
 use crate::store::Result;
 
 /// Figures younger than this are served again (to scrapes and to `GetKpis`).
-pub const REUSE: Duration = Duration::from_secs(1);
+pub(crate) const REUSE: Duration = Duration::from_secs(1);
 /// Longest a scrape waits for a KPI query; after it, the gauges keep their last values. Well
 /// inside Prometheus's default scrape timeout (10 s).
-pub const WAIT: Duration = Duration::from_secs(2);
+pub(crate) const WAIT: Duration = Duration::from_secs(2);
 
 /// What one refresh reads: the KPIs, and each site node's health with the offline rule applied.
 #[derive(Debug, Clone, Default)]
-pub struct Figures {
+pub(crate) struct Figures {
     pub kpis: Kpis,
     pub sites: Vec<NodeHealth>,
 }
 
 /// Reads the figures now (the store's KPI and site health queries, in the service).
-pub type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Figures>> + Send + Sync>;
+pub(crate) type ReadKpis = Box<dyn Fn() -> BoxFuture<'static, Result<Figures>> + Send + Sync>;
 
 /// The KPI gauges' refresher; one per process, shared by every scrape.
-pub struct KpiGauges {
+pub(crate) struct KpiGauges {
     read: ReadKpis,
     metrics: Arc<Metrics>,
     state: Mutex<State>,
@@ -56,7 +56,7 @@ struct State {
 }
 
 impl KpiGauges {
-    pub fn new(read: ReadKpis, metrics: Arc<Metrics>) -> Arc<Self> {
+    pub(crate) fn new(read: ReadKpis, metrics: Arc<Metrics>) -> Arc<Self> {
         Arc::new(Self {
             read,
             metrics,
@@ -65,7 +65,7 @@ impl KpiGauges {
     }
 
     /// Brings the gauges up to date, as far as [`REUSE`] and [`WAIT`] allow.
-    pub async fn refresh(self: &Arc<Self>) {
+    pub(crate) async fn refresh(self: &Arc<Self>) {
         let Some(mut done) = self.start_unless_fresh() else {
             return;
         };
@@ -77,7 +77,9 @@ impl KpiGauges {
     /// as it takes (an API call, unlike a scrape, wants the figures rather than an answer within
     /// [`WAIT`]); a query already under way is joined, not repeated. `None` when the query
     /// failed: the caller asks the store itself, to answer with its error.
-    pub async fn fresh(self: &Arc<Self>) -> Option<(chrono::DateTime<chrono::Utc>, Arc<Figures>)> {
+    pub(crate) async fn fresh(
+        self: &Arc<Self>,
+    ) -> Option<(chrono::DateTime<chrono::Utc>, Arc<Figures>)> {
         if let Some(mut done) = self.start_unless_fresh() {
             // Err: the query's task panicked; what is below then reads stale figures as none.
             let _ = done.wait_for(|finished| *finished).await;

@@ -84,15 +84,16 @@ struct CheckLabels {
 }
 
 /// The steps of a retention pass, each a `step` label of its failures (exported at zero).
-pub const PURGE_STEPS: [&str; 2] = ["notifications", "site_health"];
+pub(crate) const PURGE_STEPS: [&str; 2] = ["notifications", "site_health"];
 
 /// The figures the self-alert watch reads, each a `figure` label of its check failures
 /// (exported at zero once self-alerts are on, so an alert rule sees the first failure).
-pub const SELF_ALERT_FIGURES: [&str; 6] = ["history", "lease", "kpis", "queue", "held", "store"];
+pub(crate) const SELF_ALERT_FIGURES: [&str; 6] =
+    ["history", "lease", "kpis", "queue", "held", "store"];
 
 /// The steps of a channel loop's claim, each a `step` label of its failures (exported at zero
 /// for each channel): reading the channel's settings, then claiming due rows with them.
-pub const CLAIM_STEPS: [&str; 2] = ["settings", "claim"];
+pub(crate) const CLAIM_STEPS: [&str; 2] = ["settings", "claim"];
 
 /// Which channel's claim failed, at which of [`CLAIM_STEPS`].
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -160,7 +161,7 @@ struct SiteHealthGauges {
 
 /// Every metric central exports. Share it with an `Arc`; every method takes `&self`.
 #[derive(Debug)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     ingest: Family<IngestLabels, Counter>,
     /// Submit streams open now, and those refused at `server.max_ingest_streams`.
@@ -221,7 +222,7 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let ingest = Family::<IngestLabels, Counter>::default();
         registry.register(
@@ -491,7 +492,7 @@ impl Metrics {
     }
 
     /// Counts one submit stored (or found) by the store.
-    pub fn ingested(&self, outcome: InsertOutcome) {
+    pub(crate) fn ingested(&self, outcome: InsertOutcome) {
         let outcome = match outcome {
             InsertOutcome::Accepted => "accepted",
             InsertOutcome::Duplicate => "duplicate",
@@ -501,14 +502,14 @@ impl Metrics {
     }
 
     /// Counts one submit rejected before it reached the store.
-    pub fn ingest_rejected_invalid(&self) {
+    pub(crate) fn ingest_rejected_invalid(&self) {
         self.ingest
             .get_or_create(&IngestLabels { outcome: "invalid" })
             .inc();
     }
 
     /// One submit stream opened (`opened`) or ended.
-    pub fn ingest_stream(&self, opened: bool) {
+    pub(crate) fn ingest_stream(&self, opened: bool) {
         if opened {
             self.ingest_streams_open.inc();
         } else {
@@ -517,22 +518,22 @@ impl Metrics {
     }
 
     /// Counts one submit stream refused at `server.max_ingest_streams`.
-    pub fn ingest_stream_refused(&self) {
+    pub(crate) fn ingest_stream_refused(&self) {
         self.ingest_streams_refused.inc();
     }
 
     /// The `/metrics` listener's connection figures.
-    pub fn metrics_listener(&self) -> ListenerStats {
+    pub(crate) fn metrics_listener(&self) -> ListenerStats {
         self.http_listeners.listener(METRICS)
     }
 
     /// The web console's connection figures.
-    pub fn console_listener(&self) -> ListenerStats {
+    pub(crate) fn console_listener(&self) -> ListenerStats {
         self.http_listeners.listener(CONSOLE)
     }
 
     /// Counts one attempt that reached an outcome, and how long the adapter took.
-    pub fn attempt_finished(
+    pub(crate) fn attempt_finished(
         &self,
         channel: NotificationType,
         outcome: AttemptOutcome,
@@ -561,13 +562,13 @@ impl Metrics {
     }
 
     /// The channel's latest attempts as this node saw them.
-    pub fn channel_streak(&self, kind: NotificationType) -> ChannelStreak {
+    pub(crate) fn channel_streak(&self, kind: NotificationType) -> ChannelStreak {
         self.streaks.lock().unwrap_or_else(PoisonError::into_inner)[streak_index(kind)]
     }
 
     /// Self-alerts are on: their series exist from now on, at zero (the heartbeat's too when
     /// one is configured), so rules and dashboards find them on a healthy node.
-    pub fn enable_self_alerts(&self, heartbeat: bool) {
+    pub(crate) fn enable_self_alerts(&self, heartbeat: bool) {
         for kind in ConditionKind::ALL {
             let labels = ConditionLabels {
                 condition: kind.as_str(),
@@ -591,7 +592,7 @@ impl Metrics {
 
     /// One self-alert notification (`raised`: an alert, else a recovery) about `kind` was
     /// stored as a new row.
-    pub fn self_alert_stored(&self, kind: ConditionKind, raised: bool) {
+    pub(crate) fn self_alert_stored(&self, kind: ConditionKind, raised: bool) {
         let labels = ConditionLabels {
             condition: kind.as_str(),
         };
@@ -603,7 +604,7 @@ impl Metrics {
     }
 
     /// An alert about a failing channel had no other channel's list to go to.
-    pub fn self_alert_unroutable(&self, kind: ConditionKind) {
+    pub(crate) fn self_alert_unroutable(&self, kind: ConditionKind) {
         self.self_alerts_unroutable
             .get_or_create(&ConditionLabels {
                 condition: kind.as_str(),
@@ -612,7 +613,7 @@ impl Metrics {
     }
 
     /// The conditions raised now, per kind.
-    pub fn set_self_alerts_active(
+    pub(crate) fn set_self_alerts_active(
         &self,
         counts: &std::collections::BTreeMap<ConditionKind, usize>,
     ) {
@@ -626,7 +627,7 @@ impl Metrics {
     }
 
     /// A self-alert check could not read `figure`.
-    pub fn self_alert_check_failed(&self, figure: &'static str) {
+    pub(crate) fn self_alert_check_failed(&self, figure: &'static str) {
         debug_assert!(SELF_ALERT_FIGURES.contains(&figure), "{figure}");
         self.self_alert_check_failures
             .get_or_create(&CheckLabels { figure })
@@ -634,7 +635,7 @@ impl Metrics {
     }
 
     /// One call of the heartbeat URL; `ok` when it answered 2xx.
-    pub fn heartbeat_called(&self, ok: bool) {
+    pub(crate) fn heartbeat_called(&self, ok: bool) {
         let result = if ok { "ok" } else { "failed" };
         self.heartbeats
             .get_or_create(&HeartbeatLabels { result })
@@ -642,13 +643,13 @@ impl Metrics {
     }
 
     /// Whether this node holds the dispatcher lease, and its epoch if known.
-    pub fn set_lease(&self, held: bool, epoch: Option<i64>) {
+    pub(crate) fn set_lease(&self, held: bool, epoch: Option<i64>) {
         self.leader.set(i64::from(held));
         self.lease_epoch.set(epoch.unwrap_or(0));
     }
 
     /// One lease renewal took `took`; `failed` if it errored or timed out.
-    pub fn lease_renewed(&self, took: Duration, failed: bool) {
+    pub(crate) fn lease_renewed(&self, took: Duration, failed: bool) {
         self.lease_renewals.observe(took.as_secs_f64());
         if failed {
             self.lease_renewal_failures.inc();
@@ -656,17 +657,17 @@ impl Metrics {
     }
 
     /// One write of finished attempts' outcomes failed; it will be tried again.
-    pub fn outcome_write_failed(&self) {
+    pub(crate) fn outcome_write_failed(&self) {
         self.outcome_write_failures.inc();
     }
 
     /// `records` outcomes were given up on after the claim timeout.
-    pub fn outcomes_unrecorded(&self, records: u64) {
+    pub(crate) fn outcomes_unrecorded(&self, records: u64) {
         self.outcomes_unrecorded.inc_by(records);
     }
 
     /// `rows` claimed rows of `channel` were released unsent.
-    pub fn claims_released(&self, channel: NotificationType, rows: u64) {
+    pub(crate) fn claims_released(&self, channel: NotificationType, rows: u64) {
         self.claims_released
             .get_or_create(&ChannelLabels {
                 channel: channel.as_str(),
@@ -675,24 +676,24 @@ impl Metrics {
     }
 
     /// The supervisor's series, registered here.
-    pub fn supervision(&self) -> SupervisionMetrics {
+    pub(crate) fn supervision(&self) -> SupervisionMetrics {
         self.supervision.clone()
     }
 
     /// Counts what one purge pass deleted.
-    pub fn purged(&self, report: &PurgeReport) {
+    pub(crate) fn purged(&self, report: &PurgeReport) {
         self.purged.inc_by(report.notifications);
         self.purged_parked.inc_by(report.parked);
     }
 
     /// Counts site nodes the purge forgot.
-    pub fn site_nodes_forgotten(&self, nodes: usize) {
+    pub(crate) fn site_nodes_forgotten(&self, nodes: usize) {
         self.site_nodes_forgotten
             .inc_by(u64::try_from(nodes).unwrap_or(u64::MAX));
     }
 
     /// Counts a failed step (one of [`CLAIM_STEPS`]) of `channel`'s claim.
-    pub fn claim_failed(&self, channel: NotificationType, step: &'static str) {
+    pub(crate) fn claim_failed(&self, channel: NotificationType, step: &'static str) {
         debug_assert!(CLAIM_STEPS.contains(&step), "{step}");
         self.claim_failures
             .get_or_create(&ClaimStepLabels {
@@ -703,7 +704,7 @@ impl Metrics {
     }
 
     /// Counts a failed step (one of [`PURGE_STEPS`]) of a retention pass.
-    pub fn purge_failed(&self, step: &'static str) {
+    pub(crate) fn purge_failed(&self, step: &'static str) {
         debug_assert!(PURGE_STEPS.contains(&step), "{step}");
         self.purge_failures
             .get_or_create(&PurgeStepLabels { step })
@@ -711,23 +712,23 @@ impl Metrics {
     }
 
     /// Counts a health report refused because its site is full.
-    pub fn site_health_refused(&self) {
+    pub(crate) fn site_health_refused(&self) {
         self.site_health_refused.inc();
     }
 
     /// Adds the failed-login counters (`auth::FailedLogins`, which counts them) to `/metrics`.
-    pub fn with_failed_logins(mut self, logins: &crate::auth::FailedLogins) -> Self {
+    pub(crate) fn with_failed_logins(mut self, logins: &crate::auth::FailedLogins) -> Self {
         logins.register(&mut self.registry);
         self
     }
 
     /// Whether ingest holds each site to its client certificate's name.
-    pub fn set_sites_verified(&self, verified: bool) {
+    pub(crate) fn set_sites_verified(&self, verified: bool) {
         self.site_identity_unverified.set(i64::from(!verified));
     }
 
     /// Replaces every KPI gauge; sites missing from `kpis` disappear from the per-site series.
-    pub fn set_kpis(&self, kpis: &Kpis) {
+    pub(crate) fn set_kpis(&self, kpis: &Kpis) {
         let _update = self
             .kpi_update
             .lock()
@@ -790,7 +791,7 @@ impl Metrics {
 
     /// Replaces the site health gauges: one series set per node central has a report of
     /// (offline ones included, with `outbox_site_health_online` 0), none for the others.
-    pub fn set_site_health(&self, nodes: &[NodeHealth]) {
+    pub(crate) fn set_site_health(&self, nodes: &[NodeHealth]) {
         let _update = self
             .kpi_update
             .lock()
@@ -826,7 +827,7 @@ impl Metrics {
     }
 
     /// Every metric in the OpenMetrics text format (ending in `# EOF`).
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let _update = self
             .kpi_update
             .lock()

@@ -42,7 +42,7 @@ pub struct PurgeSettings {
 }
 
 /// Runs until `shutdown`: waits for leadership, purges, sleeps `interval`, again.
-pub async fn run<S: DispatchStore>(
+pub(crate) async fn run<S: DispatchStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     settings: PurgeSettings,
@@ -137,7 +137,7 @@ fn log_forgotten(forgotten: &[(SiteId, SiteId)], retention: Duration) {
 }
 
 /// Deletes batches until one comes back short (or shutdown). Returns the totals.
-pub async fn purge_once<S: DispatchStore>(
+pub(crate) async fn purge_once<S: DispatchStore>(
     store: &S,
     settings: PurgeSettings,
     shutdown: &CancellationToken,

@@ -33,7 +33,7 @@ const COUNT_PAGE: u32 = 500;
 
 /// What a command produced.
 #[derive(Debug)]
-pub enum Report {
+pub(crate) enum Report {
     Notifications {
         rows: Vec<v1::NotificationStatusView>,
         next_page_token: String,
@@ -61,20 +61,20 @@ pub enum Report {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     Retry,
     Discard,
 }
 
 impl Action {
-    pub fn verb(self) -> &'static str {
+    pub(crate) fn verb(self) -> &'static str {
         match self {
             Self::Retry => "retry",
             Self::Discard => "discard",
         }
     }
 
-    pub fn past(self) -> &'static str {
+    pub(crate) fn past(self) -> &'static str {
         match self {
             Self::Retry => "retried",
             Self::Discard => "discarded",
@@ -83,7 +83,7 @@ impl Action {
 }
 
 /// Talks to central for one command.
-pub struct Session {
+pub(crate) struct Session {
     pub client: OutboxClient,
     /// For error messages.
     pub addr: String,
@@ -94,7 +94,7 @@ impl Session {
         |status| CliError::from_status(&self.addr, status)
     }
 
-    pub async fn run(&mut self, command: Command) -> Result<Report> {
+    pub(crate) async fn run(&mut self, command: Command) -> Result<Report> {
         match command {
             Command::List(args) => self.list(args).await,
             Command::Show { id } => self.show(id).await,
@@ -510,7 +510,7 @@ fn selection(action: Action, args: &ActionArgs) -> Result<Selection> {
 
 /// Usage checks that need no server, run before connecting so a wrong command line is reported
 /// as such even when central is down.
-pub fn check(command: &Command) -> Result<()> {
+pub(crate) fn check(command: &Command) -> Result<()> {
     match command {
         Command::Retry(args) => selection(Action::Retry, args).map(drop),
         Command::Discard(args) => selection(Action::Discard, args).map(drop),

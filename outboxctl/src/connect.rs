@@ -20,18 +20,18 @@ use crate::error::{CliError, Result};
 /// The request header central reads the acting operator from.
 const ACTOR_HEADER: &str = "x-outbox-actor";
 
-pub type OutboxClient = NotificationOutboxClient<InterceptedService<Channel, CallHeaders>>;
+pub(crate) type OutboxClient = NotificationOutboxClient<InterceptedService<Channel, CallHeaders>>;
 
 /// Adds the bearer token and `x-outbox-actor` to each request, when known.
 #[derive(Debug, Clone)]
-pub struct CallHeaders {
+pub(crate) struct CallHeaders {
     actor: ActorHeader,
     authorization: Option<AsciiMetadataValue>,
 }
 
 /// The `x-outbox-actor` value, when an actor is known (central records "unknown" otherwise).
 #[derive(Debug, Clone)]
-pub struct ActorHeader(Option<AsciiMetadataValue>);
+pub(crate) struct ActorHeader(Option<AsciiMetadataValue>);
 
 impl Interceptor for CallHeaders {
     fn call(
@@ -52,7 +52,7 @@ impl Interceptor for CallHeaders {
 
 /// How to reach central: TLS files and the token, as given on the command line.
 #[derive(Debug, Default)]
-pub struct Access {
+pub(crate) struct Access {
     pub ca: Option<PathBuf>,
     pub cert: Option<PathBuf>,
     pub key: Option<PathBuf>,
@@ -103,7 +103,7 @@ fn read(path: &Path, flag: &str) -> Result<String> {
 
 /// `127.0.0.1:50051` is accepted as shorthand for `http://127.0.0.1:50051` (or `https://` when
 /// TLS files are given): operators type addresses the way grpcurl takes them.
-pub fn normalise_addr(addr: &str, tls: bool) -> String {
+pub(crate) fn normalise_addr(addr: &str, tls: bool) -> String {
     if addr.contains("://") {
         addr.to_owned()
     } else if tls {
@@ -115,7 +115,7 @@ pub fn normalise_addr(addr: &str, tls: bool) -> String {
 
 /// The actor as a header value. Header values must be visible ASCII; refusing anything else up
 /// front beats an audit row with a mangled name.
-pub fn actor_header(actor: Option<&str>) -> Result<ActorHeader> {
+pub(crate) fn actor_header(actor: Option<&str>) -> Result<ActorHeader> {
     let Some(actor) = actor.map(str::trim).filter(|a| !a.is_empty()) else {
         return Ok(ActorHeader(None));
     };
@@ -130,7 +130,7 @@ pub fn actor_header(actor: Option<&str>) -> Result<ActorHeader> {
     }
 }
 
-pub async fn connect(
+pub(crate) async fn connect(
     addr: &str,
     timeout: Duration,
     actor: ActorHeader,

@@ -8,7 +8,7 @@
 use tonic::Code;
 
 #[derive(Debug, thiserror::Error)]
-pub enum CliError {
+pub(crate) enum CliError {
     /// The command line is wrong or incomplete; nothing was sent.
     #[error("{0}")]
     Usage(String),
@@ -32,10 +32,10 @@ pub enum CliError {
     },
 }
 
-pub type Result<T, E = CliError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = CliError> = std::result::Result<T, E>;
 
 impl CliError {
-    pub fn exit_code(&self) -> u8 {
+    pub(crate) fn exit_code(&self) -> u8 {
         match self {
             Self::Usage(_) => 2,
             _ => 1,
@@ -44,7 +44,7 @@ impl CliError {
 
     /// Classifies a failed call: transport failures become `Unreachable`, because "central is
     /// down or the address is wrong" is what the operator needs to hear, not "UNAVAILABLE".
-    pub fn from_status(addr: &str, status: tonic::Status) -> Self {
+    pub(crate) fn from_status(addr: &str, status: tonic::Status) -> Self {
         let transport_failure =
             status.code() == Code::Unavailable && std::error::Error::source(&status).is_some();
         if is_client_timeout(&status) {
@@ -83,7 +83,7 @@ fn rpc_line(addr: &str, status: &tonic::Status) -> String {
 }
 
 /// The canonical gRPC name of a code, as grpcurl and the gRPC docs spell it.
-pub fn code_word(code: Code) -> &'static str {
+pub(crate) fn code_word(code: Code) -> &'static str {
     match code {
         Code::Ok => "OK",
         Code::Cancelled => "CANCELLED",
@@ -106,7 +106,7 @@ pub fn code_word(code: Code) -> &'static str {
 }
 
 /// Keeps the one-line promise even when a message carries line breaks.
-pub fn one_line(text: &str) -> String {
+pub(crate) fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 

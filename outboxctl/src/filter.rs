@@ -24,7 +24,7 @@ const STATUSES: [(&str, v1::NotificationStatus); 8] = [
 ];
 
 /// `parked`, `Parked` or `NOTIFICATION_STATUS_PARKED` (as grpcurl prints it).
-pub fn parse_status(text: &str) -> Result<v1::NotificationStatus, String> {
+pub(crate) fn parse_status(text: &str) -> Result<v1::NotificationStatus, String> {
     let lower = text.trim().to_ascii_lowercase();
     let short = lower.strip_prefix("notification_status_").unwrap_or(&lower);
     STATUSES
@@ -49,7 +49,7 @@ const PRIORITIES: [(&str, v1::NotificationPriority); 4] = [
 ];
 
 /// `high`, `High` or `NOTIFICATION_PRIORITY_HIGH` (as grpcurl prints it).
-pub fn parse_priority(text: &str) -> Result<v1::NotificationPriority, String> {
+pub(crate) fn parse_priority(text: &str) -> Result<v1::NotificationPriority, String> {
     let lower = text.trim().to_ascii_lowercase();
     let short = lower
         .strip_prefix("notification_priority_")
@@ -69,13 +69,13 @@ pub fn parse_priority(text: &str) -> Result<v1::NotificationPriority, String> {
 
 /// A `--since`/`--until` value: an instant, or an age to subtract from now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TimeBound {
+pub(crate) enum TimeBound {
     At(DateTime<Utc>),
     Ago(std::time::Duration),
 }
 
 impl TimeBound {
-    pub fn resolve(self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
+    pub(crate) fn resolve(self, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
         match self {
             Self::At(at) => Ok(at),
             Self::Ago(age) => chrono::Duration::from_std(age)
@@ -87,7 +87,7 @@ impl TimeBound {
 }
 
 /// RFC 3339 (`2026-11-21T10:00:00Z`) or a humantime age (`90m`, `1h`, `2days`).
-pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
+pub(crate) fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(TimeBound::At(at.with_timezone(&Utc)));
     }
@@ -103,7 +103,7 @@ pub fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
 
 /// Builds the filter central applies. `statuses` and `stuck_only` come from `list` only; the
 /// bulk forms select Parked rows and leave both empty.
-pub fn build(
+pub(crate) fn build(
     select: &SelectArgs,
     statuses: &[v1::NotificationStatus],
     stuck_only: bool,
@@ -152,7 +152,7 @@ pub fn build(
 }
 
 /// One line saying what a filter selects, for the confirmation prompt.
-pub fn describe(select: &SelectArgs) -> String {
+pub(crate) fn describe(select: &SelectArgs) -> String {
     let mut parts = Vec::new();
     if let Some(kind) = select.kind {
         parts.push(format!(

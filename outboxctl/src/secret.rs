@@ -10,15 +10,15 @@ use std::io::BufRead;
 use crate::error::{CliError, Result};
 
 /// The SMTP password when `--password-stdin` is not given.
-pub const PASSWORD_ENV: &str = "OUTBOX_SMTP_PASSWORD";
+pub(crate) const PASSWORD_ENV: &str = "OUTBOX_SMTP_PASSWORD";
 /// The XOAUTH2 client secret when `--oauth-client-secret-stdin` is not given.
-pub const OAUTH_CLIENT_SECRET_ENV: &str = "OUTBOX_SMTP_OAUTH_CLIENT_SECRET";
+pub(crate) const OAUTH_CLIENT_SECRET_ENV: &str = "OUTBOX_SMTP_OAUTH_CLIENT_SECRET";
 /// A webhook list's signing secret when `--webhook-secret-stdin` is not given.
-pub const WEBHOOK_SECRET_ENV: &str = "OUTBOX_WEBHOOK_SECRET";
+pub(crate) const WEBHOOK_SECRET_ENV: &str = "OUTBOX_WEBHOOK_SECRET";
 
 /// Where secrets are read from: the process's stdin and environment ([`Process`]), or a test's
 /// values.
-pub trait Secrets {
+pub(crate) trait Secrets {
     /// The first line of stdin; `flag` is the option that asked for it.
     fn stdin(&mut self, flag: &'static str) -> Result<String>;
     /// The variable's value, if set and not empty.
@@ -27,7 +27,7 @@ pub trait Secrets {
 
 /// This process's stdin and environment.
 #[derive(Debug)]
-pub struct Process;
+pub(crate) struct Process;
 
 impl Secrets for Process {
     fn stdin(&mut self, flag: &'static str) -> Result<String> {

@@ -27,7 +27,7 @@ use crate::secret::{OAUTH_CLIENT_SECRET_ENV, PASSWORD_ENV, Secrets, WEBHOOK_SECR
 
 /// Refuses list flags that belong to the other channel, and a partial set of consolidation
 /// flags. Nothing is read or sent.
-pub fn check_list(args: &ListSetArgs) -> Result<()> {
+pub(crate) fn check_list(args: &ListSetArgs) -> Result<()> {
     consolidation(args)?;
     match args.kind {
         ChannelArg::Email => {
@@ -85,7 +85,7 @@ fn consolidation(args: &ListSetArgs) -> Result<Option<v1::ListConsolidation>> {
 
 /// The list to store. Reads the webhook secret (stdin or `OUTBOX_WEBHOOK_SECRET`) for webhook
 /// lists only; `--clear-webhook-secret` wins over the environment.
-pub fn list_request(
+pub(crate) fn list_request(
     args: ListSetArgs,
     secrets: &mut impl Secrets,
 ) -> Result<v1::UpsertNotificationListRequest> {
@@ -118,7 +118,7 @@ pub fn list_request(
 
 /// The authentication `smtp set` asks for (`--auth`, else password with a username and none
 /// without, as central decides), once the flags are known to fit it. Nothing is read or sent.
-pub fn smtp_auth(args: &SmtpSetArgs) -> Result<AuthArg> {
+pub(crate) fn smtp_auth(args: &SmtpSetArgs) -> Result<AuthArg> {
     if args.password_stdin && args.oauth_client_secret_stdin {
         return Err(usage(
             "--password-stdin and --oauth-client-secret-stdin both read stdin, which can be \
@@ -200,7 +200,7 @@ pub fn smtp_auth(args: &SmtpSetArgs) -> Result<AuthArg> {
 /// uses comes from stdin when its flag says so, else from its environment variable, else is not
 /// sent (central keeps the stored one for the same username or client id going to the same
 /// relay and token endpoint, and otherwise refuses the change naming the secret).
-pub fn smtp_request(
+pub(crate) fn smtp_request(
     args: SmtpSetArgs,
     secrets: &mut impl Secrets,
 ) -> Result<v1::UpsertSmtpConfigRequest> {
@@ -246,7 +246,7 @@ pub fn smtp_request(
 
 /// Refuses `webhook set` flags central would ignore. Webhooks back off exponentially unless told
 /// otherwise, so --max-retry-delay is refused only beside --backoff fixed.
-pub fn check_webhook(args: &WebhookSetArgs) -> Result<()> {
+pub(crate) fn check_webhook(args: &WebhookSetArgs) -> Result<()> {
     if args.max_retry_delay.is_some() && args.backoff == Some(BackoffArg::Fixed) {
         return Err(usage(
             "--max-retry-delay applies only to exponential backoff, not --backoff fixed",
@@ -263,7 +263,7 @@ pub fn check_webhook(args: &WebhookSetArgs) -> Result<()> {
 
 /// The whole webhook channel configuration; unset settings go as zero or unset, central's
 /// defaults.
-pub fn webhook_request(args: WebhookSetArgs) -> Result<v1::UpsertWebhookConfigRequest> {
+pub(crate) fn webhook_request(args: WebhookSetArgs) -> Result<v1::UpsertWebhookConfigRequest> {
     check_webhook(&args)?;
     Ok(v1::UpsertWebhookConfigRequest {
         timeout: args.post_timeout.map(to_duration),

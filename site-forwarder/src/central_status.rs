@@ -16,7 +16,7 @@ use crate::link::error_chain;
 /// Central's status API as the forwarder uses it: one lazily connected channel (tonic reconnects
 /// it as needed) and a bounded wait per call.
 #[derive(Debug, Clone)]
-pub struct CentralStatus {
+pub(crate) struct CentralStatus {
     client: NotificationOutboxClient<Channel>,
     /// The channel under `client`, shared with the health reports (`crate::health_report`), so
     /// a node keeps one connection to central besides its submit stream.
@@ -26,7 +26,7 @@ pub struct CentralStatus {
 }
 
 impl CentralStatus {
-    pub fn new(endpoint: &Endpoint, url: String, timeout: Duration) -> Self {
+    pub(crate) fn new(endpoint: &Endpoint, url: String, timeout: Duration) -> Self {
         let channel = endpoint.connect_lazy();
         Self {
             client: NotificationOutboxClient::new(channel.clone()),
@@ -37,7 +37,7 @@ impl CentralStatus {
     }
 
     /// The lazily connected channel to central these lookups use.
-    pub fn channel(&self) -> Channel {
+    pub(crate) fn channel(&self) -> Channel {
         self.channel.clone()
     }
 
@@ -50,7 +50,10 @@ impl CentralStatus {
 
     /// Central's answer, passed through; transport failures and timeouts become UNAVAILABLE
     /// with a message naming central.
-    pub async fn status(&self, id: NotificationId) -> Result<NotificationStatusView, Status> {
+    pub(crate) async fn status(
+        &self,
+        id: NotificationId,
+    ) -> Result<NotificationStatusView, Status> {
         let mut request = Request::new(GetNotificationStatusRequest {
             notification_id: id.to_string(),
         });

@@ -31,7 +31,7 @@ use crate::link::error_chain;
 
 /// Why a round of clears stopped (the sender retries after the retry interval).
 #[derive(Debug, thiserror::Error)]
-pub enum ClearError {
+pub(crate) enum ClearError {
     #[error("central did not answer the clear of {key} within {timeout:?}")]
     Timeout { key: String, timeout: Duration },
     #[error(
@@ -46,7 +46,7 @@ pub enum ClearError {
 
 /// Sends the pending clears to central's `NotificationIngest.ClearCondition`.
 #[derive(Debug)]
-pub struct ClearSender {
+pub(crate) struct ClearSender {
     buffer: Clears,
     /// Lazily connected: tonic reconnects it as needed, on the endpoint the forwarder uses.
     central: NotificationIngestClient<Channel>,
@@ -58,7 +58,7 @@ pub struct ClearSender {
 }
 
 impl ClearSender {
-    pub fn new(buffer: Clears, endpoint: &Endpoint, config: &Config) -> Self {
+    pub(crate) fn new(buffer: Clears, endpoint: &Endpoint, config: &Config) -> Self {
         Self {
             buffer,
             central: NotificationIngestClient::new(endpoint.connect_lazy()),
@@ -70,7 +70,7 @@ impl ClearSender {
     }
 
     /// Sends every clear as it becomes due until `shutdown`.
-    pub async fn run(&self, shutdown: &CancellationToken) {
+    pub(crate) async fn run(&self, shutdown: &CancellationToken) {
         let mut pending = self.buffer.pending_clears();
         let mut changes = self.buffer.row_changes();
         // Whether the current run of failures was already reported as a warning.

@@ -69,12 +69,12 @@ const MAX_ACK_BATCH: usize = 1024;
 /// (PERMISSION_DENIED). A refusal is a configuration to fix (a certificate, or central's CA),
 /// which nothing here can heal by retrying fast; once an operator fixes it at central, the
 /// backlog should move within a minute. Never shorter than `forward_retry_interval`.
-pub const MAX_REFUSED_BACKOFF: Duration = Duration::from_secs(60);
+pub(crate) const MAX_REFUSED_BACKOFF: Duration = Duration::from_secs(60);
 
 /// Why a forwarding session ended (the forwarder then reconnects; see the module comment for
 /// when it waits first).
 #[derive(Debug, thiserror::Error)]
-pub enum ForwardError {
+pub(crate) enum ForwardError {
     #[error(transparent)]
     Link(#[from] LinkError),
     #[error("cannot connect: {0}")]
@@ -96,7 +96,7 @@ pub enum ForwardError {
 impl ForwardError {
     /// Central's refusal of this node's submits (PERMISSION_DENIED, when the stream is opened or
     /// as the status that ends it), as opposed to a link or server failure.
-    pub fn refusal(&self) -> Option<&tonic::Status> {
+    pub(crate) fn refusal(&self) -> Option<&tonic::Status> {
         match self {
             Self::Open(status) | Self::Stream(status)
                 if status.code() == tonic::Code::PermissionDenied =>
@@ -110,18 +110,18 @@ impl ForwardError {
 
 /// The wait before attempt `refusals + 1` after `refusals` refusals in a row: `base`, doubling,
 /// at most [`MAX_REFUSED_BACKOFF`] (or `base`, if that is longer).
-pub fn refused_backoff(base: Duration, refusals: u32) -> Duration {
+pub(crate) fn refused_backoff(base: Duration, refusals: u32) -> Duration {
     let cap = MAX_REFUSED_BACKOFF.max(base);
     let doublings = refusals.saturating_sub(1).min(16);
     base.saturating_mul(1 << doublings).min(cap)
 }
 
-pub type Result<T, E = ForwardError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = ForwardError> = std::result::Result<T, E>;
 
 /// The forwarder's live figures, shared with `GetBufferStats` and `/metrics`. Atomics: written by
 /// the forwarder task only, read by any request, and no reader needs two of them to be consistent.
 #[derive(Debug, Default)]
-pub struct ForwardState {
+pub(crate) struct ForwardState {
     central_reachable: AtomicBool,
     in_flight: AtomicU64,
     /// Unix milliseconds of the last ACCEPTED/DUPLICATE ack; 0 = none since start.
@@ -131,7 +131,7 @@ pub struct ForwardState {
 }
 
 impl ForwardState {
-    pub fn snapshot(&self) -> ForwardSnapshot {
+    pub(crate) fn snapshot(&self) -> ForwardSnapshot {
         let last = self.last_forward_at_ms.load(Ordering::Relaxed);
         ForwardSnapshot {
             central_reachable: self.central_reachable.load(Ordering::Relaxed),
@@ -172,14 +172,14 @@ impl ForwardState {
 /// the buffer. The cursor only moves forward within a stream; [`Self::restart`] rewinds it for
 /// the next stream, which is how "resend everything still buffered" happens.
 #[derive(Debug)]
-pub struct ForwardWindow {
+pub(crate) struct ForwardWindow {
     capacity: usize,
     unacked: HashMap<NotificationId, Seq>,
     cursor: Seq,
 }
 
 impl ForwardWindow {
-    pub fn new(capacity: usize) -> Self {
+    pub(crate) fn new(capacity: usize) -> Self {
         Self {
             capacity: capacity.max(1),
             unacked: HashMap::with_capacity(capacity.max(1)),
@@ -188,41 +188,41 @@ impl ForwardWindow {
     }
 
     /// How many more submits may be sent now.
-    pub fn free(&self) -> usize {
+    pub(crate) fn free(&self) -> usize {
         self.capacity.saturating_sub(self.unacked.len())
     }
 
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.unacked.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.unacked.is_empty()
     }
 
     /// The last buffer row handed to this stream (sent or skipped).
-    pub fn cursor(&self) -> Seq {
+    pub(crate) fn cursor(&self) -> Seq {
         self.cursor
     }
 
     /// Records a submit put on the stream.
-    pub fn sent(&mut self, id: NotificationId, seq: Seq) {
+    pub(crate) fn sent(&mut self, id: NotificationId, seq: Seq) {
         self.unacked.insert(id, seq);
         self.skip_to(seq);
     }
 
     /// Moves the cursor past a row that is not sent (e.g. unreadable).
-    pub fn skip_to(&mut self, seq: Seq) {
+    pub(crate) fn skip_to(&mut self, seq: Seq) {
         self.cursor = self.cursor.max(seq);
     }
 
     /// Takes the ack for `id` off the window; `None` if it is not in flight on this stream.
-    pub fn acked(&mut self, id: &NotificationId) -> Option<Seq> {
+    pub(crate) fn acked(&mut self, id: &NotificationId) -> Option<Seq> {
         self.unacked.remove(id)
     }
 
     /// Forgets the stream: nothing in flight, next read from the oldest row.
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.unacked.clear();
         self.cursor = Seq::START;
     }
@@ -230,7 +230,7 @@ impl ForwardWindow {
 
 /// The forwarding task. Build with [`Forwarder::new`], run with [`Forwarder::run`].
 #[derive(Debug)]
-pub struct Forwarder {
+pub(crate) struct Forwarder {
     buffer: Forwarding,
     endpoint: Endpoint,
     central_url: String,
@@ -246,7 +246,7 @@ pub struct Forwarder {
 
 /// What one batch of acks asks of the buffer.
 #[derive(Debug, Default, PartialEq, Eq)]
-pub struct Settlement {
+pub(crate) struct Settlement {
     /// Rows central acked ACCEPTED or DUPLICATE: delete them.
     pub acked: Vec<Seq>,
     /// How many of `acked` were DUPLICATE (for the forwarded counter).
@@ -255,7 +255,7 @@ pub struct Settlement {
 }
 
 impl Forwarder {
-    pub fn new(
+    pub(crate) fn new(
         buffer: Forwarding,
         clears: Clears,
         config: &Config,
@@ -278,7 +278,7 @@ impl Forwarder {
     }
 
     /// Forwards, and sends the pending clears, until `shutdown` is cancelled.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         tokio::join!(self.forward(&shutdown), self.clears.run(&shutdown));
     }
 
@@ -527,7 +527,10 @@ fn take_ready(
 }
 
 /// Matches acks to the window and decides what happens to each row.
-pub fn apply_acks(window: &mut ForwardWindow, acks: Vec<NotificationSubmitAck>) -> Settlement {
+pub(crate) fn apply_acks(
+    window: &mut ForwardWindow,
+    acks: Vec<NotificationSubmitAck>,
+) -> Settlement {
     let mut settlement = Settlement::default();
     for ack in acks {
         let seq = NotificationId::parse(&ack.notification_id, "notification_id")

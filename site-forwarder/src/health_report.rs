@@ -34,7 +34,7 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// Sends this node's health reports until stopped.
 #[derive(Clone)]
-pub struct HealthReporter {
+pub(crate) struct HealthReporter {
     client: NotificationIngestClient<Channel>,
     site: SiteId,
     buffer: StatusReader,
@@ -45,7 +45,7 @@ pub struct HealthReporter {
 }
 
 impl HealthReporter {
-    pub fn new(
+    pub(crate) fn new(
         channel: Channel,
         site: SiteId,
         buffer: StatusReader,
@@ -66,7 +66,7 @@ impl HealthReporter {
     }
 
     /// Reports now and then every interval until `stop`.
-    pub async fn run(mut self, stop: CancellationToken) {
+    pub(crate) async fn run(mut self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.interval);
         // A report that took long is followed by the next one an interval later, not a burst.
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -112,7 +112,7 @@ impl HealthReporter {
     }
 
     /// Gathers the figures and sends one report, within the timeout.
-    pub async fn report_once(&mut self) -> Result<(), tonic::Status> {
+    pub(crate) async fn report_once(&mut self) -> Result<(), tonic::Status> {
         let report = self.gather().await?;
         let mut request = tonic::Request::new(report);
         request.set_timeout(self.timeout);

@@ -32,7 +32,7 @@ pub enum LinkError {
 /// Central's endpoint, pinging after `central.keepalive_interval` without a byte and dropping
 /// the connection when a ping goes unanswered for `central.keepalive_timeout`. No per-request
 /// timeout: the submit stream lives for as long as the link does.
-pub fn central_endpoint(config: &Config) -> Result<Endpoint, LinkError> {
+pub(crate) fn central_endpoint(config: &Config) -> Result<Endpoint, LinkError> {
     let key = "central_url";
     let url = &config.central_url;
     let mut endpoint = parse(key, url)?;
@@ -50,7 +50,7 @@ pub fn central_endpoint(config: &Config) -> Result<Endpoint, LinkError> {
 /// The peer's `SitePair` endpoint. Pings after a heartbeat interval without a byte, answered
 /// within `link_timeout`: a dead replication connection is dropped well before the standby
 /// would promote itself, so a new one gets a chance first.
-pub fn peer_endpoint(config: &Config, pair: &PairConfig) -> Result<Endpoint, LinkError> {
+pub(crate) fn peer_endpoint(config: &Config, pair: &PairConfig) -> Result<Endpoint, LinkError> {
     let key = "pair.peer_url";
     let url = &pair.peer_url;
     let mut endpoint = parse(key, url)?;
@@ -93,7 +93,7 @@ fn with_tls(
 }
 
 /// An error and its sources on one line (one copy for every crate, in the contract's crate).
-pub use outbox_proto::error_chain;
+pub(crate) use outbox_proto::error_chain;
 
 #[cfg(test)]
 mod tests {

@@ -49,7 +49,7 @@ const METRICS_LISTENER: &str = "metrics";
 /// Every metric the forwarder exports. Shared by the `SiteNotify` service (Sends), the forwarder
 /// (acks) and the scrape handler (everything else).
 #[derive(Debug)]
-pub struct SiteMetrics {
+pub(crate) struct SiteMetrics {
     registry: Registry,
     /// Restarts of the supervised tasks (the node, the health reporter, the room check).
     supervision: SupervisionMetrics,
@@ -89,11 +89,11 @@ impl Default for SiteMetrics {
 
 impl SiteMetrics {
     /// The supervisor's series, registered here.
-    pub fn supervision(&self) -> SupervisionMetrics {
+    pub(crate) fn supervision(&self) -> SupervisionMetrics {
         self.supervision.clone()
     }
 
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::default();
         let supervision = SupervisionMetrics::default();
         supervision.register(&mut registry);
@@ -265,17 +265,17 @@ impl SiteMetrics {
     }
 
     /// Counts one Send committed to the buffer.
-    pub fn send_accepted(&self) {
+    pub(crate) fn send_accepted(&self) {
         self.sends_accepted.inc();
     }
 
     /// Counts a promotion of this node to active.
-    pub fn promoted(&self) {
+    pub(crate) fn promoted(&self) {
         self.promotions.inc();
     }
 
     /// Counts acks whose settlement the buffer has committed.
-    pub fn forwarded(&self, accepted: usize, duplicate: usize, rejected: usize) {
+    pub(crate) fn forwarded(&self, accepted: usize, duplicate: usize, rejected: usize) {
         for (labels, n) in [
             (ACCEPTED, accepted),
             (DUPLICATE, duplicate),
@@ -292,7 +292,7 @@ impl SiteMetrics {
     /// Reads the buffer, then `figures` (the link's and the pair's), and renders every metric as OpenMetrics
     /// text. If the buffer cannot be read, its gauges keep their last values (and a warning is
     /// logged); the rest is still current.
-    pub async fn render(
+    pub(crate) async fn render(
         &self,
         buffer: &StatusReader,
         figures: impl FnOnce() -> (ForwardSnapshot, PairStatus),
@@ -344,12 +344,12 @@ impl SiteMetrics {
     }
 
     /// The figures [`metrics_endpoint::serve`] counts the /metrics connections in.
-    pub fn metrics_listener(&self) -> ListenerStats {
+    pub(crate) fn metrics_listener(&self) -> ListenerStats {
         self.metrics_listener.clone()
     }
 
     /// The `render` function [`metrics_endpoint::serve`] calls on each scrape.
-    pub fn scraper(
+    pub(crate) fn scraper(
         self: Arc<Self>,
         buffer: StatusReader,
         figures: impl Fn() -> (ForwardSnapshot, PairStatus) + Clone + Send + Sync + 'static,

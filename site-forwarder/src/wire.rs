@@ -15,18 +15,18 @@ use crate::domain::{
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
 /// after a reconnect is identical to the first send (but for `cleared_at_site` once a clear
 /// marked it, which is not content).
-pub fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
+pub(crate) fn submit(n: &BufferedNotification) -> v1::NotificationSubmit {
     outbox_proto::submission::encode(n)
 }
 
-pub fn role_to_proto(role: Role) -> v1::NodeRole {
+pub(crate) fn role_to_proto(role: Role) -> v1::NodeRole {
     match role {
         Role::Active => v1::NodeRole::Active,
         Role::Standby => v1::NodeRole::Standby,
     }
 }
 
-pub fn node_view_to_proto(view: &NodeView) -> v1::NodeRoleView {
+pub(crate) fn node_view_to_proto(view: &NodeView) -> v1::NodeRoleView {
     v1::NodeRoleView {
         node_name: view.name.clone(),
         role: role_to_proto(view.role).into(),
@@ -36,7 +36,7 @@ pub fn node_view_to_proto(view: &NodeView) -> v1::NodeRoleView {
 }
 
 /// A peer's description of itself; `None` when the role is not one this build knows.
-pub fn node_view_from_proto(view: v1::NodeRoleView) -> Option<NodeView> {
+pub(crate) fn node_view_from_proto(view: v1::NodeRoleView) -> Option<NodeView> {
     let role = match v1::NodeRole::try_from(view.role).ok()? {
         v1::NodeRole::Active => Role::Active,
         v1::NodeRole::Standby => Role::Standby,
@@ -51,7 +51,7 @@ pub fn node_view_from_proto(view: v1::NodeRoleView) -> Option<NodeView> {
 }
 
 /// A pending clear as the pair link carries it.
-pub fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
+pub(crate) fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
     v1::PendingClear {
         condition_key: clear.condition_key.as_str().to_owned(),
         up_to_seq: clear.up_to.0,
@@ -61,7 +61,7 @@ pub fn clear_to_proto(clear: &PendingClear) -> v1::PendingClear {
 
 /// A pending clear from the peer, checked as the buffer would check its own; the error names
 /// the field.
-pub fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, ContentError> {
+pub(crate) fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, ContentError> {
     let condition_key = ConditionKey::parse(clear.condition_key, "condition_key")?;
     if clear.up_to_seq < 0 {
         return Err(ContentError::new("up_to_seq", "must not be negative"));

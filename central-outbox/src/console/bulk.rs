@@ -111,7 +111,7 @@ async fn call(
 }
 
 /// `GET /notifications/bulk?action=retry&status=PARKED&...`: how many rows it would touch.
-pub async fn confirm(
+pub(super) async fn confirm(
     State(console): State<Shared>,
     visit: Visit,
     RawQuery(query): RawQuery,
@@ -164,7 +164,11 @@ pub async fn confirm(
 }
 
 /// `POST /notifications/bulk`: acts, then back to the list with how many changed.
-pub async fn apply(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn apply(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let form = Form::from_body(&body);
     let visit = match visit_post(&console, &headers, &form) {
         Ok(visit) => visit,

@@ -131,7 +131,7 @@ fn node(view: v1::SiteHealthView) -> SiteNode {
 }
 
 /// `GET /`.
-pub async fn show(State(console): State<Shared>, visit: Visit) -> Response {
+pub(super) async fn show(State(console): State<Shared>, visit: Visit) -> Response {
     let (kpis, health) = tokio::join!(
         console.outbox.get_kpis(visit.request(v1::GetKpisRequest {
             // The tiles refresh every few seconds in every open tab: share the figures

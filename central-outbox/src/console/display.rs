@@ -6,14 +6,14 @@ use outbox_proto::time::from_timestamp;
 use outbox_proto::v1;
 
 /// A timestamp as `2026-05-01 08:00:03Z`; empty when unset.
-pub fn time(ts: Option<&prost_types::Timestamp>) -> String {
+pub(super) fn time(ts: Option<&prost_types::Timestamp>) -> String {
     ts.and_then(from_timestamp)
         .map(|at| at.format("%Y-%m-%d %H:%M:%SZ").to_string())
         .unwrap_or_default()
 }
 
 /// An age in seconds as "2h 5m", "3m 12s" or "42s"; "—" when there is none.
-pub fn age(seconds: Option<f64>) -> String {
+pub(super) fn age(seconds: Option<f64>) -> String {
     let Some(seconds) = seconds.filter(|s| s.is_finite() && *s >= 0.0) else {
         return "—".into();
     };
@@ -34,7 +34,7 @@ pub fn age(seconds: Option<f64>) -> String {
 }
 
 /// A duration as humantime writes it ("1m", "30s"); empty when unset.
-pub fn duration(d: Option<&prost_types::Duration>) -> String {
+pub(super) fn duration(d: Option<&prost_types::Duration>) -> String {
     d.and_then(outbox_proto::time::from_duration)
         .map(|d| humantime::format_duration(d).to_string())
         .unwrap_or_default()
@@ -44,35 +44,35 @@ fn strip(name: &str, prefix: &str) -> String {
     name.strip_prefix(prefix).unwrap_or(name).to_owned()
 }
 
-pub fn status(value: i32) -> String {
+pub(super) fn status(value: i32) -> String {
     v1::NotificationStatus::try_from(value).map_or_else(
         |_| value.to_string(),
         |s| strip(s.as_str_name(), "NOTIFICATION_STATUS_"),
     )
 }
 
-pub fn kind(value: i32) -> String {
+pub(super) fn kind(value: i32) -> String {
     v1::NotificationType::try_from(value).map_or_else(
         |_| value.to_string(),
         |t| strip(t.as_str_name(), "NOTIFICATION_TYPE_"),
     )
 }
 
-pub fn priority(value: i32) -> String {
+pub(super) fn priority(value: i32) -> String {
     v1::NotificationPriority::try_from(value).map_or_else(
         |_| value.to_string(),
         |p| strip(p.as_str_name(), "NOTIFICATION_PRIORITY_"),
     )
 }
 
-pub fn history_kind(value: i32) -> String {
+pub(super) fn history_kind(value: i32) -> String {
     v1::HistoryEntryKind::try_from(value).map_or_else(
         |_| value.to_string(),
         |k| strip(k.as_str_name(), "HISTORY_ENTRY_KIND_"),
     )
 }
 
-pub fn outcome(value: i32) -> String {
+pub(super) fn outcome(value: i32) -> String {
     match v1::AttemptOutcome::try_from(value) {
         Ok(v1::AttemptOutcome::Unspecified) => String::new(),
         Ok(o) => strip(o.as_str_name(), "ATTEMPT_OUTCOME_"),
@@ -80,7 +80,7 @@ pub fn outcome(value: i32) -> String {
     }
 }
 
-pub fn role(value: i32) -> String {
+pub(super) fn role(value: i32) -> String {
     v1::NodeRole::try_from(value).map_or_else(
         |_| value.to_string(),
         |r| strip(r.as_str_name(), "NODE_ROLE_"),

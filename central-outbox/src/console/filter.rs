@@ -13,7 +13,7 @@ use outbox_proto::v1;
 /// A form field that cannot be read, and why.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{field}: {problem}")]
-pub struct FieldError {
+pub(super) struct FieldError {
     pub field: &'static str,
     pub problem: String,
 }
@@ -27,7 +27,7 @@ fn field_error(field: &'static str, problem: impl Into<String>) -> FieldError {
 
 /// The statuses the form offers (upper-case, as the API names them without the prefix).
 /// FORWARDING is left out: it exists only at a site.
-pub const STATUSES: [&str; 8] = [
+pub(super) const STATUSES: [&str; 8] = [
     "PENDING",
     "RETRYING",
     "HELD",
@@ -38,13 +38,13 @@ pub const STATUSES: [&str; 8] = [
     "CLEARED",
 ];
 
-pub const TYPES: [&str; 2] = ["EMAIL", "WEBHOOK"];
+pub(super) const TYPES: [&str; 2] = ["EMAIL", "WEBHOOK"];
 
-pub const PRIORITIES: [&str; 4] = ["CRITICAL", "HIGH", "NORMAL", "LOW"];
+pub(super) const PRIORITIES: [&str; 4] = ["CRITICAL", "HIGH", "NORMAL", "LOW"];
 
 /// The filter form's fields as given (text, so a bad value is shown back as typed).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct FilterForm {
+pub(super) struct FilterForm {
     pub statuses: Vec<String>,
     pub kind: String,
     pub site: String,
@@ -61,7 +61,7 @@ pub struct FilterForm {
 
 impl FilterForm {
     /// From `key=value` pairs (a query string or a posted form); unknown keys are ignored.
-    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+    pub(super) fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let mut form = Self::default();
         for (key, value) in pairs {
             let value = value.trim();
@@ -85,7 +85,7 @@ impl FilterForm {
     }
 
     /// The admin API's filter, or the first field that cannot be read.
-    pub fn to_proto(&self) -> Result<v1::NotificationFilter, FieldError> {
+    pub(super) fn to_proto(&self) -> Result<v1::NotificationFilter, FieldError> {
         let statuses = self
             .statuses
             .iter()
@@ -148,12 +148,12 @@ impl FilterForm {
     }
 
     /// Whether the filter selects Parked rows only: the bulk actions are offered then.
-    pub fn parked_only(&self) -> bool {
+    pub(super) fn parked_only(&self) -> bool {
         self.statuses.iter().all(|s| s == "PARKED") && !self.statuses.is_empty() && !self.stuck
     }
 
     /// The filter as `key=value` pairs, without the page token.
-    pub fn pairs(&self) -> Vec<(&'static str, String)> {
+    pub(super) fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut pairs: Vec<(&'static str, String)> = self
             .statuses
             .iter()
@@ -180,7 +180,7 @@ impl FilterForm {
     }
 
     /// The filter as a query string (without `?`), with `page` when given.
-    pub fn query_string(&self, page: Option<&str>) -> String {
+    pub(super) fn query_string(&self, page: Option<&str>) -> String {
         let mut query = url::form_urlencoded::Serializer::new(String::new());
         for (key, value) in self.pairs() {
             query.append_pair(key, &value);
@@ -191,11 +191,11 @@ impl FilterForm {
         query.finish()
     }
 
-    pub fn has_status(&self, name: &str) -> bool {
+    pub(super) fn has_status(&self, name: &str) -> bool {
         self.statuses.iter().any(|s| s == name)
     }
 
-    pub fn has_priority(&self, name: &str) -> bool {
+    pub(super) fn has_priority(&self, name: &str) -> bool {
         self.priorities.iter().any(|p| p == name)
     }
 }

@@ -31,6 +31,8 @@ use crate::tls::HANDSHAKE_TIMEOUT;
 /// serves some forty operators' browsers at full parallelism, far more than a plant's control
 /// room has, while a client that opens connections and holds them pins at most 256 file
 /// descriptors and tasks of central, of the 65536 its systemd unit allows.
+// `pub` for the e2e listener tests, through `crate::testing`.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub const CONSOLE_LIMITS: Limits = Limits {
     max_open: 256,
     header_read_timeout: metrics_endpoint::HEADER_READ_TIMEOUT,
@@ -38,13 +40,13 @@ pub const CONSOLE_LIMITS: Limits = Limits {
 
 /// What the connection says about the client, for every request on it.
 #[derive(Debug, Clone, Default)]
-pub struct Peer {
+pub(crate) struct Peer {
     /// The Common Name of the verified client certificate, if one was presented.
     pub client_cn: Option<String>,
 }
 
 /// Serves `router` in plaintext within `limits` until `shutdown`.
-pub async fn serve_plain(
+pub(super) async fn serve_plain(
     listener: TcpListener,
     router: Router,
     limits: Limits,
@@ -61,7 +63,7 @@ pub async fn serve_plain(
 /// Serves `router` over TLS within `limits` until `shutdown`. The handshake happens within the
 /// connection's slot, so a client that connects and never finishes one holds a slot for at most
 /// [`HANDSHAKE_TIMEOUT`].
-pub async fn serve_tls(
+pub(super) async fn serve_tls(
     listener: TcpListener,
     router: Router,
     config: Arc<rustls::ServerConfig>,

@@ -53,7 +53,7 @@ fn consolidation_text(c: Option<&v1::ListConsolidation>) -> String {
 }
 
 /// `GET /lists` (and `?new=<name>`, the new-list form's way to a list's page).
-pub async fn index(
+pub(super) async fn index(
     State(console): State<Shared>,
     visit: Visit,
     RawQuery(query): RawQuery,
@@ -153,7 +153,7 @@ struct ListPage {
 }
 
 /// `GET /lists/<name>`.
-pub async fn show(
+pub(super) async fn show(
     State(console): State<Shared>,
     visit: Visit,
     Path(name): Path<String>,
@@ -279,7 +279,7 @@ fn to_proto(name: &str, form: &Form) -> Result<v1::NotificationList, Failure> {
 
 /// `POST /lists/<name>`: UpsertNotificationList; back to the list, or the form again with
 /// the API's message.
-pub async fn save(
+pub(super) async fn save(
     State(console): State<Shared>,
     headers: HeaderMap,
     Path(name): Path<String>,

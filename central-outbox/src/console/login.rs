@@ -69,7 +69,7 @@ fn login_page(
 
 /// `GET /login`: the form, or the dashboard for someone already logged in (and for everyone
 /// when authentication is off).
-pub async fn form(
+pub(super) async fn form(
     State(console): State<Shared>,
     peer: Option<Extension<Peer>>,
     headers: HeaderMap,
@@ -88,7 +88,7 @@ pub async fn form(
 
 /// `POST /login`: checks the token (or, with `method=certificate`, the connection's client
 /// certificate) and starts a session.
-pub async fn submit(
+pub(super) async fn submit(
     State(console): State<Shared>,
     peer: Option<Extension<Peer>>,
     remote: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -182,7 +182,11 @@ pub async fn submit(
 }
 
 /// `POST /logout`: ends the session.
-pub async fn logout(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn logout(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let form = Form::from_body(&body);
     let visit = match visit_post(&console, &headers, &form) {
         Ok(visit) => visit,

@@ -27,7 +27,7 @@ mod lists;
 mod login;
 mod notifications;
 mod reply;
-pub mod session;
+pub(crate) mod session;
 mod smtp;
 
 use std::sync::Arc;
@@ -53,7 +53,7 @@ use session::{ActiveSession, Flash, Lookup, SESSION_COOKIE, Sessions, Use};
 const REFRESH_HEADER: &str = "x-console-refresh";
 
 /// What every handler shares.
-pub struct Console {
+pub(crate) struct Console {
     /// The admin service the gRPC port serves, called in-process.
     outbox: Arc<dyn NotificationOutbox>,
     auth: Authenticator,
@@ -66,13 +66,15 @@ pub struct Console {
 
 /// For the e2e listener tests, through `crate::testing`.
 #[cfg(any(test, feature = "test-support"))]
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub use listener::CONSOLE_LIMITS;
-pub use listener::Peer;
+
+pub(crate) use listener::Peer;
 
 type Shared = Arc<Console>;
 
 impl Console {
-    pub fn new(
+    pub(crate) fn new(
         outbox: Arc<dyn NotificationOutbox>,
         auth: Authenticator,
         settings: &ConsoleSettings,
@@ -88,7 +90,7 @@ impl Console {
     }
 
     /// What ingest holds callers to (see `grpc::ingest::SiteIdentity`), for the dashboard.
-    pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
+    pub(crate) fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
         self.site_identity = site_identity;
         self
     }
@@ -190,7 +192,7 @@ impl Visit {
 }
 
 /// Every page and action of the console.
-pub fn router(console: Arc<Console>) -> Router {
+pub(crate) fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route("/", get(dashboard::show))
         .route("/login", get(login::form).post(login::submit))
@@ -212,7 +214,7 @@ pub fn router(console: Arc<Console>) -> Router {
 /// [`crate::tls::TlsSettings::console_config`]; the console must then have been made with
 /// `secure`), else plaintext. Connections are bounded by [`listener::CONSOLE_LIMITS`] and
 /// counted in `connections`.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     console: Console,
     tls: Option<Arc<rustls::ServerConfig>>,

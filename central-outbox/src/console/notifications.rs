@@ -19,7 +19,7 @@ use super::{Shared, Visit, visit_post};
 const PAGE_SIZE: u32 = 50;
 
 /// One row of the list.
-pub struct Row {
+pub(super) struct Row {
     id: String,
     created: String,
     status: String,
@@ -69,7 +69,7 @@ struct ListPage {
 }
 
 /// `GET /notifications?status=...&page=...`.
-pub async fn list(
+pub(super) async fn list(
     State(console): State<Shared>,
     visit: Visit,
     RawQuery(query): RawQuery,
@@ -178,7 +178,7 @@ fn history_row(entry: v1::HistoryEntry) -> HistoryRow {
 }
 
 /// `GET /notifications/<id>`.
-pub async fn detail(
+pub(super) async fn detail(
     State(console): State<Shared>,
     visit: Visit,
     Path(id): Path<String>,
@@ -251,7 +251,7 @@ pub async fn detail(
 
 /// `POST /notifications/<id>/retry` or `/discard`: the action, then back to the detail with
 /// the outcome as a flash message (the API's refusal word for word).
-pub async fn act(
+pub(super) async fn act(
     State(console): State<Shared>,
     headers: HeaderMap,
     Path((id, action)): Path<(String, String)>,

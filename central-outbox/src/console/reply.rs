@@ -14,14 +14,14 @@ use axum::response::{IntoResponse, Response};
 use super::session::Flash;
 
 /// The frame of every page.
-pub struct Layout {
+pub(super) struct Layout {
     pub user: Option<User>,
     pub flash: Option<Flash>,
     /// Which navigation entry is current.
     pub nav: &'static str,
 }
 
-pub struct User {
+pub(super) struct User {
     /// "<name> (<role>)".
     pub whoami: String,
     /// For the logout form.
@@ -30,32 +30,32 @@ pub struct User {
 
 /// Why a page could not be shown, as the operator reads it.
 #[derive(Debug)]
-pub struct Failure {
+pub(super) struct Failure {
     pub status: StatusCode,
     pub message: String,
 }
 
 impl Failure {
-    pub fn new(status: StatusCode, message: impl Into<String>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>) -> Self {
         Self {
             status,
             message: message.into(),
         }
     }
 
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(super) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
 
-    pub fn forbidden(message: impl Into<String>) -> Self {
+    pub(super) fn forbidden(message: impl Into<String>) -> Self {
         Self::new(StatusCode::FORBIDDEN, message)
     }
 
-    pub fn unauthenticated(message: impl Into<String>) -> Self {
+    pub(super) fn unauthenticated(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, message)
     }
 
-    pub fn unavailable(message: impl Into<String>) -> Self {
+    pub(super) fn unavailable(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, message)
     }
 }
@@ -88,7 +88,7 @@ struct ErrorPage {
 }
 
 /// A page with `.error` holding the failure's message, under the failure's status.
-pub fn error_page(layout: Option<Layout>, failure: Failure) -> Response {
+pub(super) fn error_page(layout: Option<Layout>, failure: Failure) -> Response {
     let layout = layout.unwrap_or(Layout {
         user: None,
         flash: None,
@@ -107,7 +107,11 @@ pub fn error_page(layout: Option<Layout>, failure: Failure) -> Response {
 }
 
 /// `template` rendered, with the page headers and `set_cookie` when given.
-pub fn page<T: Template>(status: StatusCode, template: &T, set_cookie: Option<&str>) -> Response {
+pub(super) fn page<T: Template>(
+    status: StatusCode,
+    template: &T,
+    set_cookie: Option<&str>,
+) -> Response {
     let html = match template.render() {
         Ok(html) => html,
         Err(e) => {
@@ -154,7 +158,7 @@ fn protect(headers: &mut axum::http::HeaderMap) {
 
 /// 303 See Other to `location` (after a form post, so a reload does not post again), setting
 /// `cookies`.
-pub fn redirect_with(location: &str, cookies: &[String]) -> Response {
+pub(super) fn redirect_with(location: &str, cookies: &[String]) -> Response {
     let mut response = StatusCode::SEE_OTHER.into_response();
     let headers = response.headers_mut();
     if let Ok(location) = HeaderValue::from_str(location) {
@@ -169,12 +173,12 @@ pub fn redirect_with(location: &str, cookies: &[String]) -> Response {
     response
 }
 
-pub fn redirect(location: &str) -> Response {
+pub(super) fn redirect(location: &str) -> Response {
     redirect_with(location, &[])
 }
 
 /// Any path the console does not serve.
-pub async fn not_found() -> Response {
+pub(super) async fn not_found() -> Response {
     error_page(
         None,
         Failure::new(
@@ -201,14 +205,14 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     response
 }
 
-pub async fn stylesheet() -> Response {
+pub(super) async fn stylesheet() -> Response {
     asset(
         "text/css; charset=utf-8",
         include_str!("../../templates/console/assets/console.css"),
     )
 }
 
-pub async fn script() -> Response {
+pub(super) async fn script() -> Response {
     asset(
         "text/javascript; charset=utf-8",
         include_str!("../../templates/console/assets/console.js"),
@@ -217,19 +221,19 @@ pub async fn script() -> Response {
 
 /// A posted `application/x-www-form-urlencoded` body (every console form), or a query string.
 #[derive(Debug, Default)]
-pub struct Form(Vec<(String, String)>);
+pub(super) struct Form(Vec<(String, String)>);
 
 impl Form {
-    pub fn parse(bytes: &[u8]) -> Self {
+    pub(super) fn parse(bytes: &[u8]) -> Self {
         Self(url::form_urlencoded::parse(bytes).into_owned().collect())
     }
 
-    pub fn from_body(body: &Bytes) -> Self {
+    pub(super) fn from_body(body: &Bytes) -> Self {
         Self::parse(body)
     }
 
     /// The first value of `name`.
-    pub fn get(&self, name: &str) -> Option<&str> {
+    pub(super) fn get(&self, name: &str) -> Option<&str> {
         self.0
             .iter()
             .find(|(key, _)| key == name)
@@ -237,11 +241,11 @@ impl Form {
     }
 
     /// The first value of `name`, trimmed; empty when absent.
-    pub fn text(&self, name: &str) -> String {
+    pub(super) fn text(&self, name: &str) -> String {
         self.get(name).map(str::trim).unwrap_or_default().to_owned()
     }
 
-    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+    pub(super) fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
         self.0.iter().map(|(k, v)| (k.as_str(), v.as_str()))
     }
 }

@@ -24,9 +24,9 @@ use sha2::{Digest, Sha256};
 use crate::auth::ConsoleCaller;
 
 /// The session cookie's name.
-pub const SESSION_COOKIE: &str = "outbox_console";
+pub(crate) const SESSION_COOKIE: &str = "outbox_console";
 /// The cookie pairing the login form with its post (see [`login_nonce`]).
-pub const LOGIN_COOKIE: &str = "outbox_console_login";
+pub(crate) const LOGIN_COOKIE: &str = "outbox_console_login";
 
 /// Most sessions kept at once. Each is a few hundred bytes; the cap bounds what a flood of
 /// logins can take, and past it the least recently used session goes first.
@@ -35,10 +35,10 @@ const MAX_SESSIONS: usize = 10_000;
 /// The operating system's generator could not be read: no secret can be made.
 #[derive(Debug, thiserror::Error)]
 #[error("the system's random number generator failed")]
-pub struct NoRandomness;
+pub(crate) struct NoRandomness;
 
 /// 32 random bytes as URL-safe base64: a session id, a CSRF token or a login nonce.
-pub fn random_token(rng: &SystemRandom) -> Result<String, NoRandomness> {
+pub(crate) fn random_token(rng: &SystemRandom) -> Result<String, NoRandomness> {
     let mut bytes = [0u8; 32];
     rng.fill(&mut bytes).map_err(|_| NoRandomness)?;
     Ok(URL_SAFE_NO_PAD.encode(bytes))
@@ -46,12 +46,12 @@ pub fn random_token(rng: &SystemRandom) -> Result<String, NoRandomness> {
 
 /// A one-off token for the login form, set both as [`LOGIN_COOKIE`] and as the form's hidden
 /// `csrf` field; a post whose two copies differ did not come from that form.
-pub fn login_nonce(rng: &SystemRandom) -> Result<String, NoRandomness> {
+pub(crate) fn login_nonce(rng: &SystemRandom) -> Result<String, NoRandomness> {
     random_token(rng)
 }
 
 /// Equal in time independent of where the inputs differ (for secrets of public length).
-pub fn same_secret(a: &str, b: &str) -> bool {
+pub(crate) fn same_secret(a: &str, b: &str) -> bool {
     a.len() == b.len()
         && a.bytes()
             .zip(b.bytes())
@@ -61,20 +61,20 @@ pub fn same_secret(a: &str, b: &str) -> bool {
 
 /// A one-shot message shown on the next page the operator opens (after a redirect).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Flash {
+pub(crate) struct Flash {
     pub ok: bool,
     pub text: String,
 }
 
 impl Flash {
-    pub fn notice(text: impl Into<String>) -> Self {
+    pub(crate) fn notice(text: impl Into<String>) -> Self {
         Self {
             ok: true,
             text: text.into(),
         }
     }
 
-    pub fn error(text: impl Into<String>) -> Self {
+    pub(crate) fn error(text: impl Into<String>) -> Self {
         Self {
             ok: false,
             text: text.into(),
@@ -92,7 +92,7 @@ struct Session {
 
 /// A live session as a request sees it.
 #[derive(Debug, Clone)]
-pub struct ActiveSession {
+pub(crate) struct ActiveSession {
     /// The cookie value, to act on the session again (flash, logout).
     pub id: String,
     pub caller: ConsoleCaller,
@@ -103,14 +103,14 @@ pub struct ActiveSession {
 
 impl ActiveSession {
     /// Whether `presented` (the form's `csrf` field) is this session's token.
-    pub fn csrf_matches(&self, presented: Option<&str>) -> bool {
+    pub(crate) fn csrf_matches(&self, presented: Option<&str>) -> bool {
         presented.is_some_and(|p| same_secret(p, &self.csrf))
     }
 }
 
 /// What a cookie leads to.
 #[derive(Debug)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     Active(ActiveSession),
     /// It was a session that has ended (idle or too old): "log in again".
     Expired,
@@ -120,7 +120,7 @@ pub enum Lookup {
 
 /// How a request uses its session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Use {
+pub(crate) enum Use {
     /// An operator's request: resets the idle clock and takes the flash message.
     Active,
     /// A page's automatic refresh: neither.
@@ -128,7 +128,7 @@ pub enum Use {
 }
 
 /// Every session of this process.
-pub struct Sessions {
+pub(crate) struct Sessions {
     by_digest: Mutex<HashMap<[u8; 32], Session>>,
     idle_timeout: Duration,
     lifetime: Duration,
@@ -140,7 +140,7 @@ fn digest(id: &str) -> [u8; 32] {
 }
 
 impl Sessions {
-    pub fn new(idle_timeout: Duration, lifetime: Duration) -> Self {
+    pub(crate) fn new(idle_timeout: Duration, lifetime: Duration) -> Self {
         Self {
             by_digest: Mutex::new(HashMap::new()),
             idle_timeout,
@@ -149,7 +149,7 @@ impl Sessions {
         }
     }
 
-    pub fn rng(&self) -> &SystemRandom {
+    pub(crate) fn rng(&self) -> &SystemRandom {
         &self.rng
     }
 
@@ -167,7 +167,11 @@ impl Sessions {
     }
 
     /// A new session for `caller`; returns the cookie value.
-    pub fn create(&self, caller: ConsoleCaller, now: Instant) -> Result<String, NoRandomness> {
+    pub(crate) fn create(
+        &self,
+        caller: ConsoleCaller,
+        now: Instant,
+    ) -> Result<String, NoRandomness> {
         let id = random_token(&self.rng)?;
         let csrf = random_token(&self.rng)?;
         let mut table = self.table();
@@ -194,7 +198,7 @@ impl Sessions {
     }
 
     /// The session behind cookie value `id`, at `now`.
-    pub fn lookup(&self, id: &str, now: Instant, usage: Use) -> Lookup {
+    pub(crate) fn lookup(&self, id: &str, now: Instant, usage: Use) -> Lookup {
         let key = digest(id);
         let mut table = self.table();
         let Some(session) = table.get_mut(&key) else {
@@ -220,20 +224,20 @@ impl Sessions {
     }
 
     /// Leaves `flash` for the session's next page.
-    pub fn set_flash(&self, id: &str, flash: Flash) {
+    pub(crate) fn set_flash(&self, id: &str, flash: Flash) {
         if let Some(session) = self.table().get_mut(&digest(id)) {
             session.flash = Some(flash);
         }
     }
 
     /// Ends the session (logout).
-    pub fn end(&self, id: &str) {
+    pub(crate) fn end(&self, id: &str) {
         self.table().remove(&digest(id));
     }
 }
 
 /// The value of cookie `name` in a `Cookie` request header.
-pub fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
+pub(crate) fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
     header
         .split(';')
         .filter_map(|pair| pair.trim().split_once('='))
@@ -244,7 +248,7 @@ pub fn cookie<'a>(header: &'a str, name: &str) -> Option<&'a str> {
 /// A `Set-Cookie` value: never readable by scripts, never sent with another site's requests,
 /// and over TLS never sent in clear. `max_age` of `Some(0)` deletes the cookie; `None` makes
 /// it last until the browser closes (the server decides when the session ends).
-pub fn set_cookie(
+pub(crate) fn set_cookie(
     name: &str,
     value: &str,
     path: &str,

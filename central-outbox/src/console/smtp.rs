@@ -123,7 +123,7 @@ struct SmtpPage {
 }
 
 /// `GET /smtp`.
-pub async fn show(State(console): State<Shared>, visit: Visit) -> Response {
+pub(super) async fn show(State(console): State<Shared>, visit: Visit) -> Response {
     let answer = console
         .outbox
         .get_smtp_config(visit.request(v1::GetSmtpConfigRequest {}))
@@ -239,7 +239,11 @@ fn to_request(form: &Form) -> Result<v1::UpsertSmtpConfigRequest, Failure> {
 }
 
 /// `POST /smtp`: UpsertSmtpConfig; back to the page, or the form again with the API's message.
-pub async fn save(State(console): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn save(
+    State(console): State<Shared>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let form = Form::from_body(&body);
     let visit = match visit_post(&console, &headers, &form) {
         Ok(visit) => visit,

@@ -33,7 +33,9 @@ use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::{NotificationContent, NotificationId, Priority};
 
 /// Sends notifications as email. Cheap to share.
+// `pub` for the e2e mail tests, through `crate::testing`.
 #[derive(Default)]
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub struct EmailAdapter {
     /// The pool for the settings (and XOAUTH2 token) last used. They rarely change, so a plain
     /// mutex around a clone-out is enough; it is never held across an await.
@@ -99,6 +101,7 @@ impl std::fmt::Debug for EmailAdapter {
 }
 
 impl EmailAdapter {
+    #[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
     pub fn new() -> Self {
         Self::default()
     }
@@ -107,6 +110,7 @@ impl EmailAdapter {
     /// token when the settings use XOAUTH2 (the caller fetches it; see `delivery::oauth`). The
     /// transaction takes its place at the pool's connections in `turn`.
     #[allow(clippy::too_many_arguments)]
+    #[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
     pub async fn deliver(
         &self,
         settings: &SmtpSettings,
@@ -225,6 +229,7 @@ fn classify(e: &smtp::Error, settings: &SmtpSettings) -> DeliveryError {
 
 /// How an email attempt failed.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub enum EmailError {
     /// A classified failure, recorded as it is.
     Delivery(DeliveryError),
@@ -242,7 +247,7 @@ impl From<DeliveryError> for EmailError {
 
 impl EmailError {
     /// The failure to record when nothing can be renewed.
-    pub fn into_delivery_error(self) -> DeliveryError {
+    pub(crate) fn into_delivery_error(self) -> DeliveryError {
         match self {
             Self::Delivery(e) | Self::CredentialsRefused(e) => e,
         }

@@ -23,7 +23,7 @@ use outbox_proto::error_chain;
 
 /// How much of a response body [`HttpClient::post`] keeps: enough for a status document or an
 /// error message, small enough that a hostile endpoint cannot make us buffer much.
-pub const REPLY_BODY_LIMIT: usize = 4 * 1024;
+pub(crate) const REPLY_BODY_LIMIT: usize = 4 * 1024;
 
 /// How long an idle pooled connection is kept. Most webhook receivers close idle connections
 /// after about a minute; reusing one they are about to close costs a failed attempt.
@@ -34,7 +34,7 @@ const POOL_MAX_IDLE_PER_HOST: usize = 16;
 
 /// A pooled HTTPS (and loopback-http) client. Clones share the pool.
 #[derive(Clone)]
-pub struct HttpClient {
+pub(crate) struct HttpClient {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -45,7 +45,7 @@ impl fmt::Debug for HttpClient {
 }
 
 /// What the server answered.
-pub struct HttpReply {
+pub(crate) struct HttpReply {
     pub status: u16,
     /// The raw `Retry-After` header, if the server sent one (RFC 9110 §10.2.3).
     pub retry_after: Option<String>,
@@ -66,7 +66,7 @@ impl fmt::Debug for HttpReply {
 
 /// Why no reply arrived. None of the texts contains the URL, a header or the body.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HttpError {
+pub(crate) enum HttpError {
     /// The whole exchange did not finish within the timeout.
     #[error("no complete response within the timeout")]
     Timeout,
@@ -83,7 +83,7 @@ pub enum HttpError {
 
 impl HttpClient {
     /// A client trusting Mozilla's roots (webpki-roots) with rustls on ring, HTTP/1.1 only.
-    pub fn new() -> Result<Self, String> {
+    pub(crate) fn new() -> Result<Self, String> {
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
             .map_err(|e| format!("cannot set up TLS for the HTTP client: {e}"))?
@@ -101,7 +101,7 @@ impl HttpClient {
 
     /// POST `body` with `headers`; the whole exchange (connect to last body byte) bounded by
     /// `timeout`. Keeps the first [`REPLY_BODY_LIMIT`] bytes of the response body.
-    pub async fn post(
+    pub(crate) async fn post(
         &self,
         url: &str,
         headers: &[(&str, String)],

@@ -41,17 +41,17 @@ const ENCODED_WORD_BYTES: usize = 39;
 
 /// The recipients are all in the envelope (BCC): the header shows an empty group, the form
 /// RFC 5322 §3.6.3 suggests and relays and spam filters expect instead of no `To:` at all.
-pub const UNDISCLOSED_RECIPIENTS: &str = "undisclosed-recipients:;";
+pub(crate) const UNDISCLOSED_RECIPIENTS: &str = "undisclosed-recipients:;";
 
 /// The `Subject:` header for `subject`, encoded as the module doc describes.
-pub fn subject_header(subject: &str) -> HeaderValue {
+pub(crate) fn subject_header(subject: &str) -> HeaderValue {
     HeaderValue::dangerous_new_pre_encoded(SUBJECT, subject.to_owned(), encode_subject(subject))
 }
 
 /// The headers mail readers show urgency by (Outlook's `Importance`, most others' `X-Priority`):
 /// critical and high mails are flagged important, low ones unimportant, normal ones carry none
 /// (so their mail is exactly what it was before priorities existed).
-pub fn priority_headers(priority: Priority) -> Vec<HeaderValue> {
+pub(crate) fn priority_headers(priority: Priority) -> Vec<HeaderValue> {
     let (importance, x_priority) = match priority {
         Priority::Critical => ("high", "1 (Highest)"),
         Priority::High => ("high", "2 (High)"),
@@ -65,7 +65,7 @@ pub fn priority_headers(priority: Priority) -> Vec<HeaderValue> {
 }
 
 /// `To: undisclosed-recipients:;`.
-pub fn to_header() -> HeaderValue {
+pub(crate) fn to_header() -> HeaderValue {
     HeaderValue::dangerous_new_pre_encoded(
         TO,
         UNDISCLOSED_RECIPIENTS.to_owned(),
@@ -74,7 +74,7 @@ pub fn to_header() -> HeaderValue {
 }
 
 /// The Subject header's value as it goes on the wire (folded, without the `Subject: ` prefix).
-pub fn encode_subject(subject: &str) -> String {
+pub(crate) fn encode_subject(subject: &str) -> String {
     let plain = subject.bytes().all(|b| (b' '..=b'~').contains(&b))
         && !subject.contains("=?")
         && !subject.starts_with(' ')
@@ -138,7 +138,7 @@ fn encoded_words(text: &str) -> String {
 
 /// The body with every line break as CRLF and a final line break, which is what a reader
 /// decodes (see the module doc).
-pub fn canonical_body(body: &str) -> String {
+pub(crate) fn canonical_body(body: &str) -> String {
     let mut out = String::with_capacity(body.len() + body.len() / 32 + 2);
     let mut rest = body;
     while let Some(at) = rest.find(['\r', '\n']) {
@@ -156,7 +156,7 @@ pub fn canonical_body(body: &str) -> String {
 
 /// The formatted message as it must be handed to lettre's DATA writer: without its final CRLF,
 /// which lettre's `CRLF . CRLF` supplies (see the module doc).
-pub fn smtp_data(mut formatted: Vec<u8>) -> Vec<u8> {
+pub(crate) fn smtp_data(mut formatted: Vec<u8>) -> Vec<u8> {
     if formatted.ends_with(b"\r\n") {
         formatted.truncate(formatted.len() - 2);
     }

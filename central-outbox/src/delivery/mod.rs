@@ -6,17 +6,22 @@
 //! holds every adapter and what they share (one pooled HTTP client, the XOAUTH2 token cache), so
 //! the dispatcher stays transport-agnostic and tests can script outcomes with their own.
 
-pub mod email;
-pub mod http;
-pub mod mail_format;
-pub mod oauth;
+pub(crate) mod email;
+pub(crate) mod http;
+pub(crate) mod mail_format;
+pub(crate) mod oauth;
 mod smtp_lane;
-pub mod smtp_pool;
-pub mod turn;
-pub mod webhook;
+pub(crate) mod smtp_pool;
+pub(crate) mod turn;
+pub(crate) mod webhook;
 
-pub use email::{EmailAdapter, EmailError};
-pub use turn::{StartOrder, Turn};
+// `pub` where `crate::testing` re-exports them.
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
+pub use email::EmailAdapter;
+pub(crate) use email::EmailError;
+pub(crate) use turn::StartOrder;
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
+pub use turn::Turn;
 
 use std::future::Future;
 use std::time::Duration;
@@ -36,7 +41,7 @@ use webhook::{Outgoing, WebhookAdapter};
 /// A channel's settings as one dispatcher sweep read them; each attempt keeps the snapshot it
 /// started with.
 #[derive(Debug, Clone)]
-pub enum ChannelSettings {
+pub(crate) enum ChannelSettings {
     /// `None`: no SMTP configuration is stored (email rows park).
     Email(Option<SmtpSettings>),
     Webhook(WebhookSettings),
@@ -45,7 +50,7 @@ pub enum ChannelSettings {
 impl ChannelSettings {
     /// The pacing and retry policy, or the fallbacks when the channel is not configured (one
     /// slot, no limit: the rows only need to be parked).
-    pub fn policy(&self) -> DeliveryPolicy {
+    pub(crate) fn policy(&self) -> DeliveryPolicy {
         match self {
             Self::Email(Some(s)) => s.policy.clone(),
             Self::Webhook(s) => s.policy.clone(),
@@ -65,7 +70,7 @@ impl ChannelSettings {
 /// `Delivered` or a classified [`DeliveryError`]; an implementation never touches the store.
 /// An implementation that lines attempts up (more than one per connection) waits for `turn`
 /// before it takes a place in line and lets it go after ([`turn`]); any other drops it.
-pub trait Deliver: Send + Sync + 'static {
+pub(crate) trait Deliver: Send + Sync + 'static {
     fn deliver(
         &self,
         channel: &ChannelSettings,
@@ -124,7 +129,7 @@ impl Deliver for Adapters {
 const EMAIL_ATTEMPTS_PER_CONNECTION: usize = 3;
 
 /// Every channel's adapter.
-pub struct Adapters {
+pub(crate) struct Adapters {
     email: EmailAdapter,
     webhook: WebhookAdapter,
     tokens: TokenCache,
@@ -139,7 +144,7 @@ impl std::fmt::Debug for Adapters {
 }
 
 impl Adapters {
-    pub fn new() -> Result<Self, String> {
+    pub(crate) fn new() -> Result<Self, String> {
         let http = HttpClient::new()?;
         Ok(Self {
             email: EmailAdapter::new(),
@@ -150,14 +155,14 @@ impl Adapters {
     }
 
     /// The outbound HTTP client (one pool, one TLS set-up for every HTTP call central makes).
-    pub fn http(&self) -> HttpClient {
+    pub(crate) fn http(&self) -> HttpClient {
         self.http.clone()
     }
 
     /// One email delivery attempt. With XOAUTH2 the access token comes from the cache (fetched
     /// when missing or near expiry); a token the server refuses is dropped from the cache, so the
     /// next attempt fetches a fresh one.
-    pub async fn email(
+    pub(crate) async fn email(
         &self,
         settings: &SmtpSettings,
         n: &ClaimedNotification,
@@ -203,7 +208,7 @@ impl Adapters {
     }
 
     /// One webhook delivery attempt (every endpoint of the list).
-    pub async fn webhook(
+    pub(crate) async fn webhook(
         &self,
         settings: &WebhookSettings,
         n: &ClaimedNotification,

@@ -58,7 +58,7 @@ struct CachedToken {
 type Slot = Arc<tokio::sync::Mutex<Option<CachedToken>>>;
 
 /// Caches client-credentials access tokens. Cheap to share behind an `Arc`.
-pub struct TokenCache {
+pub(crate) struct TokenCache {
     http: HttpClient,
     /// Slots by credentials (the secret is part of the key, so a rotated secret fetches anew).
     /// A plain mutex: only held to look up or replace a slot, never across an await.
@@ -94,7 +94,7 @@ struct ErrorResponse {
 }
 
 impl TokenCache {
-    pub fn new(http: HttpClient) -> Self {
+    pub(crate) fn new(http: HttpClient) -> Self {
         Self::with_clock(http, Instant::now)
     }
 
@@ -109,7 +109,7 @@ impl TokenCache {
     /// A valid access token for these credentials: cached until 60 s (or a tenth of its life, if
     /// shorter) before it expires, else fetched. Waiting for another caller's fetch counts
     /// against `timeout` too.
-    pub async fn token(
+    pub(crate) async fn token(
         &self,
         creds: &OAuthClientCredentials,
         timeout: Duration,
@@ -141,7 +141,7 @@ impl TokenCache {
 
     /// Forgets the cached token for these credentials (after the SMTP server rejects it), so the
     /// next [`Self::token`] fetches a new one.
-    pub fn invalidate(&self, creds: &OAuthClientCredentials) {
+    pub(crate) fn invalidate(&self, creds: &OAuthClientCredentials) {
         // Dropping the slot rather than clearing it: a fetch holding the old slot's lock may be
         // in progress, and it must not block this. Its result lands in the dropped slot.
         self.slots

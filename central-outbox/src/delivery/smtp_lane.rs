@@ -34,7 +34,7 @@ use super::smtp_pool::{Connector, SessionError};
 use crate::domain::delivery::DeliveryError;
 
 /// One transaction for a lane, and where its outcome goes.
-pub struct Job {
+pub(super) struct Job {
     pub envelope: Envelope,
     /// The message as lettre formats it, without its last line ending.
     pub data: Vec<u8>,
@@ -49,7 +49,7 @@ pub struct Job {
 /// waits in line when every lane is busy. So a transaction is waiting, for a lane to send
 /// behind its message, only when no lane is idle.
 #[derive(Clone)]
-pub struct Queue(Arc<Mutex<Line>>);
+pub(super) struct Queue(Arc<Mutex<Line>>);
 
 #[derive(Default)]
 struct Line {
@@ -61,7 +61,7 @@ struct Line {
 }
 
 impl Queue {
-    pub fn new() -> Self {
+    pub(super) fn new() -> Self {
         Self(Arc::new(Mutex::new(Line::default())))
     }
 
@@ -73,7 +73,7 @@ impl Queue {
 
     /// Hands `job` to the lane that went idle last, or puts it in line; gives it back once the
     /// pool is closed.
-    pub fn submit(&self, mut job: Job) -> Result<(), Job> {
+    pub(super) fn submit(&self, mut job: Job) -> Result<(), Job> {
         let mut line = self.line();
         if line.closed {
             return Err(job);
@@ -90,7 +90,7 @@ impl Queue {
     }
 
     /// No new transactions; idle lanes end now, busy ones once the line is empty.
-    pub fn close(&self) {
+    pub(super) fn close(&self) {
         let mut line = self.line();
         line.closed = true;
         line.idle.clear();
@@ -128,7 +128,7 @@ struct Carried {
 }
 
 /// One connection; see the module documentation.
-pub struct Lane {
+pub(super) struct Lane {
     connector: Arc<Connector>,
     queue: Queue,
     session: Option<AsyncSmtpConnection>,
@@ -136,7 +136,7 @@ pub struct Lane {
 }
 
 impl Lane {
-    pub fn new(connector: Arc<Connector>, queue: Queue) -> Self {
+    pub(super) fn new(connector: Arc<Connector>, queue: Queue) -> Self {
         Self {
             connector,
             queue,
@@ -146,7 +146,7 @@ impl Lane {
     }
 
     /// Serves transactions until the pool is closed, then says goodbye to the relay.
-    pub async fn run(mut self) {
+    pub(super) async fn run(mut self) {
         loop {
             let (job, envelope_sent) = match self.carried.take() {
                 Some(carried) => (carried.job, carried.envelope_sent),

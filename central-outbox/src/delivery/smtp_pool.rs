@@ -44,20 +44,20 @@ use crate::domain::delivery::DeliveryError;
 /// The connections for one settings value, and the queue they take transactions from. Dropping
 /// the pool (once no delivery holds it) closes the queue, and each lane then closes its session
 /// and ends.
-pub struct SmtpPool {
+pub(crate) struct SmtpPool {
     connector: Arc<Connector>,
     queue: Queue,
 }
 
 /// How a lane opens a session: the settings and the XOAUTH2 token it authenticates with.
-pub struct Connector {
+pub(crate) struct Connector {
     pub settings: SmtpSettings,
     access_token: Option<Secret>,
 }
 
 /// What failed while getting a session or in a transaction: an SMTP error to classify, the
 /// server refusing the credentials while authenticating, or our own verdict.
-pub enum SessionError {
+pub(crate) enum SessionError {
     Smtp(smtp::Error),
     /// AUTH was answered 535 (credentials invalid), or lettre gave up on the exchange (an
     /// XOAUTH2 error challenge, as Gmail sends for a refused token). Known by the phase it
@@ -72,7 +72,7 @@ const CREDENTIALS_INVALID: u16 = 535;
 impl SmtpPool {
     /// Starts the pool's lanes (each opens its session when it first has a transaction), so
     /// it must be called on the runtime.
-    pub fn new(settings: SmtpSettings, access_token: Option<Secret>) -> Self {
+    pub(crate) fn new(settings: SmtpSettings, access_token: Option<Secret>) -> Self {
         let lanes = settings.policy.max_concurrent_connections.max(1) as usize;
         let connector = Arc::new(Connector {
             settings,
@@ -85,7 +85,7 @@ impl SmtpPool {
         Self { connector, queue }
     }
 
-    pub fn is_for(&self, settings: &SmtpSettings, access_token: Option<&Secret>) -> bool {
+    pub(crate) fn is_for(&self, settings: &SmtpSettings, access_token: Option<&Secret>) -> bool {
         self.connector.settings == *settings && self.connector.access_token.as_ref() == access_token
     }
 
@@ -93,7 +93,7 @@ impl SmtpPool {
     /// last line ending), put in line in `turn`, and answered by the first free lane, or by one that sends its envelope
     /// behind the message it is finishing. It must be over by `deadline`: a lane gives up
     /// then, and closes the connection if it was under way.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         envelope: Envelope,
         data: Vec<u8>,
@@ -136,7 +136,7 @@ impl Drop for SmtpPool {
 
 impl Connector {
     /// The failure a transaction that outlived `overall_timeout` is recorded with.
-    pub fn overall_timeout(&self) -> SessionError {
+    pub(crate) fn overall_timeout(&self) -> SessionError {
         let s = &self.settings;
         SessionError::Delivery(DeliveryError::transient(format!(
             "SMTP delivery to {}:{} took longer than {}s",
@@ -147,7 +147,7 @@ impl Connector {
     }
 
     /// A new, authenticated session.
-    pub async fn connect(&self) -> Result<AsyncSmtpConnection, SessionError> {
+    pub(crate) async fn connect(&self) -> Result<AsyncSmtpConnection, SessionError> {
         let s = &self.settings;
         let hello = ClientId::default();
         let tls = || {

@@ -12,7 +12,9 @@
 use tokio::sync::oneshot;
 
 /// One attempt's place in its channel's start order; see the module documentation.
+// `pub` for the e2e mail tests, through `crate::testing`.
 #[derive(Debug)]
+#[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub struct Turn {
     /// Closes when the attempt before this one has let its turn go.
     after: Option<oneshot::Receiver<()>>,
@@ -22,14 +24,14 @@ pub struct Turn {
 
 /// Hands out the turns of one channel, in the order its attempts start.
 #[derive(Debug, Default)]
-pub struct StartOrder {
+pub(crate) struct StartOrder {
     /// Closes when the last turn handed out has been let go.
     last: Option<oneshot::Receiver<()>>,
 }
 
 impl StartOrder {
     /// The turn of the attempt starting now, after every one started before it.
-    pub fn next_turn(&mut self) -> Turn {
+    pub(crate) fn next_turn(&mut self) -> Turn {
         let (lets_next_on, next) = oneshot::channel();
         Turn {
             after: self.last.replace(next),
@@ -41,12 +43,13 @@ impl StartOrder {
 impl Turn {
     /// A turn that waits for nothing: for an attempt outside any order (tests).
     #[cfg(any(test, feature = "test-support"))]
+    #[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
     pub fn first() -> Self {
         StartOrder::default().next_turn()
     }
 
     /// Until the attempt before this one has let its turn go.
-    pub async fn wait(&mut self) {
+    pub(crate) async fn wait(&mut self) {
         if let Some(after) = self.after.as_mut() {
             // Err is the earlier turn dropped, which is exactly the signal: nothing is sent.
             // Awaited in place, so a wait that is given up on leaves the turn as it was.

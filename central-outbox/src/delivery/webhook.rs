@@ -37,7 +37,7 @@ use crate::domain::{NotificationContent, NotificationId, Provenance};
 
 /// Longest wait a `Retry-After` may impose. A server asking for more is most likely
 /// misconfigured, and an hour keeps the notification moving without hammering it.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60 * 60);
 
 /// How much of a response body goes into an error message: enough for a JSON error or the first
 /// line of an HTML page, short enough for LastError.
@@ -48,11 +48,11 @@ const ERROR_BODY_CHARS: usize = 200;
 const ERRORS_LISTED: usize = 5;
 
 /// The header carrying the signature: `t=<unix seconds>,v1=<hex HMAC-SHA256>`.
-pub const SIGNATURE_HEADER: &str = "X-Outbox-Signature";
+pub(crate) const SIGNATURE_HEADER: &str = "X-Outbox-Signature";
 
 /// What one webhook attempt sends.
 #[derive(Debug, Clone, Copy)]
-pub struct Outgoing<'a> {
+pub(crate) struct Outgoing<'a> {
     pub id: NotificationId,
     pub content: &'a NotificationContent,
     pub provenance: &'a Provenance,
@@ -60,7 +60,7 @@ pub struct Outgoing<'a> {
 
 /// Posts notifications to webhook endpoints. Cheap to share; clones of the client share its pool.
 #[derive(Debug, Clone)]
-pub struct WebhookAdapter {
+pub(crate) struct WebhookAdapter {
     http: HttpClient,
 }
 
@@ -73,12 +73,12 @@ enum EndpointOutcome {
 }
 
 impl WebhookAdapter {
-    pub fn new(http: HttpClient) -> Self {
+    pub(crate) fn new(http: HttpClient) -> Self {
         Self { http }
     }
 
     /// Posts `outgoing` to every endpoint of `target`.
-    pub async fn deliver(
+    pub(crate) async fn deliver(
         &self,
         settings: &WebhookSettings,
         outgoing: &Outgoing<'_>,
@@ -295,7 +295,7 @@ fn excerpt(body: &str) -> String {
 /// A `Retry-After` value (RFC 9110 §10.2.3): delay-seconds, or an HTTP-date in any of the three
 /// formats RFC 9110 §5.6.7 makes recipients accept. A date in the past means "now". Capped at
 /// [`MAX_RETRY_AFTER`]; `None` when unparseable.
-pub fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
+pub(crate) fn parse_retry_after(value: &str, now: DateTime<Utc>) -> Option<Duration> {
     let value = value.trim();
     let wait = if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         // All digits: only overflow can fail, and a huge number is simply "the cap".

@@ -36,7 +36,7 @@ pub const DISPATCHER_LEASE: &str = "dispatcher";
 
 /// The lease as this node holds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeldLease {
+pub(super) struct HeldLease {
     pub epoch: LeaseEpoch,
     /// Until when this node may act under `epoch` if no renewal succeeds meanwhile.
     pub valid_until: Instant,
@@ -44,14 +44,14 @@ pub struct HeldLease {
 
 impl HeldLease {
     /// Whether the lease may still be acted under.
-    pub fn is_valid(&self) -> bool {
+    pub(super) fn is_valid(&self) -> bool {
         Instant::now() < self.valid_until
     }
 }
 
 /// How the lease is kept. Defaults are documented in `deploy/central-outbox.toml`.
 #[derive(Debug, Clone)]
-pub struct LeaseSettings {
+pub(super) struct LeaseSettings {
     /// Identifies this node as lease holder; unique per process.
     pub node_id: String,
     /// How long a lease lasts without renewal.
@@ -63,7 +63,7 @@ pub struct LeaseSettings {
 /// Takes and renews the dispatcher lease until stopped; see the module documentation. Clones
 /// share what is held, so a keeper restarted by the supervisor renews the same lease, and the
 /// dispatcher can release it even after its keeper was given up on.
-pub struct LeaseKeeper<S> {
+pub(super) struct LeaseKeeper<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     settings: LeaseSettings,
@@ -82,7 +82,7 @@ impl<S> Clone for LeaseKeeper<S> {
 }
 
 impl<S: DispatchStore> LeaseKeeper<S> {
-    pub fn new(store: Arc<S>, metrics: Arc<Metrics>, settings: LeaseSettings) -> Self {
+    pub(super) fn new(store: Arc<S>, metrics: Arc<Metrics>, settings: LeaseSettings) -> Self {
         Self {
             store,
             metrics,
@@ -92,13 +92,13 @@ impl<S: DispatchStore> LeaseKeeper<S> {
     }
 
     /// What this node holds, updated after every renewal.
-    pub fn subscribe(&self) -> watch::Receiver<Option<HeldLease>> {
+    pub(super) fn subscribe(&self) -> watch::Receiver<Option<HeldLease>> {
         self.held.subscribe()
     }
 
     /// Renews every `renew_interval` (the first at once) until `stop`, then releases the lease
     /// so a successor need not wait for it to expire.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(super) async fn run(self, stop: CancellationToken) {
         let mut renew = tokio::time::interval(self.settings.renew_interval);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -160,7 +160,7 @@ impl<S: DispatchStore> LeaseKeeper<S> {
 
     /// Gives the lease up if this node holds it (a no-op otherwise, so calling it twice is
     /// harmless).
-    pub async fn release(&self) {
+    pub(super) async fn release(&self) {
         let Some(held) = self.held.send_replace(None) else {
             return;
         };

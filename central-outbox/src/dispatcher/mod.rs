@@ -100,7 +100,7 @@ pub struct DispatcherSettings {
 /// What one `Dispatcher::dispatch_once` did.
 #[cfg(test)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SweepOutcome {
+pub(crate) enum SweepOutcome {
     /// This node does not hold the lease.
     NotLeader,
     /// Claimed and started this many deliveries (0: nothing was due, or no slot or token free).
@@ -108,7 +108,7 @@ pub enum SweepOutcome {
 }
 
 /// The dispatcher of one node, delivering through `D` (the real adapters, or a test's).
-pub struct Dispatcher<S, D = Adapters> {
+pub(crate) struct Dispatcher<S, D = Adapters> {
     store: Arc<S>,
     settings: DispatcherSettings,
     /// What ingest on this node notifies.
@@ -140,7 +140,7 @@ pub struct Dispatcher<S, D = Adapters> {
 }
 
 impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<S>,
         metrics: Arc<Metrics>,
         delivery: Arc<D>,
@@ -184,13 +184,13 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
 
     /// Supervises the dispatcher's tasks with `supervisor` (the service's, so that a task
     /// given up on takes the whole node out) instead of one of its own.
-    pub fn with_supervisor(mut self, supervisor: Supervisor) -> Self {
+    pub(crate) fn with_supervisor(mut self, supervisor: Supervisor) -> Self {
         self.supervisor = supervisor;
         self
     }
 
     /// The lease epoch this node holds, `None` while it is not the dispatcher.
-    pub fn lease_watch(&self) -> watch::Receiver<Option<LeaseEpoch>> {
+    pub(crate) fn lease_watch(&self) -> watch::Receiver<Option<LeaseEpoch>> {
         self.lease.subscribe()
     }
 
@@ -198,7 +198,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     /// the channel loops and the recorder run supervised: one that fails is restarted, and
     /// one that keeps failing fires the supervisor's [`NodeFailure`], on which this loop stops
     /// as on shutdown (drain, release the lease) so another replica takes over at once.
-    pub async fn run(mut self, shutdown: CancellationToken) {
+    pub(crate) async fn run(mut self, shutdown: CancellationToken) {
         let keeper_stop = CancellationToken::new();
         let keeper = self.keeper.take().map(|keeper| {
             let handle = self.supervisor.spawn("lease", keeper_stop.clone(), {
@@ -383,7 +383,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     /// waits for the store calls it makes (stepping the dispatcher by hand). Only the crate's
     /// paused-clock and gated tests step it so; the service runs the loop.
     #[cfg(test)]
-    pub async fn dispatch_once(&mut self) -> Result<SweepOutcome, crate::store::StoreError> {
+    pub(crate) async fn dispatch_once(&mut self) -> Result<SweepOutcome, crate::store::StoreError> {
         self.publish(Tenure::Kept);
         let mandate = self.mandate.borrow().clone();
         if mandate.now.is_none() {

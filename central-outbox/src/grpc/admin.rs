@@ -28,9 +28,9 @@ use crate::records::NotificationState;
 use crate::store::{AdminStore, ChannelSettingsStore};
 
 /// Most notifications one bulk call may name or change.
-pub const MAX_BULK: usize = 1000;
+pub(crate) const MAX_BULK: usize = 1000;
 
-pub struct OutboxService<S> {
+pub(crate) struct OutboxService<S> {
     store: Arc<S>,
     kpis: KpiSettings,
     /// Wakes the dispatcher when a retry makes rows due.
@@ -47,7 +47,7 @@ pub struct OutboxService<S> {
 }
 
 impl<S> OutboxService<S> {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<S>,
         kpis: KpiSettings,
         wake: Arc<Notify>,
@@ -66,13 +66,13 @@ impl<S> OutboxService<S> {
     }
 
     /// How long a site node may go unheard before it is offline.
-    pub fn with_site_offline_after(mut self, after: std::time::Duration) -> Self {
+    pub(crate) fn with_site_offline_after(mut self, after: std::time::Duration) -> Self {
         self.site_offline_after = after;
         self
     }
 
     /// Serves `GetKpis` from `cache` (see [`crate::kpi_gauges`]).
-    pub fn with_kpi_cache(mut self, cache: Arc<KpiGauges>) -> Self {
+    pub(crate) fn with_kpi_cache(mut self, cache: Arc<KpiGauges>) -> Self {
         self.kpi_cache = Some(cache);
         self
     }

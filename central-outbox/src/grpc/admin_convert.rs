@@ -29,7 +29,7 @@ use crate::records::NotificationDetail;
 const MAX_FILTER_NAME_CHARS: usize = 256;
 
 /// A status a caller may filter on: FORWARDING is the site's, never central's.
-pub fn status_from_proto(value: i32, field: &'static str) -> Result<Status, ContentError> {
+pub(crate) fn status_from_proto(value: i32, field: &'static str) -> Result<Status, ContentError> {
     match v1::NotificationStatus::try_from(value) {
         Ok(v1::NotificationStatus::Pending) => Ok(Status::Pending),
         Ok(v1::NotificationStatus::Retrying) => Ok(Status::Retrying),
@@ -105,7 +105,7 @@ fn optional_time(
 
 /// Checks a filter. `stuck_before` is the instant before which a live row counts as stuck (now
 /// minus the configured threshold); it applies only when the filter asks for stuck rows.
-pub fn filter(
+pub(crate) fn filter(
     msg: Option<v1::NotificationFilter>,
     stuck_before: DateTime<Utc>,
 ) -> Result<NotificationFilter, ContentError> {
@@ -155,7 +155,7 @@ pub fn filter(
 
 /// A filter for a bulk operator action: only Parked rows can be acted on, so the filter may
 /// name no status or exactly PARKED.
-pub fn action_filter(
+pub(crate) fn action_filter(
     msg: v1::NotificationFilter,
     parked_before: Option<prost_types::Timestamp>,
     stuck_before: DateTime<Utc>,
@@ -228,7 +228,7 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
     view
 }
 
-pub fn detail_view(detail: NotificationDetail, stuck: bool) -> v1::NotificationDetail {
+pub(crate) fn detail_view(detail: NotificationDetail, stuck: bool) -> v1::NotificationDetail {
     v1::NotificationDetail {
         notification: Some(state_view(detail.state, stuck)),
         body: detail.body,
@@ -251,12 +251,12 @@ fn cut(text: &mut String) {
 
 /// What a reader who may not see webhook URLs whole (`Role::sees_webhook_urls`) is shown of a
 /// notification's state: its LastError with every URL cut to scheme, host and port.
-pub fn cut_state_urls(view: &mut v1::NotificationStatusView) {
+pub(crate) fn cut_state_urls(view: &mut v1::NotificationStatusView) {
     cut(&mut view.last_error);
 }
 
 /// The same for a notification's detail: LastError, "Delivered to" and every attempt's error.
-pub fn cut_detail_urls(view: &mut v1::NotificationDetail) {
+pub(crate) fn cut_detail_urls(view: &mut v1::NotificationDetail) {
     if let Some(state) = view.notification.as_mut() {
         cut_state_urls(state);
     }
@@ -267,11 +267,11 @@ pub fn cut_detail_urls(view: &mut v1::NotificationDetail) {
 }
 
 /// The same for a list: its endpoints.
-pub fn cut_list_urls(view: &mut v1::NotificationList) {
+pub(crate) fn cut_list_urls(view: &mut v1::NotificationList) {
     view.endpoints.iter_mut().for_each(cut);
 }
 
-pub fn kpi_values(values: &KpiValues) -> v1::KpiValues {
+pub(crate) fn kpi_values(values: &KpiValues) -> v1::KpiValues {
     v1::KpiValues {
         queue_depth: values.queue_depth,
         stuck_count: values.stuck_count,
@@ -282,7 +282,7 @@ pub fn kpi_values(values: &KpiValues) -> v1::KpiValues {
     }
 }
 
-pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
+pub(crate) fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
     let mut view = v1::NotificationList {
         name: list.value.name.as_str().to_owned(),
         r#type: notification_type_to_proto(list.value.kind()).into(),
@@ -316,7 +316,7 @@ pub fn list_view(list: Stored<NotificationList>) -> v1::NotificationList {
 /// secret keeps `current`'s (so an operator can edit endpoints without re-entering it), but only
 /// for endpoints on the receivers it was given for ([`NotificationList::keeping_secret_of`]); an
 /// empty one removes it.
-pub fn list_from_proto(
+pub(crate) fn list_from_proto(
     msg: Option<v1::NotificationList>,
     current: Option<&NotificationList>,
 ) -> Result<NotificationList, ContentError> {
@@ -389,7 +389,7 @@ fn list_consolidation_field(field: &'static str) -> &'static str {
     }
 }
 
-pub fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
+pub(crate) fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
     let s = stored.value;
     let mut view = v1::SmtpConfig {
         host: s.host,
@@ -462,7 +462,10 @@ fn policy_view(p: &DeliveryPolicy) -> PolicyFields {
 
 /// The webhook channel's settings; `stored` false: nothing is stored and these are the
 /// defaults (no `updated_at`).
-pub fn webhook_view(s: WebhookSettings, updated_at: Option<DateTime<Utc>>) -> v1::WebhookConfig {
+pub(crate) fn webhook_view(
+    s: WebhookSettings,
+    updated_at: Option<DateTime<Utc>>,
+) -> v1::WebhookConfig {
     let p = policy_view(&s.policy);
     v1::WebhookConfig {
         timeout: Some(to_duration(s.timeout)),
@@ -525,7 +528,7 @@ fn policy_from_proto(
 }
 
 /// Checks new webhook settings; errors name the request's field.
-pub fn webhook_from_proto(
+pub(crate) fn webhook_from_proto(
     msg: v1::UpsertWebhookConfigRequest,
 ) -> Result<WebhookSettings, ContentError> {
     let policy = policy_from_proto(
@@ -608,7 +611,7 @@ fn smtp_auth(msg: &mut v1::UpsertSmtpConfigRequest) -> Result<SmtpAuthChange, Co
 }
 
 /// Checks new SMTP settings; see [`SmtpAuthChange::resolve`] for when a stored secret is kept.
-pub fn smtp_from_proto(
+pub(crate) fn smtp_from_proto(
     mut msg: v1::UpsertSmtpConfigRequest,
     current: Option<&SmtpSettings>,
 ) -> Result<SmtpSettings, ContentError> {

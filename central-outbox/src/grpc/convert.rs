@@ -7,11 +7,11 @@ use outbox_proto::v1;
 use crate::domain::status::Status;
 use crate::records::{InsertOutcome, NotificationState};
 
-pub use outbox_proto::submission::{
+pub(crate) use outbox_proto::submission::{
     notification_type_to_proto, parse as submission, priority_to_proto,
 };
 
-pub fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationSubmitAck {
+pub(crate) fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationSubmitAck {
     match outcome {
         InsertOutcome::Accepted => v1::NotificationSubmitAck {
             notification_id,
@@ -30,7 +30,7 @@ pub fn ack(notification_id: String, outcome: InsertOutcome) -> v1::NotificationS
     }
 }
 
-pub fn rejected(notification_id: String, reason: String) -> v1::NotificationSubmitAck {
+pub(crate) fn rejected(notification_id: String, reason: String) -> v1::NotificationSubmitAck {
     v1::NotificationSubmitAck {
         notification_id,
         outcome: v1::SubmitOutcome::Rejected.into(),
@@ -38,7 +38,7 @@ pub fn rejected(notification_id: String, reason: String) -> v1::NotificationSubm
     }
 }
 
-pub fn status_to_proto(status: Status) -> v1::NotificationStatus {
+pub(crate) fn status_to_proto(status: Status) -> v1::NotificationStatus {
     match status {
         Status::Pending => v1::NotificationStatus::Pending,
         Status::Retrying => v1::NotificationStatus::Retrying,
@@ -53,7 +53,7 @@ pub fn status_to_proto(status: Status) -> v1::NotificationStatus {
 
 /// The status view of a row; `stuck` is the caller's judgement (it depends on the configured
 /// threshold and the time of the answer).
-pub fn state_view(state: NotificationState, stuck: bool) -> v1::NotificationStatusView {
+pub(crate) fn state_view(state: NotificationState, stuck: bool) -> v1::NotificationStatusView {
     v1::NotificationStatusView {
         notification_id: state.id.to_string(),
         status: status_to_proto(state.status).into(),

@@ -66,7 +66,7 @@ use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
 /// enough that one batch's acks are not held back for long.
-pub const MAX_STREAM_BATCH: usize = 256;
+pub(crate) const MAX_STREAM_BATCH: usize = 256;
 /// Most bytes of submits one batch may hold (each weighed by [`submit_weight`]): a batch is
 /// closed once it holds this much, so it holds at most this plus one [`MAX_SUBMIT_WEIGHT`].
 /// 256 typical submits (a few hundred bytes of text each) weigh about 200 KiB, so they still
@@ -83,7 +83,7 @@ const SUBMIT_OVERHEAD_BYTES: usize = 512;
 const MAX_SUBMIT_WEIGHT: usize = 280 * 1024;
 /// Batches one stream may have read ahead of its committer: enough to keep the store busy while
 /// acks travel, few enough that one busy site does not monopolise the writer.
-pub const MAX_BATCHES_QUEUED: usize = 4;
+pub(crate) const MAX_BATCHES_QUEUED: usize = 4;
 /// Acks buffered towards a slow reader before the stream stops reading new submits.
 const ACK_BUFFER: usize = MAX_STREAM_BATCH * MAX_BATCHES_QUEUED;
 /// Most bytes of a submit's notification_id a REJECTED ack echoes. A valid id is a UUID, at most
@@ -113,7 +113,7 @@ const HTTP2_SEND_BUFFER_BYTES: usize = 400 * 1024;
 ///   HTTP/2 buffers towards the client.
 ///
 /// Under 16 MiB; `server.max_ingest_streams` streams hold at most that many times this.
-pub const STREAM_MEMORY_BOUND: usize = 2 * MAX_GRPC_MESSAGE_BYTES
+pub(crate) const STREAM_MEMORY_BOUND: usize = 2 * MAX_GRPC_MESSAGE_BYTES
     + HTTP2_FRAME_BYTES
     + HTTP2_STREAM_WINDOW_BYTES as usize
     + (MAX_BATCHES_QUEUED + 3) * (MAX_STREAM_BATCH_BYTES + MAX_SUBMIT_WEIGHT)
@@ -129,14 +129,14 @@ const _: () = assert!(STREAM_MEMORY_BOUND <= 4 * MAX_GRPC_MESSAGE_BYTES);
 /// (up to 30 s) while the new one opens. 512 serves some 500 site nodes in steady state, and 250
 /// reconnecting all at once (streams refused meanwhile are retried by the sites within their
 /// `forward_retry_interval`), for at most 512 × [`STREAM_MEMORY_BOUND`] = 8 GiB.
-pub const DEFAULT_MAX_INGEST_STREAMS: usize = 512;
+pub(crate) const DEFAULT_MAX_INGEST_STREAMS: usize = 512;
 
 /// A refused stream is counted every time; a WARN line says so at most once per this interval,
 /// with how many since the last, since each refused site retries every
 /// `forward_retry_interval`.
 const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
-pub struct IngestService<S> {
+pub(crate) struct IngestService<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     /// Woken after each commit so the dispatcher on this node starts delivering at once.
@@ -161,7 +161,7 @@ struct RefusalLog {
 
 /// Which `source_site_id` a caller may submit as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SiteIdentity {
+pub(crate) enum SiteIdentity {
     /// Any: without client certificates central cannot tell sites apart (the behaviour before
     /// TLS, and with server-only TLS).
     #[default]
@@ -172,7 +172,7 @@ pub enum SiteIdentity {
 
 impl SiteIdentity {
     /// Checked exactly when `tls` requires client certificates.
-    pub fn for_tls(tls: &TlsSettings) -> Self {
+    pub(crate) fn for_tls(tls: &TlsSettings) -> Self {
         if tls.requires_client_certificates() {
             Self::ClientCertificate
         } else {
@@ -181,7 +181,7 @@ impl SiteIdentity {
     }
 
     /// Whether each caller is held to the site its client certificate names.
-    pub fn tells_sites_apart(self) -> bool {
+    pub(crate) fn tells_sites_apart(self) -> bool {
         self == Self::ClientCertificate
     }
 
@@ -190,7 +190,7 @@ impl SiteIdentity {
     /// the plaintext warning, or loopback, says as much) and the `/metrics` gauge
     /// `outbox_site_identity_unverified`. Changes nothing else: every client served before
     /// is served still.
-    pub fn announce(self, serves_tls: bool, metrics: &Metrics) {
+    pub(crate) fn announce(self, serves_tls: bool, metrics: &Metrics) {
         metrics.set_sites_verified(self.tells_sites_apart());
         match (self, serves_tls) {
             (Self::ClientCertificate, _) => {}
@@ -238,7 +238,7 @@ fn check_site_field(caller_site: Option<&str>, field: &str, site: &str) -> Resul
 }
 
 impl<S> IngestService<S> {
-    pub fn new(
+    pub(crate) fn new(
         store: Arc<S>,
         metrics: Arc<Metrics>,
         dispatcher_wake: Arc<Notify>,
@@ -257,14 +257,14 @@ impl<S> IngestService<S> {
     }
 
     /// Which sites each caller may submit as (unchecked unless set).
-    pub fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
+    pub(crate) fn with_site_identity(mut self, site_identity: SiteIdentity) -> Self {
         self.site_identity = site_identity;
         self
     }
 
     /// At most `max_streams` submit streams open at once (`server.max_ingest_streams`;
     /// [`DEFAULT_MAX_INGEST_STREAMS`] unless set).
-    pub fn with_stream_limit(mut self, max_streams: usize) -> Self {
+    pub(crate) fn with_stream_limit(mut self, max_streams: usize) -> Self {
         self.stream_slots = Arc::new(Semaphore::new(max_streams));
         self.max_streams = max_streams;
         self

@@ -1,11 +1,11 @@
 //! The gRPC edge of central: converts proto messages to domain types and back, and maps errors
 //! to `tonic::Status` in one place. Handlers stay thin: validate, call the store, answer.
 
-pub mod admin;
-pub mod admin_convert;
-pub mod convert;
-pub mod ingest;
-pub mod site_health;
+pub(crate) mod admin;
+pub(crate) mod admin_convert;
+pub(crate) mod convert;
+pub(crate) mod ingest;
+pub(crate) mod site_health;
 
 use tokio::net::TcpListener;
 use tonic::Status;
@@ -19,24 +19,24 @@ use crate::store::StoreError;
 /// tonic's documentation says 64 KiB, but passes nothing and hyper's apply), set here explicitly
 /// because what one submit stream can make central hold counts the stream window
 /// (`ingest::STREAM_MEMORY_BOUND`).
-pub const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
-pub const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
+pub(crate) const HTTP2_STREAM_WINDOW_BYTES: u32 = 1024 * 1024;
+pub(crate) const HTTP2_CONNECTION_WINDOW_BYTES: u32 = 1024 * 1024;
 
 /// The connections the gRPC server accepts, with TCP_NODELAY: without it, Nagle's algorithm holds
 /// a small response (an ack, a status) until the client's delayed ACK of the previous segment,
 /// up to 40 ms per exchange on Linux.
-pub fn incoming(listener: TcpListener) -> TcpIncoming {
+pub(crate) fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// Bad input: the message names the field and the rule.
-pub fn invalid_argument(e: ContentError) -> Status {
+pub(crate) fn invalid_argument(e: ContentError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
 /// The one mapping from store failures to gRPC codes. Unavailable and Corrupt are retryable by
 /// the caller; a secret needing a key is FAILED_PRECONDITION, fixed in `[secrets]`.
-pub fn store_status(e: StoreError) -> Status {
+pub(crate) fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::Unavailable(detail) => {
             tracing::error!(%detail, "store unavailable");

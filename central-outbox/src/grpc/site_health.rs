@@ -13,7 +13,7 @@ use crate::domain::site_health::{
 };
 
 /// Validates a report as received.
-pub fn report(msg: v1::SiteHealthReport) -> Result<SiteHealthReport, ContentError> {
+pub(crate) fn report(msg: v1::SiteHealthReport) -> Result<SiteHealthReport, ContentError> {
     let role = match v1::NodeRole::try_from(msg.role) {
         Ok(v1::NodeRole::Active) => NodeRole::Active,
         Ok(v1::NodeRole::Standby) => NodeRole::Standby,
@@ -54,7 +54,7 @@ fn role(role: NodeRole) -> v1::NodeRole {
 }
 
 /// One node as `ListSiteHealth` shows it.
-pub fn view(node: &NodeHealth) -> v1::SiteHealthView {
+pub(crate) fn view(node: &NodeHealth) -> v1::SiteHealthView {
     let r = &node.stored.report;
     v1::SiteHealthView {
         site_id: r.site.as_str().to_owned(),
@@ -77,7 +77,10 @@ pub fn view(node: &NodeHealth) -> v1::SiteHealthView {
 }
 
 /// The whole answer of `ListSiteHealth`.
-pub fn list(snapshot: &SiteHealthSnapshot, offline_after: Duration) -> v1::ListSiteHealthResponse {
+pub(crate) fn list(
+    snapshot: &SiteHealthSnapshot,
+    offline_after: Duration,
+) -> v1::ListSiteHealthResponse {
     v1::ListSiteHealthResponse {
         nodes: snapshot.assess(offline_after).iter().map(view).collect(),
         computed_at: Some(to_timestamp(snapshot.read_at)),

@@ -38,7 +38,7 @@ pub struct HeartbeatSettings {
 }
 
 /// The heartbeat's parts; a restart by the supervisor starts from a clone.
-pub struct Heartbeat<S> {
+pub(crate) struct Heartbeat<S> {
     pub store: Arc<S>,
     pub metrics: Arc<Metrics>,
     pub http: HttpClient,
@@ -64,7 +64,7 @@ impl<S> Clone for Heartbeat<S> {
 
 impl<S: IngestStore> Heartbeat<S> {
     /// Calls every interval while healthy, until `stop`.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.settings.interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut skipping: Option<&'static str> = None;

@@ -23,7 +23,7 @@
 //! (`outbox_self_alert_check_failures_total{figure}`) and logged, and the conditions it decides
 //! stay as they were; a notification the store refuses is planned again at the next check.
 
-pub mod heartbeat;
+pub(crate) mod heartbeat;
 #[cfg(test)]
 mod tests;
 
@@ -91,7 +91,7 @@ const ADOPT_ROWS: usize = 2000;
 const ADOPT_PAGE: usize = 500;
 
 /// The watch's parts; cheap to clone (a restart by the supervisor starts from a clone).
-pub struct SelfWatch<S> {
+pub(crate) struct SelfWatch<S> {
     store: Arc<S>,
     metrics: Arc<Metrics>,
     kpis: Arc<KpiGauges>,
@@ -148,7 +148,7 @@ struct WatchState {
 }
 
 /// What [`SelfWatch::new`] is built from.
-pub struct WatchParts<S> {
+pub(crate) struct WatchParts<S> {
     pub store: Arc<S>,
     pub metrics: Arc<Metrics>,
     pub kpis: Arc<KpiGauges>,
@@ -161,7 +161,7 @@ pub struct WatchParts<S> {
 }
 
 impl<S: OutboxStore> SelfWatch<S> {
-    pub fn new(parts: WatchParts<S>) -> Self {
+    pub(crate) fn new(parts: WatchParts<S>) -> Self {
         let settings = parts.settings;
         let state = WatchState {
             tracker: Tracker::new(settings.recover_after),
@@ -192,17 +192,17 @@ impl<S: OutboxStore> SelfWatch<S> {
     }
 
     /// Whether self-alerts have a list to go to (otherwise only the heartbeat runs).
-    pub fn has_routes(&self) -> bool {
+    pub(crate) fn has_routes(&self) -> bool {
         !self.settings.routes.is_empty()
     }
 
     /// What the heartbeat needs to know of the watch: whether its alerts can reach anyone.
-    pub fn routable(&self) -> Arc<AtomicBool> {
+    pub(crate) fn routable(&self) -> Arc<AtomicBool> {
         Arc::clone(&self.routable)
     }
 
     /// Checks every `check_interval` until `stop`.
-    pub async fn run(self, stop: CancellationToken) {
+    pub(crate) async fn run(self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(self.settings.check_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -220,7 +220,7 @@ impl<S: OutboxStore> SelfWatch<S> {
     }
 
     /// One check: observe, decide, store what was decided.
-    pub async fn check_once(&self, now: DateTime<Utc>) {
+    pub(crate) async fn check_once(&self, now: DateTime<Utc>) {
         let mut state = self.state.lock().await;
         if !state.lists_checked {
             state.lists_checked = self.check_lists().await;

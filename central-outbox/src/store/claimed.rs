@@ -15,7 +15,7 @@ use crate::records::{ClaimedNotification, LeaseEpoch};
 
 /// The columns of a claimed row, as stored.
 #[derive(Debug, Clone)]
-pub struct StoredClaim {
+pub(super) struct StoredClaim {
     pub row_id: i64,
     pub id: NotificationId,
     pub kind: String,
@@ -38,7 +38,7 @@ pub struct StoredClaim {
 
 impl StoredClaim {
     /// The notification to deliver, or why the row can no longer be delivered.
-    pub fn validate(self, epoch: LeaseEpoch) -> Result<ClaimedNotification, String> {
+    pub(super) fn validate(self, epoch: LeaseEpoch) -> Result<ClaimedNotification, String> {
         let kind = NotificationType::from_db(&self.kind)
             .ok_or_else(|| format!("unknown type {:?}", self.kind))?;
         let content = NotificationContent {
@@ -75,6 +75,6 @@ impl StoredClaim {
 }
 
 /// The LastError (and attempt-row error) of a row parked because it failed [`StoredClaim::validate`].
-pub fn invalid_row_error(problem: &str) -> String {
+pub(super) fn invalid_row_error(problem: &str) -> String {
     format!("stored row is invalid: {problem}")
 }

@@ -88,7 +88,7 @@ fn varied_specs() -> Vec<Spec> {
     specs
 }
 
-pub async fn query_filters_match_exactly<S: OutboxStore + Rows>(store: &S) {
+pub(crate) async fn query_filters_match_exactly<S: OutboxStore + Rows>(store: &S) {
     let seeded = seed::seed(store, &varied_specs()).await;
     let states = seed::states(store, &seeded).await;
     let facts: Vec<(&Seeded, &NotificationState)> = seeded.iter().zip(&states).collect();
@@ -230,7 +230,7 @@ pub async fn query_filters_match_exactly<S: OutboxStore + Rows>(store: &S) {
     }
 }
 
-pub async fn pagination_neither_skips_nor_repeats_under_inserts<S>(store: &S)
+pub(crate) async fn pagination_neither_skips_nor_repeats_under_inserts<S>(store: &S)
 where
     S: OutboxStore + Rows + Clone,
 {
@@ -280,7 +280,7 @@ where
     );
 }
 
-pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore + Rows>(store: &S) {
+pub(crate) async fn retry_and_discard_apply_only_to_parked<S: OutboxStore + Rows>(store: &S) {
     let specs = [
         Spec::new("north", "ops", "parked one", End::Parked),
         Spec::new("north", "ops", "parked two", End::Parked),
@@ -442,7 +442,9 @@ pub async fn retry_and_discard_apply_only_to_parked<S: OutboxStore + Rows>(store
     );
 }
 
-pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxStore + Rows>(
+pub(crate) async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<
+    S: OutboxStore + Rows,
+>(
     store: &S,
 ) {
     let mut specs = Vec::new();
@@ -518,7 +520,9 @@ pub async fn bulk_by_filter_changes_exactly_the_matching_parked_rows<S: OutboxSt
 
 /// A dry run (`count_on_filter`) counts exactly the Parked rows the same bulk action would change,
 /// up to the limit and saying whether more match, and changes nothing.
-pub async fn a_dry_run_counts_what_a_bulk_action_would_change<S: OutboxStore + Rows>(store: &S) {
+pub(crate) async fn a_dry_run_counts_what_a_bulk_action_would_change<S: OutboxStore + Rows>(
+    store: &S,
+) {
     let mut specs = Vec::new();
     for i in 0..5 {
         specs.push(Spec::new(
@@ -626,7 +630,7 @@ fn expected_kpis(rows: &[&NotificationState], p: &KpiParams) -> KpiValues {
     }
 }
 
-pub async fn kpis_match_an_independent_count<S: OutboxStore + Rows>(store: &S) {
+pub(crate) async fn kpis_match_an_independent_count<S: OutboxStore + Rows>(store: &S) {
     let ends = [
         End::Pending,
         End::Retrying(3600),
@@ -706,7 +710,7 @@ fn email_list(name: &str, recipients: &[&str]) -> NotificationList {
     .unwrap()
 }
 
-pub async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
+pub(crate) async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S) {
     let ops = email_list("ops", &["b@plant.test", "a@plant.test"]);
     let shift = email_list("shift", &["c@plant.test"]);
     let hooks = NotificationList::parse(ListInput {

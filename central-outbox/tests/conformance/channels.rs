@@ -63,7 +63,7 @@ fn hooks(endpoint: &str) -> NotificationList {
     .unwrap()
 }
 
-pub async fn webhook_settings_round_trip_beside_the_email_row<S: OutboxStore>(store: &S) {
+pub(crate) async fn webhook_settings_round_trip_beside_the_email_row<S: OutboxStore>(store: &S) {
     assert!(store.webhook_settings().await.unwrap().is_none());
     let exponential = webhook(
         3,
@@ -91,7 +91,7 @@ pub async fn webhook_settings_round_trip_beside_the_email_row<S: OutboxStore>(st
     );
 }
 
-pub async fn seeds_store_only_what_is_missing<S: OutboxStore>(store: &S) {
+pub(crate) async fn seeds_store_only_what_is_missing<S: OutboxStore>(store: &S) {
     // Missing: each seed stores its item.
     assert!(store.seed_smtp_settings(smtp("first.test")).await.unwrap());
     let first_hook = webhook(3, Backoff::Fixed, None);

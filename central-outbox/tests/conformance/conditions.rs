@@ -85,7 +85,7 @@ async fn delivered_and_in_flight<S: OutboxStore>(store: &S) -> (NewNotification,
     (delivered, in_flight)
 }
 
-pub async fn a_newer_keyed_notification_supersedes_the_older_waiting_ones<S: OutboxStore>(
+pub(crate) async fn a_newer_keyed_notification_supersedes_the_older_waiting_ones<S: OutboxStore>(
     store: &S,
 ) {
     let (delivered, in_flight) = delivered_and_in_flight(store).await;
@@ -140,7 +140,9 @@ pub async fn a_newer_keyed_notification_supersedes_the_older_waiting_ones<S: Out
     );
 }
 
-pub async fn clearing_a_condition_ends_only_that_sites_waiting_rows<S: OutboxStore>(store: &S) {
+pub(crate) async fn clearing_a_condition_ends_only_that_sites_waiting_rows<S: OutboxStore>(
+    store: &S,
+) {
     let (delivered, in_flight) = delivered_and_in_flight(store).await;
     let waiting = [
         keyed("north", "ops", "waiting 1", KEY),
@@ -203,7 +205,9 @@ pub async fn clearing_a_condition_ends_only_that_sites_waiting_rows<S: OutboxSto
     assert_eq!(found, expected);
 }
 
-pub async fn a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered<S: OutboxStore>(
+pub(crate) async fn a_row_cleared_at_the_site_is_stored_cleared_and_never_delivered<
+    S: OutboxStore,
+>(
     store: &S,
 ) {
     let older = keyed("north", "ops", "older", KEY);
@@ -271,7 +275,9 @@ fn site_now() -> chrono::DateTime<Utc> {
     chrono::DateTime::from_timestamp_millis(Utc::now().timestamp_millis()).unwrap()
 }
 
-pub async fn a_late_older_keyed_notification_is_stored_superseded<S: OutboxStore>(store: &S) {
+pub(crate) async fn a_late_older_keyed_notification_is_stored_superseded<S: OutboxStore>(
+    store: &S,
+) {
     let t = site_now();
     let five = chrono::Duration::seconds(5);
 
@@ -349,7 +355,7 @@ pub async fn a_late_older_keyed_notification_is_stored_superseded<S: OutboxStore
     );
 }
 
-pub async fn a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delivers_it<
+pub(crate) async fn a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delivers_it<
     S: OutboxStore,
 >(
     store: &S,
@@ -441,7 +447,9 @@ pub async fn a_row_ended_while_being_delivered_ends_so_unless_its_attempt_delive
     }
 }
 
-pub async fn a_row_ended_while_claimed_ends_when_its_claim_expires<S: OutboxStore>(store: &S) {
+pub(crate) async fn a_row_ended_while_claimed_ends_when_its_claim_expires<S: OutboxStore>(
+    store: &S,
+) {
     let epoch = seed::lease(store).await;
     let row = keyed("north", "ops", "its node dies", KEY);
     submit(store, &row).await;

@@ -92,7 +92,7 @@ async fn last_event<S: OutboxStore>(store: &S, id: NotificationId) -> HistoryEve
         .clone()
 }
 
-pub async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<S: OutboxStore>(
+pub(crate) async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<S: OutboxStore>(
     store: &S,
 ) {
     consolidating_list(store, Duration::from_secs(1)).await;
@@ -239,7 +239,9 @@ pub async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<S: Outb
     assert!(state.next_attempt_at.unwrap() > Utc::now() + chrono::Duration::seconds(20));
 }
 
-pub async fn held_rows_are_superseded_and_cleared_like_waiting_ones<S: OutboxStore>(store: &S) {
+pub(crate) async fn held_rows_are_superseded_and_cleared_like_waiting_ones<S: OutboxStore>(
+    store: &S,
+) {
     consolidating_list(store, Duration::from_secs(3600)).await;
     let key = "pump7.trip";
     let keyed = |subject: &str| {
@@ -279,7 +281,7 @@ pub async fn held_rows_are_superseded_and_cleared_like_waiting_ones<S: OutboxSto
     assert_eq!(status(store, &other).await, Status::Held);
 }
 
-pub async fn consolidation_settings_round_trip<S: OutboxStore>(store: &S) {
+pub(crate) async fn consolidation_settings_round_trip<S: OutboxStore>(store: &S) {
     consolidating_list(store, Duration::from_secs(300)).await;
     let name = central_outbox::domain::ListName::parse(FLOOD.into()).unwrap();
     let stored = store.list(&name).await.unwrap().unwrap().value;

@@ -41,7 +41,9 @@ fn changed(original: &NewNotification, subject: &str) -> NewNotification {
     })
 }
 
-pub async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: OutboxStore>(store: &S) {
+pub(crate) async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: OutboxStore>(
+    store: &S,
+) {
     let a = new_row("tank 1 high");
     let b = new_row("tank 2 high");
     let a_again = a.clone();
@@ -116,7 +118,7 @@ pub async fn submit_is_idempotent_and_refuses_other_content_under_an_id<S: Outbo
     );
 }
 
-pub async fn leases_are_exclusive_and_epochs_only_grow<S: Rows>(store: &S) {
+pub(crate) async fn leases_are_exclusive_and_epochs_only_grow<S: Rows>(store: &S) {
     let ttl = Duration::from_secs(600);
     let first = store.acquire_lease(LEASE, "node-a", ttl).await.unwrap();
     let Some(e1) = first else {
@@ -173,7 +175,7 @@ pub async fn leases_are_exclusive_and_epochs_only_grow<S: Rows>(store: &S) {
 /// A lease is read as stored, with the clock leases are judged by: absent before anyone took
 /// it, held by its holder at its epoch until about a TTL after the read, and not held once
 /// released.
-pub async fn a_lease_is_read_as_stored<S: Rows>(store: &S) {
+pub(crate) async fn a_lease_is_read_as_stored<S: Rows>(store: &S) {
     let never = store.read_lease(LEASE).await.unwrap();
     assert_eq!(never.record, None);
     assert!(!never.is_held());
@@ -262,7 +264,7 @@ fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>
     }
 }
 
-pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: Rows>(store: &S) {
+pub(crate) async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: Rows>(store: &S) {
     let mut emails = Vec::new();
     for i in 0..5 {
         let row = new_row(&format!("email {i}"));
@@ -386,7 +388,7 @@ pub async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: Rows>(s
 /// meanwhile is recorded, and re-taking it keeps the epoch, so claims made before the lapse
 /// can still be recorded (a slow database must not turn delivered mail into duplicates). Once
 /// another node has taken it, the old epoch records nothing.
-pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: Rows>(store: &S) {
+pub(crate) async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: Rows>(store: &S) {
     let rows: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("lapse {i}"))).collect();
     let ids: Vec<NotificationId> = rows.iter().map(|r| r.submission.id).collect();
     store.put(rows).await;
@@ -470,7 +472,7 @@ pub async fn a_lapsed_lease_stays_its_holders_until_another_takes_it<S: Rows>(st
 
 /// An attempt's outcome applies only to the claim it was made under: once the row was claimed
 /// again (its claim ran out and the same epoch re-claimed it), the older attempt records nothing.
-pub async fn an_outcome_applies_only_to_its_own_attempt<S: Rows>(store: &S) {
+pub(crate) async fn an_outcome_applies_only_to_its_own_attempt<S: Rows>(store: &S) {
     let row = new_row("two attempts");
     let id = row.submission.id;
     store.put(vec![row]).await;
@@ -505,7 +507,7 @@ pub async fn an_outcome_applies_only_to_its_own_attempt<S: Rows>(store: &S) {
 /// Outcomes written in one call each stand or fall on their own claim, come back in order, and
 /// store their texts and instants exactly as one-at-a-time writes do: quotes, backslashes, line
 /// breaks, control characters, percent signs and any Unicode included.
-pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S) {
+pub(crate) async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S) {
     let rows: Vec<NewNotification> = (0..6).map(|i| new_row(&format!("group {i}"))).collect();
     store.put(rows).await;
     let epoch = seed::lease(store).await;
@@ -593,7 +595,7 @@ pub async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(store: &S
     );
 }
 
-pub async fn an_expired_claim_is_due_again<S: Rows>(store: &S) {
+pub(crate) async fn an_expired_claim_is_due_again<S: Rows>(store: &S) {
     let row = new_row("rescue me");
     let id = row.submission.id;
     store.put(vec![row]).await;
@@ -635,7 +637,7 @@ pub async fn an_expired_claim_is_due_again<S: Rows>(store: &S) {
 /// Claims take the oldest due row first, whatever made it due: a retry that came due before a
 /// backlog of new rows arrived is claimed before them (new rows sorted first used to starve
 /// retries for as long as new rows kept coming).
-pub async fn a_due_retry_is_claimed_before_newer_rows<S: Rows>(store: &S) {
+pub(crate) async fn a_due_retry_is_claimed_before_newer_rows<S: Rows>(store: &S) {
     let failing = new_row("failed once");
     let retry_id = failing.submission.id;
     store.put(vec![failing]).await;
@@ -688,7 +690,7 @@ pub async fn a_due_retry_is_claimed_before_newer_rows<S: Rows>(store: &S) {
     );
 }
 
-pub async fn concurrent_claims_never_hand_out_a_row_twice<S>(store: &S)
+pub(crate) async fn concurrent_claims_never_hand_out_a_row_twice<S>(store: &S)
 where
     S: Rows + Clone,
 {

@@ -105,7 +105,7 @@ impl Plan {
 
 /// Runs the model against `store`: the fixed seeds, one replayed seed, or a soak (module docs).
 /// Each case uses sites of its own, so the cases share one store without touching each other.
-pub async fn the_lifecycle_matches_its_model<S: OutboxStore>(store: &S) {
+pub(crate) async fn the_lifecycle_matches_its_model<S: OutboxStore>(store: &S) {
     let plan = Plan::from_env(&DEFAULT_SEEDS, 120);
     flood_list(store).await;
     let mut lease = Lease::take(store).await;

@@ -12,13 +12,13 @@ const PAUSE: Duration = Duration::from_millis(50);
 
 /// Paced asks under one deadline, for a loop that changes its own state between asks (where a
 /// closure for [`until`] would have to borrow that state mutably).
-pub struct Asks {
+pub(crate) struct Asks {
     give_up: Instant,
     pause: Interval,
 }
 
 impl Asks {
-    pub fn within(deadline: Duration) -> Self {
+    pub(crate) fn within(deadline: Duration) -> Self {
         Self {
             give_up: Instant::now() + deadline,
             pause: tokio::time::interval(PAUSE),
@@ -26,18 +26,18 @@ impl Asks {
     }
 
     /// Waits for the next ask's turn (the first is at once).
-    pub async fn next(&mut self) {
+    pub(crate) async fn next(&mut self) {
         self.pause.tick().await;
     }
 
     /// Whether the deadline has passed: the caller fails, saying what it still sees.
-    pub fn overdue(&self) -> bool {
+    pub(crate) fn overdue(&self) -> bool {
         Instant::now() >= self.give_up
     }
 }
 
 /// The first `Some` that `check` gives; panics with `what` if none comes within `deadline`.
-pub async fn until<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+pub(crate) async fn until<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,

@@ -7,7 +7,7 @@ use central_outbox::domain::status::Status;
 
 use crate::seed::{self, End, Rows, Spec};
 
-pub async fn purge_removes_only_terminal_rows_past_retention<S: Rows>(store: &S) {
+pub(crate) async fn purge_removes_only_terminal_rows_past_retention<S: Rows>(store: &S) {
     let ends = [
         End::Pending,
         End::Retrying(3600),

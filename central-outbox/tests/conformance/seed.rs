@@ -30,10 +30,10 @@ use chrono::{DateTime, Utc};
 use outbox_domain::ScriptOrigin;
 use std::future::Future;
 
-pub const LEASE: &str = "dispatcher";
+pub(crate) const LEASE: &str = "dispatcher";
 
 /// Putting rows into a store and looking at them, for the behaviours (module docs).
-pub trait Rows: DispatchStore {
+pub(crate) trait Rows: DispatchStore {
     /// Stores new rows, in order; each is accepted, as a submit of new ids is.
     fn put(&self, rows: Vec<NewNotification>) -> impl Future<Output = ()>;
 
@@ -100,7 +100,7 @@ impl Rows for MemoryStore {
 
 /// What the test decides about one notification before it exists.
 #[derive(Debug, Clone)]
-pub struct Spec {
+pub(crate) struct Spec {
     pub site: &'static str,
     pub list: &'static str,
     pub kind: NotificationType,
@@ -112,7 +112,7 @@ pub struct Spec {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum End {
+pub(crate) enum End {
     Pending,
     /// A transient failure whose next attempt is this far from the attempt (negative: overdue).
     Retrying(i64),
@@ -123,7 +123,7 @@ pub enum End {
 }
 
 impl Spec {
-    pub fn new(site: &'static str, list: &'static str, subject: &str, end: End) -> Self {
+    pub(crate) fn new(site: &'static str, list: &'static str, subject: &str, end: End) -> Self {
         Self {
             site,
             list,
@@ -135,22 +135,22 @@ impl Spec {
         }
     }
 
-    pub fn condition_key(mut self, key: &str) -> Self {
+    pub(crate) fn condition_key(mut self, key: &str) -> Self {
         self.condition_key = Some(ConditionKey::parse(key.into(), "condition_key").expect("key"));
         self
     }
 
-    pub fn priority(mut self, priority: Priority) -> Self {
+    pub(crate) fn priority(mut self, priority: Priority) -> Self {
         self.priority = priority;
         self
     }
 
-    pub fn webhook(mut self) -> Self {
+    pub(crate) fn webhook(mut self) -> Self {
         self.kind = NotificationType::Webhook;
         self
     }
 
-    pub fn status(&self) -> Status {
+    pub(crate) fn status(&self) -> Status {
         match self.end {
             End::Pending => Status::Pending,
             End::Retrying(_) => Status::Retrying,
@@ -161,7 +161,7 @@ impl Spec {
     }
 }
 
-pub fn submission(spec: &Spec) -> NewNotification {
+pub(crate) fn submission(spec: &Spec) -> NewNotification {
     let content = NotificationContent::parse(
         spec.kind,
         spec.list.to_owned(),
@@ -184,13 +184,13 @@ pub fn submission(spec: &Spec) -> NewNotification {
 
 /// A seeded row: the spec it was built from and its id.
 #[derive(Debug, Clone)]
-pub struct Seeded {
+pub(crate) struct Seeded {
     pub spec: Spec,
     pub id: NotificationId,
 }
 
 /// Takes the dispatcher lease for a test "node".
-pub async fn lease<S: DispatchStore>(store: &S) -> LeaseEpoch {
+pub(crate) async fn lease<S: DispatchStore>(store: &S) -> LeaseEpoch {
     store
         .acquire_lease(LEASE, "conformance", Duration::from_secs(600))
         .await
@@ -201,7 +201,7 @@ pub async fn lease<S: DispatchStore>(store: &S) -> LeaseEpoch {
 /// Inserts the specs and drives each to its end status through the dispatcher's path. Call it
 /// once per store: its claim must see only the rows it just submitted. Rows that should stay
 /// Pending are submitted last, after the claim, so they are created after the others.
-pub async fn seed<S: Rows>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
+pub(crate) async fn seed<S: Rows>(store: &S, specs: &[Spec]) -> Vec<Seeded> {
     let (pending, attempted): (Vec<&Spec>, Vec<&Spec>) =
         specs.iter().partition(|s| s.end == End::Pending);
     let mut seeded = submit(store, &attempted).await;
@@ -266,7 +266,7 @@ async fn submit<S: Rows>(store: &S, specs: &[&Spec]) -> Vec<Seeded> {
 }
 
 /// Records `end` as the outcome of `claim`, as the dispatcher would.
-pub async fn record<S: DispatchStore>(store: &S, claim: &ClaimedNotification, end: End) {
+pub(crate) async fn record<S: DispatchStore>(store: &S, claim: &ClaimedNotification, end: End) {
     let now = Utc::now();
     let (result, at): (Result<Delivered, DeliveryError>, DateTime<Utc>) = match end {
         End::Delivered => (
@@ -306,7 +306,7 @@ pub async fn record<S: DispatchStore>(store: &S, claim: &ClaimedNotification, en
 }
 
 /// The current state of every seeded row.
-pub async fn states<S: Rows>(store: &S, seeded: &[Seeded]) -> Vec<NotificationState> {
+pub(crate) async fn states<S: Rows>(store: &S, seeded: &[Seeded]) -> Vec<NotificationState> {
     let mut states = Vec::with_capacity(seeded.len());
     for s in seeded {
         states.push(store.row_state(s.id).await.expect("stored"));

@@ -46,7 +46,7 @@ fn subjects(claimed: &[ClaimedNotification]) -> Vec<&str> {
 
 /// Critical before high before normal before low, each priority in the order it arrived, and
 /// each claimed row carries its priority.
-pub async fn claims_take_the_most_urgent_first<S: Rows>(store: &S) {
+pub(crate) async fn claims_take_the_most_urgent_first<S: Rows>(store: &S) {
     let normals: Vec<Spec> = (1..=3)
         .map(|i| spec("north", &format!("normal {i}"), Priority::Normal))
         .collect();
@@ -85,7 +85,7 @@ pub async fn claims_take_the_most_urgent_first<S: Rows>(store: &S) {
 /// One site's backlog does not hold another site's rows: a site with nothing waiting joins
 /// right behind the head, and its rows then alternate with the backlog's. Rows already served
 /// do not count: a fresh row after part of the backlog went out joins behind what is left.
-pub async fn sites_take_turns_within_a_priority<S: Rows>(store: &S) {
+pub(crate) async fn sites_take_turns_within_a_priority<S: Rows>(store: &S) {
     let backlog: Vec<Spec> = (1..=20)
         .map(|i| spec("north", &format!("north {i}"), Priority::Normal))
         .collect();
@@ -121,7 +121,7 @@ pub async fn sites_take_turns_within_a_priority<S: Rows>(store: &S) {
 
 /// The longest-waiting share takes the row due longest, whatever its priority, ahead of the
 /// rows taken in turn; a claim without that share never takes it while more urgent rows wait.
-pub async fn the_longest_waiting_share_takes_the_oldest_due_row<S: Rows>(store: &S) {
+pub(crate) async fn the_longest_waiting_share_takes_the_oldest_due_row<S: Rows>(store: &S) {
     let urgent: Vec<Spec> = (1..=5)
         .map(|i| spec("north", &format!("critical {i}"), Priority::Critical))
         .collect();
@@ -165,7 +165,7 @@ pub async fn the_longest_waiting_share_takes_the_oldest_due_row<S: Rows>(store: 
 /// The priority is stored as submitted (normal when not said), shown in the state, filtered
 /// by, and not part of the content: a resubmit that differs only in priority is a duplicate
 /// and the stored priority stands.
-pub async fn priority_is_stored_shown_and_filtered<S: OutboxStore>(store: &S) {
+pub(crate) async fn priority_is_stored_shown_and_filtered<S: OutboxStore>(store: &S) {
     let specs = [
         spec("north", "critical", Priority::Critical),
         spec("north", "high", Priority::High),

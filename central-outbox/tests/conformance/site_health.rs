@@ -50,7 +50,7 @@ async fn node<S: OutboxStore>(store: &S, node: &str, offline_after: Duration) ->
         .unwrap_or_else(|| panic!("no report of {node}"))
 }
 
-pub async fn site_health_keeps_the_latest_report_per_node<S: OutboxStore>(store: &S) {
+pub(crate) async fn site_health_keeps_the_latest_report_per_node<S: OutboxStore>(store: &S) {
     assert!(store.site_health().await.unwrap().nodes.is_empty());
 
     let first = report("north", "north-a", 5);
@@ -107,7 +107,9 @@ pub async fn site_health_keeps_the_latest_report_per_node<S: OutboxStore>(store:
     assert_eq!(after.nodes[2].report, standby);
 }
 
-pub async fn a_silent_node_goes_offline_and_a_report_brings_it_back<S: OutboxStore>(store: &S) {
+pub(crate) async fn a_silent_node_goes_offline_and_a_report_brings_it_back<S: OutboxStore>(
+    store: &S,
+) {
     // Long enough for any read right after a write, on a slow server, to fall within it.
     let offline_after = Duration::from_secs(2);
     store
@@ -167,7 +169,7 @@ async fn stored_nodes<S: OutboxStore>(store: &S) -> Vec<(String, String)> {
         .collect()
 }
 
-pub async fn a_site_keeps_at_most_its_bound_of_nodes_and_silent_ones_are_forgotten<
+pub(crate) async fn a_site_keeps_at_most_its_bound_of_nodes_and_silent_ones_are_forgotten<
     S: OutboxStore,
 >(
     store: &S,

@@ -15,7 +15,7 @@ use outbox_proto::v1;
 use super::{ChannelArg, parse_duration};
 
 #[derive(Debug, Subcommand)]
-pub enum ListsCommand {
+pub(crate) enum ListsCommand {
     /// All notification lists, by name.
     Ls,
     /// One list: its recipients or endpoints (a webhook secret is never shown).
@@ -28,7 +28,7 @@ pub enum ListsCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct ListSetArgs {
+pub(crate) struct ListSetArgs {
     pub name: String,
     #[arg(long = "type", value_enum, default_value_t = ChannelArg::Email)]
     pub kind: ChannelArg,
@@ -69,7 +69,7 @@ const CONSOLIDATION_HEADING: &str =
     "Flood consolidation (all three flags, or none: without them the list has none)";
 
 #[derive(Debug, Subcommand)]
-pub enum SmtpCommand {
+pub(crate) enum SmtpCommand {
     /// The SMTP settings central delivers with (secrets are never shown, only whether set).
     Show,
     /// Replace the SMTP settings. Secrets come from stdin (--password-stdin or
@@ -82,7 +82,7 @@ pub enum SmtpCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct SmtpSetArgs {
+pub(crate) struct SmtpSetArgs {
     #[arg(long)]
     pub host: String,
     #[arg(long)]
@@ -145,7 +145,7 @@ pub struct SmtpSetArgs {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum WebhookCommand {
+pub(crate) enum WebhookCommand {
     /// The webhook channel's pacing and retries central delivers with (its defaults while none
     /// are stored).
     Show,
@@ -155,7 +155,7 @@ pub enum WebhookCommand {
 }
 
 #[derive(Debug, Args)]
-pub struct WebhookSetArgs {
+pub(crate) struct WebhookSetArgs {
     /// Retries after the first attempt before a transiently failing notification is parked
     /// (N + 1 attempts in all; central's default: 10).
     #[arg(long, value_name = "N")]
@@ -185,14 +185,14 @@ pub struct WebhookSetArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum TlsArg {
+pub(crate) enum TlsArg {
     None,
     Starttls,
     Tls,
 }
 
 impl TlsArg {
-    pub fn proto(self) -> v1::SmtpTlsMode {
+    pub(crate) fn proto(self) -> v1::SmtpTlsMode {
         match self {
             Self::None => v1::SmtpTlsMode::None,
             Self::Starttls => v1::SmtpTlsMode::Starttls,
@@ -202,7 +202,7 @@ impl TlsArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum AuthArg {
+pub(crate) enum AuthArg {
     /// No AUTH.
     None,
     /// AUTH PLAIN or LOGIN with --username and a password.
@@ -212,7 +212,7 @@ pub enum AuthArg {
 }
 
 impl AuthArg {
-    pub fn proto(self) -> v1::SmtpAuthMechanism {
+    pub(crate) fn proto(self) -> v1::SmtpAuthMechanism {
         match self {
             Self::None => v1::SmtpAuthMechanism::None,
             Self::Password => v1::SmtpAuthMechanism::Password,
@@ -222,13 +222,13 @@ impl AuthArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackoffArg {
+pub(crate) enum BackoffArg {
     Fixed,
     Exponential,
 }
 
 impl BackoffArg {
-    pub fn proto(self) -> v1::RetryBackoff {
+    pub(crate) fn proto(self) -> v1::RetryBackoff {
         match self {
             Self::Fixed => v1::RetryBackoff::Fixed,
             Self::Exponential => v1::RetryBackoff::Exponential,
@@ -237,7 +237,7 @@ impl BackoffArg {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum WebhookFormatArg {
+pub(crate) enum WebhookFormatArg {
     /// The outbox's own JSON document.
     Generic,
     /// A Microsoft Teams incoming-webhook message card.
@@ -247,7 +247,7 @@ pub enum WebhookFormatArg {
 }
 
 impl WebhookFormatArg {
-    pub fn proto(self) -> v1::WebhookFormat {
+    pub(crate) fn proto(self) -> v1::WebhookFormat {
         match self {
             Self::Generic => v1::WebhookFormat::Generic,
             Self::Teams => v1::WebhookFormat::Teams,

@@ -17,7 +17,7 @@ use crate::commands::Report;
 /// `show` prints them in full.
 const MAX_CELL: usize = 60;
 
-pub fn render(report: &Report, now: DateTime<Utc>) -> String {
+pub(crate) fn render(report: &Report, now: DateTime<Utc>) -> String {
     match report {
         Report::Notifications {
             rows,

@@ -16,7 +16,7 @@ use super::{
 };
 use crate::commands::Report;
 
-pub fn render(report: &Report) -> Value {
+pub(crate) fn render(report: &Report) -> Value {
     match report {
         Report::Notifications {
             rows,
@@ -42,7 +42,7 @@ pub fn render(report: &Report) -> Value {
     }
 }
 
-pub fn status_view(v: &v1::NotificationStatusView) -> Value {
+pub(crate) fn status_view(v: &v1::NotificationStatusView) -> Value {
     json!({
         "notification_id": v.notification_id,
         "status": status_name(v.status),

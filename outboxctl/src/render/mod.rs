@@ -4,9 +4,9 @@
 //! Both forms share the vocabulary defined here, so they never disagree: enum values by their
 //! short lower-case names (`parked`, `delivery_attempt`, `starttls`), instants in RFC 3339 UTC.
 
-pub mod human;
-pub mod json;
-pub mod table;
+pub(crate) mod human;
+pub(crate) mod json;
+pub(crate) mod table;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use outbox_proto::time::from_timestamp;
@@ -24,7 +24,7 @@ fn short_name(full: Option<&str>, prefix: &str, value: i32) -> String {
     }
 }
 
-pub fn status_name(value: i32) -> String {
+pub(crate) fn status_name(value: i32) -> String {
     let full = v1::NotificationStatus::try_from(value).ok();
     short_name(
         full.as_ref().map(|s| s.as_str_name()),
@@ -33,7 +33,7 @@ pub fn status_name(value: i32) -> String {
     )
 }
 
-pub fn channel_name(value: i32) -> String {
+pub(crate) fn channel_name(value: i32) -> String {
     let full = v1::NotificationType::try_from(value).ok();
     short_name(
         full.as_ref().map(|s| s.as_str_name()),
@@ -44,7 +44,7 @@ pub fn channel_name(value: i32) -> String {
 
 /// UNSPECIFIED reads as normal: it is what a central that predates priorities answers, and it
 /// treats every notification as normal.
-pub fn priority_name(value: i32) -> String {
+pub(crate) fn priority_name(value: i32) -> String {
     match v1::NotificationPriority::try_from(value) {
         Ok(v1::NotificationPriority::Unspecified) => "normal".to_owned(),
         full => short_name(
@@ -55,7 +55,7 @@ pub fn priority_name(value: i32) -> String {
     }
 }
 
-pub fn history_kind_name(value: i32) -> String {
+pub(crate) fn history_kind_name(value: i32) -> String {
     let full = v1::HistoryEntryKind::try_from(value).ok();
     short_name(
         full.as_ref().map(|s| s.as_str_name()),
@@ -65,7 +65,7 @@ pub fn history_kind_name(value: i32) -> String {
 }
 
 /// `None` for UNSPECIFIED: operator actions have no outcome.
-pub fn outcome_name(value: i32) -> Option<String> {
+pub(crate) fn outcome_name(value: i32) -> Option<String> {
     if value == i32::from(v1::AttemptOutcome::Unspecified) {
         return None;
     }
@@ -77,7 +77,7 @@ pub fn outcome_name(value: i32) -> Option<String> {
     ))
 }
 
-pub fn tls_name(value: i32) -> String {
+pub(crate) fn tls_name(value: i32) -> String {
     let full = v1::SmtpTlsMode::try_from(value).ok();
     short_name(
         full.as_ref().map(|s| s.as_str_name()),
@@ -88,7 +88,7 @@ pub fn tls_name(value: i32) -> String {
 
 /// The SMTP authentication; UNSPECIFIED reads as the contract's default for it (password with a
 /// username, none without), which is what central would have applied.
-pub fn auth_name(value: i32, username: &str) -> String {
+pub(crate) fn auth_name(value: i32, username: &str) -> String {
     match v1::SmtpAuthMechanism::try_from(value) {
         Ok(v1::SmtpAuthMechanism::Unspecified) if username.is_empty() => "none".to_owned(),
         Ok(v1::SmtpAuthMechanism::Unspecified) => "password".to_owned(),
@@ -101,7 +101,7 @@ pub fn auth_name(value: i32, username: &str) -> String {
 }
 
 /// The retry backoff; UNSPECIFIED is FIXED, as the contract says.
-pub fn backoff_name(value: i32) -> String {
+pub(crate) fn backoff_name(value: i32) -> String {
     match v1::RetryBackoff::try_from(value) {
         Ok(v1::RetryBackoff::Unspecified) => "fixed".to_owned(),
         full => short_name(
@@ -113,7 +113,7 @@ pub fn backoff_name(value: i32) -> String {
 }
 
 /// A webhook list's body format; UNSPECIFIED is GENERIC, as the contract says.
-pub fn webhook_format_name(value: i32) -> String {
+pub(crate) fn webhook_format_name(value: i32) -> String {
     match v1::WebhookFormat::try_from(value) {
         Ok(v1::WebhookFormat::Unspecified) => "generic".to_owned(),
         full => short_name(
@@ -126,12 +126,12 @@ pub fn webhook_format_name(value: i32) -> String {
 
 /// Whether a list delivers by webhook (endpoints, format, secret) rather than by email.
 /// A site node's role: `active`, `standby`.
-pub fn role_name(value: i32) -> String {
+pub(crate) fn role_name(value: i32) -> String {
     let full = v1::NodeRole::try_from(value).ok();
     short_name(full.as_ref().map(|r| r.as_str_name()), "NODE_ROLE_", value)
 }
 
-pub fn is_webhook(list: &v1::NotificationList) -> bool {
+pub(crate) fn is_webhook(list: &v1::NotificationList) -> bool {
     list.r#type == i32::from(v1::NotificationType::Webhook)
 }
 
@@ -140,7 +140,7 @@ fn instant(ts: Option<&prost_types::Timestamp>) -> Option<DateTime<Utc>> {
 }
 
 /// RFC 3339 UTC to the second, for tables; `-` when unset.
-pub fn time_human(ts: Option<&prost_types::Timestamp>) -> String {
+pub(crate) fn time_human(ts: Option<&prost_types::Timestamp>) -> String {
     instant(ts).map_or_else(
         || "-".to_owned(),
         |at| at.to_rfc3339_opts(SecondsFormat::Secs, true),
@@ -148,12 +148,12 @@ pub fn time_human(ts: Option<&prost_types::Timestamp>) -> String {
 }
 
 /// RFC 3339 UTC with as many fractional digits as needed (proto3 JSON's form), for JSON.
-pub fn time_json(ts: Option<&prost_types::Timestamp>) -> Option<String> {
+pub(crate) fn time_json(ts: Option<&prost_types::Timestamp>) -> Option<String> {
     instant(ts).map(|at| at.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
 /// "3m 12s", "2h 5m", "4d 1h": two units are plenty to judge how old something is.
-pub fn age(seconds: f64) -> String {
+pub(crate) fn age(seconds: f64) -> String {
     if !seconds.is_finite() || seconds < 0.0 {
         return "0s".to_owned();
     }
@@ -171,7 +171,7 @@ pub fn age(seconds: f64) -> String {
 }
 
 /// How long ago `ts` was, humanised; `-` when unset.
-pub fn age_since(now: DateTime<Utc>, ts: Option<&prost_types::Timestamp>) -> String {
+pub(crate) fn age_since(now: DateTime<Utc>, ts: Option<&prost_types::Timestamp>) -> String {
     instant(ts).map_or_else(
         || "-".to_owned(),
         |at| {
@@ -191,7 +191,7 @@ fn std_duration(d: Option<&prost_types::Duration>) -> Option<std::time::Duration
 }
 
 /// `1m`, `300ms`, `1h 30m`: humantime's syntax, the one the flags take; `-` when unset.
-pub fn duration_human(d: Option<&prost_types::Duration>) -> String {
+pub(crate) fn duration_human(d: Option<&prost_types::Duration>) -> String {
     std_duration(d).map_or_else(
         || "-".to_owned(),
         |d| humantime::format_duration(d).to_string(),
@@ -199,7 +199,7 @@ pub fn duration_human(d: Option<&prost_types::Duration>) -> String {
 }
 
 /// `60s`, `0.300s`: proto3 JSON's form for a Duration, which grpcurl prints too.
-pub fn duration_json(d: Option<&prost_types::Duration>) -> Option<String> {
+pub(crate) fn duration_json(d: Option<&prost_types::Duration>) -> Option<String> {
     std_duration(d).map(|d| {
         if d.subsec_nanos() == 0 {
             format!("{}s", d.as_secs())

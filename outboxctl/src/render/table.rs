@@ -5,7 +5,7 @@
 //! out of line. The last column is never padded: no trailing spaces.
 
 #[derive(Debug)]
-pub struct Table {
+pub(crate) struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
 }
@@ -14,7 +14,7 @@ pub struct Table {
 const GAP: &str = "  ";
 
 impl Table {
-    pub fn new(header: &[&str]) -> Self {
+    pub(crate) fn new(header: &[&str]) -> Self {
         Self {
             header: header.iter().map(|h| (*h).to_owned()).collect(),
             rows: Vec::new(),
@@ -22,11 +22,11 @@ impl Table {
     }
 
     /// Adds a row; missing cells are empty, extra cells are ignored.
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let columns = self.header.len();
         let cell = |row: &[String], i: usize| row.get(i).map_or("", |c| c.as_str()).to_owned();
         let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
@@ -55,7 +55,7 @@ impl Table {
 }
 
 /// Cuts text to `max` characters with an ellipsis, for free-text columns like subjects.
-pub fn truncate(text: &str, max: usize) -> String {
+pub(crate) fn truncate(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_owned();
     }

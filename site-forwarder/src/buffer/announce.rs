@@ -22,7 +22,7 @@ pub(super) const CHANGES_BACKLOG: usize = 4096;
 
 /// A committed change to rows already in `buffered`, as replication streams must copy it.
 #[derive(Debug, Clone)]
-pub enum RowChange {
+pub(crate) enum RowChange {
     /// These seqs left `buffered` (acked, rejected).
     Removed(Arc<[Seq]>),
     /// A clear marked the rows at these seqs cleared: a standby holding them must get them again.
@@ -138,7 +138,7 @@ impl Announcements {
 
 /// A replication stream's hold on the buffer's recent rows: they are kept while one exists.
 #[derive(Debug)]
-pub struct RecentReader {
+pub(crate) struct RecentReader {
     announce: Arc<Announcements>,
     id: recent::ReaderId,
 }
@@ -147,7 +147,7 @@ impl RecentReader {
     /// Up to `max_rows` rows committed after `cursor`, from memory; `None` when they must be
     /// read from the table (`next_after`). The cursor only moves forward: rows up to
     /// it, and those returned, are not kept for this reader any longer.
-    pub fn after(&self, cursor: Seq, max_rows: usize) -> Option<RecentPage> {
+    pub(crate) fn after(&self, cursor: Seq, max_rows: usize) -> Option<RecentPage> {
         self.announce.recent().after(self.id, cursor, max_rows)
     }
 }

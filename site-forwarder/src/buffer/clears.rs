@@ -19,7 +19,7 @@ use crate::domain::{PendingClear, PendingClears, Seq};
 
 /// The clear sender's hold on the buffer.
 #[derive(Clone, Debug)]
-pub struct Clears {
+pub(crate) struct Clears {
     store: Store,
 }
 
@@ -30,24 +30,24 @@ impl Clears {
 
     /// The pending clears as committed, with a change notification after every commit that
     /// changes them.
-    pub fn pending_clears(&self) -> watch::Receiver<PendingClears> {
+    pub(crate) fn pending_clears(&self) -> watch::Receiver<PendingClears> {
         self.store.announce.pending_clears.subscribe()
     }
 
     /// The pending clears as last published (a commit is published just after it is visible).
     /// Test-only: the service follows them through [`Self::pending_clears`].
     #[cfg(test)]
-    pub fn pending_clears_now(&self) -> PendingClears {
+    pub(crate) fn pending_clears_now(&self) -> PendingClears {
         self.store.announce.pending_clears.borrow().clone()
     }
 
     /// Announcements of the seqs that leave `buffered` or are marked cleared, from now on.
-    pub fn row_changes(&self) -> broadcast::Receiver<RowChange> {
+    pub(crate) fn row_changes(&self) -> broadcast::Receiver<RowChange> {
         self.store.announce.changes.subscribe()
     }
 
     /// The oldest seq still buffered; `None` when the buffer is empty.
-    pub async fn oldest_seq(&self) -> Result<Option<Seq>> {
+    pub(crate) async fn oldest_seq(&self) -> Result<Option<Seq>> {
         self.store
             .db
             .read(|conn| {
@@ -61,7 +61,7 @@ impl Clears {
     /// Deletes the pending clear once central applied it, unless a later clear of the key moved
     /// it meanwhile, or a clear handed over made it more recent (it then stays, to be sent
     /// again), and remembers it as applied. Returns whether it was deleted.
-    pub async fn forget_clear(&self, clear: PendingClear) -> Result<bool> {
+    pub(crate) async fn forget_clear(&self, clear: PendingClear) -> Result<bool> {
         let announce = Arc::clone(&self.store.announce);
         let (deleted, _) = self
             .store

@@ -41,4 +41,4 @@ impl From<rusqlite::Error> for BufferError {
     }
 }
 
-pub type Result<T, E = BufferError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = BufferError> = std::result::Result<T, E>;

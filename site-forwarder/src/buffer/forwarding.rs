@@ -20,7 +20,7 @@ use crate::domain::{PendingClears, Seq};
 
 /// The forwarder's hold on the buffer.
 #[derive(Clone, Debug)]
-pub struct Forwarding {
+pub(crate) struct Forwarding {
     store: Store,
 }
 
@@ -31,13 +31,13 @@ impl Forwarding {
 
     /// Fires after each committed enqueue. `notify_one` stores a permit when nobody waits, so a
     /// wake-up is never lost.
-    pub fn enqueued(&self) -> &Arc<Notify> {
+    pub(crate) fn enqueued(&self) -> &Arc<Notify> {
         &self.store.announce.enqueued
     }
 
     /// The pending clears as committed, with a change notification after every commit that
     /// changes them.
-    pub fn pending_clears(&self) -> watch::Receiver<PendingClears> {
+    pub(crate) fn pending_clears(&self) -> watch::Receiver<PendingClears> {
         self.store.announce.pending_clears.subscribe()
     }
 
@@ -45,7 +45,11 @@ impl Forwarding {
     /// them just after: every clear committed before a row that was read is among them (unless
     /// central applied it since, which releases the row anyway), so the forwarder never misses
     /// the clear that holds a row. The published list could lag a commit the read already sees.
-    pub async fn next_to_forward(&self, after: Seq, limit: usize) -> Result<(Page, PendingClears)> {
+    pub(crate) async fn next_to_forward(
+        &self,
+        after: Seq,
+        limit: usize,
+    ) -> Result<(Page, PendingClears)> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
         self.store
             .db
@@ -59,21 +63,25 @@ impl Forwarding {
 
     /// Deletes acked rows and moves rejected rows to `rejected`, in one write job; retried
     /// until it commits (see `super::store`). Returns how many rows left `buffered`.
-    pub async fn settle(&self, acked: Vec<Seq>, rejected: Vec<(Seq, String)>) -> Result<usize> {
+    pub(crate) async fn settle(
+        &self,
+        acked: Vec<Seq>,
+        rejected: Vec<(Seq, String)>,
+    ) -> Result<usize> {
         self.store.settle(acked, rejected).await
     }
 
     /// Deletes acked rows (see [`Self::settle`]).
     // Test-only shorthand: the forwarder settles acks and rejections together.
     #[cfg(test)]
-    pub async fn remove(&self, acked: Vec<Seq>) -> Result<usize> {
+    pub(crate) async fn remove(&self, acked: Vec<Seq>) -> Result<usize> {
         self.settle(acked, Vec::new()).await
     }
 
     /// Moves one row to `rejected` with the reason (see [`Self::settle`]).
     // Test-only shorthand: the forwarder settles acks and rejections together.
     #[cfg(test)]
-    pub async fn reject(&self, seq: Seq, reason: String) -> Result<bool> {
+    pub(crate) async fn reject(&self, seq: Seq, reason: String) -> Result<bool> {
         Ok(self.settle(Vec::new(), vec![(seq, reason)]).await? > 0)
     }
 }

@@ -23,7 +23,7 @@ use crate::domain::{BufferedNotification, PendingClear, PendingClears, Role, Seq
 
 /// What [`Handover::finish_handover`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct HandoverFinished {
+pub(crate) struct HandoverFinished {
     /// Rows deleted (the active holds them now).
     pub deleted: usize,
     /// Keys of the pending clears deleted (handed over before, unless the hand-over says
@@ -33,7 +33,7 @@ pub struct HandoverFinished {
 
 /// What [`Adoption::adopt`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Adopted {
+pub(crate) struct Adopted {
     pub adopted: usize,
     pub already_held: usize,
     pub clears: AdoptedClears,
@@ -41,7 +41,7 @@ pub struct Adopted {
 
 /// The handing node's hold on its buffer.
 #[derive(Clone, Debug)]
-pub struct Handover {
+pub(crate) struct Handover {
     store: Store,
 }
 
@@ -51,25 +51,29 @@ impl Handover {
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.
-    pub async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
+    pub(crate) async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
         self.store.rows_after(after, limit).await
     }
 
     /// Moves rows that can never be handed over (they break the content rules) to `rejected`
     /// with the reason, as the forwarder does; retried until it commits (see `super::store`).
-    pub async fn set_aside(&self, rejected: Vec<(Seq, String)>) -> Result<usize> {
+    pub(crate) async fn set_aside(&self, rejected: Vec<(Seq, String)>) -> Result<usize> {
         self.store.settle(Vec::new(), rejected).await
     }
 
     /// The pending clears as the table holds them now (read after the rows).
-    pub async fn read_pending_clears(&self) -> Result<PendingClears> {
+    pub(crate) async fn read_pending_clears(&self) -> Result<PendingClears> {
         self.store.read_pending_clears().await
     }
 
     /// Ends a hand-over: every row up to `through` is now held by the active, so they are
     /// deleted here, and the node becomes an empty standby that copies the active from scratch.
     /// Its pending clears go too (handed over before; see the module invariants).
-    pub async fn finish_handover(&self, through: Seq, term: u64) -> Result<HandoverFinished> {
+    pub(crate) async fn finish_handover(
+        &self,
+        through: Seq,
+        term: u64,
+    ) -> Result<HandoverFinished> {
         let announce = Arc::clone(&self.store.announce);
         let finished = self
             .store
@@ -107,7 +111,7 @@ impl Handover {
 
 /// The active's side of a hand-over.
 #[derive(Clone, Debug)]
-pub struct Adoption {
+pub(crate) struct Adoption {
     store: Store,
 }
 
@@ -120,7 +124,7 @@ impl Adoption {
     /// skipping notifications already buffered; a held copy of a row the node marked cleared is
     /// marked here too. Then records the node's pending clears (after the rows: see
     /// `super::pending_clears` for how). Answered once they are committed.
-    pub async fn adopt(
+    pub(crate) async fn adopt(
         &self,
         rows: Vec<BufferedNotification>,
         pending_clears: Vec<PendingClear>,

@@ -23,13 +23,13 @@ use crate::domain::{BufferedNotification, ConditionKey, PendingClear, Seq, SiteI
 
 /// Sends and clears from the site's scripts (`grpc::site_notify`).
 #[derive(Clone, Debug)]
-pub struct Intake {
+pub(crate) struct Intake {
     store: Store,
 }
 
 /// What [`Intake::clear_condition`] committed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConditionCleared {
+pub(crate) struct ConditionCleared {
     /// Buffered rows this clear marked (rows marked by an earlier clear are not counted).
     pub marked: usize,
     /// The key's pending clear as it now stands.
@@ -43,7 +43,7 @@ impl Intake {
 
     /// Stores a notification durably; returns once it is committed. Refused with
     /// [`BufferError::NoRoom`], storing nothing, when it would leave the buffer no room to drain.
-    pub async fn enqueue(&self, notification: BufferedNotification) -> Result<Seq> {
+    pub(crate) async fn enqueue(&self, notification: BufferedNotification) -> Result<Seq> {
         // Held until the commit is answered: until then the row counts as in flight.
         let _admitted = self.store.room.admit(stored_bytes(&notification))?;
         let row = Arc::new(notification);
@@ -73,7 +73,7 @@ impl Intake {
 
     /// Ends this site's buffered notifications with `key` and records the key's pending clear,
     /// in one write job; returns once it is committed.
-    pub async fn clear_condition(
+    pub(crate) async fn clear_condition(
         &self,
         site: &SiteId,
         key: ConditionKey,

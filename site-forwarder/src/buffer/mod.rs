@@ -31,11 +31,11 @@ mod forwarding;
 mod handover;
 mod intake;
 mod pending_clears;
-pub mod recent;
+pub(crate) mod recent;
 mod replica;
 mod replication;
 mod roles;
-pub mod room;
+pub(crate) mod room;
 mod room_keeper;
 mod rows;
 mod schema;
@@ -45,19 +45,19 @@ mod store;
 #[cfg(test)]
 pub(crate) mod tests;
 
-pub use announce::{RecentReader, RowChange};
-pub use clears::Clears;
-pub use error::{BufferError, Result};
-pub use forwarding::Forwarding;
-pub use handover::{Adoption, Handover};
-pub use intake::Intake;
-pub use replica::{Replica, ReplicaChanges};
-pub use replication::{Commits, Replication, RetainedSpan};
-pub use roles::{PairRecord, Roles};
-pub use room::{RoomStatus, SpaceLimits};
-pub use room_keeper::RoomKeeper;
-pub use rows::Page;
-pub use status::StatusReader;
+pub(crate) use announce::{RecentReader, RowChange};
+pub(crate) use clears::Clears;
+pub(crate) use error::{BufferError, Result};
+pub(crate) use forwarding::Forwarding;
+pub(crate) use handover::{Adoption, Handover};
+pub(crate) use intake::Intake;
+pub(crate) use replica::{Replica, ReplicaChanges};
+pub(crate) use replication::{Commits, Replication, RetainedSpan};
+pub(crate) use roles::{PairRecord, Roles};
+pub(crate) use room::{RoomStatus, SpaceLimits};
+pub(crate) use room_keeper::RoomKeeper;
+pub(crate) use rows::Page;
+pub(crate) use status::StatusReader;
 
 use std::path::Path;
 
@@ -67,7 +67,7 @@ use store::Store;
 
 /// The opened buffer: the one place every capability is handed out from. Only `run` holds it.
 #[derive(Clone, Debug)]
-pub struct Buffer {
+pub(crate) struct Buffer {
     store: Store,
 }
 
@@ -75,7 +75,11 @@ impl Buffer {
     /// Opens (creating if needed) the buffer file and brings its schema up to date, refusing
     /// Sends past `limits`; `stop` ends a settle's retries. Blocking: call it from a blocking
     /// context or at start-up.
-    pub fn open_with(path: &Path, limits: SpaceLimits, stop: CancellationToken) -> Result<Self> {
+    pub(crate) fn open_with(
+        path: &Path,
+        limits: SpaceLimits,
+        stop: CancellationToken,
+    ) -> Result<Self> {
         Ok(Self {
             store: Store::open(path, limits, stop)?,
         })
@@ -84,51 +88,51 @@ impl Buffer {
     /// Opens the buffer with no space limits of its own.
     // Test-only shorthand: the service opens with limits (`open_with`).
     #[cfg(test)]
-    pub fn open(path: &Path) -> Result<Self> {
+    pub(crate) fn open(path: &Path) -> Result<Self> {
         Self::open_with(path, SpaceLimits::NONE, CancellationToken::new())
     }
 
-    pub fn intake(&self) -> Intake {
+    pub(crate) fn intake(&self) -> Intake {
         Intake::new(self.store.clone())
     }
 
-    pub fn status(&self) -> StatusReader {
+    pub(crate) fn status(&self) -> StatusReader {
         StatusReader::new(self.store.clone())
     }
 
-    pub fn room_keeper(&self) -> RoomKeeper {
+    pub(crate) fn room_keeper(&self) -> RoomKeeper {
         RoomKeeper::new(self.store.clone())
     }
 
-    pub fn forwarding(&self) -> Forwarding {
+    pub(crate) fn forwarding(&self) -> Forwarding {
         Forwarding::new(self.store.clone())
     }
 
-    pub fn clears(&self) -> Clears {
+    pub(crate) fn clears(&self) -> Clears {
         Clears::new(self.store.clone())
     }
 
-    pub fn replication(&self) -> Replication {
+    pub(crate) fn replication(&self) -> Replication {
         Replication::new(self.store.clone())
     }
 
-    pub fn commits(&self) -> Commits {
+    pub(crate) fn commits(&self) -> Commits {
         Commits::new(self.store.clone())
     }
 
-    pub fn replica(&self) -> Replica {
+    pub(crate) fn replica(&self) -> Replica {
         Replica::new(self.store.clone())
     }
 
-    pub fn roles(&self) -> Roles {
+    pub(crate) fn roles(&self) -> Roles {
         Roles::new(self.store.clone())
     }
 
-    pub fn handover(&self) -> Handover {
+    pub(crate) fn handover(&self) -> Handover {
         Handover::new(self.store.clone())
     }
 
-    pub fn adoption(&self) -> Adoption {
+    pub(crate) fn adoption(&self) -> Adoption {
         Adoption::new(self.store.clone())
     }
 

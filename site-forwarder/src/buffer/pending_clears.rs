@@ -46,7 +46,7 @@ pub(super) const APPLIED_CLEARS_KEPT: i64 = 10_000;
 
 /// What an adoption (`super::handover::Adoption::adopt`) did with the clears handed over.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct AdoptedClears {
+pub(crate) struct AdoptedClears {
     /// Recorded, or merged into this node's pending clear of the key.
     pub recorded: usize,
     /// Not recorded: this node had central apply a clear of the key at least as recent.

@@ -28,17 +28,17 @@ use crate::domain::{BufferedNotification, Seq};
 /// Rows kept for a stream that does not take them. A stream waits for its window of
 /// unconfirmed batches, under full load ~1,500 rows at 25,000 Sends/s; 8,192 lets a standby
 /// fall a few windows behind before it has to read the table.
-pub const MAX_ROWS: usize = 8192;
+pub(crate) const MAX_ROWS: usize = 8192;
 /// Bytes of row text kept: a stream's window pins about as much (8 batches of 1 MiB), so a
 /// stream the window holds back still finds its next rows here.
-pub const MAX_BYTES: usize = 8 << 20;
+pub(crate) const MAX_BYTES: usize = 8 << 20;
 
 /// An attached stream, as [`RecentRows::attach`] numbered it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReaderId(u64);
+pub(crate) struct ReaderId(u64);
 
 #[derive(Debug, Default)]
-pub struct RecentRows {
+pub(crate) struct RecentRows {
     /// The seq before the first entry; `None` when nothing is covered.
     after: Option<Seq>,
     /// One entry per seq from `after + 1`; `None` for a row that was removed since.
@@ -53,7 +53,7 @@ pub struct RecentRows {
 
 /// What [`RecentRows::after`] found.
 #[derive(Debug)]
-pub struct RecentPage {
+pub(crate) struct RecentPage {
     /// Live rows after the cursor, in seq order.
     pub rows: Vec<(Seq, Arc<BufferedNotification>)>,
     /// Every committed row up to here is in `rows`, before the cursor, or removed: where the
@@ -65,7 +65,7 @@ pub struct RecentPage {
 
 impl RecentRows {
     /// A stream starts reading; rows committed from now on are kept.
-    pub fn attach(&mut self) -> ReaderId {
+    pub(crate) fn attach(&mut self) -> ReaderId {
         let id = ReaderId(self.next_reader);
         self.next_reader += 1;
         self.readers.push((id, None));
@@ -73,7 +73,7 @@ impl RecentRows {
     }
 
     /// A stream stopped; the last one out frees the rows.
-    pub fn detach(&mut self, reader: ReaderId) {
+    pub(crate) fn detach(&mut self, reader: ReaderId) {
         self.readers.retain(|(id, _)| *id != reader);
         if self.readers.is_empty() {
             self.clear();
@@ -83,14 +83,14 @@ impl RecentRows {
     }
 
     /// Forgets every row: the span covers nothing until the next commit.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.after = None;
         self.rows.clear();
         self.bytes = 0;
     }
 
     /// A Send committed `row` at `seq`. Called in commit order.
-    pub fn committed(&mut self, seq: Seq, row: Arc<BufferedNotification>) {
+    pub(crate) fn committed(&mut self, seq: Seq, row: Arc<BufferedNotification>) {
         if self.readers.is_empty() {
             return;
         }
@@ -109,7 +109,7 @@ impl RecentRows {
     }
 
     /// The rows at `seqs` left `buffered` (announced under the same lock).
-    pub fn removed(&mut self, seqs: &[Seq]) {
+    pub(crate) fn removed(&mut self, seqs: &[Seq]) {
         let Some(after) = self.after else { return };
         for seq in seqs {
             let Some(index) = self.index_of(after, *seq) else {
@@ -124,7 +124,12 @@ impl RecentRows {
     /// Up to `max_rows` live rows after `cursor` for `reader`, which will not ask for them (nor
     /// for anything before them) again; `None` when the span does not start at or before the
     /// cursor, so the rows after it must be read from the table.
-    pub fn after(&mut self, reader: ReaderId, cursor: Seq, max_rows: usize) -> Option<RecentPage> {
+    pub(crate) fn after(
+        &mut self,
+        reader: ReaderId,
+        cursor: Seq,
+        max_rows: usize,
+    ) -> Option<RecentPage> {
         let page = self.page(cursor, max_rows);
         let taken = page.as_ref().map_or(cursor, |page| page.through);
         if let Some((_, at)) = self.readers.iter_mut().find(|(id, _)| *id == reader) {

@@ -21,7 +21,7 @@ use crate::domain::{BufferedNotification, PendingClear, Seq};
 /// One or more replication batches as a standby applies them, in one transaction: the spans,
 /// then the adds, then the removes, then the pending clears.
 #[derive(Debug, Default)]
-pub struct ReplicaChanges {
+pub(crate) struct ReplicaChanges {
     /// Spans in which the standby keeps only the listed seqs.
     pub retained: Vec<RetainedSpan>,
     /// Rows to copy at the active's seqs, in seq order.
@@ -35,7 +35,7 @@ pub struct ReplicaChanges {
 
 /// The standby's copy of the active.
 #[derive(Clone, Debug)]
-pub struct Replica {
+pub(crate) struct Replica {
     store: Store,
 }
 
@@ -45,7 +45,7 @@ impl Replica {
     }
 
     /// Applies replication batches in one transaction and records how far the copy reaches.
-    pub async fn apply_replica(&self, changes: ReplicaChanges) -> Result<()> {
+    pub(crate) async fn apply_replica(&self, changes: ReplicaChanges) -> Result<()> {
         let through = changes.adds.iter().map(|(seq, _)| *seq).max();
         let announce = Arc::clone(&self.store.announce);
         self.store

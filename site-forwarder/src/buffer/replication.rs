@@ -22,7 +22,7 @@ use crate::domain::{PendingClears, Seq};
 /// Of the seqs `from..=through`, only those in `kept` (sorted, disjoint, inclusive ranges) are
 /// still buffered on the active.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetainedSpan {
+pub(crate) struct RetainedSpan {
     pub from: Seq,
     pub through: Seq,
     pub kept: Vec<(Seq, Seq)>,
@@ -30,7 +30,7 @@ pub struct RetainedSpan {
 
 impl RetainedSpan {
     /// The ranges of the span that are not kept: what a standby deletes.
-    pub fn gaps(&self) -> Vec<(Seq, Seq)> {
+    pub(crate) fn gaps(&self) -> Vec<(Seq, Seq)> {
         let mut gaps = Vec::new();
         let mut next = self.from.0;
         for &(first, last) in &self.kept {
@@ -54,7 +54,7 @@ impl RetainedSpan {
 /// The newest committed seq alone, for the node's standby lag (`crate::pair::node` dates each
 /// commit while active); it reads nothing else of the buffer.
 #[derive(Clone, Debug)]
-pub struct Commits {
+pub(crate) struct Commits {
     store: Store,
 }
 
@@ -64,14 +64,14 @@ impl Commits {
     }
 
     /// The newest seq ever committed to `buffered` (rows since deleted included).
-    pub fn head(&self) -> watch::Receiver<Seq> {
+    pub(crate) fn head(&self) -> watch::Receiver<Seq> {
         self.store.announce.head.subscribe()
     }
 }
 
 /// The active's feed for its standby's stream.
 #[derive(Clone, Debug)]
-pub struct Replication {
+pub(crate) struct Replication {
     store: Store,
 }
 
@@ -81,38 +81,38 @@ impl Replication {
     }
 
     /// The newest seq ever committed to `buffered` (rows since deleted included).
-    pub fn head(&self) -> watch::Receiver<Seq> {
+    pub(crate) fn head(&self) -> watch::Receiver<Seq> {
         self.store.announce.head.subscribe()
     }
 
     /// The newest seq ever committed to `buffered`, now.
-    pub fn head_now(&self) -> Seq {
+    pub(crate) fn head_now(&self) -> Seq {
         *self.store.announce.head.borrow()
     }
 
     /// Announcements of the seqs that leave `buffered` or are marked cleared, from now on.
-    pub fn row_changes(&self) -> broadcast::Receiver<RowChange> {
+    pub(crate) fn row_changes(&self) -> broadcast::Receiver<RowChange> {
         self.store.announce.changes.subscribe()
     }
 
     /// Keeps the rows committed from now on in memory while the reader lives.
-    pub fn recent_rows(&self) -> RecentReader {
+    pub(crate) fn recent_rows(&self) -> RecentReader {
         self.store.announce.recent_reader()
     }
 
     /// The pending clears as committed, with a change notification after every commit that
     /// changes them.
-    pub fn pending_clears(&self) -> watch::Receiver<PendingClears> {
+    pub(crate) fn pending_clears(&self) -> watch::Receiver<PendingClears> {
         self.store.announce.pending_clears.subscribe()
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.
-    pub async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
+    pub(crate) async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
         self.store.rows_after(after, limit).await
     }
 
     /// The rows still buffered at `seqs` (those gone are left out), in the order given.
-    pub async fn rows_at(&self, seqs: Vec<Seq>) -> Result<Page> {
+    pub(crate) async fn rows_at(&self, seqs: Vec<Seq>) -> Result<Page> {
         self.store
             .db
             .read(move |conn| rows::select_at(conn, seqs))
@@ -120,7 +120,7 @@ impl Replication {
     }
 
     /// The seqs up to `through` whose rows are marked cleared, oldest first.
-    pub async fn marked_seqs(&self, through: Seq) -> Result<Vec<Seq>> {
+    pub(crate) async fn marked_seqs(&self, through: Seq) -> Result<Vec<Seq>> {
         self.store
             .db
             .read(move |conn| {
@@ -138,7 +138,7 @@ impl Replication {
 
     /// The buffered seqs after `after` up to `through`, as a span of at most `max_rows` rows:
     /// the span ends at `through` when the rest fits, else at the last row read.
-    pub async fn retained_span(
+    pub(crate) async fn retained_span(
         &self,
         after: Seq,
         through: Seq,

@@ -19,7 +19,7 @@ use crate::domain::{Role, Seq};
 
 /// The node's persisted place in its pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PairRecord {
+pub(crate) struct PairRecord {
     pub role: Role,
     /// The highest term this node has been active in or followed an active in.
     pub term: u64,
@@ -31,7 +31,7 @@ pub struct PairRecord {
 
 /// The role record, for the node's role changes and the standby's follow.
 #[derive(Clone, Debug)]
-pub struct Roles {
+pub(crate) struct Roles {
     store: Store,
 }
 
@@ -41,12 +41,12 @@ impl Roles {
     }
 
     /// The node's persisted place in its pair; `None` before it was ever part of one.
-    pub async fn pair_record(&self) -> Result<Option<PairRecord>> {
+    pub(crate) async fn pair_record(&self) -> Result<Option<PairRecord>> {
         self.store.db.read(select_pair_record).await
     }
 
     /// Persists a role change; `replicated_through` is kept as stored unless `reset_copy`.
-    pub async fn save_role(
+    pub(crate) async fn save_role(
         &self,
         role: Role,
         term: u64,

@@ -56,7 +56,7 @@ const CHECKPOINT_WAIT: Duration = Duration::from_millis(200);
 
 /// How often the room is checked without a Send asking: a refusal lifts within this long after
 /// space frees, and health follows. Two system calls and a small read each time.
-pub const ROOM_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const ROOM_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The size a Send is assumed to have when the room is checked without one (for health and
 /// stats): one page. A buffer that cannot take even that cannot take any Send.
@@ -116,7 +116,7 @@ impl NoRoom {
 
 /// Whether the buffer takes Sends, as of the last check, with the figures behind it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RoomStatus {
+pub(crate) struct RoomStatus {
     /// Set while Sends are refused: why.
     pub refusing: Option<NoRoom>,
     /// Bytes available to the buffer on its filesystem (`statvfs`); `None` if it cannot be read.
@@ -127,7 +127,7 @@ pub struct RoomStatus {
 
 /// The buffer file's pages, as SQLite counts them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Pages {
+pub(crate) struct Pages {
     pub page_size: u64,
     pub page_count: u64,
     pub freelist: u64,
@@ -136,7 +136,7 @@ pub struct Pages {
 impl Pages {
     /// Reads the figures on `conn` (the writer, inside its transaction, or a reader). Page 1's
     /// header, which SQLite keeps in memory: cheap.
-    pub fn read(conn: &Connection) -> rusqlite::Result<Self> {
+    pub(crate) fn read(conn: &Connection) -> rusqlite::Result<Self> {
         let pragma = |name: &str| -> rusqlite::Result<u64> {
             let value: i64 = conn
                 .prepare_cached(&format!("PRAGMA {name}"))?
@@ -160,7 +160,7 @@ impl Pages {
 
 /// What the disk and the file look like at one moment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Disk {
+pub(crate) struct Disk {
     /// The filesystem's bytes available to this process.
     pub available: u64,
     /// The database file's length (not its WAL).
@@ -169,7 +169,7 @@ pub struct Disk {
 
 /// The decision, as a plain function of the figures (so it is tested with numbers).
 /// `in_flight`: row bytes of admitted Sends not committed yet; `row`: the Send's own.
-pub fn assess(
+pub(crate) fn assess(
     limits: &SpaceLimits,
     dir: &Path,
     disk: Option<Disk>,
@@ -205,7 +205,7 @@ pub fn assess(
 }
 
 /// The bytes a row is counted as: its text fields plus [`ROW_OVERHEAD_BYTES`].
-pub fn row_bytes(text_fields: &[&str]) -> u64 {
+pub(crate) fn row_bytes(text_fields: &[&str]) -> u64 {
     text_fields
         .iter()
         .map(|field| u64::try_from(field.len()).unwrap_or(u64::MAX))
@@ -214,7 +214,7 @@ pub fn row_bytes(text_fields: &[&str]) -> u64 {
 
 /// The buffer's admission state. One per buffer, shared by its clones.
 #[derive(Debug)]
-pub struct Room {
+pub(crate) struct Room {
     limits: SpaceLimits,
     db_path: PathBuf,
     /// Where `statvfs` looks: the directory holding the file (the file itself may not exist
@@ -238,7 +238,7 @@ struct Ledger {
 /// A Send's place in [`Room`]'s in-flight count, given back when dropped (after its commit was
 /// answered, or when the caller went away).
 #[derive(Debug)]
-pub struct Admitted {
+pub(crate) struct Admitted {
     room: Arc<Room>,
     bytes: u64,
 }
@@ -251,7 +251,7 @@ impl Drop for Admitted {
 }
 
 impl Room {
-    pub fn new(db_path: &Path, limits: SpaceLimits, pages: Pages) -> Arc<Self> {
+    pub(crate) fn new(db_path: &Path, limits: SpaceLimits, pages: Pages) -> Arc<Self> {
         let dir = match db_path.parent() {
             Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
             _ => PathBuf::from("."),
@@ -277,7 +277,7 @@ impl Room {
     }
 
     /// Admits a Send of `row` bytes (see [`row_bytes`]), or says why not.
-    pub fn admit(self: &Arc<Self>, row: u64) -> Result<Admitted, NoRoom> {
+    pub(crate) fn admit(self: &Arc<Self>, row: u64) -> Result<Admitted, NoRoom> {
         let mut ledger = self.ledger();
         let disk = self.measure(&mut ledger);
         let decision = match &ledger.deletes_failing {
@@ -310,7 +310,7 @@ impl Room {
     }
 
     /// Checks again with no Send asking, and publishes the outcome.
-    pub fn reassess(&self) {
+    pub(crate) fn reassess(&self) {
         let mut ledger = self.ledger();
         let disk = self.measure(&mut ledger);
         let nominal = self.nominal(&ledger, disk);
@@ -318,12 +318,12 @@ impl Room {
     }
 
     /// New page figures from a write or a read.
-    pub fn pages(&self, pages: Pages) {
+    pub(crate) fn pages(&self, pages: Pages) {
         self.ledger().pages = pages;
     }
 
     /// A delete of acked rows failed for lack of space: Sends are refused until one succeeds.
-    pub fn deletes_failing(&self, detail: String) {
+    pub(crate) fn deletes_failing(&self, detail: String) {
         let mut ledger = self.ledger();
         ledger.deletes_failing = Some(detail);
         let disk = self.measure(&mut ledger);
@@ -332,7 +332,7 @@ impl Room {
     }
 
     /// A settle committed: deletes fit again.
-    pub fn deletes_succeeded(&self) {
+    pub(crate) fn deletes_succeeded(&self) {
         let was_failing = self.ledger().deletes_failing.take().is_some();
         if was_failing {
             self.reassess();
@@ -343,7 +343,7 @@ impl Room {
     /// back to the filesystem; whatever a reader still needs stays (the WAL is then truncated
     /// at a later call). Blocking: a short write on a connection of its own, since the
     /// writer's is always inside a transaction.
-    pub fn checkpoint(&self) -> rusqlite::Result<()> {
+    pub(crate) fn checkpoint(&self) -> rusqlite::Result<()> {
         let conn = Connection::open_with_flags(
             &self.db_path,
             rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
@@ -364,17 +364,17 @@ impl Room {
     }
 
     /// Whether Sends are refused as of the last check.
-    pub fn refusing(&self) -> bool {
+    pub(crate) fn refusing(&self) -> bool {
         self.status.borrow().refusing.is_some()
     }
 
     /// The status as of the last check.
-    pub fn status(&self) -> RoomStatus {
+    pub(crate) fn status(&self) -> RoomStatus {
         self.status.borrow().clone()
     }
 
     /// Changes of [`Self::status`]'s `refusing` (not of its figures).
-    pub fn watch(&self) -> watch::Receiver<RoomStatus> {
+    pub(crate) fn watch(&self) -> watch::Receiver<RoomStatus> {
         self.status.subscribe()
     }
 

@@ -12,7 +12,7 @@ use super::store::Store;
 
 /// The room task's hold on the buffer.
 #[derive(Clone, Debug)]
-pub struct RoomKeeper {
+pub(crate) struct RoomKeeper {
     store: Store,
 }
 
@@ -22,13 +22,13 @@ impl RoomKeeper {
     }
 
     /// Changes of whether the buffer takes Sends.
-    pub fn watch(&self) -> watch::Receiver<RoomStatus> {
+    pub(crate) fn watch(&self) -> watch::Receiver<RoomStatus> {
         self.store.room.watch()
     }
 
     /// Checks the room every [`ROOM_CHECK_INTERVAL`] until `stop`, so a refusal lifts (and
     /// health follows) when space frees with no Send to notice it.
-    pub async fn keep_current(&self, stop: CancellationToken) {
+    pub(crate) async fn keep_current(&self, stop: CancellationToken) {
         let mut tick = tokio::time::interval(ROOM_CHECK_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

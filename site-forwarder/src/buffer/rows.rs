@@ -27,7 +27,7 @@ pub(super) const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, sub
 
 /// A batch of buffered rows, oldest first, as read for forwarding.
 #[derive(Debug, Default)]
-pub struct Page {
+pub(crate) struct Page {
     pub rows: Vec<(Seq, BufferedNotification)>,
     /// Rows that no longer pass the content rules (written by an older binary with looser rules,
     /// or edited by hand): `(seq, notification_id as stored, problem)`. They can never be
@@ -36,12 +36,12 @@ pub struct Page {
 }
 
 impl Page {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.rows.is_empty() && self.unreadable.is_empty()
     }
 
     /// The highest seq in the page (readable or not), where the next read continues from.
-    pub fn last_seq(&self) -> Option<Seq> {
+    pub(crate) fn last_seq(&self) -> Option<Seq> {
         let rows = self.rows.iter().map(|(seq, _)| *seq);
         let unreadable = self.unreadable.iter().map(|(seq, _, _)| *seq);
         rows.chain(unreadable).max()

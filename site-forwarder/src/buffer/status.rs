@@ -15,7 +15,7 @@ use crate::domain::{
 /// Reads of where notifications and the buffer stand (`grpc::site_notify`, the health reporter,
 /// the metrics scraper, the node's first start).
 #[derive(Clone, Debug)]
-pub struct StatusReader {
+pub(crate) struct StatusReader {
     store: Store,
 }
 
@@ -25,7 +25,7 @@ impl StatusReader {
     }
 
     /// Where the notification stands locally: buffered, rejected, or not here.
-    pub async fn local_status(&self, id: NotificationId) -> Result<LocalStatus> {
+    pub(crate) async fn local_status(&self, id: NotificationId) -> Result<LocalStatus> {
         self.store
             .db
             .read(move |conn| select_status(conn, id))
@@ -35,7 +35,7 @@ impl StatusReader {
     /// Whether the notification is still waiting in the buffer. Test-only: the service asks
     /// for the whole `local_status`.
     #[cfg(test)]
-    pub async fn contains(&self, id: NotificationId) -> Result<bool> {
+    pub(crate) async fn contains(&self, id: NotificationId) -> Result<bool> {
         Ok(matches!(
             self.local_status(id).await?,
             LocalStatus::Buffered(_)
@@ -43,12 +43,12 @@ impl StatusReader {
     }
 
     /// The buffer's depth, its oldest row, the rejected rows and the pending clears.
-    pub async fn stats(&self) -> Result<BufferStats> {
+    pub(crate) async fn stats(&self) -> Result<BufferStats> {
         self.store.db.read(select_stats).await
     }
 
     /// Whether the buffer takes Sends now, and why not (as of the last check).
-    pub fn room_status(&self) -> RoomStatus {
+    pub(crate) fn room_status(&self) -> RoomStatus {
         self.store.room.status()
     }
 }

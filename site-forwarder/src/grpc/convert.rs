@@ -14,7 +14,7 @@ use crate::domain::{
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
 /// does not know are rejected rather than guessed.
-pub fn send_type(value: i32) -> Result<NotificationType, ContentError> {
+pub(crate) fn send_type(value: i32) -> Result<NotificationType, ContentError> {
     match v1::NotificationType::try_from(value) {
         Ok(v1::NotificationType::Unspecified | v1::NotificationType::Email) => {
             Ok(NotificationType::Email)
@@ -27,7 +27,7 @@ pub fn send_type(value: i32) -> Result<NotificationType, ContentError> {
     }
 }
 
-pub fn type_to_proto(kind: NotificationType) -> v1::NotificationType {
+pub(crate) fn type_to_proto(kind: NotificationType) -> v1::NotificationType {
     match kind {
         NotificationType::Email => v1::NotificationType::Email,
         NotificationType::Webhook => v1::NotificationType::Webhook,
@@ -35,7 +35,7 @@ pub fn type_to_proto(kind: NotificationType) -> v1::NotificationType {
 }
 
 /// Validates a `Send` into a new notification with a fresh id, stamped with `site` and `now`.
-pub fn send_request(
+pub(crate) fn send_request(
     msg: v1::SendRequest,
     site: &SiteId,
     now: DateTime<Utc>,
@@ -69,7 +69,7 @@ pub fn send_request(
 
 /// The status view of a notification still in the local buffer: FORWARDING, or CLEARED once a
 /// clear ended it (it reaches central as such and is never delivered).
-pub fn buffered_view(
+pub(crate) fn buffered_view(
     id: NotificationId,
     view: BufferedStatus,
     site: &SiteId,

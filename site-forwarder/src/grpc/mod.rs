@@ -3,9 +3,9 @@
 //! forwarder's errors (the buffer's, the replication stream's) to `tonic::Status`. Handlers stay
 //! thin: validate, call the buffer (or central, or the pair), answer.
 
-pub mod convert;
-pub mod site_notify;
-pub mod site_pair;
+pub(crate) mod convert;
+pub(crate) mod site_notify;
+pub(crate) mod site_pair;
 
 use tonic::Status;
 
@@ -21,14 +21,14 @@ impl From<NotActive> for Status {
 }
 
 /// Bad input: the message names the field and the rule (`subject: must not be empty`).
-pub fn invalid_argument(e: ContentError) -> Status {
+pub(crate) fn invalid_argument(e: ContentError) -> Status {
     Status::invalid_argument(e.to_string())
 }
 
 /// The one mapping from buffer failures to gRPC codes. UNAVAILABLE tells the script to retry:
 /// nothing was stored. RESOURCE_EXHAUSTED says the same for a Send refused to keep room for
 /// draining, with the setting and the limit that refused it.
-pub fn buffer_status(e: BufferError) -> Status {
+pub(crate) fn buffer_status(e: BufferError) -> Status {
     match e {
         BufferError::Database(detail) => {
             tracing::error!(%detail, "site buffer unavailable");

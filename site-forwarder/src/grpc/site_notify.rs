@@ -29,7 +29,7 @@ use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
 use crate::wire;
 
-pub struct SiteNotifyService {
+pub(crate) struct SiteNotifyService {
     site: SiteId,
     /// Sends and clears go in here.
     intake: Intake,
@@ -42,7 +42,7 @@ pub struct SiteNotifyService {
 }
 
 impl SiteNotifyService {
-    pub fn new(
+    pub(crate) fn new(
         site: SiteId,
         intake: Intake,
         buffer: StatusReader,

@@ -53,7 +53,7 @@ pub enum EndpointError {
 
 /// The buffer's capabilities the pair endpoint serves from.
 #[derive(Debug)]
-pub struct PairBuffer {
+pub(crate) struct PairBuffer {
     /// What a standby's stream copies.
     pub feed: Replication,
     /// Where a former active's rows are stored.
@@ -62,7 +62,7 @@ pub struct PairBuffer {
 
 /// The pair endpoint of a node: its listener is bound at start-up (so a busy port stops
 /// start-up), served by [`PairEndpoint::serve`] until the stop token.
-pub struct PairEndpoint {
+pub(crate) struct PairEndpoint {
     listener: TcpListener,
     /// With the TLS configuration applied, when the link is TLS.
     server: Server,
@@ -73,7 +73,7 @@ pub struct PairEndpoint {
 impl PairEndpoint {
     /// Serves on `listener` (bound to `pair.listen`) and reads the TLS files; checks the peer's
     /// URL.
-    pub fn new(
+    pub(crate) fn new(
         listener: TcpListener,
         config: &Config,
         pair_config: &PairConfig,
@@ -122,12 +122,12 @@ impl PairEndpoint {
     }
 
     /// The peer's settings and endpoint, for the node task.
-    pub fn peer(&self) -> (PairConfig, Endpoint) {
+    pub(crate) fn peer(&self) -> (PairConfig, Endpoint) {
         self.peer.clone()
     }
 
     /// Serves `SitePair` until the stop token given to [`Self::new`].
-    pub fn serve(self) -> JoinHandle<()> {
+    pub(crate) fn serve(self) -> JoinHandle<()> {
         let stop = self.service.stop.clone();
         let incoming = TcpIncoming::from(self.listener).with_nodelay(Some(true));
         let mut server = self.server;
@@ -146,7 +146,7 @@ impl PairEndpoint {
     }
 }
 
-pub struct SitePairService {
+pub(crate) struct SitePairService {
     site: SiteId,
     /// What a standby's stream copies.
     feed: Replication,
@@ -181,7 +181,7 @@ impl SitePairService {
 
 /// One standby's batches as `Replicate` answers them: the stream's end, when it ends early,
 /// becomes the status the standby gets (see `From<SourceError> for Status`).
-pub struct BatchStream(ReceiverStream<Result<ReplicationBatch, SourceError>>);
+pub(crate) struct BatchStream(ReceiverStream<Result<ReplicationBatch, SourceError>>);
 
 impl Stream for BatchStream {
     type Item = Result<ReplicationBatch, Status>;

@@ -32,7 +32,7 @@ use crate::wire;
 const PAGE_ROWS: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
-pub enum HandoverError {
+pub(crate) enum HandoverError {
     #[error("cannot connect to the peer: {0}")]
     Connect(String),
     #[error("the peer did not answer within {0:?}")]
@@ -49,7 +49,7 @@ pub enum HandoverError {
 
 /// Gives every buffered row to the active at `endpoint`, then empties the buffer and records
 /// this node as a standby with nothing copied. Returns how many rows the active adopted.
-pub async fn hand_over(
+pub(crate) async fn hand_over(
     buffer: &Handover,
     pair: &Arc<Pair>,
     endpoint: &Endpoint,

@@ -34,30 +34,30 @@ use crate::domain::Seq;
 /// Most commit marks kept. At the starting resolution (1 ms) this is four seconds of
 /// back-to-back commits; a standby frozen for longer costs precision (the resolution doubles),
 /// not memory: 4096 marks are 64 KiB.
-pub const MAX_MARKS: usize = 4096;
+pub(crate) const MAX_MARKS: usize = 4096;
 /// Marks closer than this share one, until [`MAX_MARKS`] makes it coarser.
 const FIRST_RESOLUTION: Duration = Duration::from_millis(1);
 
 /// Which replication stream a confirmation comes from (see [`StandbyLag::attach`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct StreamId(u64);
+pub(crate) struct StreamId(u64);
 
 /// The lag figures at one moment.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct LagFigures {
+pub(crate) struct LagFigures {
     pub rows: u64,
     pub age: Duration,
 }
 
 impl LagFigures {
-    pub const NONE: LagFigures = LagFigures {
+    pub(crate) const NONE: LagFigures = LagFigures {
         rows: 0,
         age: Duration::ZERO,
     };
 }
 
 #[derive(Debug)]
-pub struct StandbyLag {
+pub(crate) struct StandbyLag {
     /// The buffer's head while this node is active; `None` otherwise (no lag to report).
     head: Option<watch::Receiver<Seq>>,
     /// Highest seq the standby is known to hold.
@@ -86,7 +86,7 @@ impl StandbyLag {
     /// This node became active with the buffer at `head`. Until a standby says otherwise, what
     /// is already buffered counts as on it (a restarted active does not know better; the
     /// standby's hello corrects it), committed by `now`.
-    pub fn activate(&mut self, head: watch::Receiver<Seq>, now: DateTime<Utc>) {
+    pub(crate) fn activate(&mut self, head: watch::Receiver<Seq>, now: DateTime<Utc>) {
         let at = *head.borrow();
         *self = Self {
             head: Some(head),
@@ -98,7 +98,7 @@ impl StandbyLag {
     }
 
     /// This node is no longer active: nothing to report.
-    pub fn deactivate(&mut self) {
+    pub(crate) fn deactivate(&mut self) {
         *self = Self {
             next_stream: self.next_stream,
             ..Self::default()
@@ -107,7 +107,7 @@ impl StandbyLag {
 
     /// A standby attached a stream holding every seq up to `holds` (its resumed copy, or
     /// nothing for a full copy). From now on only this stream's confirmations count.
-    pub fn attach(&mut self, holds: Seq) -> StreamId {
+    pub(crate) fn attach(&mut self, holds: Seq) -> StreamId {
         let id = StreamId(self.next_stream);
         self.next_stream += 1;
         self.stream = id;
@@ -117,7 +117,7 @@ impl StandbyLag {
     }
 
     /// The standby of `stream` committed every seq up to `through`.
-    pub fn confirmed(&mut self, stream: StreamId, through: Seq) {
+    pub(crate) fn confirmed(&mut self, stream: StreamId, through: Seq) {
         if stream == self.stream && through > self.confirmed {
             self.confirmed = through;
             self.prune();
@@ -125,7 +125,7 @@ impl StandbyLag {
     }
 
     /// The head reached `seq` by `at`.
-    pub fn committed(&mut self, seq: Seq, at: DateTime<Utc>) {
+    pub(crate) fn committed(&mut self, seq: Seq, at: DateTime<Utc>) {
         if self.head.is_none() {
             return;
         }
@@ -147,7 +147,7 @@ impl StandbyLag {
     }
 
     /// The figures now.
-    pub fn figures(&self, now: DateTime<Utc>) -> LagFigures {
+    pub(crate) fn figures(&self, now: DateTime<Utc>) -> LagFigures {
         let Some(head) = &self.head else {
             return LagFigures::NONE;
         };

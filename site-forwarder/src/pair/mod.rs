@@ -19,11 +19,11 @@
 //! Send holds while it commits, so stepping down waits for Sends in progress and no row lands
 //! after the hand-over read the buffer) and the live figures for `GetBufferStats` and metrics.
 
-pub mod handover;
-pub mod lag;
-pub mod node;
-pub mod replica;
-pub mod source;
+pub(crate) mod handover;
+pub(crate) mod lag;
+pub(crate) mod node;
+pub(crate) mod replica;
+pub(crate) mod source;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,11 +43,11 @@ use lag::{StandbyLag, StreamId};
 /// under the 4 MiB limit. An active holding more replicates the oldest 10,000 (a failover then
 /// loses the central half of the rest, as all of them before they were replicated); a
 /// hand-over sends them in as many requests as they need.
-pub const MAX_PENDING_CLEARS: usize = 10_000;
+pub(crate) const MAX_PENDING_CLEARS: usize = 10_000;
 
 /// The pair state shared by `SiteNotify`, `SitePair`, metrics and the node task.
 #[derive(Debug)]
-pub struct Pair {
+pub(crate) struct Pair {
     /// `None` for a single node, which is always active.
     config: Option<PairConfig>,
     name: String,
@@ -70,7 +70,7 @@ pub struct Pair {
 
 impl Pair {
     /// The pair state at start-up, in `initial` (the node task settles the real role first).
-    pub fn new(config: &Config, initial: RoleState) -> Self {
+    pub(crate) fn new(config: &Config, initial: RoleState) -> Self {
         let name = config
             .pair
             .as_ref()
@@ -95,19 +95,19 @@ impl Pair {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 
-    pub fn role_now(&self) -> RoleState {
+    pub(crate) fn role_now(&self) -> RoleState {
         *self.role_now.borrow()
     }
 
-    pub fn watch_role(&self) -> watch::Receiver<RoleState> {
+    pub(crate) fn watch_role(&self) -> watch::Receiver<RoleState> {
         self.role_now.subscribe()
     }
 
-    pub fn view(&self) -> NodeView {
+    pub(crate) fn view(&self) -> NodeView {
         let now = self.role_now();
         NodeView {
             name: self.name.clone(),
@@ -119,7 +119,7 @@ impl Pair {
 
     /// Holds the role for the duration of a buffer write that only the active may make (a Send,
     /// an adoption): `Err` saying where to send instead when this node is not active.
-    pub async fn while_active(&self) -> Result<RwLockReadGuard<'_, RoleState>, NotActive> {
+    pub(crate) async fn while_active(&self) -> Result<RwLockReadGuard<'_, RoleState>, NotActive> {
         let guard = self.role.read().await;
         match guard.role {
             Role::Active => Ok(guard),
@@ -128,7 +128,7 @@ impl Pair {
     }
 
     /// The refusal a standby gives, naming the active when it knows it.
-    pub fn not_active(&self) -> NotActive {
+    pub(crate) fn not_active(&self) -> NotActive {
         NotActive {
             node: self.name.clone(),
             active: lock(&self.active).clone(),
@@ -145,7 +145,7 @@ impl Pair {
     }
 
     /// Asks the node task to promote this node now (a standby); see [`node`].
-    pub fn request_promotion(&self) {
+    pub(crate) fn request_promotion(&self) {
         self.promote.notify_one();
     }
 
@@ -215,7 +215,7 @@ impl Pair {
         lock(&self.standby_lag).deactivate();
     }
 
-    pub fn status(&self) -> PairStatus {
+    pub(crate) fn status(&self) -> PairStatus {
         let now = self.role_now();
         let active = self.active_followed();
         let standby = now.role == Role::Standby;

@@ -33,7 +33,7 @@ use crate::metrics::SiteMetrics;
 
 /// The role to start in: the persisted one, or on the very first start the configured one
 /// (persisted at once). A single node is always active.
-pub async fn starting_role(
+pub(crate) async fn starting_role(
     roles: &Roles,
     status: &StatusReader,
     config: &Config,
@@ -69,7 +69,7 @@ enum Next {
 
 /// The buffer's capabilities a node's roles use.
 #[derive(Clone)]
-pub struct NodeBuffer {
+pub(crate) struct NodeBuffer {
     /// The active's forwarding and the central half of its clears (its forwarder's).
     pub forwarding: Forwarding,
     pub clears: Clears,
@@ -84,7 +84,7 @@ pub struct NodeBuffer {
 
 /// Cloned for each start under the supervisor: a restarted node begins from the same parts.
 #[derive(Clone)]
-pub struct Node {
+pub(crate) struct Node {
     buffer: NodeBuffer,
     config: Config,
     pair: Arc<Pair>,
@@ -95,7 +95,7 @@ pub struct Node {
 }
 
 impl Node {
-    pub fn new(
+    pub(crate) fn new(
         buffer: NodeBuffer,
         config: Config,
         pair: Arc<Pair>,
@@ -114,7 +114,7 @@ impl Node {
     }
 
     /// Runs the node until `shutdown`.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub(crate) async fn run(self, shutdown: CancellationToken) {
         // An active that restarts may have been replaced while it was down.
         if self.pair.role_now().role == Role::Active
             && let Some(peer) = self.outranking_peer().await

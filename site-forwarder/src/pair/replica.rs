@@ -36,7 +36,7 @@ use crate::wire::{clear_from_proto, node_view_from_proto};
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
 #[derive(Debug, thiserror::Error)]
-pub enum FollowError {
+pub(crate) enum FollowError {
     #[error("cannot connect to the peer: {0}")]
     Connect(String),
     #[error("the peer did not open the replication stream: {0}")]
@@ -59,7 +59,7 @@ pub enum FollowError {
 
 /// How long following waits on the active.
 #[derive(Debug, Clone, Copy)]
-pub struct FollowTiming {
+pub(crate) struct FollowTiming {
     /// For the stream to open and its first batch.
     pub open_timeout: Duration,
     /// For any further batch: a heartbeat interval and the link timeout.
@@ -67,7 +67,7 @@ pub struct FollowTiming {
 }
 
 /// Follows the active at `endpoint` until the stream ends; always returns why.
-pub async fn follow(
+pub(crate) async fn follow(
     roles: &Roles,
     replica: &Replica,
     pair: &Arc<Pair>,

@@ -67,10 +67,10 @@ use crate::wire;
 /// and confirms it, so under load the lag is about this many batches: 8 keeps it to tens of
 /// milliseconds while a standby round trip still moves ~2,000 rows. Each batch is at most
 /// [`BATCH_BYTES`] plus one row, which bounds what a slow standby pins (~9 MiB).
-pub const WINDOW: usize = 8;
+pub(crate) const WINDOW: usize = 8;
 /// A batch closes once its rows pass this size (a row is at most ~280 KiB, so a batch stays far
 /// below the 4 MiB message limit).
-pub const BATCH_BYTES: usize = 1 << 20;
+pub(crate) const BATCH_BYTES: usize = 1 << 20;
 /// Rows read from the buffer (or taken from memory) per page.
 const PAGE_ROWS: usize = 256;
 /// Shortest gap between two batches. Each batch costs the standby one fsync, on a disk it may
@@ -83,7 +83,7 @@ const SPAN_ROWS: usize = 65_536;
 
 /// The first message of a stream, from the standby.
 #[derive(Debug, Clone)]
-pub struct Hello {
+pub(crate) struct Hello {
     pub node_name: String,
     pub term: u64,
     pub replicated_through: Seq,
@@ -91,7 +91,7 @@ pub struct Hello {
 
 /// Streams the buffer to one standby until it goes away, this node stops being active, the
 /// stream breaks, or `stop` (shutdown). `out` is the response stream.
-pub async fn stream_to_standby(
+pub(crate) async fn stream_to_standby(
     buffer: Replication,
     pair: Arc<Pair>,
     hello: Hello,
@@ -151,7 +151,7 @@ pub enum SourceError {
 
 /// The pair's timing, from `failover_timeout`.
 #[derive(Debug, Clone, Copy)]
-pub struct StreamTiming {
+pub(crate) struct StreamTiming {
     /// A heartbeat follows this long without a batch.
     pub heartbeat: Duration,
     /// Longest a batch may stay unconfirmed before the stream ends.
@@ -555,7 +555,7 @@ impl Session {
     }
 }
 
-pub fn span_to_proto(span: &RetainedSpan) -> ProtoSpan {
+pub(crate) fn span_to_proto(span: &RetainedSpan) -> ProtoSpan {
     ProtoSpan {
         from_seq: span.from.0,
         through_seq: span.through.0,
@@ -570,7 +570,7 @@ pub fn span_to_proto(span: &RetainedSpan) -> ProtoSpan {
     }
 }
 
-pub fn span_from_proto(span: &ProtoSpan) -> RetainedSpan {
+pub(crate) fn span_from_proto(span: &ProtoSpan) -> RetainedSpan {
     RetainedSpan {
         from: Seq(span.from_seq),
         through: Seq(span.through_seq),

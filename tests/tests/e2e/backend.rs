@@ -44,7 +44,7 @@ fn mssql_server() -> Option<&'static str> {
 }
 
 /// Whether this run puts central on MS SQL (a test about SQLite's own file says it is skipped).
-pub fn on_mssql() -> bool {
+pub(crate) fn on_mssql() -> bool {
     mssql_server().is_some()
 }
 
@@ -76,7 +76,7 @@ fn ended_tests() -> Vec<Arc<ScratchDatabase>> {
 /// A test's central database; keep it for as long as central (or anything reading its table)
 /// runs.
 #[derive(Debug, Clone)]
-pub struct CentralDatabase {
+pub(crate) struct CentralDatabase {
     path: PathBuf,
     _scratch: Option<Arc<ScratchDatabase>>,
 }
@@ -84,7 +84,7 @@ pub struct CentralDatabase {
 impl CentralDatabase {
     /// The database named by `path`: the SQLite file itself, or (on MS SQL) a new scratch
     /// database, or the one already created for that name.
-    pub async fn create(path: &Path) -> Self {
+    pub(crate) async fn create(path: &Path) -> Self {
         let scratch = match mssql_server() {
             None => None,
             Some(server) => {
@@ -114,13 +114,13 @@ impl CentralDatabase {
     }
 
     /// The `database` setting that points central at it.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         database_url(&self.path)
     }
 }
 
 /// The `database` setting for the database named by `path` (see [`CentralDatabase`]).
-pub fn database_url(path: &Path) -> String {
+pub(crate) fn database_url(path: &Path) -> String {
     match scratch_for(path) {
         Some(scratch) => scratch.connection_string(),
         None => format!("sqlite://{}", path.display()),
@@ -129,7 +129,7 @@ pub fn database_url(path: &Path) -> String {
 
 /// One value as the tests read it, whichever the backend.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Value {
+pub(crate) enum Value {
     Null,
     Int(i64),
     Text(String),
@@ -137,10 +137,10 @@ pub enum Value {
 
 /// One result row.
 #[derive(Debug, Clone)]
-pub struct SqlRow(Vec<Value>);
+pub(crate) struct SqlRow(Vec<Value>);
 
 /// Turns a [`Value`] into what a test asks for.
-pub trait FromValue: Sized {
+pub(crate) trait FromValue: Sized {
     fn from_value(value: &Value) -> Result<Self, String>;
 }
 
@@ -173,7 +173,7 @@ impl<T: FromValue> FromValue for Option<T> {
 }
 
 impl SqlRow {
-    pub fn get<T: FromValue>(&self, index: usize) -> Result<T, String> {
+    pub(crate) fn get<T: FromValue>(&self, index: usize) -> Result<T, String> {
         let value = self
             .0
             .get(index)
@@ -183,14 +183,14 @@ impl SqlRow {
 }
 
 /// SQL against central's database, as an auditor would run it.
-pub enum Db {
+pub(crate) enum Db {
     Sqlite(rusqlite::Connection),
     MsSql(MsSqlSession),
 }
 
 impl Db {
     /// Opens the database named by `path` (see [`CentralDatabase`]).
-    pub fn open(path: &Path) -> Self {
+    pub(crate) fn open(path: &Path) -> Self {
         match scratch_for(path) {
             Some(scratch) => Self::MsSql(MsSqlSession::open(scratch.options())),
             None => {
@@ -207,7 +207,7 @@ impl Db {
     }
 
     /// Every row `sql` returns; `params` bind `?1`, `?2`, ... as text.
-    pub fn query(&self, sql: &str, params: &[&str]) -> Vec<SqlRow> {
+    pub(crate) fn query(&self, sql: &str, params: &[&str]) -> Vec<SqlRow> {
         match self {
             Self::Sqlite(conn) => {
                 let mut stmt = conn.prepare(sql).unwrap();
@@ -237,7 +237,7 @@ impl Db {
     }
 
     /// Runs a statement that changes rows; returns how many.
-    pub fn execute(&self, sql: &str, params: &[&str]) -> u64 {
+    pub(crate) fn execute(&self, sql: &str, params: &[&str]) -> u64 {
         match self {
             Self::Sqlite(conn) => conn
                 .execute(sql, rusqlite::params_from_iter(params.iter()))
@@ -249,12 +249,16 @@ impl Db {
         }
     }
 
-    pub fn count(&self, sql: &str) -> i64 {
+    pub(crate) fn count(&self, sql: &str) -> i64 {
         self.query(sql, &[])[0].get(0).unwrap()
     }
 
     /// Every row `sql` returns, each read by `read`.
-    pub fn rows<T>(&self, sql: &str, read: impl FnMut(&SqlRow) -> Result<T, String>) -> Vec<T> {
+    pub(crate) fn rows<T>(
+        &self,
+        sql: &str,
+        read: impl FnMut(&SqlRow) -> Result<T, String>,
+    ) -> Vec<T> {
         self.query(sql, &[])
             .iter()
             .map(read)
@@ -262,12 +266,12 @@ impl Db {
             .unwrap()
     }
 
-    pub fn strings(&self, sql: &str) -> Vec<String> {
+    pub(crate) fn strings(&self, sql: &str) -> Vec<String> {
         self.rows(sql, |r| r.get(0))
     }
 
     /// (Status, RetryCount, LastError) of one notification.
-    pub fn row(&self, id: &str) -> Option<(String, i64, Option<String>)> {
+    pub(crate) fn row(&self, id: &str) -> Option<(String, i64, Option<String>)> {
         self.query(
             "SELECT Status, RetryCount, LastError FROM Notifications WHERE NotificationId = ?1",
             &[id],
@@ -277,7 +281,7 @@ impl Db {
     }
 
     /// (AttemptNo, Outcome, Error) of every attempt of one notification, oldest first.
-    pub fn attempts(&self, id: &str) -> Vec<(i64, String, Option<String>)> {
+    pub(crate) fn attempts(&self, id: &str) -> Vec<(i64, String, Option<String>)> {
         self.query(
             "SELECT AttemptNo, Outcome, Error FROM NotificationAttempts
              WHERE NotificationId = ?1 ORDER BY AttemptNo",
@@ -289,7 +293,7 @@ impl Db {
     }
 
     /// Ends the dispatcher lease now by the database's clock, behind its holder's back.
-    pub fn expire_lease(&self) {
+    pub(crate) fn expire_lease(&self) {
         let changed = match self {
             Self::Sqlite(_) => {
                 let now = chrono::Utc::now().timestamp_millis().to_string();
@@ -330,7 +334,7 @@ type Request = (String, Vec<String>, mpsc::Sender<Vec<SqlRow>>);
 /// A connection to an MS SQL database on a thread of its own, so [`Db`] keeps the synchronous
 /// interface the tests use from async code: a query blocks the caller only for its round trip,
 /// and never waits on the caller's runtime.
-pub struct MsSqlSession {
+pub(crate) struct MsSqlSession {
     requests: mpsc::Sender<Request>,
 }
 

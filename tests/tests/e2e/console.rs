@@ -36,7 +36,7 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -55,7 +55,7 @@ pub(crate) struct Browser {
 }
 
 impl Browser {
-    pub fn new(central: &Central) -> Self {
+    pub(crate) fn new(central: &Central) -> Self {
         let url = central.console_url();
         let addr = url.strip_prefix("http://").unwrap().parse().unwrap();
         Self {
@@ -67,7 +67,7 @@ impl Browser {
 
     /// A browser on another machine, as far as central can tell: it connects from `local` (any
     /// address of 127.0.0.0/8 is this host's on Linux).
-    pub fn from_address(central: &Central, local: std::net::IpAddr) -> Self {
+    pub(crate) fn from_address(central: &Central, local: std::net::IpAddr) -> Self {
         Self {
             local: Some(local),
             ..Self::new(central)
@@ -153,16 +153,16 @@ impl Browser {
         }
     }
 
-    pub async fn get(&mut self, path: &str) -> Reply {
+    pub(crate) async fn get(&mut self, path: &str) -> Reply {
         self.send("GET", path, None).await
     }
 
-    pub async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
+    pub(crate) async fn post(&mut self, path: &str, form: &[(&str, &str)]) -> Reply {
         self.send("POST", path, Some(form)).await
     }
 
     /// Logs in with `token`, as a person would: the form, then its post.
-    pub async fn log_in(&mut self, token: &str) -> Reply {
+    pub(crate) async fn log_in(&mut self, token: &str) -> Reply {
         let form = self.get("/login").await;
         assert_eq!(form.status, 200, "{}", form.body);
         assert!(form.body.contains(r#"id="login-form""#));

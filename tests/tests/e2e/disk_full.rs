@@ -28,13 +28,13 @@ const RESERVE: u64 = 2 << 20;
 
 /// A tmpfs mounted on a temporary directory, unmounted when dropped (failure included); lazily,
 /// so a process still closing its files there cannot keep it mounted.
-pub struct Tmpfs {
+pub(crate) struct Tmpfs {
     dir: tempfile::TempDir,
 }
 
 impl Tmpfs {
     /// `None`, with the reason printed, when this process may not mount one.
-    pub fn mount(size: &str) -> Option<Self> {
+    pub(crate) fn mount(size: &str) -> Option<Self> {
         let dir = tempfile::tempdir().unwrap();
         let mounted = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
@@ -56,7 +56,7 @@ impl Tmpfs {
         }
     }
 
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir.path()
     }
 }

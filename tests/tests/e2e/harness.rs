@@ -26,17 +26,17 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, ClientTlsConfig};
 
-pub use crate::backend::{CentralDatabase, Db, database_url};
+pub(crate) use crate::backend::{CentralDatabase, Db, database_url};
 
 /// Generous upper bound for anything a test waits for; a healthy run takes a fraction of it.
-pub const DEADLINE: Duration = Duration::from_secs(60);
+pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 
 /// The list every test notification goes to, and its members.
-pub const LIST: &str = "ops";
-pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
+pub(crate) const LIST: &str = "ops";
+pub(crate) const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
 
 /// Polls `check` until it returns `Some`, or panics with `what` after [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+pub(crate) async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -61,7 +61,7 @@ where
 /// port-0 bind of a test running at once, and the server then fails to start; a port below it
 /// is taken only by an explicit bind. Never the same port twice in this test process; the
 /// starting point depends on the process id, so two test processes rarely probe the same ports.
-pub async fn free_addr() -> SocketAddr {
+pub(crate) async fn free_addr() -> SocketAddr {
     const FIRST: u16 = 20_000;
     const LAST: u16 = 32_000;
     static NEXT: std::sync::Mutex<Option<u16>> = std::sync::Mutex::new(None);
@@ -82,7 +82,7 @@ pub async fn free_addr() -> SocketAddr {
 /// Waits until the server at `addr` reports SERVING on `grpc.health.v1.Health`. A bound port
 /// accepts TCP connections before the service is ready (its store may still be migrating), so
 /// only the health answer means "ready".
-pub async fn wait_until_serving(addr: SocketAddr) {
+pub(crate) async fn wait_until_serving(addr: SocketAddr) {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     eventually(&format!("{addr} reports SERVING"), || async move {
@@ -105,7 +105,7 @@ pub async fn wait_until_serving(addr: SocketAddr) {
 }
 
 /// Waits until the TLS server at `addr` reports SERVING to a client using `tls`.
-pub async fn wait_until_serving_tls(addr: SocketAddr, tls: ClientTlsConfig) {
+pub(crate) async fn wait_until_serving_tls(addr: SocketAddr, tls: ClientTlsConfig) {
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
     eventually(&format!("{addr} reports SERVING over TLS"), || {
@@ -127,7 +127,7 @@ pub async fn wait_until_serving_tls(addr: SocketAddr, tls: ClientTlsConfig) {
 }
 
 /// A connection to `addr` over TLS; the error as text when it cannot be made.
-pub async fn tls_channel(addr: SocketAddr, tls: ClientTlsConfig) -> Result<Channel, String> {
+pub(crate) async fn tls_channel(addr: SocketAddr, tls: ClientTlsConfig) -> Result<Channel, String> {
     Channel::from_shared(format!("https://{addr}"))
         .map_err(|e| e.to_string())?
         .tls_config(tls)
@@ -137,7 +137,7 @@ pub async fn tls_channel(addr: SocketAddr, tls: ClientTlsConfig) -> Result<Chann
         .map_err(|e| format!("{e:?}"))
 }
 
-pub async fn channel(addr: SocketAddr) -> Channel {
+pub(crate) async fn channel(addr: SocketAddr) -> Channel {
     Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
@@ -147,7 +147,7 @@ pub async fn channel(addr: SocketAddr) -> Channel {
 
 /// Central configuration for tests: SQLite under `dir`, email to `smtp`, list [`LIST`], quick
 /// retries and polls so tests do not wait on production intervals.
-pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
+pub(crate) fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
     let mut config = CentralConfig {
         database: format!("sqlite://{}", dir.join("central.db").display()),
         ..CentralConfig::default()
@@ -187,12 +187,12 @@ pub fn central_config(dir: &Path, smtp: Option<SocketAddr>) -> CentralConfig {
 /// Turns central's web console on, on a loopback port that was free a moment ago (central binds
 /// it at start, before it reports SERVING, so the console answers once [`Central::start`]
 /// returns); [`Central::console_url`] then names it.
-pub async fn with_console(config: &mut CentralConfig) {
+pub(crate) async fn with_console(config: &mut CentralConfig) {
     config.console.listen = Some(free_addr().await);
 }
 
 /// Central running in this process.
-pub struct Central {
+pub(crate) struct Central {
     pub addr: SocketAddr,
     /// The web console's address, when [`with_console`] turned it on.
     pub console: Option<SocketAddr>,
@@ -204,21 +204,21 @@ pub struct Central {
 }
 
 impl Central {
-    pub async fn start(config: CentralConfig) -> Self {
+    pub(crate) async fn start(config: CentralConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::start_on(config, listener).await
     }
 
     /// Starts central serving TLS (`config.tls`) and waits until it reports SERVING to a client
     /// using `client` (a TLS port does not answer the plaintext health check).
-    pub async fn start_tls(config: CentralConfig, client: ClientTlsConfig) -> Self {
+    pub(crate) async fn start_tls(config: CentralConfig, client: ClientTlsConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::launch(config, listener, Some(client)).await
     }
 
     /// Starts central on `config`, whose SQLite `database` names the test's central database:
     /// on the MS SQL backend, a scratch database stands in for it (see [`CentralDatabase`]).
-    pub async fn start_on(config: CentralConfig, listener: TcpListener) -> Self {
+    pub(crate) async fn start_on(config: CentralConfig, listener: TcpListener) -> Self {
         Self::launch(config, listener, None).await
     }
 
@@ -260,37 +260,37 @@ impl Central {
 
     /// The web console's base URL (`http://127.0.0.1:<port>`, no trailing slash); central must
     /// have been started with [`with_console`].
-    pub fn console_url(&self) -> String {
+    pub(crate) fn console_url(&self) -> String {
         let addr = self
             .console
             .expect("central was started without the console (harness::with_console)");
         format!("http://{addr}")
     }
 
-    pub async fn ingest(&self) -> NotificationIngestClient<Channel> {
+    pub(crate) async fn ingest(&self) -> NotificationIngestClient<Channel> {
         NotificationIngestClient::new(channel(self.addr).await)
     }
 
-    pub async fn outbox(&self) -> NotificationOutboxClient<Channel> {
+    pub(crate) async fn outbox(&self) -> NotificationOutboxClient<Channel> {
         NotificationOutboxClient::new(channel(self.addr).await)
     }
 
     /// Stops central the way SIGTERM would and waits until it has.
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.task.await.unwrap();
     }
 }
 
 /// The site-forwarder running in this process.
-pub struct Site {
+pub(crate) struct Site {
     pub addr: SocketAddr,
     stop: CancellationToken,
     task: JoinHandle<()>,
 }
 
 impl Site {
-    pub async fn start(dir: &Path, central: SocketAddr) -> Self {
+    pub(crate) async fn start(dir: &Path, central: SocketAddr) -> Self {
         let mut config = site_forwarder::config::Config::new("site-a");
         config.buffer_path = dir.join("site-a.db");
         config.central_url = format!("http://{central}");
@@ -307,12 +307,12 @@ impl Site {
         Self { addr, stop, task }
     }
 
-    pub async fn client(&self) -> SiteNotifyClient<Channel> {
+    pub(crate) async fn client(&self) -> SiteNotifyClient<Channel> {
         SiteNotifyClient::new(channel(self.addr).await)
     }
 
     /// Notifications still in the site's buffer.
-    pub async fn depth(&self) -> u64 {
+    pub(crate) async fn depth(&self) -> u64 {
         let mut client = self.client().await;
         client
             .get_buffer_stats(v1::GetBufferStatsRequest {})
@@ -322,13 +322,13 @@ impl Site {
             .depth
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.cancel();
         self.task.await.unwrap();
     }
 }
 
-pub fn send_request(subject: &str, body: &str) -> v1::SendRequest {
+pub(crate) fn send_request(subject: &str, body: &str) -> v1::SendRequest {
     v1::SendRequest {
         r#type: v1::NotificationType::Email.into(),
         list_name: LIST.into(),
@@ -345,7 +345,7 @@ pub fn send_request(subject: &str, body: &str) -> v1::SendRequest {
 }
 
 /// A valid submit with a fresh id, as a site would send it.
-pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
+pub(crate) fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
     v1::NotificationSubmit {
         notification_id: uuid::Uuid::now_v7().to_string(),
         r#type: v1::NotificationType::Email.into(),
@@ -366,7 +366,7 @@ pub fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
 }
 
 /// Waits until every notification id in `ids` is stored in central's table.
-pub async fn wait_until_stored(db: &Db, ids: &HashSet<String>) {
+pub(crate) async fn wait_until_stored(db: &Db, ids: &HashSet<String>) {
     eventually("every acked Send is stored at central", || {
         let stored: HashSet<String> = db
             .strings("SELECT NotificationId FROM Notifications")
@@ -379,7 +379,11 @@ pub async fn wait_until_stored(db: &Db, ids: &HashSet<String>) {
 }
 
 /// Waits until the notification reaches `status` in central's table.
-pub async fn wait_for_status(db: &Path, id: &str, status: &str) -> (String, i64, Option<String>) {
+pub(crate) async fn wait_for_status(
+    db: &Path,
+    id: &str,
+    status: &str,
+) -> (String, i64, Option<String>) {
     let db = Db::open(db);
     let want = status.to_owned();
     eventually(&format!("{id} reaches {status}"), || {
@@ -391,7 +395,7 @@ pub async fn wait_for_status(db: &Path, id: &str, status: &str) -> (String, i64,
 }
 
 /// Waits until `n` delivery attempts are under way (their InFlight rows committed).
-pub async fn wait_for_attempts_under_way(db: &Path, n: i64) {
+pub(crate) async fn wait_for_attempts_under_way(db: &Path, n: i64) {
     let db = Db::open(db);
     eventually(&format!("{n} attempts under way"), || {
         let under_way =
@@ -402,7 +406,7 @@ pub async fn wait_for_attempts_under_way(db: &Path, n: i64) {
 }
 
 /// Starts an SMTP sink that accepts everything.
-pub async fn smtp_sink() -> SmtpSink {
+pub(crate) async fn smtp_sink() -> SmtpSink {
     SmtpSink::start().await.unwrap()
 }
 
@@ -411,7 +415,7 @@ pub async fn smtp_sink() -> SmtpSink {
 /// `cargo test` does not build other packages' binaries for this suite, so the first call in
 /// this test process builds them all, once ([`outbox_tests::binaries`]), with the cargo, target
 /// directory and profile of this test; every later call waits for that build and reuses it.
-pub fn binary(name: &str) -> PathBuf {
+pub(crate) fn binary(name: &str) -> PathBuf {
     static FRESH: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let dir = FRESH.get_or_init(|| {
         // This test executable is `<target dir>[/<triple>]/<profile>/deps/e2e-<hash>`, and the
@@ -443,7 +447,11 @@ pub fn binary(name: &str) -> PathBuf {
 
 /// A site-forwarder process for `site_id` (buffer `<site_id>.db` in `dir`) forwarding to
 /// `central` over plaintext, once it reports SERVING; with its `SiteNotify` address.
-pub async fn spawn_site(dir: &Path, site_id: &str, central: SocketAddr) -> (Process, SocketAddr) {
+pub(crate) async fn spawn_site(
+    dir: &Path,
+    site_id: &str,
+    central: SocketAddr,
+) -> (Process, SocketAddr) {
     let addr = free_addr().await;
     let buffer = dir.join(format!("{site_id}.db"));
     let args = [
@@ -465,10 +473,10 @@ pub async fn spawn_site(dir: &Path, site_id: &str, central: SocketAddr) -> (Proc
 }
 
 /// A service running as a real child process, killed when dropped.
-pub struct Process(pub tokio::process::Child);
+pub(crate) struct Process(pub tokio::process::Child);
 
 impl Process {
-    pub fn spawn(binary: &Path, args: &[&str]) -> Self {
+    pub(crate) fn spawn(binary: &Path, args: &[&str]) -> Self {
         let child = tokio::process::Command::new(binary)
             .args(args)
             .env("RUST_LOG", "warn")
@@ -480,7 +488,7 @@ impl Process {
     }
 
     /// SIGKILL: no chance to flush, close or say goodbye.
-    pub async fn kill9(mut self) {
+    pub(crate) async fn kill9(mut self) {
         self.0.kill().await.unwrap();
     }
 }

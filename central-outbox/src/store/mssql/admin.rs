@@ -25,7 +25,10 @@ use crate::store::{NotificationId, Result, StoreError};
 /// never makes) run in several transactions.
 const IDS_PER_STATEMENT: usize = 1000;
 
-pub async fn state(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationState>> {
+pub(super) async fn state(
+    store: &MsSqlStore,
+    id: NotificationId,
+) -> Result<Option<NotificationState>> {
     let stmt = sql::select_state(id);
     let mut results = store.batch("state", &stmt.sql, &stmt.params).await?;
     result_set(&mut results, 0, "state")?
@@ -34,7 +37,7 @@ pub async fn state(store: &MsSqlStore, id: NotificationId) -> Result<Option<Noti
         .transpose()
 }
 
-pub async fn query(store: &MsSqlStore, page: &PageRequest) -> Result<Page> {
+pub(super) async fn query(store: &MsSqlStore, page: &PageRequest) -> Result<Page> {
     // One row more than the page tells whether there is a next page.
     let limit = i64::try_from(page.size).unwrap_or(i64::MAX - 1) + 1;
     let stmt = sql::query(
@@ -56,7 +59,10 @@ pub async fn query(store: &MsSqlStore, page: &PageRequest) -> Result<Page> {
     Ok(Page { rows, next })
 }
 
-pub async fn detail(store: &MsSqlStore, id: NotificationId) -> Result<Option<NotificationDetail>> {
+pub(super) async fn detail(
+    store: &MsSqlStore,
+    id: NotificationId,
+) -> Result<Option<NotificationDetail>> {
     let stmt = sql::select_detail(id);
     let mut results = store.batch("detail", &stmt.sql, &stmt.params).await?;
     let rows = result_set(&mut results, 0, "detail")?;
@@ -123,7 +129,7 @@ fn history_entry(row: &tiberius::Row) -> Result<HistoryEntry> {
     })
 }
 
-pub async fn act_on_ids(
+pub(super) async fn act_on_ids(
     store: &MsSqlStore,
     action: OperatorAction,
     ids: &[NotificationId],
@@ -183,7 +189,7 @@ pub async fn act_on_ids(
         .collect()
 }
 
-pub async fn act_on_filter(
+pub(super) async fn act_on_filter(
     store: &MsSqlStore,
     action: OperatorAction,
     filter: &NotificationFilter,
@@ -219,7 +225,7 @@ pub async fn act_on_filter(
 }
 
 /// How many rows [`act_on_filter`] would act on, changing and locking nothing.
-pub async fn count_on_filter(
+pub(super) async fn count_on_filter(
     store: &MsSqlStore,
     filter: &NotificationFilter,
     limit: usize,
@@ -243,7 +249,7 @@ pub async fn count_on_filter(
     })
 }
 
-pub async fn kpis(store: &MsSqlStore, p: &KpiParams) -> Result<Kpis> {
+pub(super) async fn kpis(store: &MsSqlStore, p: &KpiParams) -> Result<Kpis> {
     let stmt = sql::kpis(
         p.now,
         stuck_cutoff(p.now, p.stuck_age_threshold),
@@ -294,7 +300,7 @@ fn earliest(a: Option<DateTime<Utc>>, b: Option<DateTime<Utc>>) -> Option<DateTi
     }
 }
 
-pub async fn purge_terminal(
+pub(super) async fn purge_terminal(
     store: &MsSqlStore,
     resolved_before: DateTime<Utc>,
     batch: u32,

@@ -75,7 +75,10 @@ fn targets_by_list(rows: &[Row]) -> Result<BTreeMap<String, Vec<String>>> {
     Ok(by_list)
 }
 
-pub async fn list(store: &MsSqlStore, name: &ListName) -> Result<Option<Stored<NotificationList>>> {
+pub(super) async fn list(
+    store: &MsSqlStore,
+    name: &ListName,
+) -> Result<Option<Stored<NotificationList>>> {
     let stmt = sql::select_list(name.as_str());
     let mut results = store.batch("list", &stmt.sql, &stmt.params).await?;
     let lists = result_set(&mut results, 0, "list")?;
@@ -91,7 +94,7 @@ pub async fn list(store: &MsSqlStore, name: &ListName) -> Result<Option<Stored<N
     .map(Some)
 }
 
-pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> {
+pub(super) async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> {
     let mut results = store.batch("lists", sql::SELECT_LISTS, &[]).await?;
     let rows = result_set(&mut results, 0, "lists")?;
     let mut targets = targets_by_list(&result_set(&mut results, 1, "lists")?)?;
@@ -107,14 +110,14 @@ pub async fn lists(store: &MsSqlStore) -> Result<Vec<Stored<NotificationList>>> 
         .collect()
 }
 
-pub async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result<()> {
+pub(super) async fn replace_list(store: &MsSqlStore, list: &NotificationList) -> Result<()> {
     write_list(store, list, sql::ListWrite::Replace)
         .await
         .map(drop)
 }
 
 /// Stores `list` unless one of its name is stored; true if this one was stored.
-pub async fn seed_list(store: &MsSqlStore, list: &NotificationList) -> Result<bool> {
+pub(super) async fn seed_list(store: &MsSqlStore, list: &NotificationList) -> Result<bool> {
     write_list(store, list, sql::ListWrite::Seed).await
 }
 
@@ -175,7 +178,7 @@ async fn write_list(
     }
 }
 
-pub async fn delete_list(store: &MsSqlStore, name: &ListName) -> Result<bool> {
+pub(super) async fn delete_list(store: &MsSqlStore, name: &ListName) -> Result<bool> {
     let stmt = sql::delete_list(name.as_str());
     let mut results = store.batch("delete list", &stmt.sql, &stmt.params).await?;
     Ok(single_count(&mut results, "Deleted", "delete list")? > 0)
@@ -273,7 +276,9 @@ fn read_webhook(row: &Row) -> Result<Stored<WebhookSettings>> {
     })
 }
 
-pub async fn webhook_settings(store: &MsSqlStore) -> Result<Option<Stored<WebhookSettings>>> {
+pub(super) async fn webhook_settings(
+    store: &MsSqlStore,
+) -> Result<Option<Stored<WebhookSettings>>> {
     let stmt = sql::select_channel(WEBHOOK_CHANNEL);
     let mut results = store
         .batch("webhook settings", &stmt.sql, &stmt.params)
@@ -286,7 +291,7 @@ pub async fn webhook_settings(store: &MsSqlStore) -> Result<Option<Stored<Webhoo
 
 /// Replaces the webhook channel's settings, or (a seed) stores them only if none are; true if
 /// these were stored.
-pub async fn write_webhook_settings(
+pub(super) async fn write_webhook_settings(
     store: &MsSqlStore,
     s: &WebhookSettings,
     write: sql::ChannelWrite,
@@ -323,7 +328,7 @@ async fn write_channel(
     }
 }
 
-pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSettings>>> {
+pub(super) async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSettings>>> {
     let stmt = sql::select_channel(EMAIL_CHANNEL);
     let mut results = store
         .batch("SMTP settings", &stmt.sql, &stmt.params)
@@ -336,7 +341,7 @@ pub async fn smtp_settings(store: &MsSqlStore) -> Result<Option<Stored<SmtpSetti
 
 /// Replaces the email channel's settings, or (a seed) stores them only if none are; true if
 /// these were stored.
-pub async fn write_smtp_settings(
+pub(super) async fn write_smtp_settings(
     store: &MsSqlStore,
     s: &SmtpSettings,
     write: sql::ChannelWrite,
@@ -360,7 +365,7 @@ pub async fn write_smtp_settings(
     write_channel(store, stmt, write, "SMTP settings").await
 }
 
-pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
+pub(super) async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
     let stmt = sql::delete_channel(EMAIL_CHANNEL);
     let mut results = store
         .batch("SMTP settings", &stmt.sql, &stmt.params)
@@ -374,7 +379,7 @@ pub async fn delete_smtp_settings(store: &MsSqlStore) -> Result<bool> {
 /// id) with nothing changed. Each replacement applies only while the stored value is still the
 /// one read, so a replica starting at the same time, or an operator's write, is never
 /// overwritten with an older secret. UpdatedAt is left alone: the settings did not change.
-pub async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
+pub(super) async fn reseal_secrets(store: &MsSqlStore) -> Result<ResealReport> {
     let secrets = &store.secrets;
     let mut report = ResealReport::default();
     let mut updates: Vec<sql::Statement> = Vec::new();

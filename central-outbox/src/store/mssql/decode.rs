@@ -15,50 +15,50 @@ fn corrupt(column: &str, problem: impl std::fmt::Display) -> StoreError {
 }
 
 /// A nullable column.
-pub fn opt<'a, T: FromSql<'a>>(row: &'a Row, column: &str) -> Result<Option<T>> {
+pub(super) fn opt<'a, T: FromSql<'a>>(row: &'a Row, column: &str) -> Result<Option<T>> {
     row.try_get::<T, _>(column).map_err(|e| corrupt(column, e))
 }
 
 /// A NOT NULL column.
-pub fn req<'a, T: FromSql<'a>>(row: &'a Row, column: &str) -> Result<T> {
+pub(super) fn req<'a, T: FromSql<'a>>(row: &'a Row, column: &str) -> Result<T> {
     opt(row, column)?.ok_or_else(|| corrupt(column, "is NULL"))
 }
 
-pub fn text(row: &Row, column: &str) -> Result<String> {
+pub(super) fn text(row: &Row, column: &str) -> Result<String> {
     req::<&str>(row, column).map(str::to_owned)
 }
 
-pub fn opt_text(row: &Row, column: &str) -> Result<Option<String>> {
+pub(super) fn opt_text(row: &Row, column: &str) -> Result<Option<String>> {
     Ok(opt::<&str>(row, column)?.map(str::to_owned))
 }
 
-pub fn time(row: &Row, column: &str) -> Result<DateTime<Utc>> {
+pub(super) fn time(row: &Row, column: &str) -> Result<DateTime<Utc>> {
     req::<DateTime<Utc>>(row, column)
 }
 
-pub fn opt_time(row: &Row, column: &str) -> Result<Option<DateTime<Utc>>> {
+pub(super) fn opt_time(row: &Row, column: &str) -> Result<Option<DateTime<Utc>>> {
     opt::<DateTime<Utc>>(row, column)
 }
 
-pub fn guid(row: &Row, column: &str) -> Result<Uuid> {
+pub(super) fn guid(row: &Row, column: &str) -> Result<Uuid> {
     req::<Uuid>(row, column)
 }
 
 /// An `int` column that holds a count (never negative by construction).
-pub fn count(row: &Row, column: &str) -> Result<u32> {
+pub(super) fn count(row: &Row, column: &str) -> Result<u32> {
     let value = req::<i32>(row, column)?;
     u32::try_from(value).map_err(|_| corrupt(column, format!("negative: {value}")))
 }
 
 /// A priority rank column (`Priority::rank`).
-pub fn priority(row: &Row, column: &str) -> Result<Priority> {
+pub(super) fn priority(row: &Row, column: &str) -> Result<Priority> {
     let rank = req::<i32>(row, column)?;
     Priority::from_rank(i64::from(rank))
         .ok_or_else(|| corrupt(column, format!("unknown rank {rank}")))
 }
 
 /// The state columns (`sql::state_columns!`) of a row.
-pub fn state(row: &Row) -> Result<NotificationState> {
+pub(super) fn state(row: &Row) -> Result<NotificationState> {
     let status = text(row, "Status")?;
     let kind = text(row, "Type")?;
     Ok(NotificationState {

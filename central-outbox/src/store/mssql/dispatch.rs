@@ -16,7 +16,7 @@ use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch, LeaseReadin
 use crate::store::claimed::{StoredClaim, invalid_row_error};
 use crate::store::{Result, StoreError};
 
-pub async fn acquire_lease(
+pub(super) async fn acquire_lease(
     store: &MsSqlStore,
     name: &str,
     holder: &str,
@@ -38,7 +38,7 @@ pub async fn acquire_lease(
         .transpose()
 }
 
-pub async fn release_lease(
+pub(super) async fn release_lease(
     store: &MsSqlStore,
     name: &str,
     holder: &str,
@@ -52,7 +52,7 @@ pub async fn release_lease(
     Ok(single_count(&mut results, "Released", "release lease")? > 0)
 }
 
-pub async fn read_lease(store: &MsSqlStore, name: &str) -> Result<LeaseReading> {
+pub(super) async fn read_lease(store: &MsSqlStore, name: &str) -> Result<LeaseReading> {
     const CONTEXT: &str = "read lease";
     let stmt = sql::select_lease(name);
     let mut results = store.batch(CONTEXT, &stmt.sql, &stmt.params).await?;
@@ -86,7 +86,7 @@ pub(super) fn single_count(results: &mut [Vec<Row>], column: &str, context: &str
     }
 }
 
-pub async fn claim_due(
+pub(super) async fn claim_due(
     store: &MsSqlStore,
     lease: &str,
     epoch: LeaseEpoch,
@@ -105,7 +105,7 @@ pub async fn claim_due(
 
 /// Claims the due Held rows of one list as digest `digest` (`DispatchStore::claim_digest`), in
 /// the procedure's order, longest due first.
-pub async fn claim_digest(
+pub(super) async fn claim_digest(
     store: &MsSqlStore,
     lease: &str,
     epoch: LeaseEpoch,
@@ -213,7 +213,7 @@ const OUTCOMES_PER_CALL: usize = 256;
 /// outcome through it whatever its texts hold. A group never holds a row twice, and a row's
 /// outcomes are written in the order given, so the answers are those of writing them one by
 /// one.
-pub async fn record_outcomes(
+pub(super) async fn record_outcomes(
     store: &MsSqlStore,
     lease: &str,
     records: &[AttemptRecord],

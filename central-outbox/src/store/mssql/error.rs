@@ -8,11 +8,11 @@ use tiberius::error::{Error, IoErrorKind};
 use crate::store::StoreError;
 
 /// Violation of a PRIMARY KEY or UNIQUE constraint.
-pub const UNIQUE_CONSTRAINT_VIOLATION: u32 = 2627;
+pub(super) const UNIQUE_CONSTRAINT_VIOLATION: u32 = 2627;
 /// Duplicate key row in a unique index.
-pub const UNIQUE_INDEX_VIOLATION: u32 = 2601;
+pub(super) const UNIQUE_INDEX_VIOLATION: u32 = 2601;
 /// Chosen as the deadlock victim: the whole batch was rolled back and may run again.
-pub const DEADLOCK_VICTIM: u32 = 1205;
+pub(super) const DEADLOCK_VICTIM: u32 = 1205;
 /// Errors of this severity or higher close the session on the server side.
 const FATAL_SEVERITY: u8 = 20;
 
@@ -38,7 +38,7 @@ const TRANSIENT_CONNECT_CODES: &[u32] = &[
 
 /// What an error means to the caller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ErrorClass {
+pub(super) enum ErrorClass {
     /// 2627 or 2601: the row exists.
     DuplicateKey,
     /// 1205: rolled back as a deadlock victim; running the same batch again is safe.
@@ -55,7 +55,7 @@ pub enum ErrorClass {
 }
 
 /// Classifies a driver error.
-pub fn classify(error: &Error) -> ErrorClass {
+pub(super) fn classify(error: &Error) -> ErrorClass {
     match error {
         Error::Server(token) => classify_server(token.code(), token.class()),
         Error::Io { kind, .. } if *kind == IoErrorKind::TimedOut => ErrorClass::Timeout,
@@ -70,7 +70,7 @@ pub fn classify(error: &Error) -> ErrorClass {
 }
 
 /// Classifies a server error by its number and severity.
-pub fn classify_server(code: u32, severity: u8) -> ErrorClass {
+pub(super) fn classify_server(code: u32, severity: u8) -> ErrorClass {
     match code {
         UNIQUE_CONSTRAINT_VIOLATION | UNIQUE_INDEX_VIOLATION => ErrorClass::DuplicateKey,
         DEADLOCK_VICTIM => ErrorClass::Deadlock,
@@ -80,7 +80,7 @@ pub fn classify_server(code: u32, severity: u8) -> ErrorClass {
 }
 
 /// Whether a connection that returned this error must be discarded rather than reused.
-pub fn breaks_connection(error: &Error) -> bool {
+pub(super) fn breaks_connection(error: &Error) -> bool {
     matches!(
         classify(error),
         ErrorClass::Timeout | ErrorClass::ConnectionLost
@@ -89,7 +89,7 @@ pub fn breaks_connection(error: &Error) -> bool {
 
 /// Whether a failed connect attempt is worth repeating after a pause: the network or the
 /// server's availability, not the credentials or the configuration.
-pub fn is_transient_connect(error: &Error) -> bool {
+pub(super) fn is_transient_connect(error: &Error) -> bool {
     match error {
         Error::Server(token) => TRANSIENT_CONNECT_CODES.contains(&token.code()),
         Error::Io { kind, .. } => matches!(
@@ -108,7 +108,7 @@ pub fn is_transient_connect(error: &Error) -> bool {
 }
 
 /// A store operation's failure, as the store trait reports it.
-pub fn to_store_error(context: &str, error: &Error) -> StoreError {
+pub(super) fn to_store_error(context: &str, error: &Error) -> StoreError {
     match classify(error) {
         ErrorClass::Conversion => StoreError::Corrupt(format!("{context}: {error}")),
         _ => StoreError::Unavailable(format!("{context}: {error}")),

@@ -52,7 +52,7 @@ const CONSOLIDATING_HINT_TTL: Duration = Duration::from_secs(60);
 /// checks the lists it stores otherwise, so a missing list costs a round trip, and a list that
 /// stopped consolidating costs only speed.
 #[derive(Debug, Default)]
-pub struct ConsolidatingLists {
+pub(super) struct ConsolidatingLists {
     lists: HashSet<String>,
     /// When the oldest entry was learnt; the whole set is dropped after
     /// [`CONSOLIDATING_HINT_TTL`].
@@ -115,7 +115,7 @@ fn refused(results: &[Vec<Row>]) -> Result<Option<HashSet<String>>> {
 }
 
 /// Tells the hint of this replica whether `list`, just written or deleted here, consolidates.
-pub fn note_list(store: &MsSqlStore, list: &str, consolidates: bool) {
+pub(super) fn note_list(store: &MsSqlStore, list: &str, consolidates: bool) {
     let mut hint = store
         .consolidating
         .lock()
@@ -137,7 +137,10 @@ fn outcome(inserted: bool, stored: &[u8], submitted: &[u8; 32]) -> InsertOutcome
     }
 }
 
-pub async fn submit(store: &MsSqlStore, batch: &[NewNotification]) -> Result<Vec<InsertOutcome>> {
+pub(super) async fn submit(
+    store: &MsSqlStore,
+    batch: &[NewNotification],
+) -> Result<Vec<InsertOutcome>> {
     // An id repeated within the batch is inserted once (its first occurrence); the repeats are
     // judged against what is stored, as if they had come in a later batch.
     let mut first: HashMap<Uuid, usize> = HashMap::new();
@@ -250,7 +253,7 @@ async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(Insert
 
 /// Ends the waiting rows of `site` with condition key `key` as Cleared, recorded as done by
 /// `actor`; returns their ids (`IngestStore::clear_condition`).
-pub async fn clear_condition(
+pub(super) async fn clear_condition(
     store: &MsSqlStore,
     site: &SiteId,
     key: &ConditionKey,

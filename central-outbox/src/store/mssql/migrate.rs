@@ -21,7 +21,7 @@ use super::pool::Manager;
 use super::{decode, procedures, result_set, sql};
 use crate::store::{Result, StoreError};
 
-pub struct Migration {
+pub(super) struct Migration {
     pub version: i32,
     pub name: &'static str,
     /// The file's name under migrations/mssql (the parse check names it so).
@@ -32,7 +32,7 @@ pub struct Migration {
 
 /// Every migration, in order. Append only: an applied migration is never run again (the ones
 /// that created procedures were emptied of them; a procedure changes in its own file).
-pub const MIGRATIONS: &[Migration] = &[
+pub(super) const MIGRATIONS: &[Migration] = &[
     Migration {
         version: 1,
         name: "initial",
@@ -112,7 +112,7 @@ pub const MIGRATIONS: &[Migration] = &[
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a
 /// newer binary (its schema version, or a procedure's revision, is newer than this one knows),
 /// or the lock is not granted in time (another replica is migrating).
-pub async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<()> {
+pub(super) async fn apply(pool: &bb8::Pool<Manager>, lock_timeout: Duration) -> Result<()> {
     // A connection of its own, closed at the end, so the session's lock goes with it.
     let mut conn = pool
         .dedicated_connection()

@@ -33,7 +33,7 @@ const MAX_REDIRECTS: u32 = 2;
 /// Whether a connection is still fit for reuse. Kept apart from the connection so the discard
 /// rules can be tested without a server.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Health {
+pub(super) struct Health {
     /// A request started and has not finished: set before sending, cleared when the response
     /// has been read to its end. Still set when the pool gets the connection back means the
     /// request's future was dropped mid-way (a timeout or cancellation).
@@ -46,12 +46,12 @@ pub struct Health {
 
 impl Health {
     /// A request is about to be sent.
-    pub fn start(&mut self) {
+    pub(super) fn start(&mut self) {
         self.in_flight = true;
     }
 
     /// The request's response was read to its end, successfully or with this error.
-    pub fn finish(&mut self, error: Option<&Error>) {
+    pub(super) fn finish(&mut self, error: Option<&Error>) {
         self.finish_at(error, Instant::now());
     }
 
@@ -65,7 +65,7 @@ impl Health {
 
     /// Whether the connection can skip the check-out test at `now`: it finished a request
     /// cleanly within [`VOUCHED_FOR`] and is not broken.
-    pub fn vouched_for(&self, now: Instant) -> bool {
+    pub(super) fn vouched_for(&self, now: Instant) -> bool {
         !self.is_broken()
             && self
                 .last_clean
@@ -73,14 +73,14 @@ impl Health {
     }
 
     /// Whether the pool must close this connection instead of handing it out again.
-    pub fn is_broken(&self) -> bool {
+    pub(super) fn is_broken(&self) -> bool {
         self.broken || self.in_flight
     }
 }
 
 /// One bound parameter, owned so a statement's parameters can be built up dynamically.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Param {
+pub(super) enum Param {
     Text(Option<String>),
     BigInt(Option<i64>),
     Int(Option<i32>),
@@ -106,7 +106,7 @@ impl ToSql for Param {
 }
 
 /// A pooled connection and its health.
-pub struct Connection {
+pub(super) struct Connection {
     client: Client<Compat<TcpStream>>,
     health: Health,
 }
@@ -124,7 +124,11 @@ impl Connection {
     /// set to its end. Marks the connection broken on an error that leaves it unusable; if this
     /// future is dropped before it finishes, the connection stays marked in flight, and so is
     /// discarded too.
-    pub async fn batch(&mut self, sql: &str, params: &[Param]) -> Result<Vec<Vec<Row>>, Error> {
+    pub(super) async fn batch(
+        &mut self,
+        sql: &str,
+        params: &[Param],
+    ) -> Result<Vec<Vec<Row>>, Error> {
         self.health.start();
         let refs: Vec<&dyn ToSql> = params.iter().map(|p| p as &dyn ToSql).collect();
         let result = async {
@@ -137,14 +141,14 @@ impl Connection {
     }
 
     /// Whether the pool will discard this connection (see [`Health::is_broken`]).
-    pub fn is_broken(&self) -> bool {
+    pub(super) fn is_broken(&self) -> bool {
         self.health.is_broken()
     }
 }
 
 /// Opens, validates and discards connections for bb8.
 #[derive(Debug, Clone)]
-pub struct Manager {
+pub(super) struct Manager {
     options: MsSqlOptions,
     /// The warm-up ([`super::warm`]) a new connection runs before the pool hands it out.
     /// `None` only for the migrations' connection: before them, the statements it runs may not
@@ -155,7 +159,7 @@ pub struct Manager {
 impl Manager {
     /// Connections warmed with the statements of `kind` before they are handed out: every
     /// pool that serves requests.
-    pub fn warming(options: MsSqlOptions, kind: super::warm::Kind) -> Self {
+    pub(super) fn warming(options: MsSqlOptions, kind: super::warm::Kind) -> Self {
         Self {
             options,
             warm_up: Some(kind),
@@ -163,7 +167,7 @@ impl Manager {
     }
 
     /// Connections handed out as they come from the login: for the migrations.
-    pub fn cold(options: MsSqlOptions) -> Self {
+    pub(super) fn cold(options: MsSqlOptions) -> Self {
         Self {
             options,
             warm_up: None,

@@ -25,14 +25,14 @@ use crate::store::{Result, StoreError};
 
 /// What a file creates, and so how it is dropped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     Procedure,
     Function,
 }
 
 /// One living file: `migrations/mssql/procedures/<name>.sql`, which creates `dbo.<name>`.
 #[derive(Debug)]
-pub struct Procedure {
+pub(super) struct Procedure {
     pub name: &'static str,
     pub kind: Kind,
     pub sql: &'static str,
@@ -40,7 +40,7 @@ pub struct Procedure {
 
 /// Every procedure, in the order they are created: a function before the procedures that call
 /// it. A new file joins this list (a test checks that every file is here).
-pub const PROCEDURES: &[Procedure] = &[
+pub(super) const PROCEDURES: &[Procedure] = &[
     Procedure {
         name: "DecodeOutcomeText",
         kind: Kind::Function,
@@ -75,7 +75,7 @@ pub const PROCEDURES: &[Procedure] = &[
 
 impl Procedure {
     /// The revision the file declares on its first line, `-- dbo.<name>, revision <n>` (n >= 1).
-    pub fn revision(&self) -> Result<i32> {
+    pub(super) fn revision(&self) -> Result<i32> {
         self.sql
             .lines()
             .next()
@@ -93,7 +93,7 @@ impl Procedure {
     }
 
     /// The SHA-256 of the file as built in, which `dbo.SchemaProcedures` records.
-    pub fn sha256(&self) -> [u8; 32] {
+    pub(super) fn sha256(&self) -> [u8; 32] {
         Sha256::digest(self.sql.as_bytes()).into()
     }
 }
@@ -101,7 +101,7 @@ impl Procedure {
 /// What the database holds of one procedure: its `dbo.SchemaProcedures` row, and whether the
 /// object itself exists.
 #[derive(Debug, Clone)]
-pub struct Installed {
+pub(super) struct Installed {
     pub name: String,
     pub revision: i32,
     pub sha256: Vec<u8>,
@@ -112,7 +112,7 @@ pub struct Installed {
 /// records an older revision or another file at the same revision (an edit that kept its
 /// revision: the file is what this binary runs), and those whose object is missing (dropped by
 /// hand). Fails, changing nothing, if any row records a newer revision than its file.
-pub fn plan(installed: &[Installed]) -> Result<Vec<&'static Procedure>> {
+pub(super) fn plan(installed: &[Installed]) -> Result<Vec<&'static Procedure>> {
     let mut stale = Vec::new();
     for procedure in PROCEDURES {
         let revision = procedure.revision()?;
@@ -136,7 +136,7 @@ pub fn plan(installed: &[Installed]) -> Result<Vec<&'static Procedure>> {
 }
 
 /// Brings the procedures up to date on `conn`, which holds the migration lock (`migrate`).
-pub async fn apply(conn: &mut Connection) -> Result<()> {
+pub(super) async fn apply(conn: &mut Connection) -> Result<()> {
     let mut results = conn
         .batch(sql::PROCEDURE_VERSIONS, &[])
         .await

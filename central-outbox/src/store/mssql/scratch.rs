@@ -160,7 +160,7 @@ async fn drop_database(server: &MsSqlOptions, name: &str) -> Result<()> {
 
 /// `server_url` with its database replaced by `database`: the URL's path, or an ADO.NET
 /// string's `Database` key (a later key wins there).
-pub fn with_database(server_url: &str, database: &str) -> String {
+pub(super) fn with_database(server_url: &str, database: &str) -> String {
     match url::Url::parse(server_url.trim()) {
         Ok(mut url) if url.scheme().eq_ignore_ascii_case("mssql") => {
             url.set_path(database);

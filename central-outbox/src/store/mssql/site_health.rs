@@ -18,7 +18,10 @@ use crate::store::{Result, StoreError};
 
 const CONTEXT: &str = "site health";
 
-pub async fn record(store: &MsSqlStore, report: &SiteHealthReport) -> Result<SiteHealthWrite> {
+pub(super) async fn record(
+    store: &MsSqlStore,
+    report: &SiteHealthReport,
+) -> Result<SiteHealthWrite> {
     let stmt = sql::record_site_health(report);
     let mut results = match store.batch_raw(&stmt.sql, &stmt.params).await {
         // A concurrent first report of the same node inserted the row; run again, it updates.
@@ -39,7 +42,7 @@ pub async fn record(store: &MsSqlStore, report: &SiteHealthReport) -> Result<Sit
     })
 }
 
-pub async fn forget_silent(
+pub(super) async fn forget_silent(
     store: &MsSqlStore,
     silent_for: Duration,
 ) -> Result<Vec<(SiteId, SiteId)>> {
@@ -56,7 +59,7 @@ pub async fn forget_silent(
         .collect()
 }
 
-pub async fn select(store: &MsSqlStore) -> Result<SiteHealthSnapshot> {
+pub(super) async fn select(store: &MsSqlStore) -> Result<SiteHealthSnapshot> {
     let mut results = store.batch(CONTEXT, sql::SELECT_SITE_HEALTH, &[]).await?;
     let clock = result_set(&mut results, 0, CONTEXT)?;
     let read_at = clock

@@ -46,17 +46,17 @@ const WARM_UP: &str = "central-outbox-warm-up";
 const NO_EPOCH: LeaseEpoch = LeaseEpoch(-1);
 
 /// Opens the transaction the warm-up's writes are rolled back in.
-pub const BEGIN: &str = include_str!("sql/warm_up_begin.sql");
+pub(super) const BEGIN: &str = include_str!("sql/warm_up_begin.sql");
 
 /// Rolls back the warm-up's writes (and whatever a failed step left open).
-pub const ROLL_BACK: &str = include_str!("sql/warm_up_roll_back.sql");
+pub(super) const ROLL_BACK: &str = include_str!("sql/warm_up_roll_back.sql");
 
 /// Decodes an outcome text as `dbo.RecordAttemptOutcomes` does for one that holds a code.
 const DECODE_OUTCOME_TEXT: &str = include_str!("sql/warm_up_decode_outcome_text.sql");
 
 /// One statement of the warm-up, named for logs and measurements.
 #[derive(Debug)]
-pub struct Step {
+pub(super) struct Step {
     pub name: &'static str,
     pub statement: Statement,
 }
@@ -118,7 +118,7 @@ fn no_record() -> AttemptRecord {
 
 /// Which statements a connection is warmed with: those of the pool it belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
+pub(super) enum Kind {
     /// The main pool: every hot path ([`steps`]).
     Everything,
     /// The lease's own connection: it only takes, renews and releases the lease
@@ -129,7 +129,7 @@ pub enum Kind {
 
 impl Kind {
     /// The steps of this kind of warm-up.
-    pub fn steps(self) -> Vec<Step> {
+    pub(super) fn steps(self) -> Vec<Step> {
         match self {
             Self::Everything => steps(),
             Self::Lease => lease_steps(),
@@ -143,7 +143,7 @@ fn warm_up_lease() -> String {
 }
 
 /// The lease's statements: a take (rolled back) and a release that matches nothing.
-pub fn lease_steps() -> Vec<Step> {
+pub(super) fn lease_steps() -> Vec<Step> {
     let lease = warm_up_lease();
     vec![
         Step::fixed("begin", BEGIN),
@@ -163,7 +163,7 @@ pub fn lease_steps() -> Vec<Step> {
 /// that change nothing by their arguments. Each is the text the hot path sends (the INSERT of
 /// many rows in its two-row form: on Babelfish the first INSERT of any shape pays for the
 /// backend's caches, a later one of another row count only for its own parse).
-pub fn steps() -> Vec<Step> {
+pub(super) fn steps() -> Vec<Step> {
     let mut steps = vec![Step::fixed("begin", BEGIN)];
     if let (Some(one), Some(a), Some(b)) = (row(), row(), row()) {
         steps.push(Step {
@@ -227,7 +227,7 @@ pub fn steps() -> Vec<Step> {
 
 /// Runs the warm-up on `conn` and returns how long it took. On an error the connection is left
 /// with no transaction open if it is still usable (the pool discards it otherwise).
-pub async fn warm(conn: &mut Connection, kind: Kind) -> Result<Duration, Error> {
+pub(super) async fn warm(conn: &mut Connection, kind: Kind) -> Result<Duration, Error> {
     let started = Instant::now();
     for step in kind.steps() {
         if let Err(e) = run(conn, &step).await {

@@ -60,7 +60,7 @@ const MIGRATIONS: &[Migration] = &[
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
-pub fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
+pub(super) fn apply(conn: &mut Connection) -> Result<(), group_commit::Error> {
     let txn = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     txn.execute_batch(include_str!("sql/migration_table.sql"))?;
     let current: i64 = txn.query_row(include_str!("sql/migration_version.sql"), [], |row| {

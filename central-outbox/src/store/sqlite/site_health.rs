@@ -18,7 +18,7 @@ use crate::store::Result;
 
 /// Replaces the (site, node)'s row with `report`, received at `now`; a new node only while its
 /// site has fewer than [`MAX_NODES_PER_SITE`].
-pub fn record(
+pub(super) fn record(
     conn: &Connection,
     report: &SiteHealthReport,
     now: DateTime<Utc>,
@@ -48,7 +48,7 @@ pub fn record(
 }
 
 /// Deletes the nodes last heard from at or before `now - silent_for`; returns them.
-pub fn forget_silent(
+pub(super) fn forget_silent(
     conn: &Connection,
     silent_for: Duration,
     now: DateTime<Utc>,
@@ -71,7 +71,7 @@ pub fn forget_silent(
 }
 
 /// Every row, by site then node, read at `now`.
-pub fn select(conn: &Connection, now: DateTime<Utc>) -> Result<SiteHealthSnapshot> {
+pub(super) fn select(conn: &Connection, now: DateTime<Utc>) -> Result<SiteHealthSnapshot> {
     let mut stmt = conn.prepare_cached(include_str!("sql/select_site_health.sql"))?;
     let rows = stmt.query_map([], StoredRow::read)?;
     let mut nodes = Vec::new();

@@ -33,7 +33,7 @@ use crate::fixtures::{self, CentralRows};
 use crate::proc_stats;
 
 /// The replica written into `Leases` as the dispatcher, so central under test never dispatches.
-pub const OTHER_REPLICA: &str = "bench-other-replica";
+pub(crate) const OTHER_REPLICA: &str = "bench-other-replica";
 /// How long that replica holds the lease: longer than any figure runs.
 const OTHER_REPLICA_HOLDS: Duration = Duration::from_secs(24 * 3600);
 /// Notifications per store call when writing Pending rows on MS SQL. The store splits a call
@@ -43,7 +43,7 @@ const ROWS_PER_SUBMIT: u64 = 500;
 
 /// The database server central runs on, for the whole invocation.
 #[derive(Debug, Clone)]
-pub enum Backend {
+pub(crate) enum Backend {
     Sqlite,
     MsSql {
         /// As given: `ScratchDatabase` derives each database's connection string from it.
@@ -56,7 +56,7 @@ pub enum Backend {
 impl Backend {
     /// SQLite without `--database`; MS SQL with it. The URL is checked here, before anything
     /// starts, and never repeated in an error (it holds a password).
-    pub fn from_arg(database: Option<&str>) -> Result<Self> {
+    pub(crate) fn from_arg(database: Option<&str>) -> Result<Self> {
         let Some(url) = database else {
             return Ok(Self::Sqlite);
         };
@@ -74,13 +74,13 @@ impl Backend {
         })
     }
 
-    pub fn is_mssql(&self) -> bool {
+    pub(crate) fn is_mssql(&self) -> bool {
         matches!(self, Self::MsSql { .. })
     }
 
     /// The server's TCP port, for finding its processes when it runs on this machine
     /// ([`crate::proc_stats::CpuWindow::with_server`]); `None` on SQLite.
-    pub fn server_port(&self) -> Option<u16> {
+    pub(crate) fn server_port(&self) -> Option<u16> {
         match self {
             Self::Sqlite => None,
             Self::MsSql { server, .. } => Some(server.port),
@@ -89,14 +89,14 @@ impl Backend {
 
     /// The server processes (sessions) serving `client` now, when the server runs on this
     /// machine; to be handed to [`CentralDb::finish`] once `client` has stopped.
-    pub fn sessions_of(&self, client: u32) -> Vec<u32> {
+    pub(crate) fn sessions_of(&self, client: u32) -> Vec<u32> {
         self.server_port()
             .map(|port| proc_stats::server_processes(client, port))
             .unwrap_or_default()
     }
 
     /// One line for people.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Self::Sqlite => "SQLite (a copy of an empty database file per central process; WAL, \
                              synchronous=FULL)"
@@ -108,7 +108,7 @@ impl Backend {
         }
     }
 
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         match self {
             Self::Sqlite => json!({
                 "kind": "sqlite",
@@ -127,7 +127,7 @@ impl Backend {
     }
 
     /// Why figure group `group` cannot be measured on this backend, if it cannot.
-    pub fn unsupported(&self, group: &str) -> Option<&'static str> {
+    pub(crate) fn unsupported(&self, group: &str) -> Option<&'static str> {
         match (self, group) {
             (Self::MsSql { .. }, "memory") => Some(
                 "central's 1,000,000-row fixture is a bulk-written SQLite file, and the figure is \
@@ -145,7 +145,7 @@ impl Backend {
 
 /// Central's database for one process.
 #[derive(Debug)]
-pub enum CentralDb {
+pub(crate) enum CentralDb {
     Sqlite(PathBuf),
     MsSql(Box<ScratchDatabase>),
 }
@@ -153,7 +153,7 @@ pub enum CentralDb {
 impl CentralDb {
     /// An empty database with the current schema: on SQLite a copy of `template` in `dir`; on
     /// MS SQL a new database on the server.
-    pub async fn fresh(backend: &Backend, template: &Path, dir: &Path) -> Result<Self> {
+    pub(crate) async fn fresh(backend: &Backend, template: &Path, dir: &Path) -> Result<Self> {
         match backend {
             Backend::Sqlite => {
                 let path = dir.join("central.db");
@@ -173,7 +173,7 @@ impl CentralDb {
     }
 
     /// What central's `database` key is set to.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         match self {
             Self::Sqlite(path) => format!("sqlite://{}", path.display()),
             Self::MsSql(scratch) => scratch.connection_string(),
@@ -182,7 +182,7 @@ impl CentralDb {
 
     /// Makes another central replica hold the dispatcher lease for a day, so central under test
     /// serves ingest but never dispatches (see [`fixtures::hold_dispatcher_lease`]).
-    pub async fn hold_dispatcher_lease(&self) -> Result<()> {
+    pub(crate) async fn hold_dispatcher_lease(&self) -> Result<()> {
         match self {
             Self::Sqlite(path) => fixtures::hold_dispatcher_lease(path),
             Self::MsSql(scratch) => {
@@ -201,7 +201,7 @@ impl CentralDb {
     }
 
     /// Adds `n` Pending notifications, due now, with the content the load generators send.
-    pub async fn add_pending_rows(&self, n: u64) -> Result<()> {
+    pub(crate) async fn add_pending_rows(&self, n: u64) -> Result<()> {
         match self {
             Self::Sqlite(path) => fixtures::add_central_rows(path, n, CentralRows::Pending),
             Self::MsSql(scratch) => {
@@ -233,7 +233,7 @@ impl CentralDb {
     /// the rows. The MS SQL store has no count of its own, so there its KPIs are read: with
     /// nothing dispatched every row is Pending, so the queue depth is the row count, and rows
     /// anywhere else (parked, delivered) mean the workload was not what the figure claims.
-    pub async fn stored_notifications(&self) -> Result<u64> {
+    pub(crate) async fn stored_notifications(&self) -> Result<u64> {
         match self {
             Self::Sqlite(path) => {
                 crate::site_figures::count_rows(path, "SELECT COUNT(*) FROM Notifications")
@@ -272,7 +272,7 @@ impl CentralDb {
     /// those processes to exit. A database that still cannot be dropped does not fail the
     /// figure, which was measured by then: it is reported here and listed at the end
     /// ([`left_behind`]).
-    pub async fn finish(self, sessions: &[u32]) {
+    pub(crate) async fn finish(self, sessions: &[u32]) {
         match self {
             Self::Sqlite(_) => {}
             Self::MsSql(scratch) => {
@@ -317,7 +317,7 @@ async fn wait_for_exit(pids: &[u32], limit: Duration) -> Duration {
 static LEFT_BEHIND: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 /// The MS SQL databases left on the server, for the report and the JSON.
-pub fn left_behind() -> Vec<String> {
+pub(crate) fn left_behind() -> Vec<String> {
     LEFT_BEHIND
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

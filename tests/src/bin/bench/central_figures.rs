@@ -29,12 +29,12 @@ use crate::services::{self, LIST, SITE_ID, Service};
 static SUBMIT_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A submit as a site-forwarder makes it, with a fresh id.
-pub fn submit() -> v1::NotificationSubmit {
+pub(crate) fn submit() -> v1::NotificationSubmit {
     submit_as(SITE_ID, v1::NotificationPriority::Normal)
 }
 
 /// A submit as the forwarder of site `site` makes it, with a fresh id, at `priority`.
-pub fn submit_as(site: &str, priority: v1::NotificationPriority) -> v1::NotificationSubmit {
+pub(crate) fn submit_as(site: &str, priority: v1::NotificationPriority) -> v1::NotificationSubmit {
     let (subject, body) = fixtures::content(SUBMIT_COUNTER.fetch_add(1, Ordering::Relaxed));
     v1::NotificationSubmit {
         notification_id: uuid::Uuid::now_v7().to_string(),
@@ -56,7 +56,7 @@ pub fn submit_as(site: &str, priority: v1::NotificationPriority) -> v1::Notifica
 }
 
 /// Figure 4: SubmitNotification calls per second from `callers` concurrent clients.
-pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("ingest")?;
     let db = rig.central_db(dir.path()).await?;
     db.hold_dispatcher_lease().await?;
@@ -107,7 +107,7 @@ pub async fn ingest(rig: &mut Rig) -> Result<RunRecord> {
 
 /// Figure 5: central starts on `rows` Pending notifications and delivers them to the sink;
 /// deliveries per second between the first and the last message the sink received.
-pub async fn dispatch(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn dispatch(rig: &mut Rig) -> Result<RunRecord> {
     let rows = rig.sizes.dispatch_rows;
     if rows < 2 {
         bail!("the dispatch figure needs at least 2 rows");
@@ -158,7 +158,7 @@ pub async fn dispatch(rig: &mut Rig) -> Result<RunRecord> {
 }
 
 /// A service's warnings and errors for the JSON: how many, and the first few.
-pub fn log_json(lines: &[String]) -> serde_json::Value {
+pub(crate) fn log_json(lines: &[String]) -> serde_json::Value {
     json!({
         "warnings_and_errors": lines.len(),
         "first": lines.iter().take(5).collect::<Vec<_>>(),
@@ -167,7 +167,7 @@ pub fn log_json(lines: &[String]) -> serde_json::Value {
 
 /// Waits until the sink has `n` messages or `deadline` passes, checking that central is alive;
 /// returns how many arrived.
-pub async fn wait_for_deliveries(
+pub(crate) async fn wait_for_deliveries(
     sink: &SmtpSink,
     central: &mut Service,
     n: u64,

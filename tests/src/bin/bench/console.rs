@@ -26,7 +26,7 @@ use crate::services::{self, SITE_ID, Service};
 /// Requests per filter (after two unmeasured ones that warm the page cache).
 const REQUESTS: usize = 100;
 /// Pages followed through `next-page` for the deep-paging figure.
-pub const DEEP_PAGES: usize = 20;
+pub(crate) const DEEP_PAGES: usize = 20;
 
 /// Filters as the list page's form sends them, each served by an index of `Notifications`, and
 /// whether its first page has rows (every fixture row is Delivered, none stuck or parked).
@@ -76,7 +76,7 @@ fn next_page(html: &str) -> Option<String> {
     Some(href.replace("&amp;", "&"))
 }
 
-pub async fn console(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn console(rig: &mut Rig) -> Result<RunRecord> {
     let fixtures = rig.memory_fixtures()?;
     let dir = rig.run_dir("console")?;
     let console_addr = services::free_addr()?;

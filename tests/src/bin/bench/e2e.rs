@@ -31,7 +31,7 @@ const DELIVERY_DEADLINE: Duration = Duration::from_secs(40);
 /// Connections from the simulated scripts to the site.
 const CONNECTIONS: usize = 4;
 
-pub async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("e2e")?;
     let central_db = rig.central_db(dir.path()).await?;
     let site_db = dir.path().join("site.db");
@@ -117,7 +117,7 @@ pub async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
 }
 
 /// The notification id inside a Message-ID `<id@FROM_DOMAIN>`.
-pub fn id_of(message_id: &str) -> Option<&str> {
+pub(crate) fn id_of(message_id: &str) -> Option<&str> {
     message_id
         .strip_prefix('<')?
         .strip_suffix('>')?

@@ -42,7 +42,7 @@ const DELIVERY_DEADLINE: Duration = Duration::from_secs(60);
 /// Latencies printed in submit order, where a warm-up tail would be.
 const SHOWN: usize = 12;
 
-pub async fn first_minute(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn first_minute(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("first-minute")?;
     let central_db = rig.central_db(dir.path()).await?;
     let sink = SmtpSink::start().await?;

@@ -28,15 +28,15 @@ use uuid::Uuid;
 use crate::services::{LIST, RECIPIENTS, SITE_ID};
 
 /// What every benchmark notification says: a typical alarm, about 120 bytes in all.
-pub fn content(i: u64) -> (String, String) {
+pub(crate) fn content(i: u64) -> (String, String) {
     (
         format!("Tank {} high level", i % 64),
         format!("Level 97% at LT-{i:07}; high-high alarm since 10:42, operator action required."),
     )
 }
 
-pub const SOURCE_INSTANCE: &str = "tank-farm-1";
-pub const SOURCE_SCRIPT: &str = "level_alarm.py";
+pub(crate) const SOURCE_INSTANCE: &str = "tank-farm-1";
+pub(crate) const SOURCE_SCRIPT: &str = "level_alarm.py";
 
 /// Central's content hash (`ContentHash::of`): SHA-256 over the length-prefixed content fields.
 fn content_hash(fields: [&str; 5]) -> [u8; 32] {
@@ -50,7 +50,7 @@ fn content_hash(fields: [&str; 5]) -> [u8; 32] {
 
 /// Copies a stopped service's database (with its WAL, if one was left) to `to`. The `-shm`
 /// index is not copied: the first connection rebuilds it from the WAL.
-pub fn copy_db(from: &Path, to: &Path) -> Result<()> {
+pub(crate) fn copy_db(from: &Path, to: &Path) -> Result<()> {
     std::fs::copy(from, to)
         .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
     let wal = with_suffix(from, "-wal");
@@ -88,7 +88,7 @@ fn close_bulk(conn: Connection) -> Result<()> {
 /// Makes another central replica hold the dispatcher lease for a day, so central under test
 /// serves ingest but never dispatches: the ingest and forwarding figures then measure ingest
 /// alone. (This is how a non-leader replica runs in production.)
-pub fn hold_dispatcher_lease(db: &Path) -> Result<()> {
+pub(crate) fn hold_dispatcher_lease(db: &Path) -> Result<()> {
     let conn = Connection::open(db)?;
     conn.busy_timeout(Duration::from_secs(5))?;
     let expires = Utc::now().timestamp_millis() + 24 * 3600 * 1000;
@@ -104,7 +104,7 @@ pub fn hold_dispatcher_lease(db: &Path) -> Result<()> {
 
 /// How the bulk central rows look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CentralRows {
+pub(crate) enum CentralRows {
     /// Just ingested, due now: what the dispatch figure delivers.
     Pending,
     /// Delivered over the last 30 days, one attempt row each: a central's steady state, for
@@ -122,7 +122,7 @@ const PRIORITY_NORMAL: i64 = 2;
 /// 1..=n in id order, and are due from when they were stored (`NextAttemptAt = CreatedAt`).
 /// Delivered rows are not waiting, so their turn is never read again; they get 1, what each
 /// got when it arrived at a central that kept up.
-pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
+pub(crate) fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
     let mut conn = open_bulk(db)?;
     let now = Utc::now().timestamp_millis();
     let span_ms: i64 = 30 * 24 * 3600 * 1000;
@@ -209,7 +209,7 @@ pub fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
 }
 
 /// Appends `n` notifications to a site buffer at `db`, as `Send` writes them.
-pub fn add_site_rows(db: &Path, n: u64) -> Result<()> {
+pub(crate) fn add_site_rows(db: &Path, n: u64) -> Result<()> {
     let mut conn = open_bulk(db)?;
     let now = Utc::now().timestamp_millis();
     {

@@ -126,7 +126,7 @@ struct Measured {
 
 /// One run of the figure group: the serve order, then (in the first `fresh_baseline_runs` runs)
 /// the oldest-first baseline.
-pub async fn fresh(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn fresh(rig: &mut Rig) -> Result<RunRecord> {
     let sizes = rig.sizes.clone();
     check_sizes(&sizes)?;
     let run = rig.next_fresh_run();

@@ -19,19 +19,19 @@ use serde_json::{Value, json};
 use tokio::task::JoinSet;
 
 /// Longest any single call may take before it counts as failed.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The part of a run that counts: calls before `warmup` has passed warm caches, connections and
 /// the SQLite page cache, and are left out.
 #[derive(Debug, Clone, Copy)]
-pub struct Window {
+pub(crate) struct Window {
     pub warmup: Duration,
     pub measure: Duration,
 }
 
 /// Latency percentiles in milliseconds (nearest rank on the sorted samples).
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Percentiles {
+pub(crate) struct Percentiles {
     pub count: usize,
     pub p50: f64,
     pub p90: f64,
@@ -41,7 +41,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    pub fn of(mut samples: Vec<Duration>) -> Self {
+    pub(crate) fn of(mut samples: Vec<Duration>) -> Self {
         samples.sort_unstable();
         let at = |q: f64| -> f64 {
             if samples.is_empty() {
@@ -63,7 +63,7 @@ impl Percentiles {
         }
     }
 
-    pub fn to_json(self) -> Value {
+    pub(crate) fn to_json(self) -> Value {
         json!({
             "count": self.count,
             "p50_ms": self.p50,
@@ -77,7 +77,7 @@ impl Percentiles {
 
 /// What a closed loop measured.
 #[derive(Debug)]
-pub struct ClosedLoop {
+pub(crate) struct ClosedLoop {
     /// Calls that completed inside the measured window.
     pub completed: u64,
     /// Calls per second over the measured window.
@@ -89,7 +89,7 @@ pub struct ClosedLoop {
 }
 
 impl ClosedLoop {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "completed": self.completed,
             "rate_per_s": self.rate,
@@ -102,7 +102,7 @@ impl ClosedLoop {
 
 /// Runs `clients.len()` callers in a closed loop for `window.warmup + window.measure`; caller i
 /// uses `clients[i]` (cloned per call, which for a tonic client shares its connection).
-pub async fn closed_loop<C, F, Fut>(clients: Vec<C>, window: Window, call: F) -> ClosedLoop
+pub(crate) async fn closed_loop<C, F, Fut>(clients: Vec<C>, window: Window, call: F) -> ClosedLoop
 where
     C: Clone + Send + 'static,
     F: Fn(C) -> Fut + Clone + Send + 'static,
@@ -181,7 +181,7 @@ impl CallerTally {
 
 /// One call of an open loop.
 #[derive(Debug)]
-pub struct Sample<T> {
+pub(crate) struct Sample<T> {
     /// When the call was due (not when it was sent).
     pub due: Instant,
     /// When its answer arrived.
@@ -191,7 +191,7 @@ pub struct Sample<T> {
 
 /// What an open loop measured.
 #[derive(Debug)]
-pub struct OpenLoop<T> {
+pub(crate) struct OpenLoop<T> {
     pub started: Instant,
     /// Successful calls, in due order.
     pub samples: Vec<Sample<T>>,
@@ -204,7 +204,7 @@ pub struct OpenLoop<T> {
 
 impl<T> OpenLoop<T> {
     /// Latencies (due → answer) of calls due at or after `from` (relative to the start).
-    pub fn latencies_after(&self, from: Duration) -> Percentiles {
+    pub(crate) fn latencies_after(&self, from: Duration) -> Percentiles {
         let from = self.started + from;
         Percentiles::of(
             self.samples
@@ -218,7 +218,7 @@ impl<T> OpenLoop<T> {
 
 /// Offers `rate` calls per second for `duration`, round-robin over `clients`, and waits for
 /// every answer.
-pub async fn open_loop<C, T, F, Fut>(
+pub(crate) async fn open_loop<C, T, F, Fut>(
     clients: Vec<C>,
     rate: f64,
     duration: Duration,

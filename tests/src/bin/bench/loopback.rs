@@ -44,7 +44,7 @@ use crate::round_trips::SMTP_CONNECTIONS;
 use crate::services::{self, Service};
 
 /// The target: central at least half of smtp-source's rate.
-pub const TARGET_RATIO: f64 = 0.5;
+pub(crate) const TARGET_RATIO: f64 = 0.5;
 
 /// Where Debian puts Postfix's test tools, searched after `PATH` (a non-root `PATH` often lacks
 /// the sbin directories).
@@ -65,7 +65,7 @@ struct Sample {
 }
 
 /// smtp-source, then central, each against its own smtp-sink; one run.
-pub async fn loopback(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn loopback(rig: &mut Rig) -> Result<RunRecord> {
     let source = tool("smtp-source")?;
     let sink = tool("smtp-sink")?;
     let sample = SAMPLE

@@ -30,7 +30,7 @@ use crate::site_figures::{buffer_stats, lone_site, send_closed_loop, send_once, 
 /// Lets allocator and page-cache activity of the last request settle before RSS is read.
 const SETTLE: Duration = Duration::from_millis(500);
 
-pub async fn memory(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn memory(rig: &mut Rig) -> Result<RunRecord> {
     let fixtures = rig.memory_fixtures()?;
     let rows = rig.sizes.memory_rows;
     let dir = rig.run_dir("memory")?;

@@ -17,7 +17,7 @@ use serde_json::{Value, json};
 
 /// Resident memory of one process, in KiB as the kernel reports it.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct Memory {
+pub(crate) struct Memory {
     /// VmRSS: what the targets are about.
     pub rss_kib: u64,
     /// VmHWM: the peak RSS since the process started.
@@ -29,11 +29,11 @@ pub struct Memory {
 }
 
 impl Memory {
-    pub fn rss_mib(&self) -> f64 {
+    pub(crate) fn rss_mib(&self) -> f64 {
         self.rss_kib as f64 / 1024.0
     }
 
-    pub fn to_json(self) -> Value {
+    pub(crate) fn to_json(self) -> Value {
         json!({
             "rss_mib": self.rss_kib as f64 / 1024.0,
             "peak_mib": self.peak_kib as f64 / 1024.0,
@@ -43,7 +43,7 @@ impl Memory {
     }
 }
 
-pub fn memory(pid: u32) -> Result<Memory> {
+pub(crate) fn memory(pid: u32) -> Result<Memory> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
     let field = |name: &str| -> u64 {
         status
@@ -66,7 +66,7 @@ pub fn memory(pid: u32) -> Result<Memory> {
 }
 
 /// User + system CPU time the process (all its threads) has used so far.
-pub fn cpu_time(pid: u32) -> Result<Duration> {
+pub(crate) fn cpu_time(pid: u32) -> Result<Duration> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // The command name (field 2) is in parentheses and may contain spaces: split after it.
     let rest = stat
@@ -103,7 +103,7 @@ fn clock_ticks() -> u64 {
 /// hypervisor gave to other guests), because another build or test run on the same two cores
 /// makes a figure meaningless.
 #[derive(Debug)]
-pub struct CpuWindow {
+pub(crate) struct CpuWindow {
     started: Instant,
     at_start: Vec<(String, u32, Duration)>,
     machine_at_start: Option<MachineCpu>,
@@ -119,7 +119,7 @@ struct ServerWatch {
 }
 
 impl CpuWindow {
-    pub fn start(processes: &[(&str, u32)]) -> Self {
+    pub(crate) fn start(processes: &[(&str, u32)]) -> Self {
         let at_start = processes
             .iter()
             .filter_map(|(name, pid)| Some((name.to_string(), *pid, cpu_time(*pid).ok()?)))
@@ -139,7 +139,7 @@ impl CpuWindow {
     /// connection opened during the window counts from its start; one closed during it is
     /// lost (central's pool keeps its connections, so that is rare). `port = None` (SQLite, or
     /// a server elsewhere) counts nothing.
-    pub fn with_server(mut self, client: u32, port: Option<u16>) -> Self {
+    pub(crate) fn with_server(mut self, client: u32, port: Option<u16>) -> Self {
         if let Some(port) = port {
             let at_start = server_processes(client, port)
                 .into_iter()
@@ -156,7 +156,7 @@ impl CpuWindow {
 
     /// Average cores busy per process since the start (1.0 = one core fully busy), plus
     /// `other` and `steal` for the rest of the machine.
-    pub fn cores(&self) -> BTreeMap<String, f64> {
+    pub(crate) fn cores(&self) -> BTreeMap<String, f64> {
         let wall = self.started.elapsed().as_secs_f64().max(1e-6);
         let mut cores: BTreeMap<String, f64> = self
             .at_start
@@ -196,7 +196,7 @@ impl CpuWindow {
 /// Processes on this machine at the other end of `client`'s TCP connections to local port
 /// `port`: the database server's sessions working for it. Empty when the server is on another
 /// machine, or when `/proc` cannot be read.
-pub fn server_processes(client: u32, port: u16) -> Vec<u32> {
+pub(crate) fn server_processes(client: u32, port: u16) -> Vec<u32> {
     let ours = socket_inodes(client);
     let table = tcp_table();
     // (local, remote) of each of the client's connections to the port...
@@ -275,7 +275,7 @@ fn socket_inodes(pid: u32) -> HashSet<u64> {
 /// Writes every dirty page to disk (`sync`). Called before a measured window, so writeback left
 /// over from preparing files (copies, fixtures) does not land inside it: with ext4's ordered
 /// journal, that writeback would slow every fsync the services make.
-pub fn flush_disk() {
+pub(crate) fn flush_disk() {
     let _ = Command::new("sync").status();
 }
 
@@ -305,19 +305,19 @@ impl MachineCpu {
 
 /// The load average when the bench starts: anything well above zero means something else is
 /// using the machine.
-pub fn load_average() -> Option<String> {
+pub(crate) fn load_average() -> Option<String> {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|l| l.trim().to_string())
 }
 
 /// This process's pid, to include the load generator and the in-process SMTP sink.
-pub fn own_pid() -> u32 {
+pub(crate) fn own_pid() -> u32 {
     std::process::id()
 }
 
 /// Facts about the machine and the build, recorded with the results.
-pub fn machine(work_dir: &Path) -> Value {
+pub(crate) fn machine(work_dir: &Path) -> Value {
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
@@ -359,7 +359,7 @@ fn append_and_sync(file: &mut std::fs::File) -> std::io::Result<Duration> {
 /// Latency of 200 appends of 4 KiB, each followed by fsync, in `dir`: the cost every durable
 /// commit pays on this disk at this moment. Recorded before and after the figures, because the
 /// fsync-bound figures move with it (a virtual disk's latency varies over time).
-pub fn fsync_probe(dir: &Path) -> Value {
+pub(crate) fn fsync_probe(dir: &Path) -> Value {
     let path = dir.join("fsync-probe");
     let measure = || -> std::io::Result<Vec<Duration>> {
         let mut file = std::fs::File::create(&path)?;
@@ -383,7 +383,7 @@ pub fn fsync_probe(dir: &Path) -> Value {
 /// A 4 KiB append and fsync in a directory every [`FsyncWatch::EVERY`] while a figure runs, on
 /// a thread of its own: whether the disk stalled during the run (a virtual disk's flushes now
 /// and then take hundreds of milliseconds, and every durable commit of the run waits as long).
-pub struct FsyncWatch {
+pub(crate) struct FsyncWatch {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<std::io::Result<Vec<Duration>>>,
     path: std::path::PathBuf,
@@ -392,7 +392,7 @@ pub struct FsyncWatch {
 impl FsyncWatch {
     const EVERY: Duration = Duration::from_millis(50);
 
-    pub fn start(dir: &Path) -> Self {
+    pub(crate) fn start(dir: &Path) -> Self {
         use std::sync::atomic::Ordering;
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let path = dir.join("fsync-watch");
@@ -413,7 +413,7 @@ impl FsyncWatch {
     }
 
     /// Stops the watch; p50, p99 and max of the fsyncs it timed, and how many took over 50 ms.
-    pub fn finish(self) -> Value {
+    pub(crate) fn finish(self) -> Value {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         let result = self.thread.join();
         let _ = std::fs::remove_file(&self.path);
@@ -431,7 +431,7 @@ impl FsyncWatch {
 }
 
 /// Trimmed stdout of a successful command, or None.
-pub fn command_output(program: &str, args: &[&str]) -> Option<String> {
+pub(crate) fn command_output(program: &str, args: &[&str]) -> Option<String> {
     let out = Command::new(program).args(args).output().ok()?;
     out.status
         .success()

@@ -14,28 +14,28 @@ use serde_json::{Value, json};
 /// What one run of a figure group measured: values that feed the table (by metric key), and
 /// details kept only in the JSON.
 #[derive(Debug, Default)]
-pub struct RunRecord {
+pub(crate) struct RunRecord {
     pub values: BTreeMap<String, f64>,
     pub details: serde_json::Map<String, Value>,
 }
 
 impl RunRecord {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
-    pub fn value(mut self, key: &str, value: f64) -> Self {
+    pub(crate) fn value(mut self, key: &str, value: f64) -> Self {
         self.values.insert(key.to_string(), value);
         self
     }
 
-    pub fn detail(mut self, key: &str, value: Value) -> Self {
+    pub(crate) fn detail(mut self, key: &str, value: Value) -> Self {
         self.details.insert(key.to_string(), value);
         self
     }
 
     /// Cores busy per process during the measured window.
-    pub fn cpu(self, cores: BTreeMap<String, f64>) -> Self {
+    pub(crate) fn cpu(self, cores: BTreeMap<String, f64>) -> Self {
         self.detail("cpu_cores", json!(cores))
     }
 
@@ -46,7 +46,7 @@ impl RunRecord {
 
 /// How a figure group ended.
 #[derive(Debug)]
-pub enum GroupStatus {
+pub(crate) enum GroupStatus {
     Done,
     /// Not run, for a reason that is not a failure (e.g. memory with central on MS SQL, see
     /// `Backend::unsupported`).
@@ -57,7 +57,7 @@ pub enum GroupStatus {
 
 /// All runs of one figure group.
 #[derive(Debug)]
-pub struct GroupResult {
+pub(crate) struct GroupResult {
     pub name: &'static str,
     pub runs: Vec<RunRecord>,
     pub status: GroupStatus,
@@ -65,7 +65,7 @@ pub struct GroupResult {
 }
 
 #[derive(Debug, Clone, Copy)]
-pub enum Target {
+pub(crate) enum Target {
     AtLeast(f64),
     AtMost(f64),
 }
@@ -95,7 +95,7 @@ impl Target {
 
 /// One row of the table.
 #[derive(Debug, Clone)]
-pub struct Metric {
+pub(crate) struct Metric {
     pub key: &'static str,
     pub label: String,
     pub unit: &'static str,
@@ -104,7 +104,7 @@ pub struct Metric {
 
 /// The median and spread of one metric over its runs.
 #[derive(Debug, Clone, Copy)]
-pub struct Summary {
+pub(crate) struct Summary {
     pub median: f64,
     pub min: f64,
     pub max: f64,
@@ -145,7 +145,7 @@ fn summary_of(groups: &[GroupResult], key: &str) -> Option<Summary> {
 const DISTURBED_CORES: f64 = 0.2;
 
 /// The printed report.
-pub fn render(metrics: &[Metric], groups: &[GroupResult]) -> String {
+pub(crate) fn render(metrics: &[Metric], groups: &[GroupResult]) -> String {
     let mut out = String::new();
     let rows: Vec<[String; 5]> = metrics
         .iter()
@@ -255,7 +255,7 @@ pub fn render(metrics: &[Metric], groups: &[GroupResult]) -> String {
 }
 
 /// The JSON document: `header` (machine, settings, configs) plus figures and every run.
-pub fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) -> Value {
+pub(crate) fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) -> Value {
     let figures: Vec<Value> = metrics
         .iter()
         .map(|m| {
@@ -304,7 +304,7 @@ pub fn to_json(mut header: Value, metrics: &[Metric], groups: &[GroupResult]) ->
 }
 
 /// A number for people: thousands separated, at most 3 significant decimals for small values.
-pub fn number(value: f64) -> String {
+pub(crate) fn number(value: f64) -> String {
     if !value.is_finite() {
         return value.to_string();
     }

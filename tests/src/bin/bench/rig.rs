@@ -19,7 +19,7 @@ use crate::services::{self, Binaries, Service};
 
 /// Sizes and rates every figure takes from the command line.
 #[derive(Debug, Clone)]
-pub struct Sizes {
+pub(crate) struct Sizes {
     pub runs: usize,
     pub warmup: Duration,
     pub measure: Duration,
@@ -49,7 +49,7 @@ pub struct Sizes {
 }
 
 impl Sizes {
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({
             "runs": self.runs,
             "warmup_s": self.warmup.as_secs_f64(),
@@ -76,7 +76,7 @@ impl Sizes {
 
 /// A site buffer filled through `Send` while central was down.
 #[derive(Debug, Clone)]
-pub struct FilledBuffer {
+pub(crate) struct FilledBuffer {
     pub path: PathBuf,
     pub rows: u64,
     /// Sends per second while filling (informational: a long, sustained closed loop).
@@ -85,14 +85,14 @@ pub struct FilledBuffer {
 
 /// The million-row files of the memory figure.
 #[derive(Debug, Clone)]
-pub struct MemoryFixtures {
+pub(crate) struct MemoryFixtures {
     pub central: PathBuf,
     pub site: PathBuf,
     pub build_seconds: f64,
 }
 
 #[derive(Debug)]
-pub struct Rig {
+pub(crate) struct Rig {
     pub bins: Binaries,
     pub sizes: Sizes,
     pub backend: Backend,
@@ -116,7 +116,7 @@ impl Rig {
     /// Creates the work directory and the empty templates (each service started once on a new
     /// file and stopped cleanly). On MS SQL, central is started once on a new database instead:
     /// a server that refuses the login or `CREATE DATABASE` fails here, before any figure.
-    pub async fn prepare(
+    pub(crate) async fn prepare(
         bins: Binaries,
         sizes: Sizes,
         backend: Backend,
@@ -174,7 +174,7 @@ impl Rig {
     }
 
     /// A fresh directory for one run; removed when dropped unless `--keep`.
-    pub fn run_dir(&self, label: &str) -> Result<RunDir> {
+    pub(crate) fn run_dir(&self, label: &str) -> Result<RunDir> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("{label}-"))
             .tempdir_in(&self.work)
@@ -187,12 +187,12 @@ impl Rig {
 
     /// An empty database for one central process (see [`CentralDb::fresh`]); on SQLite, in
     /// `dir`.
-    pub async fn central_db(&self, dir: &Path) -> Result<CentralDb> {
+    pub(crate) async fn central_db(&self, dir: &Path) -> Result<CentralDb> {
         CentralDb::fresh(&self.backend, &self.central_template, dir).await
     }
 
     /// The site buffer filled with `sizes.forward_rows` Sends, built on first use.
-    pub async fn filled_buffer(&mut self) -> Result<FilledBuffer> {
+    pub(crate) async fn filled_buffer(&mut self) -> Result<FilledBuffer> {
         if let Some(filled) = &self.filled {
             return Ok(filled.clone());
         }
@@ -214,7 +214,7 @@ impl Rig {
 
     /// Central with `sizes.memory_rows` delivered rows and a site with as many buffered, built
     /// on first use.
-    pub fn memory_fixtures(&mut self) -> Result<MemoryFixtures> {
+    pub(crate) fn memory_fixtures(&mut self) -> Result<MemoryFixtures> {
         if let Some(memory) = &self.memory {
             return Ok(memory.clone());
         }
@@ -237,19 +237,19 @@ impl Rig {
     }
 
     /// Counts a memory run; returns how many there were before it.
-    pub fn next_memory_run(&mut self) -> usize {
+    pub(crate) fn next_memory_run(&mut self) -> usize {
         self.memory_runs += 1;
         self.memory_runs - 1
     }
 
     /// Counts a `fresh` run; returns how many there were before it.
-    pub fn next_fresh_run(&mut self) -> usize {
+    pub(crate) fn next_fresh_run(&mut self) -> usize {
         self.fresh_runs += 1;
         self.fresh_runs - 1
     }
 
     /// Removes the shared fixtures (unless `--keep`), reporting where they are otherwise.
-    pub fn finish(&mut self) {
+    pub(crate) fn finish(&mut self) {
         if let Some(shared) = self.shared.take() {
             if self.keep {
                 let path = shared.keep();
@@ -263,13 +263,13 @@ impl Rig {
 
 /// One run's directory.
 #[derive(Debug)]
-pub struct RunDir {
+pub(crate) struct RunDir {
     dir: Option<TempDir>,
     keep: bool,
 }
 
 impl RunDir {
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         self.dir
             .as_ref()
             .map(TempDir::path)
@@ -290,7 +290,7 @@ impl Drop for RunDir {
 
 /// Fails unless `got` equals `want`, naming `what`: a figure whose workload was not what it
 /// claims must not be reported.
-pub fn check_count(what: &str, got: u64, want: u64) -> Result<()> {
+pub(crate) fn check_count(what: &str, got: u64, want: u64) -> Result<()> {
     if got != want {
         bail!("{what}: expected {want}, found {got}");
     }

@@ -35,7 +35,7 @@ use crate::services::{self, Service};
 
 /// The round trips measured and the keys of their figures.
 #[derive(Debug, Clone, Copy)]
-pub struct RoundTrip {
+pub(crate) struct RoundTrip {
     pub ms: u32,
     pub rate_key: &'static str,
     pub share_key: &'static str,
@@ -43,7 +43,7 @@ pub struct RoundTrip {
 }
 
 /// 1 ms (a relay on the same site) and 10 ms (one in a data centre), as the issue asks.
-pub const ROUND_TRIPS: [RoundTrip; 2] = [
+pub(crate) const ROUND_TRIPS: [RoundTrip; 2] = [
     RoundTrip {
         ms: 1,
         rate_key: "rtt.1ms.rate",
@@ -60,14 +60,14 @@ pub const ROUND_TRIPS: [RoundTrip; 2] = [
 
 /// Central's default `[smtp] max_concurrent_connections`, written into the config so the
 /// floor's arithmetic and the config say the same thing.
-pub const SMTP_CONNECTIONS: u32 = 4;
+pub(crate) const SMTP_CONNECTIONS: u32 = 4;
 
 /// Waits per message of a pipelined transaction: MAIL, every RCPT and DATA in one, then the
 /// message.
-pub const PIPELINED_WAITS: f64 = 2.0;
+pub(crate) const PIPELINED_WAITS: f64 = 2.0;
 
 /// Share of the floor the issue asks for.
-pub const TARGET_SHARE: f64 = 0.8;
+pub(crate) const TARGET_SHARE: f64 = 0.8;
 
 /// Turns kept per connection: the EHLO and the first three transactions, enough to see one
 /// on a pooled connection whole, at up to ten turns each.
@@ -80,23 +80,23 @@ const SMTP_VERBS: [&str; 12] = [
 ];
 
 impl RoundTrip {
-    pub fn round_trip(self) -> Duration {
+    pub(crate) fn round_trip(self) -> Duration {
         Duration::from_millis(u64::from(self.ms))
     }
 
     /// Deliveries per second with [`PIPELINED_WAITS`] per message on every connection.
-    pub fn floor(self) -> f64 {
+    pub(crate) fn floor(self) -> f64 {
         f64::from(SMTP_CONNECTIONS) / (PIPELINED_WAITS * self.round_trip().as_secs_f64())
     }
 
     /// Rows for one measurement: what the floor delivers in `seconds`.
-    pub fn rows(self, seconds: f64) -> u64 {
+    pub(crate) fn rows(self, seconds: f64) -> u64 {
         ((self.floor() * seconds).ceil() as u64).max(2)
     }
 }
 
 /// Both round trips, one after the other, each with its own central and database.
-pub async fn rtt(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn rtt(rig: &mut Rig) -> Result<RunRecord> {
     let mut record = RunRecord::new();
     let mut busiest: BTreeMap<String, f64> = BTreeMap::new();
     for round_trip in ROUND_TRIPS {

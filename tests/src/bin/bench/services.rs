@@ -39,13 +39,13 @@ const STOP_GRACE: Duration = Duration::from_secs(20);
 const HEALTH_POLL: Duration = Duration::from_millis(10);
 
 /// The list every benchmark notification goes to, with two recipients as a small real list has.
-pub const LIST: &str = "ops";
-pub const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
+pub(crate) const LIST: &str = "ops";
+pub(crate) const RECIPIENTS: [&str; 2] = ["alice@plant.example.test", "bob@plant.example.test"];
 /// Domain of central's From address, and so of every Message-ID (`<id@FROM_DOMAIN>`).
-pub const FROM_DOMAIN: &str = "bench.example.test";
-pub const SITE_ID: &str = "site-bench";
+pub(crate) const FROM_DOMAIN: &str = "bench.example.test";
+pub(crate) const SITE_ID: &str = "site-bench";
 /// A second site the bench submits as, directly to central (the `fresh` figure's site B).
-pub const OTHER_SITE_ID: &str = "site-b";
+pub(crate) const OTHER_SITE_ID: &str = "site-b";
 
 /// The certificates of `bench --tls`; unset without it. Set once, before the first service
 /// starts, and read by every config and client this module makes.
@@ -65,7 +65,7 @@ struct BenchTls {
 
 /// Turns TLS on for every service started from now on, with a new CA and certificates written
 /// to `dir` (which must outlive the services).
-pub fn enable_tls(dir: &Path) -> Result<()> {
+pub(crate) fn enable_tls(dir: &Path) -> Result<()> {
     let pki = Pki::new(dir, "bench").context("making the bench CA")?;
     let central = pki.server_cert()?;
     let site = pki.client_cert(SITE_ID)?;
@@ -82,13 +82,13 @@ pub fn enable_tls(dir: &Path) -> Result<()> {
 }
 
 /// Whether `--tls` is in force.
-pub fn tls_enabled() -> bool {
+pub(crate) fn tls_enabled() -> bool {
     TLS.get().is_some()
 }
 
 /// Where the service binaries are.
 #[derive(Debug, Clone)]
-pub struct Binaries {
+pub(crate) struct Binaries {
     pub central: PathBuf,
     pub site: PathBuf,
     /// Central takes `--apply-config`: its stored channel settings and lists are the
@@ -103,7 +103,7 @@ impl Binaries {
     /// The binaries in `dir`, as they are; without one, built from the current sources next to
     /// this executable (target/release when run by `make bench`, whose own build first makes
     /// that a no-op), so a bench started with `cargo run` never measures an older service.
-    pub fn locate(dir: Option<&Path>) -> Result<Self> {
+    pub(crate) fn locate(dir: Option<&Path>) -> Result<Self> {
         let dir = match dir {
             Some(dir) => dir.to_path_buf(),
             None => {
@@ -142,7 +142,7 @@ impl Binaries {
 
 /// A loopback address that was free a moment ago. The services bind their configured address
 /// themselves, and central must come back on a known port for the forwarding figure.
-pub fn free_addr() -> Result<SocketAddr> {
+pub(crate) fn free_addr() -> Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").context("cannot bind a loopback port")?;
     Ok(listener.local_addr()?)
 }
@@ -151,18 +151,18 @@ pub fn free_addr() -> Result<SocketAddr> {
 /// connection string, see [`crate::backend::CentralDb::url`]), email to the bench's SMTP sink at
 /// `smtp`, the benchmark list, logs at warn. Every dispatcher and SMTP pacing key is left at
 /// the service's default.
-pub fn central_toml(addr: SocketAddr, database: &str, smtp: SocketAddr) -> String {
+pub(crate) fn central_toml(addr: SocketAddr, database: &str, smtp: SocketAddr) -> String {
     central_toml_with_smtp(addr, database, smtp, "")
 }
 
 /// The `[smtp]` keys of a relay that takes at most `per_second` messages a second, in bursts of
 /// up to `burst` (central's token bucket).
-pub fn smtp_rate_limit(per_second: f64, burst: u32) -> String {
+pub(crate) fn smtp_rate_limit(per_second: f64, burst: u32) -> String {
     format!("rate_limit_per_second = {per_second:?}\nrate_limit_burst = {burst}\n")
 }
 
 /// [`central_toml`] with `smtp_keys` (whole `key = value` lines) added to its `[smtp]` section.
-pub fn central_toml_with_smtp(
+pub(crate) fn central_toml_with_smtp(
     addr: SocketAddr,
     database: &str,
     smtp: SocketAddr,
@@ -221,7 +221,7 @@ fn toml_string(value: &str) -> String {
 /// The TOML the site-forwarder runs with. `forward_retry_interval` is short so the forwarder
 /// notices a central that just started within 100 ms (the forwarding figure times from
 /// central's start); every other key is the default.
-pub fn site_toml(addr: SocketAddr, buffer: &Path, central: SocketAddr) -> String {
+pub(crate) fn site_toml(addr: SocketAddr, buffer: &Path, central: SocketAddr) -> String {
     let (scheme, tls) = match TLS.get() {
         Some(tls) => (
             "https",
@@ -248,7 +248,7 @@ pub fn site_toml(addr: SocketAddr, buffer: &Path, central: SocketAddr) -> String
 
 /// One running service process.
 #[derive(Debug)]
-pub struct Service {
+pub(crate) struct Service {
     name: String,
     child: tokio::process::Child,
     pid: u32,
@@ -260,7 +260,12 @@ pub struct Service {
 
 impl Service {
     /// Writes `toml` to `dir/<name>.toml`, starts central on it and waits for SERVING.
-    pub async fn central(bins: &Binaries, dir: &Path, name: &str, toml: &str) -> Result<Self> {
+    pub(crate) async fn central(
+        bins: &Binaries,
+        dir: &Path,
+        name: &str,
+        toml: &str,
+    ) -> Result<Self> {
         let addr = listen_addr_of(toml)?;
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
@@ -273,7 +278,7 @@ impl Service {
 
     /// Writes `toml` to `dir/<name>.toml`, starts `site-forwarder serve` on it and waits for
     /// SERVING.
-    pub async fn site(bins: &Binaries, dir: &Path, name: &str, toml: &str) -> Result<Self> {
+    pub(crate) async fn site(bins: &Binaries, dir: &Path, name: &str, toml: &str) -> Result<Self> {
         let addr = listen_addr_of(toml)?;
         let config = dir.join(format!("{name}.toml"));
         std::fs::write(&config, toml).with_context(|| format!("writing {}", config.display()))?;
@@ -322,23 +327,23 @@ impl Service {
         Ok(service)
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.pid
     }
 
     /// A fresh HTTP/2 connection to the service (over TLS when it serves TLS).
-    pub async fn connect(&self) -> Result<Channel> {
+    pub(crate) async fn connect(&self) -> Result<Channel> {
         dial(self.addr, self.tls, SITE_ID).await
     }
 
     /// A fresh connection as site `site` ([`SITE_ID`] or [`OTHER_SITE_ID`]): over TLS, with
     /// that site's client certificate, so central lets it submit as that site.
-    pub async fn connect_as(&self, site: &str) -> Result<Channel> {
+    pub(crate) async fn connect_as(&self, site: &str) -> Result<Channel> {
         dial(self.addr, self.tls, site).await
     }
 
     /// `count` separate connections to the service, as [`connections`] makes them.
-    pub async fn connections(&self, count: usize) -> Result<Vec<Channel>> {
+    pub(crate) async fn connections(&self, count: usize) -> Result<Vec<Channel>> {
         let mut channels = Vec::with_capacity(count);
         for _ in 0..count {
             channels.push(self.connect().await?);
@@ -347,7 +352,7 @@ impl Service {
     }
 
     /// Fails if the process has exited (a crash mid-figure), naming it and quoting its log.
-    pub fn check_alive(&mut self) -> Result<()> {
+    pub(crate) fn check_alive(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!(
                 "{} exited unexpectedly ({status}); end of its log:\n{}",
@@ -389,7 +394,7 @@ impl Service {
     }
 
     /// Memory figures of the process now.
-    pub fn memory(&self) -> Result<proc_stats::Memory> {
+    pub(crate) fn memory(&self) -> Result<proc_stats::Memory> {
         proc_stats::memory(self.pid).with_context(|| format!("reading {}'s memory", self.name))
     }
 
@@ -400,7 +405,7 @@ impl Service {
     /// a failed store call, a panic), without colours and without the [`EXPECTED_WARNINGS`].
     /// They are counted on stderr here, because the log goes with the run directory unless
     /// `--keep`, and a figure measured while the service was complaining needs a second look.
-    pub async fn stop(mut self) -> Result<Vec<String>> {
+    pub(crate) async fn stop(mut self) -> Result<Vec<String>> {
         if self.child.try_wait()?.is_none() {
             self.terminate().await?;
         }
@@ -461,7 +466,7 @@ impl Service {
     }
 
     /// The last lines of the service's log, for error messages.
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let lines = self.log_lines();
         let from = lines.len().saturating_sub(15);
         let tail = lines[from..].join("\n");
@@ -511,7 +516,7 @@ fn without_colours(line: &str) -> String {
 }
 
 /// An HTTP/2 connection to `addr`, failing fast when nothing listens.
-pub async fn connect(addr: SocketAddr) -> Result<Channel> {
+pub(crate) async fn connect(addr: SocketAddr) -> Result<Channel> {
     dial(addr, false, SITE_ID).await
 }
 
@@ -538,7 +543,7 @@ async fn dial(addr: SocketAddr, tls: bool, site: &str) -> Result<Channel> {
 
 /// `count` separate connections to `addr`: one per simulated script, as separate scripts would
 /// each have their own.
-pub async fn connections(addr: SocketAddr, count: usize) -> Result<Vec<Channel>> {
+pub(crate) async fn connections(addr: SocketAddr, count: usize) -> Result<Vec<Channel>> {
     let mut channels = Vec::with_capacity(count);
     for _ in 0..count {
         channels.push(connect(addr).await?);

@@ -27,7 +27,7 @@ use crate::services::{self, LIST, Service};
 static SEND_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A Send as a site script makes it.
-pub fn send_request() -> v1::SendRequest {
+pub(crate) fn send_request() -> v1::SendRequest {
     let (subject, body) = fixtures::content(SEND_COUNTER.fetch_add(1, Ordering::Relaxed));
     v1::SendRequest {
         r#type: v1::NotificationType::Email.into(),
@@ -45,7 +45,7 @@ pub fn send_request() -> v1::SendRequest {
 }
 
 /// One Send; the notification id on success.
-pub async fn send_once(mut client: SiteNotifyClient<Channel>) -> Result<String, String> {
+pub(crate) async fn send_once(mut client: SiteNotifyClient<Channel>) -> Result<String, String> {
     client
         .send(send_request())
         .await
@@ -53,7 +53,10 @@ pub async fn send_once(mut client: SiteNotifyClient<Channel>) -> Result<String, 
         .map_err(|status| format!("Send: {status}"))
 }
 
-pub async fn site_clients(site: &Service, count: usize) -> Result<Vec<SiteNotifyClient<Channel>>> {
+pub(crate) async fn site_clients(
+    site: &Service,
+    count: usize,
+) -> Result<Vec<SiteNotifyClient<Channel>>> {
     Ok(services::connections(site.addr, count)
         .await?
         .into_iter()
@@ -61,7 +64,7 @@ pub async fn site_clients(site: &Service, count: usize) -> Result<Vec<SiteNotify
         .collect())
 }
 
-pub async fn buffer_stats(site: &Service) -> Result<v1::BufferStats> {
+pub(crate) async fn buffer_stats(site: &Service) -> Result<v1::BufferStats> {
     Ok(SiteNotifyClient::new(site.connect().await?)
         .get_buffer_stats(v1::GetBufferStatsRequest {})
         .await
@@ -71,7 +74,7 @@ pub async fn buffer_stats(site: &Service) -> Result<v1::BufferStats> {
 
 /// Starts a site with no central reachable, on `buffer` as it is (the caller's own copy), or
 /// on a fresh copy of the empty template in `dir`.
-pub async fn lone_site(
+pub(crate) async fn lone_site(
     rig: &Rig,
     dir: &std::path::Path,
     buffer: Option<&std::path::Path>,
@@ -89,7 +92,7 @@ pub async fn lone_site(
 }
 
 /// Closed-loop Sends against a running site; fails if any Send failed.
-pub async fn send_closed_loop(rig: &Rig, site: &Service) -> Result<load::ClosedLoop> {
+pub(crate) async fn send_closed_loop(rig: &Rig, site: &Service) -> Result<load::ClosedLoop> {
     let clients = site_clients(site, rig.sizes.callers).await?;
     let window = Window {
         warmup: rig.sizes.warmup,
@@ -110,7 +113,7 @@ pub async fn send_closed_loop(rig: &Rig, site: &Service) -> Result<load::ClosedL
 }
 
 /// Figure 1: durable Sends per second with `callers` concurrent callers, empty buffer.
-pub async fn send_rate(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn send_rate(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("send")?;
     let site = lone_site(rig, dir.path(), None).await?;
     flush_disk();
@@ -125,7 +128,7 @@ pub async fn send_rate(rig: &mut Rig) -> Result<RunRecord> {
 }
 
 /// Figure 2: Send latency at a fixed offered rate, measured from each call's due time.
-pub async fn send_latency(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn send_latency(rig: &mut Rig) -> Result<RunRecord> {
     let dir = rig.run_dir("send-latency")?;
     let site = lone_site(rig, dir.path(), None).await?;
     let clients = site_clients(&site, rig.sizes.callers).await?;
@@ -162,7 +165,7 @@ pub async fn send_latency(rig: &mut Rig) -> Result<RunRecord> {
 }
 
 /// Sends `rows` notifications with `callers` closed-loop callers; returns Sends per second.
-pub async fn fill(site: &Service, rows: u64, callers: usize) -> Result<f64> {
+pub(crate) async fn fill(site: &Service, rows: u64, callers: usize) -> Result<f64> {
     let clients = site_clients(site, callers).await?;
     let issued = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
@@ -197,7 +200,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(100);
 /// Figure 3: a site holding `forward_rows` Sends made while central was down; central starts
 /// (as a replica that does not dispatch, so the figure is forwarding + ingest only) and the
 /// clock runs from central reporting SERVING until the site's buffer is empty.
-pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn forward(rig: &mut Rig) -> Result<RunRecord> {
     let filled = rig.filled_buffer().await?;
     let dir = rig.run_dir("forward")?;
     let central_db = rig.central_db(dir.path()).await?;
@@ -259,7 +262,7 @@ pub async fn forward(rig: &mut Rig) -> Result<RunRecord> {
 }
 
 /// One integer from a query on a stopped service's database.
-pub fn count_rows(db: &std::path::Path, sql: &str) -> Result<u64> {
+pub(crate) fn count_rows(db: &std::path::Path, sql: &str) -> Result<u64> {
     let conn = rusqlite::Connection::open(db)?;
     let n: i64 = conn.query_row(sql, [], |row| row.get(0))?;
     Ok(u64::try_from(n).unwrap_or(0))

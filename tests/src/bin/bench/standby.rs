@@ -32,7 +32,7 @@ use crate::site_figures::{buffer_stats, lone_site, send_closed_loop, send_once, 
 /// ~100,000 rows in a closed loop; sampling more often would load the active noticeably.
 const LAG_POLL: Duration = Duration::from_millis(200);
 
-pub async fn standby(rig: &mut Rig) -> Result<RunRecord> {
+pub(crate) async fn standby(rig: &mut Rig) -> Result<RunRecord> {
     if services::tls_enabled() {
         bail!("the standby figures run on a plaintext loopback pair; run them without --tls");
     }

@@ -13,17 +13,17 @@ use crate::domain::history::OperatorAction;
 use crate::domain::query::NotificationFilter;
 
 /// One notification's state by id (@P1).
-pub fn select_state(id: NotificationId) -> Statement {
+pub(crate) fn select_state(id: NotificationId) -> Statement {
     Statement::fixed(include_str!("select_state.sql")).set("@P1", guid(id))
 }
 
 /// One notification's state and content (first result) and its history oldest first (second).
-pub fn select_detail(id: NotificationId) -> Statement {
+pub(crate) fn select_detail(id: NotificationId) -> Statement {
     Statement::fixed(include_str!("select_detail.sql")).set("@P1", guid(id))
 }
 
 /// Appends the filter's conditions on `dbo.Notifications AS n`, each starting with " AND ".
-pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
+pub(crate) fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
     if !filter.statuses.is_empty() {
         stmt.push("\n  AND n.Status IN (");
         for (i, status) in filter.statuses.iter().enumerate() {
@@ -101,7 +101,7 @@ pub fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
 
 /// A page of the filtered table, newest first: the rows strictly after `after` in
 /// (CreatedAt DESC, Id DESC) order, at most `limit` of them.
-pub fn query(
+pub(crate) fn query(
     filter: &NotificationFilter,
     after: Option<(DateTime<Utc>, i64)>,
     limit: i64,
@@ -163,7 +163,7 @@ DECLARE @changed TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY, At
 /// Applies an operator action (@P1: history outcome, @P2: actor) to `ids` distinct ids (@P3...)
 /// in one transaction, then returns one row per id in order: whether it changed, and its state
 /// now (all NULL if there is no such notification).
-pub fn act_on_ids(action: OperatorAction, ids: usize) -> String {
+pub(crate) fn act_on_ids(action: OperatorAction, ids: usize) -> String {
     let retry = action == OperatorAction::Retry;
     let values: Vec<String> = (0..ids)
         .map(|i| format!("({}, @P{})", i + 1, i + 3))
@@ -186,7 +186,11 @@ ORDER BY t.Ord;",
 }
 
 /// [`act_on_ids`] for these distinct `ids`, recorded as done by `actor`.
-pub fn act_on_these(action: OperatorAction, actor: &str, ids: &[NotificationId]) -> Statement {
+pub(crate) fn act_on_these(
+    action: OperatorAction,
+    actor: &str,
+    ids: &[NotificationId],
+) -> Statement {
     let mut stmt = Statement {
         sql: Cow::Owned(act_on_ids(action, ids.len())),
         params: Vec::new(),
@@ -202,7 +206,7 @@ pub fn act_on_these(action: OperatorAction, actor: &str, ids: &[NotificationId])
 /// (UPDLOCK: an operator acting on the same rows waits), so the second result (how many
 /// matched, at most `limit + 1`) tells whether more remain; the first lists the changed ids,
 /// oldest first.
-pub fn act_on_filter(
+pub(crate) fn act_on_filter(
     action: OperatorAction,
     actor: &str,
     filter: &NotificationFilter,
@@ -239,7 +243,7 @@ SELECT COUNT_BIG(*) AS Matching FROM @targets;",
 /// How many rows matching `filter` there are, counted up to `limit + 1` (so the count stops
 /// early on a huge table and still tells whether more than `limit` match). A plain read: a dry
 /// run locks nothing, so the later action may find a few rows more or fewer.
-pub fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statement {
+pub(crate) fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statement {
     let mut stmt = Statement::new(BATCH_START);
     let probe = stmt.bind(Param::BigInt(Some(limit.saturating_add(1))));
     stmt.push(&format!(
@@ -255,7 +259,7 @@ pub fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statement {
 /// wait (for their window's end, or their retry time) like retries; one still Held a stuck
 /// threshold after that due time (@P2 compared with NextAttemptAt) is stuck, and from its due
 /// time on it counts as due: a digest that cannot go out is seen.
-pub fn kpis(
+pub(crate) fn kpis(
     now: DateTime<Utc>,
     stuck_before: DateTime<Utc>,
     delivered_since: DateTime<Utc>,
@@ -269,7 +273,7 @@ pub fn kpis(
 /// Deletes up to @P2 terminal rows (Delivered, Parked, Discarded, Superseded, Cleared) resolved
 /// before @P1, oldest first, and their history, in one transaction. The DELETE re-checks the condition (an operator may have retried a row since
 /// it was picked). Result: rows and history entries deleted.
-pub fn purge_terminal(resolved_before: DateTime<Utc>, batch: u32) -> Statement {
+pub(crate) fn purge_terminal(resolved_before: DateTime<Utc>, batch: u32) -> Statement {
     Statement::fixed(include_str!("purge_terminal.sql"))
         .set("@P1", at(resolved_before))
         .set("@P2", Param::BigInt(Some(i64::from(batch))))

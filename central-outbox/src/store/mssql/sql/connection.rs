@@ -13,10 +13,10 @@ use super::super::procedures::{Kind, Procedure};
 use super::{BATCH_START, Param, Statement, text};
 
 /// Pool check-out: a round trip, and no transaction left open by an earlier batch.
-pub const CHECK_CONNECTION: &str = include_str!("check_connection.sql");
+pub(crate) const CHECK_CONNECTION: &str = include_str!("check_connection.sql");
 
 /// The health probe: a round trip on a pooled connection that opens and commits a transaction.
-pub const PING: &str = include_str!("ping.sql");
+pub(crate) const PING: &str = include_str!("ping.sql");
 
 /// The application lock that serialises migrations between replicas starting together, waiting
 /// up to `wait` for it (@P1, in milliseconds). Owned by the session, so it is released when the
@@ -24,27 +24,27 @@ pub const PING: &str = include_str!("ping.sql");
 /// application locks to the database anyway, but Babelfish takes them server-wide, where
 /// centrals of unrelated databases would queue behind each other's migrations. Result:
 /// sp_getapplock's return code (>= 0: granted).
-pub fn migration_lock(wait: Duration) -> Statement {
+pub(crate) fn migration_lock(wait: Duration) -> Statement {
     Statement::fixed(include_str!("migration_lock.sql"))
         .set("@P1", Param::Int(Some(millis_i32(wait))))
 }
 
 /// Releases [`migration_lock`]'s lock.
-pub const MIGRATION_UNLOCK: &str = include_str!("migration_unlock.sql");
+pub(crate) const MIGRATION_UNLOCK: &str = include_str!("migration_unlock.sql");
 
 /// Creates the migrations ledger if needed and reads the schema version.
-pub const MIGRATION_VERSION: &str = include_str!("migration_version.sql");
+pub(crate) const MIGRATION_VERSION: &str = include_str!("migration_version.sql");
 
 /// Opens a migration's transaction. The file's batches follow (see [`migration_batches`]), then
 /// [`migration_record`]: the file's changes and its ledger row commit together, and an error
 /// anywhere rolls all of it back (XACT_ABORT stays on for the session).
-pub const MIGRATION_BEGIN: &str = include_str!("migration_begin.sql");
+pub(crate) const MIGRATION_BEGIN: &str = include_str!("migration_begin.sql");
 
 /// The batches of a migration file, in order: its text split at lines that hold only `GO`, as
 /// SQL Server's own tools do (a column added by ALTER TABLE can only be named by a later batch).
 /// A batch of comments alone is left out: a migration emptied of the procedures it used to create
 /// keeps only the comment that says where they went.
-pub fn migration_batches(file: &str) -> Vec<&str> {
+pub(crate) fn migration_batches(file: &str) -> Vec<&str> {
     let mut batches = Vec::new();
     let mut start = 0;
     let mut offset = 0;
@@ -67,7 +67,7 @@ pub fn migration_batches(file: &str) -> Vec<&str> {
 
 /// Writes migration `m`'s ledger row (@P1: version, @P2: name) and commits it with the file's
 /// changes.
-pub fn migration_record(m: &Migration) -> Statement {
+pub(crate) fn migration_record(m: &Migration) -> Statement {
     Statement::fixed(include_str!("migration_record.sql"))
         .set("@P1", Param::Int(Some(m.version)))
         .set("@P2", text(m.name))
@@ -75,12 +75,12 @@ pub fn migration_record(m: &Migration) -> Statement {
 
 /// Each procedure's `dbo.SchemaProcedures` row (Name, Revision, Sha256) and whether its object
 /// exists (Present: 1 or 0), so that one dropped by hand is created again.
-pub const PROCEDURE_VERSIONS: &str = include_str!("procedure_versions.sql");
+pub(crate) const PROCEDURE_VERSIONS: &str = include_str!("procedure_versions.sql");
 
 /// Drops procedure `p` if it exists, in a batch of its own before its file's CREATE (which must
 /// be alone in its batch). Built from the name, which is one of `procedures::PROCEDURES` (a name
 /// cannot be bound): the same guarded drop the migrations used to write before each CREATE.
-pub fn drop_procedure(p: &Procedure) -> String {
+pub(crate) fn drop_procedure(p: &Procedure) -> String {
     let (kind, type_code) = match p.kind {
         Kind::Procedure => ("PROCEDURE", "P"),
         Kind::Function => ("FUNCTION", "FN"),
@@ -94,7 +94,7 @@ pub fn drop_procedure(p: &Procedure) -> String {
 
 /// Records procedure `p` at `revision` with its file's SHA-256 (@P1: name, @P2: revision, @P3:
 /// hash) and commits it with the procedure's drop and create.
-pub fn procedure_record(p: &Procedure, revision: i32) -> Statement {
+pub(crate) fn procedure_record(p: &Procedure, revision: i32) -> Statement {
     Statement::fixed(include_str!("procedure_record.sql"))
         .set("@P1", text(p.name))
         .set("@P2", Param::Int(Some(revision)))

@@ -20,7 +20,7 @@ use crate::records::{AttemptRecord, LeaseEpoch};
 /// lapsed; creates it at epoch 1 if it never existed. Result: the epoch held, or no row. The
 /// stored procedure dbo.AcquireLease (migrations/mssql/procedures/AcquireLease.sql): a renewal
 /// must stay cheap when the server is busy with bulk work, and a one-line call is.
-pub fn acquire_lease(name: &str, holder: &str, ttl: Duration) -> Statement {
+pub(crate) fn acquire_lease(name: &str, holder: &str, ttl: Duration) -> Statement {
     Statement::fixed(include_str!("acquire_lease.sql"))
         .set("@P1", text(name))
         .set("@P2", text(holder))
@@ -30,7 +30,7 @@ pub fn acquire_lease(name: &str, holder: &str, ttl: Duration) -> Statement {
 /// Expires lease @P1 now if holder @P2 still holds it at epoch @P3, and ends that tenure: the
 /// epoch moves on, so nothing more is recorded under it and a re-take starts a new one.
 /// Result: rows changed.
-pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
+pub(crate) fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
     Statement::fixed(include_str!("release_lease.sql"))
         .set("@P1", text(name))
         .set("@P2", text(holder))
@@ -41,7 +41,7 @@ pub fn release_lease(name: &str, holder: &str, epoch: LeaseEpoch) -> Statement {
 /// leases' millisecond precision) and the lease's row (none if it was never taken). A plain
 /// read on the main pool: it is the self-alerts' check, which must not take the connection
 /// the renewals have to themselves.
-pub fn select_lease(name: &str) -> Statement {
+pub(crate) fn select_lease(name: &str) -> Statement {
     Statement::fixed(include_str!("select_lease.sql")).set("@P1", text(name))
 }
 
@@ -51,7 +51,7 @@ pub fn select_lease(name: &str) -> Statement {
 /// dbo.ClaimDueNotifications (migrations/mssql/procedures/ClaimDueNotifications.sql), which says
 /// how. Result: the claimed rows, the longest-waiting ones first (by due time), then the others
 /// in turn.
-pub fn claim_due(
+pub(crate) fn claim_due(
     lease: &str,
     epoch: LeaseEpoch,
     kind: NotificationType,
@@ -74,7 +74,7 @@ pub fn claim_due(
 /// dbo.ClaimDigestNotifications (migrations/mssql/procedures/ClaimDigestNotifications.sql),
 /// which says how. Result: the claimed rows, longest due first (none when no Held row is
 /// due).
-pub fn claim_digest(
+pub(crate) fn claim_digest(
     lease: &str,
     epoch: LeaseEpoch,
     kind: NotificationType,
@@ -92,7 +92,7 @@ pub fn claim_digest(
 /// Parks a claimed row whose stored content no longer passes validation (it can never be
 /// delivered), and closes its InFlight attempt with the reason. @P1: row id, @P2: epoch,
 /// @P3: reason, @P4: notification id, @P5: attempt number.
-pub fn park_invalid(
+pub(crate) fn park_invalid(
     row_id: i64,
     epoch: LeaseEpoch,
     reason: &str,
@@ -124,7 +124,7 @@ pub fn park_invalid(
 /// escapes: Babelfish's OPENJSON would hand such a string back still escaped. The procedure
 /// decodes them. Instants go as ISO 8601 with 100 ns digits, which the server reads as
 /// datetime2(7).
-pub fn record_outcomes(lease: &str, records: &[&AttemptRecord]) -> Statement {
+pub(crate) fn record_outcomes(lease: &str, records: &[&AttemptRecord]) -> Statement {
     let outcomes: Vec<serde_json::Value> = records
         .iter()
         .map(|record| {
@@ -161,7 +161,7 @@ const CODE: char = '%';
 /// (migrations/mssql/procedures/DecodeOutcomeText.sql) turns it back. Such a text crosses JSON
 /// unescaped, so OPENJSON reads it the same on SQL Server and on Babelfish. Borrowed when there is
 /// nothing to encode (most texts).
-pub fn escape_free(text: &str) -> Cow<'_, str> {
+pub(crate) fn escape_free(text: &str) -> Cow<'_, str> {
     let encoded = |c: char| c == CODE || c == '"' || c == '\\' || c < ' ';
     if !text.chars().any(encoded) {
         return Cow::Borrowed(text);

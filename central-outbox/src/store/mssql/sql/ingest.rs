@@ -14,14 +14,14 @@ use crate::records::NewNotification;
 
 /// The columns of one row of [`insert_batch`] (a plain row: no condition key, not cleared at the
 /// site), in the order it binds them.
-pub const SUBMIT_COLUMNS: usize = 14;
+pub(crate) const SUBMIT_COLUMNS: usize = 14;
 
 /// The parameters of a row with a condition key or cleared at the site, as the submit procedure
 /// takes them ([`SUBMIT_ONE_KEYED`], and such a row of [`insert_in_order`]): a plain row's
 /// [`SUBMIT_COLUMNS`], then its condition key, when the site cleared it and who did. A plain
 /// row's call leaves those three out (they default to NULL): on Babelfish, three more
 /// parameters cost a single-row submit ~3%.
-pub const SUBMIT_PARAMS: usize = 17;
+pub(crate) const SUBMIT_PARAMS: usize = 17;
 
 /// Whether `new` goes in the INSERT of many rows ([`insert_batch`]): it has no condition key
 /// (it supersedes nothing) and was not cleared at the site (it is stored Pending, with no
@@ -92,7 +92,7 @@ fn row_params(new: &NewNotification) -> Vec<Param> {
 /// threshold (migrations/mssql/procedures/SubmitNotification.sql); the INSERT of many rows does
 /// not, so a row of a list that consolidates goes through the procedure, in batch order, as a keyed
 /// row does.
-pub fn insert_rows(rows: &[&NewNotification], consolidating: &HashSet<String>) -> Statement {
+pub(crate) fn insert_rows(rows: &[&NewNotification], consolidating: &HashSet<String>) -> Statement {
     if let [one] = rows {
         return submit_one(one);
     }
@@ -192,7 +192,7 @@ macro_rules! serve_turn_reads {
 }
 
 /// The column of [`consolidation_guard`]'s answer.
-pub const CONSOLIDATING_LIST: &str = "ConsolidatingList";
+pub(crate) const CONSOLIDATING_LIST: &str = "ConsolidatingList";
 
 /// The start of a batch that stores rows in an INSERT of many rows ([`insert_plain`]), which
 /// neither counts nor holds a row of a list that consolidates; their lists, each once, are
@@ -227,7 +227,7 @@ const INSERTED_TABLE: &str =
 /// ([`is_plain`]), of lists that do not consolidate ([`consolidation_guard`] first); see
 /// [`insert_plain`] for how each row gets its serve turn. The rows' `lists` distinct lists
 /// follow their values.
-pub fn insert_batch(rows: usize, lists: usize) -> String {
+pub(crate) fn insert_batch(rows: usize, lists: usize) -> String {
     let firsts: Vec<usize> = (0..rows).map(|row| row * SUBMIT_COLUMNS + 1).collect();
     format!(
         "{}{}{}{INSERTED_TABLE}{}{}",
@@ -331,7 +331,7 @@ WHERE n.NotificationId IN ({});",
 /// [`consolidation_guard`], whose `lists` distinct lists of the rows in INSERTs follow every row's
 /// values). Answers as [`insert_batch`]: one result per call, then one for the rows of the INSERTs;
 /// the caller matches them by id.
-pub fn insert_in_order(plain: &[bool], insertable: &[bool], lists: usize) -> String {
+pub(crate) fn insert_in_order(plain: &[bool], insertable: &[bool], lists: usize) -> String {
     let in_insert = in_order_layout(insertable);
     let any_insert = in_insert.iter().any(|&i| i);
     let mut sql = String::from(BATCH_START);
@@ -424,7 +424,7 @@ pub(super) const SUBMIT_ONE: &str = include_str!("submit_one.sql");
 pub(super) const SUBMIT_ONE_KEYED: &str = include_str!("submit_one_keyed.sql");
 
 /// [`SUBMIT_ONE`] or [`SUBMIT_ONE_KEYED`] of `new`.
-pub fn submit_one(new: &NewNotification) -> Statement {
+pub(crate) fn submit_one(new: &NewNotification) -> Statement {
     let sql = if is_plain(new) {
         SUBMIT_ONE
     } else {
@@ -437,7 +437,7 @@ pub fn submit_one(new: &NewNotification) -> Statement {
 }
 
 /// The stored content hash of an id (after a duplicate-key error).
-pub fn select_content_hash(id: NotificationId) -> Statement {
+pub(crate) fn select_content_hash(id: NotificationId) -> Statement {
     Statement::fixed(include_str!("select_content_hash.sql")).set("@P1", guid(id))
 }
 
@@ -450,7 +450,7 @@ pub fn select_content_hash(id: NotificationId) -> Statement {
 /// or a table variable, as the submit procedure does it: the UPDATE stamps the rows it ends with a
 /// token of this call, and the history INSERT and the answer find exactly those (Cleared, resolved
 /// at @now, that token) through IX_Notifications_Status_Resolved. Result: their ids.
-pub fn clear_condition(site: &SiteId, key: &ConditionKey, actor: &Actor) -> Statement {
+pub(crate) fn clear_condition(site: &SiteId, key: &ConditionKey, actor: &Actor) -> Statement {
     Statement::fixed(include_str!("clear_condition.sql"))
         .set("@P1", text(site.as_str()))
         .set("@P2", text(key.as_str()))

@@ -14,12 +14,12 @@ use crate::domain::channel::{SmtpAuth, SmtpSettings, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
 
 /// List @P1 (first result) and its targets (second).
-pub fn select_list(name: &str) -> Statement {
+pub(crate) fn select_list(name: &str) -> Statement {
     Statement::fixed(include_str!("select_list.sql")).set("@P1", text(name))
 }
 
 /// Every list by name (first result) and every target (second).
-pub const SELECT_LISTS: &str = include_str!("select_lists.sql");
+pub(crate) const SELECT_LISTS: &str = include_str!("select_lists.sql");
 
 /// Creates or replaces list @P1 (type @P2, webhook format @P3, secret @P4, consolidation
 /// threshold @P5, window in seconds @P6 and rows per digest @P7, all three NULL for none) and
@@ -27,7 +27,7 @@ pub const SELECT_LISTS: &str = include_str!("select_lists.sql");
 /// gets its row of ConsolidationWindows if it has none yet, at a window long past (the same as
 /// no row: its first arrival starts a count), so that a submit only ever updates that row
 /// (migration 0007).
-pub fn replace_list(targets: usize) -> String {
+pub(crate) fn replace_list(targets: usize) -> String {
     let insert = insert_targets(targets);
     format!(
         "{}{}BEGIN TRANSACTION;
@@ -71,7 +71,7 @@ fn insert_targets(targets: usize) -> String {
 /// deleted meanwhile go first) and consolidation window row follow only if it was. Result:
 /// lists stored (0 or 1). Two replicas seeding the same list at once: one inserts, the other
 /// finds its row, or fails on the key (2627), which the caller reads as "was there".
-pub fn seed_list(targets: usize) -> String {
+pub(crate) fn seed_list(targets: usize) -> String {
     let insert = insert_targets(targets);
     format!(
         "{}{}DECLARE @inserted int;
@@ -98,7 +98,7 @@ SELECT @inserted AS Inserted;",
 
 /// What [`replace_list`] or [`seed_list`] does to the lists.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListWrite {
+pub(crate) enum ListWrite {
     Replace,
     Seed,
 }
@@ -106,7 +106,7 @@ pub enum ListWrite {
 /// [`replace_list`] (or [`seed_list`]) of list `name` with its `targets` (each once); `format`
 /// and `secret` (sealed) only for a webhook list; `consolidation` when the list consolidates
 /// floods.
-pub fn replace_list_with(
+pub(crate) fn replace_list_with(
     write: ListWrite,
     name: &str,
     kind: NotificationType,
@@ -142,19 +142,19 @@ pub fn replace_list_with(
 /// it is the lock every writer of the list takes, so a replace running at the same time either
 /// finishes before (and its targets are deleted here) or starts after (and writes the list
 /// anew); no target is left without its list, with or without the foreign key (migration 0003).
-pub fn delete_list(name: &str) -> Statement {
+pub(crate) fn delete_list(name: &str) -> Statement {
     Statement::fixed(include_str!("delete_list.sql")).set("@P1", text(name))
 }
 
 /// The settings of channel @P1.
-pub fn select_channel(channel: &str) -> Statement {
+pub(crate) fn select_channel(channel: &str) -> Statement {
     Statement::fixed(include_str!("select_channel.sql")).set("@P1", text(channel))
 }
 
 /// What a channel settings write does: replace the stored row, or store one only where none
 /// is (a seed, whose result is the rows inserted, 0 or 1, as `Inserted`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ChannelWrite {
+pub(crate) enum ChannelWrite {
     Replace,
     Seed,
 }
@@ -163,7 +163,7 @@ pub enum ChannelWrite {
 /// select_channel.sql's column order, without UpdatedAt), in one transaction, or (a seed)
 /// stores them only if the channel has none; its password and OAuth client secret are given
 /// sealed (`None` when its authentication has none).
-pub fn replace_channel(
+pub(crate) fn replace_channel(
     write: ChannelWrite,
     channel: &str,
     s: &SmtpSettings,
@@ -211,7 +211,7 @@ pub fn replace_channel(
 /// Creates or replaces webhook channel `channel`'s settings (@P1): its pacing and retries
 /// (@P2..@P9), or (a seed) stores them only if the channel has none. The relay columns stay
 /// NULL (migration 0010).
-pub fn replace_webhook_channel(
+pub(crate) fn replace_webhook_channel(
     write: ChannelWrite,
     channel: &str,
     s: &WebhookSettings,
@@ -238,17 +238,17 @@ pub fn replace_webhook_channel(
 }
 
 /// Deletes channel @P1's settings. Result: rows deleted.
-pub fn delete_channel(channel: &str) -> Statement {
+pub(crate) fn delete_channel(channel: &str) -> Statement {
     Statement::fixed(include_str!("delete_channel.sql")).set("@P1", text(channel))
 }
 
 /// Every stored secret, for the start-up re-seal: lists' webhook secrets (first result), the
 /// channels' password and OAuth client secret (second).
-pub const SELECT_SECRETS: &str = include_str!("select_secrets.sql");
+pub(crate) const SELECT_SECRETS: &str = include_str!("select_secrets.sql");
 
 /// Replaces list @P1's webhook secret @P2 with @P3, only while it is still @P2: a replica that
 /// stored a new secret meanwhile keeps it.
-pub fn reseal_list_secret(name: &str, old: String, new: String) -> Statement {
+pub(crate) fn reseal_list_secret(name: &str, old: String, new: String) -> Statement {
     Statement::fixed(include_str!("reseal_list_secret.sql"))
         .set("@P1", text(name))
         .set("@P2", Param::Text(Some(old)))
@@ -258,7 +258,7 @@ pub fn reseal_list_secret(name: &str, old: String, new: String) -> Statement {
 /// Replaces channel @P1's password @P2 with @P3 and its OAuth client secret @P4 with @P5, each
 /// only while it is still the old value (a NULL old value leaves that column alone: NULL equals
 /// nothing). Each secret is given as (old, new), or `None` to leave it.
-pub fn reseal_channel_secrets(
+pub(crate) fn reseal_channel_secrets(
     channel: &str,
     password: Option<(String, String)>,
     client_secret: Option<(String, String)>,

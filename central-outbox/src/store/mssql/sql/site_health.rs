@@ -19,7 +19,7 @@ use crate::domain::site_health::{MAX_NODES_PER_SITE, SiteHealthReport};
 /// brought the site back under it. Two first reports of one node racing to insert (a node
 /// reporting to two replicas at once) end one of them with a duplicate key; run again, it
 /// updates.
-pub fn record_site_health(report: &SiteHealthReport) -> Statement {
+pub(crate) fn record_site_health(report: &SiteHealthReport) -> Statement {
     let flag = |set: bool| Param::Int(Some(i32::from(set)));
     let count = |n: u64| Param::BigInt(Some(i64::try_from(n).unwrap_or(i64::MAX)));
     Statement::fixed(include_str!("record_site_health.sql"))
@@ -46,13 +46,13 @@ pub fn record_site_health(report: &SiteHealthReport) -> Statement {
 
 /// The database's clock (first result) and every node's latest report, by site then node
 /// (second): the clock the offline rule is applied with is the one that stamped the reports.
-pub const SELECT_SITE_HEALTH: &str = include_str!("select_site_health.sql");
+pub(crate) const SELECT_SITE_HEALTH: &str = include_str!("select_site_health.sql");
 
 /// Deletes every node whose latest report is `silent_for` old or older by the database's clock,
 /// and answers them (SiteId, NodeName). The age is bound as whole seconds (@P1) and the
 /// remaining milliseconds (@P2): DATEADD takes an int, and a retention of years in milliseconds
 /// does not fit one. The retention is at most 3650 days (`config`), 315,360,000 seconds.
-pub fn forget_silent_nodes(silent_for: Duration) -> Statement {
+pub(crate) fn forget_silent_nodes(silent_for: Duration) -> Statement {
     let seconds = i32::try_from(silent_for.as_secs()).unwrap_or(i32::MAX);
     let millis = i32::try_from(silent_for.subsec_millis()).unwrap_or(0);
     Statement::fixed(include_str!("forget_silent_nodes.sql"))

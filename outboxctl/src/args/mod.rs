@@ -13,9 +13,9 @@ use outbox_proto::v1;
 
 use crate::filter::{TimeBound, parse_priority, parse_status, parse_time_bound};
 
-pub mod channel;
+pub(crate) mod channel;
 
-pub use channel::{
+pub(crate) use channel::{
     AuthArg, BackoffArg, ListSetArgs, ListsCommand, SmtpCommand, SmtpSetArgs, WebhookCommand,
     WebhookSetArgs,
 };
@@ -30,7 +30,7 @@ pub use channel::{
     after_help = "Exit status: 0 on success, 2 for usage errors, 1 for anything else \
                   (the error is one line on stderr)."
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     /// Central's gRPC address.
     #[arg(
         long,
@@ -81,7 +81,7 @@ pub struct Cli {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Notifications matching a filter, newest first.
     List(ListArgs),
     /// One notification in full: status, content, provenance and its attempt history.
@@ -116,7 +116,7 @@ pub enum Command {
 
 /// Which notifications: the filter flags shared by `list` and the bulk forms of retry/discard.
 #[derive(Debug, Args, Default)]
-pub struct SelectArgs {
+pub(crate) struct SelectArgs {
     /// Only this delivery channel.
     #[arg(long = "type", value_enum)]
     pub kind: Option<ChannelArg>,
@@ -145,7 +145,7 @@ pub struct SelectArgs {
 
 impl SelectArgs {
     /// Whether any filter flag was given (the bulk forms need `--all-parked` for them).
-    pub fn is_set(&self) -> bool {
+    pub(crate) fn is_set(&self) -> bool {
         self.kind.is_some()
             || !self.priority.is_empty()
             || self.site.is_some()
@@ -158,7 +158,7 @@ impl SelectArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     /// Only these statuses (repeatable): pending, held, retrying, delivered, parked, discarded,
     /// superseded, cleared.
     #[arg(long, value_parser = parse_status)]
@@ -181,7 +181,7 @@ pub struct ListArgs {
 }
 
 #[derive(Debug, Args)]
-pub struct ActionArgs {
+pub(crate) struct ActionArgs {
     /// Notification ids: one acts singly (errors if it is not Parked), several act in bulk
     /// (ids that are not Parked are reported as skipped).
     // Not `required`: with neither ids nor --all-parked, `commands` explains both ways in one
@@ -203,13 +203,13 @@ pub struct ActionArgs {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum ChannelArg {
+pub(crate) enum ChannelArg {
     Email,
     Webhook,
 }
 
 impl ChannelArg {
-    pub fn proto(self) -> v1::NotificationType {
+    pub(crate) fn proto(self) -> v1::NotificationType {
         match self {
             Self::Email => v1::NotificationType::Email,
             Self::Webhook => v1::NotificationType::Webhook,

@@ -1,5 +1,5 @@
 //! Every T-SQL statement the MS SQL backend sends, each in one place. A fixed statement is a
-//! file under `sql/` beside this module (`claim_due.sql` ...), compiled in with `include_str!`:
+//! file in this module's folder (`claim_due.sql` ...), compiled in with `include_str!`:
 //! the file is the statement, sent as it is. A statement whose shape varies with its input (a
 //! filter, a number of rows, ids or targets) is built by a function from fixed fragments. Both
 //! live in the module of their area: [`connection`] (pool check-out, the health probe,
@@ -47,7 +47,7 @@ use crate::domain::NotificationId;
 /// A statement with its parameters, in placeholder order: a fixed text with the values its
 /// function beside it binds, or one assembled from fixed fragments.
 #[derive(Debug, Default)]
-pub struct Statement {
+pub(super) struct Statement {
     pub sql: Cow<'static, str>,
     pub params: Vec<Param>,
 }
@@ -62,7 +62,7 @@ impl Statement {
     }
 
     /// A statement to assemble, starting with `sql`.
-    pub fn new(sql: &str) -> Self {
+    pub(super) fn new(sql: &str) -> Self {
         Self {
             sql: Cow::Owned(sql.to_owned()),
             params: Vec::new(),
@@ -84,12 +84,12 @@ impl Statement {
     }
 
     /// Binds a value and returns its placeholder.
-    pub fn bind(&mut self, value: Param) -> String {
+    pub(super) fn bind(&mut self, value: Param) -> String {
         self.params.push(value);
         format!("@P{}", self.params.len())
     }
 
-    pub fn push(&mut self, fragment: &str) {
+    pub(super) fn push(&mut self, fragment: &str) {
         self.sql.to_mut().push_str(fragment);
     }
 
@@ -151,18 +151,18 @@ macro_rules! declare_now {
 /// the rules above.
 const BATCH_START: &str = batch_start!();
 
-pub mod admin;
-pub mod connection;
-pub mod dispatch;
-pub mod ingest;
-pub mod settings;
-pub mod site_health;
+pub(super) mod admin;
+pub(super) mod connection;
+pub(super) mod dispatch;
+pub(super) mod ingest;
+pub(super) mod settings;
+pub(super) mod site_health;
 #[cfg(test)]
 mod tests;
 
-pub use self::admin::*;
-pub use self::connection::*;
-pub use self::dispatch::*;
-pub use self::ingest::*;
-pub use self::settings::*;
-pub use self::site_health::*;
+pub(super) use self::admin::*;
+pub(super) use self::connection::*;
+pub(super) use self::dispatch::*;
+pub(super) use self::ingest::*;
+pub(super) use self::settings::*;
+pub(super) use self::site_health::*;
