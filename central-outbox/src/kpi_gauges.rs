@@ -121,8 +121,12 @@ impl KpiGauges {
                 state.latest = Some((computed_at, Arc::new(figures)));
             }
             // The scrape still answers (counters are valid); the KPI gauges keep their last
-            // values, and the error is in the log.
-            Err(e) => tracing::warn!(error = %e, "metrics: cannot compute KPIs"),
+            // values, so the rules that watch them would see nothing new: the failure is
+            // counted for its own rule (OutboxKpisUnreadable).
+            Err(e) => {
+                self.metrics.kpi_read_failed();
+                tracing::warn!(error = %e, "metrics: cannot compute KPIs");
+            }
         }
         state.running = None;
         finished.send_replace(true);
@@ -192,8 +196,11 @@ mod tests {
         let read: ReadKpis = Box::new(|| {
             Box::pin(async { Err(crate::store::StoreError::Unavailable("down".into())) })
         });
-        let gauges = KpiGauges::new(read, Arc::new(Metrics::new()));
+        let metrics = Arc::new(Metrics::new());
+        let gauges = KpiGauges::new(read, Arc::clone(&metrics));
         assert!(gauges.fresh().await.is_none());
+        let counted = "outbox_kpi_read_failures_total 1\n";
+        assert!(metrics.render().contains(counted), "{}", metrics.render());
     }
 
     #[tokio::test(start_paused = true)]

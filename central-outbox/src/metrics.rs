@@ -186,6 +186,7 @@ pub(crate) struct Metrics {
     /// reports refused because their site already had `MAX_NODES_PER_SITE` nodes.
     site_nodes_forgotten: Counter,
     purge_failures: Family<PurgeStepLabels, Counter>,
+    kpi_read_failures: Counter,
     site_health_refused: Counter,
     /// 1 while ingest cannot tell sites apart (no client certificates required).
     site_identity_unverified: Gauge,
@@ -346,6 +347,13 @@ impl Metrics {
         for step in PURGE_STEPS {
             purge_failures.get_or_create_owned(&PurgeStepLabels { step });
         }
+        let kpi_read_failures = Counter::default();
+        registry.register(
+            "outbox_kpi_read_failures",
+            "Reads of the KPIs and site health for the gauges that failed (the store refused \
+             them): until one succeeds, those gauges keep their last values",
+            kpi_read_failures.clone(),
+        );
         let site_health_refused = Counter::default();
         registry.register(
             "outbox_site_health_reports_refused",
@@ -471,6 +479,7 @@ impl Metrics {
             purged_parked,
             site_nodes_forgotten,
             purge_failures,
+            kpi_read_failures,
             site_health_refused,
             site_identity_unverified,
             claims_released,
@@ -701,6 +710,11 @@ impl Metrics {
                 step,
             })
             .inc();
+    }
+
+    /// Counts a failed read of the KPI gauges' figures.
+    pub(crate) fn kpi_read_failed(&self) {
+        self.kpi_read_failures.inc();
     }
 
     /// Counts a failed step (one of [`PURGE_STEPS`]) of a retention pass.
@@ -989,6 +1003,7 @@ mod tests {
             let series = format!("outbox_purge_failures_total{{step=\"{step}\"}}");
             assert_eq!(sample(&text, &series), Some(0.0), "{series}\n{text}");
         }
+        assert_eq!(sample(&text, "outbox_kpi_read_failures_total"), Some(0.0));
         for (channel, step) in [("Email", "settings"), ("Webhook", "claim")] {
             let series = format!(
                 "outbox_dispatcher_claim_failures_total{{channel=\"{channel}\",step=\"{step}\"}}"
