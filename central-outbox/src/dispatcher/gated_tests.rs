@@ -268,6 +268,16 @@ fn watch_lease(
     seen
 }
 
+/// Waits until the rig's row is Parked, where its one attempt takes it (the rig stores no list
+/// "ops"), failing with `what` after [`DEADLINE`].
+async fn until_parked(rig: &Rig, what: &str) {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    while status(&rig.store, rig.id).await != Status::Parked {
+        assert!(tokio::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 async fn status(store: &GatedStore, id: NotificationId) -> Status {
     store.inner.state(id).await.unwrap().unwrap().status
 }
@@ -293,11 +303,7 @@ async fn the_lease_is_kept_while_a_claim_is_stalled() {
     assert!(rig.store.claims.waiting.load(Ordering::SeqCst) > 0);
     rig.store.claims.open();
     rig.store.outcomes.open();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while status(&rig.store, rig.id).await != Status::Parked {
-        assert!(tokio::time::Instant::now() < deadline, "never delivered");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_parked(&rig, "never delivered").await;
     let seen = seen.lock().unwrap().clone();
     let held: Vec<Option<LeaseEpoch>> = seen.into_iter().skip_while(Option::is_none).collect();
     assert!(
@@ -358,14 +364,7 @@ async fn an_outcome_written_while_the_lease_lapsed_stands() {
     rig.store.leases.close();
     rig.lease.wait_for(Option::is_none).await.unwrap();
     rig.store.outcomes.open();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while status(&rig.store, rig.id).await != Status::Parked {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the outcome written during the lapse was refused"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_parked(&rig, "the outcome written during the lapse was refused").await;
     rig.store.leases.open();
     let back = *rig.lease.wait_for(Option::is_some).await.unwrap();
     assert_eq!(back, Some(epoch), "the lease came back under another epoch");
@@ -391,14 +390,7 @@ async fn an_outcome_whose_write_fails_for_a_while_is_written_when_it_can_be() {
     rig.store.failing_outcome_writes.store(3, Ordering::SeqCst);
     rig.store.claims.open();
     rig.store.outcomes.open();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while status(&rig.store, rig.id).await != Status::Parked {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the outcome was not written after the failures"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_parked(&rig, "the outcome was not written after the failures").await;
     assert_eq!(rig.store.failing_outcome_writes.load(Ordering::SeqCst), 0);
     let history = rig
         .store
@@ -423,14 +415,7 @@ async fn claims_the_store_refuses_are_counted_and_tried_again() {
     rig.store.failing_email_claims.store(3, Ordering::SeqCst);
     rig.store.claims.open();
     rig.store.outcomes.open();
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    while status(&rig.store, rig.id).await == Status::Pending {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the row was not claimed after the failures"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_parked(&rig, "the row was not claimed after the failures").await;
     let text = rig.metrics.render();
     for (step, failed) in [("settings", 2), ("claim", 3)] {
         let series = format!(
