@@ -8,11 +8,8 @@ use super::*;
 /// said; a row of another key is never touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_condition_key_is_forwarded_and_a_later_clear_goes_to_central() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let mut site = start_site(central_addr).await;
 
     let keyed = site.send_keyed("Tank 4 high", "tank4.level.high").await;
@@ -70,11 +67,9 @@ async fn a_clear_while_central_is_away_reaches_central_after_the_rows_before_it(
     );
     assert_eq!(pending_clear_keys(&site.buffer), vec![key.to_owned()]);
 
-    let listener = central_port.listen();
     let central = FakeCentral::default();
     central.fail_clears.store(1, Ordering::SeqCst);
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     site.wait_for("the buffer to drain", |s| s.depth == 0).await;
 
     let stored = central.stored.lock().unwrap().clone();
@@ -155,10 +150,8 @@ async fn a_pending_clear_survives_a_restart() {
         site.status(&id).await.unwrap().status(),
         NotificationStatus::Cleared
     );
-    let listener = central_port.listen();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     central
         .wait_for("the clear", |c| c.cleared_at("tank4.level.high").is_some())
         .await;
@@ -178,12 +171,9 @@ async fn a_pending_clear_survives_a_restart() {
 /// (the watermark), so the clear finds it there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_row_in_flight_at_the_clear_is_acked_before_central_is_asked_to_clear() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
     let central = FakeCentral::default();
     central.acks_held.send_replace(true);
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let mut site = start_site(central_addr).await;
 
     let id = site.send_keyed("high", "tank4.level.high").await;

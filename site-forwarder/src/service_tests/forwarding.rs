@@ -5,11 +5,8 @@ use super::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forwards_deletes_on_ack_and_sets_rejections_aside() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let mut site = start_site(central_addr).await;
 
     let a = site.send("first").await;
@@ -81,11 +78,9 @@ async fn buffers_while_central_is_away_and_resends_after_a_broken_stream() {
     assert!(stats.oldest_enqueued_at.is_some());
 
     // Central comes back, but its first stream breaks after one unacked submit.
-    let listener = central_port.listen();
     let central = FakeCentral::default();
     central.break_first_stream.store(true, Ordering::SeqCst);
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
 
     site.wait_for("the buffer to drain", |s| s.depth == 0).await;
     let mut expected = vec![first.clone(), second];
@@ -119,10 +114,8 @@ async fn the_priority_is_shown_while_buffered_and_forwarded_to_central() {
     let view = site.status(&normal).await.unwrap();
     assert_eq!(view.priority(), NotificationPriority::Normal);
 
-    let listener = central_port.listen();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     site.wait_for("the buffer to drain", |s| s.depth == 0).await;
     let stored = central.stored.lock().unwrap().clone();
     assert_eq!(

@@ -56,11 +56,8 @@ async fn metrics_mirror_the_buffer_while_central_is_away() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_central_acked() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    let central_stop = CancellationToken::new();
     let central = FakeCentral::default();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let (mut site, metrics_addr) = start_site_with_metrics(central_addr).await;
 
     for subject in ["first", "second", "please reject"] {

@@ -400,6 +400,22 @@ fn not_called<T>() -> Result<Response<T>, Status> {
     Err(Status::unimplemented("not part of the fake central"))
 }
 
+/// Serves `central` on a port of its own; returns its address and what stops it.
+async fn serve_central(central: FakeCentral) -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    start_central(central, listener, stop.clone()).await;
+    (addr, stop)
+}
+
+/// Serves `central` on the port `port` held while central was away; returns what stops it.
+async fn serve_central_at(port: Reserved, central: FakeCentral) -> CancellationToken {
+    let stop = CancellationToken::new();
+    start_central(central, port.listen(), stop.clone()).await;
+    stop
+}
+
 async fn start_central(central: FakeCentral, listener: TcpListener, stop: CancellationToken) {
     let server = tonic::transport::Server::builder()
         .add_service(NotificationIngestServer::new(central.clone()))

@@ -82,11 +82,8 @@ async fn a_standby_copies_rows_from_the_table_and_from_memory_alike() {
 /// held in memory for the stream: it never keeps a row the active deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_drops_every_row_central_acked() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
-    let central_stop = CancellationToken::new();
     let central = FakeCentral::default();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let mut pair = PairRig::new(central_addr);
     let mut active = pair.start(Node::A).await;
     let mut standby = pair.start(Node::B).await;

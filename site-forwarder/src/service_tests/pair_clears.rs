@@ -12,10 +12,7 @@ async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
     let mut pair = PairRig::new(central.addr);
     let mut active = pair.start(Node::A).await;
     let mut standby = pair.start(Node::B).await;
-    let (a_buffer, b_buffer) = (
-        pair.buffer(Node::A).to_owned(),
-        pair.buffer(Node::B).to_owned(),
-    );
+    let (a_buffer, b_buffer) = pair.buffers();
 
     let high = [
         active.send_keyed("high", "tank4.level.high").await,
@@ -113,10 +110,7 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
     let mut pair = PairRig::new(central_port.addr);
     let mut active = pair.start(Node::A).await;
     let mut standby = pair.start(Node::B).await;
-    let (a_buffer, b_buffer) = (
-        pair.buffer(Node::A).to_owned(),
-        pair.buffer(Node::B).to_owned(),
-    );
+    let (a_buffer, b_buffer) = pair.buffers();
     let key = "tank4.level.high";
     let high = active.send_keyed("high", key).await;
     let plain = active.send("plain").await;
@@ -134,10 +128,8 @@ async fn a_promoted_standby_sends_the_clear_the_active_left_pending() {
 
     active.shut_down().await;
     standby.promote().await;
-    let listener = central_port.listen();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     standby
         .wait_for("the new active to drain", |s| {
             s.depth == 0 && pending_clear_keys(&b_buffer).is_empty()
@@ -157,10 +149,7 @@ async fn a_clear_central_applied_leaves_the_standby() {
     let mut pair = PairRig::new(central_port.addr);
     let mut active = pair.start(Node::A).await;
     let mut standby = pair.start(Node::B).await;
-    let (a_buffer, b_buffer) = (
-        pair.buffer(Node::A).to_owned(),
-        pair.buffer(Node::B).to_owned(),
-    );
+    let (a_buffer, b_buffer) = pair.buffers();
     active.send_keyed("high", "tank4.level.high").await;
     active.clear("tank4.level.high").await.unwrap();
     active.clear("pump7.running").await.unwrap();
@@ -170,10 +159,8 @@ async fn a_clear_central_applied_leaves_the_standby() {
     .await;
     assert_eq!(pending_clears(&b_buffer), pending_clears(&a_buffer));
 
-    let listener = central_port.listen();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     active
         .wait_for("the active to finish", |s| {
             s.depth == 0 && pending_clear_keys(&a_buffer).is_empty()
@@ -204,10 +191,7 @@ async fn a_handover_carries_the_pending_clear() {
     let mut pair = PairRig::new(central_port.addr);
     let mut a = pair.start(Node::A).await;
     let mut b = pair.start(Node::B).await;
-    let (a_buffer, b_buffer) = (
-        pair.buffer(Node::A).to_owned(),
-        pair.buffer(Node::B).to_owned(),
-    );
+    let (a_buffer, b_buffer) = pair.buffers();
     b.wait_for("b to follow a", |s| s.active_node == "a").await;
     pair.stop(Node::B, b).await;
 
@@ -241,10 +225,8 @@ async fn a_handover_carries_the_pending_clear() {
     })
     .await;
 
-    let listener = central_port.listen();
     let central = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let central_stop = serve_central_at(central_port, central.clone()).await;
     b.wait_for("b to drain", |s| {
         s.depth == 0 && pending_clear_keys(&b_buffer).is_empty()
     })

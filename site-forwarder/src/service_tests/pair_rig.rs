@@ -57,6 +57,11 @@ impl PairRig {
         &self.buffers[node.index()]
     }
 
+    /// Both buffer files, "a" then "b", owned (to read beside a node the test moves).
+    pub(super) fn buffers(&self) -> (PathBuf, PathBuf) {
+        (self.buffers[0].clone(), self.buffers[1].clone())
+    }
+
     /// Starts `node` (in its configured role) and returns once it serves.
     pub(super) async fn start(&mut self, node: Node) -> Site {
         let port = self.held[node.index()]

@@ -124,8 +124,7 @@ async fn a_full_buffer_refuses_sends_and_says_so_until_central_drains_it() {
     // Central comes back: everything is forwarded and deleted, and Sends work again by
     // themselves.
     let fake = FakeCentral::default();
-    let central_stop = CancellationToken::new();
-    start_central(fake.clone(), central.listen(), central_stop.clone()).await;
+    let central_stop = serve_central_at(central, fake.clone()).await;
     let stats = site
         .wait_for("the buffer drained and taking Sends", |s| {
             s.depth == 0 && !s.sends_refused

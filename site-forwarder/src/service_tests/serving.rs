@@ -94,12 +94,9 @@ async fn a_listener_given_must_be_bound_to_the_configured_address() {
 /// role and version; once central acks, the empty buffer and when it last forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_reports_its_health_to_central_every_interval() {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let central_addr = listener.local_addr().unwrap();
     let central = FakeCentral::default();
     central.acks_held.send_replace(true);
-    let central_stop = CancellationToken::new();
-    start_central(central.clone(), listener, central_stop.clone()).await;
+    let (central_addr, central_stop) = serve_central(central.clone()).await;
     let mut site = start_site_with(central_addr, |config| {
         config.health_report_interval = Duration::from_millis(50);
     })

@@ -11,6 +11,17 @@ fn open(dir: &tempfile::TempDir, name: &str) -> Buffer {
     Buffer::open(&dir.path().join(name)).unwrap()
 }
 
+/// A node's buffer (`standby.db`) that has recorded itself the standby of the pair's first term.
+async fn open_standby(dir: &tempfile::TempDir) -> Buffer {
+    let standby = open(dir, "standby.db");
+    standby
+        .roles()
+        .save_role(Role::Standby, 1, false, true)
+        .await
+        .unwrap();
+    standby
+}
+
 fn span(from: i64, through: i64, kept: &[(i64, i64)]) -> RetainedSpan {
     RetainedSpan {
         from: Seq(from),
@@ -36,12 +47,7 @@ fn gaps_are_the_span_minus_the_kept_ranges() {
 async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left() {
     let dir = tempfile::tempdir().unwrap();
     let active = open(&dir, "active.db");
-    let standby = open(&dir, "standby.db");
-    standby
-        .roles()
-        .save_role(Role::Standby, 1, false, true)
-        .await
-        .unwrap();
+    let standby = open_standby(&dir).await;
     let mut seqs = Vec::new();
     for i in 0..5 {
         seqs.push(
@@ -104,12 +110,7 @@ async fn a_standby_copies_rows_at_the_actives_seqs_and_a_resume_drops_what_left(
 #[tokio::test]
 async fn a_copied_row_replaces_what_held_its_seq_or_its_notification() {
     let dir = tempfile::tempdir().unwrap();
-    let standby = open(&dir, "standby.db");
-    standby
-        .roles()
-        .save_role(Role::Standby, 1, false, true)
-        .await
-        .unwrap();
+    let standby = open_standby(&dir).await;
     let (old, moved) = (notification("old"), notification("moved"));
     standby
         .replica()
@@ -410,12 +411,7 @@ async fn a_handover_carries_the_marks_and_the_pending_clears() {
 async fn a_standby_takes_the_actives_pending_clears_as_a_whole() {
     use crate::domain::ConditionKey;
     let dir = tempfile::tempdir().unwrap();
-    let standby = open(&dir, "standby.db");
-    standby
-        .roles()
-        .save_role(Role::Standby, 1, false, true)
-        .await
-        .unwrap();
+    let standby = open_standby(&dir).await;
     let at = crate::domain::to_buffer_precision(chrono::Utc::now());
     let clear = |key: &str, up_to: i64| PendingClear {
         condition_key: ConditionKey::parse(key.into(), "condition_key").unwrap(),
