@@ -290,7 +290,9 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                 "drain timeout: aborting deliveries; their rows are retried after the claim timeout"
             );
             self.all_work.cancel();
-            for channel in channels {
+            // Only the loops still running: a finished loop's handle may already have been
+            // awaited above, and a `JoinHandle` awaited again after it answered panics.
+            for channel in channels.into_iter().filter(|c| !c.is_finished()) {
                 channel.abort();
                 let _ = channel.await;
             }

@@ -1,6 +1,6 @@
 //! The dispatcher's hardest cases on a paused clock: lease loss mid-delivery, renewals delayed
-//! within and beyond the lease's TTL, rate-limit pacing, queued rows that waited too long, and
-//! what one sweep claims and starts.
+//! within and beyond the lease's TTL, rate-limit pacing, queued rows that waited too long, what
+//! one sweep claims and starts, and a shutdown whose drain times out.
 //!
 //! Each test runs on tokio's paused clock over the in-memory store
 //! (`crate::testing::MemoryStore`, held to the store's dispatch contract by the conformance
@@ -25,15 +25,15 @@ use super::{DISPATCHER_LEASE, Dispatcher, DispatcherSettings, SweepOutcome};
 use crate::config::{Config, SmtpConfig};
 use crate::config_cache::{ConfigCache, MAX_AGE};
 use crate::delivery::{ChannelSettings, Deliver, Turn};
-use crate::domain::NotificationId;
 use crate::domain::channel::{ListInput, NotificationList, SmtpSettings};
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::status::Status;
+use crate::domain::{NotificationId, NotificationType};
 use crate::metrics::Metrics;
 use crate::records::{ClaimedNotification, LeaseEpoch};
 use crate::store::DispatchStore;
-use crate::testing::{MemoryStore, Row, email};
+use crate::testing::{MemoryStore, Row, email, webhook};
 
 /// The lease lasts 3 s and is renewed every second.
 const TTL: Duration = Duration::from_secs(3);
@@ -173,6 +173,8 @@ fn smtp(connections: u32, rate_limit: Option<(f64, u32)>) -> SmtpSettings {
     config.validate().unwrap().smtp.unwrap()
 }
 
+/// A store with the email list "ops" and the webhook list "hooks" (rows of `email` and
+/// `webhook`).
 fn store(smtp: SmtpSettings) -> Arc<MemoryStore> {
     let ops = NotificationList::parse(ListInput {
         name: "ops".into(),
@@ -180,7 +182,14 @@ fn store(smtp: SmtpSettings) -> Arc<MemoryStore> {
         ..Default::default()
     })
     .unwrap();
-    Arc::new(MemoryStore::new(smtp, vec![ops]))
+    let hooks = NotificationList::parse(ListInput {
+        name: "hooks".into(),
+        kind: Some(NotificationType::Webhook),
+        endpoints: vec!["http://127.0.0.1:9/hook".into()],
+        ..Default::default()
+    })
+    .unwrap();
+    Arc::new(MemoryStore::new(smtp, vec![ops, hooks]))
 }
 
 fn settings(claim_timeout: Duration) -> DispatcherSettings {
@@ -759,4 +768,40 @@ async fn a_slow_database_is_claimed_ahead_so_the_connections_never_wait_for_it()
          the connections waited for claims (busy throughout: {busy:?})"
     );
     rig.stop().await;
+}
+
+/// A shutdown whose drain outlasts `drain_timeout` on one channel (a webhook delivery that
+/// never answers) after the other channel's loop has already stopped: the delivery under way is
+/// cancelled at the timeout, its row stays claimed with no outcome (due again once its claim
+/// expires), and the dispatcher stops cleanly. It once panicked here, awaiting again the email
+/// loop it had already seen finish, and the service's `run` then failed at shutdown.
+#[tokio::test(start_paused = true)]
+async fn a_drain_that_times_out_on_one_channel_cancels_it_and_stops_cleanly() {
+    let store = store(smtp(1, None));
+    let id = store.add(webhook("hold: an endpoint that never answers"));
+    let settings = settings(Duration::from_secs(60));
+    let drain_timeout = settings.drain_timeout;
+    let rig = Rig::start(store, settings).await;
+    rig.script
+        .until("the delivery starts", |log| log.starts.len() == 1)
+        .await;
+
+    let stopped_at = Instant::now();
+    rig.shutdown.cancel();
+    let stopped = within("the dispatcher stops", rig.task).await;
+    assert!(
+        stopped.is_ok(),
+        "the dispatcher failed to stop: {stopped:?}"
+    );
+    let cancelled = rig.script.cancelled();
+    assert_eq!(cancelled.len(), 1, "the held delivery is cancelled once");
+    let waited = cancelled[0] - stopped_at;
+    assert!(
+        waited >= drain_timeout && waited <= drain_timeout + TICK,
+        "cancelled {waited:?} after the stop, not at the drain timeout ({drain_timeout:?})"
+    );
+    let row = rig.store.row(id);
+    assert!(row.outcomes.is_empty(), "recorded: {:?}", row.outcomes);
+    assert_eq!(row.status, Status::Pending);
+    assert_eq!(row.attempts, 1);
 }

@@ -90,9 +90,18 @@ impl Gate {
 
 /// An email notification to list "ops" with this subject, from a site script.
 pub fn email(subject: &str) -> NewNotification {
+    notification(NotificationType::Email, "ops", subject)
+}
+
+/// A webhook notification to list "hooks" with this subject, from a site script.
+pub fn webhook(subject: &str) -> NewNotification {
+    notification(NotificationType::Webhook, "hooks", subject)
+}
+
+fn notification(kind: NotificationType, list: &str, subject: &str) -> NewNotification {
     let content = NotificationContent::parse(
-        NotificationType::Email,
-        "ops".into(),
+        kind,
+        list.into(),
         subject.into(),
         "body".into(),
         String::new(),

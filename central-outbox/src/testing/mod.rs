@@ -13,7 +13,7 @@
 
 mod memory_store;
 
-pub use memory_store::{Gate, MemoryStore, Row, email};
+pub use memory_store::{Gate, MemoryStore, Row, email, webhook};
 
 // Internals the tests outside this crate drive directly, named here so the modules that hold
 // them stay crate-only: the e2e mail tests render messages with the email adapter; the e2e
