@@ -153,7 +153,8 @@ pub async fn run(
             // Before anything is served: a secret sealed with a key not configured stops start-up.
             let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
             resealed.log(&settings.secrets);
-            serve(Arc::new(store), settings, listeners, shutdown).await
+            let metrics = Metrics::new().with_failed_logins(settings.auth.failed_logins());
+            serve(Arc::new(store), settings, metrics, listeners, shutdown).await
         }
         DatabaseUrl::MsSql(options) => {
             let store = MsSqlStore::open(options.clone())
@@ -161,7 +162,10 @@ pub async fn run(
                 .with_secrets(settings.secrets.clone());
             let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
             resealed.log(&settings.secrets);
-            serve(Arc::new(store), settings, listeners, shutdown).await
+            let metrics = Metrics::new()
+                .with_failed_logins(settings.auth.failed_logins())
+                .with_store_connections(store.connections_opened());
+            serve(Arc::new(store), settings, metrics, listeners, shutdown).await
         }
     }
 }
@@ -265,11 +269,12 @@ fn spawn_self_alerts<S: OutboxStore>(
 async fn serve<S: OutboxStore>(
     store: Arc<S>,
     settings: Settings,
+    metrics: Metrics,
     listeners: Listeners,
     shutdown: CancellationToken,
 ) -> Result<(), RunError> {
     let listener = listeners.grpc;
-    let metrics = Arc::new(Metrics::new().with_failed_logins(settings.auth.failed_logins()));
+    let metrics = Arc::new(metrics);
     let site_identity = SiteIdentity::for_tls(&settings.tls);
     site_identity.announce(settings.tls.serves_tls(), &metrics);
     // The file seeds what the database lacks (or, with --apply-config, replaces it).

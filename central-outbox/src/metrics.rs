@@ -736,6 +736,15 @@ impl Metrics {
         self
     }
 
+    /// Adds the MS SQL pools' count of connections opened (only that store has pools).
+    pub(crate) fn with_store_connections(
+        mut self,
+        opened: &crate::store::mssql::ConnectionsOpened,
+    ) -> Self {
+        opened.register(&mut self.registry);
+        self
+    }
+
     /// Whether ingest holds each site to its client certificate's name.
     pub(crate) fn set_sites_verified(&self, verified: bool) {
         self.site_identity_unverified.set(i64::from(!verified));

@@ -63,6 +63,7 @@ use crate::records::{
 use crate::secrets::{Keyring, ResealReport};
 
 pub use self::options::MsSqlOptions;
+pub use self::pool::ConnectionsOpened;
 pub use self::scratch::ScratchDatabase;
 
 /// Runs of a batch chosen as a deadlock victim, in all. SQL Server picks the cheaper
@@ -89,6 +90,8 @@ pub struct MsSqlStore {
     /// through the procedure at once (see `ingest`). Shared by the clones; the lock is held only
     /// to copy or extend the set, never across an await.
     consolidating: Arc<Mutex<ingest::ConsolidatingLists>>,
+    /// Connections both pools opened, for `/metrics`.
+    opened: ConnectionsOpened,
 }
 
 impl std::fmt::Debug for MsSqlStore {
@@ -118,6 +121,7 @@ impl MsSqlStore {
         migrate::apply(&schema, options.command_timeout).await?;
         drop(schema);
         let started = std::time::Instant::now();
+        let opened = ConnectionsOpened::default();
         // Both pools open their idle connections, warmed (see `warm`), before the store is
         // returned: central serves streams and takes the dispatcher lease only after that, so
         // neither a first stream nor a new leader waits on a cold connection, and by default
@@ -138,7 +142,12 @@ impl MsSqlStore {
                 .test_on_check_out(true)
                 .idle_timeout(Some(POOL_IDLE_TIMEOUT))
                 .max_lifetime(Some(POOL_MAX_LIFETIME))
-                .build(Manager::warming(options.clone(), warm::Kind::Everything)),
+                .build(Manager::warming(
+                    options.clone(),
+                    warm::Kind::Everything,
+                    &opened,
+                    "requests",
+                )),
             // Kept open (min_idle 1) so a renewal does not pay for a login; not idle-timed out.
             bb8::Pool::builder()
                 .max_size(1)
@@ -148,7 +157,12 @@ impl MsSqlStore {
                 .test_on_check_out(true)
                 .idle_timeout(None)
                 .max_lifetime(Some(POOL_MAX_LIFETIME))
-                .build(Manager::warming(options.clone(), warm::Kind::Lease)),
+                .build(Manager::warming(
+                    options.clone(),
+                    warm::Kind::Lease,
+                    &opened,
+                    "lease",
+                )),
         )
         .map_err(|e| to_store_error("connect", &e))?;
         tracing::info!(
@@ -164,7 +178,13 @@ impl MsSqlStore {
             timeout: options.connect_timeout * 3 + options.command_timeout * 2,
             secrets,
             consolidating: Arc::default(),
+            opened,
         })
+    }
+
+    /// The count of connections each pool opened, for `/metrics` (see [`ConnectionsOpened`]).
+    pub fn connections_opened(&self) -> &ConnectionsOpened {
+        &self.opened
     }
 
     /// Seals and opens secrets with `secrets` from now on.

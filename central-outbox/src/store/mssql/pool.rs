@@ -8,6 +8,10 @@
 
 use std::time::{Duration, Instant};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tiberius::error::{Error, IoErrorKind};
 use tiberius::{Client, Row, ToSql};
 use tokio::net::TcpStream;
@@ -146,6 +150,44 @@ impl Connection {
     }
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabels {
+    pool: &'static str,
+}
+
+/// Connections each pool has opened (logged in and warmed), since the store was opened.
+///
+/// Why an operator watches it: by default both pools open every connection before central
+/// serves (see `MsSqlOptions::min_idle`), so after start-up the count grows only when a
+/// connection is replaced: one broken by an error or an abandoned request, one past its
+/// lifetime (every 30 minutes), or one the pool grows by when `Min Pool Size` is below the
+/// pool's size. Each such connection is opened and warmed while requests may be waiting for it
+/// (seconds of a server core each on Babelfish), so a rate above the lifetime's says requests
+/// are paying for cold connections.
+#[derive(Debug, Clone, Default)]
+pub struct ConnectionsOpened {
+    opened: Family<PoolLabels, Counter>,
+}
+
+impl ConnectionsOpened {
+    /// Adds the series to `registry`: `outbox_store_connections_opened_total{pool}`.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "outbox_store_connections_opened",
+            "MS SQL connections opened and warmed, by pool (requests: ingest, dispatch and \
+             admin; lease: the dispatcher lease's own); after start-up, each one replaced a \
+             broken or expired connection or grew the pool",
+            self.opened.clone(),
+        );
+    }
+
+    /// The counter of the pool named `pool`, created at 0 so the series shows before the first
+    /// connection.
+    fn of(&self, pool: &'static str) -> Counter {
+        self.opened.get_or_create_owned(&PoolLabels { pool })
+    }
+}
+
 /// Opens, validates and discards connections for bb8.
 #[derive(Debug, Clone)]
 pub(super) struct Manager {
@@ -154,23 +196,33 @@ pub(super) struct Manager {
     /// `None` only for the migrations' connection: before them, the statements it runs may not
     /// exist yet.
     warm_up: Option<super::warm::Kind>,
+    /// Counts each connection this manager opened (see [`ConnectionsOpened`]).
+    opened: Counter,
 }
 
 impl Manager {
     /// Connections warmed with the statements of `kind` before they are handed out: every
-    /// pool that serves requests.
-    pub(super) fn warming(options: MsSqlOptions, kind: super::warm::Kind) -> Self {
+    /// pool that serves requests, each counted in `opened` under the pool's name.
+    pub(super) fn warming(
+        options: MsSqlOptions,
+        kind: super::warm::Kind,
+        opened: &ConnectionsOpened,
+        pool: &'static str,
+    ) -> Self {
         Self {
             options,
             warm_up: Some(kind),
+            opened: opened.of(pool),
         }
     }
 
-    /// Connections handed out as they come from the login: for the migrations.
+    /// Connections handed out as they come from the login, counted nowhere: for the
+    /// migrations.
     pub(super) fn cold(options: MsSqlOptions) -> Self {
         Self {
             options,
             warm_up: None,
+            opened: Counter::default(),
         }
     }
 
@@ -255,7 +307,10 @@ impl bb8::ManageConnection for Manager {
         let mut attempt = 1;
         loop {
             match self.connect_warm().await {
-                Ok(conn) => return Ok(conn),
+                Ok(conn) => {
+                    self.opened.inc();
+                    return Ok(conn);
+                }
                 Err(e) if attempt < CONNECT_ATTEMPTS && is_transient_connect(&e) => {
                     tracing::warn!(
                         error = %e,
@@ -308,6 +363,51 @@ mod tests {
             kind,
             message: String::new(),
         }
+    }
+
+    #[test]
+    fn each_pool_shows_its_count_from_the_start_and_the_migrations_count_nowhere() {
+        let options = MsSqlOptions::parse(
+            "server=tcp:db.example.test,1433;database=outbox;user id=u;password=p",
+        )
+        .unwrap();
+        let opened = ConnectionsOpened::default();
+        let requests = Manager::warming(
+            options.clone(),
+            super::super::warm::Kind::Everything,
+            &opened,
+            "requests",
+        );
+        let _lease = Manager::warming(
+            options.clone(),
+            super::super::warm::Kind::Lease,
+            &opened,
+            "lease",
+        );
+        Manager::cold(options).opened.inc();
+        requests.opened.inc();
+        let mut registry = Registry::default();
+        opened.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let sample = |series: &str| {
+            text.lines().find_map(|line| {
+                line.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .parse::<u64>()
+                    .ok()
+            })
+        };
+        assert_eq!(
+            sample(r#"outbox_store_connections_opened_total{pool="requests"}"#),
+            Some(1),
+            "{text}"
+        );
+        assert_eq!(
+            sample(r#"outbox_store_connections_opened_total{pool="lease"}"#),
+            Some(0),
+            "{text}"
+        );
     }
 
     #[test]
