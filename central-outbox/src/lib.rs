@@ -146,6 +146,10 @@ pub async fn run(
         metrics: metrics_listener,
         console: console_listener,
     };
+    // Before the store opens (which takes a while on a busy MS SQL server), so that the warning
+    // about sites that are not verified is among the first lines of the log.
+    let metrics = Metrics::new().with_failed_logins(settings.auth.failed_logins());
+    SiteIdentity::for_tls(&settings.tls).announce(settings.tls.serves_tls(), &metrics);
     match &settings.database {
         DatabaseUrl::Sqlite(path) => {
             let store = SqliteStore::open(path, group_commit::Durability::Full)?
@@ -153,7 +157,6 @@ pub async fn run(
             // Before anything is served: a secret sealed with a key not configured stops start-up.
             let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
             resealed.log(&settings.secrets);
-            let metrics = Metrics::new().with_failed_logins(settings.auth.failed_logins());
             serve(Arc::new(store), settings, metrics, listeners, shutdown).await
         }
         DatabaseUrl::MsSql(options) => {
@@ -162,9 +165,7 @@ pub async fn run(
                 .with_secrets(settings.secrets.clone());
             let resealed = store.reseal_secrets().await.map_err(RunError::Secrets)?;
             resealed.log(&settings.secrets);
-            let metrics = Metrics::new()
-                .with_failed_logins(settings.auth.failed_logins())
-                .with_store_connections(store.connections_opened());
+            let metrics = metrics.with_store_connections(store.connections_opened());
             serve(Arc::new(store), settings, metrics, listeners, shutdown).await
         }
     }
@@ -276,7 +277,6 @@ async fn serve<S: OutboxStore>(
     let listener = listeners.grpc;
     let metrics = Arc::new(metrics);
     let site_identity = SiteIdentity::for_tls(&settings.tls);
-    site_identity.announce(settings.tls.serves_tls(), &metrics);
     // The file seeds what the database lacks (or, with --apply-config, replaces it).
     bootstrap::apply(&*store, &settings).await?;
 

@@ -409,11 +409,25 @@ async fn a_site_keeps_at_most_16_nodes_and_silent_ones_are_forgotten() {
         scrape(metrics, series).await.is_none().then_some(())
     })
     .await;
-    // Their places are free: a new node of north reports.
+    // Their places are free: a new node of north reports (refused above while 16 were kept).
     ingest
         .report_site_health(node_report("north", "north-16"))
         .await
         .unwrap();
-    assert_eq!(count("north").await, 2);
+    // north-0 and north-16 are what north may have now; north-0 only if a loaded server has not
+    // let it fall silent for the retention since its last report (seen on Babelfish with the
+    // machine's load at 10), so the test does not ask for it.
+    let mut north: Vec<String> = site_health(&central)
+        .await
+        .nodes
+        .into_iter()
+        .filter(|n| n.site_id == "north")
+        .map(|n| n.node_name)
+        .collect();
+    north.sort();
+    assert!(
+        north == ["north-0", "north-16"] || north == ["north-16"],
+        "north's nodes: {north:?}"
+    );
     central.stop().await;
 }
