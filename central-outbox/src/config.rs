@@ -26,9 +26,11 @@ use crate::domain::channel::{
     Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings, defaults,
 };
 use crate::domain::consolidation::Consolidation;
+use crate::domain::failover::FailoverPolicy;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::self_alert::Routes;
+use crate::domain::smtp_relay::SmtpRelay;
 use crate::domain::webhook::WebhookFormat;
 use crate::grpc::ingest::DEFAULT_MAX_INGEST_STREAMS;
 use crate::purge::PurgeSettings;
@@ -555,6 +557,16 @@ pub struct DispatcherConfig {
     /// Rows claimed per claim and channel; unset: the free delivery slots, two per connection
     /// and what the connections start during one claim's latency, queued locally.
     pub claim_batch: Option<usize>,
+    /// Transient failures in a row at a relay that move the email channel to its next fallback
+    /// relay (`domain::failover`).
+    pub failover_after_failures: u32,
+    /// Failing this long (every attempt transient) moves the channel on even before
+    /// `failover_after_failures`.
+    #[serde(with = "humantime_serde")]
+    pub failover_after: Duration,
+    /// How often the first relay is probed while the channel is on a fallback.
+    #[serde(with = "humantime_serde")]
+    pub failover_probe_interval: Duration,
 }
 
 impl Default for DispatcherConfig {
@@ -566,6 +578,9 @@ impl Default for DispatcherConfig {
             wake_on_events: None,
             claim_batch: None,
             claim_timeout: Duration::from_secs(120),
+            failover_after_failures: FailoverPolicy::default().after_failures,
+            failover_after: FailoverPolicy::default().after_failing_for,
+            failover_probe_interval: FailoverPolicy::default().probe_every,
         }
     }
 }
@@ -669,6 +684,10 @@ pub struct SmtpConfig {
     /// Longest one whole delivery may take.
     #[serde(default = "default_overall_timeout", with = "humantime_serde")]
     pub overall_timeout: Duration,
+    /// Relays to fail over to, in order, each `host:port tls`, reached without authentication
+    /// (`domain::smtp_relay`).
+    #[serde(default)]
+    pub fallback_relays: Vec<String>,
 }
 
 impl SmtpConfig {
@@ -691,6 +710,7 @@ impl SmtpConfig {
             rate_limit_burst: None,
             timeout: default_smtp_timeout(),
             overall_timeout: default_overall_timeout(),
+            fallback_relays: Vec::new(),
         }
     }
 }
@@ -1060,6 +1080,7 @@ impl Config {
         if d.claim_timeout < Duration::from_secs(2) {
             bail!("dispatcher.claim_timeout: must be at least 2s");
         }
+        let failover = failover_policy(d)?;
         let node_id = match &self.node_id {
             Some(id) if id.trim().is_empty() => bail!("node_id: must not be empty"),
             Some(id) => id.clone(),
@@ -1167,6 +1188,7 @@ impl Config {
                 claim_timeout: d.claim_timeout,
                 claim_batch: d.claim_batch,
                 drain_timeout: self.shutdown_timeout,
+                failover,
             },
             smtp,
             webhook,
@@ -1189,6 +1211,46 @@ impl Config {
             tls,
         })
     }
+}
+
+/// The failover rule's numbers, within [`failover_bounds`].
+fn failover_policy(d: &DispatcherConfig) -> anyhow::Result<FailoverPolicy> {
+    use failover_bounds::{MAX_AFTER_FAILURES, MAX_INTERVAL, MIN_INTERVAL};
+    if !(1..=MAX_AFTER_FAILURES).contains(&d.failover_after_failures) {
+        bail!("dispatcher.failover_after_failures: must be between 1 and {MAX_AFTER_FAILURES}");
+    }
+    for (key, value) in [
+        ("failover_after", d.failover_after),
+        ("failover_probe_interval", d.failover_probe_interval),
+    ] {
+        if !(MIN_INTERVAL..=MAX_INTERVAL).contains(&value) {
+            bail!(
+                "dispatcher.{key}: must be between {} and {}",
+                humantime::format_duration(MIN_INTERVAL),
+                humantime::format_duration(MAX_INTERVAL)
+            );
+        }
+    }
+    Ok(FailoverPolicy {
+        after_failures: d.failover_after_failures,
+        after_failing_for: d.failover_after,
+        probe_every: d.failover_probe_interval,
+    })
+}
+
+/// The bounds of the failover settings.
+pub mod failover_bounds {
+    use std::time::Duration;
+
+    /// More failures in a row than this would keep a channel on a dead relay for longer than
+    /// any alarm should wait.
+    pub const MAX_AFTER_FAILURES: u32 = 100;
+    /// A probe more often than once a second would be load on a relay that is trying to
+    /// recover; the same floor keeps a failing-for time meaningful.
+    pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
+    /// Longer than an hour on a fallback before the first relay is looked at again, or of
+    /// failing before moving, is an outage nobody would accept.
+    pub const MAX_INTERVAL: Duration = Duration::from_secs(3600);
 }
 
 fn parse_database(url: &str) -> anyhow::Result<DatabaseUrl> {
@@ -1283,6 +1345,8 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
         rate_limit_per_second: c.rate_limit_per_second,
         rate_limit_burst: c.rate_limit_burst,
     })?;
+    let fallback_relays = SmtpRelay::parse_list(&c.fallback_relays.join(","))
+        .map_err(|e| anyhow::anyhow!("smtp.{e}"))?;
     SmtpSettings {
         host: c.host.clone(),
         port: c.port,
@@ -1292,6 +1356,7 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
         timeout: c.timeout,
         overall_timeout: c.overall_timeout,
         policy,
+        fallback_relays,
     }
     .check()
     // The domain names the OAuth settings as the admin API's fields; the file nests them.
@@ -1808,6 +1873,58 @@ mod tests {
         );
         let err = from_toml("metrics_listen = 'nowhere'").unwrap_err();
         assert!(format!("{err:#}").contains("metrics_listen"), "{err:#}");
+    }
+
+    #[test]
+    fn fallback_relays_and_the_failover_numbers_are_checked() {
+        let smtp = "[smtp]\nhost = 'relay.test'\nfrom_address = 'o@x.test'\n";
+        let settings = from_toml(&format!(
+            "{smtp}fallback_relays = ['relay2.test:25 starttls', '10.0.0.5:2525 none']"
+        ))
+        .unwrap();
+        let relays = settings.smtp.unwrap().fallback_relays;
+        assert_eq!(
+            SmtpRelay::list_text(&relays),
+            "relay2.test:25 starttls, 10.0.0.5:2525 none"
+        );
+        let err = from_toml(&format!("{smtp}fallback_relays = ['relay2.test:25']")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("smtp.fallback_relays: relay 1: "),
+            "{err}"
+        );
+        let five = ["'r.test:25 none'"; 5].join(", ");
+        let err = from_toml(&format!("{smtp}fallback_relays = [{five}]")).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("smtp.fallback_relays: at most 4"),
+            "{err}"
+        );
+
+        let policy = from_toml("").unwrap().dispatcher.failover;
+        assert_eq!(policy, FailoverPolicy::default());
+        let quick = from_toml(
+            "[dispatcher]\nfailover_after_failures = 1\nfailover_after = '1s'\n\
+             failover_probe_interval = '1h'",
+        )
+        .unwrap()
+        .dispatcher
+        .failover;
+        assert_eq!(quick.after_failures, 1);
+        assert_eq!(quick.probe_every, Duration::from_secs(3600));
+        for (key, bad) in [
+            ("failover_after_failures", "0"),
+            ("failover_after_failures", "101"),
+            ("failover_after", "'999ms'"),
+            ("failover_probe_interval", "'1h 1s'"),
+        ] {
+            let err = from_toml(&format!("[dispatcher]\n{key} = {bad}")).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("dispatcher.{key}: must be between")),
+                "{key} = {bad}: {err}"
+            );
+        }
     }
 
     #[test]

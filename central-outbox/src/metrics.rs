@@ -102,6 +102,13 @@ struct ClaimStepLabels {
     step: &'static str,
 }
 
+/// Why a channel moved to another provider (`domain::failover::MoveReason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FailoverLabels {
+    channel: &'static str,
+    reason: &'static str,
+}
+
 /// Which step of a retention pass failed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PurgeStepLabels {
@@ -199,6 +206,9 @@ pub(crate) struct Metrics {
     /// consecutive transient failures as a gauge.
     streaks: Mutex<[ChannelStreak; 2]>,
     consecutive_failures: Family<ChannelLabels, Gauge>,
+    /// Which of its providers each channel delivers through (0: its first), and its moves.
+    channel_provider: Family<ChannelLabels, Gauge>,
+    channel_failovers: Family<FailoverLabels, Counter>,
     /// The self-alerts (`self_alerts`): notifications stored per condition kind, conditions
     /// raised now, alerts that could not go around a failing channel, figures a check could
     /// not read, and heartbeat calls. Their series exist only where self-alerts are on.
@@ -416,6 +426,25 @@ impl Metrics {
                 channel: channel.as_str(),
             });
         }
+        let channel_provider = Family::<ChannelLabels, Gauge>::default();
+        registry.register(
+            "outbox_channel_provider",
+            "Which provider the channel delivers through on this node: 0 its first (the relay its \
+             settings name), n its n-th fallback relay",
+            channel_provider.clone(),
+        );
+        for channel in [NotificationType::Email, NotificationType::Webhook] {
+            channel_provider.get_or_create_owned(&ChannelLabels {
+                channel: channel.as_str(),
+            });
+        }
+        let channel_failovers = Family::<FailoverLabels, Counter>::default();
+        registry.register(
+            "outbox_channel_failovers",
+            "Moves of a channel from one provider to another, by why: failures (transient failures \
+             in a row), failing_for (failing too long) or first_is_back (a good probe of the first)",
+            channel_failovers.clone(),
+        );
         let self_alerts_raised = Family::<ConditionLabels, Counter>::default();
         registry.register(
             "outbox_self_alerts_raised",
@@ -487,6 +516,8 @@ impl Metrics {
             supervision,
             streaks: Mutex::new([ChannelStreak::default(); 2]),
             consecutive_failures,
+            channel_provider,
+            channel_failovers,
             self_alerts_raised,
             self_alerts_recovered,
             self_alerts_active,
@@ -673,6 +704,32 @@ impl Metrics {
     /// `records` outcomes were given up on after the claim timeout.
     pub(crate) fn outcomes_unrecorded(&self, records: u64) {
         self.outcomes_unrecorded.inc_by(records);
+    }
+
+    /// `channel` moved to provider `to` (0: its first) because of `why`.
+    pub(crate) fn channel_moved(&self, channel: NotificationType, to: usize, why: &'static str) {
+        let label = ChannelLabels {
+            channel: channel.as_str(),
+        };
+        self.channel_provider
+            .get_or_create(&label)
+            .set(i64::try_from(to).unwrap_or(i64::MAX));
+        self.channel_failovers
+            .get_or_create(&FailoverLabels {
+                channel: channel.as_str(),
+                reason: why,
+            })
+            .inc();
+    }
+
+    /// `channel` is on provider `index` (0: its first) without having moved: its list of
+    /// providers changed, which starts it on the first.
+    pub(crate) fn set_channel_provider(&self, channel: NotificationType, index: usize) {
+        self.channel_provider
+            .get_or_create(&ChannelLabels {
+                channel: channel.as_str(),
+            })
+            .set(i64::try_from(index).unwrap_or(i64::MAX));
     }
 
     /// `rows` claimed rows of `channel` were released unsent.

@@ -183,4 +183,6 @@ pub struct AttemptRecord {
     pub error: Option<String>,
     pub duration: Duration,
     pub transition: Transition,
+    /// The relay the attempt was handed to (`host:port`); `None` when it reached none.
+    pub provider: Option<String>,
 }

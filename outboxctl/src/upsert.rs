@@ -241,6 +241,7 @@ pub(crate) fn smtp_request(
         rate_limit_per_second: args.rate_limit_per_second,
         rate_limit_burst: args.rate_limit_burst.unwrap_or(0),
         overall_timeout: args.overall_timeout.map(to_duration),
+        fallback_relays: args.fallback_relays,
     })
 }
 
@@ -358,6 +359,7 @@ mod tests {
             rate_limit_burst: None,
             session_timeout: None,
             overall_timeout: None,
+            fallback_relays: Vec::new(),
         }
     }
 

@@ -155,13 +155,18 @@ struct DetailPage {
 }
 
 fn history_row(entry: v1::HistoryEntry) -> HistoryRow {
-    let note = if !entry.superseded_by.is_empty() {
-        format!("superseded by {}", entry.superseded_by)
-    } else if !entry.digest_id.is_empty() {
-        format!("in digest {}", entry.digest_id)
-    } else {
-        String::new()
-    };
+    let mut notes = Vec::new();
+    if !entry.superseded_by.is_empty() {
+        notes.push(format!("superseded by {}", entry.superseded_by));
+    }
+    if !entry.digest_id.is_empty() {
+        notes.push(format!("in digest {}", entry.digest_id));
+    }
+    // The relay the attempt went to: a fallback's name here shows a failover.
+    if !entry.provider.is_empty() {
+        notes.push(format!("via {}", entry.provider));
+    }
+    let note = notes.join(", ");
     HistoryRow {
         sequence: entry.sequence,
         kind: display::history_kind(entry.kind),

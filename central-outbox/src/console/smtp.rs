@@ -17,6 +17,8 @@ use super::reply::{self, Failure, Form, Layout};
 use super::session::Flash;
 use super::{Shared, Visit, visit_post};
 use crate::auth::Role;
+use crate::domain::channel::TlsMode;
+use crate::domain::smtp_relay::SmtpRelay;
 
 /// The form's fields as text (secrets excepted: only whether one is stored).
 #[derive(Default)]
@@ -41,6 +43,8 @@ struct SmtpForm {
     oauth_client_id: String,
     oauth_client_secret_set: bool,
     oauth_scope: String,
+    /// One relay per line, in the text form (`domain::smtp_relay`).
+    fallback_relays: String,
 }
 
 fn strip(name: &str, prefix: &str) -> String {
@@ -79,6 +83,17 @@ impl SmtpForm {
             oauth_client_id: c.oauth_client_id.clone(),
             oauth_client_secret_set: c.oauth_client_secret_set,
             oauth_scope: c.oauth_scope.clone(),
+            fallback_relays: c
+                .fallback_relays
+                .iter()
+                .map(|r| {
+                    let tls = v1::SmtpTlsMode::try_from(r.tls_mode)
+                        .map(|m| strip(m.as_str_name(), "SMTP_TLS_MODE_").to_lowercase())
+                        .unwrap_or_default();
+                    format!("{}:{} {tls}", r.host, r.port)
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
         }
     }
 
@@ -104,6 +119,7 @@ impl SmtpForm {
             oauth_client_id: form.text("oauth_client_id"),
             oauth_client_secret_set: false,
             oauth_scope: form.text("oauth_scope"),
+            fallback_relays: form.text("fallback_relays"),
         }
     }
 }
@@ -235,7 +251,27 @@ fn to_request(form: &Form) -> Result<v1::UpsertSmtpConfigRequest, Failure> {
         },
         rate_limit_burst: number(form, "rate_limit_burst")?,
         overall_timeout: duration(form, "overall_timeout")?,
+        fallback_relays: fallback_relays(form)?,
     })
+}
+
+/// The fallback relays field, read by the text form's one parser.
+fn fallback_relays(form: &Form) -> Result<Vec<v1::SmtpRelay>, Failure> {
+    let relays = SmtpRelay::parse_list(&form.text("fallback_relays"))
+        .map_err(|e| Failure::bad_request(format!("{}: {}", e.field, e.problem)))?;
+    Ok(relays
+        .iter()
+        .map(|r| v1::SmtpRelay {
+            host: r.host().to_owned(),
+            port: u32::from(r.port()),
+            tls_mode: match r.tls() {
+                TlsMode::None => v1::SmtpTlsMode::None,
+                TlsMode::StartTls => v1::SmtpTlsMode::Starttls,
+                TlsMode::Implicit => v1::SmtpTlsMode::Tls,
+            }
+            .into(),
+        })
+        .collect())
 }
 
 /// `POST /smtp`: UpsertSmtpConfig; back to the page, or the form again with the API's message.

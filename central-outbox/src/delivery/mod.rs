@@ -31,6 +31,7 @@ use crate::domain::channel::{
     WebhookSettings,
 };
 use crate::domain::delivery::{Delivered, DeliveryError};
+use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookTarget;
 use crate::records::ClaimedNotification;
@@ -40,6 +41,9 @@ use webhook::{Outgoing, WebhookAdapter};
 
 /// A channel's settings as one dispatcher sweep read them; each attempt keeps the snapshot it
 /// started with.
+// Email's variant is the large one and the common one; boxing it would cost an allocation for
+// every attempt's copy instead of saving a few hundred bytes of the rarer webhook copies.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub(crate) enum ChannelSettings {
     /// `None`: no SMTP configuration is stored (email rows park).
@@ -48,6 +52,23 @@ pub(crate) enum ChannelSettings {
 }
 
 impl ChannelSettings {
+    /// The names of the channel's providers in failover order (`host:port` of email's relay
+    /// and fallback relays); empty where it has none to choose from.
+    pub(crate) fn provider_names(&self) -> Vec<String> {
+        match self {
+            Self::Email(Some(s)) => (0..s.relays()).map(|i| s.relay_name(i)).collect(),
+            Self::Email(None) | Self::Webhook(_) => Vec::new(),
+        }
+    }
+
+    /// The settings an attempt at provider `index` delivers with (see `SmtpSettings::via`).
+    pub(crate) fn via(&self, index: usize) -> Self {
+        match self {
+            Self::Email(Some(s)) => Self::Email(Some(s.via(index))),
+            other => other.clone(),
+        }
+    }
+
     /// The pacing and retry policy, or the fallbacks when the channel is not configured (one
     /// slot, no limit: the rows only need to be parked).
     pub(crate) fn policy(&self) -> DeliveryPolicy {
@@ -86,6 +107,17 @@ pub(crate) trait Deliver: Send + Sync + 'static {
     fn attempts_per_connection(&self, _channel: &ChannelSettings) -> usize {
         1
     }
+
+    /// Whether `channel`'s first provider answers, by the adapter's cheapest exchange with it
+    /// (email: connect, EHLO, STARTTLS if the settings ask for it, QUIT; nothing is sent). Only
+    /// asked while the channel is on another provider. An adapter with one provider per
+    /// channel need not say.
+    fn probe_first(
+        &self,
+        _channel: &ChannelSettings,
+    ) -> impl Future<Output = ProviderOutcome> + Send {
+        std::future::ready(ProviderOutcome::Answered)
+    }
 }
 
 impl Deliver for Adapters {
@@ -117,6 +149,19 @@ impl Deliver for Adapters {
         match channel {
             ChannelSettings::Email(Some(_)) => EMAIL_ATTEMPTS_PER_CONNECTION,
             ChannelSettings::Email(None) | ChannelSettings::Webhook(_) => 1,
+        }
+    }
+
+    async fn probe_first(&self, channel: &ChannelSettings) -> ProviderOutcome {
+        match channel {
+            ChannelSettings::Email(Some(smtp)) => match smtp_pool::probe(smtp).await {
+                Ok(()) => ProviderOutcome::Answered,
+                Err(e) => {
+                    tracing::info!(relay = %smtp.relay_name(0), error = %e, "the first relay still does not answer");
+                    ProviderOutcome::Failed
+                }
+            },
+            ChannelSettings::Email(None) | ChannelSettings::Webhook(_) => ProviderOutcome::Answered,
         }
     }
 }

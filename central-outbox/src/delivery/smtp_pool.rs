@@ -134,6 +134,29 @@ impl Drop for SmtpPool {
     }
 }
 
+/// Whether the relay of `settings` takes sessions: connect, greeting, EHLO (and STARTTLS when
+/// the settings ask for it), then QUIT; no authentication and no transaction, so a probe
+/// costs the relay nothing and uses no credential. Bounded by the settings' overall timeout.
+pub(crate) async fn probe(settings: &SmtpSettings) -> Result<(), String> {
+    let connector = Connector {
+        settings: SmtpSettings {
+            auth: SmtpAuth::None,
+            ..settings.clone()
+        },
+        access_token: None,
+    };
+    let probe = async {
+        let mut session = connector.connect().await.map_err(|e| match e {
+            SessionError::Smtp(e) | SessionError::CredentialsRefused(e) => e.to_string(),
+            SessionError::Delivery(e) => e.message().to_owned(),
+        })?;
+        session.quit().await.map(drop).map_err(|e| e.to_string())
+    };
+    tokio::time::timeout(settings.overall_timeout, probe)
+        .await
+        .map_err(|_| format!("no answer within {}s", settings.overall_timeout.as_secs()))?
+}
+
 impl Connector {
     /// The failure a transaction that outlived `overall_timeout` is recorded with.
     pub(crate) fn overall_timeout(&self) -> SessionError {

@@ -25,6 +25,7 @@ use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, Turn};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
+use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::{RetryPolicy, Transition};
 use crate::domain::status::Status;
 use crate::metrics::Metrics;
@@ -63,8 +64,9 @@ pub(super) struct Delivery<S, D> {
 
 impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
     /// Delivers, frees the slot, and hands the outcome (each digest row's) to the recorder.
-    /// Returns how long the slot was held; `None`: cancelled before the channel answered.
-    pub(super) async fn run(self) -> Option<Duration> {
+    /// Returns how long the slot was held and how the attempt counts for its provider; `None`:
+    /// cancelled before the channel answered.
+    pub(super) async fn run(self) -> Option<Ended> {
         let Self {
             attempt,
             notification,
@@ -75,10 +77,10 @@ impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
             recorder,
         } = self;
         let began = tokio::time::Instant::now();
-        let record = tokio::select! {
+        let Attempted { record, provider } = tokio::select! {
             biased;
             () = cancelled.cancelled() => return None,
-            record = attempt.run(notification, turn) => record,
+            attempted = attempt.run(notification, turn) => attempted,
         };
         // The slot is free as soon as the channel has answered: the outcome write then shares a
         // commit with the next claim instead of holding the slot for it.
@@ -95,8 +97,16 @@ impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
                 let _ = recorder.send_all(digest.records(&record)).await;
             }
         }
-        Some(held)
+        Some(Ended { held, provider })
     }
+}
+
+/// How a delivery ended, for its channel loop.
+pub(super) struct Ended {
+    /// How long it held its slot.
+    pub(super) held: Duration,
+    /// The provider it went to and how it answered ([`Attempted::provider`]).
+    pub(super) provider: Option<(usize, ProviderOutcome)>,
 }
 
 /// One delivery attempt of one claimed row.
@@ -108,31 +118,65 @@ pub(super) struct Attempt<S, D> {
     pub(super) channel: ChannelSettings,
     pub(super) retry: RetryPolicy,
     pub(super) timeout: Duration,
+    /// The provider `channel` is set up for (its relay, `channel` being the settings `via`
+    /// it), as the channel's failover state chose it; `None` where the channel has none.
+    pub(super) provider: Option<Provider>,
+}
+
+/// The provider an attempt goes to: its place in the channel's order and its name.
+#[derive(Debug, Clone)]
+pub(super) struct Provider {
+    pub(super) index: usize,
+    pub(super) name: String,
+}
+
+/// An attempt's record, and how it counts for the failover of the provider it went to.
+pub(super) struct Attempted {
+    pub(super) record: AttemptRecord,
+    /// `None`: the attempt never reached its provider (no provider, an unknown list, a panic),
+    /// so it says nothing about the provider.
+    pub(super) provider: Option<(usize, ProviderOutcome)>,
+}
+
+/// What an attempt's delivery came to, as far as its provider is concerned.
+enum Answer {
+    /// The channel's adapter answered (or did not within the time bound).
+    Channel(Result<Delivered, DeliveryError>),
+    /// The attempt failed before it asked the channel.
+    Before(DeliveryError),
 }
 
 impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
     /// Delivers, and returns what to record.
-    pub(super) async fn run(self, notification: ClaimedNotification, turn: Turn) -> AttemptRecord {
+    pub(super) async fn run(self, notification: ClaimedNotification, turn: Turn) -> Attempted {
         let kind = notification.content.kind;
         let started = Instant::now();
         // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
         // is recorded as a transient failure (retried, then parked like any other), and the
         // task still returns, so its channel slot is freed at once.
         let attempt = AssertUnwindSafe(self.deliver(&notification, turn)).catch_unwind();
-        let result = match tokio::time::timeout(self.timeout, attempt).await {
-            Ok(Ok(result)) => result,
+        let answer = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(answer)) => answer,
             Ok(Err(panic)) => {
                 let reason = panic_message(panic.as_ref());
                 tracing::error!(id = %notification.id, %reason, "a delivery attempt panicked");
-                Err(DeliveryError::transient(format!(
+                Answer::Before(DeliveryError::transient(format!(
                     "the delivery attempt panicked: {reason}"
                 )))
             }
-            Err(_) => Err(DeliveryError::transient(format!(
+            Err(_) => Answer::Channel(Err(DeliveryError::transient(format!(
                 "delivery attempt timed out after {}s",
                 self.timeout.as_secs()
-            ))),
+            )))),
         };
+        let (result, reached) = match answer {
+            Answer::Channel(result) => (result, true),
+            Answer::Before(e) => (Err(e), false),
+        };
+        let provider = self
+            .provider
+            .filter(|_| reached)
+            .map(|p| (p.index, ProviderOutcome::of(&result), p.name));
         let transition = self.retry.transition(
             notification.retry_count,
             &result,
@@ -148,37 +192,40 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
             error: result.as_ref().err().map(|e| e.message().to_owned()),
             duration: started.elapsed(),
             transition,
+            provider: provider.as_ref().map(|(_, _, name)| name.clone()),
         };
         self.metrics
             .attempt_finished(kind, record.outcome, record.duration);
-        record
+        Attempted {
+            record,
+            provider: provider.map(|(index, outcome, _)| (index, outcome)),
+        }
     }
 
-    async fn deliver(
-        &self,
-        n: &ClaimedNotification,
-        turn: Turn,
-    ) -> Result<Delivered, DeliveryError> {
-        let list = self
-            .config
-            .list(&self.store, &n.content.list_name)
-            .await
-            .map_err(|e| DeliveryError::transient(format!("cannot resolve the list: {e}")))?
-            .ok_or_else(|| {
-                DeliveryError::permanent(format!(
+    async fn deliver(&self, n: &ClaimedNotification, turn: Turn) -> Answer {
+        let list = match self.config.list(&self.store, &n.content.list_name).await {
+            Ok(Some(list)) => list,
+            Ok(None) => {
+                return Answer::Before(DeliveryError::permanent(format!(
                     "unknown notification list {:?}",
                     n.content.list_name.as_str()
-                ))
-            })?;
+                )));
+            }
+            Err(e) => {
+                return Answer::Before(DeliveryError::transient(format!(
+                    "cannot resolve the list: {e}"
+                )));
+            }
+        };
         if list.kind() != n.content.kind {
-            return Err(DeliveryError::permanent(format!(
+            return Answer::Before(DeliveryError::permanent(format!(
                 "notification list {:?} is a {} list, not {}",
                 list.name.as_str(),
                 list.kind(),
                 n.content.kind
             )));
         }
-        self.delivery.deliver(&self.channel, &list, n, turn).await
+        Answer::Channel(self.delivery.deliver(&self.channel, &list, n, turn).await)
     }
 }
 
@@ -208,6 +255,7 @@ pub(super) fn not_sent(n: &ClaimedNotification, in_digest: bool, why: String) ->
             resolved_at: None,
             resolved_targets: None,
         },
+        provider: None,
     }
 }
 
@@ -230,5 +278,6 @@ pub(super) fn failed_unsent(
         error: result.err().map(|e| e.message().to_owned()),
         duration: Duration::ZERO,
         transition,
+        provider: None,
     }
 }

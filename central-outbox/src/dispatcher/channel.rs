@@ -40,17 +40,19 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
-use super::attempt::{Attempt, Delivery, attempt_timeout, failed_unsent, not_sent};
+use super::attempt::{Attempt, Delivery, Ended, attempt_timeout, failed_unsent, not_sent};
 use super::caught;
 use super::claim_ahead::ClaimAhead;
 use super::claim_decision::{ClaimState, Decision, DueRows, NoClaim, decide};
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
+use super::provider::Failover;
 use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, StartOrder};
 use crate::domain::channel::{SmtpSettings, WebhookSettings};
 use crate::domain::delivery::DeliveryError;
+use crate::domain::failover::FailoverPolicy;
 use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
 use crate::domain::{NotificationId, NotificationType};
@@ -76,6 +78,8 @@ pub(super) struct ChannelParts<S, D> {
     /// Rows per claim (`dispatcher.claim_batch`); `None`: the free slots plus two per
     /// connection.
     pub(super) claim_batch: Option<usize>,
+    /// When the channel moves to another provider (`super::provider`).
+    pub(super) failover: FailoverPolicy,
     /// Where finished attempts go to be recorded (the recorder task).
     pub(super) recorder: RecorderHandle,
 }
@@ -90,6 +94,7 @@ impl<S, D> Clone for ChannelParts<S, D> {
             config: Arc::clone(&self.config),
             claim_timeout: self.claim_timeout,
             claim_batch: self.claim_batch,
+            failover: self.failover,
             recorder: self.recorder.clone(),
         }
     }
@@ -208,8 +213,10 @@ pub(super) struct ChannelLoop<S, D> {
     /// with, even where the cache keeps no copy (no SMTP settings stored).
     settings_just_read: bool,
     /// Deliveries under way; each holds a slot until its channel has answered, and ends with
-    /// how long it held it (`None`: cancelled).
-    deliveries: JoinSet<Option<Duration>>,
+    /// how long it held it and how its provider answered (`None`: cancelled).
+    deliveries: JoinSet<Option<Ended>>,
+    /// Which of the channel's providers attempts go to (`super::provider`).
+    failover: Failover,
     /// How deep to claim ahead, from the claims' and deliveries' measured times.
     ahead: ClaimAhead,
     /// The order started attempts take their places at the connections in: the order they
@@ -221,6 +228,7 @@ pub(super) struct ChannelLoop<S, D> {
 
 impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     pub(super) fn new(parts: ChannelParts<S, D>) -> Self {
+        let failover = Failover::new(parts.kind, parts.failover, Arc::clone(&parts.metrics));
         Self {
             parts,
             settings: None,
@@ -236,6 +244,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             settings_read: None,
             settings_just_read: false,
             deliveries: JoinSet::new(),
+            failover,
             ahead: ClaimAhead::default(),
             start_order: StartOrder::default(),
             warned_for: None,
@@ -256,6 +265,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             let current = mandate.borrow_and_update().clone();
             self.sweep(&current);
             let throttled_until = self.throttled_until;
+            let probe_at = self.failover.probe_at();
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
@@ -303,6 +313,14 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 }
                 () = sleep_until(throttled_until), if throttled_until.is_some() => {
                     self.throttled_until = None;
+                }
+                () = sleep_until(probe_at), if probe_at.is_some() => {
+                    if let Some(channel) = self.settings.as_ref() {
+                        self.failover.start_probe(&self.parts.delivery, channel);
+                    }
+                }
+                outcome = self.failover.probe_answer(), if self.failover.probing() => {
+                    self.failover.probed(outcome, now());
                 }
             }
         }
@@ -404,6 +422,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         let per_connection = self.parts.delivery.attempts_per_connection(&channel).max(1);
         self.connections = policy.max_concurrent_connections.max(1) as usize;
         self.slots.resize(self.connections * per_connection);
+        self.failover.follow(&channel);
         self.settings = Some(channel);
     }
 
@@ -573,14 +592,19 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                     }
                 },
             };
+            let provider = self.failover.provider();
             let attempt = Attempt {
                 store: Arc::clone(&self.parts.store),
                 metrics: Arc::clone(&self.parts.metrics),
                 delivery: Arc::clone(&self.parts.delivery),
                 config: Arc::clone(&self.parts.config),
-                channel: channel.clone(),
+                channel: match &provider {
+                    Some(p) if p.index > 0 => channel.via(p.index),
+                    _ => channel.clone(),
+                },
                 retry,
                 timeout,
+                provider,
             };
             self.deliveries.spawn(
                 Delivery {
@@ -640,6 +664,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     fn follow(&mut self, now: &Mandate, before: &Mandate) {
         if now.tenure() != before.tenure() {
             self.queue.retain(|(work, _)| work.epoch() == now.tenure());
+            self.failover.new_term();
         }
         if now.now.is_some() && now.now != before.now {
             self.due_may_have_changed();
@@ -652,10 +677,15 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         self.due.woken(self.claim.is_some());
     }
 
-    fn delivery_ended(&mut self, ended: Result<Option<Duration>, tokio::task::JoinError>) {
+    fn delivery_ended(&mut self, ended: Result<Option<Ended>, tokio::task::JoinError>) {
         self.slots.settle();
         match ended {
-            Ok(Some(held)) => self.ahead.slot_held(held),
+            Ok(Some(Ended { held, provider })) => {
+                self.ahead.slot_held(held);
+                if let Some((index, outcome)) = provider {
+                    self.failover.answered(index, outcome, now());
+                }
+            }
             Ok(None) => {}
             // A panic in the adapter is caught inside the attempt; one anywhere else in the
             // task costs only that task (its permit is returned as it unwinds).
@@ -677,6 +707,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     /// See [`ChannelLoop::run`].
     async fn drain(&mut self) {
         self.queue.clear();
+        self.failover.stop();
         if let Some(claim) = self.claim.take() {
             // Its rows are not started: due again when their claims expire.
             let _ = claim.await;
@@ -710,6 +741,8 @@ async fn read_settings<S: ReadChannelSettings>(
 }
 
 /// The settings last warned about (clamped retry values), so each change warns once.
+// One per channel loop: its size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Warned {
     Email(Option<SmtpSettings>),

@@ -179,6 +179,7 @@ mod tests {
                 resolved_at: None,
                 resolved_targets: None,
             },
+            provider: None,
         };
         let records = digest.records(&answer);
         assert_eq!(records.len(), 2);

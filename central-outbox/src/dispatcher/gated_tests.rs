@@ -216,6 +216,7 @@ async fn start() -> Rig {
         claim_timeout: Duration::from_secs(60),
         drain_timeout: Duration::from_secs(20),
         claim_batch: None,
+        failover: Default::default(),
     };
     let metrics = Arc::new(Metrics::new());
     let dispatcher = Dispatcher::new(
@@ -527,6 +528,7 @@ async fn a_panicking_delivery_frees_its_slot_and_is_recorded() {
             claim_timeout: Duration::from_secs(60),
             drain_timeout: Duration::from_secs(20),
             claim_batch: None,
+            failover: Default::default(),
         },
         Arc::new(Notify::new()),
     );

@@ -42,6 +42,7 @@ mod claim_ahead;
 mod claim_decision;
 mod digest;
 mod lease;
+mod provider;
 mod recorder;
 
 #[cfg(test)]
@@ -95,6 +96,8 @@ pub struct DispatcherSettings {
     /// down to what it starts during a claim (`claim_ahead`), and queued rows start as slots
     /// free up.
     pub claim_batch: Option<usize>,
+    /// When a channel moves to its next provider and probes its first (`domain::failover`).
+    pub failover: crate::domain::failover::FailoverPolicy,
 }
 
 /// What one `Dispatcher::dispatch_once` did.
@@ -363,6 +366,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                 config: Arc::clone(&self.config),
                 claim_timeout: self.settings.claim_timeout,
                 claim_batch: self.settings.claim_batch,
+                failover: self.settings.failover,
                 recorder: recorder.clone(),
             })
             .collect()

@@ -201,6 +201,7 @@ fn settings(claim_timeout: Duration) -> DispatcherSettings {
         claim_timeout,
         drain_timeout: Duration::from_secs(5),
         claim_batch: None,
+        failover: Default::default(),
     }
 }
 

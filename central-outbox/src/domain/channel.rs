@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::consolidation::Consolidation;
+use super::smtp_relay::SmtpRelay;
 use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
 
@@ -734,9 +735,46 @@ pub struct SmtpSettings {
     /// Longest one whole delivery (connect, auth, the transaction) may take.
     pub overall_timeout: Duration,
     pub policy: DeliveryPolicy,
+    /// Where mail goes while the relay above is down, in order, reached without authentication
+    /// (see [`super::smtp_relay`]); empty: nowhere else.
+    pub fallback_relays: Vec<SmtpRelay>,
 }
 
 impl SmtpSettings {
+    /// The relays this channel can use: the settings' own, then each fallback.
+    pub fn relays(&self) -> usize {
+        1 + self.fallback_relays.len()
+    }
+
+    /// How attempts and logs name relay `index` (0: the settings' own): `host:port`.
+    pub fn relay_name(&self, index: usize) -> String {
+        match index
+            .checked_sub(1)
+            .and_then(|i| self.fallback_relays.get(i))
+        {
+            Some(relay) => format!("{}:{}", relay.host(), relay.port()),
+            None => format!("{}:{}", self.host, self.port),
+        }
+    }
+
+    /// The settings an attempt at relay `index` uses: these for the first (or an index past the
+    /// end), else the fallback's host, port and TLS mode with no authentication.
+    pub fn via(&self, index: usize) -> Self {
+        match index
+            .checked_sub(1)
+            .and_then(|i| self.fallback_relays.get(i))
+        {
+            Some(relay) => Self {
+                host: relay.host().to_owned(),
+                port: relay.port(),
+                tls: relay.tls(),
+                auth: SmtpAuth::None,
+                ..self.clone()
+            },
+            None => self.clone(),
+        }
+    }
+
     /// Checks the values no delivery could work without; errors name the field. Retry settings
     /// are not refused: [`super::retry::RetryPolicy::clamped`] turns non-positive ones into
     /// 10 retries / 1 min with a warning, so a typo still retries instead of parking at once.
@@ -825,6 +863,7 @@ impl SmtpSettings {
             ));
         }
         self.policy.check()?;
+        super::smtp_relay::check_count(self.fallback_relays.len())?;
         Ok(self)
     }
 }
@@ -936,7 +975,29 @@ mod tests {
             timeout: defaults::SMTP_TIMEOUT,
             overall_timeout: defaults::SMTP_OVERALL_TIMEOUT,
             policy: WebhookSettings::default().policy,
+            fallback_relays: vec![],
         }
+    }
+
+    #[test]
+    fn a_fallback_relay_gets_the_settings_but_never_the_credentials() {
+        let mut settings = password_settings("relay.plant.test", TlsMode::StartTls);
+        settings.fallback_relays =
+            super::super::smtp_relay::SmtpRelay::parse_list("relay2.plant.test:25 none").unwrap();
+        assert_eq!(settings.relays(), 2);
+        assert_eq!(settings.relay_name(0), "relay.plant.test:587");
+        assert_eq!(settings.relay_name(1), "relay2.plant.test:25");
+        assert_eq!(settings.via(0), settings);
+        let fallback = settings.via(1);
+        assert_eq!(
+            (fallback.host.as_str(), fallback.port, fallback.tls),
+            ("relay2.plant.test", 25, TlsMode::None)
+        );
+        assert_eq!(fallback.auth, SmtpAuth::None);
+        assert_eq!(fallback.from_address, settings.from_address);
+        assert_eq!(fallback.policy, settings.policy);
+        // Past the end: the first relay's settings, never a panic.
+        assert_eq!(settings.via(7), settings);
     }
 
     #[test]

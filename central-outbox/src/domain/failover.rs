@@ -22,6 +22,8 @@
 
 use std::time::{Duration, Instant};
 
+use super::delivery::{Delivered, DeliveryError};
+
 /// When a channel leaves a failing provider and when it looks at the first one again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FailoverPolicy {
@@ -56,6 +58,17 @@ pub enum ProviderOutcome {
     Failed,
 }
 
+impl ProviderOutcome {
+    /// How a delivery's result counts: a transient failure (throttling included) against the
+    /// provider, a delivery or a permanent refusal as an answer.
+    pub fn of(result: &Result<Delivered, DeliveryError>) -> Self {
+        match result {
+            Ok(_) | Err(DeliveryError::Permanent(_)) => Self::Answered,
+            Err(DeliveryError::Transient(_) | DeliveryError::Throttled { .. }) => Self::Failed,
+        }
+    }
+}
+
 /// A change of provider, for the caller to log, count and show.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Moved {
@@ -72,6 +85,27 @@ pub enum MoveReason {
     FailingFor(Duration),
     /// A probe of the first provider succeeded.
     FirstIsBack,
+}
+
+impl MoveReason {
+    /// The reason's name in metrics and logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Failures(_) => "failures",
+            Self::FailingFor(_) => "failing_for",
+            Self::FirstIsBack => "first_is_back",
+        }
+    }
+}
+
+impl std::fmt::Display for MoveReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Failures(n) => write!(f, "{n} transient failures in a row"),
+            Self::FailingFor(d) => write!(f, "failing for {}s", d.as_secs()),
+            Self::FirstIsBack => f.write_str("a probe of the first answered"),
+        }
+    }
 }
 
 /// The failover state of one channel over `providers` providers (at least one).

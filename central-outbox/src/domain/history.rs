@@ -90,6 +90,8 @@ pub enum HistoryEvent {
         /// digest's id, which is its mail's Message-ID (`<id@domain>`) or its webhook call's
         /// Idempotency-Key.
         digest: Option<NotificationId>,
+        /// The relay the attempt was handed to (`host:port`), where it reached one.
+        provider: Option<String>,
     },
     Operator {
         action: OperatorAction,

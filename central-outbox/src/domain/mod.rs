@@ -14,6 +14,7 @@ pub mod retry;
 pub mod self_alert;
 pub mod serve_order;
 pub mod site_health;
+pub mod smtp_relay;
 pub mod status;
 pub mod webhook;
 

@@ -20,6 +20,7 @@ use crate::domain::history::{HistoryEntry, HistoryEvent, OperatorAction};
 use crate::domain::kpi::KpiValues;
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
+use crate::domain::smtp_relay::{self, SmtpRelay};
 use crate::domain::status::Status;
 use crate::domain::webhook::{WebhookFormat, cut_urls};
 use crate::domain::{ContentError, NotificationType};
@@ -201,8 +202,10 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
             duration,
             lease_epoch,
             digest,
+            provider,
         } => {
             view.kind = v1::HistoryEntryKind::DeliveryAttempt.into();
+            view.provider = provider.unwrap_or_default();
             view.outcome = outcome_to_proto(outcome).into();
             view.duration_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
             view.lease_epoch = lease_epoch;
@@ -389,17 +392,30 @@ fn list_consolidation_field(field: &'static str) -> &'static str {
     }
 }
 
+fn tls_view(tls: TlsMode) -> i32 {
+    match tls {
+        TlsMode::None => v1::SmtpTlsMode::None,
+        TlsMode::StartTls => v1::SmtpTlsMode::Starttls,
+        TlsMode::Implicit => v1::SmtpTlsMode::Tls,
+    }
+    .into()
+}
+
 pub(crate) fn smtp_view(stored: Stored<SmtpSettings>) -> v1::SmtpConfig {
     let s = stored.value;
     let mut view = v1::SmtpConfig {
         host: s.host,
         port: u32::from(s.port),
-        tls_mode: match s.tls {
-            TlsMode::None => v1::SmtpTlsMode::None,
-            TlsMode::StartTls => v1::SmtpTlsMode::Starttls,
-            TlsMode::Implicit => v1::SmtpTlsMode::Tls,
-        }
-        .into(),
+        tls_mode: tls_view(s.tls),
+        fallback_relays: s
+            .fallback_relays
+            .iter()
+            .map(|relay| v1::SmtpRelay {
+                host: relay.host().to_owned(),
+                port: u32::from(relay.port()),
+                tls_mode: tls_view(relay.tls()),
+            })
+            .collect(),
         from_address: s.from_address.as_str().to_owned(),
         timeout: Some(to_duration(s.timeout)),
         overall_timeout: Some(to_duration(s.overall_timeout)),
@@ -628,6 +644,7 @@ pub(crate) fn smtp_from_proto(
             ));
         }
     };
+    let fallback_relays = fallback_relays_from_proto(&msg.fallback_relays)?;
     let auth = smtp_auth(&mut msg)?.resolve(
         Relay {
             host: &msg.host,
@@ -662,6 +679,7 @@ pub(crate) fn smtp_from_proto(
             "overall_timeout",
         )?,
         policy,
+        fallback_relays,
     }
     .check()
     // The domain names the TLS mode `tls`, as the config file does; the request calls it
@@ -670,6 +688,33 @@ pub(crate) fn smtp_from_proto(
         "tls" => ContentError::new("tls_mode", e.problem),
         _ => e,
     })
+}
+
+/// The fallback relays of an upsert, each checked as the text form's are.
+fn fallback_relays_from_proto(relays: &[v1::SmtpRelay]) -> Result<Vec<SmtpRelay>, ContentError> {
+    smtp_relay::check_count(relays.len())?;
+    relays
+        .iter()
+        .enumerate()
+        .map(|(i, relay)| {
+            let tls = match v1::SmtpTlsMode::try_from(relay.tls_mode) {
+                Ok(v1::SmtpTlsMode::None) => TlsMode::None,
+                Ok(v1::SmtpTlsMode::Starttls) => TlsMode::StartTls,
+                Ok(v1::SmtpTlsMode::Tls) => TlsMode::Implicit,
+                Ok(v1::SmtpTlsMode::Unspecified) | Err(_) => {
+                    return Err(ContentError::new(
+                        "fallback_relays",
+                        format!(
+                            "relay {}: tls_mode must be SMTP_TLS_MODE_NONE, SMTP_TLS_MODE_STARTTLS \
+                             or SMTP_TLS_MODE_TLS",
+                            i + 1
+                        ),
+                    ));
+                }
+            };
+            SmtpRelay::new(i + 1, &relay.host, relay.port, tls)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -427,10 +427,14 @@ impl MemoryStore {
             .iter_mut()
             .find(|e| e.sequence == record.attempt_no)
             && let HistoryEvent::Attempt {
-                outcome, duration, ..
+                outcome,
+                duration,
+                provider,
+                ..
             } = &mut entry.event
         {
             *outcome = record.outcome;
+            provider.clone_from(&record.provider);
             // Stored in whole milliseconds, as the real stores keep it.
             *duration = Some(Duration::from_millis(
                 u64::try_from(record.duration.as_millis()).unwrap_or(u64::MAX),
@@ -622,6 +626,7 @@ impl DispatchStore for MemoryStore {
                     duration: None,
                     lease_epoch: epoch.0,
                     digest: None,
+                    provider: None,
                 },
             });
             claimed.push(ClaimedNotification {

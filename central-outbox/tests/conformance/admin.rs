@@ -781,6 +781,7 @@ pub(crate) async fn lists_and_smtp_settings_round_trip<S: OutboxStore>(store: &S
         from_address: EmailAddress::parse("outbox@plant.test", "from_address").unwrap(),
         timeout: Duration::from_secs(20),
         overall_timeout: Duration::from_secs(90),
+        fallback_relays: vec![],
         policy: DeliveryPolicy {
             max_retries: 7,
             retry_delay: Duration::from_secs(90),

@@ -34,6 +34,7 @@ fn smtp(host: &str) -> SmtpSettings {
         from_address: EmailAddress::parse("outbox@plant.test", "from_address").unwrap(),
         timeout: Duration::from_secs(30),
         overall_timeout: Duration::from_secs(120),
+        fallback_relays: vec![],
         policy: DeliveryPolicy {
             max_retries: 10,
             retry_delay: Duration::from_secs(60),

@@ -196,6 +196,7 @@ pub(crate) async fn a_flood_is_held_and_claimed_as_digests_when_its_window_ends<
                 duration: None,
                 lease_epoch: epoch.0,
                 digest: Some(first),
+                provider: None,
             }
         );
     }

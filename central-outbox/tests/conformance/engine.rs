@@ -249,7 +249,8 @@ fn delivered(claim: &ClaimedNotification) -> AttemptRecord {
     )
 }
 
-/// The outcome of `claim` under `result`, with the error text the result carries.
+/// The outcome of `claim` under `result`, with the error text the result carries, handed to a
+/// relay whose name has characters JSON escapes (the MS SQL store's outcome texts path).
 fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>) -> AttemptRecord {
     let policy = RetryPolicy::clamped(5, Duration::from_secs(30), Backoff::Fixed).0;
     AttemptRecord {
@@ -261,6 +262,7 @@ fn outcome(claim: &ClaimedNotification, result: Result<Delivered, DeliveryError>
         error: result.as_ref().err().map(|e| e.message().to_owned()),
         duration: Duration::from_millis(42),
         transition: policy.transition(claim.retry_count, &result, Utc::now(), 0.5),
+        provider: Some(format!("relay-{}\"%.plant.test:25", claim.attempt_no)),
     }
 }
 
@@ -319,6 +321,7 @@ pub(crate) async fn claims_are_exclusive_per_channel_and_outcomes_are_fenced<S: 
             duration: None,
             lease_epoch: e1.0,
             digest: None,
+            provider: None,
         }
     );
 
@@ -583,6 +586,7 @@ pub(crate) async fn outcomes_recorded_together_apply_each_on_its_own<S: Rows>(st
                 duration: Some(Duration::from_millis(42)),
                 lease_epoch: epoch.0,
                 digest: None,
+                provider: expected[i].provider.clone(),
             },
             "row {i}"
         );
@@ -667,6 +671,7 @@ pub(crate) async fn a_due_retry_is_claimed_before_newer_rows<S: Rows>(store: &S)
             resolved_at: None,
             resolved_targets: None,
         },
+        provider: None,
     };
     assert!(store.record_outcome(LEASE, failed).await.unwrap());
     let backlog: Vec<NewNotification> = (0..3).map(|i| new_row(&format!("new {i}"))).collect();

@@ -751,6 +751,7 @@ impl Case {
             error: result.as_ref().err().map(|e| e.message().to_owned()),
             duration: Duration::from_millis(5),
             transition,
+            provider: None,
         }
     }
 

@@ -298,6 +298,7 @@ pub(crate) async fn record<S: DispatchStore>(store: &S, claim: &ClaimedNotificat
                 error: result.as_ref().err().map(|e| e.message().to_owned()),
                 duration: Duration::from_millis(12),
                 transition,
+                provider: None,
             },
         )
         .await

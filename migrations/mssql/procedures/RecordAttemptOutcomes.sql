@@ -1,4 +1,4 @@
--- dbo.RecordAttemptOutcomes, revision 4
+-- dbo.RecordAttemptOutcomes, revision 5
 --
 -- Applies each outcome in @Outcomes (a JSON array, one object per row, no row twice; see
 -- sql::record_outcomes) whose claim still stands: the row is still claimed by that attempt
@@ -13,7 +13,8 @@
 --
 -- An outcome that would make a Held row Retrying (its digest failed for now) leaves it Held,
 -- due again at the retry time, so that it goes out in the next digest of its list rather than
--- on its own (as SQLite's apply_outcome). LastError, ResolvedTargets and Error arrive
+-- on its own (as SQLite's apply_outcome). LastError, ResolvedTargets, Error and Provider (the
+-- relay the attempt went to, `host:port`; absent for attempts that reached none) arrive
 -- percent-encoded and are decoded by dbo.DecodeOutcomeText (DecodeOutcomeText.sql says why).
 --
 -- A row superseded or cleared while this attempt was under way (PendingEnd) ends so, now,
@@ -70,7 +71,8 @@ JOIN dbo.NotificationAttempts AS a ON a.NotificationId = o.NotificationId AND a.
 WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND a.Outcome = N'InFlight';
 UPDATE a
 SET a.Outcome = o.Outcome, a.DurationMs = o.DurationMs,
-    a.Error = CASE WHEN CHARINDEX(N'%', o.Error) > 0 THEN dbo.DecodeOutcomeText(o.Error) ELSE o.Error END
+    a.Error = CASE WHEN CHARINDEX(N'%', o.Error) > 0 THEN dbo.DecodeOutcomeText(o.Error) ELSE o.Error END,
+    a.Provider = CASE WHEN CHARINDEX(N'%', o.Provider) > 0 THEN dbo.DecodeOutcomeText(o.Provider) ELSE o.Provider END
 FROM dbo.NotificationAttempts AS a
 JOIN OPENJSON(@Outcomes) WITH (
     Id bigint '$.Id',
@@ -78,7 +80,8 @@ JOIN OPENJSON(@Outcomes) WITH (
     AttemptNo int '$.AttemptNo',
     Outcome nvarchar(32) '$.Outcome',
     DurationMs bigint '$.DurationMs',
-    Error nvarchar(max) '$.Error'
+    Error nvarchar(max) '$.Error',
+    Provider nvarchar(300) '$.Provider'
 ) AS o ON o.NotificationId = a.NotificationId AND o.AttemptNo = a.AttemptNo
 JOIN dbo.Notifications AS n ON n.Id = o.Id
 WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND a.Outcome = N'InFlight';

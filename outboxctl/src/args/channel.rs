@@ -142,6 +142,35 @@ pub(crate) struct SmtpSetArgs {
     /// Longest one whole delivery may take, e.g. 2m (central's default: 2m).
     #[arg(long, value_parser = parse_duration)]
     pub overall_timeout: Option<Duration>,
+    /// A relay to fail over to while the one above is down, "HOST:PORT TLS" with TLS none,
+    /// starttls or tls (one argument: quote it), reached without authentication. Repeatable, in
+    /// order, at most 4; none: no failover.
+    #[arg(long = "fallback-relay", value_name = "HOST:PORT TLS", value_parser = parse_relay)]
+    pub fallback_relays: Vec<v1::SmtpRelay>,
+}
+
+/// The shape of `--fallback-relay`: `host:port tls` (central checks the host and the port's
+/// range, as for every other way in).
+fn parse_relay(text: &str) -> Result<v1::SmtpRelay, String> {
+    let mut parts = text.split_whitespace();
+    let (Some(address), Some(tls), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(format!(
+            "{text:?} is not \"HOST:PORT TLS\" (TLS none, starttls or tls)"
+        ));
+    };
+    let tls = TlsArg::from_str(tls, true)
+        .map_err(|_| format!("{tls:?} is not a TLS mode (none, starttls or tls)"))?;
+    let (host, port) = address
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{address:?} has no port (HOST:PORT)"))?;
+    let port = port
+        .parse::<u32>()
+        .map_err(|_| format!("{port:?} is not a port number"))?;
+    Ok(v1::SmtpRelay {
+        host: host.to_owned(),
+        port,
+        tls_mode: tls.proto().into(),
+    })
 }
 
 #[derive(Debug, Subcommand)]
@@ -332,6 +361,32 @@ mod tests {
         assert_eq!(set.rate_limit_per_second, Some(0.5));
         assert_eq!(set.rate_limit_burst, Some(3));
         assert_eq!(set.overall_timeout, Some(Duration::from_secs(120)));
+    }
+
+    #[test]
+    fn fallback_relays_keep_their_order_and_bad_shapes_are_refused() {
+        let set = smtp_set(&[
+            "--fallback-relay",
+            "smtp2.plant.test:25 starttls",
+            "--fallback-relay",
+            "[::1]:2525 NONE",
+        ])
+        .unwrap();
+        let relays: Vec<(&str, u32, i32)> = set
+            .fallback_relays
+            .iter()
+            .map(|r| (r.host.as_str(), r.port, r.tls_mode))
+            .collect();
+        assert_eq!(
+            relays,
+            [
+                ("smtp2.plant.test", 25, v1::SmtpTlsMode::Starttls.into()),
+                ("[::1]", 2525, v1::SmtpTlsMode::None.into()),
+            ]
+        );
+        for bad in ["smtp2:25", "smtp2 starttls", "smtp2:x none", "smtp2:25 ssl"] {
+            assert!(smtp_set(&["--fallback-relay", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -174,6 +174,10 @@ fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
         if !h.digest_id.is_empty() {
             by.push_str(&format!(", digest {}", h.digest_id));
         }
+        // The relay it was handed to: a fallback's name here is the sign of a failover.
+        if !h.provider.is_empty() {
+            by.push_str(&format!(", via {}", h.provider));
+        }
         table.row(vec![
             h.sequence.to_string(),
             time_human(h.at.as_ref()),
@@ -446,6 +450,18 @@ fn smtp_text(c: &v1::SmtpConfig) -> String {
         (
             "overall timeout",
             duration_human(c.overall_timeout.as_ref()),
+        ),
+        (
+            "fallback relays",
+            if c.fallback_relays.is_empty() {
+                "-".to_owned()
+            } else {
+                c.fallback_relays
+                    .iter()
+                    .map(|r| format!("{}:{} {}", r.host, r.port, tls_name(r.tls_mode)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
         ),
         ("updated", time_human(c.updated_at.as_ref())),
     ]);

@@ -90,6 +90,7 @@ fn history_entry(h: &v1::HistoryEntry) -> Value {
         "actor": h.actor,
         "superseded_by": h.superseded_by,
         "digest_id": h.digest_id,
+        "provider": h.provider,
     })
 }
 
@@ -201,6 +202,11 @@ fn smtp_config(c: &v1::SmtpConfig) -> Value {
         "rate_limit_burst": c.rate_limit_per_second.map(|_| c.rate_limit_burst),
         "timeout": duration_json(c.timeout.as_ref()),
         "overall_timeout": duration_json(c.overall_timeout.as_ref()),
+        "fallback_relays": c.fallback_relays.iter().map(|r| json!({
+            "host": r.host,
+            "port": r.port,
+            "tls_mode": tls_name(r.tls_mode),
+        })).collect::<Vec<_>>(),
         "updated_at": time_json(c.updated_at.as_ref()),
     })
 }

@@ -39,6 +39,7 @@ fn settings(sink: &SmtpSink) -> SmtpSettings {
         from_address: EmailAddress::parse("outbox@plant.example.test", "from_address").unwrap(),
         timeout: Duration::from_secs(10),
         overall_timeout: Duration::from_secs(30),
+        fallback_relays: vec![],
         policy: DeliveryPolicy {
             max_retries: 0,
             retry_delay: Duration::from_secs(1),

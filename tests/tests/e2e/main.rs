@@ -21,6 +21,7 @@ mod crash;
 mod delivery;
 mod disk_full;
 mod docs;
+mod failover;
 mod forwarding;
 mod ingest;
 mod leader;

@@ -97,6 +97,7 @@ fn history_entry(row: &tiberius::Row) -> Result<HistoryEntry> {
                 .map(|d| Duration::from_millis(u64::try_from(d).unwrap_or(0))),
             lease_epoch: decode::opt::<i64>(row, "LeaseEpoch")?.unwrap_or(0),
             digest: decode::opt::<uuid::Uuid>(row, "DigestId")?.map(NotificationId::from_uuid),
+            provider: decode::opt_text(row, "Provider")?,
         }
     } else if outcome == SUPERSEDED_ENTRY {
         // The replacing notification's id, in Actor.

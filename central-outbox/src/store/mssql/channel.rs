@@ -23,6 +23,7 @@ use crate::domain::channel::{
     SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::retry::Backoff;
+use crate::domain::smtp_relay::SmtpRelay;
 use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::stored_list::StoredList;
 use crate::store::{Result, StoreError};
@@ -233,6 +234,12 @@ fn read_smtp(row: &Row, secrets: &Keyring) -> Result<Stored<SmtpSettings>> {
             overall_timeout: decode::opt::<i64>(row, "OverallTimeoutMs")?
                 .map_or(timeout * 4, millis),
             policy: read_policy(row)?,
+            fallback_relays: SmtpRelay::parse_list(
+                decode::opt_text(row, "FallbackRelays")?
+                    .as_deref()
+                    .unwrap_or_default(),
+            )
+            .map_err(corrupt)?,
         },
         updated_at: decode::time(row, "UpdatedAt")?,
     })

@@ -107,6 +107,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0012_latest_condition_state.sql",
         sql: include_str!("../../../../migrations/mssql/0012_latest_condition_state.sql"),
     },
+    Migration {
+        version: 13,
+        name: "fallback_relays",
+        file: "0013_fallback_relays.sql",
+        sql: include_str!("../../../../migrations/mssql/0013_fallback_relays.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

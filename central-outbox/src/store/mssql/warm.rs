@@ -113,6 +113,7 @@ fn no_record() -> AttemptRecord {
             resolved_at: Some(Utc::now()),
             resolved_targets: None,
         },
+        provider: None,
     }
 }
 

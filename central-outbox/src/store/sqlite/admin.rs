@@ -281,11 +281,12 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
             row.get::<_, Option<i64>>(5)?,
             row.get::<_, Option<String>>(6)?,
             row.get::<_, Option<String>>(7)?,
+            row.get::<_, Option<String>>(8)?,
         ))
     })?;
     let mut entries = Vec::new();
     for row in rows {
-        let (sequence, at, duration, outcome, error, epoch, actor, digest) = row?;
+        let (sequence, at, duration, outcome, error, epoch, actor, digest, provider) = row?;
         let event = if let Some(outcome) = AttemptOutcome::from_db(&outcome) {
             HistoryEvent::Attempt {
                 outcome,
@@ -297,6 +298,7 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
                             .map_err(|_| corrupt(format!("digest id {d:?}")))
                     })
                     .transpose()?,
+                provider,
             }
         } else if outcome == SUPERSEDED_ENTRY {
             let by = actor.unwrap_or_default();

@@ -21,6 +21,7 @@ use crate::domain::channel::{
     SmtpSettings, Stored, TlsMode, WebhookSettings,
 };
 use crate::domain::retry::Backoff;
+use crate::domain::smtp_relay::SmtpRelay;
 use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::Result;
 use crate::store::stored_list::StoredList;
@@ -168,6 +169,7 @@ struct SmtpRow {
     client_secret: Option<String>,
     scope: Option<String>,
     updated_at: i64,
+    fallback_relays: Option<String>,
 }
 
 fn read_smtp(row: &rusqlite::Row<'_>) -> rusqlite::Result<SmtpRow> {
@@ -193,6 +195,7 @@ fn read_smtp(row: &rusqlite::Row<'_>) -> rusqlite::Result<SmtpRow> {
         client_secret: row.get(18)?,
         scope: row.get(19)?,
         updated_at: row.get(20)?,
+        fallback_relays: row.get(21)?,
     })
 }
 
@@ -251,6 +254,10 @@ impl SmtpRow {
                         super::super::stored_rate_limit(per_second, self.rate_burst)
                     }),
                 },
+                fallback_relays: SmtpRelay::parse_list(
+                    self.fallback_relays.as_deref().unwrap_or_default(),
+                )
+                .map_err(corrupt)?,
             },
             updated_at: at_ms("UpdatedAt", self.updated_at)?,
         })
@@ -323,6 +330,7 @@ pub(super) fn replace_smtp_settings(
             client_secret,
             oauth.map(|o| o.scope.as_str()),
             ms(now),
+            SmtpRelay::list_text(&s.fallback_relays),
         ])?;
     Ok(())
 }

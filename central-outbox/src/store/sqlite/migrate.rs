@@ -57,6 +57,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "latest_condition_state",
         sql: include_str!("../../../../migrations/sqlite/0009_latest_condition_state.sql"),
     },
+    Migration {
+        version: 10,
+        name: "fallback_relays",
+        sql: include_str!("../../../../migrations/sqlite/0010_fallback_relays.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

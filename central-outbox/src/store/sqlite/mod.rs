@@ -879,6 +879,7 @@ fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Resu
         record.outcome.as_str(),
         duration_ms(record.duration),
         record.error,
+        record.provider,
     ])?;
     Ok(true)
 }

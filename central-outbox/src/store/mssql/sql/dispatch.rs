@@ -120,7 +120,7 @@ pub(crate) fn park_invalid(
 /// applied to.
 ///
 /// Every outcome takes this one path, whatever its texts hold. Each text (LastError,
-/// ResolvedTargets, Error) goes through [`escape_free`], so that no character of it is one JSON
+/// ResolvedTargets, Error, Provider) goes through [`escape_free`], so that no character of it is one JSON
 /// escapes: Babelfish's OPENJSON would hand such a string back still escaped. The procedure
 /// decodes them. Instants go as ISO 8601 with 100 ns digits, which the server reads as
 /// datetime2(7).
@@ -144,6 +144,7 @@ pub(crate) fn record_outcomes(lease: &str, records: &[&AttemptRecord]) -> Statem
                 "Outcome": record.outcome.as_str(),
                 "DurationMs": millis_i64(record.duration),
                 "Error": record.error.as_deref().map(escape_free),
+                "Provider": record.provider.as_deref().map(escape_free),
             })
         })
         .collect();

@@ -12,6 +12,7 @@ use super::{BATCH_START, Param, Statement, int, int_value, text};
 use crate::domain::NotificationType;
 use crate::domain::channel::{SmtpAuth, SmtpSettings, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
+use crate::domain::smtp_relay::SmtpRelay;
 
 /// List @P1 (first result) and its targets (second).
 pub(crate) fn select_list(name: &str) -> Statement {
@@ -160,7 +161,8 @@ pub(crate) enum ChannelWrite {
 }
 
 /// Creates or replaces email channel `channel`'s settings (@P1) with `s` (@P2..@P21 in
-/// select_channel.sql's column order, without UpdatedAt), in one transaction, or (a seed)
+/// select_channel.sql's column order, without UpdatedAt; @P22 the fallback relays' text form),
+/// in one transaction, or (a seed)
 /// stores them only if the channel has none; its password and OAuth client secret are given
 /// sealed (`None` when its authentication has none).
 pub(crate) fn replace_channel(
@@ -206,6 +208,7 @@ pub(crate) fn replace_channel(
         .set("@P19", Param::Text(oauth.map(|o| o.client_id.clone())))
         .set("@P20", Param::Text(client_secret))
         .set("@P21", Param::Text(oauth.map(|o| o.scope.clone())))
+        .set("@P22", text(&SmtpRelay::list_text(&s.fallback_relays)))
 }
 
 /// Creates or replaces webhook channel `channel`'s settings (@P1): its pacing and retries

@@ -512,6 +512,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
             resolved_at: None,
             resolved_targets: None,
         },
+        provider: None,
     };
     let smtp = crate::config::Config {
         smtp: Some(crate::config::SmtpConfig::new(

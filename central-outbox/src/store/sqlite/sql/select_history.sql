@@ -1,2 +1,2 @@
-SELECT AttemptNo, StartedAt, DurationMs, Outcome, Error, LeaseEpoch, Actor, DigestId
+SELECT AttemptNo, StartedAt, DurationMs, Outcome, Error, LeaseEpoch, Actor, DigestId, Provider
 FROM NotificationAttempts WHERE NotificationId = ?1 ORDER BY AttemptNo

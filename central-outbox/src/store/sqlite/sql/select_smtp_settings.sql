@@ -2,5 +2,5 @@
 SELECT Host, Port, TlsMode, AuthMechanism, Username, Password, FromAddress,
        MaxRetries, RetryDelayMs, Backoff, MaxRetryDelayMs, MaxConcurrentConnections,
        RateLimitPerSecond, RateLimitBurst, TimeoutMs, OverallTimeoutMs, OAuthTokenUrl,
-       OAuthClientId, OAuthClientSecret, OAuthScope, UpdatedAt
+       OAuthClientId, OAuthClientSecret, OAuthScope, UpdatedAt, FallbackRelays
 FROM ChannelConfig WHERE Channel = ?1

@@ -1,0 +1,174 @@
+//! A second way out (issue 35, point 4): an email channel with a fallback relay. The first relay
+//! refusing connections moves the channel to the fallback, which delivers; once the first
+//! answers again, a probe finds it and the channel goes back. A relay that refuses mail for good
+//! (550) is answering: the channel stays on it. Each attempt's history names the relay it went
+//! to, and `/metrics` shows which relay the channel is on and every move.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use outbox_proto::v1;
+use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
+use tokio::net::TcpListener;
+
+use crate::harness::{
+    Central, DEADLINE, central_config, eventually, free_addr, smtp_sink, submit, wait_for_status,
+};
+
+/// `host:port`, as attempts name their relay.
+fn relay_name(addr: SocketAddr) -> String {
+    format!("{}:{}", addr.ip(), addr.port())
+}
+
+async fn ingest(central: &Central, subject: &str) -> String {
+    let msg = submit(subject, "body");
+    let id = msg.notification_id.clone();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
+    id
+}
+
+/// The delivery attempts of `id`: each one's outcome and the relay it went to.
+async fn attempts(central: &Central, id: &str) -> Vec<(v1::AttemptOutcome, String)> {
+    central
+        .outbox()
+        .await
+        .get_notification_detail(v1::GetNotificationDetailRequest {
+            notification_id: id.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .history
+        .iter()
+        .filter(|e| e.kind() == v1::HistoryEntryKind::DeliveryAttempt)
+        .map(|e| (e.outcome(), e.provider.clone()))
+        .collect()
+}
+
+/// The sample `series` on central's `/metrics`, once it can be read.
+async fn sample(metrics: SocketAddr, series: &str) -> Option<f64> {
+    let scrape = metrics_endpoint::get(metrics, "/metrics").await.ok()?;
+    metrics_endpoint::sample(&scrape.body, series)
+}
+
+const PROVIDER: &str = "outbox_channel_provider{channel=\"Email\"}";
+
+fn failovers(reason: &str) -> String {
+    format!("outbox_channel_failovers_total{{channel=\"Email\",reason=\"{reason}\"}}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refusing_connections_hands_the_mail_to_the_fallback_until_it_answers_again() {
+    let dir = tempfile::tempdir().unwrap();
+    // The first relay: a port nobody listens on (every connection refused) until the test
+    // starts a sink there.
+    let first = free_addr().await;
+    let fallback = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(first));
+    let smtp = config.smtp.as_mut().unwrap();
+    smtp.fallback_relays = vec![format!("{} none", relay_name(fallback.addr()))];
+    // Probed every second instead of every 30 s, so the way back takes seconds.
+    config.dispatcher.failover_probe_interval = Duration::from_secs(1);
+    let metrics = free_addr().await;
+    config.metrics_listen = Some(metrics);
+    let central = Central::start(config).await;
+    assert_eq!(sample(metrics, PROVIDER).await, Some(0.0));
+
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(ingest(&central, &format!("Pump {i} tripped")).await);
+    }
+    for id in &ids {
+        wait_for_status(&central.db, id, "Delivered").await;
+    }
+    assert_eq!(fallback.wait_for_messages(5, DEADLINE).await.len(), 5);
+    // Every row went out through the fallback, after its attempts at the first were refused;
+    // and each attempt's history names the relay it went to.
+    let mut refused = 0;
+    for id in &ids {
+        let attempts = attempts(&central, id).await;
+        let (last, earlier) = attempts.split_last().unwrap();
+        assert_eq!(
+            last,
+            &(v1::AttemptOutcome::Delivered, relay_name(fallback.addr())),
+            "{id}: {attempts:?}"
+        );
+        for attempt in earlier {
+            assert_eq!(
+                attempt,
+                &(v1::AttemptOutcome::TransientFailure, relay_name(first)),
+                "{id}: {attempts:?}"
+            );
+        }
+        refused += earlier.len();
+    }
+    assert!(refused >= 3, "three refusals move the channel: {refused}");
+    assert_eq!(sample(metrics, PROVIDER).await, Some(1.0));
+    assert_eq!(sample(metrics, &failovers("failures")).await, Some(1.0));
+
+    // The first relay answers again: a probe finds it, and the channel goes back to it.
+    let first_sink = SmtpSink::serve(TcpListener::bind(first).await.unwrap());
+    eventually(
+        "a probe takes the channel back to its first relay",
+        || async { (sample(metrics, PROVIDER).await == Some(0.0)).then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        sample(metrics, &failovers("first_is_back")).await,
+        Some(1.0)
+    );
+    let back = ingest(&central, "Pump 0 running").await;
+    wait_for_status(&central.db, &back, "Delivered").await;
+    assert_eq!(first_sink.wait_for_messages(1, DEADLINE).await.len(), 1);
+    assert_eq!(
+        attempts(&central, &back).await,
+        [(v1::AttemptOutcome::Delivered, relay_name(first))]
+    );
+    // The probe sent no mail: the fallback has the five it delivered, the first relay one.
+    assert_eq!(fallback.accepted_count(), 5);
+    assert_eq!(first_sink.accepted_count(), 1);
+    central.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_refusing_the_mail_for_good_keeps_the_channel_and_nothing_goes_to_the_fallback() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = smtp_sink().await;
+    first.set_behaviour(Behaviour::RejectRcpt {
+        code: 550,
+        text: "5.1.1 mailbox unavailable".into(),
+    });
+    let fallback = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(first.addr()));
+    let smtp = config.smtp.as_mut().unwrap();
+    smtp.fallback_relays = vec![format!("{} none", relay_name(fallback.addr()))];
+    let metrics = free_addr().await;
+    config.metrics_listen = Some(metrics);
+    let central = Central::start(config).await;
+
+    let mut ids = Vec::new();
+    for i in 0..4 {
+        ids.push(ingest(&central, &format!("Valve {i} stuck")).await);
+    }
+    for id in &ids {
+        let (_, _, error) = wait_for_status(&central.db, id, "Parked").await;
+        assert!(error.unwrap_or_default().contains("550"), "{id}");
+        assert_eq!(
+            attempts(&central, id).await,
+            [(
+                v1::AttemptOutcome::PermanentFailure,
+                relay_name(first.addr())
+            )]
+        );
+    }
+    // Four refusals in a row, and the channel never left the relay that gave them.
+    assert_eq!(sample(metrics, PROVIDER).await, Some(0.0));
+    assert_eq!(sample(metrics, &failovers("failures")).await, None);
+    assert_eq!(fallback.accepted_count(), 0);
+    central.stop().await;
+}
