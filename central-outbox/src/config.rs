@@ -1345,7 +1345,7 @@ fn smtp_settings(c: &SmtpConfig) -> anyhow::Result<SmtpSettings> {
         rate_limit_per_second: c.rate_limit_per_second,
         rate_limit_burst: c.rate_limit_burst,
     })?;
-    let fallback_relays = SmtpRelay::parse_list(&c.fallback_relays.join(","))
+    let fallback_relays = SmtpRelay::parse_each(c.fallback_relays.iter().map(String::as_str))
         .map_err(|e| anyhow::anyhow!("smtp.{e}"))?;
     SmtpSettings {
         host: c.host.clone(),

@@ -18,7 +18,7 @@ use super::session::Flash;
 use super::{Shared, Visit, visit_post};
 use crate::auth::Role;
 use crate::domain::channel::TlsMode;
-use crate::domain::smtp_relay::SmtpRelay;
+use crate::domain::smtp_relay::{self, SmtpRelay};
 
 /// The form's fields as text (secrets excepted: only whether one is stored).
 #[derive(Default)]
@@ -90,7 +90,8 @@ impl SmtpForm {
                     let tls = v1::SmtpTlsMode::try_from(r.tls_mode)
                         .map(|m| strip(m.as_str_name(), "SMTP_TLS_MODE_").to_lowercase())
                         .unwrap_or_default();
-                    format!("{}:{} {tls}", r.host, r.port)
+                    let port = u16::try_from(r.port).unwrap_or_default();
+                    format!("{} {tls}", smtp_relay::address(&r.host, port))
                 })
                 .collect::<Vec<_>>()
                 .join("\n"),

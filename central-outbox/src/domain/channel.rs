@@ -746,14 +746,15 @@ impl SmtpSettings {
         1 + self.fallback_relays.len()
     }
 
-    /// How attempts and logs name relay `index` (0: the settings' own): `host:port`.
+    /// How attempts and logs name relay `index` (0: the settings' own): `host:port`
+    /// (`[addr]:port` for an IPv6 address).
     pub fn relay_name(&self, index: usize) -> String {
         match index
             .checked_sub(1)
             .and_then(|i| self.fallback_relays.get(i))
         {
-            Some(relay) => format!("{}:{}", relay.host(), relay.port()),
-            None => format!("{}:{}", self.host, self.port),
+            Some(relay) => super::smtp_relay::address(relay.host(), relay.port()),
+            None => super::smtp_relay::address(&self.host, self.port),
         }
     }
 

@@ -7,8 +7,8 @@
 //! change of host drops). What a plant keeps as its second way out is usually such a relay:
 //! its own mail gateway or a local MTA that accepts mail from central's address.
 //!
-//! One text form, `host:port tls` (`tls` one of `none`, `starttls`, `tls`; a bare IPv6 address
-//! in brackets), is what the console's field, `outboxctl --fallback-relay`, the stores' column
+//! One text form, `host:port tls` (`tls` one of `none`, `starttls`, `tls`; an IPv6 address in
+//! brackets, `[::1]:25 none`, kept without them), is what the console's field, `outboxctl --fallback-relay`, the stores' column
 //! and the logs use; the config file and the admin API carry the three fields apart. Every way
 //! in goes through [`SmtpRelay::new`].
 
@@ -33,7 +33,6 @@ impl SmtpRelay {
     /// Checks a relay's fields. Errors name the field `fallback_relays` and say which relay
     /// (`position`, from 1 in the admin's order) and what is wrong with which part.
     pub fn new(position: usize, host: &str, port: u32, tls: TlsMode) -> Result<Self, ContentError> {
-        let host = host.trim();
         if host.is_empty() {
             return Err(refused(position, "host must not be empty"));
         }
@@ -54,9 +53,11 @@ impl SmtpRelay {
         })
     }
 
-    /// Parses the text form `host:port tls` of the relay at `position`.
+    /// Parses the text form `host:port tls` of the relay at `position`: one space between
+    /// the two, nothing around them (so the host is checked as [`Self::new`] checks it,
+    /// whitespace included).
     pub fn parse(position: usize, text: &str) -> Result<Self, ContentError> {
-        let mut parts = text.split_whitespace();
+        let mut parts = text.split(' ');
         let (Some(address), Some(tls), None) = (parts.next(), parts.next(), parts.next()) else {
             return Err(refused(
                 position,
@@ -75,25 +76,38 @@ impl SmtpRelay {
                 format!("{address:?} has no port (host:port)"),
             ));
         };
-        if host.contains(':') && !(host.starts_with('[') && host.ends_with(']')) {
-            return Err(refused(
-                position,
-                format!("{address:?}: an IPv6 address goes in brackets, [::1]:25"),
-            ));
-        }
+        let host = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+            Some(bare) => bare,
+            None if host.contains(':') => {
+                return Err(refused(
+                    position,
+                    format!("{address:?}: an IPv6 address goes in brackets, [::1]:25"),
+                ));
+            }
+            None => host,
+        };
         let port = port
             .parse::<u32>()
             .map_err(|_| refused(position, format!("{port:?} is not a port number")))?;
         Self::new(position, host, port, tls)
     }
 
-    /// Parses a list of text forms, one per line or separated by commas (blank entries are
-    /// skipped).
+    /// Parses a list of text forms typed in one field (the console's, the stores' column),
+    /// one per line or separated by commas: each entry trimmed, blank ones skipped.
     pub fn parse_list(text: &str) -> Result<Vec<Self>, ContentError> {
-        let relays = text
-            .split([',', '\n'])
-            .map(str::trim)
-            .filter(|entry| !entry.is_empty())
+        Self::parse_each(
+            text.split([',', '\n'])
+                .map(str::trim)
+                .filter(|entry| !entry.is_empty()),
+        )
+    }
+
+    /// Parses text forms given one by one (the config file's list), as they are.
+    pub fn parse_each<'a>(
+        entries: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<Self>, ContentError> {
+        let relays = entries
+            .into_iter()
             .enumerate()
             .map(|(i, entry)| Self::parse(i + 1, entry))
             .collect::<Result<Vec<_>, _>>()?;
@@ -138,9 +152,23 @@ pub fn check_count(count: usize) -> Result<(), ContentError> {
     Ok(())
 }
 
+/// `host:port`, with an IPv6 address in brackets.
+pub fn address(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 impl fmt::Display for SmtpRelay {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{} {}", self.host, self.port, self.tls.as_str())
+        write!(
+            f,
+            "{} {}",
+            address(&self.host, self.port),
+            self.tls.as_str()
+        )
     }
 }
 
@@ -155,7 +183,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(relays.len(), 3);
-        assert_eq!(relays[1].host(), "[::1]");
+        assert_eq!(relays[1].host(), "::1");
         assert_eq!(relays[1].port(), 2525);
         assert_eq!(relays[2].tls(), TlsMode::Implicit);
         let text = SmtpRelay::list_text(&relays);
@@ -165,6 +193,10 @@ mod tests {
         );
         assert_eq!(SmtpRelay::parse_list(&text).unwrap(), relays);
         assert_eq!(SmtpRelay::parse_list(" , ").unwrap(), vec![]);
+        // The API's way in takes the address bare; the text form brackets it.
+        let bare = SmtpRelay::new(1, "::1", 25, TlsMode::None).unwrap();
+        assert_eq!(bare.to_string(), "[::1]:25 none");
+        assert_eq!(SmtpRelay::parse(1, &bare.to_string()).unwrap(), bare);
     }
 
     #[test]
@@ -185,6 +217,7 @@ mod tests {
             (":25 none", "host must not be empty"),
             ("::1:25 none", "goes in brackets"),
             ("a:25 none extra", "is not `host:port tls`"),
+            ("a:25  none", "is not `host:port tls`"),
         ] {
             let err = SmtpRelay::parse_list(&format!("ok.test:25 none, {text}")).unwrap_err();
             assert_eq!(err.field, "fallback_relays", "{text}");

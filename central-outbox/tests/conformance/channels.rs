@@ -9,6 +9,7 @@ use central_outbox::domain::channel::{
     TlsMode, WebhookSettings,
 };
 use central_outbox::domain::retry::Backoff;
+use central_outbox::domain::smtp_relay::SmtpRelay;
 use central_outbox::domain::{ListName, NotificationType};
 use central_outbox::store::OutboxStore;
 
@@ -89,6 +90,40 @@ pub(crate) async fn webhook_settings_round_trip_beside_the_email_row<S: OutboxSt
     assert_eq!(
         store.webhook_settings().await.unwrap().unwrap().value,
         fixed
+    );
+}
+
+/// An email row's fallback relays come back in their order, with their TLS modes; a seed that
+/// finds the row stored leaves them, and a replace without them removes them.
+pub(crate) async fn fallback_relays_round_trip_in_their_order<S: OutboxStore>(store: &S) {
+    let mut settings = smtp("relay1.plant.test");
+    settings.fallback_relays = SmtpRelay::parse_list(
+        "relay2.plant.test:587 starttls, [::1]:2525 none, 10.0.0.5:465 tls, \
+         relay4.plant.test:25 none",
+    )
+    .unwrap();
+    store.put_smtp_settings(settings.clone()).await.unwrap();
+    let stored = store.smtp_settings().await.unwrap().unwrap().value;
+    assert_eq!(stored.fallback_relays, settings.fallback_relays);
+    assert_eq!(stored, settings);
+    assert!(!store.seed_smtp_settings(smtp("other.test")).await.unwrap());
+    assert_eq!(
+        store.smtp_settings().await.unwrap().unwrap().value,
+        settings
+    );
+    store
+        .put_smtp_settings(smtp("relay1.plant.test"))
+        .await
+        .unwrap();
+    assert!(
+        store
+            .smtp_settings()
+            .await
+            .unwrap()
+            .unwrap()
+            .value
+            .fallback_relays
+            .is_empty()
     );
 }
 

@@ -235,6 +235,10 @@ macro_rules! whole_store_behaviours {
             channels::seeds_store_only_what_is_missing
         );
         behaviour!(
+            fallback_relays_round_trip_in_their_order,
+            channels::fallback_relays_round_trip_in_their_order
+        );
+        behaviour!(
             priority_is_stored_shown_and_filtered,
             serve_order::priority_is_stored_shown_and_filtered
         );

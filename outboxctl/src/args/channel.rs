@@ -166,6 +166,11 @@ fn parse_relay(text: &str) -> Result<v1::SmtpRelay, String> {
     let port = port
         .parse::<u32>()
         .map_err(|_| format!("{port:?} is not a port number"))?;
+    // The API takes an IPv6 address bare; on the command line it is bracketed, [::1]:25.
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
     Ok(v1::SmtpRelay {
         host: host.to_owned(),
         port,
@@ -381,7 +386,7 @@ mod tests {
             relays,
             [
                 ("smtp2.plant.test", 25, v1::SmtpTlsMode::Starttls.into()),
-                ("[::1]", 2525, v1::SmtpTlsMode::None.into()),
+                ("::1", 2525, v1::SmtpTlsMode::None.into()),
             ]
         );
         for bad in ["smtp2:25", "smtp2 starttls", "smtp2:x none", "smtp2:25 ssl"] {

@@ -72,6 +72,7 @@ const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(12 * 3600);
 const MAX_PER_DIGEST: u32 = 500;
 const MAX_TARGETS: usize = 1000;
+const MAX_FALLBACK_RELAYS: usize = 4;
 // The defaults an unset field takes (docs/configuration.md, "the database wins").
 const DEFAULT_RETRIES: u32 = 10;
 const DEFAULT_RETRY_DELAY: Duration = Duration::from_secs(60);
@@ -425,6 +426,15 @@ struct SmtpInput {
     timeout: Span,
     overall_timeout: Span,
     policy: PolicyInput,
+    fallback_relays: Vec<RelayInput>,
+}
+
+/// A fallback relay as the admin gives it: a host, a port and a TLS mode.
+#[derive(Debug, Clone)]
+struct RelayInput {
+    host: Labelled,
+    port: u32,
+    tls_mode: i32,
 }
 
 #[derive(Debug, Clone)]
@@ -550,6 +560,47 @@ fn smtp(places: &Places, draw: Draw) -> BoxedStrategy<SmtpInput> {
             prop_oneof![6 => 1i32..=3, 1 => Just(0), 1 => any::<i32>()].boxed(),
         ),
     };
+    // Fallback relays: valid ones most of the time (so a count past the bound is judged on its
+    // own), any of the hosts, ports and modes otherwise; up to the bound (4) when tame, one past
+    // it when wild.
+    let relay = |hosts: Vec<Labelled>, ports: Vec<u32>, tls_mode: BoxedStrategy<i32>| {
+        (
+            prop::sample::select(hosts),
+            prop::sample::select(ports),
+            tls_mode,
+        )
+            .prop_map(|(host, port, tls_mode)| RelayInput {
+                host,
+                port,
+                tls_mode,
+            })
+    };
+    let valid_hosts: Vec<Labelled> = places
+        .hosts()
+        .into_iter()
+        .map(|(host, _)| host)
+        .filter(|host| host.valid)
+        .collect();
+    let valid = relay(
+        valid_hosts,
+        places.ports()[..5].to_vec(),
+        (1i32..=3).boxed(),
+    );
+    let relays = match draw {
+        Draw::Tame => prop::collection::vec(valid, 0..=2).boxed(),
+        Draw::Wild => {
+            let any = relay(
+                hosts.iter().map(|(host, _)| host.clone()).collect(),
+                ports.clone(),
+                tls_mode.clone(),
+            );
+            prop_oneof![
+                3 => prop::collection::vec(valid, 0..=MAX_FALLBACK_RELAYS + 1),
+                1 => prop::collection::vec(any, 0..=MAX_FALLBACK_RELAYS + 1),
+            ]
+            .boxed()
+        }
+    };
     (
         prop::sample::select(hosts),
         prop::sample::select(ports),
@@ -559,17 +610,21 @@ fn smtp(places: &Places, draw: Draw) -> BoxedStrategy<SmtpInput> {
         span(draw),
         span(draw),
         policy(draw),
+        relays,
     )
         .prop_map(
-            |(host, port, tls_mode, from, auth, timeout, overall_timeout, policy)| SmtpInput {
-                host,
-                port,
-                tls_mode,
-                from,
-                auth,
-                timeout,
-                overall_timeout,
-                policy,
+            |(host, port, tls_mode, from, auth, timeout, overall_timeout, policy, relays)| {
+                SmtpInput {
+                    host,
+                    port,
+                    tls_mode,
+                    from,
+                    auth,
+                    timeout,
+                    overall_timeout,
+                    policy,
+                    fallback_relays: relays,
+                }
             },
         )
         .boxed()
@@ -907,6 +962,8 @@ struct SmtpModel {
     timeout: Duration,
     overall_timeout: Duration,
     policy: PolicyModel,
+    /// Each fallback relay's host, port and TLS mode, in order.
+    fallback_relays: Vec<(String, u32, i32)>,
 }
 
 /// The relay a stored secret was given for (what the view shows of it).
@@ -1036,6 +1093,14 @@ fn smtp_model(input: &SmtpInput, stored: Option<&v1::SmtpConfig>) -> (SmtpModel,
         bad.insert("overall_timeout");
     }
     let policy = policy_model(&input.policy, false, SMTP_DEFAULT_CONNECTIONS, &mut bad);
+    // Reached without authentication, so any TLS mode goes to any host.
+    let relays_ok = input.fallback_relays.len() <= MAX_FALLBACK_RELAYS
+        && input.fallback_relays.iter().all(|r| {
+            r.host.valid && (1..=65_535).contains(&r.port) && (1..=3).contains(&r.tls_mode)
+        });
+    if !relays_ok {
+        bad.insert("fallback_relays");
+    }
     let model = SmtpModel {
         host: host.text.clone(),
         port: input.port,
@@ -1045,6 +1110,11 @@ fn smtp_model(input: &SmtpInput, stored: Option<&v1::SmtpConfig>) -> (SmtpModel,
         timeout,
         overall_timeout,
         policy,
+        fallback_relays: input
+            .fallback_relays
+            .iter()
+            .map(|r| (r.host.text.clone(), r.port, r.tls_mode))
+            .collect(),
     };
     (model, bad)
 }
@@ -1227,6 +1297,15 @@ fn smtp_request(input: &SmtpInput) -> v1::UpsertSmtpConfigRequest {
         max_concurrent_connections: connections,
         rate_limit_per_second: rate,
         rate_limit_burst: burst,
+        fallback_relays: input
+            .fallback_relays
+            .iter()
+            .map(|r| v1::SmtpRelay {
+                host: r.host.text.clone(),
+                port: r.port,
+                tls_mode: r.tls_mode,
+            })
+            .collect(),
         ..Default::default()
     };
     if a.mechanism == 3 {
@@ -1278,6 +1357,16 @@ fn list_request(input: &ListInput) -> v1::UpsertNotificationListRequest {
 // The config file with the same values.
 
 /// A TOML basic string: quotes, backslashes and control characters escaped.
+/// A TLS mode's name in the config file; one it does not know for a mode the API does not.
+fn tls_name(tls_mode: i32) -> &'static str {
+    match tls_mode {
+        1 => "none",
+        2 => "starttls",
+        3 => "tls",
+        _ => "ssl",
+    }
+}
+
 fn toml_str(text: &str) -> String {
     let mut out = String::from("\"");
     for c in text.chars() {
@@ -1349,19 +1438,29 @@ fn smtp_toml(input: &SmtpInput) -> Option<String> {
     let mut out = String::from("[smtp]\n");
     let _ = writeln!(out, "host = {}", toml_str(&input.host.0.text));
     let _ = writeln!(out, "port = {}", input.port);
-    let tls = match input.tls_mode {
-        1 => "none",
-        2 => "starttls",
-        3 => "tls",
-        _ => "ssl",
-    };
-    let _ = writeln!(out, "tls = {}", toml_str(tls));
+    let _ = writeln!(out, "tls = {}", toml_str(tls_name(input.tls_mode)));
     let _ = writeln!(out, "from_address = {}", toml_str(&input.from.text));
     if input.timeout != Span::ZERO {
         let _ = writeln!(out, "timeout = {}", input.timeout.toml());
     }
     if input.overall_timeout != Span::ZERO {
         let _ = writeln!(out, "overall_timeout = {}", input.overall_timeout.toml());
+    }
+    if !input.fallback_relays.is_empty() {
+        // The file's form, `host:port tls`, an IPv6 address in brackets.
+        let relays: Vec<String> = input
+            .fallback_relays
+            .iter()
+            .map(|r| {
+                let host = if r.host.text.contains(':') {
+                    format!("[{}]", r.host.text)
+                } else {
+                    r.host.text.clone()
+                };
+                toml_str(&format!("{host}:{} {}", r.port, tls_name(r.tls_mode)))
+            })
+            .collect();
+        let _ = writeln!(out, "fallback_relays = [{}]", relays.join(", "));
     }
     policy_toml(&input.policy, &mut out);
     match mechanism {
@@ -1534,6 +1633,18 @@ fn config_smtp(settings: &central_outbox::config::Settings) -> SmtpModel {
         timeout: s.timeout,
         overall_timeout: s.overall_timeout,
         policy: policy_of(&s.policy),
+        fallback_relays: s
+            .fallback_relays
+            .iter()
+            .map(|r| {
+                let tls_mode = match r.tls() {
+                    TlsMode::None => 1,
+                    TlsMode::StartTls => 2,
+                    TlsMode::Implicit => 3,
+                };
+                (r.host().to_owned(), u32::from(r.port()), tls_mode)
+            })
+            .collect(),
     }
 }
 
@@ -1614,6 +1725,11 @@ fn smtp_view(v: &v1::SmtpConfig) -> SmtpModel {
         timeout: view_duration(v.timeout.as_ref()),
         overall_timeout: view_duration(v.overall_timeout.as_ref()),
         policy: view_policy!(v),
+        fallback_relays: v
+            .fallback_relays
+            .iter()
+            .map(|r| (r.host.clone(), r.port, r.tls_mode))
+            .collect(),
     }
 }
 
