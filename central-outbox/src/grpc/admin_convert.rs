@@ -633,17 +633,8 @@ pub(crate) fn smtp_from_proto(
 ) -> Result<SmtpSettings, ContentError> {
     let port = u16::try_from(msg.port)
         .map_err(|_| ContentError::new("port", "must be between 1 and 65535"))?;
-    let tls = match v1::SmtpTlsMode::try_from(msg.tls_mode) {
-        Ok(v1::SmtpTlsMode::None) => TlsMode::None,
-        Ok(v1::SmtpTlsMode::Starttls) => TlsMode::StartTls,
-        Ok(v1::SmtpTlsMode::Tls) => TlsMode::Implicit,
-        Ok(v1::SmtpTlsMode::Unspecified) | Err(_) => {
-            return Err(ContentError::new(
-                "tls_mode",
-                "must be SMTP_TLS_MODE_NONE, SMTP_TLS_MODE_STARTTLS or SMTP_TLS_MODE_TLS",
-            ));
-        }
-    };
+    let tls = tls_from_proto(msg.tls_mode)
+        .ok_or_else(|| ContentError::new("tls_mode", format!("must be {TLS_MODES}")))?;
     let fallback_relays = fallback_relays_from_proto(&msg.fallback_relays)?;
     let auth = smtp_auth(&mut msg)?.resolve(
         Relay {
@@ -690,6 +681,19 @@ pub(crate) fn smtp_from_proto(
     })
 }
 
+/// What a TLS mode must be, in a refusal.
+const TLS_MODES: &str = "SMTP_TLS_MODE_NONE, SMTP_TLS_MODE_STARTTLS or SMTP_TLS_MODE_TLS";
+
+/// A request's TLS mode; `None` for UNSPECIFIED or a number the enum does not have.
+fn tls_from_proto(tls_mode: i32) -> Option<TlsMode> {
+    match v1::SmtpTlsMode::try_from(tls_mode) {
+        Ok(v1::SmtpTlsMode::None) => Some(TlsMode::None),
+        Ok(v1::SmtpTlsMode::Starttls) => Some(TlsMode::StartTls),
+        Ok(v1::SmtpTlsMode::Tls) => Some(TlsMode::Implicit),
+        Ok(v1::SmtpTlsMode::Unspecified) | Err(_) => None,
+    }
+}
+
 /// The fallback relays of an upsert, each checked as the text form's are.
 fn fallback_relays_from_proto(relays: &[v1::SmtpRelay]) -> Result<Vec<SmtpRelay>, ContentError> {
     smtp_relay::check_count(relays.len())?;
@@ -697,21 +701,12 @@ fn fallback_relays_from_proto(relays: &[v1::SmtpRelay]) -> Result<Vec<SmtpRelay>
         .iter()
         .enumerate()
         .map(|(i, relay)| {
-            let tls = match v1::SmtpTlsMode::try_from(relay.tls_mode) {
-                Ok(v1::SmtpTlsMode::None) => TlsMode::None,
-                Ok(v1::SmtpTlsMode::Starttls) => TlsMode::StartTls,
-                Ok(v1::SmtpTlsMode::Tls) => TlsMode::Implicit,
-                Ok(v1::SmtpTlsMode::Unspecified) | Err(_) => {
-                    return Err(ContentError::new(
-                        "fallback_relays",
-                        format!(
-                            "relay {}: tls_mode must be SMTP_TLS_MODE_NONE, SMTP_TLS_MODE_STARTTLS \
-                             or SMTP_TLS_MODE_TLS",
-                            i + 1
-                        ),
-                    ));
-                }
-            };
+            let tls = tls_from_proto(relay.tls_mode).ok_or_else(|| {
+                ContentError::new(
+                    "fallback_relays",
+                    format!("relay {}: tls_mode must be {TLS_MODES}", i + 1),
+                )
+            })?;
             SmtpRelay::new(i + 1, &relay.host, relay.port, tls)
         })
         .collect()

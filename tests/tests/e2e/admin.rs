@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use tonic::Code;
 
 use crate::harness::{
-    Central, Db, LIST, binary, central_config, eventually, free_addr, smtp_sink, submit,
+    Central, Db, LIST, binary, central_config, eventually, free_addr, ingest_one, smtp_sink,
     wait_for_status,
 };
 use crate::operations::{Run, grpcurl_path, run};
@@ -26,18 +26,6 @@ fn as_operator<T>(message: T, who: &str) -> tonic::Request<T> {
         .metadata_mut()
         .insert("x-outbox-actor", who.parse().unwrap());
     request
-}
-
-async fn ingest_one(central: &Central, subject: &str) -> String {
-    let msg = submit(subject, "body");
-    let id = msg.notification_id.clone();
-    central
-        .ingest()
-        .await
-        .submit_notification(msg)
-        .await
-        .unwrap();
-    id
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,24 +12,13 @@ use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
 use tokio::net::TcpListener;
 
 use crate::harness::{
-    Central, DEADLINE, central_config, eventually, free_addr, smtp_sink, submit, wait_for_status,
+    Central, DEADLINE, central_config, eventually, free_addr, ingest_one as ingest, smtp_sink,
+    wait_for_status,
 };
 
 /// `host:port`, as attempts name their relay.
 fn relay_name(addr: SocketAddr) -> String {
     format!("{}:{}", addr.ip(), addr.port())
-}
-
-async fn ingest(central: &Central, subject: &str) -> String {
-    let msg = submit(subject, "body");
-    let id = msg.notification_id.clone();
-    central
-        .ingest()
-        .await
-        .submit_notification(msg)
-        .await
-        .unwrap();
-    id
 }
 
 /// The delivery attempts of `id`: each one's outcome and the relay it went to.

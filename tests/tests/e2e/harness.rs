@@ -365,6 +365,19 @@ pub(crate) fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
     }
 }
 
+/// Submits one notification with `subject` straight to central's ingest; returns its id.
+pub(crate) async fn ingest_one(central: &Central, subject: &str) -> String {
+    let msg = submit(subject, "body");
+    let id = msg.notification_id.clone();
+    central
+        .ingest()
+        .await
+        .submit_notification(msg)
+        .await
+        .unwrap();
+    id
+}
+
 /// Waits until every notification id in `ids` is stored in central's table.
 pub(crate) async fn wait_until_stored(db: &Db, ids: &HashSet<String>) {
     eventually("every acked Send is stored at central", || {
