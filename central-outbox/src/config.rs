@@ -20,18 +20,19 @@ use serde::{Deserialize, Serialize};
 use crate::auth::{AuthConfig, Authenticator};
 use crate::dispatcher::DispatcherSettings;
 use crate::domain::ListName;
-use crate::domain::NotificationType;
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListInput, NotificationList, OAuthClientCredentials, RateLimit,
     Secret, SmtpAuth, SmtpSettings, TlsMode, WebhookSettings, defaults,
 };
 use crate::domain::consolidation::Consolidation;
+use crate::domain::escalation::{EscalationPolicy, PolicyInput};
 use crate::domain::failover::FailoverPolicy;
 use crate::domain::kpi::KpiSettings;
 use crate::domain::retry::Backoff;
 use crate::domain::self_alert::Routes;
 use crate::domain::smtp_relay::SmtpRelay;
 use crate::domain::webhook::WebhookFormat;
+use crate::domain::{ContentError, NotificationType, Priority};
 use crate::grpc::ingest::DEFAULT_MAX_INGEST_STREAMS;
 use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
@@ -816,6 +817,48 @@ pub struct ListConfig {
     /// Flood consolidation; unset: every notification goes out on its own.
     #[serde(default)]
     pub consolidation: Option<ConsolidationConfig>,
+    /// Escalation until acknowledged; unset: the list's alarms open no incident.
+    #[serde(default)]
+    pub escalation: Option<EscalationConfig>,
+}
+
+/// `lists[].escalation`: the list's alarms (at `priorities`) open an incident, and while nobody
+/// acknowledges it each step pages its lists after the previous page waited; the rules and
+/// limits are `domain::escalation`, checked where the lists are converted.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationConfig {
+    /// `critical`, `high`, `normal`; unset: critical and high.
+    #[serde(default)]
+    pub priorities: Vec<String>,
+    /// How long the alarm itself (step 1) waits for an acknowledgement.
+    #[serde(with = "humantime_serde")]
+    pub acknowledge_within: Duration,
+    /// Steps 2, 3, ...: the lists each pages, and how long it waits.
+    #[serde(default)]
+    pub steps: Vec<EscalationStepConfig>,
+    /// Rounds after the first, 0 to 9.
+    #[serde(default)]
+    pub repeat: u32,
+    /// The step a repeat starts from; unset: 1 (the alarm's own list again).
+    #[serde(default)]
+    pub repeat_from_step: Option<u32>,
+    /// Page the next step at once when a page's delivery parks; unset: true.
+    #[serde(default)]
+    pub escalate_on_park: Option<bool>,
+    /// Page again from step 1 this long after an acknowledgement while the condition is not
+    /// cleared; unset: never.
+    #[serde(default, with = "humantime_serde")]
+    pub acknowledgement_reminder: Option<Duration>,
+}
+
+/// One step of `lists[].escalation.steps`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EscalationStepConfig {
+    pub notify: Vec<String>,
+    #[serde(with = "humantime_serde")]
+    pub wait: Duration,
 }
 
 /// `lists[].consolidation`: more than `threshold` notifications for the list within one
@@ -842,6 +885,7 @@ impl ListConfig {
             webhook_format: None,
             webhook_secret: None,
             consolidation: None,
+            escalation: None,
         }
     }
 
@@ -859,6 +903,7 @@ impl ListConfig {
             webhook_format: Some(format),
             webhook_secret: None,
             consolidation: None,
+            escalation: None,
         }
     }
 }
@@ -1390,12 +1435,43 @@ fn webhook_settings(c: &WebhookConfig) -> anyhow::Result<WebhookSettings> {
     .map_err(|e| anyhow::anyhow!("webhook.{e}"))
 }
 
+/// `lists[].escalation` as a checked policy; errors name the key (`escalation.steps`, ...).
+fn escalation_policy(c: &EscalationConfig) -> Result<EscalationPolicy, ContentError> {
+    let priorities = c
+        .priorities
+        .iter()
+        .map(|p| {
+            Priority::parse_name(p).ok_or_else(|| {
+                ContentError::new(
+                    "escalation.priorities",
+                    format!("{p:?} is not a priority (critical, high or normal)"),
+                )
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    EscalationPolicy::parse(PolicyInput {
+        priorities,
+        acknowledge_within: c.acknowledge_within,
+        steps: c.steps.iter().map(|s| (s.notify.clone(), s.wait)).collect(),
+        repeat: c.repeat,
+        repeat_from_step: c.repeat_from_step,
+        escalate_on_park: c.escalate_on_park,
+        acknowledgement_reminder: c.acknowledgement_reminder,
+    })
+}
+
 fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationList> {
     let consolidation = c
         .consolidation
         .map(|k| Consolidation::parse(k.threshold, k.window, k.max_per_digest))
         .transpose()
         .map_err(|e| anyhow::anyhow!("lists[{index}].{e}"))?;
+    let escalation = c
+        .escalation
+        .as_ref()
+        .map(escalation_policy)
+        .transpose()
+        .map_err(|e| anyhow::anyhow!("lists[{index}].{}: {}", e.field, e.problem))?;
     NotificationList::parse(ListInput {
         name: c.name.clone(),
         kind: Some(c.kind.into()),
@@ -1404,6 +1480,7 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         webhook_format: c.webhook_format.map(WebhookFormat::from),
         webhook_secret: c.webhook_secret.clone(),
         consolidation,
+        escalation,
     })
     // The domain names a list's name as a submit's field; the file's key is `name`.
     .map_err(|e| {

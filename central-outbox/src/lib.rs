@@ -31,6 +31,7 @@ mod console;
 mod delivery;
 mod dispatcher;
 mod drain;
+mod escalation_clock;
 mod grpc;
 mod health;
 mod kpi_gauges;
@@ -325,6 +326,19 @@ async fn serve<S: OutboxStore>(
             )
         }
     });
+    let escalation_task = supervisor.spawn("escalation", dispatcher_stop.clone(), {
+        let (store, metrics, wake) = (Arc::clone(&store), Arc::clone(&metrics), Arc::clone(&wake));
+        let (lease, stop) = (dispatcher.lease_watch(), dispatcher_stop.clone());
+        move || {
+            escalation_clock::run(
+                Arc::clone(&store),
+                Arc::clone(&metrics),
+                lease.clone(),
+                Arc::clone(&wake),
+                stop.clone(),
+            )
+        }
+    });
     let dispatcher_task = supervisor.spawn_once(
         "dispatcher",
         dispatcher_stop.clone(),
@@ -332,6 +346,7 @@ async fn serve<S: OutboxStore>(
     );
     drain.stops_after_server("dispatcher", dispatcher_task);
     drain.stops_after_server("purge", purge_task);
+    drain.stops_after_server("escalation", escalation_task);
     let kpi_cache = kpi_cache(
         Arc::clone(&store),
         Arc::clone(&metrics),

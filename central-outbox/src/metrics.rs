@@ -195,6 +195,13 @@ pub(crate) struct Metrics {
     purge_failures: Family<PurgeStepLabels, Counter>,
     kpi_read_failures: Counter,
     site_health_refused: Counter,
+    /// The escalation clock (`escalation_clock`): pages fired, of them late, incidents
+    /// exhausted, lists a page could not reach, and turns the store refused.
+    escalation_pages: Counter,
+    escalation_late_pages: Counter,
+    escalation_exhausted: Counter,
+    escalation_skipped: Counter,
+    escalation_failures: Counter,
     /// 1 while ingest cannot tell sites apart (no client certificates required).
     site_identity_unverified: Gauge,
     /// Claimed rows released unsent (they waited too long for a slot), by channel.
@@ -345,6 +352,40 @@ impl Metrics {
             "Site nodes whose health central forgot because they had not reported for \
              retention.site_health_retention (they no longer show in ListSiteHealth or here)",
             site_nodes_forgotten.clone(),
+        );
+        let escalation_pages = Counter::default();
+        registry.register(
+            "outbox_escalation_pages",
+            "Pages the escalation clock fired: steps of incidents nobody acknowledged in time, \
+             and reminders",
+            escalation_pages.clone(),
+        );
+        let escalation_late_pages = Counter::default();
+        registry.register(
+            "outbox_escalation_late_pages",
+            "Of those pages, the ones that fired 10 s or more after their due time (the \
+             dispatcher was down or behind); each incident's history says how late",
+            escalation_late_pages.clone(),
+        );
+        let escalation_exhausted = Counter::default();
+        registry.register(
+            "outbox_escalation_exhausted",
+            "Incidents that ran out of pages with nobody acknowledging them",
+            escalation_exhausted.clone(),
+        );
+        let escalation_skipped = Counter::default();
+        registry.register(
+            "outbox_escalation_skipped_lists",
+            "Lists a page could not reach (the list no longer exists, or the alarm it quotes is \
+             gone); each is a Skipped row in the incident's history",
+            escalation_skipped.clone(),
+        );
+        let escalation_failures = Counter::default();
+        registry.register(
+            "outbox_escalation_failures",
+            "Turns of the escalation clock the store refused; what was due stays due and is \
+             fired at the next turn",
+            escalation_failures.clone(),
         );
         let purge_failures = Family::<PurgeStepLabels, Counter>::default();
         registry.register(
@@ -510,6 +551,11 @@ impl Metrics {
             purge_failures,
             kpi_read_failures,
             site_health_refused,
+            escalation_pages,
+            escalation_late_pages,
+            escalation_exhausted,
+            escalation_skipped,
+            escalation_failures,
             site_identity_unverified,
             claims_released,
             claim_failures,
@@ -780,6 +826,19 @@ impl Metrics {
         self.purge_failures
             .get_or_create(&PurgeStepLabels { step })
             .inc();
+    }
+
+    /// Counts what one turn of the escalation clock did.
+    pub(crate) fn escalation_turn(&self, turn: &crate::records::EscalationTurn) {
+        self.escalation_pages.inc_by(u64::from(turn.pages));
+        self.escalation_late_pages.inc_by(u64::from(turn.late));
+        self.escalation_exhausted.inc_by(u64::from(turn.exhausted));
+        self.escalation_skipped.inc_by(u64::from(turn.skipped));
+    }
+
+    /// Counts a turn of the escalation clock the store refused.
+    pub(crate) fn escalation_failed(&self) {
+        self.escalation_failures.inc();
     }
 
     /// Counts a health report refused because its site is full.

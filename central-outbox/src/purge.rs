@@ -102,11 +102,12 @@ fn log(report: &PurgeReport, retention: Duration) {
              retention; their content and history are gone"
         );
     }
-    if report.notifications > 0 {
+    if report.notifications > 0 || report.incidents > 0 {
         tracing::info!(
             notifications = report.notifications,
             parked = report.parked,
             history_entries = report.history_entries,
+            incidents = report.incidents,
             %retention,
             "purged terminal notifications past retention"
         );
@@ -154,7 +155,10 @@ pub(crate) async fn purge_once<S: DispatchStore>(
         total.notifications += batch.notifications;
         total.parked += batch.parked;
         total.history_entries += batch.history_entries;
-        if batch.notifications < u64::from(settings.batch_size) {
+        total.incidents += batch.incidents;
+        if batch.notifications < u64::from(settings.batch_size)
+            && batch.incidents < u64::from(settings.batch_size)
+        {
             break;
         }
     }

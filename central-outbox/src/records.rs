@@ -12,6 +12,9 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::delivery::AttemptOutcome;
+use crate::domain::escalation::{
+    AckMeans, EscalationPolicy, IncidentEvent, IncidentId, IncidentRef, IncidentStatus, PagePlace,
+};
 use crate::domain::history::{ActionRefusal, HistoryEntry};
 use crate::domain::query::Cursor;
 use crate::domain::retry::Transition;
@@ -127,6 +130,8 @@ pub struct PurgeReport {
     /// within the retention, reported apart because they were never resolved by anyone.
     pub parked: u64,
     pub history_entries: u64,
+    /// Incidents past the retention (nothing due for them), with their pages and history.
+    pub incidents: u64,
 }
 
 /// The fencing token: the lease epoch a dispatcher holds.
@@ -170,6 +175,9 @@ pub struct ClaimedNotification {
     pub retry_count: u32,
     pub attempt_no: u32,
     pub epoch: LeaseEpoch,
+    /// The incident it belongs to (its alarm, a joined notification, or a page's message),
+    /// which its mail or webhook message names so that its reader can acknowledge it.
+    pub incident: Option<IncidentRef>,
 }
 
 /// The end of one attempt, to be recorded under the claim's epoch.
@@ -185,4 +193,120 @@ pub struct AttemptRecord {
     pub transition: Transition,
     /// The relay the attempt was handed to (`host:port`); `None` when it reached none.
     pub provider: Option<String>,
+}
+
+/// What one turn of the escalation clock did (`EscalationStore::escalate_due`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EscalationTurn {
+    /// Whether the epoch held the lease; nothing fired otherwise.
+    pub held: bool,
+    /// Pages fired (steps, and reminders' first pages).
+    pub pages: u32,
+    /// Notifications those pages stored, one per list paged.
+    pub messages: u32,
+    /// Lists a page could not reach (gone, or the alarm's row gone), each a history row.
+    pub skipped: u32,
+    /// Pages that fired `LATE_AFTER` or more after their due time.
+    pub late: u32,
+    pub exhausted: u32,
+    /// Whether incidents were left due (more than the turn's limit): call again at once.
+    pub more_due: bool,
+    /// How long until the next incident is due, by the store's clock; `None`: none waits.
+    pub next_due_in: Option<Duration>,
+}
+
+/// An incident as the admin API and the console show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentView {
+    pub id: IncidentId,
+    pub list: String,
+    pub site: String,
+    pub condition_key: Option<String>,
+    pub priority: Priority,
+    /// The notification that opened it, and the latest of its condition.
+    pub alarm_id: NotificationId,
+    pub latest_id: NotificationId,
+    pub subject: String,
+    pub status: IncidentStatus,
+    pub opened_at: DateTime<Utc>,
+    /// Pages fired so far (the alarm is the first) and the last one's place.
+    pub page_count: u32,
+    pub last_page: PagePlace,
+    /// Open: the next page (or, `None`, exhaustion) and when; Acknowledged: the reminder.
+    pub next: Option<(Option<PagePlace>, DateTime<Utc>)>,
+    pub late_pages: u32,
+    pub acknowledged: Option<IncidentAck>,
+    pub ended_at: Option<DateTime<Utc>>,
+    /// The policy it runs under: the list's when it opened.
+    pub policy: EscalationPolicy,
+}
+
+/// The first acknowledgement of an incident.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentAck {
+    pub by: String,
+    pub means: AckMeans,
+    pub at: DateTime<Utc>,
+}
+
+/// One page an incident fired.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentPageRecord {
+    pub page_no: u32,
+    pub cycle: u32,
+    pub page: PagePlace,
+    pub due_at: DateTime<Utc>,
+    pub fired_at: DateTime<Utc>,
+    /// How late it fired, if `LATE_AFTER` or more.
+    pub late_by: Option<Duration>,
+    pub lease_epoch: i64,
+}
+
+/// One row of an incident's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentHistoryEntry {
+    pub sequence: u32,
+    pub at: DateTime<Utc>,
+    pub event: IncidentEvent,
+    pub actor: String,
+    pub means: Option<AckMeans>,
+    pub from: Option<String>,
+    pub detail: String,
+}
+
+/// A notification of an incident: its alarm, a joined one, or a page's message to a list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentMessage {
+    pub id: NotificationId,
+    pub list: String,
+    /// 1: the alarm; 2, 3, ...: a page; `None`: a joined notification of its condition.
+    pub page_no: Option<u32>,
+    pub status: Status,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncidentDetail {
+    pub incident: IncidentView,
+    pub pages: Vec<IncidentPageRecord>,
+    /// Oldest first.
+    pub history: Vec<IncidentHistoryEntry>,
+    pub messages: Vec<IncidentMessage>,
+}
+
+/// Which incidents to list: newest first, in these statuses (empty: any), only those with a
+/// late page when `late_only`, older than `before` (a cursor: the last id of the previous
+/// page), at most `limit`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IncidentQuery {
+    pub statuses: Vec<IncidentStatus>,
+    pub late_only: bool,
+    pub before: Option<IncidentId>,
+    pub limit: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct IncidentList {
+    pub incidents: Vec<IncidentView>,
+    /// The cursor of the next page, if there may be one.
+    pub next_before: Option<IncidentId>,
 }

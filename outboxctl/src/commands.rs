@@ -17,7 +17,9 @@ use chrono::Utc;
 use outbox_proto::v1;
 use outbox_proto::v1::bulk_action_request::Selector;
 
-use crate::args::{ActionArgs, Command, ListArgs, ListsCommand, SmtpCommand, WebhookCommand};
+use crate::args::{
+    ActionArgs, Command, IncidentArgs, ListArgs, ListsCommand, SmtpCommand, WebhookCommand,
+};
 use crate::connect::OutboxClient;
 use crate::error::{CliError, Result};
 use crate::{filter, secret, upsert};
@@ -58,6 +60,9 @@ pub(crate) enum Report {
     Smtp(v1::SmtpConfig),
     SmtpDeleted,
     Webhook(v1::WebhookConfig),
+    Incidents(v1::ListIncidentsResponse),
+    Incident(v1::IncidentDetail),
+    IncidentAcknowledged(v1::AcknowledgeIncidentResponse),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +111,25 @@ impl Session {
             Command::Lists(command) => self.lists(command).await,
             Command::Smtp(command) => self.smtp(command).await,
             Command::Webhook(command) => self.webhook(command).await,
+            Command::Incidents(args) => self.incidents(args).await,
+            Command::Incident { id } => {
+                let detail = self
+                    .client
+                    .get_incident(v1::GetIncidentRequest { id })
+                    .await
+                    .map_err(self.rpc_error())?
+                    .into_inner();
+                Ok(Report::Incident(detail))
+            }
+            Command::Ack { id } => {
+                let answer = self
+                    .client
+                    .acknowledge_incident(v1::AcknowledgeIncidentRequest { id })
+                    .await
+                    .map_err(self.rpc_error())?
+                    .into_inner();
+                Ok(Report::IncidentAcknowledged(answer))
+            }
         }
     }
 
@@ -362,6 +386,21 @@ impl Session {
             }
             page_token = page.next_page_token;
         }
+    }
+
+    async fn incidents(&mut self, args: IncidentArgs) -> Result<Report> {
+        let list = self
+            .client
+            .list_incidents(v1::ListIncidentsRequest {
+                statuses: args.status.iter().map(|s| s.proto().into()).collect(),
+                late_only: args.late,
+                page_size: args.limit,
+                page_token: args.page_token.unwrap_or_default(),
+            })
+            .await
+            .map_err(self.rpc_error())?
+            .into_inner();
+        Ok(Report::Incidents(list))
     }
 
     async fn kpis(&mut self) -> Result<Report> {

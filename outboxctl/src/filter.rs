@@ -12,7 +12,7 @@ use outbox_proto::v1;
 use crate::args::SelectArgs;
 
 /// The statuses an operator can filter on; FORWARDING exists only at a site.
-const STATUSES: [(&str, v1::NotificationStatus); 8] = [
+const STATUSES: [(&str, v1::NotificationStatus); 9] = [
     ("pending", v1::NotificationStatus::Pending),
     ("held", v1::NotificationStatus::Held),
     ("retrying", v1::NotificationStatus::Retrying),
@@ -21,6 +21,7 @@ const STATUSES: [(&str, v1::NotificationStatus); 8] = [
     ("discarded", v1::NotificationStatus::Discarded),
     ("superseded", v1::NotificationStatus::Superseded),
     ("cleared", v1::NotificationStatus::Cleared),
+    ("acknowledged", v1::NotificationStatus::Acknowledged),
 ];
 
 /// `parked`, `Parked` or `NOTIFICATION_STATUS_PARKED` (as grpcurl prints it).

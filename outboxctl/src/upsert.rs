@@ -29,6 +29,7 @@ use crate::secret::{OAUTH_CLIENT_SECRET_ENV, PASSWORD_ENV, Secrets, WEBHOOK_SECR
 /// flags. Nothing is read or sent.
 pub(crate) fn check_list(args: &ListSetArgs) -> Result<()> {
     consolidation(args)?;
+    escalation(args)?;
     match args.kind {
         ChannelArg::Email => {
             let webhook_flags = [
@@ -83,6 +84,54 @@ fn consolidation(args: &ListSetArgs) -> Result<Option<v1::ListConsolidation>> {
     }
 }
 
+/// The list's escalation: `--escalate-after` and what goes with it, or nothing (off). The other
+/// escalation flags alone would be dropped, so they are refused.
+fn escalation(args: &ListSetArgs) -> Result<Option<v1::ListEscalation>> {
+    let Some(first_wait) = args.escalate_after else {
+        let given = [
+            ("--escalation-step", !args.escalation_steps.is_empty()),
+            (
+                "--escalation-priority",
+                !args.escalation_priorities.is_empty(),
+            ),
+            ("--escalation-repeat", args.escalation_repeat.is_some()),
+            (
+                "--escalation-repeat-from",
+                args.escalation_repeat_from.is_some(),
+            ),
+            ("--no-escalate-on-park", args.no_escalate_on_park),
+            ("--escalation-reminder", args.escalation_reminder.is_some()),
+        ];
+        return match first_given(&given) {
+            Some(flag) => Err(usage(format!(
+                "{flag} needs --escalate-after DURATION (how long the alarm waits before the \
+                 next step)"
+            ))),
+            None => Ok(None),
+        };
+    };
+    Ok(Some(v1::ListEscalation {
+        priorities: args
+            .escalation_priorities
+            .iter()
+            .map(|p| (*p).into())
+            .collect(),
+        acknowledge_within: Some(to_duration(first_wait)),
+        steps: args
+            .escalation_steps
+            .iter()
+            .map(|(notify, wait)| v1::EscalationStep {
+                notify: notify.clone(),
+                wait: Some(to_duration(*wait)),
+            })
+            .collect(),
+        repeat: args.escalation_repeat.unwrap_or(0),
+        repeat_from_step: args.escalation_repeat_from.unwrap_or(0),
+        escalate_on_park: args.no_escalate_on_park.then_some(false),
+        acknowledgement_reminder: args.escalation_reminder.map(to_duration),
+    }))
+}
+
 /// The list to store. Reads the webhook secret (stdin or `OUTBOX_WEBHOOK_SECRET`) for webhook
 /// lists only; `--clear-webhook-secret` wins over the environment.
 pub(crate) fn list_request(
@@ -91,6 +140,7 @@ pub(crate) fn list_request(
 ) -> Result<v1::UpsertNotificationListRequest> {
     check_list(&args)?;
     let consolidation = consolidation(&args)?;
+    let escalation = escalation(&args)?;
     let webhook_secret = match args.kind {
         ChannelArg::Email => None,
         ChannelArg::Webhook if args.clear_webhook_secret => Some(String::new()),
@@ -111,6 +161,7 @@ pub(crate) fn list_request(
                 .into(),
             webhook_secret,
             consolidation,
+            escalation,
             ..Default::default()
         }),
     })
@@ -386,7 +437,59 @@ mod tests {
             consolidate_threshold: None,
             consolidate_window: None,
             consolidate_max_per_digest: None,
+            escalate_after: None,
+            escalation_steps: vec![],
+            escalation_priorities: vec![],
+            escalation_repeat: None,
+            escalation_repeat_from: None,
+            no_escalate_on_park: false,
+            escalation_reminder: None,
         }
+    }
+
+    #[test]
+    fn escalation_is_sent_with_escalate_after_and_refused_without_it() {
+        let mut args = list_args(ChannelArg::Email);
+        args.recipients = vec!["shift@plant.test".into()];
+        args.escalation_steps = vec![(vec!["supervisors".into()], Duration::from_secs(900))];
+        let refused = usage_message(list_request(args, &mut Given::default()));
+        assert!(
+            refused.contains("--escalation-step needs --escalate-after"),
+            "{refused}"
+        );
+
+        let mut args = list_args(ChannelArg::Email);
+        args.recipients = vec!["shift@plant.test".into()];
+        args.escalate_after = Some(Duration::from_secs(600));
+        args.escalation_steps = vec![(
+            vec!["supervisors".into(), "manager".into()],
+            Duration::from_secs(900),
+        )];
+        args.escalation_repeat = Some(2);
+        args.no_escalate_on_park = true;
+        let sent = list_request(args, &mut Given::default())
+            .unwrap()
+            .list
+            .unwrap();
+        let escalation = sent.escalation.unwrap();
+        assert_eq!(
+            escalation.acknowledge_within,
+            Some(to_duration(Duration::from_secs(600)))
+        );
+        assert_eq!(escalation.steps[0].notify, ["supervisors", "manager"]);
+        assert_eq!(escalation.repeat, 2);
+        assert_eq!(escalation.escalate_on_park, Some(false));
+        // Without the flags, the list is stored without escalation.
+        let mut args = list_args(ChannelArg::Email);
+        args.recipients = vec!["shift@plant.test".into()];
+        assert!(
+            list_request(args, &mut Given::default())
+                .unwrap()
+                .list
+                .unwrap()
+                .escalation
+                .is_none()
+        );
     }
 
     fn usage_message(result: Result<impl std::fmt::Debug>) -> String {

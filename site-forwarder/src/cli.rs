@@ -218,6 +218,7 @@ pub fn status_name(status: i32) -> &'static str {
         Ok(NotificationStatus::Superseded) => "Superseded",
         Ok(NotificationStatus::Cleared) => "Cleared",
         Ok(NotificationStatus::Held) => "Held",
+        Ok(NotificationStatus::Acknowledged) => "Acknowledged",
         Ok(NotificationStatus::Unspecified) | Err(_) => "Unknown",
     }
 }

@@ -132,10 +132,13 @@ pub enum AdminRpc {
     GetWebhookConfig,
     UpsertWebhookConfig,
     ListSiteHealth,
+    ListIncidents,
+    GetIncident,
+    AcknowledgeIncident,
 }
 
 impl AdminRpc {
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 21] = [
         Self::QueryNotifications,
         Self::GetNotificationStatus,
         Self::GetNotificationDetail,
@@ -154,6 +157,9 @@ impl AdminRpc {
         Self::GetWebhookConfig,
         Self::UpsertWebhookConfig,
         Self::ListSiteHealth,
+        Self::ListIncidents,
+        Self::GetIncident,
+        Self::AcknowledgeIncident,
     ];
 
     pub fn role(self) -> Role {
@@ -169,11 +175,15 @@ impl AdminRpc {
             | Self::GetSmtpConfig
             // Pacing and retries only: webhook endpoints and secrets are the lists'.
             | Self::GetWebhookConfig
-            | Self::ListSiteHealth => Role::Viewer,
+            | Self::ListSiteHealth
+            | Self::ListIncidents
+            | Self::GetIncident => Role::Viewer,
             Self::RetryNotification
             | Self::DiscardNotification
             | Self::RetryNotifications
-            | Self::DiscardNotifications => Role::Operator,
+            | Self::DiscardNotifications
+            // Taking an alarm is an operator's job, as retrying one is.
+            | Self::AcknowledgeIncident => Role::Operator,
             Self::UpsertNotificationList
             | Self::DeleteNotificationList
             | Self::UpsertSmtpConfig

@@ -27,7 +27,7 @@ fn field_error(field: &'static str, problem: impl Into<String>) -> FieldError {
 
 /// The statuses the form offers (upper-case, as the API names them without the prefix).
 /// FORWARDING is left out: it exists only at a site.
-pub(super) const STATUSES: [&str; 8] = [
+pub(super) const STATUSES: [&str; 9] = [
     "PENDING",
     "RETRYING",
     "HELD",
@@ -36,6 +36,7 @@ pub(super) const STATUSES: [&str; 8] = [
     "DISCARDED",
     "SUPERSEDED",
     "CLEARED",
+    "ACKNOWLEDGED",
 ];
 
 pub(super) const TYPES: [&str; 2] = ["EMAIL", "WEBHOOK"];

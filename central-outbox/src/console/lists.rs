@@ -99,6 +99,14 @@ struct ListForm {
     threshold: String,
     window: String,
     max_per_digest: String,
+    /// Escalation: empty `escalate_after` means none. Steps one per line, `lists: wait`.
+    escalate_after: String,
+    escalation_steps: String,
+    escalation_repeat: String,
+    escalation_repeat_from: String,
+    escalation_priorities: String,
+    escalate_on_park: bool,
+    escalation_reminder: String,
 }
 
 impl ListForm {
@@ -119,6 +127,47 @@ impl ListForm {
                 .map(|c| display::duration(c.window.as_ref()))
                 .unwrap_or_default(),
             max_per_digest: c.map(|c| c.max_per_digest.to_string()).unwrap_or_default(),
+            ..Self::escalation_of(list.escalation.as_ref())
+        }
+    }
+
+    /// The escalation fields of a stored policy (all empty, and parking escalating, for none).
+    fn escalation_of(e: Option<&v1::ListEscalation>) -> Self {
+        let Some(e) = e else {
+            return Self {
+                escalate_on_park: true,
+                ..Self::default()
+            };
+        };
+        Self {
+            escalate_after: display::duration(e.acknowledge_within.as_ref()),
+            escalation_steps: e
+                .steps
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}: {}",
+                        s.notify.join(", "),
+                        display::duration(s.wait.as_ref())
+                    )
+                })
+                .collect::<Vec<_>>()
+                .join("\n"),
+            escalation_repeat: e.repeat.to_string(),
+            escalation_repeat_from: e.repeat_from_step.max(1).to_string(),
+            escalation_priorities: e
+                .priorities
+                .iter()
+                .map(|p| display::priority(*p))
+                .collect::<Vec<_>>()
+                .join(", "),
+            escalate_on_park: e.escalate_on_park.unwrap_or(true),
+            escalation_reminder: e
+                .acknowledgement_reminder
+                .as_ref()
+                .map(|r| display::duration(Some(r)))
+                .unwrap_or_default(),
+            ..Self::default()
         }
     }
 
@@ -132,6 +181,13 @@ impl ListForm {
             threshold: form.text("consolidation_threshold"),
             window: form.text("consolidation_window"),
             max_per_digest: form.text("consolidation_max_per_digest"),
+            escalate_after: form.text("escalate_after"),
+            escalation_steps: form.text("escalation_steps"),
+            escalation_repeat: form.text("escalation_repeat"),
+            escalation_repeat_from: form.text("escalation_repeat_from"),
+            escalation_priorities: form.text("escalation_priorities"),
+            escalate_on_park: form.get("escalate_on_park").is_some(),
+            escalation_reminder: form.text("escalation_reminder"),
         }
     }
 }
@@ -187,6 +243,7 @@ pub(super) async fn show(
             form: ListForm {
                 kind: "EMAIL".into(),
                 webhook_format: "GENERIC".into(),
+                escalate_on_park: true,
                 ..ListForm::default()
             },
             editable,
@@ -274,7 +331,91 @@ fn to_proto(name: &str, form: &Form) -> Result<v1::NotificationList, Failure> {
         webhook_secret,
         webhook_secret_set: false,
         consolidation,
+        escalation: escalation(form)?,
     })
+}
+
+/// The form's escalation, in the API's terms (the rules are the API's); none when "escalate
+/// after" is empty.
+fn escalation(form: &Form) -> Result<Option<v1::ListEscalation>, Failure> {
+    let after = form.text("escalate_after");
+    if after.is_empty() {
+        return Ok(None);
+    }
+    let duration = |text: &str, field: &str| {
+        humantime::parse_duration(text.trim()).map_err(|e| {
+            Failure::bad_request(format!(
+                "{field}: {text:?} is not a duration such as 10m or 1h ({e})"
+            ))
+        })
+    };
+    let number = |text: String, field: &str| -> Result<u32, Failure> {
+        if text.trim().is_empty() {
+            return Ok(0);
+        }
+        text.trim()
+            .parse::<u32>()
+            .map_err(|_| Failure::bad_request(format!("{field}: {text:?} is not a whole number")))
+    };
+    let mut steps = Vec::new();
+    for (i, line) in form
+        .text("escalation_steps")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .enumerate()
+    {
+        let Some((lists, wait)) = line.rsplit_once(':') else {
+            return Err(Failure::bad_request(format!(
+                "escalation_steps: line {}: {line:?} is not `lists: wait` (e.g. supervisors: 15m)",
+                i + 1
+            )));
+        };
+        steps.push(v1::EscalationStep {
+            notify: lists
+                .split(',')
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
+            wait: Some(to_duration(duration(wait, "escalation_steps")?)),
+        });
+    }
+    let mut priorities = Vec::new();
+    for name in form
+        .text("escalation_priorities")
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let priority = v1::NotificationPriority::from_str_name(&format!(
+            "NOTIFICATION_PRIORITY_{}",
+            name.to_uppercase()
+        ))
+        .ok_or_else(|| {
+            Failure::bad_request(format!(
+                "escalation_priorities: {name:?} is not a priority (critical, high, normal)"
+            ))
+        })?;
+        priorities.push(priority.into());
+    }
+    let reminder = form.text("escalation_reminder");
+    Ok(Some(v1::ListEscalation {
+        priorities,
+        acknowledge_within: Some(to_duration(duration(&after, "escalate_after")?)),
+        steps,
+        repeat: number(form.text("escalation_repeat"), "escalation_repeat")?,
+        repeat_from_step: number(
+            form.text("escalation_repeat_from"),
+            "escalation_repeat_from",
+        )?,
+        escalate_on_park: Some(form.get("escalate_on_park").is_some()),
+        acknowledgement_reminder: if reminder.trim().is_empty() {
+            None
+        } else {
+            Some(to_duration(duration(&reminder, "escalation_reminder")?))
+        },
+    }))
 }
 
 /// `POST /lists/<name>`: UpsertNotificationList; back to the list, or the form again with

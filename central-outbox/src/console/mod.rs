@@ -22,6 +22,7 @@ mod bulk;
 mod dashboard;
 mod display;
 mod filter;
+mod incidents;
 mod listener;
 mod lists;
 mod login;
@@ -201,6 +202,16 @@ pub(crate) fn router(console: Arc<Console>) -> Router {
         .route("/notifications/bulk", get(bulk::confirm).post(bulk::apply))
         .route("/notifications/{id}", get(notifications::detail))
         .route("/notifications/{id}/{action}", post(notifications::act))
+        .route("/incidents", get(incidents::list))
+        .route(
+            "/incidents/acknowledge",
+            post(incidents::acknowledge_ticked),
+        )
+        .route("/incidents/{id}", get(incidents::detail))
+        .route(
+            "/incidents/{id}/acknowledge",
+            post(incidents::acknowledge_one),
+        )
         .route("/lists", get(lists::index))
         .route("/lists/{name}", get(lists::show).post(lists::save))
         .route("/smtp", get(smtp::show).post(smtp::save))

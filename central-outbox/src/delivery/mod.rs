@@ -23,6 +23,7 @@ pub(crate) use turn::StartOrder;
 #[cfg_attr(not(feature = "test-support"), allow(unreachable_pub))]
 pub use turn::Turn;
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::time::Duration;
 
@@ -34,6 +35,7 @@ use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookTarget;
+use crate::domain::{Body, NotificationContent};
 use crate::records::ClaimedNotification;
 use http::HttpClient;
 use oauth::TokenCache;
@@ -214,12 +216,11 @@ impl Adapters {
         recipients: &[EmailAddress],
         turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
+        let content = with_incident_footer(n);
         let SmtpAuth::XOAuth2 { oauth, .. } = &settings.auth else {
             return self
                 .email
-                .deliver(
-                    settings, n.id, &n.content, n.priority, recipients, None, turn,
-                )
+                .deliver(settings, n.id, &content, n.priority, recipients, None, turn)
                 .await
                 .map_err(EmailError::into_delivery_error);
         };
@@ -229,7 +230,7 @@ impl Adapters {
             .deliver(
                 settings,
                 n.id,
-                &n.content,
+                &content,
                 n.priority,
                 recipients,
                 Some(&token),
@@ -259,11 +260,34 @@ impl Adapters {
         n: &ClaimedNotification,
         target: &WebhookTarget,
     ) -> Result<Delivered, DeliveryError> {
+        let content = with_incident_footer(n);
         let outgoing = Outgoing {
             id: n.id,
-            content: &n.content,
+            content: &content,
             provenance: &n.provenance,
         };
         self.webhook.deliver(settings, &outgoing, target).await
+    }
+}
+
+/// The content a notification of an incident goes out with: its body and, after a signature
+/// separator, what the incident is and how to acknowledge it (`IncidentRef::footer`), so that
+/// whoever reads it can stop the escalation. Other notifications go out as they are. A body
+/// already at its limit goes without the footer rather than not at all.
+fn with_incident_footer(n: &ClaimedNotification) -> Cow<'_, NotificationContent> {
+    let Some(incident) = n.incident else {
+        return Cow::Borrowed(&n.content);
+    };
+    let text = format!(
+        "{}\n\n-- \n{}\n",
+        n.content.body.as_str(),
+        incident.footer()
+    );
+    match Body::parse(text) {
+        Ok(body) => Cow::Owned(NotificationContent {
+            body,
+            ..n.content.clone()
+        }),
+        Err(_) => Cow::Borrowed(&n.content),
     }
 }

@@ -59,6 +59,9 @@ impl Digest {
             retry_count: self.rows.iter().map(|r| r.retry_count).max().unwrap_or(0),
             attempt_no: oldest.attempt_no,
             epoch: oldest.epoch,
+            // One digest may hold the alarms of many incidents; it names none of them (each
+            // incident's own pages do).
+            incident: None,
         })
     }
 
@@ -118,6 +121,7 @@ mod tests {
             retry_count: retries,
             attempt_no: u32::try_from(row_id).unwrap(),
             epoch: LeaseEpoch(7),
+            incident: None,
         }
     }
 

@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use super::consolidation::Consolidation;
+use super::escalation::EscalationPolicy;
 use super::smtp_relay::SmtpRelay;
 use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
@@ -119,6 +120,9 @@ pub struct NotificationList {
     /// Flood consolidation (`domain::consolidation`); `None`: every notification goes out on
     /// its own.
     pub consolidation: Option<Consolidation>,
+    /// Escalation until acknowledged (`domain::escalation`); `None`: its alarms open no
+    /// incident.
+    pub escalation: Option<EscalationPolicy>,
 }
 
 /// Most recipients (or endpoints) one list may have: a list is a team, not a mailing campaign,
@@ -137,6 +141,8 @@ pub struct ListInput {
     pub webhook_secret: Option<String>,
     /// Already checked by `Consolidation::parse`, where the input's form is known.
     pub consolidation: Option<Consolidation>,
+    /// Already checked by `EscalationPolicy::parse`, likewise.
+    pub escalation: Option<EscalationPolicy>,
 }
 
 impl fmt::Debug for ListInput {
@@ -152,6 +158,7 @@ impl fmt::Debug for ListInput {
                 &self.webhook_secret.as_ref().map(|_| "***"),
             )
             .field("consolidation", &self.consolidation)
+            .field("escalation", &self.escalation)
             .finish()
     }
 }
@@ -261,6 +268,7 @@ impl NotificationList {
             name,
             targets,
             consolidation: input.consolidation,
+            escalation: input.escalation,
         })
     }
 }

@@ -102,12 +102,32 @@ pub enum HistoryEvent {
     /// Its condition was cleared, by `actor`: the site (`site <id>`, at the site or through
     /// central's ClearCondition), or an operator.
     Cleared { actor: String },
+    /// A page of an incident, ended before it was handed to the relay because `actor`
+    /// acknowledged the incident.
+    Acknowledged { actor: String },
 }
 
 /// The stored names of the condition-key history entries (the attempts table's Outcome
 /// column; its Actor column holds the replacing notification's id or who cleared).
 pub const SUPERSEDED_ENTRY: &str = "Superseded";
 pub const CLEARED_ENTRY: &str = "Cleared";
+/// The stored name of the entry of a page ended by its incident's acknowledgement (the Actor
+/// column holds who acknowledged).
+pub const ACKNOWLEDGED_ENTRY: &str = "Acknowledged";
+
+/// The history entry that records a row ended in `status` by something else than its own
+/// attempt (a newer state, a clear, an acknowledgement of its incident, a discard of its
+/// incident's alarm): what a pending ending writes when it is applied. `None` for a status no
+/// such ending leads to.
+pub fn ending_entry(status: &str) -> Option<&'static str> {
+    match status {
+        SUPERSEDED_ENTRY => Some(SUPERSEDED_ENTRY),
+        CLEARED_ENTRY => Some(CLEARED_ENTRY),
+        ACKNOWLEDGED_ENTRY => Some(ACKNOWLEDGED_ENTRY),
+        "Discarded" => Some(OperatorAction::Discard.as_str()),
+        _ => None,
+    }
+}
 
 /// The actor recorded when a site clears one of its conditions.
 pub fn site_actor(site: &str) -> Actor {

@@ -5,6 +5,7 @@
 pub mod channel;
 pub mod consolidation;
 pub mod delivery;
+pub mod escalation;
 pub mod failover;
 pub mod history;
 pub mod kpi;

@@ -8,6 +8,7 @@
 //! Parked --Retry--> Pending      Parked --Discard--> Discarded
 //! Pending/Retrying (not claimed) --a newer one with its condition key--> Superseded
 //! Pending/Retrying (not claimed) --its condition cleared--> Cleared
+//! Pending/Retrying (not claimed), an incident's page --the incident acknowledged--> Acknowledged
 //! ```
 
 use std::fmt;
@@ -26,10 +27,13 @@ pub enum Status {
     /// Waiting: held back by its list's flood consolidation, to go out in a digest at
     /// NextAttemptAt (its window's end, or the retry time after a failed digest).
     Held,
+    /// Final: a page of an escalating incident (`domain::escalation`) not yet handed to the
+    /// relay when somebody acknowledged the incident; its history names who.
+    Acknowledged,
 }
 
 impl Status {
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Self::Pending,
         Self::Retrying,
         Self::Delivered,
@@ -38,6 +42,7 @@ impl Status {
         Self::Superseded,
         Self::Cleared,
         Self::Held,
+        Self::Acknowledged,
     ];
 
     /// The stable name stored in databases and shown to operators.
@@ -51,6 +56,7 @@ impl Status {
             Self::Superseded => "Superseded",
             Self::Cleared => "Cleared",
             Self::Held => "Held",
+            Self::Acknowledged => "Acknowledged",
         }
     }
 

@@ -16,16 +16,17 @@ use outbox_proto::v1::{self, GetNotificationStatusRequest, NotificationStatusVie
 use tokio::sync::Notify;
 use tonic::{Request, Response, Status};
 
-use super::{admin_convert, convert, invalid_argument, store_status};
+use super::{admin_convert, convert, incident_convert, invalid_argument, store_status};
 use crate::auth::{AdminRpc, Authenticator, StatusReader};
-use crate::domain::channel::WebhookSettings;
+use crate::domain::channel::{NotificationList, WebhookSettings};
+use crate::domain::escalation::{AckMeans, AckResult, Acknowledgement, IncidentId};
 use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
 use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
 use crate::kpi_gauges::KpiGauges;
 use crate::records::NotificationState;
-use crate::store::{AdminStore, ChannelSettingsStore};
+use crate::store::{AdminStore, ChannelSettingsStore, EscalationStore};
 
 /// Most notifications one bulk call may name or change.
 pub(crate) const MAX_BULK: usize = 1000;
@@ -164,6 +165,33 @@ impl<S: AdminStore + ChannelSettingsStore> OutboxService<S> {
         }
     }
 
+    /// Refuses a policy whose step names a list that does not exist (other than the list being
+    /// stored): its page would reach nobody. A list deleted later is skipped at the page, with
+    /// a history row and a metric an alert watches.
+    async fn check_step_lists(&self, list: &NotificationList) -> Result<(), Status> {
+        let Some(policy) = &list.escalation else {
+            return Ok(());
+        };
+        for (i, step) in policy.steps().iter().enumerate() {
+            for name in &step.notify {
+                if *name == list.name {
+                    continue;
+                }
+                if self.store.list(name).await.map_err(store_status)?.is_none() {
+                    return Err(invalid_argument(ContentError::new(
+                        "list.escalation.steps",
+                        format!(
+                            "step {}: there is no notification list {:?}",
+                            i + 2,
+                            name.as_str()
+                        ),
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// What `act_on_ids` would answer now, changing nothing (a bulk dry run): each id's current
     /// state, refused as the action would refuse it. Each row is read on its own, so the answer
     /// is a moment's view, not a promise.
@@ -296,7 +324,9 @@ impl<S: AdminStore + ChannelSettingsStore> OutboxService<S> {
 }
 
 #[tonic::async_trait]
-impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<S> {
+impl<S: AdminStore + ChannelSettingsStore + EscalationStore> NotificationOutbox
+    for OutboxService<S>
+{
     async fn query_notifications(
         &self,
         request: Request<v1::QueryNotificationsRequest>,
@@ -513,6 +543,7 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
         };
         let list = admin_convert::list_from_proto(msg, current.as_ref().map(|c| &c.value))
             .map_err(invalid_argument)?;
+        self.check_step_lists(&list).await?;
         let name = list.name.clone();
         let saved = self.store.upsert_list(list).await;
         self.config.invalidate();
@@ -635,6 +666,109 @@ impl<S: AdminStore + ChannelSettingsStore> NotificationOutbox for OutboxService<
             Some(stored.updated_at),
         )))
     }
+
+    async fn list_incidents(
+        &self,
+        request: Request<v1::ListIncidentsRequest>,
+    ) -> Result<Response<v1::ListIncidentsResponse>, Status> {
+        self.authorize(&request, AdminRpc::ListIncidents)?;
+        let query =
+            incident_convert::incident_query(request.into_inner()).map_err(invalid_argument)?;
+        let list = self.store.incidents(query).await.map_err(store_status)?;
+        Ok(Response::new(v1::ListIncidentsResponse {
+            next_page_token: list
+                .next_before
+                .map(|id| id.0.to_string())
+                .unwrap_or_default(),
+            incidents: list
+                .incidents
+                .into_iter()
+                .map(incident_convert::incident_view)
+                .collect(),
+        }))
+    }
+
+    async fn get_incident(
+        &self,
+        request: Request<v1::GetIncidentRequest>,
+    ) -> Result<Response<v1::IncidentDetail>, Status> {
+        self.authorize(&request, AdminRpc::GetIncident)?;
+        let id = IncidentId(request.into_inner().id);
+        let detail = self
+            .store
+            .incident(id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| no_such_incident(id))?;
+        Ok(Response::new(incident_convert::detail_view(detail)))
+    }
+
+    async fn acknowledge_incident(
+        &self,
+        request: Request<v1::AcknowledgeIncidentRequest>,
+    ) -> Result<Response<v1::AcknowledgeIncidentResponse>, Status> {
+        let actor = self.authorize(&request, AdminRpc::AcknowledgeIncident)?;
+        let (means, from) = acknowledged_from(&request);
+        let id = IncidentId(request.into_inner().id);
+        let ack = Acknowledgement::new(actor.clone(), means, from.as_deref());
+        let result = self
+            .store
+            .acknowledge_incident(id, ack)
+            .await
+            .map_err(store_status)?;
+        let (outcome, stopped) = match result {
+            AckResult::NotFound => return Err(no_such_incident(id)),
+            AckResult::Acknowledged { stopped } => {
+                tracing::info!(
+                    incident = id.0,
+                    actor = actor.as_str(),
+                    stopped,
+                    "incident acknowledged"
+                );
+                (v1::AcknowledgeOutcome::Acknowledged, stopped)
+            }
+            AckResult::AlreadyAcknowledged { .. } => {
+                (v1::AcknowledgeOutcome::AlreadyAcknowledged, 0)
+            }
+            AckResult::AlreadyEnded { .. } => (v1::AcknowledgeOutcome::AlreadyEnded, 0),
+        };
+        let incident = self
+            .store
+            .incident(id)
+            .await
+            .map_err(store_status)?
+            .map(|d| incident_convert::incident_view(d.incident));
+        Ok(Response::new(v1::AcknowledgeIncidentResponse {
+            outcome: outcome.into(),
+            stopped,
+            incident,
+        }))
+    }
+}
+
+/// How an acknowledgement through this service came, and from where: the console's calls carry
+/// its caller (`ConsoleCaller`) and the browser's address; the rest are API calls from their
+/// peer's address.
+fn acknowledged_from<T>(request: &Request<T>) -> (AckMeans, Option<String>) {
+    match request.extensions().get::<crate::auth::ConsoleCaller>() {
+        Some(_) => (
+            AckMeans::Console,
+            request
+                .extensions()
+                .get::<ConsoleClient>()
+                .map(|c| c.0.clone()),
+        ),
+        None => (AckMeans::Api, request.remote_addr().map(|a| a.to_string())),
+    }
+}
+
+/// The address of the browser a console call was made for (set by the console on its
+/// in-process requests), recorded with what it does.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsoleClient(pub(crate) String);
+
+fn no_such_incident(id: IncidentId) -> Status {
+    Status::not_found(format!("incident {id} is not known to central"))
 }
 
 fn no_such_list(name: &ListName) -> Status {

@@ -40,6 +40,7 @@ pub(crate) fn status_from_proto(value: i32, field: &'static str) -> Result<Statu
         Ok(v1::NotificationStatus::Superseded) => Ok(Status::Superseded),
         Ok(v1::NotificationStatus::Cleared) => Ok(Status::Cleared),
         Ok(v1::NotificationStatus::Held) => Ok(Status::Held),
+        Ok(v1::NotificationStatus::Acknowledged) => Ok(Status::Acknowledged),
         Ok(v1::NotificationStatus::Forwarding) => Err(ContentError::new(
             field,
             "FORWARDING is reported by site-forwarders only; central never stores it",
@@ -227,6 +228,10 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
             view.kind = v1::HistoryEntryKind::Cleared.into();
             view.actor = actor;
         }
+        HistoryEvent::Acknowledged { actor } => {
+            view.kind = v1::HistoryEntryKind::Acknowledged.into();
+            view.actor = actor;
+        }
     }
     view
 }
@@ -295,6 +300,11 @@ pub(crate) fn list_view(list: Stored<NotificationList>) -> v1::NotificationList 
             window: Some(to_duration(c.window())),
             max_per_digest: c.max_per_digest(),
         }),
+        escalation: list
+            .value
+            .escalation
+            .as_ref()
+            .map(super::incident_convert::policy_view),
         ..Default::default()
     };
     match list.value.targets {
@@ -351,6 +361,10 @@ pub(crate) fn list_from_proto(
         })
         .transpose()
         .map_err(|e| ContentError::new(list_consolidation_field(e.field), e.problem))?;
+    let escalation = msg
+        .escalation
+        .map(super::incident_convert::policy_from_proto)
+        .transpose()?;
     let input = ListInput {
         name: msg.name,
         kind,
@@ -359,6 +373,7 @@ pub(crate) fn list_from_proto(
         webhook_format,
         webhook_secret,
         consolidation,
+        escalation,
     };
     NotificationList::parse(input)
         .and_then(|list| {

@@ -48,6 +48,7 @@ pub(crate) fn status_to_proto(status: Status) -> v1::NotificationStatus {
         Status::Superseded => v1::NotificationStatus::Superseded,
         Status::Cleared => v1::NotificationStatus::Cleared,
         Status::Held => v1::NotificationStatus::Held,
+        Status::Acknowledged => v1::NotificationStatus::Acknowledged,
     }
 }
 

@@ -4,6 +4,7 @@
 pub(crate) mod admin;
 pub(crate) mod admin_convert;
 pub(crate) mod convert;
+pub(crate) mod incident_convert;
 pub(crate) mod ingest;
 pub(crate) mod site_health;
 
@@ -35,7 +36,8 @@ pub(crate) fn invalid_argument(e: ContentError) -> Status {
 }
 
 /// The one mapping from store failures to gRPC codes. Unavailable and Corrupt are retryable by
-/// the caller; a secret needing a key is FAILED_PRECONDITION, fixed in `[secrets]`.
+/// the caller; a secret needing a key is FAILED_PRECONDITION, fixed in `[secrets]`, and so is
+/// what the backend does not support.
 pub(crate) fn store_status(e: StoreError) -> Status {
     match e {
         StoreError::Unavailable(detail) => {
@@ -55,6 +57,7 @@ pub(crate) fn store_status(e: StoreError) -> Status {
             tracing::error!(error = %e, "stored secret cannot be opened");
             Status::internal(e.to_string())
         }
+        StoreError::Unsupported(detail) => Status::failed_precondition(detail),
     }
 }
 

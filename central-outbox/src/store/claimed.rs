@@ -7,6 +7,7 @@
 use chrono::{DateTime, Utc};
 use outbox_domain::ScriptOrigin;
 
+use crate::domain::escalation::IncidentRef;
 use crate::domain::{
     Body, ListName, NotificationContent, NotificationId, NotificationType, Priority, SiteId,
     Subject, TypeData,
@@ -34,6 +35,8 @@ pub(super) struct StoredClaim {
     pub site_enqueued_at: Option<DateTime<Utc>>,
     /// The stored rank (`Priority::rank`).
     pub priority: i64,
+    /// The incident it belongs to, if any (`domain::escalation`).
+    pub incident: Option<IncidentRef>,
 }
 
 impl StoredClaim {
@@ -70,6 +73,7 @@ impl StoredClaim {
             retry_count: self.retry_count,
             attempt_no: self.attempt_no,
             epoch,
+            incident: self.incident,
         })
     }
 }

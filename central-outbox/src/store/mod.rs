@@ -75,6 +75,7 @@ mod claimed;
 pub mod mssql;
 pub mod sqlite;
 mod stored_list;
+pub(crate) mod stored_policy;
 
 use std::future::Future;
 use std::time::Duration;
@@ -82,6 +83,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
+use crate::domain::escalation::{AckResult, Acknowledgement, IncidentId};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -89,9 +91,9 @@ use crate::domain::serve_order::ClaimLanes;
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, LeaseReading, NewNotification, NotificationDetail,
-    NotificationState, Page, PurgeReport,
+    ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
+    FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
+    LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
 };
 use crate::secrets::ResealReport;
 
@@ -106,6 +108,10 @@ pub enum StoreError {
     /// A secret could not be sealed or opened (no key, a key not configured, damaged data).
     #[error("{0}")]
     Secrets(#[from] crate::secrets::SecretsError),
+    /// This backend cannot store what was asked (the message says what, and what to use
+    /// instead); retrying does not help.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl From<group_commit::Error> for StoreError {
@@ -124,9 +130,15 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The whole store: every capability. What the service runs on (`run`) and what the SQL
 /// backends are; a part of the service asks only for the capabilities it uses (module docs).
-pub trait OutboxStore: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore {}
+pub trait OutboxStore:
+    IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore
+{
+}
 
-impl<S: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore> OutboxStore for S {}
+impl<S: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore>
+    OutboxStore for S
+{
+}
 
 /// What the sites' ingest needs: storing submissions, clearing conditions, node health reports,
 /// and the probe the health service answers with. Methods return `Send` futures so the services
@@ -369,6 +381,55 @@ pub trait ChannelSettingsStore: ReadChannelSettings {
     /// releases, or an earlier key) and checks that the rest open; run at start-up. Fails,
     /// naming the key id, if one was sealed with a key that is not configured.
     fn reseal_secrets(&self) -> impl Future<Output = Result<ResealReport>> + Send;
+}
+
+/// Escalation (`domain::escalation`): the clock that fires due pages under the dispatcher's
+/// lease, acknowledgements, and the incidents operators look at. Incidents open in `submit`'s
+/// transaction and end in `clear_condition`'s (and a Discard's), so those stay with their
+/// capabilities; this one holds what only escalation does.
+pub trait EscalationStore: Send + Sync + 'static {
+    /// Fires what is due by the store's clock for up to `limit` incidents, only while `epoch`
+    /// holds `lease`, each in the same transaction as its incident's new place: a page stores
+    /// one Pending notification per list it pages (linked to the incident, at its priority)
+    /// and a page row keyed by incident, cycle, round and step, so no page fires twice; an
+    /// incident with no page left is exhausted; an acknowledged incident whose reminder is due
+    /// pages again from step 1. Every one is a history row; a page `LATE_AFTER` or more after
+    /// its due time says how late, and the next wait counts from when it fired.
+    fn escalate_due(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        limit: u32,
+    ) -> impl Future<Output = Result<EscalationTurn>> + Send;
+
+    /// Acknowledges an incident (see `AckResult`): the first acknowledgement stops its
+    /// escalation in the same transaction, ending its page notifications not yet claimed as
+    /// Acknowledged and marking the claimed ones to end so unless their attempt delivers them.
+    /// A later one is recorded, as a duplicate or (after the incident ended) as late.
+    fn acknowledge_incident(
+        &self,
+        id: IncidentId,
+        ack: Acknowledgement,
+    ) -> impl Future<Output = Result<AckResult>> + Send;
+
+    /// Acknowledges every incident of `site`'s condition `key` that is not final, on every
+    /// list, as [`Self::acknowledge_incident`] does; returns each with what it did (none: no
+    /// incident of that condition was open, which is recorded nowhere).
+    fn acknowledge_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        ack: Acknowledgement,
+    ) -> impl Future<Output = Result<Vec<(IncidentId, AckResult)>>> + Send;
+
+    /// One page of incidents, newest first.
+    fn incidents(&self, query: IncidentQuery) -> impl Future<Output = Result<IncidentList>> + Send;
+
+    /// One incident with its pages, history and notifications.
+    fn incident(
+        &self,
+        id: IncidentId,
+    ) -> impl Future<Output = Result<Option<IncidentDetail>>> + Send;
 }
 
 /// A rate limit as a backend read it, brought within the bounds (`RateLimit::stored`) with a

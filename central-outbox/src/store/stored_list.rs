@@ -28,6 +28,9 @@ pub(super) struct StoredList {
     /// `ConsolidateThreshold`, `ConsolidateWindowSeconds`, `ConsolidateMaxPerDigest`: all
     /// three set, or the list does not consolidate.
     pub(super) consolidation: [Option<i64>; 3],
+    /// `Escalation`: the policy's stored text (`stored_policy`); `None`: the list does not
+    /// escalate.
+    pub(super) escalation: Option<String>,
 }
 
 impl StoredList {
@@ -40,7 +43,11 @@ impl StoredList {
             webhook_secret,
             targets,
             consolidation,
+            escalation,
         } = self;
+        let escalation = escalation
+            .map(|text| super::stored_policy::decode(&text).map_err(corrupt))
+            .transpose()?;
         let consolidation = match consolidation {
             [Some(threshold), Some(window), Some(max)] => {
                 Some(consolidation_settings(threshold, window, max).map_err(corrupt)?)
@@ -75,6 +82,7 @@ impl StoredList {
             name,
             targets,
             consolidation,
+            escalation,
         })
     }
 }

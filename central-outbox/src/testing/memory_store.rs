@@ -638,6 +638,7 @@ impl DispatchStore for MemoryStore {
                 retry_count: row.retry_count,
                 attempt_no: row.attempts,
                 epoch,
+                incident: None,
             });
         }
         if claimed.is_empty() {

@@ -20,8 +20,9 @@ pub(crate) enum ListsCommand {
     Ls,
     /// One list: its recipients or endpoints (a webhook secret is never shown).
     Show { name: String },
-    /// Create or replace a list: its recipients or endpoints, and its flood consolidation,
-    /// are replaced as a whole (without the --consolidate-* flags the list has none).
+    /// Create or replace a list: its recipients or endpoints, its flood consolidation and its
+    /// escalation are replaced as a whole (without the --consolidate-* flags, or without
+    /// --escalate-after, the list has none).
     Set(ListSetArgs),
     /// Delete a list. Notifications already sent to it park at delivery.
     Rm { name: String },
@@ -61,6 +62,57 @@ pub(crate) struct ListSetArgs {
     /// Most notifications in one digest (one mail, or one webhook call): 2 to 500.
     #[arg(long, value_name = "M", help_heading = CONSOLIDATION_HEADING)]
     pub consolidate_max_per_digest: Option<u32>,
+    /// Escalate the list's alarms: how long the alarm itself waits for an acknowledgement
+    /// before the next step pages (a whole number of seconds, 1s to 24h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help_heading = ESCALATION_HEADING)]
+    pub escalate_after: Option<Duration>,
+    /// A further step, in order (repeatable, at most 8): the lists it pages and how long it
+    /// waits, `LIST[,LIST...]:DURATION` (e.g. `supervisors:15m`).
+    #[arg(long = "escalation-step", value_name = "LISTS:WAIT", value_parser = parse_step,
+          help_heading = ESCALATION_HEADING)]
+    pub escalation_steps: Vec<(Vec<String>, Duration)>,
+    /// The priorities that escalate (repeatable): critical, high, normal (default critical and
+    /// high; low never escalates).
+    #[arg(long = "escalation-priority", value_parser = crate::filter::parse_priority,
+          help_heading = ESCALATION_HEADING)]
+    pub escalation_priorities: Vec<v1::NotificationPriority>,
+    /// Rounds after the first, 0 to 9.
+    #[arg(long, value_name = "N", help_heading = ESCALATION_HEADING)]
+    pub escalation_repeat: Option<u32>,
+    /// The step a repeat starts from (default 1: the list itself again).
+    #[arg(long, value_name = "STEP", help_heading = ESCALATION_HEADING)]
+    pub escalation_repeat_from: Option<u32>,
+    /// Wait out each step even when its delivery parks (by default a parked page escalates at
+    /// once).
+    #[arg(long, help_heading = ESCALATION_HEADING)]
+    pub no_escalate_on_park: bool,
+    /// Page again from step 1 this long after an acknowledgement while the condition is not
+    /// cleared (1m to 7d; default never).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+          help_heading = ESCALATION_HEADING)]
+    pub escalation_reminder: Option<Duration>,
+}
+
+/// Like consolidation: `lists set` replaces the list, so without `--escalate-after` it has no
+/// escalation.
+const ESCALATION_HEADING: &str =
+    "Escalation (needs --escalate-after: without it the list has none)";
+
+/// `supervisors,manager:15m` -> the step's lists and wait.
+fn parse_step(text: &str) -> Result<(Vec<String>, Duration), String> {
+    let (lists, wait) = text.rsplit_once(':').ok_or_else(|| {
+        format!("{text:?}: expected LIST[,LIST...]:DURATION, e.g. supervisors:15m")
+    })?;
+    let lists: Vec<String> = lists
+        .split(',')
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    if lists.is_empty() {
+        return Err(format!("{text:?}: name at least one list before the ':'"));
+    }
+    Ok((lists, parse_duration(wait.trim())?))
 }
 
 /// `lists set` replaces the list, so leaving the flags out turns consolidation off: the heading

@@ -112,6 +112,58 @@ pub(crate) enum Command {
     /// The webhook channel's pacing and retries.
     #[command(subcommand)]
     Webhook(WebhookCommand),
+    /// Incidents of escalating lists, newest first: open, acknowledged, exhausted, ended.
+    Incidents(IncidentArgs),
+    /// One incident in full: its policy, its pages with their timing, its notifications and
+    /// its history.
+    Incident {
+        /// Incident number.
+        id: i64,
+    },
+    /// Acknowledge an incident (operator role): its escalation stops at once; a second
+    /// acknowledgement says who was first.
+    Ack {
+        /// Incident number.
+        id: i64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct IncidentArgs {
+    /// Only these statuses (repeatable).
+    #[arg(long, value_enum)]
+    pub status: Vec<IncidentStatusArg>,
+    /// Only incidents with a page that fired late (the dispatcher was down or behind).
+    #[arg(long)]
+    pub late: bool,
+    /// At most N incidents (central caps it at 500).
+    #[arg(long, default_value_t = 50, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=500))]
+    pub limit: u32,
+    /// Continue from an earlier answer's next page token.
+    #[arg(long, value_name = "TOKEN")]
+    pub page_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum IncidentStatusArg {
+    Open,
+    Acknowledged,
+    Exhausted,
+    Cleared,
+    Discarded,
+}
+
+impl IncidentStatusArg {
+    pub(crate) fn proto(self) -> v1::IncidentStatus {
+        match self {
+            Self::Open => v1::IncidentStatus::Open,
+            Self::Acknowledged => v1::IncidentStatus::Acknowledged,
+            Self::Exhausted => v1::IncidentStatus::Exhausted,
+            Self::Cleared => v1::IncidentStatus::Cleared,
+            Self::Discarded => v1::IncidentStatus::Discarded,
+        }
+    }
 }
 
 /// Which notifications: the filter flags shared by `list` and the bulk forms of retry/discard.

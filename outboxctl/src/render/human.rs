@@ -42,6 +42,9 @@ pub(crate) fn render(report: &Report, now: DateTime<Utc>) -> String {
                                 it is set again\n"
             .to_owned(),
         Report::Webhook(config) => webhook_text(config),
+        Report::Incidents(list) => super::incident::list_text(list, now),
+        Report::Incident(detail) => super::incident::detail_text(detail),
+        Report::IncidentAcknowledged(answer) => super::incident::acknowledged_text(answer),
     }
 }
 
@@ -360,6 +363,17 @@ fn list_text(l: &v1::NotificationList) -> String {
     }
     if let Some(c) = &l.consolidation {
         fields.push(("consolidation", consolidation_text(c)));
+    }
+    if let Some(e) = &l.escalation {
+        let callout = super::incident::policy_text(e, &l.name);
+        fields.push((
+            "escalation",
+            callout
+                .trim_end()
+                .replace("\n  ", "\n")
+                .trim_start()
+                .to_owned(),
+        ));
     }
     key_values(&fields)
 }

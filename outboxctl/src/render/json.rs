@@ -39,6 +39,9 @@ pub(crate) fn render(report: &Report) -> Value {
         Report::Smtp(config) => smtp_config(config),
         Report::SmtpDeleted => json!({ "deleted": true }),
         Report::Webhook(config) => webhook_config(config),
+        Report::Incidents(list) => super::incident::list_json(list),
+        Report::Incident(detail) => super::incident::detail_json(detail),
+        Report::IncidentAcknowledged(answer) => super::incident::acknowledged_json(answer),
     }
 }
 
@@ -175,6 +178,7 @@ fn notification_list(l: &v1::NotificationList) -> Value {
             "window": duration_json(c.window.as_ref()),
             "max_per_digest": c.max_per_digest,
         })),
+        "escalation": l.escalation.as_ref().map(super::incident::policy_json),
         "updated_at": time_json(l.updated_at.as_ref()),
     })
 }

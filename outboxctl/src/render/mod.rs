@@ -5,6 +5,7 @@
 //! short lower-case names (`parked`, `delivery_attempt`, `starttls`), instants in RFC 3339 UTC.
 
 pub(crate) mod human;
+pub(crate) mod incident;
 pub(crate) mod json;
 pub(crate) mod table;
 

@@ -265,6 +265,27 @@ impl NotificationOutbox for FakeCentral {
         not_called()
     }
 
+    async fn list_incidents(
+        &self,
+        _: Request<v1::ListIncidentsRequest>,
+    ) -> Result<Response<v1::ListIncidentsResponse>, Status> {
+        not_called()
+    }
+
+    async fn get_incident(
+        &self,
+        _: Request<v1::GetIncidentRequest>,
+    ) -> Result<Response<v1::IncidentDetail>, Status> {
+        not_called()
+    }
+
+    async fn acknowledge_incident(
+        &self,
+        _: Request<v1::AcknowledgeIncidentRequest>,
+    ) -> Result<Response<v1::AcknowledgeIncidentResponse>, Status> {
+        not_called()
+    }
+
     async fn get_notification_status(
         &self,
         request: Request<GetNotificationStatusRequest>,

@@ -94,6 +94,9 @@ async fn call(
         AdminRpc::GetWebhookConfig => call!(get_webhook_config),
         AdminRpc::UpsertWebhookConfig => call!(upsert_webhook_config),
         AdminRpc::ListSiteHealth => call!(list_site_health),
+        AdminRpc::ListIncidents => call!(list_incidents),
+        AdminRpc::GetIncident => call!(get_incident),
+        AdminRpc::AcknowledgeIncident => call!(acknowledge_incident),
     }
 }
 

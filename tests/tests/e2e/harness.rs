@@ -367,7 +367,11 @@ pub(crate) fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
 
 /// Submits one notification with `subject` straight to central's ingest; returns its id.
 pub(crate) async fn ingest_one(central: &Central, subject: &str) -> String {
-    let msg = submit(subject, "body");
+    ingest_submit(central, submit(subject, "body")).await
+}
+
+/// Submits `msg` straight to central's ingest; returns its id.
+pub(crate) async fn ingest_submit(central: &Central, msg: v1::NotificationSubmit) -> String {
     let id = msg.notification_id.clone();
     central
         .ingest()

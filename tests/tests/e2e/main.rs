@@ -21,6 +21,7 @@ mod crash;
 mod delivery;
 mod disk_full;
 mod docs;
+mod escalation;
 mod failover;
 mod forwarding;
 mod ingest;

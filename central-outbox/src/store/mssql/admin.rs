@@ -9,8 +9,8 @@ use chrono::{DateTime, Utc};
 use super::{MsSqlStore, decode, result_set, sql};
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{
-    ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent, OperatorAction,
-    SUPERSEDED_ENTRY,
+    ACKNOWLEDGED_ENTRY, ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent,
+    OperatorAction, SUPERSEDED_ENTRY,
 };
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -108,6 +108,11 @@ fn history_entry(row: &tiberius::Row) -> Result<HistoryEntry> {
         }
     } else if outcome == CLEARED_ENTRY {
         HistoryEvent::Cleared {
+            actor: decode::opt_text(row, "Actor")?
+                .unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
+        }
+    } else if outcome == ACKNOWLEDGED_ENTRY {
+        HistoryEvent::Acknowledged {
             actor: decode::opt_text(row, "Actor")?
                 .unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
         }
@@ -319,5 +324,7 @@ pub(super) async fn purge_terminal(
         notifications: count("Notifications")?,
         parked: count("Parked")?,
         history_entries: count("HistoryEntries")?,
+        // No incident is ever stored here yet.
+        incidents: 0,
     })
 }

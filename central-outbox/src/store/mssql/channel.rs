@@ -57,6 +57,8 @@ fn read_list(
             consolidation("ConsolidateWindowSeconds")?,
             consolidation("ConsolidateMaxPerDigest")?,
         ],
+        // This backend stores no escalation policy yet (`unsupported_escalation`).
+        escalation: None,
     };
     Ok(Stored {
         value: stored.decode(secrets)?,

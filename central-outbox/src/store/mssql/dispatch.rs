@@ -184,6 +184,8 @@ fn decode_claim(
         origin_parent_execution_id: parent,
         site_enqueued_at: Some(enqueued),
         priority: i64::from(priority),
+        // This backend keeps no incidents yet.
+        incident: None,
     };
     Ok(stored.validate(epoch).map_err(|problem| InvalidRow {
         row_id,

@@ -45,10 +45,11 @@ use tiberius::error::{Error, IoErrorKind};
 use self::error::{ErrorClass, classify, to_store_error};
 use self::pool::{Manager, Param};
 use super::{
-    AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
-    StoreError,
+    AdminStore, ChannelSettingsStore, DispatchStore, EscalationStore, IngestStore,
+    ReadChannelSettings, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
+use crate::domain::escalation::{AckResult, Acknowledgement, IncidentId};
 use crate::domain::history::{Actor, OperatorAction};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -56,9 +57,9 @@ use crate::domain::serve_order::ClaimLanes;
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId};
 use crate::records::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, LeaseReading, NewNotification, NotificationDetail,
-    NotificationState, Page, PurgeReport,
+    ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
+    FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
+    LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -427,6 +428,7 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 
     async fn upsert_list(&self, list: NotificationList) -> Result<()> {
+        unsupported_escalation(&list)?;
         channel::replace_list(self, &list).await?;
         ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
         Ok(())
@@ -459,6 +461,7 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 
     async fn seed_list(&self, list: NotificationList) -> Result<bool> {
+        unsupported_escalation(&list)?;
         let stored = channel::seed_list(self, &list).await?;
         if stored {
             ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
@@ -473,6 +476,61 @@ impl ChannelSettingsStore for MsSqlStore {
     async fn reseal_secrets(&self) -> Result<ResealReport> {
         channel::reseal_secrets(self).await
     }
+}
+
+/// Escalation is not in this backend yet: it stores no policy (`upsert_list` and `seed_list`
+/// refuse a list with one, [`unsupported_escalation`]), so no incident ever exists here. The
+/// clock finds nothing due, an acknowledgement finds no incident, and the incidents page is
+/// empty; all of it true of this store's data.
+impl EscalationStore for MsSqlStore {
+    async fn escalate_due(
+        &self,
+        _lease: &'static str,
+        _epoch: LeaseEpoch,
+        _limit: u32,
+    ) -> Result<EscalationTurn> {
+        Ok(EscalationTurn {
+            held: true,
+            ..EscalationTurn::default()
+        })
+    }
+
+    async fn acknowledge_incident(
+        &self,
+        _id: IncidentId,
+        _ack: Acknowledgement,
+    ) -> Result<AckResult> {
+        Ok(AckResult::NotFound)
+    }
+
+    async fn acknowledge_condition(
+        &self,
+        _site: &SiteId,
+        _key: &ConditionKey,
+        _ack: Acknowledgement,
+    ) -> Result<Vec<(IncidentId, AckResult)>> {
+        Ok(Vec::new())
+    }
+
+    async fn incidents(&self, _query: IncidentQuery) -> Result<IncidentList> {
+        Ok(IncidentList::default())
+    }
+
+    async fn incident(&self, _id: IncidentId) -> Result<Option<IncidentDetail>> {
+        Ok(None)
+    }
+}
+
+/// Refuses a list with an escalation policy: this backend cannot keep one yet.
+fn unsupported_escalation(list: &NotificationList) -> Result<()> {
+    if list.escalation.is_some() {
+        return Err(StoreError::Unsupported(format!(
+            "list {}: escalation policies are not supported on the MS SQL store in this \
+             release (the SQLite store has them); store the list without `escalation`",
+            list.name
+        )));
+    }
+    Ok(())
 }
 
 /// Takes the `index`th result set of a batch; its absence means the statement and this code

@@ -10,8 +10,8 @@ use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 use super::{at_ms, corrupt, ms};
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{
-    ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent, OperatorAction,
-    SUPERSEDED_ENTRY,
+    ACKNOWLEDGED_ENTRY, ActionRefusal, Actor, CLEARED_ENTRY, HistoryEntry, HistoryEvent,
+    OperatorAction, SUPERSEDED_ENTRY,
 };
 use crate::domain::kpi::{KpiParams, KpiValues, Kpis, stuck_cutoff};
 use crate::domain::query::{NotificationFilter, PageRequest};
@@ -310,6 +310,10 @@ fn history(conn: &Connection, id: NotificationId) -> Result<Vec<HistoryEntry>> {
             HistoryEvent::Cleared {
                 actor: actor.unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
             }
+        } else if outcome == ACKNOWLEDGED_ENTRY {
+            HistoryEvent::Acknowledged {
+                actor: actor.unwrap_or_else(|| Actor::unknown().as_str().to_owned()),
+            }
         } else {
             let action = [OperatorAction::Retry, OperatorAction::Discard]
                 .into_iter()
@@ -373,6 +377,10 @@ fn act(
             action.as_str(),
             actor.as_str()
         ])?;
+    if action == OperatorAction::Discard {
+        // An incident's alarm discarded ends the incident: nobody is paged for it any more.
+        super::escalation::end_for_discard(conn, id, actor, now)?;
+    }
     let state = select_state(conn, id)?.ok_or_else(|| {
         corrupt(format!(
             "notification {id} vanished while being {}",
@@ -547,6 +555,23 @@ pub(super) fn purge_terminal(
         if parked {
             report.parked += deleted;
         }
+    }
+    // Incidents past the retention too, in the same batch size: the table of incidents is
+    // bounded like the notifications'.
+    let incidents = conn
+        .prepare_cached(include_str!("sql/select_purgeable_incidents.sql"))?
+        .query_map(params![ms(resolved_before), batch], |row| {
+            row.get::<_, i64>(0)
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for incident in incidents {
+        conn.prepare_cached(include_str!("sql/delete_incident_pages.sql"))?
+            .execute([incident])?;
+        conn.prepare_cached(include_str!("sql/delete_incident_history.sql"))?
+            .execute([incident])?;
+        report.incidents += conn
+            .prepare_cached(include_str!("sql/delete_incident.sql"))?
+            .execute([incident])? as u64;
     }
     Ok(report)
 }

@@ -42,6 +42,7 @@ pub(super) fn select_list(
         Option<String>,
         i64,
         [Option<i64>; 3],
+        Option<String>,
     );
     let row: Option<ListRow> = conn
         .prepare_cached(include_str!("sql/select_list.sql"))?
@@ -52,10 +53,12 @@ pub(super) fn select_list(
                 row.get(2)?,
                 row.get(3)?,
                 [row.get(4)?, row.get(5)?, row.get(6)?],
+                row.get(7)?,
             ))
         })
         .optional()?;
-    let Some((kind, webhook_format, webhook_secret, updated_at, consolidation)) = row else {
+    let Some((kind, webhook_format, webhook_secret, updated_at, consolidation, escalation)) = row
+    else {
         return Ok(None);
     };
     let stored = StoredList {
@@ -65,6 +68,7 @@ pub(super) fn select_list(
         webhook_secret,
         targets: select_targets(conn, name)?,
         consolidation,
+        escalation,
     };
     Ok(Some(Stored {
         value: stored.decode(secrets)?,
@@ -126,6 +130,9 @@ pub(super) fn replace_list(
             list.consolidation
                 .map(|c| i64::try_from(c.window().as_secs()).unwrap_or(i64::MAX)),
             list.consolidation.map(|c| c.max_per_digest()),
+            list.escalation
+                .as_ref()
+                .map(crate::store::stored_policy::encode),
         ])?;
     conn.prepare_cached(include_str!("sql/delete_list_targets.sql"))?
         .execute([list.name.as_str()])?;

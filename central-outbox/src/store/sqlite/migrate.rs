@@ -62,6 +62,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "fallback_relays",
         sql: include_str!("../../../../migrations/sqlite/0010_fallback_relays.sql"),
     },
+    Migration {
+        version: 11,
+        name: "escalation",
+        sql: include_str!("../../../../migrations/sqlite/0011_escalation.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -17,6 +17,7 @@
 mod admin;
 mod channel;
 mod consolidate;
+mod escalation;
 mod migrate;
 mod site_health;
 #[cfg(test)]
@@ -32,12 +33,15 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
-    AdminStore, ChannelSettingsStore, DispatchStore, IngestStore, ReadChannelSettings, Result,
-    StoreError,
+    AdminStore, ChannelSettingsStore, DispatchStore, EscalationStore, IngestStore,
+    ReadChannelSettings, Result, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
-use crate::domain::history::{Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_ENTRY, site_actor};
+use crate::domain::escalation::{AckResult, Acknowledgement, IncidentId, IncidentRef};
+use crate::domain::history::{
+    Actor, CLEARED_ENTRY, OperatorAction, SUPERSEDED_ENTRY, ending_entry, site_actor,
+};
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
@@ -45,9 +49,10 @@ use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealt
 use crate::domain::status::Status;
 use crate::domain::{ConditionKey, ListName, NotificationId, NotificationType, SiteId, Submission};
 use crate::records::{
-    ActionResult, AttemptRecord, ClaimedNotification, FilterActionReport, FilterCount,
-    InsertOutcome, LeaseEpoch, LeaseReading, LeaseRecord, NewNotification, NotificationDetail,
-    NotificationState, Page, PurgeReport,
+    ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
+    FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
+    LeaseReading, LeaseRecord, NewNotification, NotificationDetail, NotificationState, Page,
+    PurgeReport,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -322,6 +327,55 @@ impl AdminStore for SqliteStore {
     }
 }
 
+impl EscalationStore for SqliteStore {
+    async fn escalate_due(
+        &self,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        limit: u32,
+    ) -> Result<EscalationTurn> {
+        self.db
+            .write(move |conn| escalation::escalate_due(conn, lease, epoch, limit, Utc::now()))
+            .await
+    }
+
+    async fn acknowledge_incident(
+        &self,
+        id: IncidentId,
+        ack: Acknowledgement,
+    ) -> Result<AckResult> {
+        self.db
+            .write(move |conn| escalation::acknowledge(conn, id, &ack, Utc::now()))
+            .await
+    }
+
+    async fn acknowledge_condition(
+        &self,
+        site: &SiteId,
+        key: &ConditionKey,
+        ack: Acknowledgement,
+    ) -> Result<Vec<(IncidentId, AckResult)>> {
+        let (site, key) = (site.clone(), key.clone());
+        self.db
+            .write(move |conn| {
+                escalation::acknowledge_condition(conn, &site, key.as_str(), &ack, Utc::now())
+            })
+            .await
+    }
+
+    async fn incidents(&self, query: IncidentQuery) -> Result<IncidentList> {
+        self.db
+            .read(move |conn| escalation::incidents(conn, &query))
+            .await
+    }
+
+    async fn incident(&self, id: IncidentId) -> Result<Option<IncidentDetail>> {
+        self.db
+            .read(move |conn| escalation::incident(conn, id))
+            .await
+    }
+}
+
 impl ChannelSettingsStore for SqliteStore {
     async fn lists(&self) -> Result<Vec<Stored<NotificationList>>> {
         let secrets = self.secrets.clone();
@@ -398,54 +452,18 @@ fn insert_idempotently(
     batch: &[NewNotification],
     now: DateTime<Utc>,
 ) -> Result<Vec<InsertOutcome>> {
-    let mut insert = conn.prepare_cached(include_str!("sql/insert_notification.sql"))?;
-    // The two reads of `serve_turn`.
-    let mut head_turn = conn.prepare_cached(include_str!("sql/select_head_turn.sql"))?;
-    let mut site_turn = conn.prepare_cached(include_str!("sql/select_site_turn.sql"))?;
     let mut stored_hash = conn.prepare_cached(include_str!("sql/select_content_hash.sql"))?;
-    // Each list's consolidation settings, read once per batch.
+    // Each list's consolidation settings and escalation policy, read once per batch.
     let mut consolidating: HashMap<&str, Option<Consolidation>> = HashMap::new();
+    let mut policies = escalation::Policies::default();
     let mut outcomes = Vec::with_capacity(batch.len());
     for new in batch {
         let s = &new.submission;
         let p = &s.provenance;
         let id = s.id.to_string();
-        let rank = s.priority.rank();
-        let head: Option<i64> =
-            head_turn.query_row(params![s.content.kind.as_str(), rank], |row| row.get(0))?;
-        let site_last: Option<i64> = site_turn.query_row(
-            params![s.content.kind.as_str(), rank, p.source_site_id.as_str()],
-            |row| row.get(0),
-        )?;
-        let inserted = insert.execute(params![
-            id,
-            s.content.kind.as_str(),
-            s.content.list_name.as_str(),
-            s.content.subject.as_str(),
-            s.content.body.as_str(),
-            s.content.type_data.as_str(),
-            &new.hash.0[..],
-            p.source_site_id.as_str(),
-            p.source_instance_id,
-            p.source_script,
-            p.origin_execution_id.map(|u| u.to_string()),
-            p.origin_parent_execution_id.map(|u| u.to_string()),
-            ms(p.site_enqueued_at),
-            ms(now),
-            rank,
-            serve_turn(head, site_last),
-            s.condition_key.as_ref().map(|k| k.as_str()),
-            if s.cleared_at_site.is_some() {
-                Status::Cleared
-            } else {
-                Status::Pending
-            }
-            .as_str(),
-            s.cleared_at_site.map(|_| ms(now)),
-        ])?;
-        let outcome = if inserted == 1 {
+        let outcome = if insert_row(conn, new, now)? {
             // A row stored already ended (cleared at the site, or stale on arrival) neither
-            // supersedes others nor counts towards its list's flood window.
+            // supersedes others nor counts towards its list's flood window, nor escalates.
             let ended_on_arrival = match (&s.cleared_at_site, &s.condition_key) {
                 (Some(cleared_at), _) => {
                     // The history says who ended it and when: the site, before forwarding it.
@@ -474,6 +492,9 @@ fn insert_idempotently(
                 if let Some(rules) = rules {
                     consolidate::count_and_hold(conn, s, rules, now)?;
                 }
+                if let Some(policy) = policies.of(conn, list)? {
+                    escalation::open_or_join(conn, s, policy, now)?;
+                }
             }
             InsertOutcome::Accepted
         } else {
@@ -487,6 +508,51 @@ fn insert_idempotently(
         outcomes.push(outcome);
     }
     Ok(outcomes)
+}
+
+/// Inserts one notification with its serve turn (`serve_turn`) unless its id is stored;
+/// returns whether it was inserted. What a submit stores, and an incident's page messages.
+fn insert_row(conn: &Connection, new: &NewNotification, now: DateTime<Utc>) -> Result<bool> {
+    let mut insert = conn.prepare_cached(include_str!("sql/insert_notification.sql"))?;
+    // The two reads of `serve_turn`.
+    let mut head_turn = conn.prepare_cached(include_str!("sql/select_head_turn.sql"))?;
+    let mut site_turn = conn.prepare_cached(include_str!("sql/select_site_turn.sql"))?;
+    let s = &new.submission;
+    let p = &s.provenance;
+    let rank = s.priority.rank();
+    let head: Option<i64> =
+        head_turn.query_row(params![s.content.kind.as_str(), rank], |row| row.get(0))?;
+    let site_last: Option<i64> = site_turn.query_row(
+        params![s.content.kind.as_str(), rank, p.source_site_id.as_str()],
+        |row| row.get(0),
+    )?;
+    let inserted = insert.execute(params![
+        s.id.to_string(),
+        s.content.kind.as_str(),
+        s.content.list_name.as_str(),
+        s.content.subject.as_str(),
+        s.content.body.as_str(),
+        s.content.type_data.as_str(),
+        &new.hash.0[..],
+        p.source_site_id.as_str(),
+        p.source_instance_id,
+        p.source_script,
+        p.origin_execution_id.map(|u| u.to_string()),
+        p.origin_parent_execution_id.map(|u| u.to_string()),
+        ms(p.site_enqueued_at),
+        ms(now),
+        rank,
+        serve_turn(head, site_last),
+        s.condition_key.as_ref().map(|k| k.as_str()),
+        if s.cleared_at_site.is_some() {
+            Status::Cleared
+        } else {
+            Status::Pending
+        }
+        .as_str(),
+        s.cleared_at_site.map(|_| ms(now)),
+    ])?;
+    Ok(inserted == 1)
 }
 
 /// Stores the keyed row `id`, just inserted, as Superseded when its site, key and list already
@@ -585,6 +651,7 @@ fn clear_condition(
     record_endings(conn, &ended, now_ms, CLEARED_ENTRY, actor.as_str())?;
     conn.prepare_cached(include_str!("sql/mark_in_flight_cleared.sql"))?
         .execute(params![now_ms, site.as_str(), key.as_str(), actor.as_str()])?;
+    escalation::end_for_clear(conn, site, key.as_str(), actor, now)?;
     ended
         .iter()
         .map(|(id, _)| {
@@ -702,12 +769,14 @@ pub(super) fn settle_pending_ends(conn: &Connection, now_ms: i64) -> Result<()> 
             ))
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
-    for (id, sequence, entry, by) in ended {
+    for (id, sequence, ending, by) in ended {
+        let entry = ending_entry(&ending)
+            .ok_or_else(|| corrupt(format!("Notifications.PendingEnd = {ending:?}")))?;
         record_endings(
             conn,
             &[(id, sequence)],
             now_ms,
-            &entry,
+            entry,
             by.as_deref().unwrap_or_default(),
         )?;
     }
@@ -776,6 +845,9 @@ struct ClaimedRow {
     serve_turn: i64,
     /// NextAttemptAt, 0 when NULL: the longest-waiting order.
     due_ms: i64,
+    /// The incident it belongs to and its page there (`escalation`), if any.
+    incident: Option<i64>,
+    incident_page: Option<u32>,
 }
 
 impl ClaimedRow {
@@ -799,6 +871,8 @@ impl ClaimedRow {
             priority: row.get(15)?,
             serve_turn: row.get(16)?,
             due_ms: row.get(17)?,
+            incident: row.get(18)?,
+            incident_page: row.get(19)?,
         })
     }
 
@@ -822,6 +896,10 @@ impl ClaimedRow {
             origin_parent_execution_id: self.origin_parent_execution_id.clone(),
             site_enqueued_at: DateTime::from_timestamp_millis(self.site_enqueued_at),
             priority: self.priority,
+            incident: self.incident.map(|id| IncidentRef {
+                id: IncidentId(id),
+                page_no: self.incident_page,
+            }),
         }
         .validate(epoch)
     }
@@ -865,12 +943,17 @@ fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Resu
     let Some((status, sequence, ended_by)) = applied else {
         return Ok(false);
     };
-    // Superseded or cleared while this attempt was under way, and not delivered by it: its
-    // ending follows the attempt in its history.
-    if status != t.status.as_str() && (status == SUPERSEDED_ENTRY || status == CLEARED_ENTRY) {
+    // Superseded, cleared or stopped by its incident while this attempt was under way, and
+    // not delivered by it: its ending follows the attempt in its history.
+    if status != t.status.as_str()
+        && let Some(entry) = ending_entry(&status)
+    {
         let id = record.id.to_string();
         let by = ended_by.unwrap_or_default();
-        record_endings(conn, &[(id, sequence)], now_ms, &status, &by)?;
+        record_endings(conn, &[(id, sequence)], now_ms, entry, &by)?;
+    }
+    if status == Status::Parked.as_str() {
+        escalation::parked(conn, record.row_id, record.id, now_ms)?;
     }
     let mut attempt = conn.prepare_cached(include_str!("sql/complete_attempt.sql"))?;
     attempt.execute(params![

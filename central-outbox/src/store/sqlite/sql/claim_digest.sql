@@ -14,4 +14,4 @@ WHERE Id IN (
 RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
           AttemptCount, SourceSiteId, SourceInstanceId, SourceScript,
           OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority,
-          ServeTurn, NextAttemptAt
+          ServeTurn, NextAttemptAt, IncidentId, IncidentPage

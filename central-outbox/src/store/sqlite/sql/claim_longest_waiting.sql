@@ -21,4 +21,4 @@ WHERE Id IN (
 RETURNING Id, NotificationId, Type, ListName, Subject, Body, TypeData, RetryCount,
           AttemptCount, SourceSiteId, SourceInstanceId, SourceScript,
           OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, Priority,
-          ServeTurn, COALESCE(NextAttemptAt, 0)
+          ServeTurn, COALESCE(NextAttemptAt, 0), IncidentId, IncidentPage

@@ -1,3 +1,3 @@
 SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold,
-       ConsolidateWindowSeconds, ConsolidateMaxPerDigest
+       ConsolidateWindowSeconds, ConsolidateMaxPerDigest, Escalation
 FROM NotificationLists WHERE Name = ?1

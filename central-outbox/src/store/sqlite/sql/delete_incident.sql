@@ -1,0 +1,1 @@
+DELETE FROM Incidents WHERE Id = ?1

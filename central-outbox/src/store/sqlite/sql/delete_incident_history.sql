@@ -1,0 +1,1 @@
+DELETE FROM IncidentHistory WHERE IncidentId = ?1

@@ -1,0 +1,1 @@
+DELETE FROM IncidentPages WHERE IncidentId = ?1

@@ -1,0 +1,1 @@
+SELECT Type FROM NotificationLists WHERE Name = ?1

@@ -1,0 +1,238 @@
+//! Reach a person (issue 35): an alarm of a list with an escalation policy, sent to a real
+//! central with a real SMTP sink, pages the next lists while nobody acknowledges it, repeats the
+//! callout, and stops the moment somebody does (through the admin API here); a clear stops it
+//! too, and a page whose delivery parks escalates at once. Every page's timing is read from the
+//! incident's own history, as an operator would.
+
+use std::time::Duration;
+
+use central_outbox::config::{EscalationConfig, EscalationStepConfig, ListConfig};
+use outbox_proto::v1;
+use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
+
+use crate::harness::{
+    Central, DEADLINE, LIST, central_config, eventually, ingest_submit, smtp_sink, submit,
+};
+
+const SUPERVISORS: &str = "supervisors";
+const SUPERVISOR: &str = "sam@plant.example.test";
+
+/// Central with the `ops` list escalating by `escalation` to a `supervisors` list.
+async fn central_escalating(
+    dir: &std::path::Path,
+    sink: &SmtpSink,
+    escalation: EscalationConfig,
+) -> Central {
+    let mut config = central_config(dir, Some(sink.addr()));
+    config.lists[0].escalation = Some(escalation);
+    config
+        .lists
+        .push(ListConfig::email(SUPERVISORS, vec![SUPERVISOR.into()]));
+    Central::start(config).await
+}
+
+fn escalation(first_wait: u64, step_wait: u64, repeat: u32) -> EscalationConfig {
+    EscalationConfig {
+        priorities: Vec::new(),
+        acknowledge_within: Duration::from_secs(first_wait),
+        steps: vec![EscalationStepConfig {
+            notify: vec![SUPERVISORS.into()],
+            wait: Duration::from_secs(step_wait),
+        }],
+        repeat,
+        repeat_from_step: None,
+        escalate_on_park: None,
+        acknowledgement_reminder: None,
+    }
+}
+
+/// Sends a critical alarm to `ops` straight to central's ingest; returns its id.
+async fn alarm(central: &Central, subject: &str, key: &str) -> String {
+    let mut msg = submit(subject, "level above the high setpoint");
+    msg.priority = v1::NotificationPriority::Critical.into();
+    msg.condition_key = key.into();
+    ingest_submit(central, msg).await
+}
+
+/// The only incident central has, in detail.
+async fn the_incident(central: &Central) -> v1::IncidentDetail {
+    let mut outbox = central.outbox().await;
+    let list = outbox
+        .list_incidents(v1::ListIncidentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(list.incidents.len(), 1, "{list:?}");
+    outbox
+        .get_incident(v1::GetIncidentRequest {
+            id: list.incidents[0].id,
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+fn at(t: &Option<prost_types::Timestamp>) -> chrono::DateTime<chrono::Utc> {
+    outbox_proto::time::from_timestamp(t.as_ref().unwrap()).unwrap()
+}
+
+/// Mails the sink received for `address`.
+fn mails_to(sink: &SmtpSink, address: &str) -> usize {
+    sink.messages()
+        .iter()
+        .filter(|m| m.rcpt_to.iter().any(|r| r == address))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_alarm_pages_each_step_and_repeats_until_the_api_acknowledges_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    // The alarm waits 2 s, the supervisors' page 2 s; then the callout runs once more from the
+    // alarm's own list.
+    let central = central_escalating(dir.path(), &sink, escalation(2, 2, 1)).await;
+    let id = alarm(&central, "Tank 4 level high", "tank4.level").await;
+
+    // The alarm, the supervisors, the alarm's list again, the supervisors again: four pages.
+    let detail = eventually("four pages fired", || async {
+        let detail = the_incident(&central).await;
+        (detail.pages.len() == 4).then_some(detail)
+    })
+    .await;
+    let incident = detail.incident.as_ref().unwrap();
+    assert_eq!(incident.alarm_notification_id, id);
+    let places: Vec<(u32, u32)> = detail
+        .pages
+        .iter()
+        .map(|p| {
+            let place = p.place.as_ref().unwrap();
+            (place.round, place.step)
+        })
+        .collect();
+    assert_eq!(places, [(1, 1), (1, 2), (2, 1), (2, 2)]);
+    // Timed from the history: each page due one wait after the one before, and fired within
+    // two seconds of it.
+    for pair in detail.pages.windows(2) {
+        assert_eq!(
+            at(&pair[1].due_at) - at(&pair[0].due_at),
+            chrono::Duration::seconds(2)
+        );
+        let error = at(&pair[1].fired_at) - at(&pair[1].due_at);
+        assert!(error < chrono::Duration::seconds(2), "fired {error} late");
+        assert!(pair[1].late_by.is_none());
+    }
+    // Every page reached the relay: the ops recipients twice (alarm, repeat), the supervisor
+    // twice.
+    eventually("the four pages mailed", || async {
+        (mails_to(&sink, SUPERVISOR) == 2 && mails_to(&sink, crate::harness::RECIPIENTS[0]) == 2)
+            .then_some(())
+    })
+    .await;
+
+    let mut outbox = central.outbox().await;
+    let mut request = tonic::Request::new(v1::AcknowledgeIncidentRequest { id: incident.id });
+    request
+        .metadata_mut()
+        .insert("x-outbox-actor", "night-shift".parse().unwrap());
+    let answer = outbox
+        .acknowledge_incident(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.outcome(), v1::AcknowledgeOutcome::Acknowledged);
+    let acked = answer.incident.unwrap();
+    assert_eq!(acked.status(), v1::IncidentStatus::Acknowledged);
+    assert_eq!(acked.acknowledged_by, "night-shift");
+    assert_eq!(acked.acknowledged_via, "api");
+    // The second acknowledgement says who was first.
+    let again = outbox
+        .acknowledge_incident(v1::AcknowledgeIncidentRequest { id: incident.id })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.outcome(), v1::AcknowledgeOutcome::AlreadyAcknowledged);
+    assert_eq!(again.incident.unwrap().acknowledged_by, "night-shift");
+    let after = the_incident(&central).await;
+    let kinds: Vec<&str> = after.history.iter().map(|h| h.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "Opened",
+            "Paged",
+            "Paged",
+            "Paged",
+            "Acknowledged",
+            "AcknowledgedAgain"
+        ]
+    );
+    // Nothing is due any more; every page notification was delivered before the
+    // acknowledgement (none was left to stop).
+    assert!(after.incident.as_ref().unwrap().next_due_at.is_none());
+    assert_eq!(answer.stopped, 0);
+    assert_eq!(after.notifications.len(), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clear_ends_the_incident_and_stops_its_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = central_escalating(dir.path(), &sink, escalation(1, 600, 0)).await;
+    alarm(&central, "Tank 4 level high", "tank4.level").await;
+    eventually("the supervisors paged", || async {
+        (mails_to(&sink, SUPERVISOR) == 1).then_some(())
+    })
+    .await;
+    central
+        .ingest()
+        .await
+        .clear_condition(v1::ClearConditionRequest {
+            source_site_id: "site-a".into(),
+            condition_key: "tank4.level".into(),
+        })
+        .await
+        .unwrap();
+    let detail = the_incident(&central).await;
+    let incident = detail.incident.unwrap();
+    assert_eq!(incident.status(), v1::IncidentStatus::Cleared);
+    assert!(incident.next_due_at.is_none());
+    assert!(incident.ended_at.is_some());
+    assert_eq!(detail.history.last().unwrap().kind, "Cleared");
+    assert_eq!(detail.history.last().unwrap().actor, "site site-a");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_refused_for_good_escalates_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    // The alarm's own list would wait ten minutes; its recipients are refused for good (550),
+    // so the alarm parks and the supervisors are paged at once.
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.lists[0].recipients = vec![crate::harness::RECIPIENTS[0].into()];
+    config.lists[0].escalation = Some(escalation(600, 600, 0));
+    config
+        .lists
+        .push(ListConfig::email(SUPERVISORS, vec![SUPERVISOR.into()]));
+    let central = Central::start(config).await;
+    sink.set_behaviour(Behaviour::RejectRcptTo {
+        address: crate::harness::RECIPIENTS[0].into(),
+        code: 550,
+        text: "5.1.1 no such user".into(),
+    });
+    let id = alarm(&central, "Feeder 7 lost", "feeder7").await;
+    crate::harness::wait_for_status(&central.db, &id, "Parked").await;
+    let mail = eventually("the supervisors paged early", || async {
+        (mails_to(&sink, SUPERVISOR) == 1).then_some(())
+    });
+    tokio::time::timeout(DEADLINE, mail).await.unwrap();
+    let detail = the_incident(&central).await;
+    let kinds: Vec<&str> = detail.history.iter().map(|h| h.kind.as_str()).collect();
+    assert_eq!(kinds[..3], ["Opened", "Escalated", "Paged"]);
+    // Paged within seconds of the park, not after the ten-minute wait.
+    let opened = at(&detail.incident.as_ref().unwrap().opened_at);
+    let paged = at(&detail.pages[1].fired_at);
+    assert!(
+        paged - opened < chrono::Duration::seconds(60),
+        "{paged} vs {opened}"
+    );
+    assert_eq!(LIST, detail.incident.unwrap().list_name);
+}
