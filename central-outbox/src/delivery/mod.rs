@@ -265,6 +265,7 @@ impl Adapters {
             id: n.id,
             content: &content,
             provenance: &n.provenance,
+            incident: n.incident,
         };
         self.webhook.deliver(settings, &outgoing, target).await
     }

@@ -32,6 +32,7 @@ use sha2::Sha256;
 use super::http::{HttpClient, HttpError};
 use crate::domain::channel::{Secret, WebhookSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
+use crate::domain::escalation::IncidentRef;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{NotificationContent, NotificationId, Provenance};
 
@@ -56,6 +57,8 @@ pub(crate) struct Outgoing<'a> {
     pub id: NotificationId,
     pub content: &'a NotificationContent,
     pub provenance: &'a Provenance,
+    /// The incident it belongs to, named in the generic document (`incident`).
+    pub incident: Option<IncidentRef>,
 }
 
 /// Posts notifications to webhook endpoints. Cheap to share; clones of the client share its pool.
@@ -151,7 +154,7 @@ fn payload(format: WebhookFormat, outgoing: &Outgoing<'_>) -> Vec<u8> {
                     .filter(Value::is_object)
                     .unwrap_or(Value::Null),
             };
-            json!({
+            let mut document = json!({
                 "notification_id": outgoing.id.to_string(),
                 "type": "webhook",
                 "list_name": content.list_name.as_str(),
@@ -166,7 +169,16 @@ fn payload(format: WebhookFormat, outgoing: &Outgoing<'_>) -> Vec<u8> {
                     "parent_execution_id": p.origin_parent_execution_id.map(|u| u.to_string()),
                     "site_enqueued_at": p.site_enqueued_at.to_rfc3339_opts(SecondsFormat::AutoSi, true),
                 },
-            })
+            });
+            // A notification of an escalating incident names it, so a receiver can tie the
+            // pages of one incident together (its text ends with how to acknowledge it).
+            if let Some(incident) = outgoing.incident {
+                document["incident"] = json!({
+                    "id": incident.id.0,
+                    "page": incident.page_no,
+                });
+            }
+            document
         }
         WebhookFormat::Teams => json!({
             "@type": "MessageCard",
@@ -513,6 +525,7 @@ mod tests {
             id,
             content: &content,
             provenance: &provenance,
+            incident: None,
         };
         let result = adapter.deliver(&settings(timeout), &outgoing, target).await;
         (id, result)
@@ -821,6 +834,7 @@ mod tests {
             id: NotificationId::generate(),
             content: &content,
             provenance: &provenance,
+            incident: None,
         };
         let target = target("http://127.0.0.1:9", &["/x"], WebhookFormat::Generic);
         let settings = settings(Duration::from_secs(1));

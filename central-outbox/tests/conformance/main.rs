@@ -31,6 +31,7 @@ mod conditions;
 mod consolidation;
 mod engine;
 mod escalation;
+mod escalation_model;
 mod lifecycle_model;
 mod procedures;
 mod purge;
@@ -337,6 +338,10 @@ macro_rules! escalation_behaviours {
         behaviour!(
             no_page_is_claimed_after_its_incident_was_acknowledged,
             escalation::no_page_is_claimed_after_its_incident_was_acknowledged
+        );
+        behaviour!(
+            escalation_matches_its_model,
+            escalation_model::escalation_matches_its_model
         );
     };
 }

@@ -186,7 +186,7 @@ fn form_encode(text: &str) -> String {
 }
 
 /// The value of the first hidden `csrf` field in a page.
-fn csrf(html: &str) -> String {
+pub(crate) fn csrf(html: &str) -> String {
     let start = html
         .find(r#"name="csrf" value=""#)
         .expect("the page has a csrf field")

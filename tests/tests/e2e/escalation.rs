@@ -236,3 +236,142 @@ async fn a_page_refused_for_good_escalates_at_once() {
     );
     assert_eq!(LIST, detail.incident.unwrap().list_name);
 }
+
+/// An incident whose stored row breaks a rule (here a priority no release writes, as a hand
+/// edit or a bad restore leaves it) cannot stop the escalation clock: it is exhausted with the
+/// reason in its history and counted, and the other incidents go on paging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_incident_is_set_aside_and_the_others_still_page() {
+    if crate::backend::on_mssql() {
+        eprintln!("skipped: the MS SQL store does not keep incidents yet (docs/escalation.md)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = central_escalating(dir.path(), &sink, escalation(3, 600, 0)).await;
+    alarm(&central, "Tank 4 level high", "tank4.level").await;
+    alarm(&central, "Tank 5 level high", "tank5.level").await;
+    let db = crate::harness::Db::open(&central.db);
+    eventually("both incidents open", || {
+        let n = db.count("SELECT COUNT(*) FROM Incidents WHERE Status = 'Open'");
+        async move { (n == 2).then_some(()) }
+    })
+    .await;
+    db.execute(
+        "UPDATE Incidents SET Priority = 9 WHERE ConditionKey = 'tank4.level'",
+        &[],
+    );
+    // Tank 5's page reaches the supervisor; tank 4's incident is exhausted, saying why.
+    eventually("the undamaged incident paged", || async {
+        (mails_to(&sink, SUPERVISOR) == 1).then_some(())
+    })
+    .await;
+    let (status, detail): (String, String) = eventually("the damaged incident set aside", || {
+        let rows: Vec<(String, String)> = db.rows(
+            "SELECT i.Status, h.Detail FROM Incidents i JOIN IncidentHistory h \
+             ON h.IncidentId = i.Id WHERE i.ConditionKey = 'tank4.level' AND h.Kind = 'Exhausted'",
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        );
+        async move { rows.into_iter().next() }
+    })
+    .await;
+    assert_eq!(status, "Exhausted");
+    assert!(detail.contains("cannot be fired"), "{detail}");
+    // Set aside before it paged anyone: the one supervisor mail is tank 5's.
+    let to_supervisor: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter(|m| m.rcpt_to.iter().any(|r| r == SUPERVISOR))
+        .filter_map(|m| m.subject())
+        .collect();
+    assert_eq!(to_supervisor, ["Tank 5 level high"]);
+}
+
+/// The console's Incidents page: an open incident is listed and shown with its policy and
+/// pages; ticked and acknowledged there, the API records the console's operator, the means and
+/// the browser's address; a list saved from the console's form keeps its escalation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_lists_an_incident_and_acknowledges_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.lists[0].escalation = Some(escalation(600, 600, 0));
+    config
+        .lists
+        .push(ListConfig::email(SUPERVISORS, vec![SUPERVISOR.into()]));
+    crate::harness::with_console(&mut config).await;
+    let central = Central::start(config).await;
+    alarm(&central, "Tank 4 level high", "tank4.level").await;
+    let id = the_incident(&central).await.incident.unwrap().id;
+
+    let mut browser = crate::console::Browser::new(&central);
+    let page = browser.get("/incidents").await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert!(
+        page.body.contains(&format!(r#"data-incident-id="{id}""#)),
+        "{}",
+        page.body
+    );
+    let detail = browser.get(&format!("/incidents/{id}")).await;
+    assert_eq!(detail.status, 200, "{}", detail.body);
+    assert!(
+        detail.body.contains("Step 2: supervisors, then wait 10m"),
+        "{}",
+        detail.body
+    );
+    assert!(detail.body.contains(r#"id="acknowledge""#));
+    let csrf = crate::console::csrf(&page.body);
+    let id_text = id.to_string();
+    let acked = browser
+        .post(
+            "/incidents/acknowledge",
+            &[("csrf", &csrf), ("id", &id_text)],
+        )
+        .await;
+    assert_eq!(acked.status, 303, "{}", acked.body);
+    let incident = the_incident(&central).await.incident.unwrap();
+    assert_eq!(incident.status(), v1::IncidentStatus::Acknowledged);
+    assert_eq!(incident.acknowledged_by, "console");
+    assert_eq!(incident.acknowledged_via, "console");
+    let history = the_incident(&central).await.history;
+    let ack = history.iter().find(|h| h.kind == "Acknowledged").unwrap();
+    assert!(ack.from_address.starts_with("127.0.0.1:"), "{ack:?}");
+    let listed = browser.get("/incidents?view=acknowledged").await;
+    assert!(listed.body.contains(&format!(r#"data-incident-id="{id}""#)));
+
+    // The list's form shows the policy, and saving it as shown keeps it.
+    let form = browser.get(&format!("/lists/{LIST}")).await;
+    assert!(
+        form.body.contains(r#"name="escalate_after" value="10m""#),
+        "{}",
+        form.body
+    );
+    let csrf = crate::console::csrf(&form.body);
+    let recipients = crate::harness::RECIPIENTS.join("\n");
+    let saved = browser
+        .post(
+            &format!("/lists/{LIST}"),
+            &[
+                ("csrf", &csrf),
+                ("type", "EMAIL"),
+                ("recipients", &recipients),
+                ("escalate_after", "10m"),
+                ("escalation_steps", "supervisors: 10m"),
+                ("escalation_repeat", "0"),
+                ("escalation_repeat_from", "1"),
+                ("escalate_on_park", "on"),
+            ],
+        )
+        .await;
+    assert_eq!(saved.status, 303, "{}", saved.body);
+    let list = central
+        .outbox()
+        .await
+        .get_notification_list(v1::GetNotificationListRequest { name: LIST.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let escalation = list.escalation.unwrap();
+    assert_eq!(escalation.steps[0].notify, [SUPERVISORS]);
+    assert_eq!(escalation.escalate_on_park, Some(true));
+}

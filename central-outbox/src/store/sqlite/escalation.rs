@@ -283,7 +283,7 @@ pub(super) fn escalate_due(
     turn.more_due = due.len() > limit as usize;
     due.truncate(limit as usize);
     for incident in due {
-        fire(conn, &incident, epoch, now, &mut turn)?;
+        fire_alone(conn, &incident, epoch, now, &mut turn)?;
     }
     let next: Option<i64> = conn
         .prepare_cached(include_str!("sql/select_next_incident_due.sql"))?
@@ -291,6 +291,39 @@ pub(super) fn escalate_due(
     turn.next_due_in =
         next.map(|due| Duration::from_millis(u64::try_from(due - now_ms).unwrap_or(0)));
     Ok(turn)
+}
+
+/// Fires `incident` in a savepoint of its own. An incident whose stored data breaks a rule
+/// (`StoreError::Corrupt`: a timestamp or priority no release writes) is rolled back and
+/// exhausted with the reason in its history, so the clock goes on for every other incident
+/// instead of failing each turn on it; any other failure (the disk, the database) fails the
+/// turn, to be tried again.
+fn fire_alone(
+    conn: &Connection,
+    incident: &DueIncident,
+    epoch: LeaseEpoch,
+    now: DateTime<Utc>,
+    turn: &mut EscalationTurn,
+) -> Result<()> {
+    conn.prepare_cached(include_str!("sql/savepoint_incident.sql"))?
+        .execute([])?;
+    let before = turn.clone();
+    match fire(conn, incident, epoch, now, turn) {
+        Ok(()) => {}
+        Err(StoreError::Corrupt(problem)) => {
+            conn.prepare_cached(include_str!("sql/rollback_incident.sql"))?
+                .execute([])?;
+            *turn = before;
+            tracing::error!(incident = incident.id, %problem, "an incident's stored data cannot be fired; exhausting it");
+            let detail =
+                format!("its stored data cannot be fired ({problem}): nobody more can be paged");
+            exhaust(conn, incident.id, ms(now), &detail, turn)?;
+        }
+        Err(other) => return Err(other),
+    }
+    conn.prepare_cached(include_str!("sql/release_incident.sql"))?
+        .execute([])?;
+    Ok(())
 }
 
 /// Fires what is due of one incident. Whatever is wrong with the incident itself (a damaged

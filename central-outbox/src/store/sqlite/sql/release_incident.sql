@@ -1,0 +1,1 @@
+RELEASE fire_incident

@@ -1,0 +1,1 @@
+ROLLBACK TO fire_incident
