@@ -26,7 +26,7 @@ use central_outbox::records::{
 };
 use central_outbox::store::{ChannelSettingsStore, OutboxStore, ReadChannelSettings};
 
-use crate::poll::until;
+use crate::poll::{Asks, until};
 use crate::seed::{self, End, LEASE, Spec};
 
 const ALARMS: &str = "ops";
@@ -51,7 +51,7 @@ fn policy(first_wait: u64, steps: &[(&[&str], u64)], repeat: u32, from: u32) -> 
     .unwrap()
 }
 
-fn list(name: &str, escalation: Option<EscalationPolicy>) -> NotificationList {
+pub(crate) fn list(name: &str, escalation: Option<EscalationPolicy>) -> NotificationList {
     NotificationList::parse(ListInput {
         name: name.into(),
         recipients: vec![format!("{name}@plant.test")],
@@ -586,7 +586,10 @@ pub(crate) async fn no_page_is_claimed_after_its_incident_was_acknowledged<S: Ou
     let start = tokio::time::Instant::now();
     let acks = async {
         for (id, at) in &plan {
-            tokio::time::sleep_until(start + *at).await;
+            until("the acknowledgement's moment", secs(10), || async {
+                (start.elapsed() >= *at).then_some(())
+            })
+            .await;
             let result = store
                 .acknowledge_incident(*id, ack("racer", AckMeans::Api))
                 .await
@@ -597,11 +600,13 @@ pub(crate) async fn no_page_is_claimed_after_its_incident_was_acknowledged<S: Ou
             );
         }
     };
+    // The dispatcher's side: a turn of the clock and a claim at every ask, for six seconds.
     let work = async {
+        let mut asks = Asks::within(secs(10));
         while start.elapsed() < secs(6) {
+            asks.next().await;
             store.escalate_due(LEASE, epoch, 500).await.unwrap();
             claim(store, epoch).await;
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
     tokio::join!(acks, work);

@@ -20,7 +20,6 @@
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-use central_outbox::domain::channel::{ListInput, NotificationList};
 use central_outbox::domain::escalation::{
     AckMeans, AckResult, Acknowledgement, EscalationPolicy, IncidentId, IncidentStatus, PolicyInput,
 };
@@ -31,6 +30,7 @@ use central_outbox::domain::{ConditionKey, NotificationId, NotificationType, Pri
 use central_outbox::records::{ClaimedNotification, IncidentQuery, LeaseEpoch};
 use central_outbox::store::OutboxStore;
 
+use crate::escalation::list;
 use crate::seed::{self, End, LEASE, Spec};
 
 const ALARMS: &str = "ops";
@@ -118,16 +118,6 @@ fn policy() -> EscalationPolicy {
         steps: vec![(vec![SUPERVISORS.into()], Duration::from_secs(600))],
         repeat: REPEAT,
         ..PolicyInput::default()
-    })
-    .unwrap()
-}
-
-fn list(name: &str, escalation: Option<EscalationPolicy>) -> NotificationList {
-    NotificationList::parse(ListInput {
-        name: name.into(),
-        recipients: vec![format!("{name}@plant.test")],
-        escalation,
-        ..Default::default()
     })
     .unwrap()
 }
