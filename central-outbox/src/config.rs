@@ -17,6 +17,7 @@ use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use serde::{Deserialize, Serialize};
 
+use crate::ack_link::{AckLinkSettings, AcknowledgementConfig};
 use crate::auth::{AuthConfig, Authenticator};
 use crate::dispatcher::DispatcherSettings;
 use crate::domain::ListName;
@@ -93,6 +94,9 @@ pub struct Config {
     /// Central's alerts about itself; off unless the section names a list or a heartbeat URL.
     /// See [`SelfAlertsConfig`].
     pub self_alerts: Option<SelfAlertsConfig>,
+    /// Acknowledgement links in the messages of escalating incidents; off unless
+    /// `acknowledgement.link_base_url` is set. See [`AcknowledgementConfig`].
+    pub acknowledgement: AcknowledgementConfig,
     /// Debug builds only, for the tests: supervised task starts that fail on purpose
     /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
     /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
@@ -533,6 +537,7 @@ impl Default for Config {
             server: ServerConfig::default(),
             console: ConsoleConfig::default(),
             self_alerts: None,
+            acknowledgement: AcknowledgementConfig::default(),
             test_faults: None,
         }
     }
@@ -850,6 +855,9 @@ pub struct EscalationConfig {
     /// cleared; unset: never.
     #[serde(default, with = "humantime_serde")]
     pub acknowledgement_reminder: Option<Duration>,
+    /// Tell every list the incident reached, once, who acknowledged it; unset: false.
+    #[serde(default)]
+    pub notify_acknowledgement: Option<bool>,
 }
 
 /// One step of `lists[].escalation.steps`.
@@ -1078,6 +1086,8 @@ pub struct Settings {
     pub console: Option<ConsoleSettings>,
     /// Central's alerts about itself, when `[self_alerts]` is set.
     pub self_alerts: Option<SelfAlertSettings>,
+    /// Acknowledgement links, when `acknowledgement.link_base_url` is set.
+    pub ack_links: Option<AckLinkSettings>,
     /// Supervised task starts that fail on purpose (debug builds' tests only).
     pub faults: FaultPlan,
 }
@@ -1209,6 +1219,20 @@ impl Config {
                 );
             }
         }
+        let ack_links = self
+            .acknowledgement
+            .validate(console.map(|c| c.listen), &secrets)?;
+        if let Some(listen) = ack_links.as_ref().and_then(|a| a.listen)
+            && !tls.serves_tls()
+            && !listen.ip().is_loopback()
+            && !tls.allows_plaintext()
+        {
+            bail!(
+                "acknowledgement.listen: {listen} is not a loopback address and tls is not \
+                 configured; set tls.cert and tls.key to serve the links over TLS, or \
+                 tls.allow_plaintext = true (behind a TLS-terminating proxy)"
+            );
+        }
         let faults = FaultPlan::from_setting(self.test_faults.as_deref())
             .map_err(|e| anyhow::anyhow!("test_faults: {e}"))?;
         let self_alerts = self
@@ -1219,6 +1243,7 @@ impl Config {
         Ok(Settings {
             faults,
             self_alerts,
+            ack_links,
             console,
             auth,
             server: self.server,
@@ -1457,6 +1482,7 @@ fn escalation_policy(c: &EscalationConfig) -> Result<EscalationPolicy, ContentEr
         repeat_from_step: c.repeat_from_step,
         escalate_on_park: c.escalate_on_park,
         acknowledgement_reminder: c.acknowledgement_reminder,
+        notify_acknowledgement: c.notify_acknowledgement,
     })
 }
 

@@ -34,7 +34,8 @@ pub(crate) struct DrainOrder {
     shutdown_timeout: Duration,
     with_server: Vec<(&'static str, JoinHandle<()>)>,
     after_server: Vec<(&'static str, JoinHandle<()>)>,
-    console: Option<JoinHandle<()>>,
+    /// The web console's and the acknowledgement page's listeners.
+    http: Vec<(&'static str, JoinHandle<()>)>,
 }
 
 impl DrainOrder {
@@ -47,7 +48,7 @@ impl DrainOrder {
             shutdown_timeout,
             with_server: Vec::new(),
             after_server: Vec::new(),
-            console: None,
+            http: Vec::new(),
         }
     }
 
@@ -61,10 +62,10 @@ impl DrainOrder {
         self.after_server.push((name, task));
     }
 
-    /// The web console's task: it stops at `shutdown`, and its requests under way are waited
-    /// for at most the shutdown timeout.
-    pub(crate) fn console(&mut self, task: JoinHandle<()>) {
-        self.console = Some(task);
+    /// An HTTP listener's task (the web console, the acknowledgement page): it stops at
+    /// `shutdown`, and its requests under way are waited for at most the shutdown timeout.
+    pub(crate) fn http(&mut self, name: &'static str, task: JoinHandle<()>) {
+        self.http.push((name, task));
     }
 
     /// What the gRPC server waits for to begin its shutdown (steps 1 and 2): health
@@ -103,12 +104,14 @@ impl DrainOrder {
                 tracing::error!(error = %e, "{name} task failed");
             }
         }
-        if let Some(task) = self.console {
-            match tokio::time::timeout(self.shutdown_timeout, task).await {
-                Ok(Err(e)) => tracing::error!(error = %e, "console task failed"),
+        // One bound for all of them: they drain at once.
+        let deadline = tokio::time::Instant::now() + self.shutdown_timeout;
+        for (name, task) in self.http {
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(Err(e)) => tracing::error!(error = %e, "{name} task failed"),
                 Ok(Ok(())) => {}
                 Err(_) => {
-                    tracing::warn!("console requests did not finish within the shutdown timeout")
+                    tracing::warn!("{name} requests did not finish within the shutdown timeout")
                 }
             }
         }

@@ -15,6 +15,7 @@
 // re-exported from [`testing`], compiled only with the `test-support` feature (which the test
 // crates enable as a dev-dependency feature) or for this crate's unit tests; everything else is
 // crate-only.
+mod ack_link;
 pub mod auth;
 pub mod bootstrap;
 pub mod config;
@@ -81,6 +82,11 @@ pub enum RunError {
         addr: std::net::SocketAddr,
         source: std::io::Error,
     },
+    #[error("acknowledgement.listen: cannot listen on {addr}: {source}")]
+    AckListen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
     #[error("cannot set up delivery: {0}")]
     Delivery(String),
     #[error("cannot build server reflection: {0}")]
@@ -142,10 +148,20 @@ pub async fn run(
         })?),
         None => None,
     };
+    // And the acknowledgement page's own, when it has one.
+    let ack_listener = match settings.ack_links.as_ref().and_then(|a| a.listen) {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .map_err(|source| RunError::AckListen { addr, source })?,
+        ),
+        None => None,
+    };
     let listeners = Listeners {
         grpc: listener,
         metrics: metrics_listener,
         console: console_listener,
+        ack: ack_listener,
     };
     // Before the store opens (which takes a while on a busy MS SQL server), so that the warning
     // about sites that are not verified is among the first lines of the log.
@@ -176,6 +192,8 @@ struct Listeners {
     grpc: TcpListener,
     metrics: Option<TcpListener>,
     console: Option<TcpListener>,
+    /// `[acknowledgement] listen`.
+    ack: Option<TcpListener>,
 }
 
 /// The KPI and site health figures, read at most once per [`kpi_gauges::REUSE`] however many
@@ -296,7 +314,17 @@ async fn serve<S: OutboxStore>(
 
     let wake = Arc::new(Notify::new());
     let config = Arc::new(ConfigCache::new());
-    let adapters = Arc::new(Adapters::new().map_err(RunError::Delivery)?);
+    // Validation made sure a key signs them (see `ack_link::AcknowledgementConfig`).
+    let ack_links = settings
+        .ack_links
+        .as_ref()
+        .and_then(|a| ack_link::AckLinks::new(a, &settings.secrets))
+        .map(Arc::new);
+    let adapters = Arc::new(
+        Adapters::new()
+            .map_err(RunError::Delivery)?
+            .with_ack_links(ack_links.clone()),
+    );
     let http = adapters.http();
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
@@ -418,19 +446,51 @@ async fn serve<S: OutboxStore>(
         .with_site_offline_after(settings.site_offline_after)
         .with_kpi_cache(kpi_cache),
     );
+    let ack_page = ack_links.map(|links| {
+        let desk: Arc<dyn console::ack_page::IncidentDesk> = Arc::clone(&store) as _;
+        Arc::new(console::ack_page::AckPage::new(
+            links,
+            desk,
+            settings.auth.clone(),
+        ))
+    });
+    // Served on its own listener when it has one, else with the console.
+    let (own_ack_listener, console_ack_page) = match listeners.ack {
+        Some(listener) => (ack_page.map(|page| (listener, page)), None),
+        None => (None, ack_page),
+    };
     if let (Some(listener), Some(console)) = (listeners.console, &settings.console) {
         let shared: Arc<dyn NotificationOutbox> = Arc::clone(&outbox) as _;
         // With [tls] the console is served over TLS too, with secure cookies.
         let tls = settings.tls.console_config()?;
         let console = console::Console::new(shared, settings.auth.clone(), console, tls.is_some())
-            .with_site_identity(site_identity);
+            .with_site_identity(site_identity)
+            .with_ack_page(console_ack_page);
         let stop = shutdown.clone();
         let connections = metrics.console_listener();
-        drain.console(tokio::spawn(async move {
-            if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
-                tracing::error!(error = %e, "web console failed");
-            }
-        }));
+        drain.http(
+            "console",
+            tokio::spawn(async move {
+                if let Err(e) = console::serve(listener, console, tls, connections, stop).await {
+                    tracing::error!(error = %e, "web console failed");
+                }
+            }),
+        );
+    }
+    if let Some((listener, page)) = own_ack_listener {
+        let tls = settings.tls.console_config()?;
+        let stop = shutdown.clone();
+        let connections = metrics.ack_listener();
+        drain.http(
+            "acknowledgement page",
+            tokio::spawn(async move {
+                if let Err(e) =
+                    console::serve_ack_page(listener, page, tls, connections, stop).await
+                {
+                    tracing::error!(error = %e, "acknowledgement page failed");
+                }
+            }),
+        );
     }
     let local_addr = listener.local_addr().ok();
     tracing::info!(

@@ -47,6 +47,7 @@ const LEASE_RENEWAL_BUCKETS: [f64; 12] = [
 /// The `listener` label of central's HTTP listeners.
 const METRICS: &str = "metrics";
 const CONSOLE: &str = "console";
+const ACK_LINKS: &str = "ack_links";
 
 /// Outcomes a finished attempt can have (`InFlight` is what an unfinished one leaves behind).
 const FINISHED_OUTCOMES: [AttemptOutcome; 3] = [
@@ -266,7 +267,8 @@ impl Metrics {
              server.max_ingest_streams open; the site retries, but its notifications wait",
             ingest_streams_refused.clone(),
         );
-        let http_listeners = ListenerMetrics::register(&mut registry, &[METRICS, CONSOLE]);
+        let http_listeners =
+            ListenerMetrics::register(&mut registry, &[METRICS, CONSOLE, ACK_LINKS]);
 
         let attempts = Family::<AttemptLabels, Counter>::default();
         registry.register(
@@ -616,6 +618,12 @@ impl Metrics {
     /// The web console's connection figures.
     pub(crate) fn console_listener(&self) -> ListenerStats {
         self.http_listeners.listener(CONSOLE)
+    }
+
+    /// The acknowledgement page's own listener's connection figures (`[acknowledgement]
+    /// listen`).
+    pub(crate) fn ack_listener(&self) -> ListenerStats {
+        self.http_listeners.listener(ACK_LINKS)
     }
 
     /// Counts one attempt that reached an outcome, and how long the adapter took.

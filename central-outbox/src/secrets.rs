@@ -24,6 +24,7 @@ use std::sync::{Arc, OnceLock};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
+use ring::hmac;
 use ring::rand::{SecureRandom, SystemRandom};
 use serde::{Deserialize, Serialize};
 
@@ -197,6 +198,9 @@ impl fmt::Display for Slot<'_> {
 struct Key {
     id: KeyId,
     aead: LessSafeKey,
+    /// What other keys are derived from (see [`Keyring::derived`]), so a purpose other than
+    /// sealing never uses the key itself.
+    derive_root: hmac::Key,
 }
 
 impl Key {
@@ -208,6 +212,7 @@ impl Key {
         Ok(Self {
             id: KeyId::of(bytes),
             aead: LessSafeKey::new(unbound),
+            derive_root: hmac::Key::new(hmac::HMAC_SHA256, bytes),
         })
     }
 }
@@ -380,6 +385,23 @@ impl Keyring {
     /// Whether secrets can be stored (a current key is configured).
     pub fn can_seal(&self) -> bool {
         self.inner.current.is_some()
+    }
+
+    /// HMAC-SHA256 keys for `purpose` (e.g. signing acknowledgement links), derived from the
+    /// configured keys, the current one first: HMAC of the purpose under each key, so one key
+    /// is managed and rotated for everything, no derived key reveals the key or another
+    /// purpose's key, and what was signed under an earlier key still verifies while that key
+    /// is configured. Empty when no key is.
+    pub fn derived(&self, purpose: &str) -> Vec<hmac::Key> {
+        self.inner
+            .current
+            .iter()
+            .chain(&self.inner.previous)
+            .map(|key| {
+                let tag = hmac::sign(&key.derive_root, purpose.as_bytes());
+                hmac::Key::new(hmac::HMAC_SHA256, tag.as_ref())
+            })
+            .collect()
     }
 
     fn find(&self, id: KeyId) -> Option<&Key> {
@@ -629,6 +651,22 @@ mod tests {
             let sealed = keys.seal(&secret, HOOK).unwrap();
             assert_eq!(keys.open(&sealed, HOOK).unwrap(), secret);
         }
+    }
+
+    #[test]
+    fn derived_keys_differ_by_purpose_and_key_and_survive_a_rotation() {
+        let sign = |k: &hmac::Key| hmac::sign(k, b"message").as_ref().to_vec();
+        let before = ring(1, &[]);
+        let links = before.derived("links");
+        assert_eq!(links.len(), 1);
+        assert_ne!(sign(&links[0]), sign(&before.derived("other")[0]));
+        assert_ne!(sign(&links[0]), sign(&ring(2, &[]).derived("links")[0]));
+        // After rotating to key 2, key 1's derived key is still there, after the current one.
+        let after = ring(2, &[1]);
+        let rotated = after.derived("links");
+        assert_eq!(rotated.len(), 2);
+        assert_eq!(sign(&rotated[1]), sign(&links[0]));
+        assert!(Keyring::none().derived("links").is_empty());
     }
 
     #[test]

@@ -101,6 +101,10 @@ fn escalation(args: &ListSetArgs) -> Result<Option<v1::ListEscalation>> {
             ),
             ("--no-escalate-on-park", args.no_escalate_on_park),
             ("--escalation-reminder", args.escalation_reminder.is_some()),
+            (
+                "--escalation-notify-acknowledgement",
+                args.escalation_notify_acknowledgement,
+            ),
         ];
         return match first_given(&given) {
             Some(flag) => Err(usage(format!(
@@ -129,6 +133,7 @@ fn escalation(args: &ListSetArgs) -> Result<Option<v1::ListEscalation>> {
         repeat_from_step: args.escalation_repeat_from.unwrap_or(0),
         escalate_on_park: args.no_escalate_on_park.then_some(false),
         acknowledgement_reminder: args.escalation_reminder.map(to_duration),
+        notify_acknowledgement: args.escalation_notify_acknowledgement.then_some(true),
     }))
 }
 
@@ -443,6 +448,7 @@ mod tests {
             escalation_repeat: None,
             escalation_repeat_from: None,
             no_escalate_on_park: false,
+            escalation_notify_acknowledgement: false,
             escalation_reminder: None,
         }
     }

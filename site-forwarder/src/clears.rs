@@ -19,12 +19,12 @@ use std::time::Duration;
 
 use outbox_proto::v1::ClearConditionRequest;
 use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
-use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request};
 
 use crate::buffer::{BufferError, Clears};
+use crate::central_half::{self, CentralHalf, Wakeups};
 use crate::config::Config;
 use crate::domain::{PendingClear, PendingClears};
 use crate::link::error_chain;
@@ -71,72 +71,18 @@ impl ClearSender {
 
     /// Sends every clear as it becomes due until `shutdown`.
     pub(crate) async fn run(&self, shutdown: &CancellationToken) {
-        let mut pending = self.buffer.pending_clears();
-        let mut changes = self.buffer.row_changes();
-        // Whether the current run of failures was already reported as a warning.
-        let mut reported = false;
-        loop {
-            // Announcements so far are covered by the look below: take them all as one wake-up.
-            drain(&mut changes);
-            let clears = pending.borrow_and_update().clone();
-            // Stopping mid-round is safe: a clear central applied but that is still pending
-            // here is sent again later, and clearing twice is a no-op.
-            let round = tokio::select! {
-                () = shutdown.cancelled() => return,
-                round = self.send_due(&clears) => round,
-            };
-            match round {
-                Ok(()) => reported = false,
-                Err(error) => {
-                    if reported {
-                        tracing::debug!(
-                            central = %self.central_url, %error,
-                            "clear still not applied at central"
-                        );
-                    } else {
-                        tracing::warn!(
-                            central = %self.central_url, %error, retry_in = ?self.retry_interval,
-                            "cannot clear a condition at central yet; will retry"
-                        );
-                        reported = true;
-                    }
-                    tokio::select! {
-                        () = shutdown.cancelled() => return,
-                        () = tokio::time::sleep(self.retry_interval) => {}
-                    }
-                    continue;
-                }
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return,
-                changed = pending.changed() => {
-                    // Cannot fail while this sender holds the buffer; stop rather than spin.
-                    if changed.is_err() {
-                        return;
-                    }
-                }
-                // Rows leaving the buffer may make a clear due; with none pending they cannot.
-                change = changes.recv(), if !clears.is_empty() => {
-                    if matches!(change, Err(broadcast::error::RecvError::Closed)) {
-                        return;
-                    }
-                }
-            }
-        }
-    }
-
-    /// Asks central to apply every clear that is due now, oldest watermark first.
-    async fn send_due(&self, clears: &PendingClears) -> Result<(), ClearError> {
-        if clears.is_empty() {
-            return Ok(());
-        }
-        let oldest = self.buffer.oldest_seq().await?;
-        for clear in clears.due(oldest) {
-            self.apply_at_central(clear).await?;
-            self.buffer.forget_clear(clear.clone()).await?;
-        }
-        Ok(())
+        let wakeups = Wakeups {
+            pending: self.buffer.pending_clears(),
+            changes: self.buffer.row_changes(),
+        };
+        central_half::run(
+            self,
+            wakeups,
+            &self.central_url,
+            self.retry_interval,
+            shutdown,
+        )
+        .await;
     }
 
     async fn apply_at_central(&self, clear: &PendingClear) -> Result<(), ClearError> {
@@ -179,15 +125,25 @@ impl ClearSender {
     }
 }
 
-/// Takes every announcement already received; a receiver that lagged has lost some, which only
-/// matters as a wake-up, and this is one.
-fn drain<T: Clone>(changes: &mut broadcast::Receiver<T>) {
-    loop {
-        match changes.try_recv() {
-            Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) => {}
-            Err(broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed) => {
-                return;
-            }
+impl CentralHalf for ClearSender {
+    type Pending = PendingClears;
+    type Error = ClearError;
+    const WHAT: &'static str = "clear";
+
+    fn is_empty(pending: &PendingClears) -> bool {
+        pending.is_empty()
+    }
+
+    /// Asks central to apply every clear that is due now, oldest watermark first.
+    async fn send_due(&self, clears: &PendingClears) -> Result<(), ClearError> {
+        if clears.is_empty() {
+            return Ok(());
         }
+        let oldest = self.buffer.oldest_seq().await?;
+        for clear in clears.due(oldest) {
+            self.apply_at_central(clear).await?;
+            self.buffer.forget_clear(clear.clone()).await?;
+        }
+        Ok(())
     }
 }

@@ -1,8 +1,8 @@
-//! Client side of the `site-forwarder` binary: `send`, `clear`, `status`, `stats` and `promote`
-//! against a running forwarder's local `SiteNotify` API, and the plain-text rendering of their
-//! answers. `send` and `clear` take the addresses of both nodes of a pair and use the first that
-//! accepts. Output is meant for scripts as much as for people: `send` prints only the id, `clear`
-//! only the count; every failure is one line on stderr carrying the gRPC status message, with a
+//! Client side of the `site-forwarder` binary: `send`, `clear`, `acknowledge`, `status`, `stats`
+//! and `promote` against a running forwarder's local `SiteNotify` API, and the plain-text
+//! rendering of their answers. `send`, `clear` and `acknowledge` take the addresses of both
+//! nodes of a pair and use the first that accepts. Output is meant for scripts as much as for
+//! people: `send` prints only the id, `clear` and `acknowledge` only the count; every failure is one line on stderr carrying the gRPC status message, with a
 //! non-zero exit.
 
 use std::fmt::Write as _;
@@ -14,9 +14,9 @@ use outbox_proto::submission::priority_to_proto;
 use outbox_proto::time::from_timestamp;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::{
-    BufferStats, ClearConditionRequest, GetBufferStatsRequest, GetNotificationStatusRequest,
-    NodeRole, NodeRoleView, NotificationPriority, NotificationStatus, NotificationStatusView,
-    NotificationType, PromoteRequest, SendRequest,
+    AcknowledgeRequest, BufferStats, ClearConditionRequest, GetBufferStatsRequest,
+    GetNotificationStatusRequest, NodeRole, NodeRoleView, NotificationPriority, NotificationStatus,
+    NotificationStatusView, NotificationType, PromoteRequest, SendRequest,
 };
 use tonic::transport::{Channel, Endpoint};
 
@@ -128,6 +128,21 @@ pub async fn clear(addrs: &[String], condition_key: String) -> Result<u32> {
     on_first_accepting(addrs, async |mut client| {
         let response = client.clear_condition(request.clone()).await?;
         Ok(response.into_inner().cleared)
+    })
+    .await
+}
+
+/// Acknowledges a condition's incidents at central through the first of `addrs` that accepts it
+/// (queued there until the alarm before it has been forwarded); returns how many of the site's
+/// acknowledgements are still to reach central.
+pub async fn acknowledge(addrs: &[String], condition_key: String, actor: String) -> Result<u32> {
+    let request = AcknowledgeRequest {
+        condition_key,
+        actor,
+    };
+    on_first_accepting(addrs, async |mut client| {
+        let response = client.acknowledge(request.clone()).await?;
+        Ok(response.into_inner().pending)
     })
     .await
 }

@@ -51,7 +51,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 use tonic::transport::Endpoint;
 
-use crate::buffer::{BufferError, Clears, Forwarding, Page};
+use crate::acks::AckSender;
+use crate::buffer::{Acks, BufferError, Clears, Forwarding, Page};
 use crate::clears::ClearSender;
 use crate::config::Config;
 use crate::domain::{ForwardSnapshot, NotificationId, Seq};
@@ -242,6 +243,7 @@ pub(crate) struct Forwarder {
     state: Arc<ForwardState>,
     metrics: Arc<SiteMetrics>,
     clears: ClearSender,
+    acks: AckSender,
 }
 
 /// What one batch of acks asks of the buffer.
@@ -258,6 +260,7 @@ impl Forwarder {
     pub(crate) fn new(
         buffer: Forwarding,
         clears: Clears,
+        acks: Acks,
         config: &Config,
         state: Arc<ForwardState>,
         metrics: Arc<SiteMetrics>,
@@ -265,6 +268,7 @@ impl Forwarder {
         let endpoint = central_endpoint(config)?;
         Ok(Self {
             clears: ClearSender::new(clears, &endpoint, config),
+            acks: AckSender::new(acks, &endpoint, config),
             buffer,
             endpoint,
             central_url: config.central_url.clone(),
@@ -277,9 +281,14 @@ impl Forwarder {
         })
     }
 
-    /// Forwards, and sends the pending clears, until `shutdown` is cancelled.
+    /// Forwards, and sends the pending clears and acknowledgements, until `shutdown` is
+    /// cancelled.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
-        tokio::join!(self.forward(&shutdown), self.clears.run(&shutdown));
+        tokio::join!(
+            self.forward(&shutdown),
+            self.clears.run(&shutdown),
+            self.acks.run(&shutdown)
+        );
     }
 
     /// Forwards until `shutdown` is cancelled, reconnecting after every break.

@@ -26,7 +26,9 @@ pub mod config;
 pub mod domain;
 pub mod tls;
 
+mod acks;
 mod buffer;
+mod central_half;
 mod central_status;
 mod clears;
 mod forwarder;
@@ -311,6 +313,7 @@ pub(crate) async fn run_with(
         node::NodeBuffer {
             forwarding: buffer.forwarding(),
             clears: buffer.clears(),
+            acks: buffer.acks(),
             commits: buffer.commits(),
             roles: buffer.roles(),
             handover: buffer.handover(),

@@ -1,5 +1,5 @@
-//! The `site-forwarder` binary: `serve` runs the service; `send`, `clear`, `status`, `stats` and
-//! `promote` are small clients of a running one. Only parsing, tracing set-up and signal
+//! The `site-forwarder` binary: `serve` runs the service; `send`, `clear`, `acknowledge`,
+//! `status`, `stats` and `promote` are small clients of a running one. Only parsing, tracing set-up and signal
 //! handling live here.
 
 use std::net::SocketAddr;
@@ -33,6 +33,10 @@ enum Command {
     /// End this site's notifications of a condition that are not delivered yet (ClearCondition);
     /// prints how many were still in the buffer. Central clears the ones it already has.
     Clear(ClearCommand),
+    /// Acknowledge the escalating incidents of a condition at central (SiteNotify.Acknowledge),
+    /// as an HMI's acknowledge button would; prints how many acknowledgements of this site are
+    /// still to reach central.
+    Acknowledge(AcknowledgeCommand),
     /// Show where a notification is.
     Status {
         /// The notification id returned by `send`.
@@ -120,6 +124,19 @@ struct ClearCommand {
     addr: Vec<String>,
 }
 
+#[derive(Debug, Args)]
+struct AcknowledgeCommand {
+    /// The condition key whose incidents to acknowledge.
+    #[arg(long)]
+    key: String,
+    /// Who acknowledges (recorded at central as `site <id>: <actor>`).
+    #[arg(long, default_value = "")]
+    actor: String,
+    /// The forwarder's address; for a pair, both nodes' (as for `clear`).
+    #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
+    addr: Vec<String>,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -129,6 +146,10 @@ async fn main() -> ExitCode {
         Command::Clear(args) => cli::clear(&args.addr, args.key)
             .await
             .map(|cleared| println!("{cleared}"))
+            .map_err(Into::into),
+        Command::Acknowledge(args) => cli::acknowledge(&args.addr, args.key, args.actor)
+            .await
+            .map(|pending| println!("{pending}"))
             .map_err(Into::into),
         Command::Status { id, addr } => cli::status(&addr, id)
             .await

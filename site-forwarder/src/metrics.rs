@@ -58,6 +58,7 @@ pub(crate) struct SiteMetrics {
     buffer_depth: Gauge,
     buffer_rejected: Gauge,
     pending_clears: Gauge,
+    pending_acks: Gauge,
     oldest_age: SecondsGauge,
     central_reachable: Gauge,
     /// 1 while central refuses this node's submits (PERMISSION_DENIED).
@@ -132,6 +133,13 @@ impl SiteMetrics {
             "Condition keys cleared at the site whose clear central has not applied yet (it waits \
              for the rows buffered before it to be forwarded, and for central)",
             pending_clears.clone(),
+        );
+        let pending_acks = Gauge::default();
+        registry.register(
+            "outbox_site_pending_acknowledgements",
+            "Acknowledgements made at the site that central has not applied yet (they wait for \
+             the rows buffered before them to be forwarded, and for central)",
+            pending_acks.clone(),
         );
         let oldest_age = SecondsGauge::default();
         registry.register_with_unit(
@@ -252,6 +260,7 @@ impl SiteMetrics {
             buffer_depth,
             buffer_rejected,
             pending_clears,
+            pending_acks,
             oldest_age,
             central_reachable,
             forward_refused,
@@ -307,6 +316,7 @@ impl SiteMetrics {
                 self.buffer_depth.set(gauge_count(stats.depth));
                 self.buffer_rejected.set(gauge_count(stats.rejected));
                 self.pending_clears.set(gauge_count(stats.pending_clears));
+                self.pending_acks.set(gauge_count(stats.pending_acks));
                 self.oldest_age.set(stats.oldest_age_seconds(now));
             }
             Err(error) => {

@@ -1,6 +1,6 @@
 //! The site's domain types as the protocol carries them, for every part that talks to central
 //! or to the peer: the submit a buffered row becomes (the forwarder, replication, the
-//! hand-over), a node's role, and a pending clear. A bottom module: no transport, no buffer,
+//! hand-over), a node's role, and a pending clear or acknowledgement. A bottom module: no transport, no buffer,
 //! only `outbox_proto` and the domain, so the forwarder and the pair use it without reaching
 //! up into the gRPC edge (`grpc::convert` keeps what only the local API converts). What comes
 //! from a peer is checked here as the buffer would check its own; the error names the field.
@@ -8,8 +8,8 @@
 use outbox_proto::v1;
 
 use crate::domain::{
-    BufferedNotification, ConditionKey, ContentError, NodeView, PendingClear, Role, Seq,
-    to_buffer_precision,
+    AckActor, BufferedNotification, ConditionKey, ContentError, NodeView, PendingAck, PendingClear,
+    Role, Seq, to_buffer_precision,
 };
 
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
@@ -77,6 +77,38 @@ pub(crate) fn clear_from_proto(clear: v1::PendingClear) -> Result<PendingClear, 
         up_to: Seq(clear.up_to_seq),
         // The precision the buffer keeps, so what is stored is what was sent.
         cleared_at: to_buffer_precision(cleared_at),
+    })
+}
+
+/// A pending acknowledgement as the pair link carries it.
+pub(crate) fn ack_to_proto(ack: &PendingAck) -> v1::PendingAck {
+    v1::PendingAck {
+        condition_key: ack.condition_key.as_str().to_owned(),
+        up_to_seq: ack.up_to.0,
+        acknowledged_at: Some(outbox_proto::time::to_timestamp(ack.acknowledged_at)),
+        actor: ack.actor.as_str().to_owned(),
+    }
+}
+
+/// A pending acknowledgement from the peer, checked as the buffer checks its own; the error
+/// names the field.
+pub(crate) fn ack_from_proto(ack: v1::PendingAck) -> Result<PendingAck, ContentError> {
+    let condition_key = ConditionKey::parse(ack.condition_key, "condition_key")?;
+    if ack.up_to_seq < 0 {
+        return Err(ContentError::new("up_to_seq", "must not be negative"));
+    }
+    let at = ack
+        .acknowledged_at
+        .as_ref()
+        .ok_or_else(|| ContentError::new("acknowledged_at", "is required"))?;
+    let at = outbox_proto::time::from_timestamp(at)
+        .ok_or_else(|| ContentError::new("acknowledged_at", "is not a valid timestamp"))?;
+    let actor = AckActor::parse(&ack.actor, "actor")?;
+    Ok(PendingAck {
+        condition_key,
+        up_to: Seq(ack.up_to_seq),
+        acknowledged_at: to_buffer_precision(at),
+        actor,
     })
 }
 

@@ -58,6 +58,8 @@ pub enum Via {
     Api,
     /// The console's login form.
     Console,
+    /// An acknowledgement link: a token that does not verify, or a wrong PIN.
+    AckLink,
 }
 
 impl Via {
@@ -65,6 +67,7 @@ impl Via {
         match self {
             Self::Api => "api",
             Self::Console => "console",
+            Self::AckLink => "ack_link",
         }
     }
 }
@@ -180,7 +183,7 @@ impl FailedLogins {
     pub fn new() -> Self {
         let logins = Self::default();
         // Known series start at 0, so rate() sees the first failure.
-        for via in [Via::Api, Via::Console] {
+        for via in [Via::Api, Via::Console, Via::AckLink] {
             let labels = ViaLabels { via: via.as_str() };
             logins.failures.get_or_create_owned(&labels);
             logins.throttled.get_or_create_owned(&labels);
@@ -193,7 +196,8 @@ impl FailedLogins {
         registry.register(
             "outbox_auth_failures",
             "Failed logins: bearer tokens the admin API does not accept (via=api) and refused \
-             console logins (via=console)",
+             console logins (via=console), acknowledgement links that do not verify or carry a wrong \
+             PIN (via=ack_link)",
             self.failures.clone(),
         );
         registry.register(

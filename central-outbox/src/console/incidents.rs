@@ -265,6 +265,9 @@ fn policy_lines(p: &v1::ListEscalation, list: &str) -> Vec<String> {
             display::duration(Some(reminder))
         ));
     }
+    if p.notify_acknowledgement.unwrap_or(false) {
+        lines.push("Every list it reached is told who acknowledged it".to_owned());
+    }
     lines
 }
 

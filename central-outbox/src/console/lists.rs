@@ -107,6 +107,7 @@ struct ListForm {
     escalation_priorities: String,
     escalate_on_park: bool,
     escalation_reminder: String,
+    notify_acknowledgement: bool,
 }
 
 impl ListForm {
@@ -167,6 +168,7 @@ impl ListForm {
                 .as_ref()
                 .map(|r| display::duration(Some(r)))
                 .unwrap_or_default(),
+            notify_acknowledgement: e.notify_acknowledgement.unwrap_or(false),
             ..Self::default()
         }
     }
@@ -188,6 +190,7 @@ impl ListForm {
             escalation_priorities: form.text("escalation_priorities"),
             escalate_on_park: form.get("escalate_on_park").is_some(),
             escalation_reminder: form.text("escalation_reminder"),
+            notify_acknowledgement: form.get("notify_acknowledgement").is_some(),
         }
     }
 }
@@ -415,6 +418,7 @@ fn escalation(form: &Form) -> Result<Option<v1::ListEscalation>, Failure> {
         } else {
             Some(to_duration(duration(&reminder, "escalation_reminder")?))
         },
+        notify_acknowledgement: Some(form.get("notify_acknowledgement").is_some()),
     }))
 }
 

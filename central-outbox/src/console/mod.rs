@@ -18,6 +18,7 @@
 //! input the console cannot read is a 4xx page naming the field, never a 5xx; the store being
 //! unavailable is a 503 page.
 
+pub(crate) mod ack_page;
 mod bulk;
 mod dashboard;
 mod display;
@@ -63,6 +64,9 @@ pub(crate) struct Console {
     secure: bool,
     /// Whether ingest tells sites apart; the dashboard warns when it does not.
     site_identity: SiteIdentity,
+    /// The acknowledgement links' page, served with the console unless it has a listener of
+    /// its own.
+    ack_page: Option<Arc<ack_page::AckPage>>,
 }
 
 /// For the e2e listener tests, through `crate::testing`.
@@ -87,7 +91,14 @@ impl Console {
             sessions: Sessions::new(settings.idle_timeout, settings.lifetime),
             secure,
             site_identity: SiteIdentity::default(),
+            ack_page: None,
         }
+    }
+
+    /// Serves the acknowledgement links' page too (`/ack/...`).
+    pub(crate) fn with_ack_page(mut self, page: Option<Arc<ack_page::AckPage>>) -> Self {
+        self.ack_page = page;
+        self
     }
 
     /// What ingest holds callers to (see `grpc::ingest::SiteIdentity`), for the dashboard.
@@ -192,9 +203,11 @@ impl Visit {
     }
 }
 
-/// Every page and action of the console.
+/// Every page and action of the console, and the acknowledgement links' page when it is
+/// served here.
 pub(crate) fn router(console: Arc<Console>) -> Router {
-    Router::new()
+    let links_page = console.ack_page.clone();
+    let router = Router::new()
         .route("/", get(dashboard::show))
         .route("/login", get(login::form).post(login::submit))
         .route("/logout", post(login::logout))
@@ -218,7 +231,11 @@ pub(crate) fn router(console: Arc<Console>) -> Router {
         .route("/assets/console.css", get(reply::stylesheet))
         .route("/assets/console.js", get(reply::script))
         .fallback(reply::not_found)
-        .with_state(console)
+        .with_state(console);
+    match links_page {
+        Some(page) => router.merge(ack_page::routes(page)),
+        None => router,
+    }
 }
 
 /// Serves the console on `listener` until `shutdown`: over TLS with `tls` (see
@@ -238,6 +255,30 @@ pub(crate) async fn serve(
         "serving the web console"
     );
     let router = router(Arc::new(console));
+    let limits = listener::CONSOLE_LIMITS;
+    match tls {
+        Some(config) => {
+            listener::serve_tls(listener, router, config, limits, connections, shutdown).await
+        }
+        None => listener::serve_plain(listener, router, limits, connections, shutdown).await,
+    }
+}
+
+/// Serves the acknowledgement links' page alone on `listener` (`[acknowledgement] listen`)
+/// until `shutdown`, over TLS with `tls`, within the console's connection limits.
+pub(crate) async fn serve_ack_page(
+    listener: TcpListener,
+    page: Arc<ack_page::AckPage>,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    connections: ListenerStats,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    tracing::info!(
+        addr = ?listener.local_addr().ok(),
+        tls = tls.is_some(),
+        "serving the acknowledgement links"
+    );
+    let router = ack_page::standalone(page);
     let limits = listener::CONSOLE_LIMITS;
     match tls {
         Some(config) => {

@@ -25,8 +25,10 @@ pub use turn::Turn;
 
 use std::borrow::Cow;
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::ack_link::{AckLink, AckLinks};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, SmtpAuth, SmtpSettings,
     WebhookSettings,
@@ -138,7 +140,7 @@ impl Deliver for Adapters {
                 self.email(smtp, n, recipients, turn).await
             }
             (ChannelSettings::Webhook(settings), ListTargets::Webhook(target)) => {
-                self.webhook(settings, n, target).await
+                self.webhook(settings, n, list.name.as_str(), target).await
             }
             // The dispatcher checks the list's kind first; answer sanely anyway.
             _ => Err(DeliveryError::permanent(
@@ -182,6 +184,8 @@ pub(crate) struct Adapters {
     tokens: TokenCache,
     /// The HTTP client the webhook and OAuth calls share, lent to the heartbeat too.
     http: HttpClient,
+    /// Signs the acknowledgement links of incident messages, when links are on.
+    links: Option<Arc<AckLinks>>,
 }
 
 impl std::fmt::Debug for Adapters {
@@ -198,7 +202,14 @@ impl Adapters {
             webhook: WebhookAdapter::new(http.clone()),
             tokens: TokenCache::new(http.clone()),
             http,
+            links: None,
         })
+    }
+
+    /// Messages of incidents carry acknowledgement links made by `links`.
+    pub(crate) fn with_ack_links(mut self, links: Option<Arc<AckLinks>>) -> Self {
+        self.links = links;
+        self
     }
 
     /// The outbound HTTP client (one pool, one TLS set-up for every HTTP call central makes).
@@ -206,9 +217,10 @@ impl Adapters {
         self.http.clone()
     }
 
-    /// One email delivery attempt. With XOAUTH2 the access token comes from the cache (fetched
-    /// when missing or near expiry); a token the server refuses is dropped from the cache, so the
-    /// next attempt fetches a fresh one.
+    /// One email delivery attempt. A notification of an incident, when links are on, goes as
+    /// one message per recipient, each with the link bound to that recipient (one after the
+    /// other on the pool's connections; the first failure ends the attempt, and its retry sends
+    /// to every recipient again, as any retry does); any other goes as one message to all.
     pub(crate) async fn email(
         &self,
         settings: &SmtpSettings,
@@ -216,11 +228,48 @@ impl Adapters {
         recipients: &[EmailAddress],
         turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
-        let content = with_incident_footer(n);
+        let (Some(links), Some(incident)) = (&self.links, n.incident) else {
+            let content = with_incident_footer(n, None);
+            return self
+                .email_message(settings, n, &content, recipients, turn)
+                .await;
+        };
+        if recipients.is_empty() {
+            return Err(DeliveryError::permanent(
+                "the notification list has no recipients",
+            ));
+        }
+        let now = chrono::Utc::now();
+        let mut turn = Some(turn);
+        for recipient in recipients {
+            let link = links.link(incident, recipient.as_str(), now);
+            let content = with_incident_footer(n, Some(&link));
+            // Only the first message waits for its place in the channel's start order; the
+            // rest follow it.
+            let turn = turn.take().unwrap_or_else(Turn::unordered);
+            self.email_message(settings, n, &content, std::slice::from_ref(recipient), turn)
+                .await?;
+        }
+        Ok(Delivered {
+            resolved_targets: recipients.iter().map(ToString::to_string).collect(),
+        })
+    }
+
+    /// One message of `n` with `content` to `recipients`. With XOAUTH2 the access token comes
+    /// from the cache (fetched when missing or near expiry); a token the server refuses is
+    /// dropped from the cache, so the next attempt fetches a fresh one.
+    async fn email_message(
+        &self,
+        settings: &SmtpSettings,
+        n: &ClaimedNotification,
+        content: &NotificationContent,
+        recipients: &[EmailAddress],
+        turn: Turn,
+    ) -> Result<Delivered, DeliveryError> {
         let SmtpAuth::XOAuth2 { oauth, .. } = &settings.auth else {
             return self
                 .email
-                .deliver(settings, n.id, &content, n.priority, recipients, None, turn)
+                .deliver(settings, n.id, content, n.priority, recipients, None, turn)
                 .await
                 .map_err(EmailError::into_delivery_error);
         };
@@ -230,7 +279,7 @@ impl Adapters {
             .deliver(
                 settings,
                 n.id,
-                &content,
+                content,
                 n.priority,
                 recipients,
                 Some(&token),
@@ -253,37 +302,49 @@ impl Adapters {
         }
     }
 
-    /// One webhook delivery attempt (every endpoint of the list).
+    /// One webhook delivery attempt (every endpoint of the list). A notification of an
+    /// incident, when links are on, carries a link bound to the list (`list <name>`): one
+    /// document goes to all its endpoints, so the list is the recipient a webhook link names.
     pub(crate) async fn webhook(
         &self,
         settings: &WebhookSettings,
         n: &ClaimedNotification,
+        list: &str,
         target: &WebhookTarget,
     ) -> Result<Delivered, DeliveryError> {
-        let content = with_incident_footer(n);
+        let link = self
+            .links
+            .as_ref()
+            .zip(n.incident)
+            .map(|(links, incident)| {
+                links.link(incident, &format!("list {list}"), chrono::Utc::now())
+            });
+        let content = with_incident_footer(n, link.as_ref());
         let outgoing = Outgoing {
             id: n.id,
             content: &content,
             provenance: &n.provenance,
             incident: n.incident,
+            acknowledge_url: link.as_ref().map(|l| l.url.as_str()),
         };
         self.webhook.deliver(settings, &outgoing, target).await
     }
 }
 
 /// The content a notification of an incident goes out with: its body and, after a signature
-/// separator, what the incident is and how to acknowledge it (`IncidentRef::footer`), so that
-/// whoever reads it can stop the escalation. Other notifications go out as they are. A body
-/// already at its limit goes without the footer rather than not at all.
-fn with_incident_footer(n: &ClaimedNotification) -> Cow<'_, NotificationContent> {
+/// separator, what the incident is and how to acknowledge it (`IncidentRef::footer`, with
+/// `link` where the message carries one), so that whoever reads it can stop the escalation.
+/// Other notifications go out as they are. A body already at its limit goes without the footer
+/// rather than not at all.
+fn with_incident_footer<'a>(
+    n: &'a ClaimedNotification,
+    link: Option<&AckLink>,
+) -> Cow<'a, NotificationContent> {
     let Some(incident) = n.incident else {
         return Cow::Borrowed(&n.content);
     };
-    let text = format!(
-        "{}\n\n-- \n{}\n",
-        n.content.body.as_str(),
-        incident.footer()
-    );
+    let footer = incident.footer(link.map(|l| (l.url.as_str(), l.expires)));
+    let text = format!("{}\n\n-- \n{footer}\n", n.content.body.as_str());
     match Body::parse(text) {
         Ok(body) => Cow::Owned(NotificationContent {
             body,

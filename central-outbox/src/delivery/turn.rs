@@ -48,6 +48,12 @@ impl Turn {
         StartOrder::default().next_turn()
     }
 
+    /// A turn that waits for nothing: for a message that follows one which took the attempt's
+    /// place already (an incident's message to each recipient after the first).
+    pub(crate) fn unordered() -> Self {
+        StartOrder::default().next_turn()
+    }
+
     /// Until the attempt before this one has let its turn go.
     pub(crate) async fn wait(&mut self) {
         if let Some(after) = self.after.as_mut() {

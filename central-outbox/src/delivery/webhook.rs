@@ -59,6 +59,8 @@ pub(crate) struct Outgoing<'a> {
     pub provenance: &'a Provenance,
     /// The incident it belongs to, named in the generic document (`incident`).
     pub incident: Option<IncidentRef>,
+    /// Its acknowledgement link, where it carries one (`incident.acknowledge_url`).
+    pub acknowledge_url: Option<&'a str>,
 }
 
 /// Posts notifications to webhook endpoints. Cheap to share; clones of the client share its pool.
@@ -176,6 +178,7 @@ fn payload(format: WebhookFormat, outgoing: &Outgoing<'_>) -> Vec<u8> {
                 document["incident"] = json!({
                     "id": incident.id.0,
                     "page": incident.page_no,
+                    "acknowledge_url": outgoing.acknowledge_url,
                 });
             }
             document
@@ -526,6 +529,7 @@ mod tests {
             content: &content,
             provenance: &provenance,
             incident: None,
+            acknowledge_url: None,
         };
         let result = adapter.deliver(&settings(timeout), &outgoing, target).await;
         (id, result)
@@ -826,6 +830,36 @@ mod tests {
     }
 
     #[test]
+    fn the_generic_document_names_the_incident_and_its_acknowledgement_link() {
+        let (content, provenance) = (content(""), provenance());
+        let url = "https://outbox.plant.example/ack/12/2.1800000000.bGlzdCBvcHM.c2ln";
+        let outgoing = Outgoing {
+            id: NotificationId::generate(),
+            content: &content,
+            provenance: &provenance,
+            incident: Some(IncidentRef {
+                id: crate::domain::escalation::IncidentId(12),
+                page_no: Some(2),
+            }),
+            acknowledge_url: Some(url),
+        };
+        let document: Value =
+            serde_json::from_slice(&payload(WebhookFormat::Generic, &outgoing)).unwrap();
+        assert_eq!(
+            document["incident"],
+            json!({"id": 12, "page": 2, "acknowledge_url": url})
+        );
+        let plain = Outgoing {
+            incident: None,
+            acknowledge_url: None,
+            ..outgoing
+        };
+        let document: Value =
+            serde_json::from_slice(&payload(WebhookFormat::Generic, &plain)).unwrap();
+        assert!(document.get("incident").is_none(), "{document}");
+    }
+
+    #[test]
     fn the_delivery_future_can_run_on_another_thread() {
         fn assert_send<T: Send>(_: &T) {}
         let adapter = WebhookAdapter::new(HttpClient::new().unwrap());
@@ -835,6 +869,7 @@ mod tests {
             content: &content,
             provenance: &provenance,
             incident: None,
+            acknowledge_url: None,
         };
         let target = target("http://127.0.0.1:9", &["/x"], WebhookFormat::Generic);
         let settings = settings(Duration::from_secs(1));

@@ -82,6 +82,8 @@ pub struct PolicyInput {
     /// `None`: true.
     pub escalate_on_park: Option<bool>,
     pub acknowledgement_reminder: Option<Duration>,
+    /// `None`: false.
+    pub notify_acknowledgement: Option<bool>,
 }
 
 /// A list's escalation policy, checked. See the module docs for how it runs.
@@ -95,6 +97,7 @@ pub struct EscalationPolicy {
     repeat_from_step: u32,
     escalate_on_park: bool,
     acknowledgement_reminder: Option<Duration>,
+    notify_acknowledgement: bool,
 }
 
 /// Where a page stands in its policy: which round (0 is the first pass) and which step (1 is
@@ -269,6 +272,7 @@ impl EscalationPolicy {
             repeat_from_step,
             escalate_on_park: input.escalate_on_park.unwrap_or(true),
             acknowledgement_reminder: input.acknowledgement_reminder,
+            notify_acknowledgement: input.notify_acknowledgement.unwrap_or(false),
         })
     }
 
@@ -292,6 +296,7 @@ impl EscalationPolicy {
             repeat_from_step: Some(self.repeat_from_step),
             escalate_on_park: Some(self.escalate_on_park),
             acknowledgement_reminder: self.acknowledgement_reminder,
+            notify_acknowledgement: Some(self.notify_acknowledgement),
         }
     }
 
@@ -330,6 +335,12 @@ impl EscalationPolicy {
     /// again from step 1; `None`: never.
     pub fn acknowledgement_reminder(&self) -> Option<Duration> {
         self.acknowledgement_reminder
+    }
+
+    /// Whether the first acknowledgement is announced to every list the incident reached (its
+    /// messages delivered, or being delivered): "acknowledged by X", so nobody else gets up.
+    pub fn notify_acknowledgement(&self) -> bool {
+        self.notify_acknowledgement
     }
 
     /// Steps in one round, the alarm's own page included.
@@ -531,8 +542,9 @@ pub struct IncidentRef {
 }
 
 impl IncidentRef {
-    /// The lines a message of the incident ends with: what it is and how to stop it.
-    pub fn footer(&self) -> String {
+    /// The lines a message of the incident ends with: what it is and how to stop it, with its
+    /// acknowledgement link (URL and expiry) first where the message carries one.
+    pub fn footer(&self, link: Option<(&str, DateTime<Utc>)>) -> String {
         let what = match self.page_no {
             Some(1) | None => format!("This alarm escalates as incident {}", self.id),
             Some(page) => format!(
@@ -540,11 +552,18 @@ impl IncidentRef {
                 self.id
             ),
         };
-        format!(
-            "{what}. Acknowledge it to stop the escalation: `outboxctl ack {}`, or the \
-             console's Incidents page.",
+        let other_ways = format!(
+            "`outboxctl ack {}`, or the console's Incidents page",
             self.id
-        )
+        );
+        match link {
+            None => format!("{what}. Acknowledge it to stop the escalation: {other_ways}."),
+            Some((url, expires)) => format!(
+                "{what}. Acknowledge it to stop the escalation:\n{url}\n(the link works until \
+                 {} UTC), or {other_ways}.",
+                expires.format("%Y-%m-%d %H:%M")
+            ),
+        }
     }
 }
 

@@ -38,6 +38,7 @@ pub(crate) fn policy_view(policy: &EscalationPolicy) -> v1::ListEscalation {
         repeat_from_step: policy.repeat_from_step(),
         escalate_on_park: Some(policy.escalate_on_park()),
         acknowledgement_reminder: policy.acknowledgement_reminder().map(to_duration),
+        notify_acknowledgement: Some(policy.notify_acknowledgement()),
     }
 }
 
@@ -80,6 +81,7 @@ pub(crate) fn policy_from_proto(msg: v1::ListEscalation) -> Result<EscalationPol
         repeat_from_step: (msg.repeat_from_step != 0).then_some(msg.repeat_from_step),
         escalate_on_park: msg.escalate_on_park,
         acknowledgement_reminder: reminder,
+        notify_acknowledgement: msg.notify_acknowledgement,
     })
     .map_err(|e| ContentError::new(request_field(e.field), e.problem))
 }

@@ -46,8 +46,9 @@ use futures_util::FutureExt;
 use outbox_proto::limits::MAX_GRPC_MESSAGE_BYTES;
 use outbox_proto::v1::notification_ingest_server::NotificationIngest;
 use outbox_proto::v1::{
-    ClearConditionRequest, ClearConditionResponse, NotificationSubmit, NotificationSubmitAck,
-    ReportSiteHealthResponse, SiteHealthReport,
+    AcknowledgeConditionRequest, AcknowledgeConditionResponse, ClearConditionRequest,
+    ClearConditionResponse, NotificationSubmit, NotificationSubmitAck, ReportSiteHealthResponse,
+    SiteHealthReport,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::Stream;
@@ -56,12 +57,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, store_status};
-use crate::domain::history::site_actor;
+use crate::domain::escalation::{AckMeans, AckResult, Acknowledgement};
+use crate::domain::history::{Actor, site_actor};
 use crate::domain::site_health::{MAX_NODES_PER_SITE, SiteHealthWrite};
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
 use crate::records::NewNotification;
-use crate::store::{IngestStore, StoreError};
+use crate::store::{EscalationStore, IngestStore, StoreError};
 use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
@@ -237,6 +239,32 @@ fn check_site_field(caller_site: Option<&str>, field: &str, site: &str) -> Resul
     }
 }
 
+/// Who a site's acknowledgement is recorded as: `site <id>`, and the person at the site when it
+/// names one (`site <id>: <actor>`). An actor over 128 characters or with control characters is
+/// refused by name.
+fn site_ack_actor(site: &str, actor: &str) -> Result<Actor, Status> {
+    let actor = actor.trim();
+    let chars = actor.chars().count();
+    if chars > MAX_SITE_ACTOR_CHARS {
+        return Err(Status::invalid_argument(format!(
+            "actor: is {chars} characters, the limit is {MAX_SITE_ACTOR_CHARS}"
+        )));
+    }
+    if actor.chars().any(char::is_control) {
+        return Err(Status::invalid_argument(
+            "actor: must not contain control characters",
+        ));
+    }
+    Ok(if actor.is_empty() {
+        site_actor(site)
+    } else {
+        Actor::new(&format!("site {site}: {actor}"))
+    })
+}
+
+/// The longest actor a site may name with an acknowledgement, in characters.
+const MAX_SITE_ACTOR_CHARS: usize = 128;
+
 impl<S> IngestService<S> {
     pub(crate) fn new(
         store: Arc<S>,
@@ -338,7 +366,7 @@ impl Stream for SlotAcks {
 type AckStream = Pin<Box<dyn Stream<Item = Result<NotificationSubmitAck, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl<S: IngestStore> NotificationIngest for IngestService<S> {
+impl<S: IngestStore + EscalationStore> NotificationIngest for IngestService<S> {
     async fn submit_notification(
         &self,
         request: Request<NotificationSubmit>,
@@ -409,6 +437,56 @@ impl<S: IngestStore> NotificationIngest for IngestService<S> {
         );
         Ok(Response::new(ClearConditionResponse {
             cleared: u32::try_from(cleared.len()).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn acknowledge_condition(
+        &self,
+        request: Request<AcknowledgeConditionRequest>,
+    ) -> Result<Response<AcknowledgeConditionResponse>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
+        let from = request.remote_addr().map(|a| a.to_string());
+        let msg = request.into_inner();
+        if let Err(reason) = check_site_field(
+            caller_site.as_deref(),
+            "source_site_id",
+            &msg.source_site_id,
+        ) {
+            tracing::warn!(%reason, "refused an acknowledgement for another site");
+            return Err(Status::permission_denied(format!(
+                "{reason}; a site may acknowledge only its own conditions"
+            )));
+        }
+        let site = SiteId::parse(msg.source_site_id).map_err(invalid_argument)?;
+        let key =
+            ConditionKey::parse(msg.condition_key, "condition_key").map_err(invalid_argument)?;
+        let actor = site_ack_actor(site.as_str(), &msg.actor)?;
+        let at_site = msg
+            .acknowledged_at
+            .as_ref()
+            .and_then(outbox_proto::time::from_timestamp);
+        let ack = Acknowledgement::new(actor, AckMeans::Site, from.as_deref());
+        let results = self
+            .store
+            .acknowledge_condition(&site, &key, ack)
+            .await
+            .map_err(store_status)?;
+        let acknowledged = results
+            .iter()
+            .filter(|(_, r)| matches!(r, AckResult::Acknowledged { .. }))
+            .count();
+        let already = results.len() - acknowledged;
+        tracing::info!(
+            site = site.as_str(),
+            key = key.as_str(),
+            acknowledged,
+            already,
+            at_site = ?at_site,
+            "condition acknowledged by its site"
+        );
+        Ok(Response::new(AcknowledgeConditionResponse {
+            acknowledged: u32::try_from(acknowledged).unwrap_or(u32::MAX),
+            already: u32::try_from(already).unwrap_or(u32::MAX),
         }))
     }
 

@@ -21,6 +21,9 @@ struct StoredPolicy {
     escalate_on_park: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reminder_s: Option<u64>,
+    /// Absent in what was stored before the option existed: off.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    notify_acknowledgement: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -51,6 +54,7 @@ pub(crate) fn encode(policy: &EscalationPolicy) -> String {
         repeat_from_step: input.repeat_from_step.unwrap_or(1),
         escalate_on_park: input.escalate_on_park.unwrap_or(true),
         reminder_s: input.acknowledgement_reminder.map(|r| r.as_secs()),
+        notify_acknowledgement: input.notify_acknowledgement.unwrap_or(false),
     };
     // A struct of strings, numbers and vectors always serializes.
     serde_json::to_string(&stored).unwrap_or_default()
@@ -77,6 +81,7 @@ pub(crate) fn decode(text: &str) -> Result<EscalationPolicy, String> {
         repeat_from_step: Some(stored.repeat_from_step),
         escalate_on_park: Some(stored.escalate_on_park),
         acknowledgement_reminder: stored.reminder_s.map(Duration::from_secs),
+        notify_acknowledgement: Some(stored.notify_acknowledgement),
     })
     .map_err(|e| format!("escalation policy: {}: {}", e.field, e.problem))
 }
@@ -95,6 +100,7 @@ mod tests {
             repeat_from_step: Some(2),
             escalate_on_park: Some(false),
             acknowledgement_reminder: Some(Duration::from_secs(3600)),
+            notify_acknowledgement: Some(true),
         })
         .unwrap();
         assert_eq!(decode(&encode(&policy)).unwrap(), policy);

@@ -461,6 +461,84 @@ pub(crate) async fn a_discarded_alarm_ends_its_incident<S: OutboxStore>(store: &
     assert_eq!(discarded.actor, "ann");
 }
 
+/// With `notify_acknowledgement`, the first acknowledgement tells every list the incident
+/// reached (its alarm delivered, its page being delivered) who acknowledged it, once; a list
+/// whose page was still waiting (ended unsent by the acknowledgement) is not told, and a
+/// second acknowledgement tells nobody again.
+pub(crate) async fn an_acknowledgement_is_announced_to_the_lists_it_reached<S: OutboxStore>(
+    store: &S,
+) {
+    let mut input = policy(1, &[(&[SUPERVISORS, MANAGER], 600)], 0, 1).to_input();
+    input.notify_acknowledgement = Some(true);
+    lists(store, EscalationPolicy::parse(input).unwrap()).await;
+    let epoch = seed::lease(store).await;
+    submit(store, &alarm("boiler 2 pressure high", Priority::Critical)).await;
+    let alarm_claim = claim(store, epoch).await;
+    assert_eq!(alarm_claim.len(), 1);
+    seed::record(store, &alarm_claim[0], End::Delivered).await;
+    next_firing(store, epoch, 10).await;
+    // The supervisors' page is being delivered; the manager's waits, unclaimed.
+    let pages = claim(store, epoch).await;
+    let manager = pages
+        .iter()
+        .find(|c| c.content.list_name.as_str() == MANAGER)
+        .unwrap();
+    seed::record(store, manager, End::Retrying(600)).await;
+    let id = only_incident(store).await.incident.id;
+    let first = store
+        .acknowledge_incident(id, ack("ann", AckMeans::Link))
+        .await
+        .unwrap();
+    assert_eq!(first, AckResult::Acknowledged { stopped: 1 });
+
+    let notices = claim(store, epoch).await;
+    let mut told: Vec<(&str, &str)> = notices
+        .iter()
+        .map(|c| (c.content.list_name.as_str(), c.content.subject.as_str()))
+        .collect();
+    told.sort();
+    assert_eq!(
+        told,
+        [
+            (ALARMS, "Acknowledged by ann: boiler 2 pressure high"),
+            (SUPERVISORS, "Acknowledged by ann: boiler 2 pressure high"),
+        ]
+    );
+    for notice in &notices {
+        assert!(
+            notice
+                .content
+                .body
+                .as_str()
+                .starts_with("ann acknowledged incident"),
+            "{}",
+            notice.content.body.as_str()
+        );
+        assert_eq!(
+            notice.incident, None,
+            "a notice pages nobody and carries no link"
+        );
+        assert_eq!(notice.priority, Priority::Critical);
+    }
+    let detail = store.incident(id).await.unwrap().unwrap();
+    let acknowledged = detail
+        .history
+        .iter()
+        .find(|h| h.event == IncidentEvent::Acknowledged)
+        .unwrap();
+    assert!(
+        acknowledged.detail.contains("told who acknowledged it"),
+        "{}",
+        acknowledged.detail
+    );
+
+    store
+        .acknowledge_incident(id, ack("bob", AckMeans::Console))
+        .await
+        .unwrap();
+    assert!(claim(store, epoch).await.is_empty(), "told once");
+}
+
 pub(crate) async fn a_parked_page_escalates_at_once<S: OutboxStore>(store: &S) {
     // The alarm would wait ten minutes; it parks, and the next page is due at once.
     lists(store, policy(600, &[(&[SUPERVISORS], 600)], 0, 1)).await;
@@ -557,28 +635,40 @@ pub(crate) async fn only_the_leases_epoch_fires_and_each_page_fires_once<S: Outb
 pub(crate) async fn no_page_is_claimed_after_its_incident_was_acknowledged<S: OutboxStore>(
     store: &S,
 ) {
-    const INCIDENTS: usize = 60;
+    const INCIDENTS: usize = 1000;
     lists(
         store,
         policy(1, &[(&[SUPERVISORS], 1), (&[MANAGER], 1)], 2, 1),
     )
     .await;
     let epoch = seed::lease(store).await;
-    for i in 0..INCIDENTS {
-        submit(store, &alarm(&format!("alarm {i}"), Priority::High)).await;
+    let alarms: Vec<NewNotification> = (0..INCIDENTS)
+        .map(|i| alarm(&format!("alarm {i}"), Priority::High))
+        .collect();
+    for batch in alarms.chunks(100) {
+        store.submit(batch.to_vec()).await.unwrap();
     }
-    let all = store
-        .incidents(IncidentQuery {
-            limit: 500,
-            ..IncidentQuery::default()
-        })
-        .await
-        .unwrap();
-    assert_eq!(all.incidents.len(), INCIDENTS);
+    let mut all = Vec::with_capacity(INCIDENTS);
+    let mut before = None;
+    loop {
+        let page = store
+            .incidents(IncidentQuery {
+                limit: 500,
+                before,
+                ..IncidentQuery::default()
+            })
+            .await
+            .unwrap();
+        all.extend(page.incidents);
+        before = page.next_before;
+        if before.is_none() {
+            break;
+        }
+    }
+    assert_eq!(all.len(), INCIDENTS);
     // Each incident is acknowledged after a random 0 to 4.5 s: before, between and after its
     // pages (due at 1 s, 2 s, 3 s, ...).
     let mut plan: Vec<(IncidentId, Duration)> = all
-        .incidents
         .iter()
         .map(|i| (i.id, Duration::from_millis(fastrand::u64(0..4500))))
         .collect();

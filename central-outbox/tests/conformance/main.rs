@@ -328,6 +328,10 @@ macro_rules! escalation_behaviours {
             escalation::a_parked_page_escalates_at_once
         );
         behaviour!(
+            an_acknowledgement_is_announced_to_the_lists_it_reached,
+            escalation::an_acknowledgement_is_announced_to_the_lists_it_reached
+        );
+        behaviour!(
             an_edit_of_the_policy_leaves_open_incidents_alone,
             escalation::an_edit_of_the_policy_leaves_open_incidents_alone
         );

@@ -92,6 +92,9 @@ pub(crate) struct ListSetArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration,
           help_heading = ESCALATION_HEADING)]
     pub escalation_reminder: Option<Duration>,
+    /// Tell every list the incident reached who acknowledged it ("Acknowledged by X: ...").
+    #[arg(long, help_heading = ESCALATION_HEADING)]
+    pub escalation_notify_acknowledgement: bool,
 }
 
 /// Like consolidation: `lists set` replaces the list, so without `--escalate-after` it has no

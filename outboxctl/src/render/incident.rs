@@ -195,6 +195,9 @@ pub(crate) fn policy_text(p: &v1::ListEscalation, list: &str) -> String {
             duration_human(Some(reminder))
         ));
     }
+    if p.notify_acknowledgement.unwrap_or(false) {
+        out.push_str("  every list it reached is told who acknowledged it\n");
+    }
     out
 }
 
@@ -251,6 +254,7 @@ pub(crate) fn policy_json(p: &v1::ListEscalation) -> Value {
         "repeat_from_step": p.repeat_from_step.max(1),
         "escalate_on_park": p.escalate_on_park.unwrap_or(true),
         "acknowledgement_reminder": duration_json(p.acknowledgement_reminder.as_ref()),
+        "notify_acknowledgement": p.notify_acknowledgement.unwrap_or(false),
     })
 }
 

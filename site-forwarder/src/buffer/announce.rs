@@ -1,5 +1,6 @@
 //! What the buffer tells the rest of the node after each commit: the forwarder's wake-up, the
-//! newest seq, the seqs that left `buffered` or were marked cleared, the pending clears, and
+//! newest seq, the seqs that left `buffered` or were marked cleared, the pending clears and
+//! acknowledgements, and
 //! (while a replication stream is attached) the rows just committed ([`super::recent`]).
 //!
 //! Invariants:
@@ -14,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, broadcast, watch};
 
 use super::recent::{self, RecentPage};
-use crate::domain::{BufferedNotification, PendingClears, Seq};
+use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Seq};
 
 /// Row change announcements a slow replication stream may fall behind by before it is reset (and
 /// resumed from the table). Each is one settle job's seqs, so this is thousands of acks.
@@ -44,19 +45,24 @@ pub(super) struct Announcements {
     pub(super) changes: broadcast::Sender<RowChange>,
     /// The pending clears as last committed, for the forwarder and the clear sender.
     pub(super) pending_clears: watch::Sender<PendingClears>,
+    /// The pending acknowledgements as last committed, for the acknowledgement sender and the
+    /// replication streams.
+    pub(super) pending_acks: watch::Sender<PendingAcks>,
     /// The rows committed most recently, for replication streams. Locked briefly by the
     /// writer's follow-ups and by a stream taking a page.
     pub(super) recent: Mutex<recent::RecentRows>,
 }
 
 impl Announcements {
-    /// Announcements starting from what the file holds: its newest seq and its pending clears.
-    pub(super) fn new(head: Seq, pending_clears: PendingClears) -> Self {
+    /// Announcements starting from what the file holds: its newest seq, its pending clears and
+    /// acknowledgements.
+    pub(super) fn new(head: Seq, pending_clears: PendingClears, pending_acks: PendingAcks) -> Self {
         Self {
             enqueued: Arc::new(Notify::new()),
             head: watch::Sender::new(head),
             changes: broadcast::Sender::new(CHANGES_BACKLOG),
             pending_clears: watch::Sender::new(pending_clears),
+            pending_acks: watch::Sender::new(pending_acks),
             recent: Mutex::default(),
         }
     }
@@ -133,6 +139,11 @@ impl Announcements {
     /// The pending clears changed; `clears` is what the commit left.
     pub(super) fn pending_clears(&self, clears: PendingClears) {
         self.pending_clears.send_replace(clears);
+    }
+
+    /// The pending acknowledgements changed; `acks` is what the commit left.
+    pub(super) fn pending_acks(&self, acks: PendingAcks) {
+        self.pending_acks.send_replace(acks);
     }
 }
 

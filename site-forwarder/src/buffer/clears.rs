@@ -48,14 +48,7 @@ impl Clears {
 
     /// The oldest seq still buffered; `None` when the buffer is empty.
     pub(crate) async fn oldest_seq(&self) -> Result<Option<Seq>> {
-        self.store
-            .db
-            .read(|conn| {
-                let oldest: Option<i64> =
-                    conn.query_row("SELECT MIN(seq) FROM buffered", [], |r| r.get(0))?;
-                Ok(oldest.map(Seq))
-            })
-            .await
+        self.store.oldest_seq().await
     }
 
     /// Deletes the pending clear once central applied it, unless a later clear of the key moved

@@ -9,17 +9,21 @@
 //!   holds its rows and hands them over again; one that crashes after it is an empty standby.
 //! - An adopted row is stored once: a notification already buffered is skipped, and the held
 //!   copy of a row the former active marked cleared is marked here too.
-//! - The pending clears handed over are recorded after the rows (how: `super::pending_clears`).
+//! - The pending clears handed over are recorded after the rows (how: `super::pending_clears`),
+//!   and so are the pending acknowledgements (`super::pending_acks`).
 
 use std::sync::Arc;
 
 use rusqlite::params;
 
 use super::error::{BufferError, Result};
+use super::pending_acks;
 use super::pending_clears::{self, AdoptedClears, Invalid};
 use super::rows::{self, Insert, Page};
 use super::store::Store;
-use crate::domain::{BufferedNotification, PendingClear, PendingClears, Role, Seq};
+use crate::domain::{
+    BufferedNotification, PendingAck, PendingAcks, PendingClear, PendingClears, Role, Seq,
+};
 
 /// What [`Handover::finish_handover`] did.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -29,6 +33,8 @@ pub(crate) struct HandoverFinished {
     /// Keys of the pending clears deleted (handed over before, unless the hand-over says
     /// otherwise).
     pub deleted_clears: Vec<String>,
+    /// Keys of the pending acknowledgements deleted (handed over before).
+    pub deleted_acks: Vec<String>,
 }
 
 /// What [`Adoption::adopt`] did.
@@ -37,6 +43,8 @@ pub(crate) struct Adopted {
     pub adopted: usize,
     pub already_held: usize,
     pub clears: AdoptedClears,
+    /// Pending acknowledgements recorded (or made more recent).
+    pub acks: usize,
 }
 
 /// The handing node's hold on its buffer.
@@ -66,6 +74,11 @@ impl Handover {
         self.store.read_pending_clears().await
     }
 
+    /// The pending acknowledgements as the table holds them now.
+    pub(crate) async fn read_pending_acks(&self) -> Result<PendingAcks> {
+        self.store.read_pending_acks().await
+    }
+
     /// Ends a hand-over: every row up to `through` is now held by the active, so they are
     /// deleted here, and the node becomes an empty standby that copies the active from scratch.
     /// Its pending clears go too (handed over before; see the module invariants).
@@ -84,6 +97,7 @@ impl Handover {
                         .prepare_cached("DELETE FROM buffered WHERE seq <= ?1")?
                         .execute([through.0])?;
                     let deleted_clears = pending_clears::drop_pending(conn)?;
+                    let deleted_acks = pending_acks::drop_pending(conn)?;
                     conn.prepare_cached(
                         "UPDATE pair_state SET role = ?1, term = ?2, holds_own_rows = 0,
                          replicated_through = 0",
@@ -95,12 +109,16 @@ impl Handover {
                     Ok::<_, BufferError>(HandoverFinished {
                         deleted,
                         deleted_clears,
+                        deleted_acks,
                     })
                 },
                 move |finished| {
                     announce.other_change(None);
                     if !finished.deleted_clears.is_empty() {
                         announce.pending_clears(PendingClears::default());
+                    }
+                    if !finished.deleted_acks.is_empty() {
+                        announce.pending_acks(PendingAcks::default());
                     }
                 },
             )
@@ -128,9 +146,10 @@ impl Adoption {
         &self,
         rows: Vec<BufferedNotification>,
         pending_clears: Vec<PendingClear>,
+        pending_acks: Vec<PendingAck>,
     ) -> Result<Adopted> {
         let announce = Arc::clone(&self.store.announce);
-        let (adopted, _, _, _) = self
+        let (adopted, _, _, _, _) = self
             .store
             .db
             .write_then(
@@ -153,14 +172,23 @@ impl Adoption {
                     } else {
                         None
                     };
-                    Ok::<_, BufferError>((adopted, head, marked, stored))
+                    adopted.acks = pending_acks::adopt_acks(conn, &pending_acks)?;
+                    let acks = if adopted.acks > 0 {
+                        Some(pending_acks::select_pending(conn)?)
+                    } else {
+                        None
+                    };
+                    Ok::<_, BufferError>((adopted, head, marked, stored, acks))
                 },
-                move |(adopted, head, marked, stored)| {
+                move |(adopted, head, marked, stored, acks)| {
                     if adopted.adopted > 0 {
                         announce.other_change(Some(*head));
                     }
                     if let Some(stored) = stored {
                         announce.pending_clears(stored.clone());
+                    }
+                    if let Some(acks) = acks {
+                        announce.pending_acks(acks.clone());
                     }
                     announce.marked(marked.clone());
                 },

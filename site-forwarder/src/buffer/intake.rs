@@ -1,5 +1,5 @@
-//! Intake: what the site's scripts write through `SiteNotify`, a `Send` and a `ClearCondition`,
-//! each answered only after its commit.
+//! Intake: what the site's scripts write through `SiteNotify`, a `Send`, a `ClearCondition` and
+//! an `Acknowledge`, each answered only after its commit.
 //!
 //! Invariants:
 //! - [`Intake::enqueue`] returns only after the row is committed: an id handed to a script is
@@ -15,11 +15,14 @@ use std::sync::Arc;
 use chrono::{DateTime, Utc};
 
 use super::error::{BufferError, Result};
-use super::pending_clears;
 use super::room;
 use super::rows;
 use super::store::Store;
-use crate::domain::{BufferedNotification, ConditionKey, PendingClear, Seq, SiteId};
+use super::{pending_acks, pending_clears};
+use crate::domain::{
+    AckActor, BufferedNotification, ConditionKey, PendingAck, PendingAcks, PendingClear, Seq,
+    SiteId,
+};
 
 /// Sends and clears from the site's scripts (`grpc::site_notify`).
 #[derive(Clone, Debug)]
@@ -98,6 +101,26 @@ impl Intake {
             marked: marked.len(),
             pending,
         })
+    }
+
+    /// Records the key's pending acknowledgement (the central half of `SiteNotify.Acknowledge`)
+    /// at the newest seq handed out, in one write job; returns it and every pending one once it
+    /// is committed. Never refused for room, like a clear.
+    pub(crate) async fn acknowledge(
+        &self,
+        key: ConditionKey,
+        actor: AckActor,
+        at: DateTime<Utc>,
+    ) -> Result<(PendingAck, PendingAcks)> {
+        let at_ms = at.timestamp_millis();
+        let announce = Arc::clone(&self.store.announce);
+        self.store
+            .db
+            .write_then(
+                move |conn| pending_acks::record_ack(conn, &key, at_ms, &actor),
+                move |(_, acks)| announce.pending_acks(acks.clone()),
+            )
+            .await
     }
 }
 

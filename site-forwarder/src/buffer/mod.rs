@@ -7,11 +7,12 @@
 //!
 //! | capability | what it may do | who holds it |
 //! |---|---|---|
-//! | [`Intake`] | store a Send (refused without room), record a ClearCondition | `grpc::site_notify` |
+//! | [`Intake`] | store a Send (refused without room), record a ClearCondition or an Acknowledge | `grpc::site_notify` |
 //! | [`StatusReader`] | a notification's local status, the buffer's figures, its room | `grpc::site_notify`, `health_report`, `metrics`, `pair::node` (first start) |
 //! | [`RoomKeeper`] | check the room every second, follow whether Sends are taken | `lib.rs`'s room task |
 //! | [`Forwarding`] | wake on Sends, read rows with their pending clears, settle acks | `forwarder` |
 //! | [`Clears`] | follow pending clears and leaving rows, forget an applied clear | `clears` |
+//! | [`Acks`] | follow pending acknowledgements and leaving rows, forget an applied one | `acks` |
 //! | [`Replication`] | the active's feed: head, rows, marks, removals, spans, pending clears | `pair::source` (via `grpc::site_pair`) |
 //! | [`Commits`] | follow the newest committed seq | `pair::node` (dates commits for the standby lag) |
 //! | [`Replica`] | apply the active's batches | `pair::replica` |
@@ -20,16 +21,18 @@
 //! | [`Adoption`] | store the rows and clears a former active hands over | `grpc::site_pair` |
 //!
 //! Below the handles, by table: `rows` (`buffered`, `rejected`), `pending_clears`
-//! (`pending_clears`, `applied_clears`), `roles` (`pair_state`), `schema` (every table and the
+//! (`pending_clears`, `applied_clears`), `pending_acks` (`pending_acks`), `roles` (`pair_state`), `schema` (every table and the
 //! migration); `announce` (what each commit tells the node), [`recent`] (rows kept in memory
 //! for replication), [`room`] (the room kept to drain). Each module states its invariants.
 
+mod acks;
 mod announce;
 mod clears;
 mod error;
 mod forwarding;
 mod handover;
 mod intake;
+mod pending_acks;
 mod pending_clears;
 pub(crate) mod recent;
 mod replica;
@@ -45,6 +48,7 @@ mod store;
 #[cfg(test)]
 pub(crate) mod tests;
 
+pub(crate) use acks::Acks;
 pub(crate) use announce::{RecentReader, RowChange};
 pub(crate) use clears::Clears;
 pub(crate) use error::{BufferError, Result};
@@ -110,6 +114,10 @@ impl Buffer {
 
     pub(crate) fn clears(&self) -> Clears {
         Clears::new(self.store.clone())
+    }
+
+    pub(crate) fn acks(&self) -> Acks {
+        Acks::new(self.store.clone())
     }
 
     pub(crate) fn replication(&self) -> Replication {

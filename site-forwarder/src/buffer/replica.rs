@@ -7,19 +7,21 @@
 //! - Batches that arrived together are applied in one transaction with how far the copy
 //!   reaches (`pair_state.replicated_through`, see `super::roles`).
 //! - A standby's pending clears are the active's, as the active last listed them, at the
-//!   active's seqs like its rows (how: `super::pending_clears`).
+//!   active's seqs like its rows (how: `super::pending_clears`); so are its pending
+//!   acknowledgements (`super::pending_acks`).
 
 use std::sync::Arc;
 
 use super::error::{BufferError, Result};
+use super::pending_acks;
 use super::pending_clears::{self, Invalid};
 use super::replication::RetainedSpan;
 use super::rows::{self, Insert};
 use super::store::Store;
-use crate::domain::{BufferedNotification, PendingClear, Seq};
+use crate::domain::{BufferedNotification, PendingAck, PendingClear, Seq};
 
 /// One or more replication batches as a standby applies them, in one transaction: the spans,
-/// then the adds, then the removes, then the pending clears.
+/// then the adds, then the removes, then the pending clears and acknowledgements.
 #[derive(Debug, Default)]
 pub(crate) struct ReplicaChanges {
     /// Spans in which the standby keeps only the listed seqs.
@@ -31,6 +33,8 @@ pub(crate) struct ReplicaChanges {
     /// The active's pending clears, all of them (the latest list of the batches), when a batch
     /// carried them: they replace the standby's.
     pub pending_clears: Option<Vec<PendingClear>>,
+    /// The active's pending acknowledgements likewise.
+    pub pending_acks: Option<Vec<PendingAck>>,
 }
 
 /// The standby's copy of the active.
@@ -87,14 +91,25 @@ impl Replica {
                         }
                         None => None,
                     };
-                    Ok::<_, BufferError>(clears)
+                    let acks = match &changes.pending_acks {
+                        Some(list) => {
+                            let head = pending_acks::replace_pending(conn, list)?;
+                            Some((head, pending_acks::select_pending(conn)?))
+                        }
+                        None => None,
+                    };
+                    Ok::<_, BufferError>((clears, acks))
                 },
                 // The head only moves forward: what a promotion starts the replication stream from.
-                move |clears| {
+                move |(clears, acks)| {
                     let head = clears.as_ref().map(|(head, _)| *head);
-                    announce.other_change(through.max(head));
+                    let ack_head = acks.as_ref().map(|(head, _)| *head);
+                    announce.other_change(through.max(head).max(ack_head));
                     if let Some((_, stored)) = clears {
                         announce.pending_clears(stored.clone());
+                    }
+                    if let Some((_, stored)) = acks {
+                        announce.pending_acks(stored.clone());
                     }
                 },
             )

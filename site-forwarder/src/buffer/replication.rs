@@ -1,7 +1,7 @@
 //! Replication, the active's side: what a standby's stream (`crate::pair::source`) copies.
 //! The newest seq, the rows after a cursor (from memory while the stream keeps up, else from
 //! the table), the rows a clear marked, the seqs that left, the spans a resuming standby may
-//! keep, and the pending clears. Reads and announcements only: the active's buffer is never
+//! keep, and the pending clears and acknowledgements. Reads and announcements only: the active's buffer is never
 //! changed by a standby.
 //!
 //! Invariants:
@@ -17,7 +17,7 @@ use super::announce::{RecentReader, RowChange};
 use super::error::Result;
 use super::rows::{self, Page};
 use super::store::Store;
-use crate::domain::{PendingClears, Seq};
+use crate::domain::{PendingAcks, PendingClears, Seq};
 
 /// Of the seqs `from..=through`, only those in `kept` (sorted, disjoint, inclusive ranges) are
 /// still buffered on the active.
@@ -104,6 +104,12 @@ impl Replication {
     /// changes them.
     pub(crate) fn pending_clears(&self) -> watch::Receiver<PendingClears> {
         self.store.announce.pending_clears.subscribe()
+    }
+
+    /// The pending acknowledgements as committed, with a change notification after every
+    /// commit that changes them.
+    pub(crate) fn pending_acks(&self) -> watch::Receiver<PendingAcks> {
+        self.store.announce.pending_acks.subscribe()
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.

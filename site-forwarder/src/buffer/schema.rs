@@ -10,7 +10,7 @@
 use rusqlite::Connection;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -97,6 +97,17 @@ CREATE TABLE applied_clears (
 CREATE INDEX applied_clears_by_time ON applied_clears (cleared_at);
 ";
 
+/// Version 6: the pending acknowledgements (`super::pending_acks`): per key, the watermark,
+/// when (Unix ms) and by whom.
+pub(super) const SCHEMA_V6: &str = "
+CREATE TABLE pending_acks (
+    condition_key   TEXT PRIMARY KEY,
+    up_to_seq       INTEGER NOT NULL,
+    acknowledged_at INTEGER NOT NULL,
+    actor           TEXT NOT NULL
+);
+";
+
 /// Runs on the write connection before the writer starts: creates or upgrades the schema.
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -134,6 +145,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> 
         let txn = conn.transaction()?;
         txn.execute_batch(SCHEMA_V5)?;
         txn.pragma_update(None, "user_version", 5)?;
+        txn.commit()?;
+    }
+    if version < 6 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V6)?;
+        txn.pragma_update(None, "user_version", 6)?;
         txn.commit()?;
     }
     Ok(())

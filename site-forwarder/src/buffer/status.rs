@@ -117,10 +117,13 @@ fn select_stats(conn: &Connection) -> Result<BufferStats> {
     let rejected: i64 = conn.query_row("SELECT COUNT(*) FROM rejected", [], |r| r.get(0))?;
     let pending_clears: i64 =
         conn.query_row("SELECT COUNT(*) FROM pending_clears", [], |r| r.get(0))?;
+    let pending_acks: i64 =
+        conn.query_row("SELECT COUNT(*) FROM pending_acks", [], |r| r.get(0))?;
     Ok(BufferStats {
         depth: u64::try_from(depth).unwrap_or(0),
         oldest_enqueued_at: oldest.and_then(DateTime::from_timestamp_millis),
         rejected: u64::try_from(rejected).unwrap_or(0),
         pending_clears: u64::try_from(pending_clears).unwrap_or(0),
+        pending_acks: u64::try_from(pending_acks).unwrap_or(0),
     })
 }

@@ -25,8 +25,8 @@ use super::announce::Announcements;
 use super::error::{BufferError, Result};
 use super::room::{self, SpaceLimits};
 use super::rows::{self, Page};
-use super::{pending_clears, schema};
-use crate::domain::{PendingClears, Seq};
+use super::{pending_acks, pending_clears, schema};
+use crate::domain::{PendingAcks, PendingClears, Seq};
 
 /// Read connections. The forwarder holds at most one read at a time and `GetStatus` /
 /// `GetBufferStats` are light, so a few are plenty.
@@ -62,11 +62,13 @@ impl Store {
         options.readers = READERS;
         let mut head = Seq::START;
         let mut clears = PendingClears::default();
+        let mut acks = PendingAcks::default();
         let mut pages = room::Pages::default();
         let db = Database::open(&options, |conn| {
             schema::migrate(conn)?;
             head = rows::select_head(conn)?;
             clears = pending_clears::select_pending(conn, pending_clears::Invalid::Report)?;
+            acks = pending_acks::select_pending(conn)?;
             schema::keep_job_journals_in_memory(conn)?;
             pages = room::Pages::read(conn)?;
             Ok(())
@@ -75,7 +77,7 @@ impl Store {
             room: room::Room::new(path, limits, pages),
             stop,
             db,
-            announce: Arc::new(Announcements::new(head, clears)),
+            announce: Arc::new(Announcements::new(head, clears, acks)),
         })
     }
 
@@ -96,6 +98,24 @@ impl Store {
                     pending_clears::Invalid::Report,
                 )?)
             })
+            .await
+    }
+
+    /// The oldest seq still buffered; `None` when the buffer is empty.
+    pub(super) async fn oldest_seq(&self) -> Result<Option<Seq>> {
+        self.db
+            .read(|conn| {
+                let oldest: Option<i64> =
+                    conn.query_row("SELECT MIN(seq) FROM buffered", [], |r| r.get(0))?;
+                Ok(oldest.map(Seq))
+            })
+            .await
+    }
+
+    /// The pending acknowledgements as the table holds them now.
+    pub(super) async fn read_pending_acks(&self) -> Result<PendingAcks> {
+        self.db
+            .read(|conn| Ok(pending_acks::select_pending(conn)?))
             .await
     }
 

@@ -1,15 +1,17 @@
 //! The forwarder's domain: what a buffered notification is, where a notification stands locally,
-//! the pending clears and their ordering rules, the figures the buffer and the forwarding link
+//! the pending clears and acknowledgements and their ordering rules, the figures the buffer and the forwarding link
 //! report, and a site pair's roles and node views. Plain data built from the validated content
 //! types of `outbox_domain`, so holding a [`BufferedNotification`] proves every content rule held
 //! when it was accepted. This module knows nothing of tonic, prost or rusqlite; the gRPC edge and
 //! the buffer convert to and from it.
 
+mod acknowledgements;
 mod forwarding;
 mod pair;
 
 use chrono::{DateTime, Utc};
 
+pub use acknowledgements::{AckActor, MAX_ACTOR_CHARS, PendingAck, PendingAcks};
 pub use forwarding::ForwardSnapshot;
 pub use pair::{NodeView, NotActive, PairStatus, Role, RoleState};
 
@@ -167,6 +169,8 @@ pub struct BufferStats {
     pub rejected: u64,
     /// Clears whose central half is still to do (see [`PendingClear`]).
     pub pending_clears: u64,
+    /// Acknowledgements whose central half is still to do (see [`PendingAck`]).
+    pub pending_acks: u64,
 }
 
 impl BufferStats {

@@ -13,9 +13,9 @@ use chrono::Utc;
 use outbox_proto::time::to_timestamp;
 use outbox_proto::v1::site_notify_server::SiteNotify;
 use outbox_proto::v1::{
-    BufferStats, ClearConditionRequest, ClearConditionResponse, GetBufferStatsRequest,
-    GetNotificationStatusRequest, NodeRoleView, NotificationStatusView, PromoteRequest,
-    SendRequest, SendResponse,
+    AcknowledgeRequest, AcknowledgeResponse, BufferStats, ClearConditionRequest,
+    ClearConditionResponse, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRoleView,
+    NotificationStatusView, PromoteRequest, SendRequest, SendResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -23,7 +23,7 @@ use super::{buffer_status, convert, invalid_argument};
 use crate::buffer::{Intake, StatusReader};
 use crate::central_status::CentralStatus;
 use crate::domain::Role;
-use crate::domain::{ConditionKey, LocalStatus, NotificationId, SiteId};
+use crate::domain::{AckActor, ConditionKey, LocalStatus, NotificationId, SiteId};
 use crate::forwarder::ForwardState;
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
@@ -161,6 +161,31 @@ impl SiteNotify for SiteNotifyService {
         );
         Ok(Response::new(ClearConditionResponse {
             cleared: u32::try_from(cleared.marked).unwrap_or(u32::MAX),
+        }))
+    }
+
+    async fn acknowledge(
+        &self,
+        request: Request<AcknowledgeRequest>,
+    ) -> Result<Response<AcknowledgeResponse>, Status> {
+        let request = request.into_inner();
+        let key = ConditionKey::parse(request.condition_key, "condition_key")
+            .map_err(invalid_argument)?;
+        let actor = AckActor::parse(&request.actor, "actor").map_err(invalid_argument)?;
+        // Held until it is committed, as for a clear: only the active's reach central.
+        let _active = self.pair.while_active().await?;
+        let (pending, all) = self
+            .intake
+            .acknowledge(key, actor, Utc::now())
+            .await
+            .map_err(buffer_status)?;
+        tracing::info!(
+            condition_key = %pending.condition_key, actor = pending.actor.as_str(),
+            up_to_seq = pending.up_to.0,
+            "condition acknowledged at the site: central's half queued"
+        );
+        Ok(Response::new(AcknowledgeResponse {
+            pending: u32::try_from(all.len()).unwrap_or(u32::MAX),
         }))
     }
 

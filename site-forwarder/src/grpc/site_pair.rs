@@ -38,8 +38,8 @@ use crate::config::{Config, PairConfig};
 use crate::domain::{Role, Seq, SiteId};
 use crate::link::{LinkError, peer_endpoint};
 use crate::pair::source::{self, Hello, SourceError, StreamTiming, WINDOW};
-use crate::pair::{MAX_PENDING_CLEARS, Pair};
-use crate::wire::{clear_from_proto, node_view_to_proto};
+use crate::pair::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
+use crate::wire::{ack_from_proto, clear_from_proto, node_view_to_proto};
 
 /// Why the pair endpoint cannot be set up: a setting, named at the start of the message, is
 /// wrong (start-up reports it as a configuration error).
@@ -275,19 +275,32 @@ impl SitePair for SitePairService {
                 .map_err(|e| Status::invalid_argument(format!("pending_clears[{i}].{e}")))?;
             clears.push(clear);
         }
+        if request.pending_acks.len() > MAX_PENDING_ACKS {
+            return Err(Status::invalid_argument(format!(
+                "pending_acks: {} entries, at most {MAX_PENDING_ACKS} per request",
+                request.pending_acks.len()
+            )));
+        }
+        let mut acks = Vec::with_capacity(request.pending_acks.len());
+        for (i, ack) in request.pending_acks.into_iter().enumerate() {
+            let ack = ack_from_proto(ack)
+                .map_err(|e| Status::invalid_argument(format!("pending_acks[{i}].{e}")))?;
+            acks.push(ack);
+        }
         // Held while the rows commit: a step-down waits for it, so nothing is adopted by a node
         // that is already handing its own buffer over.
         let _active = self.pair.while_active().await?;
         let adopted = self
             .adoption
-            .adopt(rows, clears)
+            .adopt(rows, clears, acks)
             .await
             .map_err(buffer_status)?;
         tracing::info!(
             from = %request.node_name, adopted = adopted.adopted, already_held = adopted.already_held,
             pending_clears = adopted.clears.recorded,
             pending_clears_already_applied = adopted.clears.already_applied,
-            "adopted rows and pending clears handed over by the peer"
+            pending_acks = adopted.acks,
+            "adopted rows, pending clears and acknowledgements handed over by the peer"
         );
         Ok(Response::new(AdoptResponse {
             adopted: u32::try_from(adopted.adopted).unwrap_or(u32::MAX),

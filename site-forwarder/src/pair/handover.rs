@@ -10,7 +10,9 @@
 //! (so every copy the active holds of a row they cleared is marked by then), in requests of at
 //! most [`MAX_PENDING_CLEARS`]; the active records them as [`crate::buffer`] describes (due at
 //! once, holding its unmarked rows of the key until central applied them). A repeated
-//! hand-over hands them over again, which changes nothing.
+//! hand-over hands them over again, which changes nothing. The pending acknowledgements follow
+//! the clears the same way ([`MAX_PENDING_ACKS`] per request); the active records each as due
+//! at once.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +24,7 @@ use prost::Message;
 use tonic::transport::{Channel, Endpoint};
 
 use super::source::BATCH_BYTES;
-use super::{MAX_PENDING_CLEARS, Pair};
+use super::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, Handover};
 use crate::domain::{NodeView, Role, Seq};
 use crate::link::error_chain;
@@ -87,20 +89,20 @@ pub(crate) async fn hand_over(
             bytes += submit.encoded_len();
             chunk.push(submit);
             if bytes >= BATCH_BYTES {
-                adopted += adopt(
-                    &mut client,
-                    pair,
-                    &active,
-                    std::mem::take(&mut chunk),
-                    Vec::new(),
-                    timeout,
-                )
-                .await?;
+                let handed = Handed {
+                    notifications: std::mem::take(&mut chunk),
+                    ..Handed::default()
+                };
+                adopted += adopt(&mut client, pair, &active, handed, timeout).await?;
                 bytes = 0;
             }
         }
         if !chunk.is_empty() {
-            adopted += adopt(&mut client, pair, &active, chunk, Vec::new(), timeout).await?;
+            let handed = Handed {
+                notifications: chunk,
+                ..Handed::default()
+            };
+            adopted += adopt(&mut client, pair, &active, handed, timeout).await?;
         }
         cursor = last;
     }
@@ -113,15 +115,21 @@ pub(crate) async fn hand_over(
         .collect();
     let listed: Vec<v1::PendingClear> = clears.iter().map(wire::clear_to_proto).collect();
     for part in listed.chunks(MAX_PENDING_CLEARS) {
-        adopt(
-            &mut client,
-            pair,
-            &active,
-            Vec::new(),
-            part.to_vec(),
-            timeout,
-        )
-        .await?;
+        let handed = Handed {
+            pending_clears: part.to_vec(),
+            ..Handed::default()
+        };
+        adopt(&mut client, pair, &active, handed, timeout).await?;
+    }
+    // Likewise the acknowledgements (this node takes none as a standby).
+    let acks = buffer.read_pending_acks().await?;
+    let listed: Vec<v1::PendingAck> = acks.iter().map(wire::ack_to_proto).collect();
+    for part in listed.chunks(MAX_PENDING_ACKS) {
+        let handed = Handed {
+            pending_acks: part.to_vec(),
+            ..Handed::default()
+        };
+        adopt(&mut client, pair, &active, handed, timeout).await?;
     }
     let finished = buffer.finish_handover(cursor, active.term).await?;
     let dropped: Vec<&String> = finished
@@ -138,7 +146,7 @@ pub(crate) async fn hand_over(
     }
     tracing::info!(
         active = %active.name, adopted, deleted = finished.deleted,
-        pending_clears = handed.len(),
+        pending_clears = handed.len(), pending_acks = acks.len(),
         "handed the buffer and the pending clears over to the active node; now following it \
          as standby"
     );
@@ -157,19 +165,28 @@ async fn role_of(
     wire::node_view_from_proto(view).ok_or(HandoverError::UnknownRole)
 }
 
+/// What one `Adopt` request carries: rows, or (once every row is adopted) pending clears and
+/// acknowledgements.
+#[derive(Default)]
+struct Handed {
+    notifications: Vec<NotificationSubmit>,
+    pending_clears: Vec<v1::PendingClear>,
+    pending_acks: Vec<v1::PendingAck>,
+}
+
 async fn adopt(
     client: &mut SitePairClient<Channel>,
     pair: &Pair,
     active: &NodeView,
-    notifications: Vec<NotificationSubmit>,
-    pending_clears: Vec<v1::PendingClear>,
+    handed: Handed,
     timeout: Duration,
 ) -> Result<usize, HandoverError> {
     let request = AdoptRequest {
         node_name: pair.name().to_owned(),
         term: active.term,
-        notifications,
-        pending_clears,
+        notifications: handed.notifications,
+        pending_clears: handed.pending_clears,
+        pending_acks: handed.pending_acks,
     };
     let answer = tokio::time::timeout(timeout, client.adopt(request))
         .await

@@ -44,6 +44,9 @@ use lag::{StandbyLag, StreamId};
 /// loses the central half of the rest, as all of them before they were replicated); a
 /// hand-over sends them in as many requests as they need.
 pub(crate) const MAX_PENDING_CLEARS: usize = 10_000;
+/// Pending acknowledgements a replication batch or an adoption carries at most: as for the
+/// clears (a key and an actor are 128 characters each, so ~3 MiB at most).
+pub(crate) const MAX_PENDING_ACKS: usize = 10_000;
 
 /// The pair state shared by `SiteNotify`, `SitePair`, metrics and the node task.
 #[derive(Debug)]

@@ -25,7 +25,8 @@ use tonic::transport::Endpoint;
 
 use super::{NodeView, Pair, Role, RoleState, handover, replica};
 use crate::buffer::{
-    BufferError, Clears, Commits, Forwarding, Handover, PairRecord, Replica, Roles, StatusReader,
+    Acks, BufferError, Clears, Commits, Forwarding, Handover, PairRecord, Replica, Roles,
+    StatusReader,
 };
 use crate::config::{Config, PairConfig};
 use crate::forwarder::{ForwardState, Forwarder};
@@ -52,10 +53,14 @@ pub(crate) async fn starting_role(
     }
     let role = pair.initial_role;
     let term = u64::from(role == Role::Active);
-    // A standby that already has rows or pending clears was a single node before: they are its
+    // A standby that already has rows, pending clears or acknowledgements was a single node
+    // before: they are its
     // own (a hand-over gives them to the active).
     let stats = status.stats().await?;
-    let holds_own_rows = role == Role::Active || stats.depth > 0 || stats.pending_clears > 0;
+    let holds_own_rows = role == Role::Active
+        || stats.depth > 0
+        || stats.pending_clears > 0
+        || stats.pending_acks > 0;
     roles.save_role(role, term, holds_own_rows, true).await?;
     Ok(RoleState { role, term })
 }
@@ -70,9 +75,11 @@ enum Next {
 /// The buffer's capabilities a node's roles use.
 #[derive(Clone)]
 pub(crate) struct NodeBuffer {
-    /// The active's forwarding and the central half of its clears (its forwarder's).
+    /// The active's forwarding and the central half of its clears and acknowledgements (its
+    /// forwarder's).
     pub forwarding: Forwarding,
     pub clears: Clears,
+    pub acks: Acks,
     /// The active's commits, dated for the standby lag.
     pub commits: Commits,
     /// The role record, written before every role is used.
@@ -138,6 +145,7 @@ impl Node {
         let forwarder = match Forwarder::new(
             self.buffer.forwarding.clone(),
             self.buffer.clears.clone(),
+            self.buffer.acks.clone(),
             &self.config,
             Arc::clone(&self.forwarding),
             Arc::clone(&self.metrics),

@@ -28,11 +28,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Endpoint;
 
 use super::source::{WINDOW, span_from_proto};
-use super::{MAX_PENDING_CLEARS, Pair};
+use super::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, PairRecord, Replica, ReplicaChanges, Roles};
 use crate::domain::{Role, Seq};
 use crate::link::error_chain;
-use crate::wire::{clear_from_proto, node_view_from_proto};
+use crate::wire::{ack_from_proto, clear_from_proto, node_view_from_proto};
 
 /// Why following the active stopped (the standby then retries, until it is promoted).
 #[derive(Debug, thiserror::Error)]
@@ -207,6 +207,9 @@ fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
         if batch.pending_clears_included {
             changes.pending_clears = Some(pending_clears(batch.pending_clears));
         }
+        if batch.pending_acks_included {
+            changes.pending_acks = Some(pending_acks(batch.pending_acks));
+        }
     }
     changes
 }
@@ -231,6 +234,32 @@ fn pending_clears(list: Vec<outbox_proto::v1::PendingClear>) -> Vec<crate::domai
                 tracing::error!(
                     %problem,
                     "the active sent pending_clears[{i}] that breaks the rules; not copied"
+                );
+                None
+            }
+        })
+        .collect()
+}
+
+/// The active's list of pending acknowledgements, checked as the clears are.
+fn pending_acks(list: Vec<outbox_proto::v1::PendingAck>) -> Vec<crate::domain::PendingAck> {
+    if list.len() > MAX_PENDING_ACKS {
+        tracing::error!(
+            listed = list.len(),
+            kept = MAX_PENDING_ACKS,
+            "the active listed more pending acknowledgements than a standby takes; the rest \
+             are not copied"
+        );
+    }
+    list.into_iter()
+        .take(MAX_PENDING_ACKS)
+        .enumerate()
+        .filter_map(|(i, ack)| match ack_from_proto(ack) {
+            Ok(ack) => Some(ack),
+            Err(problem) => {
+                tracing::error!(
+                    %problem,
+                    "the active sent pending_acks[{i}] that breaks the rules; not copied"
                 );
                 None
             }

@@ -34,6 +34,9 @@
 //!   after the clear therefore has the clear, and so does one that has a row it marked, but for
 //!   the moment between the clear's commit and its announcement (a row read from the table then
 //!   may already be marked; the list follows with the next batch).
+//! - The pending acknowledgements go as a whole list the same way (first batch, then the first
+//!   after each change). They mark no rows, so a standby that misses the newest for a moment
+//!   only sends it late, once promoted, never wrongly.
 //! - A change backlog the stream cannot keep up with ends the stream; the standby reconnects
 //!   and resumes from the table, which is always right.
 //! - A batch left unconfirmed for `failover_timeout` ends the stream: a standby that confirmed
@@ -58,9 +61,9 @@ use tokio_stream::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tonic::Streaming;
 
-use super::{MAX_PENDING_CLEARS, Pair};
+use super::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, RecentReader, Replication, RetainedSpan, RowChange};
-use crate::domain::{BufferedNotification, PendingClears, Role, Seq};
+use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Role, Seq};
 use crate::wire;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
@@ -190,6 +193,9 @@ struct Session {
     clears: watch::Receiver<PendingClears>,
     /// Whether this stream already warned that it sends only the first [`MAX_PENDING_CLEARS`].
     clears_cut_reported: bool,
+    /// The pending acknowledgements, sent like the clears.
+    acks: watch::Receiver<PendingAcks>,
+    acks_cut_reported: bool,
     /// When the last batch went out: a heartbeat follows one interval of silence.
     last_sent: Instant,
 }
@@ -209,6 +215,8 @@ impl Session {
             remarked: BTreeSet::new(),
             clears: buffer.pending_clears(),
             clears_cut_reported: false,
+            acks: buffer.pending_acks(),
+            acks_cut_reported: false,
             last_sent: Instant::now(),
             buffer,
         }
@@ -226,6 +234,7 @@ impl Session {
         let mut head = self.buffer.head();
         // Only wakes the loop; `self.clears` tells whether the list was sent since it changed.
         let mut clears_changed = self.buffer.pending_clears();
+        let mut acks_changed = self.buffer.pending_acks();
         let mut role = self.pair.watch_role();
         let term = role.borrow().term;
         let through = self.hello.replicated_through;
@@ -263,6 +272,7 @@ impl Session {
             // else was sent.
             if !self.removes.is_empty()
                 || self.clears.has_changed().unwrap_or(false)
+                || self.acks.has_changed().unwrap_or(false)
                 || Instant::now() >= self.last_sent + self.timing.heartbeat
             {
                 self.drain(&mut changes)?;
@@ -293,6 +303,11 @@ impl Session {
                     None => return Ok(()),
                 },
                 changed = clears_changed.changed() => {
+                    if changed.is_err() {
+                        return Err(SourceError::BufferClosed);
+                    }
+                }
+                changed = acks_changed.changed() => {
                     if changed.is_err() {
                         return Err(SourceError::BufferClosed);
                     }
@@ -478,6 +493,11 @@ impl Session {
             batch.pending_clears = self.clears_to_proto(&clears);
             batch.pending_clears_included = true;
         }
+        if self.next_batch == 1 || self.acks.has_changed().unwrap_or(false) {
+            let acks = self.acks.borrow_and_update().clone();
+            batch.pending_acks = self.acks_to_proto(&acks);
+            batch.pending_acks_included = true;
+        }
         batch.batch = self.next_batch;
         batch.head_seq = self.buffer.head_now().0;
         self.last_sent = Instant::now();
@@ -507,6 +527,23 @@ impl Session {
             .iter()
             .take(MAX_PENDING_CLEARS)
             .map(wire::clear_to_proto)
+            .collect()
+    }
+
+    /// The acknowledgements a batch carries: the oldest [`MAX_PENDING_ACKS`] watermarks.
+    fn acks_to_proto(&mut self, acks: &PendingAcks) -> Vec<outbox_proto::v1::PendingAck> {
+        if acks.len() > MAX_PENDING_ACKS && !self.acks_cut_reported {
+            self.acks_cut_reported = true;
+            tracing::warn!(
+                pending_acks = acks.len(),
+                sent = MAX_PENDING_ACKS,
+                "more pending acknowledgements than a standby takes; it gets the oldest only, \
+                 so a failover now would not send the others to central"
+            );
+        }
+        acks.iter()
+            .take(MAX_PENDING_ACKS)
+            .map(wire::ack_to_proto)
             .collect()
     }
 

@@ -42,6 +42,7 @@ use tonic::{Code, Request, Response, Status, Streaming};
 use crate::config::Config;
 use pair_rig::{Node, PairRig};
 
+mod acknowledgements;
 mod clears;
 mod forwarding;
 mod metrics;
@@ -60,6 +61,12 @@ enum Received {
     Acked { id: String },
     /// A ClearCondition it applied.
     Clear { key: String, site: String },
+    /// An AcknowledgeCondition it applied.
+    Ack {
+        key: String,
+        site: String,
+        actor: String,
+    },
 }
 
 /// Central as far as the forwarder can tell: stores submits by id, rejects subjects containing
@@ -76,6 +83,9 @@ struct FakeCentral {
     acks_held: Arc<tokio::sync::watch::Sender<bool>>,
     fail_clears: Arc<AtomicUsize>,
     clear_attempts: Arc<AtomicUsize>,
+    /// Acknowledgements to refuse with UNAVAILABLE before applying one, and those asked.
+    fail_acks: Arc<AtomicUsize>,
+    ack_attempts: Arc<AtomicUsize>,
     /// Every health report received, oldest first.
     health_reports: Arc<Mutex<Vec<v1::SiteHealthReport>>>,
 }
@@ -140,6 +150,13 @@ impl FakeCentral {
         self.received()
             .iter()
             .position(|r| matches!(r, Received::Clear { key: seen, .. } if seen == key))
+    }
+
+    /// Where in [`Self::received`] the first applied acknowledgement of `key` is.
+    fn acknowledged_at(&self, key: &str) -> Option<usize> {
+        self.received()
+            .iter()
+            .position(|r| matches!(r, Received::Ack { key: seen, .. } if seen == key))
     }
 
     /// Waits until `done` holds of what central received, failing after a generous deadline.
@@ -252,6 +269,30 @@ impl NotificationIngest for FakeCentral {
         });
         Ok(Response::new(ClearConditionResponse {
             cleared: u32::try_from(cleared).unwrap(),
+        }))
+    }
+
+    async fn acknowledge_condition(
+        &self,
+        request: Request<v1::AcknowledgeConditionRequest>,
+    ) -> Result<Response<v1::AcknowledgeConditionResponse>, Status> {
+        self.ack_attempts.fetch_add(1, Ordering::SeqCst);
+        let failing = self
+            .fail_acks
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if failing {
+            return Err(Status::unavailable("central restarting"));
+        }
+        let request = request.into_inner();
+        self.received.lock().unwrap().push(Received::Ack {
+            key: request.condition_key,
+            site: request.source_site_id,
+            actor: request.actor,
+        });
+        Ok(Response::new(v1::AcknowledgeConditionResponse {
+            acknowledged: 1,
+            already: 0,
         }))
     }
 }
@@ -598,6 +639,16 @@ impl Site {
             .map(|response| response.into_inner().cleared)
     }
 
+    async fn acknowledge(&mut self, key: &str, actor: &str) -> Result<u32, Status> {
+        self.client
+            .acknowledge(v1::AcknowledgeRequest {
+                condition_key: key.into(),
+                actor: actor.into(),
+            })
+            .await
+            .map(|response| response.into_inner().pending)
+    }
+
     async fn stats(&mut self) -> BufferStats {
         match self.client.get_buffer_stats(GetBufferStatsRequest {}).await {
             Ok(response) => response.into_inner(),
@@ -722,6 +773,11 @@ fn marked_ids(buffer: &std::path::Path) -> std::collections::BTreeSet<String> {
 /// The keys of a buffer file's pending clears.
 fn pending_clear_keys(buffer: &std::path::Path) -> Vec<String> {
     let sql = "SELECT condition_key FROM pending_clears ORDER BY condition_key";
+    read_buffer(buffer, sql, |r| r.get(0))
+}
+
+fn pending_ack_keys(buffer: &std::path::Path) -> Vec<String> {
+    let sql = "SELECT condition_key FROM pending_acks ORDER BY condition_key";
     read_buffer(buffer, sql, |r| r.get(0))
 }
 

@@ -61,7 +61,7 @@ async fn a_standby_gets_the_marks_of_a_clear_live_and_after_a_resume() {
 
 impl Site {
     /// Promotes this node (a standby) through its API, as an operator would.
-    async fn promote(&mut self) {
+    pub(super) async fn promote(&mut self) {
         let view = self
             .client
             .promote(v1::PromoteRequest {})

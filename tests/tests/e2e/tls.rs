@@ -368,7 +368,7 @@ async fn a_site_certificate_names_the_only_site_its_holder_may_submit_as() {
 /// A site may clear only its own conditions: with client certificates required, site A's
 /// certificate clearing site B's key is refused by name and ends nothing; clearing its own works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() {
+async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear_or_acknowledge() {
     let dir = tempfile::tempdir().unwrap();
     let pki = CentralPki::new(dir.path());
     let site_a = pki.pki.client_cert("site-a").unwrap();
@@ -417,6 +417,21 @@ async fn a_site_certificate_names_the_only_site_whose_conditions_it_may_clear() 
     );
     let (status, _, _) = db.row(&b_alarm.notification_id).unwrap();
     assert_ne!(status, "Cleared", "another site's clear changed nothing");
+    // Nor may a site acknowledge another's condition.
+    let refused = as_a
+        .acknowledge_condition(v1::AcknowledgeConditionRequest {
+            condition_key: "tank9.level.high".into(),
+            source_site_id: "site-b".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
+    assert!(
+        refused.message().starts_with("source_site_id: \"site-b\""),
+        "{}",
+        refused.message()
+    );
 
     let cleared = as_b
         .clear_condition(v1::ClearConditionRequest {

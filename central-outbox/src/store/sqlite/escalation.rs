@@ -30,6 +30,7 @@ use crate::records::{
 };
 use crate::store::stored_policy;
 use crate::store::{Result, StoreError};
+use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 
 /// Who the history names for what the escalation clock does itself.
 const CLOCK: &str = "dispatcher";
@@ -561,6 +562,24 @@ fn store_message(
     priority: Priority,
     now: DateTime<Utc>,
 ) -> Result<std::result::Result<NotificationId, String>> {
+    let stored = store_copy(conn, &incident.latest_id, list, priority, now, |_| Ok(()))?;
+    if let Ok(id) = &stored {
+        link(conn, &id.to_string(), incident.id, Some(page_no))?;
+    }
+    Ok(stored)
+}
+
+/// Stores a Pending copy of notification `quoted` to `list` at `priority`, under a fresh id,
+/// after `edit` had its say on the copy's text. `Ok(Err(why))` when it cannot be: the list no
+/// longer exists, or the quoted notification is gone or its copy breaks a content rule.
+fn store_copy(
+    conn: &Connection,
+    quoted: &str,
+    list: &str,
+    priority: Priority,
+    now: DateTime<Utc>,
+    edit: impl FnOnce(&mut PageSource) -> std::result::Result<(), String>,
+) -> Result<std::result::Result<NotificationId, String>> {
     let kind: Option<String> = conn
         .prepare_cached(include_str!("sql/select_list_type.sql"))?
         .query_row([list], |row| row.get(0))
@@ -573,7 +592,7 @@ fn store_message(
     };
     let source = conn
         .prepare_cached(include_str!("sql/select_page_source.sql"))?
-        .query_row([&incident.latest_id], |row| {
+        .query_row([quoted], |row| {
             Ok(PageSource {
                 kind: row.get(0)?,
                 subject: row.get(1)?,
@@ -588,12 +607,14 @@ fn store_message(
             })
         })
         .optional()?;
-    let Some(source) = source else {
+    let Some(mut source) = source else {
         return Ok(Err(format!(
-            "the notification it quotes ({}) is no longer stored",
-            incident.latest_id
+            "the notification it quotes ({quoted}) is no longer stored"
         )));
     };
+    if let Err(why) = edit(&mut source) {
+        return Ok(Err(why));
+    }
     let submission = match source.submission(kind, list, priority) {
         Ok(submission) => submission,
         Err(why) => return Ok(Err(why)),
@@ -603,9 +624,59 @@ fn store_message(
         submission,
     };
     insert_row(conn, &new, now)?;
-    let id = new.submission.id;
-    link(conn, &id.to_string(), incident.id, Some(page_no))?;
-    Ok(Ok(id))
+    Ok(Ok(new.submission.id))
+}
+
+/// Tells every list incident `incident` reached (a message of it delivered, or being delivered)
+/// who acknowledged it: one Pending notification per list, a copy of the incident's latest
+/// with "Acknowledged by X: " before its subject and the acknowledgement first in its body, not
+/// linked to the incident (it pages nobody and carries no link). Returns, per list, the message
+/// stored or why none could be, for the acknowledgement's history row.
+fn notify_acknowledged(
+    conn: &Connection,
+    incident: i64,
+    ack: &Acknowledgement,
+    now: DateTime<Utc>,
+) -> Result<Vec<String>> {
+    let (latest, priority): (String, i64) = conn
+        .prepare_cached(include_str!("sql/select_incident_quote.sql"))?
+        .query_row([incident], |row| Ok((row.get(0)?, row.get(1)?)))?;
+    let priority = Priority::from_rank(priority)
+        .ok_or_else(|| corrupt(format!("Incidents.Priority = {priority}")))?;
+    let lists: Vec<String> = conn
+        .prepare_cached(include_str!("sql/select_reached_lists.sql"))?
+        .query_map(params![incident, ms(now)], |row| row.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let actor = ack.actor.as_str();
+    let when = now.format("%Y-%m-%d %H:%M:%S UTC");
+    let mut told = Vec::with_capacity(lists.len());
+    for list in lists {
+        let stored = store_copy(conn, &latest, &list, priority, now, |source| {
+            let prefix = format!("Acknowledged by {actor}: ");
+            let room = MAX_SUBJECT_CHARS.saturating_sub(prefix.chars().count());
+            source.subject = format!(
+                "{prefix}{}",
+                source.subject.chars().take(room).collect::<String>()
+            );
+            let notice = format!(
+                "{actor} acknowledged incident {incident} ({}) at {when}: nobody further is \
+                 paged for it.",
+                ack.means.as_str()
+            );
+            let quoted = format!("{notice}\n\nThe alarm:\n{}", source.body);
+            source.body = if quoted.len() <= MAX_BODY_BYTES {
+                quoted
+            } else {
+                notice
+            };
+            Ok(())
+        })?;
+        told.push(match stored {
+            Ok(id) => format!("{list} ({id})"),
+            Err(why) => format!("{list} (not told: {why})"),
+        });
+    }
+    Ok(told)
 }
 
 /// The notification a page quotes, as stored.
@@ -729,15 +800,25 @@ pub(super) fn acknowledge(
         )
     };
     if status.takes_acknowledgement() {
+        let policy = stored_policy::decode(&policy).ok();
         // Only a condition can be cleared, so only a keyed incident is reminded.
         let reminder = key
-            .and_then(|_| stored_policy::decode(&policy).ok())
-            .and_then(|p| p.acknowledgement_reminder())
+            .and(policy.as_ref())
+            .and_then(EscalationPolicy::acknowledgement_reminder)
             .map(|r| ms(now + r));
         conn.prepare_cached(include_str!("sql/acknowledge_incident.sql"))?
             .execute(params![id.0, now_ms, actor, ack.means.as_str(), reminder])?;
         let stopped = end_pages(conn, id.0, Status::Acknowledged, actor, now_ms)?;
         let mut detail = format!("{stopped} page notifications not yet sent were stopped");
+        if policy
+            .as_ref()
+            .is_some_and(EscalationPolicy::notify_acknowledgement)
+        {
+            let told = notify_acknowledged(conn, id.0, ack, now)?;
+            if !told.is_empty() {
+                detail.push_str(&format!("; told who acknowledged it: {}", told.join(", ")));
+            }
+        }
         if let Some(reminder) = reminder.and_then(DateTime::from_timestamp_millis) {
             detail.push_str(&format!(
                 "; reminder at {} unless cleared",

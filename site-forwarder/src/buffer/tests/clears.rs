@@ -339,7 +339,11 @@ async fn handed_over_clears_are_merged_per_key_and_never_applied_twice() {
 
     let adopted = buffer
         .adoption()
-        .adopt(Vec::new(), vec![handed("k1", 20), handed("k2", 5)])
+        .adopt(
+            Vec::new(),
+            vec![handed("k1", 20), handed("k2", 5)],
+            Vec::new(),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -380,6 +384,7 @@ async fn handed_over_clears_are_merged_per_key_and_never_applied_twice() {
         .adopt(
             Vec::new(),
             vec![handed("k1", 20), handed("k2", 4), handed("k2", 6)],
+            Vec::new(),
         )
         .await
         .unwrap();

@@ -199,7 +199,7 @@ async fn recent_rows_are_the_sends_and_other_changes_forget_them() {
     // An adoption hands out seqs the recent rows never saw.
     active
         .adoption()
-        .adopt(vec![notification("adopted")], Vec::new())
+        .adopt(vec![notification("adopted")], Vec::new(), Vec::new())
         .await
         .unwrap();
     assert!(reader.after(seqs[2], 10).is_none());
@@ -279,13 +279,18 @@ async fn adoption_skips_held_rows_and_a_finished_handover_empties_the_node() {
         .into_iter()
         .map(|(_, n)| n)
         .collect();
-    let adopted = active.adoption().adopt(rows, Vec::new()).await.unwrap();
+    let adopted = active
+        .adoption()
+        .adopt(rows, Vec::new(), Vec::new())
+        .await
+        .unwrap();
     assert_eq!(
         adopted,
         Adopted {
             adopted: 1,
             already_held: 1,
             clears: AdoptedClears::default(),
+            acks: 0,
         }
     );
     assert_eq!(active.status().stats().await.unwrap().depth, 2);
@@ -361,7 +366,11 @@ async fn a_handover_carries_the_marks_and_the_pending_clears() {
         rows.iter().filter(|n| n.cleared_at_site.is_some()).count(),
         2
     );
-    let adopted = active.adoption().adopt(rows, Vec::new()).await.unwrap();
+    let adopted = active
+        .adoption()
+        .adopt(rows, Vec::new(), Vec::new())
+        .await
+        .unwrap();
     assert_eq!((adopted.adopted, adopted.already_held), (2, 1));
     match changes.try_recv().unwrap() {
         crate::buffer::RowChange::Marked(seqs) => assert_eq!(&*seqs, &[held_seq]),
@@ -377,7 +386,11 @@ async fn a_handover_carries_the_marks_and_the_pending_clears() {
         .collect();
     assert_eq!(handed, vec![cleared.pending.clone()]);
     let published = active.clears().pending_clears();
-    let adopted = active.adoption().adopt(Vec::new(), handed).await.unwrap();
+    let adopted = active
+        .adoption()
+        .adopt(Vec::new(), handed, Vec::new())
+        .await
+        .unwrap();
     assert_eq!(adopted.clears.recorded, 1);
     assert!(published.has_changed().unwrap());
     let clears = active.clears().pending_clears_now();

@@ -19,6 +19,7 @@ mod backend;
 mod central_figures;
 mod console;
 mod e2e;
+mod escalation;
 mod first_minute;
 mod fixtures;
 mod fresh;
@@ -170,7 +171,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 13] = [
+const GROUPS: [&str; 14] = [
     "send",
     "send-latency",
     "standby",
@@ -184,6 +185,7 @@ const GROUPS: [&str; 13] = [
     "fresh",
     "memory",
     "console",
+    "escalation",
 ];
 
 impl Args {
@@ -556,6 +558,21 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "ms",
             None,
         ),
+        m(
+            "escalation.step_error_p99",
+            format!(
+                "escalation: a page's fired time − its due time, p99, {} incidents open",
+                rows(escalation::BACKGROUND as u64)
+            ),
+            "ms",
+            Some(Target::AtMost(2000.0)),
+        ),
+        m(
+            "escalation.ack_p99",
+            "  AcknowledgeIncident (the escalation stopped, unsent pages ended), p99".into(),
+            "ms",
+            Some(Target::AtMost(1000.0)),
+        ),
     ]);
     table
 }
@@ -575,6 +592,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "fresh" => fresh::fresh(rig).await,
         "memory" => memory::memory(rig).await,
         "console" => console::console(rig).await,
+        "escalation" => escalation::escalation(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }
