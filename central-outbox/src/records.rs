@@ -178,6 +178,9 @@ pub struct ClaimedNotification {
     /// The incident it belongs to (its alarm, a joined notification, or a page's message),
     /// which its mail or webhook message names so that its reader can acknowledge it.
     pub incident: Option<IncidentRef>,
+    /// A digest's: the incidents of the rows it holds, oldest first, each once (one
+    /// acknowledgement of the digest covers them all). Empty for any other notification.
+    pub digest_incidents: Vec<IncidentId>,
 }
 
 /// The end of one attempt, to be recorded under the claim's epoch.

@@ -4,7 +4,9 @@
 //! A link is `{link_base_url}/ack/{incident}/{token}`, and the token is
 //! `{page}.{expires}.{recipient}.{signature}`: the page it came with (0 for a notification that
 //! joined the incident), when it stops working (Unix seconds), whom it was sent to (base64url),
-//! and an HMAC-SHA256 over all of them and the incident number. The signing keys are derived
+//! and an HMAC-SHA256 over all of them and the incident number. A digest's link (the message of
+//! several held alarms, each with its incident) adds, before the signature, the numbers of the
+//! other incidents it covers (`12-13-40`), under a label of its own. The signing keys are derived
 //! from the `[secrets]` keys (`Keyring::derived`), so there is one key to manage: a link signed
 //! before a rotation verifies while the earlier key is still configured, and one signed with a
 //! key taken out of the configuration is refused like a forged one.
@@ -40,6 +42,10 @@ const PURPOSE: &str = "notification-outbox acknowledgement link v1";
 
 /// Longest recipient a link names, in bytes: an email address is at most 254.
 pub(crate) const MAX_RECIPIENT_BYTES: usize = 320;
+
+/// Most incidents one digest's link covers (the address stays under about 1 KB); a digest
+/// holding more says so, and the rest are acknowledged in the console.
+pub(crate) const MAX_DIGEST_INCIDENTS: usize = 50;
 
 /// The path every link starts with, below `link_base_url`.
 pub(crate) const PATH_PREFIX: &str = "/ack";
@@ -77,6 +83,8 @@ pub(crate) struct AckLink {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LinkClaim {
     pub incident: IncidentId,
+    /// The other incidents a digest's link covers (empty for an incident's own message).
+    pub also: Vec<IncidentId>,
     /// The page it came with; 0: a notification that joined the incident.
     pub page: u32,
     pub recipient: String,
@@ -93,6 +101,15 @@ pub(crate) enum Refusal {
     Forged,
     /// Central made it, and it stopped working at this moment.
     Expired(DateTime<Utc>),
+}
+
+impl LinkClaim {
+    /// Every incident the link acknowledges: its own, then those of the digest.
+    pub(crate) fn incidents(&self) -> Vec<IncidentId> {
+        std::iter::once(self.incident)
+            .chain(self.also.iter().copied())
+            .collect()
+    }
 }
 
 impl AckLinks {
@@ -119,19 +136,53 @@ impl AckLinks {
         recipient: &str,
         now: DateTime<Utc>,
     ) -> AckLink {
-        let page = incident.page_no.unwrap_or(0);
+        self.make(
+            incident.id,
+            incident.page_no.unwrap_or(0),
+            &[],
+            recipient,
+            now,
+        )
+    }
+
+    /// The link for `recipient` of a digest holding alarms of `incidents` (its rows' order):
+    /// one acknowledgement of it covers the first [`MAX_DIGEST_INCIDENTS`]. `None` for none.
+    pub(crate) fn digest_link(
+        &self,
+        incidents: &[IncidentId],
+        recipient: &str,
+        now: DateTime<Utc>,
+    ) -> Option<AckLink> {
+        let (first, also) = incidents.split_first()?;
+        let also = &also[..also.len().min(MAX_DIGEST_INCIDENTS - 1)];
+        Some(self.make(*first, 0, also, recipient, now))
+    }
+
+    fn make(
+        &self,
+        incident: IncidentId,
+        page: u32,
+        also: &[IncidentId],
+        recipient: &str,
+        now: DateTime<Utc>,
+    ) -> AckLink {
         let expires =
             now + chrono::Duration::from_std(self.lifetime).unwrap_or(chrono::Duration::hours(24));
         let expires_at = expires.timestamp();
         let recipient = cut(recipient);
+        let also = join(also);
         let signature = hmac::sign(
             &self.keys[0],
-            &signed_bytes(incident.id, page, expires_at, recipient),
+            &signed_bytes(incident, page, expires_at, &also, recipient),
         );
+        let also = if also.is_empty() {
+            String::new()
+        } else {
+            format!("{also}.")
+        };
         let url = format!(
-            "{}{PATH_PREFIX}/{}/{page}.{expires_at}.{}.{}",
+            "{}{PATH_PREFIX}/{incident}/{page}.{expires_at}.{}.{also}{}",
             self.base_url,
-            incident.id,
             BASE64URL.encode(recipient),
             BASE64URL.encode(signature.as_ref()),
         );
@@ -149,15 +200,13 @@ impl AckLinks {
         token: &str,
         now: DateTime<Utc>,
     ) -> Result<LinkClaim, Refusal> {
-        let mut parts = token.split('.');
-        let (Some(page), Some(expires), Some(recipient), Some(signature), None) = (
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-            parts.next(),
-        ) else {
-            return Err(Refusal::Malformed);
+        let parts: Vec<&str> = token.split('.').collect();
+        let (page, expires, recipient, also, signature) = match parts.as_slice() {
+            [page, expires, recipient, signature] => (*page, *expires, *recipient, "", *signature),
+            [page, expires, recipient, also, signature] if !also.is_empty() => {
+                (*page, *expires, *recipient, *also, *signature)
+            }
+            _ => return Err(Refusal::Malformed),
         };
         let page: u32 = page.parse().map_err(|_| Refusal::Malformed)?;
         let expires_at: i64 = expires.parse().map_err(|_| Refusal::Malformed)?;
@@ -167,10 +216,11 @@ impl AckLinks {
             .and_then(|bytes| String::from_utf8(bytes).ok())
             .filter(|r| !r.is_empty() && r.len() <= MAX_RECIPIENT_BYTES)
             .ok_or(Refusal::Malformed)?;
+        let also_ids = split(also).ok_or(Refusal::Malformed)?;
         let signature = BASE64URL
             .decode(signature)
             .map_err(|_| Refusal::Malformed)?;
-        let signed = signed_bytes(incident, page, expires_at, &recipient);
+        let signed = signed_bytes(incident, page, expires_at, also, &recipient);
         if !self
             .keys
             .iter()
@@ -184,6 +234,7 @@ impl AckLinks {
         }
         Ok(LinkClaim {
             incident,
+            also: also_ids,
             page,
             recipient,
             expires,
@@ -213,13 +264,48 @@ impl AckLinks {
 }
 
 /// What a link's signature covers: a label, then every field, NUL-separated (no field but the
-/// recipient, which comes last, can hold a NUL).
-fn signed_bytes(incident: IncidentId, page: u32, expires_at: i64, recipient: &str) -> Vec<u8> {
-    format!(
-        "ack-link\0{}\0{page}\0{expires_at}\0{recipient}",
-        incident.0
-    )
-    .into_bytes()
+/// recipient, which comes last, can hold a NUL). A digest's link (one covering more incidents)
+/// has a label of its own, so neither kind can pass for the other.
+fn signed_bytes(
+    incident: IncidentId,
+    page: u32,
+    expires_at: i64,
+    also: &str,
+    recipient: &str,
+) -> Vec<u8> {
+    if also.is_empty() {
+        format!(
+            "ack-link\0{}\0{page}\0{expires_at}\0{recipient}",
+            incident.0
+        )
+        .into_bytes()
+    } else {
+        format!(
+            "ack-digest\0{}\0{page}\0{expires_at}\0{also}\0{recipient}",
+            incident.0
+        )
+        .into_bytes()
+    }
+}
+
+/// Incident numbers as a token carries them: `12-13-40`.
+fn join(ids: &[IncidentId]) -> String {
+    ids.iter()
+        .map(|i| i.0.to_string())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+/// The numbers of [`join`] back; `None` when they are not, or are too many.
+fn split(text: &str) -> Option<Vec<IncidentId>> {
+    if text.is_empty() {
+        return Some(Vec::new());
+    }
+    let ids = text
+        .split('-')
+        .map(|n| n.parse().ok().map(IncidentId))
+        .collect::<Option<Vec<_>>>()?;
+    (ids.len() < MAX_DIGEST_INCIDENTS).then_some(ids)
 }
 
 fn digest(text: &str) -> [u8; 32] {
@@ -294,6 +380,7 @@ mod tests {
             claim,
             LinkClaim {
                 incident: IncidentId(12),
+                also: Vec::new(),
                 page: 2,
                 recipient: "alice@plant.example".into(),
                 expires: link.expires,
@@ -356,6 +443,46 @@ mod tests {
                 "{malformed:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_digests_link_covers_its_incidents_and_none_can_be_added_or_dropped() {
+        let links = links(&keyring(1, &[]));
+        let ids = [IncidentId(7), IncidentId(9), IncidentId(12)];
+        let link = links
+            .digest_link(&ids, "alice@plant.example", now())
+            .unwrap();
+        assert!(link.url.contains("/ack/7/0."), "{}", link.url);
+        let claim = links.verify(IncidentId(7), token(&link), now()).unwrap();
+        assert_eq!(claim.incidents(), ids);
+        let parts: Vec<&str> = token(&link).split('.').collect();
+        assert_eq!(parts[3], "9-12");
+        for edited in [
+            format!(
+                "{}.{}.{}.9-12-13.{}",
+                parts[0], parts[1], parts[2], parts[4]
+            ),
+            format!("{}.{}.{}.9.{}", parts[0], parts[1], parts[2], parts[4]),
+            // Without the others: a single incident's link does not verify either.
+            format!("{}.{}.{}.{}", parts[0], parts[1], parts[2], parts[4]),
+        ] {
+            assert_eq!(
+                links.verify(IncidentId(7), &edited, now()),
+                Err(Refusal::Forged),
+                "{edited}"
+            );
+        }
+        assert!(
+            links
+                .digest_link(&[], "alice@plant.example", now())
+                .is_none()
+        );
+        let many: Vec<IncidentId> = (1..=80).map(IncidentId).collect();
+        let capped = links
+            .digest_link(&many, "alice@plant.example", now())
+            .unwrap();
+        let claim = links.verify(IncidentId(1), token(&capped), now()).unwrap();
+        assert_eq!(claim.incidents(), many[..MAX_DIGEST_INCIDENTS]);
     }
 
     #[test]

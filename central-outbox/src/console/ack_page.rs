@@ -1,6 +1,6 @@
-//! The page an acknowledgement link opens (`GET /ack/{incident}/{token}`): the incident, and a
-//! button that acknowledges it as the link's recipient (`POST` to the same address, with the
-//! PIN when one is configured). A GET never changes anything, so a mail scanner that opens
+//! The page an acknowledgement link opens (`GET /ack/{incident}/{token}`): the incident (or, for
+//! a digest's link, each incident it covers), and a button that acknowledges it as the link's
+//! recipient (`POST` to the same address, with the PIN when one is configured). A GET never changes anything, so a mail scanner that opens
 //! every link (Safe Links and the like) acknowledges nothing.
 //!
 //! No console session is needed: the link is the credential (`ack_link`). It is served with
@@ -101,6 +101,18 @@ pub(crate) fn standalone(page: Arc<AckPage>) -> Router {
 #[template(path = "ack/incident.html")]
 struct IncidentPage {
     layout: reply::Layout,
+    /// The incident's subject; for a digest's link, how many incidents it covers.
+    title: String,
+    incidents: Vec<IncidentRow>,
+    /// Some incident is open or exhausted: the button is offered.
+    takes_acknowledgement: bool,
+    recipient: String,
+    expires: String,
+    needs_pin: bool,
+}
+
+/// One incident a link covers, as the page shows it.
+struct IncidentRow {
     id: i64,
     subject: String,
     list: String,
@@ -111,11 +123,34 @@ struct IncidentPage {
     pages: u32,
     /// Who acknowledged it first, and how; empty while nobody has.
     acknowledged: String,
-    /// Open or exhausted: the button is offered.
-    takes_acknowledgement: bool,
-    recipient: String,
-    expires: String,
-    needs_pin: bool,
+}
+
+impl IncidentRow {
+    fn of(view: IncidentView) -> Self {
+        let acknowledged = view
+            .acknowledged
+            .as_ref()
+            .map(|a| {
+                format!(
+                    "by {} ({}) at {} UTC",
+                    a.by,
+                    a.means.as_str(),
+                    a.at.format("%Y-%m-%d %H:%M:%S")
+                )
+            })
+            .unwrap_or_default();
+        Self {
+            id: view.id.0,
+            subject: view.subject,
+            list: view.list,
+            site: view.site,
+            priority: view.priority.to_string(),
+            status: view.status.as_str().to_owned(),
+            opened: format!("{} UTC", view.opened_at.format("%Y-%m-%d %H:%M:%S")),
+            pages: view.page_count,
+            acknowledged,
+        }
+    }
 }
 
 #[derive(Template)]
@@ -157,7 +192,8 @@ async fn not_found() -> Response {
     )
 }
 
-/// `GET /ack/{incident}/{token}`: the incident and the button, or why the link is refused.
+/// `GET /ack/{incident}/{token}`: the incidents the link covers and the button, or why the
+/// link is refused.
 async fn show(
     State(page): State<Shared>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -168,40 +204,34 @@ async fn show(
         Ok(claim) => claim,
         Err(refused) => return *refused,
     };
-    let view = match page.desk.summary(claim.incident).await {
-        Ok(Some(view)) => view,
-        Ok(None) => return gone(claim.incident),
-        Err(e) => return unavailable(&e),
+    let mut rows = Vec::new();
+    let mut takes_acknowledgement = false;
+    for id in claim.incidents() {
+        match page.desk.summary(id).await {
+            // One purged since is left out; all of them gone is said so.
+            Ok(Some(view)) => {
+                takes_acknowledgement |= matches!(
+                    view.status,
+                    IncidentStatus::Open | IncidentStatus::Exhausted
+                );
+                rows.push(IncidentRow::of(view));
+            }
+            Ok(None) => {}
+            Err(e) => return unavailable(&e),
+        }
+    }
+    let title = match rows.as_slice() {
+        [] => return gone(claim.incident),
+        [one] if claim.also.is_empty() => one.subject.clone(),
+        _ => format!("{} incidents of one digest", rows.len()),
     };
-    let acknowledged = view
-        .acknowledged
-        .as_ref()
-        .map(|a| {
-            format!(
-                "by {} ({}) at {} UTC",
-                a.by,
-                a.means.as_str(),
-                a.at.format("%Y-%m-%d %H:%M:%S")
-            )
-        })
-        .unwrap_or_default();
     reply::page(
         StatusCode::OK,
         &IncidentPage {
             layout: layout(),
-            id: view.id.0,
-            subject: view.subject,
-            list: view.list,
-            site: view.site,
-            priority: view.priority.to_string(),
-            status: view.status.as_str().to_owned(),
-            opened: format!("{} UTC", view.opened_at.format("%Y-%m-%d %H:%M:%S")),
-            pages: view.page_count,
-            acknowledged,
-            takes_acknowledgement: matches!(
-                view.status,
-                IncidentStatus::Open | IncidentStatus::Exhausted
-            ),
+            title,
+            incidents: rows,
+            takes_acknowledgement,
             recipient: claim.recipient,
             expires: format!("{} UTC", claim.expires.format("%Y-%m-%d %H:%M")),
             needs_pin: page.links.needs_pin(),
@@ -210,7 +240,7 @@ async fn show(
     )
 }
 
-/// `POST /ack/{incident}/{token}`: acknowledges the incident as the link's recipient.
+/// `POST /ack/{incident}/{token}`: acknowledges the incidents the link covers as its recipient.
 async fn acknowledge(
     State(page): State<Shared>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -236,47 +266,56 @@ async fn acknowledge(
             "The PIN is not right, so nothing was acknowledged. Go back and try again.",
         );
     }
-    let ack = Acknowledgement::new(
-        Actor::new(&claim.recipient),
-        AckMeans::Link,
-        peer.map(|a| a.to_string()).as_deref(),
-    );
-    let id = claim.incident;
-    match page.desk.acknowledge(id, ack).await {
-        Ok(AckResult::Acknowledged { stopped }) => {
-            tracing::info!(incident = id.0, actor = %claim.recipient, stopped, "incident acknowledged by link");
-            answer(
-                StatusCode::OK,
-                "Acknowledged",
-                format!(
-                    "You acknowledged incident {id}: its escalation has stopped ({stopped} \
-                     page{} not yet sent were ended).",
-                    if stopped == 1 { "" } else { "s" }
-                ),
-            )
+    let from = peer.map(|a| a.to_string());
+    let mut said = Vec::new();
+    let mut first = 0;
+    for id in claim.incidents() {
+        let ack = Acknowledgement::new(
+            Actor::new(&claim.recipient),
+            AckMeans::Link,
+            from.as_deref(),
+        );
+        match page.desk.acknowledge(id, ack).await {
+            Ok(result) => {
+                if matches!(result, AckResult::Acknowledged { .. }) {
+                    first += 1;
+                    tracing::info!(incident = id.0, actor = %claim.recipient, "incident acknowledged by link");
+                }
+                said.push(outcome(id, &result));
+            }
+            Err(e) => return unavailable(&e),
         }
-        Ok(AckResult::AlreadyAcknowledged { by, means, at }) => answer(
-            StatusCode::OK,
-            "Already acknowledged",
-            format!(
-                "Incident {id} was already acknowledged by {by} ({}) at {} UTC; yours is \
-                 recorded too.",
-                means.as_str(),
-                at.format("%Y-%m-%d %H:%M:%S")
-            ),
+    }
+    let title = match first {
+        0 => "Already acknowledged",
+        _ => "Acknowledged",
+    };
+    answer(StatusCode::OK, title, said.join(" "))
+}
+
+/// What acknowledging incident `id` did, as the answer says it.
+fn outcome(id: IncidentId, result: &AckResult) -> String {
+    match result {
+        AckResult::Acknowledged { stopped } => format!(
+            "You acknowledged incident {id}: its escalation has stopped ({stopped} page{} not \
+             yet sent were ended).",
+            if *stopped == 1 { "" } else { "s" }
         ),
-        Ok(AckResult::AlreadyEnded { status, at }) => answer(
-            StatusCode::OK,
-            "Already ended",
-            format!(
-                "Incident {id} had already ended ({}) at {} UTC; your acknowledgement is \
-                 recorded, and nothing was reopened.",
-                status.as_str(),
-                at.format("%Y-%m-%d %H:%M:%S")
-            ),
+        AckResult::AlreadyAcknowledged { by, means, at } => format!(
+            "Incident {id} was already acknowledged by {by} ({}) at {} UTC; yours is recorded \
+             too.",
+            means.as_str(),
+            at.format("%Y-%m-%d %H:%M:%S")
         ),
-        Ok(AckResult::NotFound) => gone(id),
-        Err(e) => unavailable(&e),
+        AckResult::AlreadyEnded { status, at } => format!(
+            "Incident {id} had already ended ({}) at {} UTC; your acknowledgement is recorded, \
+             and nothing was reopened.",
+            status.as_str(),
+            at.format("%Y-%m-%d %H:%M:%S")
+        ),
+        AckResult::NotFound => format!(
+            "Incident {id} is no longer kept by central (it ended long ago and was purged)."
+        ),
     }
 }
 

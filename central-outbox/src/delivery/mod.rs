@@ -28,12 +28,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ack_link::{AckLink, AckLinks};
+use crate::ack_link::{AckLink, AckLinks, MAX_DIGEST_INCIDENTS};
 use crate::domain::channel::{
     DeliveryPolicy, EmailAddress, ListTargets, NotificationList, SmtpAuth, SmtpSettings,
     WebhookSettings,
 };
 use crate::domain::delivery::{Delivered, DeliveryError};
+use crate::domain::escalation::digest_footer;
 use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::Backoff;
 use crate::domain::webhook::WebhookTarget;
@@ -228,12 +229,12 @@ impl Adapters {
         recipients: &[EmailAddress],
         turn: Turn,
     ) -> Result<Delivered, DeliveryError> {
-        let (Some(links), Some(incident)) = (&self.links, n.incident) else {
+        if !self.carries_links(n) {
             let content = with_incident_footer(n, None);
             return self
                 .email_message(settings, n, &content, recipients, turn)
                 .await;
-        };
+        }
         if recipients.is_empty() {
             return Err(DeliveryError::permanent(
                 "the notification list has no recipients",
@@ -242,8 +243,8 @@ impl Adapters {
         let now = chrono::Utc::now();
         let mut turn = Some(turn);
         for recipient in recipients {
-            let link = links.link(incident, recipient.as_str(), now);
-            let content = with_incident_footer(n, Some(&link));
+            let link = self.link_for(n, recipient.as_str(), now);
+            let content = with_incident_footer(n, link.as_ref());
             // Only the first message waits for its place in the channel's start order; the
             // rest follow it.
             let turn = turn.take().unwrap_or_else(Turn::unordered);
@@ -253,6 +254,26 @@ impl Adapters {
         Ok(Delivered {
             resolved_targets: recipients.iter().map(ToString::to_string).collect(),
         })
+    }
+
+    /// Whether `n`'s messages carry acknowledgement links: links are on, and it is a message
+    /// of an incident or a digest holding alarms of incidents.
+    fn carries_links(&self, n: &ClaimedNotification) -> bool {
+        self.links.is_some() && (n.incident.is_some() || !n.digest_incidents.is_empty())
+    }
+
+    /// The acknowledgement link of `n`'s message to `recipient`, when it carries one.
+    fn link_for(
+        &self,
+        n: &ClaimedNotification,
+        recipient: &str,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> Option<AckLink> {
+        let links = self.links.as_ref()?;
+        match n.incident {
+            Some(incident) => Some(links.link(incident, recipient, now)),
+            None => links.digest_link(&n.digest_incidents, recipient, now),
+        }
     }
 
     /// One message of `n` with `content` to `recipients`. With XOAUTH2 the access token comes
@@ -325,6 +346,7 @@ impl Adapters {
             content: &content,
             provenance: &n.provenance,
             incident: n.incident,
+            digest_incidents: &n.digest_incidents,
             acknowledge_url: link.as_ref().map(|l| l.url.as_str()),
         };
         self.webhook.deliver(settings, &outgoing, target).await
@@ -333,17 +355,25 @@ impl Adapters {
 
 /// The content a notification of an incident goes out with: its body and, after a signature
 /// separator, what the incident is and how to acknowledge it (`IncidentRef::footer`, with
-/// `link` where the message carries one), so that whoever reads it can stop the escalation.
-/// Other notifications go out as they are. A body already at its limit goes without the footer
-/// rather than not at all.
+/// `link` where the message carries one), so that whoever reads it can stop the escalation; a
+/// digest holding alarms of incidents names them the same way (`digest_footer`). Other
+/// notifications go out as they are. A body already at its limit goes without the footer rather
+/// than not at all.
 fn with_incident_footer<'a>(
     n: &'a ClaimedNotification,
     link: Option<&AckLink>,
 ) -> Cow<'a, NotificationContent> {
-    let Some(incident) = n.incident else {
-        return Cow::Borrowed(&n.content);
+    let footer = match n.incident {
+        Some(incident) => incident.footer(link.map(|l| (l.url.as_str(), l.expires))),
+        None if !n.digest_incidents.is_empty() => {
+            let covered = n.digest_incidents.len().min(MAX_DIGEST_INCIDENTS);
+            digest_footer(
+                &n.digest_incidents,
+                link.map(|l| (l.url.as_str(), l.expires, covered)),
+            )
+        }
+        None => return Cow::Borrowed(&n.content),
     };
-    let footer = incident.footer(link.map(|l| (l.url.as_str(), l.expires)));
     let text = format!("{}\n\n-- \n{footer}\n", n.content.body.as_str());
     match Body::parse(text) {
         Ok(body) => Cow::Owned(NotificationContent {

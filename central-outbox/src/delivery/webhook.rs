@@ -32,7 +32,7 @@ use sha2::Sha256;
 use super::http::{HttpClient, HttpError};
 use crate::domain::channel::{Secret, WebhookSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
-use crate::domain::escalation::IncidentRef;
+use crate::domain::escalation::{IncidentId, IncidentRef};
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{NotificationContent, NotificationId, Provenance};
 
@@ -59,7 +59,10 @@ pub(crate) struct Outgoing<'a> {
     pub provenance: &'a Provenance,
     /// The incident it belongs to, named in the generic document (`incident`).
     pub incident: Option<IncidentRef>,
-    /// Its acknowledgement link, where it carries one (`incident.acknowledge_url`).
+    /// A digest's incidents (`digest.incidents`), empty for any other notification.
+    pub digest_incidents: &'a [IncidentId],
+    /// Its acknowledgement link, where it carries one (`incident.acknowledge_url`, or
+    /// `digest.acknowledge_url`).
     pub acknowledge_url: Option<&'a str>,
 }
 
@@ -178,6 +181,13 @@ fn payload(format: WebhookFormat, outgoing: &Outgoing<'_>) -> Vec<u8> {
                 document["incident"] = json!({
                     "id": incident.id.0,
                     "page": incident.page_no,
+                    "acknowledge_url": outgoing.acknowledge_url,
+                });
+            }
+            // A digest names the incidents of its alarms; one acknowledgement covers them.
+            if !outgoing.digest_incidents.is_empty() {
+                document["digest"] = json!({
+                    "incidents": outgoing.digest_incidents.iter().map(|i| i.0).collect::<Vec<_>>(),
                     "acknowledge_url": outgoing.acknowledge_url,
                 });
             }
@@ -529,6 +539,7 @@ mod tests {
             content: &content,
             provenance: &provenance,
             incident: None,
+            digest_incidents: &[],
             acknowledge_url: None,
         };
         let result = adapter.deliver(&settings(timeout), &outgoing, target).await;
@@ -841,6 +852,7 @@ mod tests {
                 id: crate::domain::escalation::IncidentId(12),
                 page_no: Some(2),
             }),
+            digest_incidents: &[],
             acknowledge_url: Some(url),
         };
         let document: Value =
@@ -857,6 +869,22 @@ mod tests {
         let document: Value =
             serde_json::from_slice(&payload(WebhookFormat::Generic, &plain)).unwrap();
         assert!(document.get("incident").is_none(), "{document}");
+        assert!(document.get("digest").is_none(), "{document}");
+        let ids = [
+            crate::domain::escalation::IncidentId(7),
+            crate::domain::escalation::IncidentId(9),
+        ];
+        let digest = Outgoing {
+            digest_incidents: &ids,
+            acknowledge_url: Some(url),
+            ..plain
+        };
+        let document: Value =
+            serde_json::from_slice(&payload(WebhookFormat::Generic, &digest)).unwrap();
+        assert_eq!(
+            document["digest"],
+            json!({"incidents": [7, 9], "acknowledge_url": url})
+        );
     }
 
     #[test]
@@ -869,6 +897,7 @@ mod tests {
             content: &content,
             provenance: &provenance,
             incident: None,
+            digest_incidents: &[],
             acknowledge_url: None,
         };
         let target = target("http://127.0.0.1:9", &["/x"], WebhookFormat::Generic);

@@ -8,6 +8,7 @@
 //! the oldest row's (a digest spans sites; the body names each row's).
 
 use crate::domain::consolidation::{DigestLine, digest_text};
+use crate::domain::escalation::IncidentId;
 use crate::domain::{ContentError, NotificationContent, NotificationId, TypeData};
 use crate::records::{AttemptRecord, ClaimedNotification};
 
@@ -59,10 +60,22 @@ impl Digest {
             retry_count: self.rows.iter().map(|r| r.retry_count).max().unwrap_or(0),
             attempt_no: oldest.attempt_no,
             epoch: oldest.epoch,
-            // One digest may hold the alarms of many incidents; it names none of them (each
-            // incident's own pages do).
+            // One digest may hold the alarms of many incidents: it is none of them, and one
+            // acknowledgement of it covers them all.
             incident: None,
+            digest_incidents: self.incidents(),
         })
+    }
+
+    /// The incidents of its rows, in the rows' order, each once.
+    fn incidents(&self) -> Vec<IncidentId> {
+        let mut incidents: Vec<IncidentId> = Vec::new();
+        for incident in self.rows.iter().filter_map(|r| r.incident) {
+            if !incidents.contains(&incident.id) {
+                incidents.push(incident.id);
+            }
+        }
+        incidents
     }
 
     /// Each row's record of the digest's one attempt: the same outcome, error, duration and next
@@ -122,6 +135,7 @@ mod tests {
             attempt_no: u32::try_from(row_id).unwrap(),
             epoch: LeaseEpoch(7),
             incident: None,
+            digest_incidents: Vec::new(),
         }
     }
 
@@ -155,6 +169,34 @@ mod tests {
         for row in &rows {
             assert!(n.content.body.as_str().contains(&row.id.to_string()));
         }
+    }
+
+    #[test]
+    fn a_digest_covers_the_incidents_of_its_rows_each_once() {
+        use crate::domain::escalation::IncidentRef;
+        let of = |id, page_no| {
+            Some(IncidentRef {
+                id: IncidentId(id),
+                page_no,
+            })
+        };
+        let mut rows = vec![
+            held(31, "site-a", 1, Priority::High, 0),
+            held(32, "site-a", 2, Priority::High, 0),
+            held(33, "site-a", 3, Priority::High, 0),
+            held(34, "site-a", 4, Priority::Normal, 0),
+        ];
+        rows[0].incident = of(9, Some(1));
+        rows[1].incident = of(10, Some(1));
+        // A newer state of incident 9's condition, joined to it.
+        rows[2].incident = of(9, None);
+        let digest = Digest {
+            id: NotificationId::generate(),
+            rows,
+        };
+        let n = digest.notification().unwrap();
+        assert_eq!(n.incident, None);
+        assert_eq!(n.digest_incidents, [IncidentId(9), IncidentId(10)]);
     }
 
     #[test]

@@ -567,6 +567,40 @@ impl IncidentRef {
     }
 }
 
+/// The lines a digest holding alarms of `incidents` ends with: which incidents, and how to stop
+/// them all at once, with the digest's link (URL, expiry, and how many of them it covers) where
+/// the message carries one.
+pub fn digest_footer(
+    incidents: &[IncidentId],
+    link: Option<(&str, DateTime<Utc>, usize)>,
+) -> String {
+    let numbers = incidents
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let what = match incidents {
+        [one] => format!("This digest holds an alarm of escalating incident {one}"),
+        _ => format!("This digest holds alarms of escalating incidents {numbers}"),
+    };
+    let other_ways = "`outboxctl ack N` for each, or the console's Incidents page";
+    match link {
+        None => format!("{what}. Acknowledge them to stop their escalation: {other_ways}."),
+        Some((url, expires, covered)) => {
+            let covers = if covered < incidents.len() {
+                format!("; it covers the first {covered}")
+            } else {
+                String::new()
+            };
+            format!(
+                "{what}. Acknowledge them all at once to stop their escalation:\n{url}\n(the \
+                 link works until {} UTC{covers}), or {other_ways}.",
+                expires.format("%Y-%m-%d %H:%M")
+            )
+        }
+    }
+}
+
 /// Who acknowledged, how, and from where.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Acknowledgement {

@@ -74,6 +74,7 @@ impl StoredClaim {
             attempt_no: self.attempt_no,
             epoch,
             incident: self.incident,
+            digest_incidents: Vec::new(),
         })
     }
 }

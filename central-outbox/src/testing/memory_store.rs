@@ -639,6 +639,7 @@ impl DispatchStore for MemoryStore {
                 attempt_no: row.attempts,
                 epoch,
                 incident: None,
+                digest_incidents: Vec::new(),
             });
         }
         if claimed.is_empty() {

@@ -621,3 +621,76 @@ async fn the_site_acknowledges_an_alarm_from_its_hmi() {
     assert_eq!(incident.acknowledged_via, "site");
     assert!(incident.next_due_at.is_none(), "{incident:?}");
 }
+
+/// Held alarms go out as one digest, each with its own incident: the digest's mail carries one
+/// link that covers every incident it holds, and one POST acknowledges them all, as its
+/// recipient.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_acknowledgement_of_a_digest_covers_every_incident_in_it() {
+    const ALARMS: usize = 6;
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    config.lists[0].escalation = Some(escalation(600, 600, 0));
+    // The first alarm of a window goes alone, the rest wait for its end as one digest.
+    config.lists[0].consolidation = Some(central_outbox::config::ConsolidationConfig {
+        threshold: 1,
+        window: Duration::from_secs(5),
+        max_per_digest: 50,
+    });
+    config
+        .lists
+        .push(ListConfig::email(SUPERVISORS, vec![SUPERVISOR.into()]));
+    crate::harness::with_console(&mut config).await;
+    let console = config.console.listen.unwrap();
+    config.acknowledgement.link_base_url = Some(format!("http://{console}"));
+    let central = Central::start(config).await;
+    let mut ids = Vec::new();
+    for i in 0..ALARMS {
+        let mut msg = submit(&format!("Compressor {i} tripped"), "motor overload");
+        msg.priority = v1::NotificationPriority::High.into();
+        ids.push(ingest_submit(&central, msg).await);
+    }
+    for id in &ids {
+        crate::harness::wait_for_status(&central.db, id, "Delivered").await;
+    }
+    // Six alarms in at most two windows: some digest holds at least three; take the largest.
+    let [alice, _] = crate::harness::RECIPIENTS;
+    let digest = sink
+        .messages()
+        .into_iter()
+        .filter(|m| m.rcpt_to == [alice] && m.body_text().contains("This digest holds"))
+        .max_by_key(|m| m.body_text().matches(", ").count())
+        .expect("a digest went to alice");
+    let path = link_path(&digest, &central.console_url());
+    let mut browser = crate::console::Browser::new(&central);
+    let page = browser.get(&path).await;
+    assert_eq!(page.status, 200, "{}", page.body);
+    let covered = page.body.matches("data-incident-id=").count();
+    assert!(covered >= 2, "{}", page.body);
+
+    let acked = browser.post(&path, &[]).await;
+    assert_eq!(acked.status, 200, "{}", acked.body);
+    assert_eq!(
+        acked.body.matches("You acknowledged incident").count(),
+        covered
+    );
+    let incidents = central
+        .outbox()
+        .await
+        .list_incidents(v1::ListIncidentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .incidents;
+    assert_eq!(incidents.len(), ALARMS);
+    let acknowledged: Vec<_> = incidents
+        .iter()
+        .filter(|i| i.status() == v1::IncidentStatus::Acknowledged)
+        .collect();
+    assert_eq!(acknowledged.len(), covered, "{incidents:?}");
+    for incident in acknowledged {
+        assert_eq!(incident.acknowledged_by, alice);
+        assert_eq!(incident.acknowledged_via, "link");
+    }
+}
