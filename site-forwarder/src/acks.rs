@@ -24,7 +24,7 @@ use tonic::{Code, Request};
 use crate::buffer::{Acks, BufferError};
 use crate::central_half::{self, CentralHalf, Wakeups};
 use crate::config::Config;
-use crate::domain::{PendingAck, PendingAcks};
+use crate::domain::{PendingAck, PendingAcks, Seq};
 use crate::link::error_chain;
 
 /// Why a round of acknowledgements stopped (the sender retries after the retry interval).
@@ -126,6 +126,7 @@ impl AckSender {
 
 impl CentralHalf for AckSender {
     type Pending = PendingAcks;
+    type Item = PendingAck;
     type Error = AckError;
     const WHAT: &'static str = "acknowledgement";
 
@@ -133,16 +134,19 @@ impl CentralHalf for AckSender {
         pending.is_empty()
     }
 
-    /// Asks central to apply every acknowledgement that is due now, oldest watermark first.
-    async fn send_due(&self, acks: &PendingAcks) -> Result<(), AckError> {
-        if acks.is_empty() {
-            return Ok(());
-        }
-        let oldest = self.buffer.oldest_seq().await?;
-        for ack in acks.due(oldest) {
-            self.apply_at_central(ack).await?;
-            self.buffer.forget_ack(ack.clone()).await?;
-        }
-        Ok(())
+    fn due(pending: &PendingAcks, oldest_buffered: Option<Seq>) -> Vec<PendingAck> {
+        pending.due(oldest_buffered).cloned().collect()
+    }
+
+    async fn oldest_seq(&self) -> Result<Option<Seq>, BufferError> {
+        self.buffer.oldest_seq().await
+    }
+
+    async fn apply(&self, ack: &PendingAck) -> Result<(), Self::Error> {
+        self.apply_at_central(ack).await
+    }
+
+    async fn forget(&self, ack: PendingAck) -> Result<bool, BufferError> {
+        self.buffer.forget_ack(ack).await
     }
 }

@@ -14,24 +14,47 @@ use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::buffer::RowChange;
+use crate::buffer::{BufferError, RowChange};
+use crate::domain::Seq;
 
-/// What one kind of site action's central half does.
-pub(crate) trait CentralHalf {
+/// What one kind of site action's central half does; [`run`] sends what is due with it.
+pub(crate) trait CentralHalf: Sync {
     /// The pending actions as the buffer publishes them.
-    type Pending: Clone;
-    type Error: Display;
+    type Pending: Clone + Send + Sync;
+    /// One pending action.
+    type Item: Send + Sync;
+    type Error: Display + From<BufferError> + Send;
 
     /// What the log calls one ("clear", "acknowledgement").
     const WHAT: &'static str;
 
     fn is_empty(pending: &Self::Pending) -> bool;
 
-    /// Asks central to apply every one that is due now, forgetting each once it did.
-    fn send_due(
-        &self,
-        pending: &Self::Pending,
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// The actions central may apply now, given the oldest seq still buffered, in order.
+    fn due(pending: &Self::Pending, oldest_buffered: Option<Seq>) -> Vec<Self::Item>;
+
+    /// The oldest seq still buffered; `None` when the buffer is empty.
+    fn oldest_seq(&self) -> impl Future<Output = Result<Option<Seq>, BufferError>> + Send;
+
+    /// Asks central to apply `item`.
+    fn apply(&self, item: &Self::Item) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// Forgets `item` once central applied it (unless a later action moved it meanwhile).
+    fn forget(&self, item: Self::Item) -> impl Future<Output = Result<bool, BufferError>> + Send;
+}
+
+/// Asks central to apply every action of `pending` that is due now, forgetting each once it
+/// did; the first failure ends the round.
+async fn send_due<H: CentralHalf>(half: &H, pending: &H::Pending) -> Result<(), H::Error> {
+    if H::is_empty(pending) {
+        return Ok(());
+    }
+    let oldest = half.oldest_seq().await?;
+    for item in H::due(pending, oldest) {
+        half.apply(&item).await?;
+        half.forget(item).await?;
+    }
+    Ok(())
 }
 
 /// Where a half's wake-ups come from.
@@ -58,7 +81,7 @@ pub(crate) async fn run<H: CentralHalf>(
         // later, and applying it twice is harmless (a no-op, or a duplicate recorded).
         let round = tokio::select! {
             () = shutdown.cancelled() => return,
-            round = half.send_due(&pending) => round,
+            round = send_due(half, &pending) => round,
         };
         match round {
             Ok(()) => reported = false,

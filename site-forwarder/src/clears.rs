@@ -26,7 +26,7 @@ use tonic::{Code, Request};
 use crate::buffer::{BufferError, Clears};
 use crate::central_half::{self, CentralHalf, Wakeups};
 use crate::config::Config;
-use crate::domain::{PendingClear, PendingClears};
+use crate::domain::{PendingClear, PendingClears, Seq};
 use crate::link::error_chain;
 
 /// Why a round of clears stopped (the sender retries after the retry interval).
@@ -127,6 +127,7 @@ impl ClearSender {
 
 impl CentralHalf for ClearSender {
     type Pending = PendingClears;
+    type Item = PendingClear;
     type Error = ClearError;
     const WHAT: &'static str = "clear";
 
@@ -134,16 +135,19 @@ impl CentralHalf for ClearSender {
         pending.is_empty()
     }
 
-    /// Asks central to apply every clear that is due now, oldest watermark first.
-    async fn send_due(&self, clears: &PendingClears) -> Result<(), ClearError> {
-        if clears.is_empty() {
-            return Ok(());
-        }
-        let oldest = self.buffer.oldest_seq().await?;
-        for clear in clears.due(oldest) {
-            self.apply_at_central(clear).await?;
-            self.buffer.forget_clear(clear.clone()).await?;
-        }
-        Ok(())
+    fn due(pending: &PendingClears, oldest_buffered: Option<Seq>) -> Vec<PendingClear> {
+        pending.due(oldest_buffered).cloned().collect()
+    }
+
+    async fn oldest_seq(&self) -> Result<Option<Seq>, BufferError> {
+        self.buffer.oldest_seq().await
+    }
+
+    async fn apply(&self, clear: &PendingClear) -> Result<(), Self::Error> {
+        self.apply_at_central(clear).await
+    }
+
+    async fn forget(&self, clear: PendingClear) -> Result<bool, BufferError> {
+        self.buffer.forget_clear(clear).await
     }
 }

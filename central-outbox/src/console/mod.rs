@@ -254,14 +254,14 @@ pub(crate) async fn serve(
         tls = tls.is_some(),
         "serving the web console"
     );
-    let router = router(Arc::new(console));
-    let limits = listener::CONSOLE_LIMITS;
-    match tls {
-        Some(config) => {
-            listener::serve_tls(listener, router, config, limits, connections, shutdown).await
-        }
-        None => listener::serve_plain(listener, router, limits, connections, shutdown).await,
-    }
+    serve_router(
+        listener,
+        router(Arc::new(console)),
+        tls,
+        connections,
+        shutdown,
+    )
+    .await
 }
 
 /// Serves the acknowledgement links' page alone on `listener` (`[acknowledgement] listen`)
@@ -278,7 +278,25 @@ pub(crate) async fn serve_ack_page(
         tls = tls.is_some(),
         "serving the acknowledgement links"
     );
-    let router = ack_page::standalone(page);
+    serve_router(
+        listener,
+        ack_page::standalone(page),
+        tls,
+        connections,
+        shutdown,
+    )
+    .await
+}
+
+/// Serves `router` on `listener` within the console's connection limits until `shutdown`, over
+/// TLS with `tls`, else plaintext.
+async fn serve_router(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    connections: ListenerStats,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     let limits = listener::CONSOLE_LIMITS;
     match tls {
         Some(config) => {
