@@ -73,6 +73,7 @@
 
 mod claimed;
 pub mod mssql;
+mod page_source;
 pub mod sqlite;
 mod stored_list;
 pub(crate) mod stored_policy;

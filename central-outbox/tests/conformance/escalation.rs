@@ -24,7 +24,7 @@ use central_outbox::domain::{ConditionKey, ListName, NotificationType, Priority,
 use central_outbox::records::{
     ClaimedNotification, EscalationTurn, IncidentDetail, IncidentQuery, LeaseEpoch, NewNotification,
 };
-use central_outbox::store::{ChannelSettingsStore, OutboxStore, ReadChannelSettings};
+use central_outbox::store::OutboxStore;
 
 use crate::poll::{Asks, until};
 use crate::seed::{self, End, LEASE, Spec};
@@ -731,37 +731,4 @@ pub(crate) async fn no_page_is_claimed_after_its_incident_was_acknowledged<S: Ou
             "{detail:?}"
         );
     }
-}
-
-/// Until the MS SQL backend keeps incidents, it refuses a list with a policy, saying so, and
-/// stores nothing: a policy never sits there unrun.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
-async fn mssql_store_refuses_a_list_with_a_policy() {
-    let fixture = super::mssql().await;
-    let store = &fixture.store;
-    let refused = store
-        .upsert_list(list(ALARMS, Some(policy(60, &[], 0, 1))))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(&refused, central_outbox::store::StoreError::Unsupported(m) if m.contains("escalation")),
-        "{refused:?}"
-    );
-    let seeded = store
-        .seed_list(list(ALARMS, Some(policy(60, &[], 0, 1))))
-        .await
-        .unwrap_err();
-    assert!(matches!(
-        seeded,
-        central_outbox::store::StoreError::Unsupported(_)
-    ));
-    assert!(
-        store
-            .list(&ListName::parse(ALARMS.into()).unwrap())
-            .await
-            .unwrap()
-            .is_none()
-    );
-    drop(fixture);
 }

@@ -299,8 +299,7 @@ macro_rules! whole_store_behaviours {
     };
 }
 
-/// Escalation (`EscalationStore`): the SQLite backend only so far; the MS SQL backend refuses
-/// a list with a policy (its own test below) until it keeps incidents.
+/// Escalation (`EscalationStore`): both SQL backends.
 macro_rules! escalation_behaviours {
     () => {
         behaviour!(
@@ -359,7 +358,7 @@ backend!(
     #[ignore = "needs OUTBOX_TEST_MSSQL_URL (make test-mssql)"]
     mssql_backend,
     mssql().await,
-    dispatch_behaviours & whole_store_behaviours
+    dispatch_behaviours & whole_store_behaviours & escalation_behaviours
 );
 // Only ingest makes rows Held (flood consolidation) or supersedes and clears them (condition
 // keys), so the memory store, which has no ingest, runs the dispatch behaviours alone.

@@ -1,4 +1,4 @@
--- dbo.ClaimDigestNotifications, revision 2
+-- dbo.ClaimDigestNotifications, revision 3
 --
 -- Claims, as digest @DigestId, the due Held rows of one list of type @Type for @ClaimMs
 -- milliseconds under epoch @Epoch of lease @Lease (only while that epoch holds it), and writes
@@ -41,7 +41,7 @@ SET Status = PendingEnd, ResolvedAt = @now, NextAttemptAt = NULL, ClaimedUntil =
 WHERE PendingEnd IS NOT NULL AND Status IN (N'Pending', N'Retrying', N'Held') AND ClaimedUntil <= @now;
 IF @@ROWCOUNT > 0
 INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+SELECT n.NotificationId, n.AttemptCount, @now, CASE n.Status WHEN N'Discarded' THEN N'OperatorDiscard' ELSE n.Status END, n.PendingEndBy
 FROM dbo.Notifications AS n
 WHERE n.Status IN (N'Superseded', N'Cleared') AND n.ResolvedAt = @now AND n.ClaimToken = @settleToken;
 IF EXISTS (SELECT 1 FROM dbo.Leases AS l WHERE l.Name = @Lease AND l.Epoch = @Epoch AND l.ExpiresAt > @now)
@@ -80,7 +80,7 @@ BEGIN
     FROM dbo.Notifications AS n
     WHERE n.Type = @Type AND n.ClaimedUntil = @until AND n.ClaimToken = @token;
 END;
-SELECT n.Id, n.NotificationId, n.Type, n.ListName, n.Subject, n.Body, n.TypeData, n.RetryCount, n.AttemptCount, n.SourceSiteId, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.SiteEnqueuedAt, n.Priority
+SELECT n.Id, n.NotificationId, n.Type, n.ListName, n.Subject, n.Body, n.TypeData, n.RetryCount, n.AttemptCount, n.SourceSiteId, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.SiteEnqueuedAt, n.Priority, n.IncidentId, n.IncidentPage
 FROM dbo.Notifications AS n
 WHERE n.Type = @Type AND n.ClaimedUntil = @until AND n.ClaimToken = @token
 ORDER BY n.NextAttemptAt, n.Id;

@@ -1,4 +1,4 @@
--- dbo.ClaimDueNotifications, revision 3
+-- dbo.ClaimDueNotifications, revision 4
 --
 -- Claims due rows of type @Type for @ClaimMs milliseconds under epoch @Epoch of lease @Lease,
 -- and writes their InFlight attempt rows, in one transaction, in the two orders of
@@ -65,7 +65,7 @@ SET Status = PendingEnd, ResolvedAt = @now, NextAttemptAt = NULL, ClaimedUntil =
 WHERE PendingEnd IS NOT NULL AND Status IN (N'Pending', N'Retrying', N'Held') AND ClaimedUntil <= @now;
 IF @@ROWCOUNT > 0
 INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+SELECT n.NotificationId, n.AttemptCount, @now, CASE n.Status WHEN N'Discarded' THEN N'OperatorDiscard' ELSE n.Status END, n.PendingEndBy
 FROM dbo.Notifications AS n
 WHERE n.Status IN (N'Superseded', N'Cleared') AND n.ResolvedAt = @now AND n.ClaimToken = @settleToken;
 IF @LongestWaiting > 0
@@ -129,7 +129,7 @@ INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outc
 SELECT n.NotificationId, n.AttemptCount, @now, N'InFlight', @Epoch
 FROM dbo.Notifications AS n
 WHERE n.Type = @Type AND n.ClaimedUntil = @until AND n.ClaimToken IN (@waitingToken, @turnToken);
-SELECT n.Id, n.NotificationId, n.Type, n.ListName, n.Subject, n.Body, n.TypeData, n.RetryCount, n.AttemptCount, n.SourceSiteId, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.SiteEnqueuedAt, n.Priority
+SELECT n.Id, n.NotificationId, n.Type, n.ListName, n.Subject, n.Body, n.TypeData, n.RetryCount, n.AttemptCount, n.SourceSiteId, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.SiteEnqueuedAt, n.Priority, n.IncidentId, n.IncidentPage
 FROM dbo.Notifications AS n
 WHERE n.Type = @Type AND n.ClaimedUntil = @until AND n.ClaimToken IN (@waitingToken, @turnToken)
 ORDER BY CASE WHEN n.ClaimToken = @waitingToken THEN 0 ELSE 1 END,

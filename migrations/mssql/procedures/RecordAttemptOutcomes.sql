@@ -1,4 +1,4 @@
--- dbo.RecordAttemptOutcomes, revision 5
+-- dbo.RecordAttemptOutcomes, revision 6
 --
 -- Applies each outcome in @Outcomes (a JSON array, one object per row, no row twice; see
 -- sql::record_outcomes) whose claim still stands: the row is still claimed by that attempt
@@ -20,7 +20,14 @@
 -- A row superseded or cleared while this attempt was under way (PendingEnd) ends so, now,
 -- unless the attempt delivered it: it is not retried or parked after the newer state or the
 -- clear. Its history count then goes up by one, after the attempt row is completed (the applied
--- rows are found by the attempt's number first), and its ending is that entry.
+-- rows are found by the attempt's number first), and its ending is that entry (an ending by a
+-- discard of its incident's alarm is recorded as the operator's discard, OperatorDiscard).
+--
+-- A page message of an incident that parks here, when it belongs to the incident's latest page,
+-- the incident is still Open and its policy escalates on a park, makes the next page due now
+-- instead of after the wait, with an Escalated history row naming it (one per incident, however
+-- many of its messages parked in this call): the incidents are marked with @endToken
+-- (MarkToken) and unmarked before the commit.
 CREATE PROCEDURE dbo.RecordAttemptOutcomes
     @Lease nvarchar(64),
     @Outcomes nvarchar(max)
@@ -94,9 +101,36 @@ WHERE n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo AND n.PendingEnd IS 
   AND n.Status = n.PendingEnd AND o.Status <> N'Delivered';
 IF @@ROWCOUNT > 0
 INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
-SELECT n.NotificationId, n.AttemptCount, @now, n.Status, n.PendingEndBy
+SELECT n.NotificationId, n.AttemptCount, @now, CASE n.Status WHEN N'Discarded' THEN N'OperatorDiscard' ELSE n.Status END, n.PendingEndBy
 FROM dbo.Notifications AS n
 JOIN OPENJSON(@Outcomes) WITH (Id bigint '$.Id') AS o ON o.Id = n.Id
 WHERE n.ClaimToken = @endToken;
+UPDATE i
+SET i.NextDueAt = @now, i.HistoryCount = i.HistoryCount + 1, i.MarkToken = @endToken
+FROM dbo.Incidents AS i
+WHERE i.Status = N'Open' AND i.EscalateOnPark = 1 AND i.NextDueAt > @now
+  AND EXISTS (
+    SELECT 1
+    FROM dbo.Notifications AS n
+    JOIN OPENJSON(@Outcomes) WITH (Id bigint '$.Id', AttemptNo int '$.AttemptNo', Status nvarchar(16) '$.Status') AS o
+      ON o.Id = n.Id
+    WHERE n.IncidentId = i.Id AND n.IncidentPage = i.PageCount AND o.Status = N'Parked'
+      AND n.Status = N'Parked' AND n.ClaimEpoch IS NULL AND n.AttemptCount = o.AttemptNo);
+IF @@ROWCOUNT > 0
+BEGIN
+INSERT INTO dbo.IncidentHistory (IncidentId, Sequence, At, Kind, Actor, Detail)
+SELECT i.Id, i.HistoryCount, @now, N'Escalated', N'dispatcher',
+    N'notification ' + LOWER(CONVERT(nvarchar(36), (
+        SELECT TOP (1) n.NotificationId
+        FROM dbo.Notifications AS n
+        JOIN OPENJSON(@Outcomes) WITH (Id bigint '$.Id', Status nvarchar(16) '$.Status') AS o
+          ON o.Id = n.Id
+        WHERE n.IncidentId = i.Id AND n.IncidentPage = i.PageCount AND o.Status = N'Parked'
+          AND n.Status = N'Parked'
+        ORDER BY n.Id))) + N' of its latest page parked: the next page is due now'
+FROM dbo.Incidents AS i
+WHERE i.MarkToken = @endToken;
+UPDATE dbo.Incidents SET MarkToken = NULL WHERE MarkToken = @endToken;
+END;
 COMMIT TRANSACTION;
 END;

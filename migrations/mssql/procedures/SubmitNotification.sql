@@ -1,4 +1,4 @@
--- dbo.SubmitNotification, revision 5
+-- dbo.SubmitNotification, revision 6
 --
 -- Stores one submitted notification, as the SQLite backend stores a row, and answers the id's
 -- stored content hash and whether this call inserted it, from which the caller tells Accepted,
@@ -43,6 +43,15 @@
 --   UPDATE stamps the rows it ends with this row's id in ClaimToken (which only a claim of a
 --   waiting row reads), so the history INSERT finds exactly those rows (Status Superseded,
 --   resolved at @now, this token) through IX_Notifications_Status_Resolved.
+-- - if its list has an escalation policy (NotificationLists.Escalation, store/mssql/escalation.rs)
+--   that applies to its priority and it was not stored ended (cleared at the site, stale on
+--   arrival): a keyed row joins the incident of its site, key and list that is not final (it
+--   becomes the state the incident's later pages quote, with a Joined history row), and any
+--   other row opens an incident, of which it is page 1 (its page row, and an Opened history row),
+--   its next page due after the policy's first wait. The list's columns beside its policy say
+--   all that needs (the procedure reads no JSON). Two submits of one condition at once on two
+--   replicas: UX_Incidents_Condition fails the second (2601), and its caller stores it again,
+--   then joining.
 --
 -- A submit of many rows calls this procedure for its keyed rows and the rows of consolidating
 -- lists, in batch order, inside one transaction of its own (sql::ingest::insert_in_order):
@@ -83,6 +92,16 @@ DECLARE @start datetime2(3);
 DECLARE @arrived int;
 DECLARE @heldUntil datetime2(3);
 DECLARE @newer uniqueidentifier;
+DECLARE @policy nvarchar(max);
+DECLARE @priorities int;
+DECLARE @firstWaitMs bigint;
+DECLARE @firstRound int;
+DECLARE @firstStep int;
+DECLARE @onPark int;
+DECLARE @openedNote nvarchar(400);
+DECLARE @incident bigint;
+DECLARE @incidentPage int;
+DECLARE @due datetime2(3);
 IF NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = @NotificationId)
 BEGIN
     BEGIN TRANSACTION;
@@ -117,7 +136,50 @@ BEGIN
             -- of the window still being committed by another session joins the same digest.
             SET @heldUntil = DATEADD(second, @window + 2, @start);
     END;
-    INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey)
+    IF @ClearedAtSite IS NULL AND @newer IS NULL
+        SELECT @policy = l.Escalation, @priorities = l.EscalationPriorities,
+            @firstWaitMs = l.EscalationFirstWaitMs, @firstRound = l.EscalationFirstRound,
+            @firstStep = l.EscalationFirstStep, @onPark = l.EscalateOnPark,
+            @openedNote = l.EscalationOpenedNote
+        FROM dbo.NotificationLists AS l
+        WHERE l.Name = @ListName AND l.Escalation IS NOT NULL;
+    IF @policy IS NOT NULL AND (@priorities & POWER(2, @Priority)) <> 0
+    BEGIN
+        IF @ConditionKey IS NOT NULL
+            SELECT @incident = i.Id
+            FROM dbo.Incidents AS i WITH (UPDLOCK)
+            WHERE i.ConditionKey IS NOT NULL AND i.SourceSiteId = @SourceSiteId
+              AND i.ConditionKey = @ConditionKey AND i.ListName = @ListName
+              AND i.Status IN (N'Open', N'Acknowledged', N'Exhausted');
+        IF @incident IS NOT NULL
+        BEGIN
+            UPDATE dbo.Incidents
+            SET LatestId = @NotificationId, Subject = @Subject, HistoryCount = HistoryCount + 1
+            WHERE Id = @incident;
+            INSERT INTO dbo.IncidentHistory (IncidentId, Sequence, At, Kind, Actor, Detail)
+            SELECT i.Id, i.HistoryCount, @now, N'Joined', N'site ' + @SourceSiteId,
+                N'notification ' + LOWER(CONVERT(nvarchar(36), @NotificationId)) + N', a newer state of its condition, joined it'
+            FROM dbo.Incidents AS i
+            WHERE i.Id = @incident;
+        END;
+        IF @incident IS NULL
+        BEGIN
+            SET @due = DATEADD(millisecond, CAST(@firstWaitMs % 1000 AS int),
+                DATEADD(second, CAST(@firstWaitMs / 1000 AS int), @now));
+            INSERT INTO dbo.Incidents (ListName, SourceSiteId, ConditionKey, Priority, AlarmId, LatestId, Subject, Policy, EscalateOnPark, Status, OpenedAt, NextDueAt, NextRound, NextStep, HistoryCount)
+            VALUES (@ListName, @SourceSiteId, @ConditionKey, @Priority, @NotificationId, @NotificationId, @Subject, @policy, @onPark, N'Open', @now, @due, @firstRound, @firstStep, 1);
+            SET @incident = SCOPE_IDENTITY();
+            SET @incidentPage = 1;
+            INSERT INTO dbo.IncidentPages (IncidentId, Cycle, Round, Step, PageNo, DueAt, FiredAt, LateMs, LeaseEpoch)
+            VALUES (@incident, 0, 0, 1, 1, @now, @now, NULL, 0);
+            INSERT INTO dbo.IncidentHistory (IncidentId, Sequence, At, Kind, Actor, Detail)
+            VALUES (@incident, 1, @now, N'Opened', N'site ' + @SourceSiteId,
+                N'notification ' + LOWER(CONVERT(nvarchar(36), @NotificationId)) + N' to list ' + @ListName + N' ('
+                + CASE @Priority WHEN 0 THEN N'critical' WHEN 1 THEN N'high' WHEN 2 THEN N'normal' ELSE N'low' END
+                + N') ' + REPLACE(@openedNote, N'{due}', CONVERT(nvarchar(23), @due, 126) + N'+00:00'));
+        END;
+    END;
+    INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey, IncidentId, IncidentPage)
     SELECT @NotificationId, @Type, @ListName, @Subject, @Body, @TypeData, @ContentHash,
         CASE WHEN @ClearedAtSite IS NOT NULL THEN N'Cleared' WHEN @newer IS NOT NULL THEN N'Superseded' WHEN @heldUntil IS NOT NULL THEN N'Held' ELSE N'Pending' END,
         @SourceSiteId, @SourceInstanceId, @SourceScript, @OriginExecutionId, @OriginParentExecutionId, @SiteEnqueuedAt, @now,
@@ -126,7 +188,7 @@ BEGIN
         CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN 0 ELSE 1 END,
         @Priority,
         1 + CASE WHEN t.SiteLast > t.Head THEN t.SiteLast ELSE t.Head END,
-        @ConditionKey
+        @ConditionKey, @incident, @incidentPage
     FROM (
         SELECT COALESCE((
                 SELECT MIN(s.ServeTurn)

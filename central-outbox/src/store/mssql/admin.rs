@@ -324,7 +324,6 @@ pub(super) async fn purge_terminal(
         notifications: count("Notifications")?,
         parked: count("Parked")?,
         history_entries: count("HistoryEntries")?,
-        // No incident is ever stored here yet.
-        incidents: 0,
+        incidents: count("Incidents")?,
     })
 }

@@ -57,8 +57,7 @@ fn read_list(
             consolidation("ConsolidateWindowSeconds")?,
             consolidation("ConsolidateMaxPerDigest")?,
         ],
-        // This backend stores no escalation policy yet (`unsupported_escalation`).
-        escalation: None,
+        escalation: decode::opt_text(row, "Escalation")?,
     };
     Ok(Stored {
         value: stored.decode(secrets)?,
@@ -157,6 +156,7 @@ async fn write_list(
         secret,
         list.consolidation,
         targets,
+        list.escalation.as_ref(),
     );
     // Two replicas creating the same new list at once: the loser's insert fails on the key and
     // is rolled back. A replace runs again and updates the winner's row; a seed finds the list

@@ -10,6 +10,7 @@ use tiberius::Row;
 
 use super::error::{ErrorClass, classify, to_store_error};
 use super::{MsSqlStore, decode, result_set, sql};
+use crate::domain::escalation::{IncidentId, IncidentRef};
 use crate::domain::serve_order::ClaimLanes;
 use crate::domain::{NotificationId, NotificationType};
 use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch, LeaseReading, LeaseRecord};
@@ -166,6 +167,12 @@ fn decode_claim(
     let parent = decode::opt::<uuid::Uuid>(row, "OriginParentExecutionId")?.map(|u| u.to_string());
     let enqueued = decode::time(row, "SiteEnqueuedAt")?;
     let priority = decode::req::<i32>(row, "Priority")?;
+    let incident_page = decode::opt::<i32>(row, "IncidentPage")?
+        .map(|p| {
+            u32::try_from(p)
+                .map_err(|_| StoreError::Corrupt(format!("IncidentPage {p} is negative")))
+        })
+        .transpose()?;
     let stored = StoredClaim {
         row_id,
         id: NotificationId::from_uuid(id),
@@ -184,8 +191,10 @@ fn decode_claim(
         origin_parent_execution_id: parent,
         site_enqueued_at: Some(enqueued),
         priority: i64::from(priority),
-        // This backend keeps no incidents yet.
-        incident: None,
+        incident: decode::opt::<i64>(row, "IncidentId")?.map(|id| IncidentRef {
+            id: IncidentId(id),
+            page_no: incident_page,
+        }),
     };
     Ok(stored.validate(epoch).map_err(|problem| InvalidRow {
         row_id,

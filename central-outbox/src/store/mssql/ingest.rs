@@ -9,6 +9,10 @@
 //! row is never changed by its resubmit. Each new row is stored with its priority and serve
 //! turn, the turns given as if the rows were stored one by one in batch order.
 //!
+//! Escalation: only the procedure opens or joins an alarm's incident, so the rows of a list with
+//! a policy go through it like those of a list that consolidates (the same hint and guard: "a
+//! list that consolidates" below stands for both).
+//!
 //! Flood consolidation: the procedure counts each row it stores as an arrival of its list's window
 //! and holds it when over the list's threshold (procedures/SubmitNotification.sql); the INSERT of
 //! many rows does not, so the rows of a list that consolidates go through the procedure in batch
@@ -241,9 +245,20 @@ async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(Insert
             let stmt = sql::select_content_hash(new.submission.id);
             let mut results = store.batch("submit", &stmt.sql, &stmt.params).await?;
             let rows = result_set(&mut results, 0, "submit")?;
-            let row = rows.first().ok_or_else(|| {
-                StoreError::Unavailable("submit: duplicate key, but the row is gone".into())
-            })?;
+            let Some(row) = rows.first() else {
+                // The key was not the id's: another replica opened the incident of this row's
+                // condition at the same moment (UX_Incidents_Condition). Stored again now, the
+                // row joins that incident.
+                let stmt = sql::submit_one(new);
+                let mut results = store.batch("submit", &stmt.sql, &stmt.params).await?;
+                let rows = result_set(&mut results, 0, "submit")?;
+                let row = rows.first().ok_or_else(|| {
+                    StoreError::Corrupt("submit: the procedure gave no answer".into())
+                })?;
+                let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
+                let inserted = decode::req::<i32>(row, "Inserted")? == 1;
+                return Ok((outcome(inserted, &hash, &new.hash.0), hash));
+            };
             let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
             Ok((outcome(false, &hash, &new.hash.0), hash))
         }

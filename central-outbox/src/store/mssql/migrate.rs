@@ -113,6 +113,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0013_fallback_relays.sql",
         sql: include_str!("../../../../migrations/mssql/0013_fallback_relays.sql"),
     },
+    Migration {
+        version: 14,
+        name: "escalation",
+        file: "0014_escalation.sql",
+        sql: include_str!("../../../../migrations/mssql/0014_escalation.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

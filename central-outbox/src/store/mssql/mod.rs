@@ -25,6 +25,7 @@ mod channel;
 mod decode;
 mod dispatch;
 mod error;
+mod escalation;
 mod ingest;
 mod migrate;
 mod options;
@@ -428,9 +429,12 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 
     async fn upsert_list(&self, list: NotificationList) -> Result<()> {
-        unsupported_escalation(&list)?;
         channel::replace_list(self, &list).await?;
-        ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
+        ingest::note_list(
+            self,
+            list.name.as_str(),
+            list.consolidation.is_some() || list.escalation.is_some(),
+        );
         Ok(())
     }
 
@@ -461,10 +465,13 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 
     async fn seed_list(&self, list: NotificationList) -> Result<bool> {
-        unsupported_escalation(&list)?;
         let stored = channel::seed_list(self, &list).await?;
         if stored {
-            ingest::note_list(self, list.name.as_str(), list.consolidation.is_some());
+            ingest::note_list(
+                self,
+                list.name.as_str(),
+                list.consolidation.is_some() || list.escalation.is_some(),
+            );
         }
         Ok(stored)
     }
@@ -478,59 +485,42 @@ impl ChannelSettingsStore for MsSqlStore {
     }
 }
 
-/// Escalation is not in this backend yet: it stores no policy (`upsert_list` and `seed_list`
-/// refuse a list with one, [`unsupported_escalation`]), so no incident ever exists here. The
-/// clock finds nothing due, an acknowledgement finds no incident, and the incidents page is
-/// empty; all of it true of this store's data.
+/// Escalation (`escalation`): an alarm opens its incident in the submit procedure; the clock's
+/// turn and the acknowledgements are decided in Rust and applied by guarded batches.
 impl EscalationStore for MsSqlStore {
     async fn escalate_due(
         &self,
-        _lease: &'static str,
-        _epoch: LeaseEpoch,
-        _limit: u32,
+        lease: &'static str,
+        epoch: LeaseEpoch,
+        limit: u32,
     ) -> Result<EscalationTurn> {
-        Ok(EscalationTurn {
-            held: true,
-            ..EscalationTurn::default()
-        })
+        escalation::escalate_due(self, lease, epoch, limit).await
     }
 
     async fn acknowledge_incident(
         &self,
-        _id: IncidentId,
-        _ack: Acknowledgement,
+        id: IncidentId,
+        ack: Acknowledgement,
     ) -> Result<AckResult> {
-        Ok(AckResult::NotFound)
+        escalation::acknowledge(self, id, &ack).await
     }
 
     async fn acknowledge_condition(
         &self,
-        _site: &SiteId,
-        _key: &ConditionKey,
-        _ack: Acknowledgement,
+        site: &SiteId,
+        key: &ConditionKey,
+        ack: Acknowledgement,
     ) -> Result<Vec<(IncidentId, AckResult)>> {
-        Ok(Vec::new())
+        escalation::acknowledge_condition(self, site.as_str(), key.as_str(), &ack).await
     }
 
-    async fn incidents(&self, _query: IncidentQuery) -> Result<IncidentList> {
-        Ok(IncidentList::default())
+    async fn incidents(&self, query: IncidentQuery) -> Result<IncidentList> {
+        escalation::incidents(self, &query).await
     }
 
-    async fn incident(&self, _id: IncidentId) -> Result<Option<IncidentDetail>> {
-        Ok(None)
+    async fn incident(&self, id: IncidentId) -> Result<Option<IncidentDetail>> {
+        escalation::incident(self, id).await
     }
-}
-
-/// Refuses a list with an escalation policy: this backend cannot keep one yet.
-fn unsupported_escalation(list: &NotificationList) -> Result<()> {
-    if list.escalation.is_some() {
-        return Err(StoreError::Unsupported(format!(
-            "list {}: escalation policies are not supported on the MS SQL store in this \
-             release (the SQLite store has them); store the list without `escalation`",
-            list.name
-        )));
-    }
-    Ok(())
 }
 
 /// Takes the `index`th result set of a batch; its absence means the statement and this code

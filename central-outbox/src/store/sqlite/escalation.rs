@@ -20,17 +20,14 @@ use crate::domain::escalation::{
 };
 use crate::domain::history::{Actor, ending_entry};
 use crate::domain::status::Status;
-use crate::domain::{
-    Body, ContentHash, ListName, NotificationContent, NotificationId, NotificationType, Priority,
-    Provenance, SiteId, Subject, Submission, TypeData,
-};
+use crate::domain::{ContentHash, NotificationId, NotificationType, Priority, SiteId, Submission};
 use crate::records::{
     EscalationTurn, IncidentAck, IncidentDetail, IncidentHistoryEntry, IncidentList,
     IncidentMessage, IncidentPageRecord, IncidentQuery, IncidentView, LeaseEpoch, NewNotification,
 };
+use crate::store::page_source::PageSource;
 use crate::store::stored_policy;
 use crate::store::{Result, StoreError};
-use outbox_domain::limits::{MAX_BODY_BYTES, MAX_SUBJECT_CHARS};
 
 /// Who the history names for what the escalation clock does itself.
 const CLOCK: &str = "dispatcher";
@@ -603,7 +600,7 @@ fn store_copy(
                 script: row.get(6)?,
                 origin: row.get(7)?,
                 origin_parent: row.get(8)?,
-                enqueued_ms: row.get(9)?,
+                enqueued_at: DateTime::from_timestamp_millis(row.get(9)?),
             })
         })
         .optional()?;
@@ -647,28 +644,10 @@ fn notify_acknowledged(
         .prepare_cached(include_str!("sql/select_reached_lists.sql"))?
         .query_map(params![incident, ms(now)], |row| row.get(0))?
         .collect::<rusqlite::Result<_>>()?;
-    let actor = ack.actor.as_str();
-    let when = now.format("%Y-%m-%d %H:%M:%S UTC");
     let mut told = Vec::with_capacity(lists.len());
     for list in lists {
         let stored = store_copy(conn, &latest, &list, priority, now, |source| {
-            let prefix = format!("Acknowledged by {actor}: ");
-            let room = MAX_SUBJECT_CHARS.saturating_sub(prefix.chars().count());
-            source.subject = format!(
-                "{prefix}{}",
-                source.subject.chars().take(room).collect::<String>()
-            );
-            let notice = format!(
-                "{actor} acknowledged incident {incident} ({}) at {when}: nobody further is \
-                 paged for it.",
-                ack.means.as_str()
-            );
-            let quoted = format!("{notice}\n\nThe alarm:\n{}", source.body);
-            source.body = if quoted.len() <= MAX_BODY_BYTES {
-                quoted
-            } else {
-                notice
-            };
+            source.announce_acknowledgement(incident, ack, now);
             Ok(())
         })?;
         told.push(match stored {
@@ -677,62 +656,6 @@ fn notify_acknowledged(
         });
     }
     Ok(told)
-}
-
-/// The notification a page quotes, as stored.
-struct PageSource {
-    kind: String,
-    subject: String,
-    body: String,
-    type_data: String,
-    site: String,
-    instance: String,
-    script: String,
-    origin: Option<String>,
-    origin_parent: Option<String>,
-    enqueued_ms: i64,
-}
-
-impl PageSource {
-    /// The message to `list` (of channel `kind`): the quoted notification's subject and body,
-    /// its type data only on the same channel (another channel's would not mean anything),
-    /// and its provenance, under a fresh id.
-    fn submission(
-        self,
-        kind: NotificationType,
-        list: &str,
-        priority: Priority,
-    ) -> std::result::Result<Submission, String> {
-        let invalid = |e: crate::domain::ContentError| format!("{}: {}", e.field, e.problem);
-        let type_data = if NotificationType::from_db(&self.kind) == Some(kind) {
-            TypeData::parse(self.type_data).map_err(invalid)?
-        } else {
-            TypeData::empty()
-        };
-        let uuid = |text: Option<String>| text.and_then(|t| uuid::Uuid::parse_str(&t).ok());
-        Ok(Submission {
-            id: NotificationId::generate(),
-            content: NotificationContent {
-                kind,
-                list_name: ListName::parse(list.to_owned()).map_err(invalid)?,
-                subject: Subject::parse(self.subject).map_err(invalid)?,
-                body: Body::parse(self.body).map_err(invalid)?,
-                type_data,
-            },
-            provenance: Provenance {
-                source_site_id: SiteId::parse(self.site).map_err(invalid)?,
-                source_instance_id: self.instance,
-                source_script: self.script,
-                origin_execution_id: uuid(self.origin),
-                origin_parent_execution_id: uuid(self.origin_parent),
-                site_enqueued_at: DateTime::from_timestamp_millis(self.enqueued_ms)
-                    .ok_or("its SiteEnqueuedAt is not a valid time")?,
-            },
-            priority,
-            condition_key: None,
-            cleared_at_site: None,
-        })
-    }
 }
 
 /// Ends incident `incident`'s page messages not yet handed to the relay as `ending` (by `by`),

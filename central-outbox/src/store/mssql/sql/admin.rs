@@ -127,7 +127,8 @@ pub(crate) fn query(
 
 /// The UPDATE of an operator action on the Parked rows in `@targets` (limited to those with
 /// `Ord <= @limit` when `limit` is given), recording each changed row's next history number in
-/// `@changed`. Retry resets the delivery facts; Discard resolves the row and keeps them.
+/// `@changed`. Retry resets the delivery facts; Discard resolves the row and keeps them, and
+/// ends the incident of a discarded alarm.
 fn action_update(retry: bool, limit: Option<&str>) -> String {
     let set = if retry {
         "SET n.Status = N'Pending', n.RetryCount = 0, n.NextAttemptAt = SYSUTCDATETIME(), \
@@ -141,6 +142,18 @@ fn action_update(retry: bool, limit: Option<&str>) -> String {
     let limit = limit
         .map(|l| format!(" AND t.Ord <= {l}"))
         .unwrap_or_default();
+    // A discarded alarm (or joined notification) ends its incident.
+    let ends = if retry {
+        String::new()
+    } else {
+        super::escalation::end_incidents(
+            "i.Id IN (SELECT n.IncidentId FROM dbo.Notifications AS n \
+             JOIN @changed AS c ON c.NotificationId = n.NotificationId \
+             WHERE n.IncidentId IS NOT NULL AND (n.IncidentPage IS NULL OR n.IncidentPage = 1))",
+            "Discarded",
+            "@P2",
+        )
+    };
     format!(
         "UPDATE n
 {set}
@@ -151,7 +164,7 @@ WHERE n.Status = N'Parked'{limit};
 INSERT INTO dbo.NotificationAttempts (NotificationId, AttemptNo, StartedAt, Outcome, Actor)
 SELECT c.NotificationId, c.AttemptCount, @now, @P1, @P2
 FROM @changed AS c;
-"
+{ends}"
     )
 }
 
@@ -270,9 +283,11 @@ pub(crate) fn kpis(
         .set("@P3", at(delivered_since))
 }
 
-/// Deletes up to @P2 terminal rows (Delivered, Parked, Discarded, Superseded, Cleared) resolved
-/// before @P1, oldest first, and their history, in one transaction. The DELETE re-checks the condition (an operator may have retried a row since
-/// it was picked). Result: rows and history entries deleted.
+/// Deletes up to @P2 terminal rows (Delivered, Parked, Discarded, Superseded, Cleared,
+/// Acknowledged) resolved before @P1, oldest first, and their history, and up to @P2 incidents
+/// that ended (or were acknowledged, with no reminder due) before @P1 with their pages and
+/// history, in one transaction. The DELETE re-checks the condition (an operator may have
+/// retried a row since it was picked). Result: rows, history entries and incidents deleted.
 pub(crate) fn purge_terminal(resolved_before: DateTime<Utc>, batch: u32) -> Statement {
     Statement::fixed(include_str!("purge_terminal.sql"))
         .set("@P1", at(resolved_before))

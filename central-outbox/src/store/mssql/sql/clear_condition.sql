@@ -22,4 +22,3 @@ WHERE n.Status = N'Cleared' AND n.ResolvedAt = @now AND n.ClaimToken = @token;
 SELECT n.NotificationId
 FROM dbo.Notifications AS n
 WHERE n.Status = N'Cleared' AND n.ResolvedAt = @now AND n.ClaimToken = @token;
-COMMIT TRANSACTION;

@@ -41,7 +41,7 @@ use std::borrow::Cow;
 
 use chrono::{DateTime, Utc};
 
-use super::pool::Param;
+pub(super) use super::pool::Param;
 use crate::domain::NotificationId;
 
 /// A statement with its parameters, in placeholder order: a fixed text with the values its
@@ -110,15 +110,15 @@ fn guid(id: NotificationId) -> Param {
     Param::Guid(Some(*id.as_uuid()))
 }
 
-fn int(value: u32) -> Param {
+pub(super) fn int(value: u32) -> Param {
     Param::Int(Some(int_value(value)))
 }
 
-fn int_value(value: u32) -> i32 {
+pub(super) fn int_value(value: u32) -> i32 {
     i32::try_from(value).unwrap_or(i32::MAX)
 }
 
-fn at(instant: DateTime<Utc>) -> Param {
+pub(super) fn at(instant: DateTime<Utc>) -> Param {
     Param::Time(Some(instant))
 }
 
@@ -154,6 +154,7 @@ const BATCH_START: &str = batch_start!();
 pub(super) mod admin;
 pub(super) mod connection;
 pub(super) mod dispatch;
+pub(super) mod escalation;
 pub(super) mod ingest;
 pub(super) mod settings;
 pub(super) mod site_health;

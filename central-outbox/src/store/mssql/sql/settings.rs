@@ -12,7 +12,10 @@ use super::{BATCH_START, Param, Statement, int, int_value, text};
 use crate::domain::NotificationType;
 use crate::domain::channel::{SmtpAuth, SmtpSettings, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
+use crate::domain::escalation::EscalationPolicy;
 use crate::domain::smtp_relay::SmtpRelay;
+use crate::store::mssql::escalation::OpeningRule;
+use crate::store::stored_policy;
 
 /// List @P1 (first result) and its targets (second).
 pub(crate) fn select_list(name: &str) -> Statement {
@@ -46,9 +49,30 @@ WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS 
 DELETE r
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;
-{insert}COMMIT TRANSACTION;",
+{insert}{escalation}COMMIT TRANSACTION;",
         BATCH_START,
-        declare_now!()
+        declare_now!(),
+        escalation = set_escalation(targets),
+    )
+}
+
+/// The update of list @P1's escalation columns (migration 0014) from the placeholders after its
+/// `targets` targets: the policy's JSON (NULL: none) and its [`OpeningRule`]'s columns.
+fn set_escalation(targets: usize) -> String {
+    let p = |i: usize| format!("@P{}", 8 + targets + i);
+    format!(
+        "UPDATE dbo.NotificationLists
+SET Escalation = {}, EscalationPriorities = {}, EscalationFirstWaitMs = {}, EscalationFirstRound = {},
+    EscalationFirstStep = {}, EscalateOnPark = {}, EscalationOpenedNote = {}
+WHERE Name = @P1;
+",
+        p(0),
+        p(1),
+        p(2),
+        p(3),
+        p(4),
+        p(5),
+        p(6)
     )
 }
 
@@ -89,11 +113,12 @@ WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS 
 DELETE r
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;
-{insert}END;
+{insert}{escalation}END;
 COMMIT TRANSACTION;
 SELECT @inserted AS Inserted;",
         BATCH_START,
-        declare_now!()
+        declare_now!(),
+        escalation = set_escalation(targets),
     )
 }
 
@@ -107,6 +132,7 @@ pub(crate) enum ListWrite {
 /// [`replace_list`] (or [`seed_list`]) of list `name` with its `targets` (each once); `format`
 /// and `secret` (sealed) only for a webhook list; `consolidation` when the list consolidates
 /// floods.
+#[allow(clippy::too_many_arguments)] // One per group of the list's columns, as the text binds them.
 pub(crate) fn replace_list_with(
     write: ListWrite,
     name: &str,
@@ -115,6 +141,7 @@ pub(crate) fn replace_list_with(
     secret: Option<String>,
     consolidation: Option<Consolidation>,
     targets: Vec<String>,
+    escalation: Option<&EscalationPolicy>,
 ) -> Statement {
     let threshold = consolidation.map(|c| int_value(c.threshold()));
     let window = consolidation.map(|c| i32::try_from(c.window().as_secs()).unwrap_or(i32::MAX));
@@ -136,6 +163,24 @@ pub(crate) fn replace_list_with(
     .set("@P7", Param::Int(max_per_digest));
     stmt.params
         .extend(targets.into_iter().map(|t| Param::Text(Some(t))));
+    let rule = escalation.map(OpeningRule::of);
+    stmt.params.extend([
+        Param::Text(escalation.map(stored_policy::encode)),
+        Param::Int(rule.as_ref().map(|r| r.priorities)),
+        Param::BigInt(rule.as_ref().map(|r| r.first_wait_ms)),
+        Param::Int(
+            rule.as_ref()
+                .and_then(|r| r.first_next)
+                .map(|p| int_value(p.round)),
+        ),
+        Param::Int(
+            rule.as_ref()
+                .and_then(|r| r.first_next)
+                .map(|p| int_value(p.step)),
+        ),
+        Param::Int(rule.as_ref().map(|r| i32::from(r.escalate_on_park))),
+        Param::Text(rule.map(|r| r.opened_note)),
+    ]);
     stmt
 }
 

@@ -527,6 +527,15 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
     .smtp
     .unwrap();
     let webhook = crate::domain::channel::WebhookSettings::default();
+    let policy = crate::domain::escalation::EscalationPolicy::parse(
+        crate::domain::escalation::PolicyInput {
+            acknowledge_within: Duration::from_secs(300),
+            steps: vec![(vec!["managers".into()], Duration::from_secs(600))],
+            repeat: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let filter = NotificationFilter {
         statuses: vec![Status::Parked],
         subject_contains: Some("tank".into()),
@@ -628,6 +637,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 None,
                 Some(Consolidation::parse(10, Duration::from_secs(60), 100).unwrap()),
                 vec!["a@plant.test".into(), "b@plant.test".into()],
+                Some(&policy),
             ),
         ),
         (
@@ -640,8 +650,62 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 Some("sealed".into()),
                 None,
                 vec!["https://h.test/a".into()],
+                None,
             ),
         ),
+        (
+            "select_due_incidents",
+            escalation::select_due("dispatcher", LeaseEpoch(3), 201),
+        ),
+        (
+            "select_sources",
+            escalation::select_sources(&[*id.as_uuid()], &["ops".into(), "managers".into()]),
+        ),
+        ("select_ack_state", escalation::select_ack_state(7)),
+        (
+            "select_condition_incidents",
+            escalation::select_condition_incidents("north", "pump7.trip"),
+        ),
+        ("select_incident", escalation::select_incident(7)),
+        (
+            "select_incidents",
+            escalation::select_incidents(&crate::records::IncidentQuery {
+                statuses: vec![
+                    crate::domain::escalation::IncidentStatus::Open,
+                    crate::domain::escalation::IncidentStatus::Exhausted,
+                ],
+                late_only: true,
+                before: Some(crate::domain::escalation::IncidentId(40)),
+                limit: 50,
+            }),
+        ),
+        ("incident_fire", {
+            let mut batch = escalation::IncidentBatch::new(
+                escalation::ReadState {
+                    id: 7,
+                    status: "Open",
+                    page_count: 1,
+                    due: Some(now),
+                },
+                Some(("dispatcher", LeaseEpoch(3))),
+            );
+            let next = batch.bind(at(now));
+            batch.update(&format!("i.PageCount = 2, i.NextDueAt = {next}"), 2);
+            escalation::insert_page(&mut batch, 0, 0, 2, 2, now, None, LeaseEpoch(3));
+            let incident = batch.incident().to_owned();
+            escalation::insert_message(&mut batch, &new, Some((&incident, 2)));
+            escalation::end_pages(&mut batch, "Acknowledged", "Acknowledged", "ann");
+            let detail = batch.bind(text("a page"));
+            batch.history("Skipped", "dispatcher", None, None, &detail);
+            batch.history(
+                "Paged",
+                "dispatcher",
+                Some("api"),
+                Some("10.0.0.1"),
+                &detail,
+            );
+            batch.finish()
+        }),
         ("delete_list", delete_list("ops")),
         ("select_channel", select_channel("email")),
         (

@@ -2,7 +2,7 @@ SET XACT_ABORT ON;
 SET NOCOUNT ON;
 SELECT l.Name AS ConsolidatingList
 FROM dbo.NotificationLists AS l
-WHERE l.ConsolidateThreshold IS NOT NULL AND l.Name IN (@P29);
+WHERE (l.ConsolidateThreshold IS NOT NULL OR l.Escalation IS NOT NULL) AND l.Name IN (@P29);
 IF @@ROWCOUNT > 0 RETURN;
 DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @inserted TABLE (NotificationId uniqueidentifier NOT NULL PRIMARY KEY);

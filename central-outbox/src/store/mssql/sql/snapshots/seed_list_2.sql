@@ -16,6 +16,10 @@ DELETE r
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;
 INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P8), (@P1, @P9);
+UPDATE dbo.NotificationLists
+SET Escalation = @P10, EscalationPriorities = @P11, EscalationFirstWaitMs = @P12, EscalationFirstRound = @P13,
+    EscalationFirstStep = @P14, EscalateOnPark = @P15, EscalationOpenedNote = @P16
+WHERE Name = @P1;
 END;
 COMMIT TRANSACTION;
 SELECT @inserted AS Inserted;

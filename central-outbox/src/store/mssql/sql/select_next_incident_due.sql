@@ -1,0 +1,4 @@
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+SELECT (SELECT TOP (1) i.NextDueAt FROM dbo.Incidents AS i WHERE i.NextDueAt IS NOT NULL ORDER BY i.NextDueAt) AS NextDue,
+    CAST(SYSUTCDATETIME() AS datetime2(3)) AS Now;
