@@ -134,10 +134,6 @@ impl Backend {
                  about SQLite's page cache inside central (on MS SQL the rows live in the \
                  server); its site figures do not involve central. Run it without --database",
             ),
-            (Self::MsSql { .. }, "escalation") => Some(
-                "the MS SQL store keeps no incidents yet (a list with an escalation policy is \
-                 refused there); run it without --database",
-            ),
             (Self::MsSql { .. }, "console") => Some(
                 "the list pages are timed on the memory figure's 1,000,000-row SQLite fixture; \
                  run it without --database",
