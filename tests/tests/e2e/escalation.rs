@@ -243,10 +243,6 @@ async fn a_page_refused_for_good_escalates_at_once() {
 /// reason in its history and counted, and the other incidents go on paging.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_damaged_incident_is_set_aside_and_the_others_still_page() {
-    if crate::backend::on_mssql() {
-        eprintln!("skipped: the MS SQL store does not keep incidents yet (docs/escalation.md)");
-        return;
-    }
     let dir = tempfile::tempdir().unwrap();
     let sink = smtp_sink().await;
     let central = central_escalating(dir.path(), &sink, escalation(3, 600, 0)).await;
