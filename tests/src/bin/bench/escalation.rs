@@ -51,8 +51,10 @@ pub(crate) async fn escalation(rig: &mut Rig) -> Result<RunRecord> {
     let db = rig.central_db(dir.path()).await?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
+    // `[auth] mode = "none"`: the admin API (incidents read, AcknowledgeIncident) is timed
+    // without a token to present.
     let toml = format!(
-        "{}{}",
+        "{}\n[auth]\nmode = \"none\"\n{}",
         services::central_toml(services::free_addr()?, &db.url(), sink.addr()),
         lists_toml()
     );
@@ -89,7 +91,9 @@ pub(crate) async fn escalation(rig: &mut Rig) -> Result<RunRecord> {
         tokio::time::sleep_until((sent + PROBE_SPACING).into()).await;
     }
     let incidents = probe_incidents(&mut outbox).await?;
-    let mut ack_latencies = Vec::with_capacity(PROBES);
+    // Each acknowledgement is asked at its own moment, whatever the ones before it still wait
+    // for (as operators answer independently), so a slow answer does not delay the next ask.
+    let mut asks = tokio::task::JoinSet::new();
     for (alarm, sent, acknowledged) in &alarms {
         if !acknowledged {
             continue;
@@ -97,18 +101,27 @@ pub(crate) async fn escalation(rig: &mut Rig) -> Result<RunRecord> {
         let id = *incidents
             .get(alarm)
             .with_context(|| format!("no incident for probe alarm {alarm}"))?;
-        tokio::time::sleep_until((*sent + PROBE_WAIT - ACK_LEAD).into()).await;
-        let asked = Instant::now();
-        outbox
-            .acknowledge_incident(v1::AcknowledgeIncidentRequest { id })
-            .await
-            .context("acknowledging a probe incident")?;
-        ack_latencies.push(asked.elapsed());
+        let at = *sent + PROBE_WAIT - ACK_LEAD;
+        let mut outbox = outbox.clone();
+        asks.spawn(async move {
+            tokio::time::sleep_until(at.into()).await;
+            let asked = Instant::now();
+            outbox
+                .acknowledge_incident(v1::AcknowledgeIncidentRequest { id })
+                .await
+                .context("acknowledging a probe incident")?;
+            anyhow::Ok(asked.elapsed())
+        });
+    }
+    let mut ack_latencies = Vec::with_capacity(PROBES);
+    while let Some(answer) = asks.join_next().await {
+        ack_latencies.push(answer.context("an acknowledgement task")??);
     }
 
     // Every unacknowledged probe's page fires; none of the acknowledged ones does.
     let mut errors = Vec::with_capacity(PROBES);
     let mut paged_after_ack = 0;
+    let mut answered_late = 0;
     let waited = Instant::now();
     for (alarm, _, acknowledged) in &alarms {
         let id = incidents[alarm];
@@ -119,8 +132,25 @@ pub(crate) async fn escalation(rig: &mut Rig) -> Result<RunRecord> {
                 .context("reading a probe incident")?
                 .into_inner();
             if *acknowledged {
-                if detail.pages.len() > 1 {
-                    paged_after_ack += 1;
+                // A page fired before the acknowledgement was committed is the clock on time
+                // and the answer late; one fired after it would be the escalation not stopping.
+                let acked_at = detail
+                    .incident
+                    .as_ref()
+                    .and_then(|i| i.acknowledged_at.as_ref())
+                    .and_then(outbox_proto::time::from_timestamp)
+                    .with_context(|| format!("acknowledged probe incident {id} has no time"))?;
+                for page in detail.pages.iter().filter(|p| p.page_no > 1) {
+                    let fired = page
+                        .fired_at
+                        .as_ref()
+                        .and_then(outbox_proto::time::from_timestamp)
+                        .with_context(|| format!("page {} has no fired time", page.page_no))?;
+                    if fired >= acked_at {
+                        paged_after_ack += 1;
+                    } else {
+                        answered_late += 1;
+                    }
                 }
                 break;
             }
@@ -151,6 +181,7 @@ pub(crate) async fn escalation(rig: &mut Rig) -> Result<RunRecord> {
         .detail("step_error", errors.to_json())
         .detail("acknowledgement", acks.to_json())
         .detail("background_incidents", json!(BACKGROUND))
+        .detail("acknowledged_after_their_page", json!(answered_late))
         .detail("background_open_seconds", json!(open_s))
         .detail("central_log", log_json(&central_log)))
 }
