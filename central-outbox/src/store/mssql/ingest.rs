@@ -232,15 +232,7 @@ pub(super) async fn submit(
 async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(InsertOutcome, Vec<u8>)> {
     let stmt = sql::submit_one(new);
     match store.batch_raw(&stmt.sql, &stmt.params).await {
-        Ok(mut results) => {
-            let rows = result_set(&mut results, 0, "submit")?;
-            let row = rows.first().ok_or_else(|| {
-                StoreError::Corrupt("submit: the procedure gave no answer".into())
-            })?;
-            let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
-            let inserted = decode::req::<i32>(row, "Inserted")? == 1;
-            Ok((outcome(inserted, &hash, &new.hash.0), hash))
-        }
+        Ok(mut results) => procedure_answer(&mut results, new),
         Err(e) if classify(&e) == ErrorClass::DuplicateKey => {
             let stmt = sql::select_content_hash(new.submission.id);
             let mut results = store.batch("submit", &stmt.sql, &stmt.params).await?;
@@ -251,19 +243,27 @@ async fn insert_one(store: &MsSqlStore, new: &NewNotification) -> Result<(Insert
                 // row joins that incident.
                 let stmt = sql::submit_one(new);
                 let mut results = store.batch("submit", &stmt.sql, &stmt.params).await?;
-                let rows = result_set(&mut results, 0, "submit")?;
-                let row = rows.first().ok_or_else(|| {
-                    StoreError::Corrupt("submit: the procedure gave no answer".into())
-                })?;
-                let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
-                let inserted = decode::req::<i32>(row, "Inserted")? == 1;
-                return Ok((outcome(inserted, &hash, &new.hash.0), hash));
+                return procedure_answer(&mut results, new);
             };
             let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
             Ok((outcome(false, &hash, &new.hash.0), hash))
         }
         Err(e) => Err(to_store_error("submit", &e)),
     }
+}
+
+/// The submit procedure's answer for `new`: the outcome and the stored hash.
+fn procedure_answer(
+    results: &mut [Vec<Row>],
+    new: &NewNotification,
+) -> Result<(InsertOutcome, Vec<u8>)> {
+    let rows = result_set(results, 0, "submit")?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt("submit: the procedure gave no answer".into()))?;
+    let hash = decode::req::<&[u8]>(row, "ContentHash")?.to_vec();
+    let inserted = decode::req::<i32>(row, "Inserted")? == 1;
+    Ok((outcome(inserted, &hash, &new.hash.0), hash))
 }
 
 /// Ends the waiting rows of `site` with condition key `key` as Cleared, recorded as done by
