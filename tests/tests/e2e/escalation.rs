@@ -2,7 +2,8 @@
 //! central with a real SMTP sink, pages the next lists while nobody acknowledges it, repeats the
 //! callout, and stops the moment somebody does (through the admin API here); a clear stops it
 //! too, and a page whose delivery parks escalates at once. Every page's timing is read from the
-//! incident's own history, as an operator would.
+//! incident's own history, as an operator would. An acknowledged alarm whose condition stays
+//! uncleared is reminded (pages again from step 1) until the site clears it.
 
 use std::time::Duration;
 
@@ -689,4 +690,211 @@ async fn one_acknowledgement_of_a_digest_covers_every_incident_in_it() {
         assert_eq!(incident.acknowledged_by, alice);
         assert_eq!(incident.acknowledged_via, "link");
     }
+}
+
+/// The incident of condition `key` (on `ops`, from site-a), in detail.
+async fn incident_of(central: &Central, key: &str) -> v1::IncidentDetail {
+    let mut outbox = central.outbox().await;
+    let list = outbox
+        .list_incidents(v1::ListIncidentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    let id = list
+        .incidents
+        .iter()
+        .find(|i| i.condition_key == key)
+        .unwrap_or_else(|| panic!("no incident of {key}: {list:?}"))
+        .id;
+    outbox
+        .get_incident(v1::GetIncidentRequest { id })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Acknowledges the incident of condition `key` through the admin API, as `night-shift`.
+async fn acknowledge(central: &Central, key: &str) -> v1::Incident {
+    let id = incident_of(central, key).await.incident.unwrap().id;
+    let mut request = tonic::Request::new(v1::AcknowledgeIncidentRequest { id });
+    request
+        .metadata_mut()
+        .insert("x-outbox-actor", "night-shift".parse().unwrap());
+    let answer = central
+        .outbox()
+        .await
+        .acknowledge_incident(request)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer.outcome(), v1::AcknowledgeOutcome::Acknowledged);
+    answer.incident.unwrap()
+}
+
+/// Site-a's `ClearCondition` of `key`, as its forwarder sends it.
+async fn clear(central: &Central, key: &str) {
+    central
+        .ingest()
+        .await
+        .clear_condition(v1::ClearConditionRequest {
+            source_site_id: "site-a".into(),
+            condition_key: key.into(),
+        })
+        .await
+        .unwrap();
+}
+
+/// Mails with `subject` the sink received for `address`.
+fn mails_of(sink: &SmtpSink, subject: &str, address: &str) -> usize {
+    sink.messages()
+        .iter()
+        .filter(|m| m.subject().as_deref() == Some(subject))
+        .filter(|m| m.rcpt_to.iter().any(|r| r == address))
+        .count()
+}
+
+/// Moves every due time of every incident `by` earlier, as if the store's clock had jumped
+/// ahead for all of them at once; returns how many incidents had something due.
+fn clock_ahead(db: &crate::harness::Db, by: Duration) -> u64 {
+    let ms = by.as_millis();
+    let sql = match db {
+        crate::harness::Db::Sqlite(_) => {
+            format!("UPDATE Incidents SET NextDueAt = NextDueAt - {ms} WHERE NextDueAt IS NOT NULL")
+        }
+        crate::harness::Db::MsSql(_) => format!(
+            "UPDATE dbo.Incidents SET NextDueAt = DATEADD(millisecond, -{ms}, NextDueAt) \
+             WHERE NextDueAt IS NOT NULL"
+        ),
+    };
+    db.execute(&sql, &[])
+}
+
+/// The acknowledgement reminder: an acknowledged alarm whose condition stays uncleared pages
+/// its list again from step 1 after the reminder, and is open again; the site's clear then ends
+/// it, and nobody more is paged for it. An alarm acknowledged and cleared before its reminder
+/// is never reminded.
+///
+/// The reminder is at least a minute (`limits::MIN_REMINDER`: a shorter one would nag whoever
+/// just took the alarm), longer than the suite waits for anything, and the bound stays. So the
+/// test does not wait it out: it checks the reminder is due a minute after the acknowledgement,
+/// then moves every incident's due time a minute earlier in the database (the clock jumping
+/// ahead for all of them alike, as `Db::expire_lease` ends a lease behind its holder's back),
+/// and the escalation clock fires what that made due. A third alarm nobody answers is the
+/// witness that time passed for everyone: its next page falls due with the one the cleared
+/// alarm would have had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledged_alarm_is_reminded_until_its_condition_clears() {
+    const REMINDER: Duration = central_outbox::domain::escalation::limits::MIN_REMINDER;
+    const TANK: (&str, &str) = ("Tank 4 level high", "tank4.level");
+    const PUMP: (&str, &str) = ("Pump 2 tripped", "pump2.trip");
+    const FEEDER: (&str, &str) = ("Feeder 7 lost", "feeder7");
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    // Every page waits ten minutes, so only the reminder (and the clock moved ahead) pages.
+    let mut policy = escalation(600, 600, 0);
+    policy.acknowledgement_reminder = Some(REMINDER);
+    let central = central_escalating(dir.path(), &sink, policy).await;
+    let db = crate::harness::Db::open(&central.db);
+    let [alice, bob] = crate::harness::RECIPIENTS;
+    for (subject, key) in [TANK, PUMP, FEEDER] {
+        alarm(&central, subject, key).await;
+    }
+    eventually("the three alarms mailed", || async {
+        [TANK, PUMP, FEEDER]
+            .iter()
+            .all(|(s, _)| mails_of(&sink, s, alice) == 1 && mails_of(&sink, s, bob) == 1)
+            .then_some(())
+    })
+    .await;
+
+    // The tank is acknowledged and stays high: its reminder is due a minute later.
+    let tank = acknowledge(&central, TANK.1).await;
+    assert_eq!(tank.status(), v1::IncidentStatus::Acknowledged);
+    assert_eq!(
+        at(&tank.next_due_at) - at(&tank.acknowledged_at),
+        chrono::Duration::from_std(REMINDER).unwrap()
+    );
+    let history = incident_of(&central, TANK.1).await.history;
+    let acked = history.iter().find(|h| h.kind == "Acknowledged").unwrap();
+    assert!(acked.detail.contains("unless cleared"), "{acked:?}");
+    // The pump is acknowledged and clears before its reminder: nothing is due for it.
+    let pump = acknowledge(&central, PUMP.1).await;
+    assert!(pump.next_due_at.is_some(), "{pump:?}");
+    clear(&central, PUMP.1).await;
+    let pump = incident_of(&central, PUMP.1).await.incident.unwrap();
+    assert_eq!(pump.status(), v1::IncidentStatus::Cleared);
+    assert!(pump.next_due_at.is_none(), "{pump:?}");
+
+    // A minute passes: the tank's reminder falls due; the feeder's page, ten minutes after its
+    // alarm, does not; the cleared pump has nothing due.
+    assert_eq!(clock_ahead(&db, REMINDER), 2, "the tank and the feeder");
+    let reminded = eventually("the tank's reminder", || async {
+        let detail = incident_of(&central, TANK.1).await;
+        detail
+            .history
+            .iter()
+            .any(|h| h.kind == "Reminded")
+            .then_some(detail)
+    })
+    .await;
+    let kinds: Vec<&str> = reminded.history.iter().map(|h| h.kind.as_str()).collect();
+    assert_eq!(kinds, ["Opened", "Acknowledged", "Reminded", "Paged"]);
+    let reminder = &reminded.history[2];
+    assert!(
+        reminder.detail.contains("acknowledged by night-shift"),
+        "{reminder:?}"
+    );
+    // Open again, paged from step 1 in the reminder's cycle, the supervisors next.
+    let incident = reminded.incident.as_ref().unwrap();
+    assert_eq!(incident.status(), v1::IncidentStatus::Open);
+    assert!(incident.next_due_at.is_some(), "{incident:?}");
+    let page = reminded.pages.last().unwrap();
+    assert_eq!((reminded.pages.len(), page.cycle), (2, 1));
+    let place = page.place.as_ref().unwrap();
+    assert_eq!((place.round, place.step), (1, 1));
+    // The alarm's list receives the page again; the pump's list nothing more.
+    eventually("the reminder mailed", || async {
+        (mails_of(&sink, TANK.0, alice) == 2 && mails_of(&sink, TANK.0, bob) == 2).then_some(())
+    })
+    .await;
+    let pump = incident_of(&central, PUMP.1).await;
+    let kinds: Vec<&str> = pump.history.iter().map(|h| h.kind.as_str()).collect();
+    assert_eq!(kinds, ["Opened", "Acknowledged", "Cleared"]);
+    assert_eq!(pump.pages.len(), 1);
+    assert_eq!(mails_of(&sink, PUMP.0, alice), 1);
+
+    // The tank clears at the site: the incident ends, and nothing is due for it.
+    clear(&central, TANK.1).await;
+    let cleared = incident_of(&central, TANK.1).await;
+    let incident = cleared.incident.as_ref().unwrap();
+    assert_eq!(incident.status(), v1::IncidentStatus::Cleared);
+    assert!(incident.next_due_at.is_none(), "{incident:?}");
+    let last = cleared.history.last().unwrap();
+    assert_eq!(
+        (last.kind.as_str(), last.actor.as_str()),
+        ("Cleared", "site site-a")
+    );
+
+    // Ten minutes pass: the feeder's supervisors are paged, and the tank's, which would have
+    // fallen due with it, are not.
+    assert_eq!(
+        clock_ahead(&db, Duration::from_secs(600)),
+        1,
+        "the feeder only"
+    );
+    eventually("the feeder's supervisors paged", || async {
+        (mails_of(&sink, FEEDER.0, SUPERVISOR) == 1).then_some(())
+    })
+    .await;
+    let tank = incident_of(&central, TANK.1).await;
+    assert_eq!(tank.pages.len(), 2, "{:?}", tank.pages);
+    assert_eq!(
+        tank.history.len(),
+        cleared.history.len(),
+        "{:?}",
+        tank.history
+    );
+    assert_eq!(mails_of(&sink, TANK.0, SUPERVISOR), 0);
+    assert_eq!(mails_of(&sink, TANK.0, alice), 2);
+    assert_eq!(mails_of(&sink, PUMP.0, SUPERVISOR), 0);
 }

@@ -20,6 +20,7 @@ mod central_figures;
 mod console;
 mod e2e;
 mod escalation;
+mod failover;
 mod first_minute;
 mod fixtures;
 mod fresh;
@@ -53,7 +54,8 @@ use rig::{Rig, Sizes};
 )]
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
-    /// forward, ingest, dispatch, loopback, rtt, e2e, first-minute, fresh, memory, console.
+    /// forward, ingest, dispatch, loopback, rtt, e2e, first-minute, fresh, memory, console,
+    /// escalation, failover.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -171,7 +173,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 14] = [
+const GROUPS: [&str; 15] = [
     "send",
     "send-latency",
     "standby",
@@ -186,6 +188,7 @@ const GROUPS: [&str; 14] = [
     "memory",
     "console",
     "escalation",
+    "failover",
 ];
 
 impl Args {
@@ -230,6 +233,7 @@ impl Args {
                 .unwrap_or(self.fresh_rate_limit.ceil().max(1.0) as u32),
             fresh_duration: pick(self.fresh_seconds, 100.0, 10.0),
             fresh_baseline_runs: self.fresh_baseline_runs.unwrap_or(1),
+            failover_hung: !quick,
         }
     }
 
@@ -573,6 +577,27 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "ms",
             Some(Target::AtMost(1000.0)),
         ),
+        m(
+            "failover.to_fallback_s",
+            format!(
+                "email channel to its fallback relay, the first refusing connections, {}/s alarms",
+                failover::RATE
+            ),
+            "s",
+            Some(Target::AtMost(60.0)),
+        ),
+        m(
+            "failover.back_s",
+            "  back on the first relay once it listens again (probed every 30 s)".into(),
+            "s",
+            None,
+        ),
+        m(
+            "failover.hung_s",
+            "  to the fallback, the first accepting connections but never answering".into(),
+            "s",
+            None,
+        ),
     ]);
     table
 }
@@ -593,6 +618,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "memory" => memory::memory(rig).await,
         "console" => console::console(rig).await,
         "escalation" => escalation::escalation(rig).await,
+        "failover" => failover::failover(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }

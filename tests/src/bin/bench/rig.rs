@@ -46,6 +46,9 @@ pub(crate) struct Sizes {
     pub fresh_duration: Duration,
     /// Runs of `fresh` that also measure the oldest-first baseline (the first ones).
     pub fresh_baseline_runs: usize,
+    /// Whether the `failover` figure also times a first relay that hangs (not with `--quick`:
+    /// it adds the 30 s SMTP timeout to every run).
+    pub failover_hung: bool,
 }
 
 impl Sizes {
@@ -70,6 +73,7 @@ impl Sizes {
             "fresh_burst": self.fresh_burst,
             "fresh_duration_s": self.fresh_duration.as_secs_f64(),
             "fresh_baseline_runs": self.fresh_baseline_runs,
+            "failover_hung": self.failover_hung,
         })
     }
 }
