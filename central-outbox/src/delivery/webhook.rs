@@ -520,6 +520,7 @@ mod tests {
                 .iter()
                 .map(|p| WebhookUrl::parse(&format!("{base}{p}")).unwrap())
                 .collect(),
+            fallbacks: Vec::new(),
             format,
             secret: None,
         }

@@ -51,6 +51,7 @@ fn read_list(
         kind: decode::text(row, "Type")?,
         webhook_format: decode::opt_text(row, "WebhookFormat")?,
         webhook_secret: decode::opt_text(row, "WebhookSecret")?,
+        webhook_fallbacks: decode::opt_text(row, "WebhookFallbacks")?,
         targets,
         consolidation: [
             consolidation("ConsolidateThreshold")?,
@@ -156,6 +157,7 @@ async fn write_list(
         format,
         secret,
         list.consolidation,
+        crate::store::stored_list::fallbacks_text(list),
         targets,
     );
     // Two replicas creating the same new list at once: the loser's insert fails on the key and

@@ -113,6 +113,13 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0013_fallback_relays.sql",
         sql: include_str!("../../../../migrations/mssql/0013_fallback_relays.sql"),
     },
+    // 0014 is the escalation tables' (on another branch); versions need only increase.
+    Migration {
+        version: 15,
+        name: "webhook_fallbacks",
+        file: "0015_webhook_fallbacks.sql",
+        sql: include_str!("../../../../migrations/mssql/0015_webhook_fallbacks.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a
