@@ -280,6 +280,27 @@ pub(crate) fn cut_list_urls(view: &mut v1::NotificationList) {
     view.fallback_urls.iter_mut().for_each(cut);
 }
 
+/// What this node delivers through fallback providers, as `GetKpis` says it.
+pub(crate) fn failover_state(
+    dispatching: bool,
+    on_fallback: Vec<crate::on_fallback::OnFallback>,
+) -> v1::FailoverState {
+    v1::FailoverState {
+        dispatching,
+        on_fallback: on_fallback
+            .into_iter()
+            .map(|f| v1::OnFallback {
+                channel: notification_type_to_proto(f.channel).into(),
+                list: f.list.unwrap_or_default(),
+                provider: u32::try_from(f.provider).unwrap_or(u32::MAX),
+                provider_name: f.provider_name,
+                first_provider: f.first_name,
+                since: Some(to_timestamp(f.since)),
+            })
+            .collect(),
+    }
+}
+
 pub(crate) fn kpi_values(values: &KpiValues) -> v1::KpiValues {
     v1::KpiValues {
         queue_depth: values.queue_depth,
