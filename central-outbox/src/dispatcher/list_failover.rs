@@ -143,10 +143,15 @@ impl ListFailovers {
             }
             return;
         };
-        let known = self
-            .lists
-            .get(&list)
-            .is_some_and(|state| *state.names == names);
+        let known = match self.lists.get_mut(&list) {
+            Some(state) if *state.names == names => {
+                // Same providers; the endpoint's path may have changed (names show none of
+                // it), and the probe goes where attempts would.
+                state.first = first.clone();
+                true
+            }
+            _ => false,
+        };
         if !known {
             if self
                 .lists

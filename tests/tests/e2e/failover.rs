@@ -20,9 +20,10 @@ use outbox_tests::smtp_sink::{Behaviour, SmtpSink};
 use outbox_tests::webhook_server::{Reply, WebhookServer};
 use tokio::net::TcpListener;
 
+use crate::console::{Browser, tile};
 use crate::harness::{
     Central, DEADLINE, central_config, eventually, free_addr, ingest_one as ingest, ingest_submit,
-    smtp_sink, submit, wait_for_status,
+    smtp_sink, submit, wait_for_status, with_console,
 };
 
 /// `host:port`, as attempts name their relay.
@@ -247,7 +248,8 @@ async fn a_webhook_endpoint_answering_503_hands_the_list_to_its_fallback_until_i
     let primary = WebhookServer::start().await.unwrap();
     primary.set_default_reply(Reply::status(503));
     let fallback = WebhookServer::start().await.unwrap();
-    let (config, metrics) = hooks_central(dir.path(), &primary, &fallback).await;
+    let (mut config, metrics) = hooks_central(dir.path(), &primary, &fallback).await;
+    with_console(&mut config).await;
     let central = Central::start(config).await;
 
     let mut ids = Vec::new();
@@ -302,6 +304,20 @@ async fn a_webhook_endpoint_answering_503_hands_the_list_to_its_fallback_until_i
     );
     assert_eq!(on.first_provider, endpoint_name(&primary));
     assert!(!format!("{state:?}").contains("t0ps3cret"), "{state:?}");
+    // The console's dashboard shows it: the tile counts it, the table names list and URLs.
+    let mut browser = Browser::new(&central);
+    let dashboard = browser.get("/").await;
+    assert_eq!(dashboard.status, 200, "{}", dashboard.body);
+    assert_eq!(tile(&dashboard.body, "on_fallback"), "1");
+    assert!(
+        dashboard
+            .body
+            .contains(&format!("{} (fallback 1)", endpoint_name(&fallback))),
+        "{}",
+        dashboard.body
+    );
+    assert!(dashboard.body.contains(r#"data-list="hooks""#));
+    assert!(!dashboard.body.contains("t0ps3cret"));
 
     // The endpoint answers again: a probe finds it, and the list goes back to it.
     primary.set_default_reply(Reply::ok());
@@ -315,6 +331,7 @@ async fn a_webhook_endpoint_answering_503_hands_the_list_to_its_fallback_until_i
     );
     assert!(primary.head_count() >= 1, "the way back is a probe");
     assert!(failover_state(&central).await.on_fallback.is_empty());
+    assert_eq!(tile(&browser.get("/").await.body, "on_fallback"), "0");
     let posted_before = primary.requests().len();
     let back = ingest_hook(&central, "Pump 0 running").await;
     wait_for_status(&central.db, &back, "Delivered").await;
