@@ -242,7 +242,8 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
                         answered: reached.then_some((provider.index, outcome)),
                     },
                 }),
-                Some(provider.name),
+                // As for a relay: named only where the attempt reached it.
+                Some(provider.name).filter(|_| reached),
             ),
         };
         let provider = self
