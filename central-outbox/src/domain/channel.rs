@@ -1254,6 +1254,33 @@ mod tests {
             ),
             "at most 4",
         );
+        // At the limits: four URLs of the longest length an endpoint may have are taken, one
+        // byte more is refused naming the entry, and so is what no endpoint may be; a control
+        // character is taken exactly when an endpoint would take it.
+        let longest = |c: char| format!("https://{c}.test/{}", "p".repeat(2048 - 15));
+        let four: Vec<String> = ['a', 'b', 'c', 'd'].map(longest).to_vec();
+        assert_eq!(four[0].len(), 2048);
+        let four: Vec<&str> = four.iter().map(String::as_str).collect();
+        assert!(NotificationList::parse(hooks(&["https://h.test/a"], &four)).is_ok());
+        let over = format!("{}p", longest('e'));
+        fails(
+            hooks(&["https://h.test/a"], &["https://b.test/", &over]),
+            "entry 2: longer than 2048 bytes",
+        );
+        for bad in ["https://b .test/", "", "https://b.test:99999/"] {
+            fails(hooks(&["https://h.test/a"], &[bad]), "entry 1: ");
+        }
+        for control in [
+            "https://b.test/\u{0}",
+            "https://b.test/\t",
+            "https://b.test/\u{7f}",
+        ] {
+            assert_eq!(
+                NotificationList::parse(hooks(&["https://h.test/a"], &[control])).is_ok(),
+                WebhookUrl::parse(control).is_ok(),
+                "{control:?}"
+            );
+        }
         let mut email = hooks(&[], &["https://b.test/"]);
         email.kind = Some(NotificationType::Email);
         email.recipients = vec!["ops@plant.test".into()];

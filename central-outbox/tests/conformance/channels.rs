@@ -134,10 +134,12 @@ pub(crate) async fn webhook_fallbacks_round_trip_in_their_order<S: OutboxStore>(
         name: "hooks".into(),
         kind: Some(NotificationType::Webhook),
         endpoints: vec!["https://hooks.plant.test/a?token=t".into()],
+        // Four, one of them as long as a URL may be: the column holds the most a list may name.
         fallback_urls: vec![
             "https://zz-backup.plant.test/b".into(),
             "http://127.0.0.1:8080/c".into(),
             "https://aa-backup.plant.test/d?x=1".into(),
+            format!("https://long.plant.test/{}", "p".repeat(2048 - 24)),
         ],
         ..Default::default()
     })
