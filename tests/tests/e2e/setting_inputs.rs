@@ -2,9 +2,9 @@
 //! draws values for every setting of both channels and of the lists: the SMTP relay (host, port,
 //! TLS mode, sender, authentication), timeouts, retries, delays, backoff, connections, rate
 //! limit and burst, the webhook channel's pacing, email and webhook lists (names, recipients,
-//! endpoints, fallback URLs, formats, signing secrets, flood consolidation). Each value goes to one central,
-//! running for the whole run, through the admin API over a real gRPC socket, and the same value,
-//! written into a config file, through the config loader.
+//! endpoints, fallback URLs, formats, signing secrets, flood consolidation). Each value goes to
+//! one central, running for the whole run, through the admin API over a real gRPC socket, and
+//! the same value, written into a config file, through the config loader.
 //!
 //! Each draw is judged by the test's own model of the bounds docs/configuration.md states: the
 //! fields out of bounds. Out of bounds, the answer must be INVALID_ARGUMENT whose message starts
