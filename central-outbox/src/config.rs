@@ -813,6 +813,10 @@ pub struct ListConfig {
     /// Webhook lists: the endpoint URLs (https, or http to loopback).
     #[serde(default)]
     pub endpoints: Vec<String>,
+    /// Webhook lists with one endpoint: where attempts go while it fails (transient failures
+    /// only), in order; at most 4, each checked as an endpoint is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fallback_urls: Vec<String>,
     /// Webhook lists; unset: `generic`.
     #[serde(default)]
     pub webhook_format: Option<WebhookFormatKind>,
@@ -890,6 +894,7 @@ impl ListConfig {
             kind: ListType::Email,
             recipients,
             endpoints: Vec::new(),
+            fallback_urls: Vec::new(),
             webhook_format: None,
             webhook_secret: None,
             consolidation: None,
@@ -908,6 +913,7 @@ impl ListConfig {
             kind: ListType::Webhook,
             recipients: Vec::new(),
             endpoints,
+            fallback_urls: Vec::new(),
             webhook_format: Some(format),
             webhook_secret: None,
             consolidation: None,
@@ -1503,6 +1509,7 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         kind: Some(c.kind.into()),
         recipients: c.recipients.clone(),
         endpoints: c.endpoints.clone(),
+        fallback_urls: c.fallback_urls.clone(),
         webhook_format: c.webhook_format.map(WebhookFormat::from),
         webhook_secret: c.webhook_secret.clone(),
         consolidation,
@@ -2152,6 +2159,23 @@ mod tests {
         assert_eq!(settings.lists[0].kind(), NotificationType::Webhook);
         let err = from_toml(&format!("{hooks}endpoints = ['http://h.test/a']")).unwrap_err();
         assert!(err.to_string().starts_with("lists[0].endpoints"), "{err}");
+        let settings = from_toml(&format!(
+            "{hooks}endpoints = ['https://h.test/a']\nfallback_urls = ['https://b.test/a']"
+        ))
+        .unwrap();
+        match &settings.lists[0].targets {
+            crate::domain::channel::ListTargets::Webhook(t) => assert_eq!(t.fallbacks.len(), 1),
+            other => panic!("{other:?}"),
+        }
+        let err = from_toml(&format!(
+            "{hooks}endpoints = ['https://h.test/a']\nfallback_urls = ['http://b.test/a']"
+        ))
+        .unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("lists[0].fallback_urls: entry 1"),
+            "{err}"
+        );
         let err = from_toml(&format!(
             "{hooks}endpoints = ['https://h.test/a']\nwebhook_format = 'x'"
         ))

@@ -37,6 +37,7 @@ mod grpc;
 mod health;
 mod kpi_gauges;
 mod metrics;
+mod on_fallback;
 mod purge;
 mod secrets;
 mod self_alerts;
@@ -337,6 +338,7 @@ async fn serve<S: OutboxStore>(
     .with_supervisor(supervisor.clone());
     let dispatcher_stop = drain.dispatch.clone();
     let dispatcher_lease = dispatcher.lease_watch();
+    let on_fallback = dispatcher.on_fallback();
     let purge_task = supervisor.spawn("purge", dispatcher_stop.clone(), {
         let (store, metrics) = (Arc::clone(&store), Arc::clone(&metrics));
         let (lease, stop, purge) = (
@@ -444,7 +446,8 @@ async fn serve<S: OutboxStore>(
             settings.auth.clone(),
         )
         .with_site_offline_after(settings.site_offline_after)
-        .with_kpi_cache(kpi_cache),
+        .with_kpi_cache(kpi_cache)
+        .with_failover_board(on_fallback),
     );
     let ack_page = ack_links.map(|links| {
         let desk: Arc<dyn console::ack_page::IncidentDesk> = Arc::clone(&store) as _;

@@ -110,6 +110,20 @@ struct FailoverLabels {
     reason: &'static str,
 }
 
+/// A webhook list with fallback URLs, by name (lists are few and named by admins, so the
+/// label's values stay few).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListLabels {
+    list: String,
+}
+
+/// Why a webhook list moved to another endpoint (`domain::failover::MoveReason`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ListFailoverLabels {
+    list: String,
+    reason: &'static str,
+}
+
 /// Which step of a retention pass failed.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct PurgeStepLabels {
@@ -217,6 +231,10 @@ pub(crate) struct Metrics {
     /// Which of its providers each channel delivers through (0: its first), and its moves.
     channel_provider: Family<ChannelLabels, Gauge>,
     channel_failovers: Family<FailoverLabels, Counter>,
+    /// The same per webhook list with fallback URLs (its endpoints are its providers); a
+    /// list's gauge exists while the dispatching node follows the list.
+    list_provider: Family<ListLabels, Gauge>,
+    list_failovers: Family<ListFailoverLabels, Counter>,
     /// The self-alerts (`self_alerts`): notifications stored per condition kind, conditions
     /// raised now, alerts that could not go around a failing channel, figures a check could
     /// not read, and heartbeat calls. Their series exist only where self-alerts are on.
@@ -488,6 +506,20 @@ impl Metrics {
              in a row), failing_for (failing too long) or first_is_back (a good probe of the first)",
             channel_failovers.clone(),
         );
+        let list_provider = Family::<ListLabels, Gauge>::default();
+        registry.register(
+            "outbox_list_provider",
+            "Which endpoint a webhook list with fallback URLs delivers through on this node: 0 \
+             its endpoint, n its n-th fallback URL",
+            list_provider.clone(),
+        );
+        let list_failovers = Family::<ListFailoverLabels, Counter>::default();
+        registry.register(
+            "outbox_list_failovers",
+            "Moves of a webhook list from one endpoint to another, by why: failures, failing_for \
+             or first_is_back (as outbox_channel_failovers)",
+            list_failovers.clone(),
+        );
         let self_alerts_raised = Family::<ConditionLabels, Counter>::default();
         registry.register(
             "outbox_self_alerts_raised",
@@ -566,6 +598,8 @@ impl Metrics {
             consecutive_failures,
             channel_provider,
             channel_failovers,
+            list_provider,
+            list_failovers,
             self_alerts_raised,
             self_alerts_recovered,
             self_alerts_active,
@@ -784,6 +818,36 @@ impl Metrics {
                 channel: channel.as_str(),
             })
             .set(i64::try_from(index).unwrap_or(i64::MAX));
+    }
+
+    /// Webhook list `list` moved to endpoint `to` (0: its own, n: its n-th fallback URL)
+    /// because of `why`.
+    pub(crate) fn list_moved(&self, list: &str, to: usize, why: &'static str) {
+        self.set_list_provider(list, to);
+        self.list_failovers
+            .get_or_create(&ListFailoverLabels {
+                list: list.to_owned(),
+                reason: why,
+            })
+            .inc();
+    }
+
+    /// Webhook list `list` is on endpoint `index` without having moved (it is new to the
+    /// dispatcher, or its endpoints changed).
+    pub(crate) fn set_list_provider(&self, list: &str, index: usize) {
+        self.list_provider
+            .get_or_create(&ListLabels {
+                list: list.to_owned(),
+            })
+            .set(i64::try_from(index).unwrap_or(i64::MAX));
+    }
+
+    /// Webhook list `list` has nothing to choose from any more (gone, no fallbacks, or another
+    /// node dispatches): its gauge goes, so no alert watches a list nobody follows.
+    pub(crate) fn forget_list_provider(&self, list: &str) {
+        self.list_provider.remove(&ListLabels {
+            list: list.to_owned(),
+        });
     }
 
     /// `rows` claimed rows of `channel` were released unsent.

@@ -445,7 +445,7 @@ impl Session {
                 Ok(Report::List(list))
             }
             ListsCommand::Set(args) => {
-                let request = upsert::list_request(args, &mut secret::Process)?;
+                let request = upsert::list_request(*args, &mut secret::Process)?;
                 let list = self
                     .client
                     .upsert_notification_list(request)

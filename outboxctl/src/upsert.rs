@@ -34,6 +34,7 @@ pub(crate) fn check_list(args: &ListSetArgs) -> Result<()> {
         ChannelArg::Email => {
             let webhook_flags = [
                 ("--endpoint", !args.endpoints.is_empty()),
+                ("--fallback-url", !args.fallback_urls.is_empty()),
                 ("--webhook-format", args.webhook_format.is_some()),
                 ("--webhook-secret-stdin", args.webhook_secret_stdin),
                 ("--clear-webhook-secret", args.clear_webhook_secret),
@@ -160,6 +161,7 @@ pub(crate) fn list_request(
             r#type: args.kind.proto().into(),
             recipients: args.recipients,
             endpoints: args.endpoints,
+            fallback_urls: args.fallback_urls,
             webhook_format: args
                 .webhook_format
                 .map_or(v1::WebhookFormat::Unspecified, |f| f.proto())
@@ -436,6 +438,7 @@ mod tests {
             kind,
             recipients: vec![],
             endpoints: vec![],
+            fallback_urls: vec![],
             webhook_format: None,
             webhook_secret_stdin: false,
             clear_webhook_secret: false,
@@ -674,6 +677,7 @@ mod tests {
     fn webhook_lists_take_endpoints_format_and_a_secret_from_stdin() {
         let args = ListSetArgs {
             endpoints: vec!["https://hooks.example.test/a".into()],
+            fallback_urls: vec!["https://backup.example.test/a".into()],
             webhook_format: Some(WebhookFormatArg::Slack),
             webhook_secret_stdin: true,
             ..list_args(ChannelArg::Webhook)
@@ -684,6 +688,7 @@ mod tests {
         let list = request.list.unwrap();
         assert_eq!(list.r#type(), v1::NotificationType::Webhook);
         assert_eq!(list.endpoints, ["https://hooks.example.test/a"]);
+        assert_eq!(list.fallback_urls, ["https://backup.example.test/a"]);
         assert_eq!(list.webhook_format(), v1::WebhookFormat::Slack);
         assert_eq!(
             list.webhook_secret.as_deref(),

@@ -10,6 +10,10 @@
 //! - Scripted replies ([`WebhookServer::set_responses`]) are consumed one per
 //!   request in arrival order; when they run out the default reply (200 unless
 //!   changed) applies again.
+//! - A HEAD (the outbox's probe of a failing endpoint) is answered with the
+//!   default reply's status, at once and without a body: an endpoint that is down
+//!   is down for a probe too. It consumes no scripted reply and is not recorded
+//!   among the POSTs, only counted ([`WebhookServer::head_count`]).
 //! - Nothing a client sends can panic the server: axum answers malformed requests
 //!   itself, bodies are capped by axum's default limit (2 MB), and a configured
 //!   reply that HTTP cannot carry (a status outside 100..=999, a Retry-After with
@@ -178,6 +182,8 @@ struct Shared {
     /// Requests being answered right now, and the most seen at once.
     active: watch::Sender<usize>,
     max_active: Mutex<usize>,
+    /// HEAD requests answered (probes).
+    heads: Mutex<usize>,
     /// Turns true on stop; handlers that wait select on it.
     shutdown: watch::Receiver<bool>,
 }
@@ -205,6 +211,7 @@ impl WebhookServer {
             held: watch::Sender::new(0),
             active: watch::Sender::new(0),
             max_active: Mutex::new(0),
+            heads: Mutex::new(0),
             shutdown: shutdown_rx,
         });
         let app = Router::new()
@@ -284,6 +291,11 @@ impl WebhookServer {
         *self.shared.active.borrow()
     }
 
+    /// HEAD requests (the outbox's probes) answered so far.
+    pub fn head_count(&self) -> usize {
+        *lock(&self.shared.heads)
+    }
+
     /// The most requests that were being answered at the same time.
     pub fn max_concurrent_requests(&self) -> usize {
         *lock(&self.shared.max_active)
@@ -327,6 +339,13 @@ async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    if method == Method::HEAD {
+        *lock(&shared.heads) += 1;
+        let status = lock(&shared.script).default.status;
+        return StatusCode::from_u16(status)
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            .into_response();
+    }
     if method != Method::POST {
         return (StatusCode::METHOD_NOT_ALLOWED, [(header::ALLOW, "POST")]).into_response();
     }

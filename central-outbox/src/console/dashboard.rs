@@ -1,5 +1,6 @@
-//! The dashboard: the KPI tiles (GetKpis, global and per source site) and every site node's
-//! health (ListSiteHealth): online, or offline since when, and the backlog at the site. When
+//! The dashboard: the KPI tiles (GetKpis, global and per source site), what delivers through a
+//! fallback provider (GetKpis' failover state: the email channel on a fallback relay, webhook
+//! lists on a fallback URL), and every site node's health (ListSiteHealth): online, or offline since when, and the backlog at the site. When
 //! central does not tell sites apart (no client certificates required), a warning says that
 //! any client may act as any site, so the health shown may not be the site's own.
 
@@ -32,6 +33,16 @@ struct SiteKpis {
     oldest_pending_age: String,
 }
 
+/// A channel or webhook list delivering through a fallback provider.
+struct OnFallbackRow {
+    channel: String,
+    /// The webhook list; empty for the email channel.
+    list: String,
+    provider: String,
+    first: String,
+    since: String,
+}
+
 /// One site node's health row.
 struct SiteNode {
     site: String,
@@ -53,6 +64,9 @@ struct SiteNode {
 struct DashboardPage {
     layout: Layout,
     tiles: Vec<Tile>,
+    /// Whether the node that answered dispatches: only then does `on_fallback` say anything.
+    dispatching: bool,
+    on_fallback: Vec<OnFallbackRow>,
     sites: Vec<SiteKpis>,
     nodes: Vec<SiteNode>,
     computed_at: String,
@@ -96,6 +110,31 @@ fn tiles(kpis: &v1::KpiValues) -> Vec<Tile> {
             alarming: false,
         },
     ]
+}
+
+/// The tile of what delivers through a fallback provider: how many channels and lists do, or
+/// a dash on a node that does not dispatch (it cannot know).
+fn fallback_tile(state: &v1::FailoverState) -> Tile {
+    Tile {
+        key: "on_fallback",
+        label: "On a fallback provider",
+        value: if state.dispatching {
+            state.on_fallback.len().to_string()
+        } else {
+            "\u{2014}".to_owned()
+        },
+        alarming: !state.on_fallback.is_empty(),
+    }
+}
+
+fn on_fallback_row(f: v1::OnFallback) -> OnFallbackRow {
+    OnFallbackRow {
+        channel: display::kind(f.channel),
+        provider: format!("{} (fallback {})", f.provider_name, f.provider),
+        first: f.first_provider,
+        since: display::time(f.since.as_ref()),
+        list: f.list,
+    }
 }
 
 fn node(view: v1::SiteHealthView) -> SiteNode {
@@ -152,9 +191,18 @@ pub(super) async fn show(State(console): State<Shared>, visit: Visit) -> Respons
         }
     };
     let global = kpis.global.unwrap_or_default();
+    let failover = kpis.failover.unwrap_or_default();
+    let mut tiles = tiles(&global);
+    tiles.push(fallback_tile(&failover));
     let page = DashboardPage {
         layout: visit.layout("dashboard"),
-        tiles: tiles(&global),
+        tiles,
+        dispatching: failover.dispatching,
+        on_fallback: failover
+            .on_fallback
+            .into_iter()
+            .map(on_fallback_row)
+            .collect(),
         sites: kpis
             .sites
             .into_iter()
@@ -178,4 +226,31 @@ pub(super) async fn show(State(console): State<Shared>, visit: Visit) -> Respons
         sites_unverified: !console.site_identity.tells_sites_apart(),
     };
     reply::page(StatusCode::OK, &page, visit.set_cookie.as_deref())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fallback_tile_counts_only_on_the_dispatching_node() {
+        let mut state = v1::FailoverState::default();
+        let tile = fallback_tile(&state);
+        assert_eq!((tile.value.as_str(), tile.alarming), ("\u{2014}", false));
+        state.dispatching = true;
+        assert_eq!(fallback_tile(&state).value, "0");
+        state.on_fallback.push(v1::OnFallback {
+            channel: v1::NotificationType::Webhook.into(),
+            list: "ops-hooks".into(),
+            provider: 1,
+            provider_name: "http://127.0.0.1:9".into(),
+            first_provider: "https://h.test".into(),
+            since: None,
+        });
+        let tile = fallback_tile(&state);
+        assert_eq!((tile.value.as_str(), tile.alarming), ("1", true));
+        let row = on_fallback_row(state.on_fallback.remove(0));
+        assert_eq!(row.provider, "http://127.0.0.1:9 (fallback 1)");
+        assert_eq!(row.list, "ops-hooks");
+    }
 }

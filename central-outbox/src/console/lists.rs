@@ -94,6 +94,8 @@ struct ListForm {
     kind: String,
     recipients: String,
     endpoints: String,
+    /// Fallback URLs, one per line, in order.
+    fallback_urls: String,
     webhook_format: String,
     secret_set: bool,
     threshold: String,
@@ -117,6 +119,7 @@ impl ListForm {
             kind: display::kind(list.r#type),
             recipients: list.recipients.join("\n"),
             endpoints: list.endpoints.join("\n"),
+            fallback_urls: list.fallback_urls.join("\n"),
             webhook_format: match v1::WebhookFormat::try_from(list.webhook_format) {
                 Ok(v1::WebhookFormat::Teams) => "TEAMS".into(),
                 Ok(v1::WebhookFormat::Slack) => "SLACK".into(),
@@ -178,6 +181,7 @@ impl ListForm {
             kind: form.text("type").to_uppercase(),
             recipients: form.text("recipients"),
             endpoints: form.text("endpoints"),
+            fallback_urls: form.text("fallback_urls"),
             webhook_format: form.text("webhook_format").to_uppercase(),
             secret_set,
             threshold: form.text("consolidation_threshold"),
@@ -330,6 +334,7 @@ fn to_proto(name: &str, form: &Form) -> Result<v1::NotificationList, Failure> {
         recipients: lines(&form.text("recipients")),
         updated_at: None,
         endpoints: lines(&form.text("endpoints")),
+        fallback_urls: lines(&form.text("fallback_urls")),
         webhook_format: webhook_format.into(),
         webhook_secret,
         webhook_secret_set: false,

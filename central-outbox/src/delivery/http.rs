@@ -122,7 +122,24 @@ impl HttpClient {
         timeout: Duration,
         body_limit: usize,
     ) -> Result<HttpReply, HttpError> {
-        let request = build_request(url, headers, body)?;
+        let request = build_request(http::Method::POST, url, headers, body)?;
+        self.exchange(request, timeout, body_limit).await
+    }
+
+    /// HEAD `url`, bounded by `timeout`: the cheapest exchange that says whether an endpoint
+    /// answers (a webhook's probe while its list is on a fallback); nothing is posted.
+    pub(crate) async fn head(&self, url: &str, timeout: Duration) -> Result<HttpReply, HttpError> {
+        let request = build_request(http::Method::HEAD, url, &[], Vec::new())?;
+        self.exchange(request, timeout, 0).await
+    }
+
+    /// Sends `request` and reads its answer, keeping up to `body_limit` bytes of its body.
+    async fn exchange(
+        &self,
+        request: http::Request<Full<Bytes>>,
+        timeout: Duration,
+        body_limit: usize,
+    ) -> Result<HttpReply, HttpError> {
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 let text = error_chain(&e);
@@ -152,6 +169,7 @@ impl HttpClient {
 }
 
 fn build_request(
+    method: http::Method,
     url: &str,
     headers: &[(&str, String)],
     body: Vec<u8>,
@@ -166,7 +184,7 @@ fn build_request(
     if uri.host().is_none_or(str::is_empty) {
         return Err(HttpError::InvalidUrl("no host".into()));
     }
-    let mut request = http::Request::post(uri);
+    let mut request = http::Request::builder().method(method).uri(uri);
     for (name, value) in headers {
         let name = http::HeaderName::from_bytes(name.as_bytes())
             .map_err(|_| HttpError::Io(format!("request header name {name:?} is not valid")))?;

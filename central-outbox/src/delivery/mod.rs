@@ -37,7 +37,7 @@ use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::escalation::digest_footer;
 use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::Backoff;
-use crate::domain::webhook::WebhookTarget;
+use crate::domain::webhook::{WebhookTarget, WebhookUrl};
 use crate::domain::{Body, NotificationContent};
 use crate::records::ClaimedNotification;
 use http::HttpClient;
@@ -123,6 +123,17 @@ pub(crate) trait Deliver: Send + Sync + 'static {
     ) -> impl Future<Output = ProviderOutcome> + Send {
         std::future::ready(ProviderOutcome::Answered)
     }
+
+    /// Whether webhook endpoint `endpoint` (the first of a list on a fallback) answers, by the
+    /// cheapest exchange with it (a HEAD: nothing is posted). An adapter without webhook
+    /// endpoints need not say.
+    fn probe_endpoint(
+        &self,
+        _channel: &ChannelSettings,
+        _endpoint: &WebhookUrl,
+    ) -> impl Future<Output = ProviderOutcome> + Send {
+        std::future::ready(ProviderOutcome::Answered)
+    }
 }
 
 impl Deliver for Adapters {
@@ -167,6 +178,19 @@ impl Deliver for Adapters {
                 }
             },
             ChannelSettings::Email(None) | ChannelSettings::Webhook(_) => ProviderOutcome::Answered,
+        }
+    }
+
+    async fn probe_endpoint(
+        &self,
+        channel: &ChannelSettings,
+        endpoint: &WebhookUrl,
+    ) -> ProviderOutcome {
+        match channel {
+            ChannelSettings::Webhook(settings) => {
+                self.webhook.probe(endpoint, settings.timeout).await
+            }
+            ChannelSettings::Email(_) => ProviderOutcome::Answered,
         }
     }
 }

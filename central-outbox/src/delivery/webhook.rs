@@ -33,6 +33,7 @@ use super::http::{HttpClient, HttpError};
 use crate::domain::channel::{Secret, WebhookSettings};
 use crate::domain::delivery::{Delivered, DeliveryError};
 use crate::domain::escalation::{IncidentId, IncidentRef};
+use crate::domain::failover::ProviderOutcome;
 use crate::domain::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
 use crate::domain::{NotificationContent, NotificationId, Provenance};
 
@@ -108,6 +109,26 @@ impl WebhookAdapter {
         )
         .await;
         combine(target, outcomes)
+    }
+
+    /// Whether `endpoint` answers, for the probe of a list's first endpoint while the list is
+    /// on a fallback (`domain::failover`): a HEAD, nothing posted, classified as a POST's answer
+    /// would be. No answer in time, a connection or TLS failure, 408, 429 or 5xx: it still
+    /// fails; any other status (404 and 405 too: something answers, and only a POST can say
+    /// more) counts as an answer.
+    pub(crate) async fn probe(&self, endpoint: &WebhookUrl, timeout: Duration) -> ProviderOutcome {
+        let shown = without_query(endpoint.as_str());
+        let outcome = match self.http.head(endpoint.as_str(), timeout).await {
+            Ok(reply) => classify_status(shown, reply.status, None, "", Utc::now()),
+            Err(e) => EndpointOutcome::Transient(format!("{shown}: {e}")),
+        };
+        match outcome {
+            EndpointOutcome::Ok | EndpointOutcome::Permanent(_) => ProviderOutcome::Answered,
+            EndpointOutcome::Transient(why) | EndpointOutcome::Throttled(why, _) => {
+                tracing::info!(endpoint = %crate::domain::webhook::cut_urls(&why), "the first endpoint still does not answer");
+                ProviderOutcome::Failed
+            }
+        }
     }
 
     async fn post_one(
@@ -520,6 +541,7 @@ mod tests {
                 .iter()
                 .map(|p| WebhookUrl::parse(&format!("{base}{p}")).unwrap())
                 .collect(),
+            fallbacks: Vec::new(),
             format,
             secret: None,
         }

@@ -6,6 +6,10 @@
 //! channel has answered and frees it before the outcome is handed over, so the outcome write
 //! shares a commit with the next claim instead of holding the slot for it.
 //!
+//! A webhook list with fallback URLs is delivered to one of its endpoints, the one its failover
+//! state routes to (`super::list_failover`): the attempt resolves the list, picks the endpoint
+//! and reports back what it found, with the answer.
+//!
 //! An attempt never fails its caller: a panic in the adapter, a timeout and an unknown list are
 //! all outcomes like any other, recorded on the row. Its time bound is at most half the claim
 //! timeout, so no successor can claim the row while the attempt is still under way.
@@ -21,13 +25,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::caught::panic_message;
 use super::digest::Digest;
+use super::list_failover::{ListReport, Route, Seen};
 use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
 use crate::delivery::{ChannelSettings, Deliver, Turn};
+use crate::domain::channel::{ListTargets, NotificationList};
 use crate::domain::delivery::{AttemptOutcome, Delivered, DeliveryError};
 use crate::domain::failover::ProviderOutcome;
 use crate::domain::retry::{RetryPolicy, Transition};
 use crate::domain::status::Status;
+use crate::domain::webhook::WebhookUrl;
 use crate::metrics::Metrics;
 use crate::records::{AttemptRecord, ClaimedNotification};
 use crate::store::DispatchStore;
@@ -77,7 +84,11 @@ impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
             recorder,
         } = self;
         let began = tokio::time::Instant::now();
-        let Attempted { record, provider } = tokio::select! {
+        let Attempted {
+            record,
+            provider,
+            list,
+        } = tokio::select! {
             biased;
             () = cancelled.cancelled() => return None,
             attempted = attempt.run(notification, turn) => attempted,
@@ -97,7 +108,11 @@ impl<S: DispatchStore, D: Deliver> Delivery<S, D> {
                 let _ = recorder.send_all(digest.records(&record)).await;
             }
         }
-        Some(Ended { held, provider })
+        Some(Ended {
+            held,
+            provider,
+            list,
+        })
     }
 }
 
@@ -107,6 +122,8 @@ pub(super) struct Ended {
     pub(super) held: Duration,
     /// The provider it went to and how it answered ([`Attempted::provider`]).
     pub(super) provider: Option<(usize, ProviderOutcome)>,
+    /// What it found out about its webhook list's endpoints ([`Attempted::list`]).
+    pub(super) list: Option<ListReport>,
 }
 
 /// One delivery attempt of one claimed row.
@@ -121,6 +138,9 @@ pub(super) struct Attempt<S, D> {
     /// The provider `channel` is set up for (its relay, `channel` being the settings `via`
     /// it), as the channel's failover state chose it; `None` where the channel has none.
     pub(super) provider: Option<Provider>,
+    /// Where the webhook list's failover state routes the row's list (`None`: a list it does
+    /// not follow, or an email row).
+    pub(super) route: Option<Route>,
 }
 
 /// The provider an attempt goes to: its place in the channel's order and its name.
@@ -136,6 +156,25 @@ pub(super) struct Attempted {
     /// `None`: the attempt never reached its provider (no provider, an unknown list, a panic),
     /// so it says nothing about the provider.
     pub(super) provider: Option<(usize, ProviderOutcome)>,
+    /// For the webhook lists' failover: the list's endpoints and how the one it went to
+    /// answered; `None` where there is nothing to tell (an email row, a list without fallbacks
+    /// the state does not follow).
+    pub(super) list: Option<ListReport>,
+}
+
+/// What an attempt found of its webhook list's providers before it delivered.
+enum ListSeen {
+    /// Nothing to tell.
+    Untold,
+    /// The list is gone or has no fallbacks, and the failover state follows it: it should not.
+    Nothing(crate::domain::ListName),
+    /// The list has fallbacks; the attempt goes to `provider`.
+    Providers {
+        list: crate::domain::ListName,
+        names: Vec<String>,
+        first: WebhookUrl,
+        provider: Provider,
+    },
 }
 
 /// What an attempt's delivery came to, as far as its provider is concerned.
@@ -154,7 +193,8 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
         // A panic in an adapter is a bug, but it must cost only this attempt: caught here, it
         // is recorded as a transient failure (retried, then parked like any other), and the
         // task still returns, so its channel slot is freed at once.
-        let attempt = AssertUnwindSafe(self.deliver(&notification, turn)).catch_unwind();
+        let seen = std::sync::Mutex::new(ListSeen::Untold);
+        let attempt = AssertUnwindSafe(self.deliver(&notification, turn, &seen)).catch_unwind();
         let answer = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(answer)) => answer,
             Ok(Err(panic)) => {
@@ -173,10 +213,43 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
             Answer::Channel(result) => (result, true),
             Answer::Before(e) => (Err(e), false),
         };
+        let outcome = ProviderOutcome::of(&result);
+        // Told even when the attempt timed out or panicked after choosing: a timeout is the
+        // endpoint's failure, a panic (`reached` false) is not.
+        let seen = seen
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (list, list_provider) = match seen {
+            ListSeen::Untold => (None, None),
+            ListSeen::Nothing(list) => (
+                Some(ListReport {
+                    list,
+                    seen: Seen::Nothing,
+                }),
+                None,
+            ),
+            ListSeen::Providers {
+                list,
+                names,
+                first,
+                provider,
+            } => (
+                Some(ListReport {
+                    list,
+                    seen: Seen::Providers {
+                        names,
+                        first,
+                        answered: reached.then_some((provider.index, outcome)),
+                    },
+                }),
+                // As for a relay: named only where the attempt reached it.
+                Some(provider.name).filter(|_| reached),
+            ),
+        };
         let provider = self
             .provider
             .filter(|_| reached)
-            .map(|p| (p.index, ProviderOutcome::of(&result), p.name));
+            .map(|p| (p.index, outcome, p.name));
         let transition = self.retry.transition(
             notification.retry_count,
             &result,
@@ -192,20 +265,40 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
             error: result.as_ref().err().map(|e| e.message().to_owned()),
             duration: started.elapsed(),
             transition,
-            provider: provider.as_ref().map(|(_, _, name)| name.clone()),
+            provider: provider
+                .as_ref()
+                .map(|(_, _, name)| name.clone())
+                .or(list_provider),
         };
         self.metrics
             .attempt_finished(kind, record.outcome, record.duration);
         Attempted {
             record,
             provider: provider.map(|(index, outcome, _)| (index, outcome)),
+            list,
         }
     }
 
-    async fn deliver(&self, n: &ClaimedNotification, turn: Turn) -> Answer {
+    /// Resolves the list and delivers to it (to the endpoint its route names, for a webhook
+    /// list with fallbacks), saying in `seen` what it found of the list's providers as soon as
+    /// it knows: a timeout may end the attempt during the delivery.
+    async fn deliver(
+        &self,
+        n: &ClaimedNotification,
+        turn: Turn,
+        seen: &std::sync::Mutex<ListSeen>,
+    ) -> Answer {
+        let tell = |what: ListSeen| {
+            *seen
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = what;
+        };
         let list = match self.config.list(&self.store, &n.content.list_name).await {
             Ok(Some(list)) => list,
             Ok(None) => {
+                if self.route.is_some() {
+                    tell(ListSeen::Nothing(n.content.list_name.clone()));
+                }
                 return Answer::Before(DeliveryError::permanent(format!(
                     "unknown notification list {:?}",
                     n.content.list_name.as_str()
@@ -225,7 +318,47 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
                 n.content.kind
             )));
         }
+        let (list, what) = self.route_list(list);
+        tell(what);
         Answer::Channel(self.delivery.deliver(&self.channel, &list, n, turn).await)
+    }
+
+    /// The list as this attempt delivers to it: a webhook list with fallbacks with only the
+    /// endpoint its route names (the first unless the route was made for these very
+    /// endpoints), and what to tell its failover state.
+    fn route_list(&self, list: Arc<NotificationList>) -> (Arc<NotificationList>, ListSeen) {
+        let ListTargets::Webhook(target) = &list.targets else {
+            return (list, ListSeen::Untold);
+        };
+        let names = target.provider_names();
+        let Some(first) = target.endpoints.first().filter(|_| !names.is_empty()) else {
+            let seen = match self.route {
+                Some(_) => ListSeen::Nothing(list.name.clone()),
+                None => ListSeen::Untold,
+            };
+            return (list, seen);
+        };
+        let index = Route::index_for(self.route.as_ref(), &names);
+        let seen = ListSeen::Providers {
+            list: list.name.clone(),
+            first: first.clone(),
+            provider: Provider {
+                index,
+                name: names.get(index).cloned().unwrap_or_default(),
+            },
+            names,
+        };
+        if index == 0 {
+            // The first provider is the list as it is (its one endpoint): no copy.
+            return (list, seen);
+        }
+        let via = NotificationList {
+            name: list.name.clone(),
+            targets: ListTargets::Webhook(target.via(index)),
+            consolidation: list.consolidation,
+            escalation: list.escalation.clone(),
+        };
+        (Arc::new(via), seen)
     }
 }
 

@@ -46,6 +46,7 @@ use super::claim_ahead::ClaimAhead;
 use super::claim_decision::{ClaimState, Decision, DueRows, NoClaim, decide};
 use super::digest::Digest;
 use super::lease::{DISPATCHER_LEASE, Mandate};
+use super::list_failover::ListFailovers;
 use super::provider::Failover;
 use super::recorder::RecorderHandle;
 use crate::config_cache::ConfigCache;
@@ -57,6 +58,7 @@ use crate::domain::rate::TokenBucket;
 use crate::domain::serve_order::LongestWaitingShare;
 use crate::domain::{NotificationId, NotificationType};
 use crate::metrics::Metrics;
+use crate::on_fallback::FailoverBoard;
 use crate::records::{AttemptRecord, ClaimedNotification, LeaseEpoch};
 use crate::store::ReadChannelSettings;
 use crate::store::{DispatchStore, StoreError};
@@ -80,6 +82,8 @@ pub(super) struct ChannelParts<S, D> {
     pub(super) claim_batch: Option<usize>,
     /// When the channel moves to another provider (`super::provider`).
     pub(super) failover: FailoverPolicy,
+    /// What this node delivers through fallbacks, for GetKpis and the console.
+    pub(super) board: Arc<FailoverBoard>,
     /// Where finished attempts go to be recorded (the recorder task).
     pub(super) recorder: RecorderHandle,
 }
@@ -95,6 +99,7 @@ impl<S, D> Clone for ChannelParts<S, D> {
             claim_timeout: self.claim_timeout,
             claim_batch: self.claim_batch,
             failover: self.failover,
+            board: Arc::clone(&self.board),
             recorder: self.recorder.clone(),
         }
     }
@@ -217,6 +222,9 @@ pub(super) struct ChannelLoop<S, D> {
     deliveries: JoinSet<Option<Ended>>,
     /// Which of the channel's providers attempts go to (`super::provider`).
     failover: Failover,
+    /// Which endpoint each webhook list with fallbacks delivers to (`super::list_failover`);
+    /// empty on the email channel.
+    lists: ListFailovers,
     /// How deep to claim ahead, from the claims' and deliveries' measured times.
     ahead: ClaimAhead,
     /// The order started attempts take their places at the connections in: the order they
@@ -228,7 +236,17 @@ pub(super) struct ChannelLoop<S, D> {
 
 impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     pub(super) fn new(parts: ChannelParts<S, D>) -> Self {
-        let failover = Failover::new(parts.kind, parts.failover, Arc::clone(&parts.metrics));
+        let failover = Failover::new(
+            parts.kind,
+            parts.failover,
+            Arc::clone(&parts.metrics),
+            Arc::clone(&parts.board),
+        );
+        let lists = ListFailovers::new(
+            parts.failover,
+            Arc::clone(&parts.metrics),
+            Arc::clone(&parts.board),
+        );
         Self {
             parts,
             settings: None,
@@ -245,6 +263,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             settings_just_read: false,
             deliveries: JoinSet::new(),
             failover,
+            lists,
             ahead: ClaimAhead::default(),
             start_order: StartOrder::default(),
             warned_for: None,
@@ -266,6 +285,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             self.sweep(&current);
             let throttled_until = self.throttled_until;
             let probe_at = self.failover.probe_at();
+            let list_probe_at = self.lists.probe_at();
             tokio::select! {
                 biased;
                 () = stop.cancelled() => break,
@@ -322,6 +342,12 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 outcome = self.failover.probe_answer(), if self.failover.probing() => {
                     self.failover.probed(outcome, now());
                 }
+                () = sleep_until(list_probe_at), if list_probe_at.is_some() => {
+                    if let Some(channel) = self.settings.as_ref() {
+                        self.lists.start_probes(&self.parts.delivery, channel, now());
+                    }
+                }
+                () = self.lists.probe_answered(), if self.lists.probing() => {}
             }
         }
         self.drain().await;
@@ -593,6 +619,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 },
             };
             let provider = self.failover.provider();
+            let route = self.lists.route(&notification.content.list_name);
             let attempt = Attempt {
                 store: Arc::clone(&self.parts.store),
                 metrics: Arc::clone(&self.parts.metrics),
@@ -605,6 +632,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 retry,
                 timeout,
                 provider,
+                route,
             };
             self.deliveries.spawn(
                 Delivery {
@@ -665,6 +693,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         if now.tenure() != before.tenure() {
             self.queue.retain(|(work, _)| work.epoch() == now.tenure());
             self.failover.new_term();
+            self.lists.new_term();
         }
         if now.now.is_some() && now.now != before.now {
             self.due_may_have_changed();
@@ -680,10 +709,17 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     fn delivery_ended(&mut self, ended: Result<Option<Ended>, tokio::task::JoinError>) {
         self.slots.settle();
         match ended {
-            Ok(Some(Ended { held, provider })) => {
+            Ok(Some(Ended {
+                held,
+                provider,
+                list,
+            })) => {
                 self.ahead.slot_held(held);
                 if let Some((index, outcome)) = provider {
                     self.failover.answered(index, outcome, now());
+                }
+                if let Some(report) = list {
+                    self.lists.reported(report, now());
                 }
             }
             Ok(None) => {}
@@ -708,6 +744,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
     async fn drain(&mut self) {
         self.queue.clear();
         self.failover.stop();
+        self.lists.stop();
         if let Some(claim) = self.claim.take() {
             // Its rows are not started: due again when their claims expire.
             let _ = claim.await;

@@ -42,6 +42,7 @@ mod claim_ahead;
 mod claim_decision;
 mod digest;
 mod lease;
+mod list_failover;
 mod provider;
 mod recorder;
 
@@ -61,6 +62,7 @@ use crate::config_cache::ConfigCache;
 use crate::delivery::{Adapters, Deliver};
 use crate::domain::NotificationType;
 use crate::metrics::Metrics;
+use crate::on_fallback::FailoverBoard;
 use crate::records::LeaseEpoch;
 use crate::store::DispatchStore;
 use channel::{ChannelLoop, ChannelParts};
@@ -140,6 +142,8 @@ pub(crate) struct Dispatcher<S, D = Adapters> {
     metrics: Arc<Metrics>,
     delivery: Arc<D>,
     config: Arc<ConfigCache>,
+    /// What this node delivers through fallback providers (`crate::on_fallback`).
+    board: Arc<FailoverBoard>,
 }
 
 impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
@@ -161,6 +165,8 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             },
         );
         let lease = LeaseView::new(keeper.subscribe(), Arc::clone(&metrics));
+        let board = Arc::new(FailoverBoard::default());
+        board.follow_lease(lease.subscribe());
         Self {
             store,
             settings,
@@ -182,6 +188,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             metrics,
             delivery,
             config,
+            board,
         }
     }
 
@@ -190,6 +197,11 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     pub(crate) fn with_supervisor(mut self, supervisor: Supervisor) -> Self {
         self.supervisor = supervisor;
         self
+    }
+
+    /// What this node delivers through fallback providers now (GetKpis, the console).
+    pub(crate) fn on_fallback(&self) -> Arc<FailoverBoard> {
+        Arc::clone(&self.board)
     }
 
     /// The lease epoch this node holds, `None` while it is not the dispatcher.
@@ -367,6 +379,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                 claim_timeout: self.settings.claim_timeout,
                 claim_batch: self.settings.claim_batch,
                 failover: self.settings.failover,
+                board: Arc::clone(&self.board),
                 recorder: recorder.clone(),
             })
             .collect()

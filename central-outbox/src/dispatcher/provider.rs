@@ -3,7 +3,9 @@
 //! channel is on another. The rule is `domain::failover`'s; this module applies it to the loop's
 //! settings, clock and tasks, and makes every move visible: the `outbox_channel_provider` gauge
 //! (which an alert rule watches), `outbox_channel_failovers_total`, a warning naming both
-//! relays, and the provider on every attempt's history entry.
+//! relays, the provider on every attempt's history entry, and this node's
+//! [`FailoverBoard`] (GetKpis, the console). A webhook list's endpoints are its own providers
+//! (`super::list_failover`).
 //!
 //! The state lives in the dispatching node's memory (see `domain::failover` for why that is
 //! enough): a new leader, or a change of the channel's relays, starts on the first provider.
@@ -18,12 +20,14 @@ use crate::delivery::{ChannelSettings, Deliver};
 use crate::domain::NotificationType;
 use crate::domain::failover::{FailoverPolicy, Moved, ProviderOutcome, ProviderSelector};
 use crate::metrics::Metrics;
+use crate::on_fallback::FailoverBoard;
 
 /// One channel's failover state; see the module documentation.
 pub(super) struct Failover {
     kind: NotificationType,
     policy: FailoverPolicy,
     metrics: Arc<Metrics>,
+    board: Arc<FailoverBoard>,
     /// The providers' names in order, from the settings last followed; empty while the channel
     /// has none to choose from (webhook, or email with no settings stored).
     names: Vec<String>,
@@ -37,11 +41,13 @@ impl Failover {
         kind: NotificationType,
         policy: FailoverPolicy,
         metrics: Arc<Metrics>,
+        board: Arc<FailoverBoard>,
     ) -> Self {
         Self {
             kind,
             policy,
             metrics,
+            board,
             names: Vec::new(),
             selector: ProviderSelector::new(policy, 1),
             probe: None,
@@ -65,6 +71,8 @@ impl Failover {
         self.selector = ProviderSelector::new(self.policy, names.len());
         self.names = names;
         self.metrics.set_channel_provider(self.kind, 0);
+        self.board
+            .set(self.kind, None, 0, &self.names, chrono::Utc::now());
         if let Some(probe) = self.probe.take() {
             probe.abort();
         }
@@ -76,6 +84,8 @@ impl Failover {
     pub(super) fn new_term(&mut self) {
         self.selector = ProviderSelector::new(self.policy, self.names.len());
         self.metrics.set_channel_provider(self.kind, 0);
+        self.board
+            .set(self.kind, None, 0, &self.names, chrono::Utc::now());
         self.stop();
     }
 
@@ -161,5 +171,7 @@ impl Failover {
         );
         self.metrics
             .channel_moved(self.kind, moved.to, moved.why.as_str());
+        self.board
+            .set(self.kind, None, moved.to, &self.names, chrono::Utc::now());
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::consolidation::Consolidation;
 use super::escalation::EscalationPolicy;
 use super::smtp_relay::SmtpRelay;
-use super::webhook::{WebhookFormat, WebhookTarget, WebhookUrl};
+use super::webhook::{MAX_FALLBACK_URLS, WebhookFormat, WebhookTarget, WebhookUrl};
 use super::{ContentError, ListName, NotificationType};
 
 /// Every default a channel setting takes when the config file, the admin API or `outboxctl`
@@ -136,6 +136,8 @@ pub struct ListInput {
     pub kind: Option<NotificationType>,
     pub recipients: Vec<String>,
     pub endpoints: Vec<String>,
+    /// Webhook lists with one endpoint: where attempts go while it fails, in order.
+    pub fallback_urls: Vec<String>,
     pub webhook_format: Option<WebhookFormat>,
     /// Write-only HMAC key; `None` means "no signature".
     pub webhook_secret: Option<String>,
@@ -152,6 +154,7 @@ impl fmt::Debug for ListInput {
             .field("kind", &self.kind)
             .field("recipients", &self.recipients)
             .field("endpoints", &self.endpoints)
+            .field("fallback_urls", &self.fallback_urls)
             .field("webhook_format", &self.webhook_format)
             .field(
                 "webhook_secret",
@@ -182,7 +185,7 @@ impl NotificationList {
     }
 
     /// Checks a list. An unset type means email. Errors name `name`, `recipients`, `endpoints`
-    /// (with the entry's position), `webhook_format` or `webhook_secret`.
+    /// or `fallback_urls` (with the entry's position), `webhook_format` or `webhook_secret`.
     pub fn parse(input: ListInput) -> Result<Self, ContentError> {
         let name = ListName::parse(input.name)?;
         let bounded = |field: &'static str, items: &[String]| {
@@ -203,6 +206,7 @@ impl NotificationList {
         let targets = match input.kind.unwrap_or(NotificationType::Email) {
             NotificationType::Email => {
                 if !input.endpoints.is_empty()
+                    || !input.fallback_urls.is_empty()
                     || input.webhook_format.is_some()
                     || input.webhook_secret.is_some()
                 {
@@ -248,6 +252,7 @@ impl NotificationList {
                         })
                     })
                     .collect::<Result<Vec<_>, _>>()?;
+                let fallbacks = fallback_urls(&endpoints, &input.fallback_urls)?;
                 let secret = match input.webhook_secret {
                     Some(secret) if secret.len() < 16 => {
                         return Err(ContentError::new(
@@ -259,6 +264,7 @@ impl NotificationList {
                 };
                 ListTargets::Webhook(WebhookTarget {
                     endpoints,
+                    fallbacks,
                     format: input.webhook_format.unwrap_or(WebhookFormat::Generic),
                     secret,
                 })
@@ -271,6 +277,52 @@ impl NotificationList {
             escalation: input.escalation,
         })
     }
+}
+
+/// A webhook list's fallback endpoints, checked as its endpoints are (`WebhookUrl::parse`):
+/// at most [`MAX_FALLBACK_URLS`], only beside exactly one endpoint (with several, every one is
+/// posted to and none is the one a fallback stands in for), and none the endpoint itself or
+/// another fallback again (it would be the same provider twice). Errors name `fallback_urls`.
+fn fallback_urls(
+    endpoints: &[WebhookUrl],
+    given: &[String],
+) -> Result<Vec<WebhookUrl>, ContentError> {
+    const FIELD: &str = "fallback_urls";
+    if given.is_empty() {
+        return Ok(Vec::new());
+    }
+    if given.len() > MAX_FALLBACK_URLS {
+        return Err(ContentError::new(
+            FIELD,
+            format!("{} given, at most {MAX_FALLBACK_URLS} allowed", given.len()),
+        ));
+    }
+    if endpoints.len() != 1 {
+        return Err(ContentError::new(
+            FIELD,
+            format!(
+                "a list with fallback URLs has exactly one endpoint (the one they stand in \
+                 for), not {}",
+                endpoints.len()
+            ),
+        ));
+    }
+    let mut fallbacks: Vec<WebhookUrl> = Vec::with_capacity(given.len());
+    for (i, url) in given.iter().enumerate() {
+        let url = WebhookUrl::parse(url)
+            .map_err(|e| ContentError::new(FIELD, format!("entry {}: {}", i + 1, e.problem)))?;
+        if endpoints.contains(&url) || fallbacks.contains(&url) {
+            return Err(ContentError::new(
+                FIELD,
+                format!(
+                    "entry {}: {url} is already the endpoint or an earlier fallback",
+                    i + 1
+                ),
+            ));
+        }
+        fallbacks.push(url);
+    }
+    Ok(fallbacks)
 }
 
 impl NotificationList {
@@ -297,12 +349,12 @@ impl NotificationList {
         if target.secret.is_some() {
             return Ok(self);
         }
-        if !stored.same_receivers(&target.endpoints) {
+        if !stored.same_receivers(target.endpoints.iter().chain(&target.fallbacks)) {
             return Err(ContentError::new(
                 "webhook_secret",
-                "must be given again (or removed with an empty value) when the endpoints move \
-                 to another host, port or scheme: the stored secret signs only for the \
-                 receivers it was given for",
+                "must be given again (or removed with an empty value) when the endpoints or \
+                 fallback URLs move to another host, port or scheme: the stored secret signs \
+                 only for the receivers it was given for",
             ));
         }
         target.secret.clone_from(&stored.secret);
@@ -1140,6 +1192,123 @@ mod tests {
         let mut anonymous = password_settings("relay.plant.test", TlsMode::None);
         anonymous.auth = SmtpAuth::None;
         assert!(anonymous.check().is_ok());
+    }
+
+    fn hooks(endpoints: &[&str], fallbacks: &[&str]) -> ListInput {
+        ListInput {
+            name: "hooks".into(),
+            kind: Some(NotificationType::Webhook),
+            endpoints: endpoints.iter().map(|e| (*e).to_owned()).collect(),
+            fallback_urls: fallbacks.iter().map(|e| (*e).to_owned()).collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn fallback_urls_follow_the_endpoint_rules_and_stand_in_for_one_endpoint() {
+        let list = NotificationList::parse(hooks(
+            &["https://h.test/a"],
+            &["https://backup.test/a", "http://127.0.0.1:9/b"],
+        ))
+        .unwrap();
+        let ListTargets::Webhook(target) = &list.targets else {
+            panic!("{list:?}");
+        };
+        assert_eq!(target.fallbacks.len(), 2);
+        assert_eq!(
+            list.target_names(),
+            ["https://h.test/a"],
+            "fallbacks are not targets"
+        );
+        let fails = |input: ListInput, needle: &str| {
+            let err = NotificationList::parse(input).unwrap_err();
+            assert_eq!(err.field, "fallback_urls", "{err}");
+            assert!(err.problem.contains(needle), "{err}");
+        };
+        fails(
+            hooks(&["https://h.test/a"], &["http://backup.test/a"]),
+            "entry 1: ",
+        );
+        fails(
+            hooks(
+                &["https://h.test/a"],
+                &["https://b.test/", "https://u:p@c.test/"],
+            ),
+            "entry 2: must not carry credentials",
+        );
+        fails(
+            hooks(
+                &["https://h.test/a", "https://i.test/"],
+                &["https://b.test/"],
+            ),
+            "exactly one endpoint",
+        );
+        fails(
+            hooks(&["https://h.test/a"], &["https://h.test/a"]),
+            "already the endpoint",
+        );
+        fails(
+            hooks(
+                &["https://h.test/a"],
+                &["https://b.test/"; MAX_FALLBACK_URLS + 1],
+            ),
+            "at most 4",
+        );
+        // At the limits: four URLs of the longest length an endpoint may have are taken, one
+        // byte more is refused naming the entry, and so is what no endpoint may be; a control
+        // character is taken exactly when an endpoint would take it.
+        let longest = |c: char| format!("https://{c}.test/{}", "p".repeat(2048 - 15));
+        let four: Vec<String> = ['a', 'b', 'c', 'd'].map(longest).to_vec();
+        assert_eq!(four[0].len(), 2048);
+        let four: Vec<&str> = four.iter().map(String::as_str).collect();
+        assert!(NotificationList::parse(hooks(&["https://h.test/a"], &four)).is_ok());
+        let over = format!("{}p", longest('e'));
+        fails(
+            hooks(&["https://h.test/a"], &["https://b.test/", &over]),
+            "entry 2: longer than 2048 bytes",
+        );
+        for bad in ["https://b .test/", "", "https://b.test:99999/"] {
+            fails(hooks(&["https://h.test/a"], &[bad]), "entry 1: ");
+        }
+        for control in [
+            "https://b.test/\u{0}",
+            "https://b.test/\t",
+            "https://b.test/\u{7f}",
+        ] {
+            assert_eq!(
+                NotificationList::parse(hooks(&["https://h.test/a"], &[control])).is_ok(),
+                WebhookUrl::parse(control).is_ok(),
+                "{control:?}"
+            );
+        }
+        let mut email = hooks(&[], &["https://b.test/"]);
+        email.kind = Some(NotificationType::Email);
+        email.recipients = vec!["ops@plant.test".into()];
+        assert_eq!(
+            NotificationList::parse(email).unwrap_err().field,
+            "endpoints"
+        );
+    }
+
+    #[test]
+    fn a_kept_secret_never_signs_for_a_fallback_on_a_new_receiver() {
+        let mut stored = hooks(&["https://h.test/a"], &["https://backup.test/a"]);
+        stored.webhook_secret = Some("hook-secret-0123456789".into());
+        let stored = NotificationList::parse(stored).unwrap();
+        let kept =
+            NotificationList::parse(hooks(&["https://h.test/b"], &["https://backup.test/c"]))
+                .unwrap()
+                .keeping_secret_of(Some(&stored))
+                .unwrap();
+        let ListTargets::Webhook(target) = &kept.targets else {
+            panic!("{kept:?}");
+        };
+        assert!(target.secret.is_some());
+        let moved = NotificationList::parse(hooks(&["https://h.test/a"], &["https://evil.test/"]))
+            .unwrap()
+            .keeping_secret_of(Some(&stored))
+            .unwrap_err();
+        assert_eq!(moved.field, "webhook_secret");
     }
 
     #[test]

@@ -4,6 +4,11 @@
 //! An endpoint URL is itself a credential for the chat services (Slack, Teams and Discord keep
 //! the webhook's secret in the path; some endpoints take a token in the query): whoever reads
 //! it can post to the channel. [`cut_urls`] is what a reader who may not post is shown of it.
+//!
+//! A list with one endpoint may name fallback endpoints, in order: its providers for failover
+//! (`domain::failover`). An attempt goes to one of them ([`WebhookTarget::via`]); each is
+//! named by its scheme, host and port only ([`WebhookTarget::provider_names`]), since the rest
+//! of the URL may be the credential.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -169,10 +174,18 @@ fn next_url(lower: &str, from: usize) -> Option<usize> {
     }
 }
 
+/// Most fallback endpoints one list may name: as many as an email channel's fallback relays
+/// (`smtp_relay::MAX_FALLBACK_RELAYS`). Each costs up to `after_failures` failed attempts
+/// before the next is tried, so a longer chain only delays delivery further.
+pub const MAX_FALLBACK_URLS: usize = 4;
+
 /// Where a webhook list posts, in which format, and how it signs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookTarget {
     pub endpoints: Vec<WebhookUrl>,
+    /// Where attempts go instead of the one endpoint while it fails, in order (failover);
+    /// empty for most lists. Never set beside more than one endpoint (`NotificationList::parse`).
+    pub fallbacks: Vec<WebhookUrl>,
     pub format: WebhookFormat,
     /// HMAC-SHA256 key for the `X-Outbox-Signature` header; `None` sends no signature.
     pub secret: Option<Secret>,
@@ -180,18 +193,71 @@ pub struct WebhookTarget {
 
 impl WebhookTarget {
     /// Whether every one of `endpoints` goes to a receiver (scheme, host and port) that one of
-    /// these endpoints goes to: paths may change, endpoints may be dropped or added beside the
-    /// old ones, but no request goes anywhere new. Host names compare as the URL parser writes
-    /// them (lower case); another spelling of the same address is another receiver.
-    pub fn same_receivers(&self, endpoints: &[WebhookUrl]) -> bool {
+    /// these endpoints (or fallbacks) goes to: paths may change, endpoints may be dropped or
+    /// added beside the old ones, but no request goes anywhere new. Host names compare as the
+    /// URL parser writes them (lower case); another spelling of the same address is another
+    /// receiver.
+    pub fn same_receivers<'a>(&self, endpoints: impl IntoIterator<Item = &'a WebhookUrl>) -> bool {
         let known: Vec<url::Origin> = self
             .endpoints
             .iter()
+            .chain(&self.fallbacks)
             .filter_map(WebhookUrl::receiver)
             .collect();
         endpoints
-            .iter()
+            .into_iter()
             .all(|e| e.receiver().is_some_and(|r| known.contains(&r)))
+    }
+
+    /// How many providers failover chooses from: the endpoint and its fallbacks, or one (the
+    /// whole set of endpoints) for a list without fallbacks.
+    pub fn providers(&self) -> usize {
+        1 + self.fallbacks.len()
+    }
+
+    /// The providers' names in order, for attempts' history, logs and the console: each URL's
+    /// scheme, host and port (its path and query may hold the credential), with its place in
+    /// the order added where two share one. Empty for a list without fallbacks: it has nothing
+    /// to choose from.
+    pub fn provider_names(&self) -> Vec<String> {
+        if self.fallbacks.is_empty() {
+            return Vec::new();
+        }
+        let origins: Vec<String> = self
+            .endpoints
+            .iter()
+            .take(1)
+            .chain(&self.fallbacks)
+            .map(|url| {
+                url.receiver()
+                    .map_or_else(|| "?".to_owned(), |o| o.ascii_serialization())
+            })
+            .collect();
+        origins
+            .iter()
+            .enumerate()
+            .map(|(i, origin)| {
+                if origins.iter().filter(|o| *o == origin).count() > 1 {
+                    format!("{origin} #{}", i + 1)
+                } else {
+                    origin.clone()
+                }
+            })
+            .collect()
+    }
+
+    /// The target an attempt at provider `index` posts to: this one for the first (or an index
+    /// past the end: the order changed under the caller), else the one fallback alone.
+    pub fn via(&self, index: usize) -> Self {
+        match index.checked_sub(1).and_then(|i| self.fallbacks.get(i)) {
+            Some(fallback) => Self {
+                endpoints: vec![fallback.clone()],
+                fallbacks: Vec::new(),
+                format: self.format,
+                secret: self.secret.clone(),
+            },
+            None => self.clone(),
+        }
     }
 }
 
@@ -205,6 +271,7 @@ mod tests {
                 .iter()
                 .map(|e| WebhookUrl::parse(e).unwrap())
                 .collect(),
+            fallbacks: Vec::new(),
             format: WebhookFormat::Generic,
             secret: Some(Secret::new("hook-secret-0123456789".into())),
         }
@@ -214,6 +281,9 @@ mod tests {
     fn same_receivers_means_the_same_scheme_host_and_port() {
         let stored = target(&["https://hooks.plant.test/a", "http://127.0.0.1:8080/b"]);
         let same = |endpoints: &[&str]| stored.same_receivers(&target(endpoints).endpoints);
+        let mut with_fallback = target(&["https://hooks.plant.test/a"]);
+        with_fallback.fallbacks = target(&["https://backup.plant.test/a"]).endpoints;
+        assert!(with_fallback.same_receivers(&target(&["https://backup.plant.test/b"]).endpoints));
         assert!(same(&["https://hooks.plant.test/other?x=1"]));
         assert!(same(&[
             "https://HOOKS.plant.test:443/a",
@@ -233,6 +303,36 @@ mod tests {
                 "{moved} added"
             );
         }
+    }
+
+    #[test]
+    fn providers_are_named_by_origin_and_an_attempt_goes_to_one() {
+        let mut t = target(&["https://hooks.slack.test/services/T0/B0/secret"]);
+        assert!(
+            t.provider_names().is_empty(),
+            "no fallbacks: nothing to choose"
+        );
+        assert_eq!(t.providers(), 1);
+        t.fallbacks = target(&[
+            "http://127.0.0.1:8080/hook?token=abc",
+            "https://hooks.slack.test/services/T1/B1/other",
+        ])
+        .endpoints;
+        assert_eq!(
+            t.provider_names(),
+            [
+                "https://hooks.slack.test #1",
+                "http://127.0.0.1:8080",
+                "https://hooks.slack.test #3"
+            ]
+        );
+        assert_eq!(t.providers(), 3);
+        assert_eq!(t.via(0), t);
+        let second = t.via(1);
+        assert_eq!(second.endpoints, t.fallbacks[..1]);
+        assert!(second.fallbacks.is_empty());
+        assert_eq!(second.secret, t.secret);
+        assert_eq!(t.via(9), t, "past the end: the first");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use crate::domain::kpi::{KpiSettings, stuck_cutoff};
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
 use crate::kpi_gauges::KpiGauges;
+use crate::on_fallback::FailoverBoard;
 use crate::records::NotificationState;
 use crate::store::{AdminStore, ChannelSettingsStore, EscalationStore};
 
@@ -45,6 +46,9 @@ pub(crate) struct OutboxService<S> {
     /// (`max_age`; every console tab refreshing its tiles), so those read the database at most
     /// once a second together; `None`: each call reads it.
     kpi_cache: Option<Arc<KpiGauges>>,
+    /// What this node's dispatcher delivers through fallback providers (`GetKpis.failover`);
+    /// `None`: no dispatcher here, which `GetKpis` reports as not dispatching.
+    on_fallback: Option<Arc<FailoverBoard>>,
 }
 
 impl<S> OutboxService<S> {
@@ -63,7 +67,14 @@ impl<S> OutboxService<S> {
             auth,
             site_offline_after: crate::config::DEFAULT_SITE_OFFLINE_AFTER,
             kpi_cache: None,
+            on_fallback: None,
         }
+    }
+
+    /// Reports what `board` says this node delivers through fallbacks (`GetKpis.failover`).
+    pub(crate) fn with_failover_board(mut self, board: Arc<FailoverBoard>) -> Self {
+        self.on_fallback = Some(board);
+        self
     }
 
     /// How long a site node may go unheard before it is offline.
@@ -484,6 +495,13 @@ impl<S: AdminStore + ChannelSettingsStore + EscalationStore> NotificationOutbox
             computed_at: Some(to_timestamp(now)),
             stuck_age_threshold: Some(to_duration(self.kpis.stuck_age_threshold)),
             delivered_kpi_window: Some(to_duration(self.kpis.delivered_window)),
+            failover: Some(match &self.on_fallback {
+                // A node that does not dispatch has moved nothing: nothing to show.
+                Some(board) if board.dispatching() => {
+                    admin_convert::failover_state(true, board.snapshot())
+                }
+                _ => admin_convert::failover_state(false, Vec::new()),
+            }),
         }))
     }
 

@@ -274,9 +274,31 @@ pub(crate) fn cut_detail_urls(view: &mut v1::NotificationDetail) {
     }
 }
 
-/// The same for a list: its endpoints.
+/// The same for a list: its endpoints and fallback URLs.
 pub(crate) fn cut_list_urls(view: &mut v1::NotificationList) {
     view.endpoints.iter_mut().for_each(cut);
+    view.fallback_urls.iter_mut().for_each(cut);
+}
+
+/// What this node delivers through fallback providers, as `GetKpis` says it.
+pub(crate) fn failover_state(
+    dispatching: bool,
+    on_fallback: Vec<crate::on_fallback::OnFallback>,
+) -> v1::FailoverState {
+    v1::FailoverState {
+        dispatching,
+        on_fallback: on_fallback
+            .into_iter()
+            .map(|f| v1::OnFallback {
+                channel: notification_type_to_proto(f.channel).into(),
+                list: f.list.unwrap_or_default(),
+                provider: u32::try_from(f.provider).unwrap_or(u32::MAX),
+                provider_name: f.provider_name,
+                first_provider: f.first_name,
+                since: Some(to_timestamp(f.since)),
+            })
+            .collect(),
+    }
 }
 
 pub(crate) fn kpi_values(values: &KpiValues) -> v1::KpiValues {
@@ -313,6 +335,7 @@ pub(crate) fn list_view(list: Stored<NotificationList>) -> v1::NotificationList 
         }
         ListTargets::Webhook(target) => {
             view.endpoints = target.endpoints.iter().map(ToString::to_string).collect();
+            view.fallback_urls = target.fallbacks.iter().map(ToString::to_string).collect();
             view.webhook_format = match target.format {
                 WebhookFormat::Generic => v1::WebhookFormat::Generic,
                 WebhookFormat::Teams => v1::WebhookFormat::Teams,
@@ -370,6 +393,7 @@ pub(crate) fn list_from_proto(
         kind,
         recipients: msg.recipients,
         endpoints: msg.endpoints,
+        fallback_urls: msg.fallback_urls,
         webhook_format,
         webhook_secret,
         consolidation,
@@ -389,6 +413,7 @@ pub(crate) fn list_from_proto(
                     "list_name" | "name" => "list.name",
                     "type" => "list.type",
                     "endpoints" => "list.endpoints",
+                    "fallback_urls" => "list.fallback_urls",
                     "webhook_secret" => "list.webhook_secret",
                     _ => "list.recipients",
                 },
@@ -923,6 +948,32 @@ mod tests {
         assert!(view.webhook_secret_set);
         assert_eq!(view.webhook_secret, None);
         assert!(!format!("{view:?}").contains("hook-secret"), "{view:?}");
+    }
+
+    #[test]
+    fn fallback_urls_round_trip_are_cut_for_readers_and_named_when_bad() {
+        let msg = v1::NotificationList {
+            name: "hooks".into(),
+            r#type: v1::NotificationType::Webhook.into(),
+            endpoints: vec!["https://hooks.plant.test/a".into()],
+            fallback_urls: vec!["https://backup.plant.test/s3cret-path".into()],
+            ..Default::default()
+        };
+        let list = list_from_proto(Some(msg.clone()), None).unwrap();
+        let mut view = list_view(Stored {
+            value: list,
+            updated_at: Utc::now(),
+        });
+        assert_eq!(view.fallback_urls, msg.fallback_urls);
+        cut_list_urls(&mut view);
+        assert_eq!(view.fallback_urls, ["https://backup.plant.test/\u{2026}"]);
+        let bad = v1::NotificationList {
+            fallback_urls: vec!["http://backup.plant.test/".into()],
+            ..msg
+        };
+        let err = list_from_proto(Some(bad), None).unwrap_err();
+        assert_eq!(err.field, "list.fallback_urls", "{err}");
+        assert!(err.problem.starts_with("entry 1: "), "{err}");
     }
 
     #[test]

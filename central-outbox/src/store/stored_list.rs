@@ -1,7 +1,8 @@
 //! A notification list as a backend read it, and the one rule that turns it back into a
 //! [`NotificationList`]. Both backends store a list the same way (its type, webhook format and
-//! sealed secret, its consolidation columns, and its targets in a table of their own), so both
-//! decode it here: a stored value that breaks a rule (a hand edit, a restore) is a corrupt
+//! sealed secret, its fallback URLs in one column (`WebhookFallbacks`, in order, as
+//! [`fallbacks_text`] writes them), its consolidation columns, and its targets in a table of
+//! their own), so both decode it here: a stored value that breaks a rule (a hand edit, a restore) is a corrupt
 //! store, named by its column, on either backend alike.
 
 use std::time::Duration;
@@ -23,6 +24,8 @@ pub(super) struct StoredList {
     pub(super) webhook_format: Option<String>,
     /// `WebhookSecret`, sealed by the store's [`Keyring`].
     pub(super) webhook_secret: Option<String>,
+    /// `WebhookFallbacks` ([`fallbacks_text`]); `None` or empty: none.
+    pub(super) webhook_fallbacks: Option<String>,
     /// The recipient addresses or endpoint URLs, in the order the list reads in.
     pub(super) targets: Vec<String>,
     /// `ConsolidateThreshold`, `ConsolidateWindowSeconds`, `ConsolidateMaxPerDigest`: all
@@ -41,6 +44,7 @@ impl StoredList {
             kind,
             webhook_format,
             webhook_secret,
+            webhook_fallbacks,
             targets,
             consolidation,
             escalation,
@@ -68,6 +72,14 @@ impl StoredList {
                     .iter()
                     .map(|u| WebhookUrl::parse(u).map_err(corrupt))
                     .collect::<Result<_>>()?,
+                fallbacks: webhook_fallbacks
+                    .as_deref()
+                    .unwrap_or_default()
+                    .split_ascii_whitespace()
+                    .map(|u| {
+                        WebhookUrl::parse(u).map_err(|e| corrupt(format!("WebhookFallbacks: {e}")))
+                    })
+                    .collect::<Result<_>>()?,
                 format: match webhook_format {
                     None => WebhookFormat::Generic,
                     Some(f) => WebhookFormat::parse(&f)
@@ -84,6 +96,22 @@ impl StoredList {
             consolidation,
             escalation,
         })
+    }
+}
+
+/// The `WebhookFallbacks` value of `list`: its fallback URLs in order, separated by one space
+/// (a parsed URL never holds whitespace); `None` for a list without any.
+pub(super) fn fallbacks_text(list: &NotificationList) -> Option<String> {
+    match &list.targets {
+        ListTargets::Webhook(target) if !target.fallbacks.is_empty() => Some(
+            target
+                .fallbacks
+                .iter()
+                .map(WebhookUrl::as_str)
+                .collect::<Vec<_>>()
+                .join(" "),
+        ),
+        _ => None,
     }
 }
 

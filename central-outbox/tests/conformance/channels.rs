@@ -127,6 +127,50 @@ pub(crate) async fn fallback_relays_round_trip_in_their_order<S: OutboxStore>(st
     );
 }
 
+/// A webhook list's fallback URLs come back in their order, are not among its targets, and go
+/// when a replace leaves them out.
+pub(crate) async fn webhook_fallbacks_round_trip_in_their_order<S: OutboxStore>(store: &S) {
+    let with_fallbacks = NotificationList::parse(ListInput {
+        name: "hooks".into(),
+        kind: Some(NotificationType::Webhook),
+        endpoints: vec!["https://hooks.plant.test/a?token=t".into()],
+        // Four, one of them as long as a URL may be: the column holds the most a list may name.
+        fallback_urls: vec![
+            "https://zz-backup.plant.test/b".into(),
+            "http://127.0.0.1:8080/c".into(),
+            "https://aa-backup.plant.test/d?x=1".into(),
+            format!("https://long.plant.test/{}", "p".repeat(2048 - 24)),
+        ],
+        ..Default::default()
+    })
+    .unwrap();
+    store.upsert_list(with_fallbacks.clone()).await.unwrap();
+    let name = with_fallbacks.name.clone();
+    let stored = store.list(&name).await.unwrap().unwrap().value;
+    assert_eq!(stored, with_fallbacks);
+    assert_eq!(
+        stored.target_names(),
+        ["https://hooks.plant.test/a?token=t"]
+    );
+    let listed = store.lists().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].value, with_fallbacks);
+    store
+        .upsert_list(hooks("https://hooks.plant.test/a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.list(&name).await.unwrap().unwrap().value,
+        hooks("https://hooks.plant.test/a")
+    );
+    store.delete_list(&name).await.unwrap();
+    assert!(store.seed_list(with_fallbacks.clone()).await.unwrap());
+    assert_eq!(
+        store.list(&name).await.unwrap().unwrap().value,
+        with_fallbacks
+    );
+}
+
 pub(crate) async fn seeds_store_only_what_is_missing<S: OutboxStore>(store: &S) {
     // Missing: each seed stores its item.
     assert!(store.seed_smtp_settings(smtp("first.test")).await.unwrap());

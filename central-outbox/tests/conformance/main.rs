@@ -241,6 +241,10 @@ macro_rules! whole_store_behaviours {
             channels::fallback_relays_round_trip_in_their_order
         );
         behaviour!(
+            webhook_fallbacks_round_trip_in_their_order,
+            channels::webhook_fallbacks_round_trip_in_their_order
+        );
+        behaviour!(
             priority_is_stored_shown_and_filtered,
             serve_order::priority_is_stored_shown_and_filtered
         );

@@ -23,7 +23,8 @@ pub(crate) enum ListsCommand {
     /// Create or replace a list: its recipients or endpoints, its flood consolidation and its
     /// escalation are replaced as a whole (without the --consolidate-* flags, or without
     /// --escalate-after, the list has none).
-    Set(ListSetArgs),
+    // Boxed: its flags make it far larger than the other variants.
+    Set(Box<ListSetArgs>),
     /// Delete a list. Notifications already sent to it park at delivery.
     Rm { name: String },
 }
@@ -40,6 +41,11 @@ pub(crate) struct ListSetArgs {
     /// Webhook lists: an endpoint URL, https or http to loopback (repeatable; at least one).
     #[arg(long = "endpoint", value_name = "URL")]
     pub endpoints: Vec<String>,
+    /// Webhook lists with one --endpoint: a fallback URL, tried in order while the endpoint
+    /// fails (connection, TLS, timeout, HTTP 408/429/5xx); repeatable, at most 4, each checked
+    /// as an endpoint. Left out: the list has none (a set replaces the whole list).
+    #[arg(long = "fallback-url", value_name = "URL")]
+    pub fallback_urls: Vec<String>,
     /// Webhook lists: the body's shape (central's default: generic).
     #[arg(long, value_enum)]
     pub webhook_format: Option<WebhookFormatArg>,
@@ -540,6 +546,28 @@ mod tests {
         assert!(set.recipients.is_empty());
         assert_eq!(set.webhook_format, Some(WebhookFormatArg::Teams));
         assert!(set.webhook_secret_stdin);
+        let cli = Cli::try_parse_from([
+            "outboxctl",
+            "lists",
+            "set",
+            "hooks",
+            "--type",
+            "webhook",
+            "--endpoint",
+            "https://h.test/a",
+            "--fallback-url",
+            "https://b.test/a",
+            "--fallback-url",
+            "https://c.test/a",
+        ])
+        .unwrap();
+        let Command::Lists(ListsCommand::Set(with_fallbacks)) = cli.command else {
+            panic!("not lists set");
+        };
+        assert_eq!(
+            with_fallbacks.fallback_urls,
+            ["https://b.test/a", "https://c.test/a"]
+        );
 
         let both = Cli::try_parse_from([
             "outboxctl",

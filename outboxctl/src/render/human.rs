@@ -356,6 +356,9 @@ fn list_text(l: &v1::NotificationList) -> String {
     ];
     if is_webhook(l) {
         fields.push(("endpoints", l.endpoints.join("\n")));
+        if !l.fallback_urls.is_empty() {
+            fields.push(("fallback urls", l.fallback_urls.join("\n")));
+        }
         fields.push(("format", webhook_format_name(l.webhook_format)));
         fields.push(("webhook secret", set_or_not(l.webhook_secret_set)));
     } else {

@@ -171,6 +171,7 @@ fn notification_list(l: &v1::NotificationList) -> Value {
         "type": channel_name(l.r#type),
         "recipients": l.recipients,
         "endpoints": l.endpoints,
+        "fallback_urls": l.fallback_urls,
         "webhook_format": webhook_format,
         "webhook_secret_set": l.webhook_secret_set,
         "consolidation": l.consolidation.as_ref().map(|c| json!({

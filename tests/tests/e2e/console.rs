@@ -203,7 +203,7 @@ pub(crate) fn error_text(html: &str) -> Option<&str> {
 }
 
 /// The figure of the dashboard tile `key`.
-fn tile(html: &str, key: &str) -> String {
+pub(crate) fn tile(html: &str, key: &str) -> String {
     let at = html
         .find(&format!(r#"data-tile="{key}""#))
         .unwrap_or_else(|| panic!("no tile {key}"));

@@ -12,14 +12,16 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use central_outbox::config::SelfAlertsConfig;
+use central_outbox::config::{ListConfig, SelfAlertsConfig, WebhookFormatKind};
 use metrics_endpoint::sample;
+use outbox_proto::v1;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
+use outbox_tests::webhook_server::WebhookServer;
 use serde_json::Value;
 
 use crate::harness::{
-    Central, LIST, Process, binary, central_config, channel, eventually, free_addr, send_request,
-    smtp_sink, wait_until_serving,
+    Central, LIST, Process, binary, central_config, channel, eventually, free_addr, ingest_submit,
+    send_request, smtp_sink, submit, wait_until_serving,
 };
 
 /// The workspace root, where `deploy/` is.
@@ -565,7 +567,27 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
         email_list: Some(LIST.into()),
         ..SelfAlertsConfig::default()
     });
+    // A webhook list with a fallback URL, so the per-list failover series exist once one
+    // notification went to it.
+    let hooks = WebhookServer::start().await.unwrap();
+    config.lists.push(ListConfig {
+        fallback_urls: vec![hooks.url("/backup")],
+        ..ListConfig::webhook(
+            "hooks",
+            vec![hooks.url("/hook")],
+            WebhookFormatKind::Generic,
+        )
+    });
     let central = Central::start(config).await;
+    ingest_submit(
+        &central,
+        v1::NotificationSubmit {
+            r#type: v1::NotificationType::Webhook.into(),
+            list_name: "hooks".into(),
+            ..submit("Tank 4 high level", "Level 97%")
+        },
+    )
+    .await;
 
     let site_addr = free_addr().await;
     let site_metrics = free_addr().await;
@@ -605,6 +627,7 @@ async fn every_metric_the_rules_and_the_dashboard_name_is_exported() {
             let ready = sample(&central_text, delivered) == Some(1.0)
                 && sample(&central_text, online) == Some(1.0)
                 && sample(&central_text, "outbox_by_site_queue_depth{site=\"site-a\"}").is_some()
+                && sample(&central_text, "outbox_list_provider{list=\"hooks\"}") == Some(0.0)
                 && sample(&site_text, forwarded) == Some(1.0);
             ready.then_some((central_text, site_text))
         },

@@ -2,9 +2,9 @@
 //! draws values for every setting of both channels and of the lists: the SMTP relay (host, port,
 //! TLS mode, sender, authentication), timeouts, retries, delays, backoff, connections, rate
 //! limit and burst, the webhook channel's pacing, email and webhook lists (names, recipients,
-//! endpoints, formats, signing secrets, flood consolidation). Each value goes to one central,
-//! running for the whole run, through the admin API over a real gRPC socket, and the same value,
-//! written into a config file, through the config loader.
+//! endpoints, fallback URLs, formats, signing secrets, flood consolidation). Each value goes to
+//! one central, running for the whole run, through the admin API over a real gRPC socket, and
+//! the same value, written into a config file, through the config loader.
 //!
 //! Each draw is judged by the test's own model of the bounds docs/configuration.md states: the
 //! fields out of bounds. Out of bounds, the answer must be INVALID_ARGUMENT whose message starts
@@ -72,6 +72,8 @@ const MIN_WINDOW: Duration = Duration::from_secs(1);
 const MAX_WINDOW: Duration = Duration::from_secs(12 * 3600);
 const MAX_PER_DIGEST: u32 = 500;
 const MAX_TARGETS: usize = 1000;
+/// Most fallback URLs one webhook list may name.
+const MAX_FALLBACK_URLS: usize = 4;
 const MAX_FALLBACK_RELAYS: usize = 4;
 // The defaults an unset field takes (docs/configuration.md, "the database wins").
 const DEFAULT_RETRIES: u32 = 10;
@@ -456,6 +458,8 @@ struct ListInput {
     kind: i32,
     recipients: Vec<Labelled>,
     endpoints: Vec<Labelled>,
+    /// Webhook lists: fallback URLs, in order.
+    fallbacks: Vec<Labelled>,
     format: i32,
     secret: Option<String>,
     consolidation: Option<ConsolidationInput>,
@@ -737,6 +741,7 @@ fn email_list(draw: Draw) -> BoxedStrategy<ListInput> {
                 } else {
                     Vec::new()
                 },
+                fallbacks: Vec::new(),
                 format: 0,
                 secret: None,
                 consolidation,
@@ -759,6 +764,12 @@ fn webhook_list(places: &Places, draw: Draw) -> BoxedStrategy<ListInput> {
         }
         prop::sample::select(secrets)
     };
+    // Most lists have none; a few as many as allowed, or one more.
+    let fallbacks = prop_oneof![
+        3 => Just(Vec::new()),
+        2 => prop::collection::vec(labelled(&endpoints, &bad_endpoints, draw), 1..3),
+        1 => prop::collection::vec(labelled(&endpoints, &bad_endpoints, draw), 4..6),
+    ];
     let (endpoints, with_recipient, format, secret) = match draw {
         Draw::Tame => (
             prop::collection::vec(labelled(&endpoints, &bad_endpoints, draw), 1..4).boxed(),
@@ -775,28 +786,31 @@ fn webhook_list(places: &Places, draw: Draw) -> BoxedStrategy<ListInput> {
     };
     (
         list_names(&[HOOK_LIST, HOOK_LIST], draw),
-        endpoints,
+        (endpoints, fallbacks),
         with_recipient,
         format,
         secret,
         consolidation(draw),
     )
         .prop_map(
-            |(name, endpoints, with_recipient, format, secret, consolidation)| ListInput {
-                name,
-                kind: 2,
-                recipients: if with_recipient {
-                    vec![Labelled {
-                        text: "ops@plant.example.test".into(),
-                        valid: true,
-                    }]
-                } else {
-                    Vec::new()
-                },
-                endpoints,
-                format,
-                secret,
-                consolidation,
+            |(name, (endpoints, fallbacks), with_recipient, format, secret, consolidation)| {
+                ListInput {
+                    name,
+                    kind: 2,
+                    recipients: if with_recipient {
+                        vec![Labelled {
+                            text: "ops@plant.example.test".into(),
+                            valid: true,
+                        }]
+                    } else {
+                        Vec::new()
+                    },
+                    endpoints,
+                    fallbacks,
+                    format,
+                    secret,
+                    consolidation,
+                }
             },
         )
         .boxed()
@@ -1144,6 +1158,8 @@ struct ListModel {
     webhook: bool,
     recipients: Vec<String>,
     endpoints: Vec<String>,
+    /// In their order (not a set: the order is the failover's).
+    fallbacks: Vec<String>,
     /// 1 generic, 2 teams, 3 slack.
     format: i32,
     secret_set: bool,
@@ -1190,6 +1206,20 @@ fn list_model(input: &ListInput, stored: Option<&v1::NotificationList>) -> (List
         if !targets_ok(&input.endpoints) {
             bad.insert("list.endpoints");
         }
+        // Fallbacks: at most 4, each a valid endpoint URL, beside exactly one endpoint, none of
+        // them that endpoint or an earlier fallback (the pool's URLs are written as the URL
+        // parser writes them, so equal text is the same URL).
+        let fallbacks_ok = input.fallbacks.is_empty()
+            || (input.fallbacks.len() <= MAX_FALLBACK_URLS
+                && input.endpoints.len() == 1
+                && input.fallbacks.iter().all(|f| f.valid)
+                && input.fallbacks.iter().enumerate().all(|(i, f)| {
+                    f.text != input.endpoints[0].text
+                        && input.fallbacks[..i].iter().all(|e| e.text != f.text)
+                }));
+        if !fallbacks_ok {
+            bad.insert("list.fallback_urls");
+        }
         if !(0..=3).contains(&input.format) {
             bad.insert("list.webhook_format");
         }
@@ -1200,13 +1230,20 @@ fn list_model(input: &ListInput, stored: Option<&v1::NotificationList>) -> (List
                 false
             }
             Some(_) => true,
-            // Kept only while every endpoint goes to a receiver the stored ones went to.
+            // Kept only while every endpoint and fallback goes to a receiver the stored ones
+            // went to.
             None => match stored {
                 Some(s) if s.r#type == 2 && s.webhook_secret_set => {
-                    let known: Vec<_> = s.endpoints.iter().filter_map(|e| receiver(e)).collect();
+                    let known: Vec<_> = s
+                        .endpoints
+                        .iter()
+                        .chain(&s.fallback_urls)
+                        .filter_map(|e| receiver(e))
+                        .collect();
                     let same = input
                         .endpoints
                         .iter()
+                        .chain(&input.fallbacks)
                         .all(|e| receiver(&e.text).is_some_and(|r| known.contains(&r)));
                     if !same && targets_ok(&input.endpoints) {
                         bad.insert("list.webhook_secret");
@@ -1245,6 +1282,11 @@ fn list_model(input: &ListInput, stored: Option<&v1::NotificationList>) -> (List
         webhook,
         recipients: texts(&input.recipients),
         endpoints: texts(&input.endpoints),
+        fallbacks: if webhook {
+            input.fallbacks.iter().map(|f| f.text.clone()).collect()
+        } else {
+            Vec::new()
+        },
         format: if input.format == 0 { 1 } else { input.format },
         secret_set,
         consolidation,
@@ -1341,6 +1383,7 @@ fn list_request(input: &ListInput) -> v1::UpsertNotificationListRequest {
             r#type: input.kind,
             recipients: texts(&input.recipients),
             endpoints: texts(&input.endpoints),
+            fallback_urls: texts(&input.fallbacks),
             webhook_format: input.format,
             webhook_secret: input.secret.clone(),
             consolidation: input.consolidation.as_ref().map(|c| v1::ListConsolidation {
@@ -1507,6 +1550,9 @@ fn list_toml(input: &ListInput) -> String {
     if !input.endpoints.is_empty() {
         let _ = writeln!(out, "endpoints = {}", toml_list(&input.endpoints));
     }
+    if !input.fallbacks.is_empty() {
+        let _ = writeln!(out, "fallback_urls = {}", toml_list(&input.fallbacks));
+    }
     match input.format {
         0 => {}
         1 => out.push_str("webhook_format = \"generic\"\n"),
@@ -1650,18 +1696,21 @@ fn config_smtp(settings: &central_outbox::config::Settings) -> SmtpModel {
 
 fn config_list(settings: &central_outbox::config::Settings) -> ListModel {
     let list = &settings.lists[0];
-    let (webhook, recipients, endpoints, format, secret_set) = match &list.targets {
+    let (webhook, recipients, (endpoints, fallbacks), format, secret_set) = match &list.targets {
         ListTargets::Email(r) => (
             false,
             targets(r.iter().map(ToString::to_string)),
-            Vec::new(),
+            (Vec::new(), Vec::new()),
             1,
             false,
         ),
         ListTargets::Webhook(t) => (
             true,
             Vec::new(),
-            targets(t.endpoints.iter().map(ToString::to_string)),
+            (
+                targets(t.endpoints.iter().map(ToString::to_string)),
+                t.fallbacks.iter().map(ToString::to_string).collect(),
+            ),
             match t.format {
                 WebhookFormat::Generic => 1,
                 WebhookFormat::Teams => 2,
@@ -1675,6 +1724,7 @@ fn config_list(settings: &central_outbox::config::Settings) -> ListModel {
         webhook,
         recipients,
         endpoints,
+        fallbacks,
         format,
         secret_set,
         consolidation: list
@@ -1746,6 +1796,7 @@ fn list_view(v: &v1::NotificationList) -> ListModel {
         webhook: v.r#type == 2,
         recipients: targets(v.recipients.clone()),
         endpoints: targets(v.endpoints.clone()),
+        fallbacks: v.fallback_urls.clone(),
         format: if v.r#type == 2 { v.webhook_format } else { 1 },
         secret_set: v.webhook_secret_set,
         consolidation: v.consolidation.as_ref().map(|c| {

@@ -51,6 +51,7 @@ fn read_list(
         kind: decode::text(row, "Type")?,
         webhook_format: decode::opt_text(row, "WebhookFormat")?,
         webhook_secret: decode::opt_text(row, "WebhookSecret")?,
+        webhook_fallbacks: decode::opt_text(row, "WebhookFallbacks")?,
         targets,
         consolidation: [
             consolidation("ConsolidateThreshold")?,
@@ -155,6 +156,7 @@ async fn write_list(
         format,
         secret,
         list.consolidation,
+        crate::store::stored_list::fallbacks_text(list),
         targets,
         list.escalation.as_ref(),
     );

@@ -119,6 +119,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0014_escalation.sql",
         sql: include_str!("../../../../migrations/mssql/0014_escalation.sql"),
     },
+    Migration {
+        version: 15,
+        name: "webhook_fallbacks",
+        file: "0015_webhook_fallbacks.sql",
+        sql: include_str!("../../../../migrations/mssql/0015_webhook_fallbacks.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

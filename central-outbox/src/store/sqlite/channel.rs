@@ -43,6 +43,7 @@ pub(super) fn select_list(
         i64,
         [Option<i64>; 3],
         Option<String>,
+        Option<String>,
     );
     let row: Option<ListRow> = conn
         .prepare_cached(include_str!("sql/select_list.sql"))?
@@ -54,10 +55,19 @@ pub(super) fn select_list(
                 row.get(3)?,
                 [row.get(4)?, row.get(5)?, row.get(6)?],
                 row.get(7)?,
+                row.get(8)?,
             ))
         })
         .optional()?;
-    let Some((kind, webhook_format, webhook_secret, updated_at, consolidation, escalation)) = row
+    let Some((
+        kind,
+        webhook_format,
+        webhook_secret,
+        updated_at,
+        consolidation,
+        escalation,
+        webhook_fallbacks,
+    )) = row
     else {
         return Ok(None);
     };
@@ -66,6 +76,7 @@ pub(super) fn select_list(
         kind,
         webhook_format,
         webhook_secret,
+        webhook_fallbacks,
         targets: select_targets(conn, name)?,
         consolidation,
         escalation,
@@ -133,6 +144,7 @@ pub(super) fn replace_list(
             list.escalation
                 .as_ref()
                 .map(crate::store::stored_policy::encode),
+            crate::store::stored_list::fallbacks_text(list),
         ])?;
     conn.prepare_cached(include_str!("sql/delete_list_targets.sql"))?
         .execute([list.name.as_str()])?;

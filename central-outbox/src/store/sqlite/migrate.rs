@@ -67,6 +67,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "escalation",
         sql: include_str!("../../../../migrations/sqlite/0011_escalation.sql"),
     },
+    Migration {
+        version: 12,
+        name: "webhook_fallbacks",
+        sql: include_str!("../../../../migrations/sqlite/0012_webhook_fallbacks.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -26,8 +26,8 @@ pub(crate) fn select_list(name: &str) -> Statement {
 pub(crate) const SELECT_LISTS: &str = include_str!("select_lists.sql");
 
 /// Creates or replaces list @P1 (type @P2, webhook format @P3, secret @P4, consolidation
-/// threshold @P5, window in seconds @P6 and rows per digest @P7, all three NULL for none) and
-/// its `targets` targets (@P8...), as a whole, in one transaction. A list that consolidates
+/// threshold @P5, window in seconds @P6 and rows per digest @P7, all three NULL for none,
+/// webhook fallback URLs @P8, NULL for none) and its `targets` targets (@P9...), as a whole, in one transaction. A list that consolidates
 /// gets its row of ConsolidationWindows if it has none yet, at a window long past (the same as
 /// no row: its first arrival starts a count), so that a submit only ever updates that row
 /// (migration 0007).
@@ -37,11 +37,12 @@ pub(crate) fn replace_list(targets: usize) -> String {
         "{}{}BEGIN TRANSACTION;
 UPDATE l
 SET l.Type = @P2, l.WebhookFormat = @P3, l.WebhookSecret = @P4, l.UpdatedAt = @now,
-    l.ConsolidateThreshold = @P5, l.ConsolidateWindowSeconds = @P6, l.ConsolidateMaxPerDigest = @P7
+    l.ConsolidateThreshold = @P5, l.ConsolidateWindowSeconds = @P6, l.ConsolidateMaxPerDigest = @P7,
+    l.WebhookFallbacks = @P8
 FROM dbo.NotificationLists AS l
 WHERE l.Name = @P1;
-INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
-SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest, WebhookFallbacks)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7, @P8
 WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
 INSERT INTO dbo.ConsolidationWindows (ListName, WindowStart, Arrived)
 SELECT @P1, CAST('19700101' AS datetime2(3)), 0
@@ -59,7 +60,7 @@ WHERE r.ListName = @P1;
 /// The update of list @P1's escalation columns (migration 0014) from the placeholders after its
 /// `targets` targets: the policy's JSON (NULL: none) and its [`OpeningRule`]'s columns.
 fn set_escalation(targets: usize) -> String {
-    let p = |i: usize| format!("@P{}", 8 + targets + i);
+    let p = |i: usize| format!("@P{}", 9 + targets + i);
     format!(
         "UPDATE dbo.NotificationLists
 SET Escalation = {}, EscalationPriorities = {}, EscalationFirstWaitMs = {}, EscalationFirstRound = {},
@@ -76,10 +77,10 @@ WHERE Name = @P1;
     )
 }
 
-/// The insert of `targets` targets (@P8...) of list @P1, or nothing for none.
+/// The insert of `targets` targets (@P9...) of list @P1, or nothing for none.
 fn insert_targets(targets: usize) -> String {
     let values: Vec<String> = (0..targets)
-        .map(|i| format!("(@P1, @P{})", i + 8))
+        .map(|i| format!("(@P1, @P{})", i + 9))
         .collect();
     if values.is_empty() {
         String::new()
@@ -101,8 +102,8 @@ pub(crate) fn seed_list(targets: usize) -> String {
     format!(
         "{}{}DECLARE @inserted int;
 BEGIN TRANSACTION;
-INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
-SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest, WebhookFallbacks)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7, @P8
 WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
 SET @inserted = @@ROWCOUNT;
 IF @inserted = 1
@@ -131,8 +132,9 @@ pub(crate) enum ListWrite {
 
 /// [`replace_list`] (or [`seed_list`]) of list `name` with its `targets` (each once); `format`
 /// and `secret` (sealed) only for a webhook list; `consolidation` when the list consolidates
-/// floods.
-#[allow(clippy::too_many_arguments)] // One per group of the list's columns, as the text binds them.
+/// floods; `fallbacks` the webhook list's fallback URLs as one text (`stored_list`).
+// One argument per column of the list's row: a struct would only restate them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn replace_list_with(
     write: ListWrite,
     name: &str,
@@ -140,6 +142,7 @@ pub(crate) fn replace_list_with(
     format: Option<String>,
     secret: Option<String>,
     consolidation: Option<Consolidation>,
+    fallbacks: Option<String>,
     targets: Vec<String>,
     escalation: Option<&EscalationPolicy>,
 ) -> Statement {
@@ -160,7 +163,8 @@ pub(crate) fn replace_list_with(
     .set("@P4", Param::Text(secret))
     .set("@P5", Param::Int(threshold))
     .set("@P6", Param::Int(window))
-    .set("@P7", Param::Int(max_per_digest));
+    .set("@P7", Param::Int(max_per_digest))
+    .set("@P8", Param::Text(fallbacks));
     stmt.params
         .extend(targets.into_iter().map(|t| Param::Text(Some(t))));
     let rule = escalation.map(OpeningRule::of);

@@ -1,3 +1,3 @@
 SELECT Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold,
-       ConsolidateWindowSeconds, ConsolidateMaxPerDigest, Escalation
+       ConsolidateWindowSeconds, ConsolidateMaxPerDigest, Escalation, WebhookFallbacks
 FROM NotificationLists WHERE Name = ?1

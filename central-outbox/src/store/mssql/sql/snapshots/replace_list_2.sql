@@ -4,11 +4,12 @@ DECLARE @now datetime2(3) = SYSUTCDATETIME();
 BEGIN TRANSACTION;
 UPDATE l
 SET l.Type = @P2, l.WebhookFormat = @P3, l.WebhookSecret = @P4, l.UpdatedAt = @now,
-    l.ConsolidateThreshold = @P5, l.ConsolidateWindowSeconds = @P6, l.ConsolidateMaxPerDigest = @P7
+    l.ConsolidateThreshold = @P5, l.ConsolidateWindowSeconds = @P6, l.ConsolidateMaxPerDigest = @P7,
+    l.WebhookFallbacks = @P8
 FROM dbo.NotificationLists AS l
 WHERE l.Name = @P1;
-INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
-SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest, WebhookFallbacks)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7, @P8
 WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
 INSERT INTO dbo.ConsolidationWindows (ListName, WindowStart, Arrived)
 SELECT @P1, CAST('19700101' AS datetime2(3)), 0
@@ -16,9 +17,9 @@ WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS 
 DELETE r
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;
-INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P8), (@P1, @P9);
+INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P9), (@P1, @P10);
 UPDATE dbo.NotificationLists
-SET Escalation = @P10, EscalationPriorities = @P11, EscalationFirstWaitMs = @P12, EscalationFirstRound = @P13,
-    EscalationFirstStep = @P14, EscalateOnPark = @P15, EscalationOpenedNote = @P16
+SET Escalation = @P11, EscalationPriorities = @P12, EscalationFirstWaitMs = @P13, EscalationFirstRound = @P14,
+    EscalationFirstStep = @P15, EscalateOnPark = @P16, EscalationOpenedNote = @P17
 WHERE Name = @P1;
 COMMIT TRANSACTION;

@@ -3,8 +3,8 @@ SET NOCOUNT ON;
 DECLARE @now datetime2(3) = SYSUTCDATETIME();
 DECLARE @inserted int;
 BEGIN TRANSACTION;
-INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest)
-SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7
+INSERT INTO dbo.NotificationLists (Name, Type, WebhookFormat, WebhookSecret, UpdatedAt, ConsolidateThreshold, ConsolidateWindowSeconds, ConsolidateMaxPerDigest, WebhookFallbacks)
+SELECT @P1, @P2, @P3, @P4, @now, @P5, @P6, @P7, @P8
 WHERE NOT EXISTS (SELECT 1 FROM dbo.NotificationLists AS x WHERE x.Name = @P1);
 SET @inserted = @@ROWCOUNT;
 IF @inserted = 1
@@ -15,10 +15,10 @@ WHERE @P5 IS NOT NULL AND NOT EXISTS (SELECT 1 FROM dbo.ConsolidationWindows AS 
 DELETE r
 FROM dbo.NotificationListRecipients AS r
 WHERE r.ListName = @P1;
-INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P8), (@P1, @P9);
+INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P9), (@P1, @P10);
 UPDATE dbo.NotificationLists
-SET Escalation = @P10, EscalationPriorities = @P11, EscalationFirstWaitMs = @P12, EscalationFirstRound = @P13,
-    EscalationFirstStep = @P14, EscalateOnPark = @P15, EscalationOpenedNote = @P16
+SET Escalation = @P11, EscalationPriorities = @P12, EscalationFirstWaitMs = @P13, EscalationFirstRound = @P14,
+    EscalationFirstStep = @P15, EscalateOnPark = @P16, EscalationOpenedNote = @P17
 WHERE Name = @P1;
 END;
 COMMIT TRANSACTION;
