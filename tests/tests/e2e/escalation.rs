@@ -174,6 +174,95 @@ async fn an_unanswered_alarm_pages_each_step_and_repeats_until_the_api_acknowled
     assert_eq!(after.notifications.len(), 4);
 }
 
+/// An edit of a list's policy applies to the incidents opened after it: an incident open when
+/// the admin API replaces the policy keeps the one it opened under (its page goes to the
+/// supervisors, as that policy said), and an alarm after the edit pages the managers the new
+/// policy names. Read from the mail each list received and the incidents' own policies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_of_the_policy_leaves_the_open_incident_alone() {
+    const MANAGERS: &str = "managers";
+    const MANAGER: &str = "mo@plant.example.test";
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let mut config = central_config(dir.path(), Some(sink.addr()));
+    // The alarm waits 3 s, then the supervisors are paged and wait ten minutes.
+    config.lists[0].escalation = Some(escalation(3, 600, 0));
+    config
+        .lists
+        .push(ListConfig::email(SUPERVISORS, vec![SUPERVISOR.into()]));
+    config
+        .lists
+        .push(ListConfig::email(MANAGERS, vec![MANAGER.into()]));
+    let central = Central::start(config).await;
+    let mut outbox = central.outbox().await;
+    let before = alarm(&central, "Tank 4 level high", "tank4.level").await;
+
+    // The edit, while the tank's incident waits for its page: step 2 pages the managers.
+    let mut list = outbox
+        .get_notification_list(v1::GetNotificationListRequest { name: LIST.into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let policy = list.escalation.as_mut().unwrap();
+    policy.steps[0].notify = vec![MANAGERS.into()];
+    outbox
+        .upsert_notification_list(v1::UpsertNotificationListRequest { list: Some(list) })
+        .await
+        .unwrap();
+    let after = alarm(&central, "Pump 2 tripped", "pump2.trip").await;
+
+    // Both pages fire: the tank's to the supervisors, the pump's to the managers.
+    eventually("both second pages mailed", || async {
+        (mails_to(&sink, SUPERVISOR) == 1 && mails_to(&sink, MANAGER) == 1).then_some(())
+    })
+    .await;
+    let supervisor_mail: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter(|m| m.rcpt_to.iter().any(|r| r == SUPERVISOR))
+        .map(|m| m.raw.clone())
+        .collect();
+    assert!(
+        supervisor_mail[0].contains("Tank 4 level high"),
+        "{supervisor_mail:?}"
+    );
+    let manager_mail: Vec<String> = sink
+        .messages()
+        .iter()
+        .filter(|m| m.rcpt_to.iter().any(|r| r == MANAGER))
+        .map(|m| m.raw.clone())
+        .collect();
+    assert!(
+        manager_mail[0].contains("Pump 2 tripped"),
+        "{manager_mail:?}"
+    );
+
+    // Each incident shows the policy it runs under.
+    let incidents = outbox
+        .list_incidents(v1::ListIncidentsRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .incidents;
+    assert_eq!(incidents.len(), 2, "{incidents:?}");
+    for incident in &incidents {
+        let detail = outbox
+            .get_incident(v1::GetIncidentRequest { id: incident.id })
+            .await
+            .unwrap()
+            .into_inner();
+        let shown = detail.incident.unwrap();
+        let step = &shown.policy.as_ref().unwrap().steps[0].notify;
+        if shown.alarm_notification_id == before {
+            assert_eq!(step, &[SUPERVISORS.to_owned()]);
+        } else {
+            assert_eq!(shown.alarm_notification_id, after);
+            assert_eq!(step, &[MANAGERS.to_owned()]);
+        }
+        assert_eq!(detail.pages.len(), 2);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_clear_ends_the_incident_and_stops_its_pages() {
     let dir = tempfile::tempdir().unwrap();
