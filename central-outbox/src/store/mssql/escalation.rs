@@ -44,6 +44,9 @@ use sql::escalation::{IncidentBatch, ReadState};
 /// Who the history names for what the escalation clock does itself.
 const CLOCK: &str = "dispatcher";
 
+/// What an acknowledgement's history row says after the count of page messages it stopped.
+const STOPPED_REST: &str = " page notifications not yet sent were stopped";
+
 /// Reads of an incident an acknowledgement makes before it finds the state it read still
 /// there: each miss means another writer changed the incident in between, which cannot go on
 /// for long (an incident changes a handful of times in its life).
@@ -705,6 +708,21 @@ fn plan_acknowledgement(
             .and(policy.as_ref())
             .and_then(EscalationPolicy::acknowledgement_reminder)
             .map(|r| i64::try_from(r.as_millis()).unwrap_or(i64::MAX));
+        let notify = policy
+            .as_ref()
+            .is_some_and(EscalationPolicy::notify_acknowledgement);
+        if !notify {
+            // The common case, and the one an operator waits on: one procedure call.
+            let stmt = sql::escalation::acknowledge_call(
+                read,
+                actor,
+                ack.means.as_str(),
+                ack.from(),
+                reminder,
+                STOPPED_REST,
+            );
+            return Ok((stmt, AckResult::Acknowledged { stopped: 0 }));
+        }
         let reminder_at = match reminder {
             Some(ms) => {
                 let seconds = batch.bind(Param::BigInt(Some(ms / 1000)));
@@ -729,10 +747,7 @@ fn plan_acknowledgement(
             ACKNOWLEDGED_ENTRY,
             actor,
         );
-        let mut rest = " page notifications not yet sent were stopped".to_owned();
-        if policy
-            .as_ref()
-            .is_some_and(EscalationPolicy::notify_acknowledgement)
+        let mut rest = STOPPED_REST.to_owned();
         {
             let priority = Priority::from_rank(i64::from(state.priority))
                 .ok_or_else(|| corrupt(format!("Incidents.Priority = {}", state.priority)))?;

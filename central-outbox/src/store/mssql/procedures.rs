@@ -71,6 +71,11 @@ pub(super) const PROCEDURES: &[Procedure] = &[
         kind: Kind::Procedure,
         sql: include_str!("../../../../migrations/mssql/procedures/SubmitNotification.sql"),
     },
+    Procedure {
+        name: "AcknowledgeIncident",
+        kind: Kind::Procedure,
+        sql: include_str!("../../../../migrations/mssql/procedures/AcknowledgeIncident.sql"),
+    },
 ];
 
 impl Procedure {

@@ -289,6 +289,31 @@ WHERE n.IncidentId = {incident} AND n.IncidentPage > 1
     ));
 }
 
+/// The first acknowledgement of incident `state` by `actor` (`means`, from `from`), through
+/// dbo.AcknowledgeIncident (migrations/mssql/procedures/AcknowledgeIncident.sql): the reminder
+/// `reminder_ms` after now if given, `rest` after the stopped count in its history row. Answers
+/// as [`IncidentBatch::finish`] does.
+#[allow(clippy::too_many_arguments)] // The procedure's parameters, each bound by name.
+pub(crate) fn acknowledge_call(
+    state: ReadState<'_>,
+    actor: &str,
+    means: &str,
+    from: Option<&str>,
+    reminder_ms: Option<i64>,
+    rest: &str,
+) -> Statement {
+    Statement::fixed(include_str!("acknowledge_incident.sql"))
+        .set("@P1", Param::BigInt(Some(state.id)))
+        .set("@P2", text(state.status))
+        .set("@P3", int(state.page_count))
+        .set("@P4", Param::Time(state.due))
+        .set("@P5", text(actor))
+        .set("@P6", text(means))
+        .set("@P7", Param::Text(from.map(str::to_owned)))
+        .set("@P8", Param::BigInt(reminder_ms))
+        .set("@P9", text(rest))
+}
+
 /// The state an acknowledgement reads (first result), the lists the incident reached (second:
 /// a message of it delivered, or being delivered now), and the notification it quotes with
 /// those lists' channel types (third and fourth), for the "acknowledged by" notice.

@@ -665,6 +665,22 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
         ),
         ("select_ack_state", escalation::select_ack_state(7)),
         (
+            "acknowledge_call",
+            escalation::acknowledge_call(
+                escalation::ReadState {
+                    id: 7,
+                    status: "Open",
+                    page_count: 2,
+                    due: Some(now),
+                },
+                "ann",
+                "console",
+                Some("10.0.0.1"),
+                Some(3_600_000),
+                " page notifications not yet sent were stopped",
+            ),
+        ),
+        (
             "select_condition_incidents",
             escalation::select_condition_incidents("north", "pump7.trip"),
         ),
