@@ -173,6 +173,7 @@ pub(crate) async fn unanswered_pages_fire_in_order_on_time_then_the_incident_is_
     lists(store, policy(1, &[(&[SUPERVISORS], 1)], 1, 2)).await;
     let epoch = seed::lease(store).await;
     let high = alarm("boiler 3 pressure high", Priority::High);
+    let started = std::time::Instant::now();
     submit(store, &high).await;
     // Normal is not among the default priorities: no incident.
     submit(store, &alarm("boiler 3 pressure normal", Priority::Normal)).await;
@@ -188,12 +189,20 @@ pub(crate) async fn unanswered_pages_fire_in_order_on_time_then_the_incident_is_
     assert_eq!(events(&opened), [IncidentEvent::Opened]);
     assert_eq!(opened.messages.len(), 1);
     assert_eq!(opened.messages[0].page_no, Some(1));
-    // Nothing is due yet.
+    // Nothing is due yet, unless getting here took the machine longer than the wait (a loaded
+    // one, or a slow database server): then the page was due, and fired.
     let early = turn(store, epoch).await;
-    assert_eq!((early.pages, early.exhausted), (0, 0));
-    assert!(early.next_due_in.unwrap() <= secs(1));
-
-    let first = next_firing(store, epoch, 10).await;
+    let first = if early.pages == 0 {
+        assert_eq!(early.exhausted, 0);
+        assert!(early.next_due_in.unwrap() <= secs(1));
+        next_firing(store, epoch, 10).await
+    } else {
+        assert!(
+            started.elapsed() >= secs(1),
+            "a page fired before it was due: {early:?}"
+        );
+        early
+    };
     assert_eq!((first.pages, first.messages, first.skipped), (1, 1, 0));
     let second = next_firing(store, epoch, 10).await;
     assert_eq!((second.pages, second.messages), (1, 1));
