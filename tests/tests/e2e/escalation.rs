@@ -216,26 +216,8 @@ async fn an_edit_of_the_policy_leaves_the_open_incident_alone() {
         (mails_to(&sink, SUPERVISOR) == 1 && mails_to(&sink, MANAGER) == 1).then_some(())
     })
     .await;
-    let supervisor_mail: Vec<String> = sink
-        .messages()
-        .iter()
-        .filter(|m| m.rcpt_to.iter().any(|r| r == SUPERVISOR))
-        .map(|m| m.raw.clone())
-        .collect();
-    assert!(
-        supervisor_mail[0].contains("Tank 4 level high"),
-        "{supervisor_mail:?}"
-    );
-    let manager_mail: Vec<String> = sink
-        .messages()
-        .iter()
-        .filter(|m| m.rcpt_to.iter().any(|r| r == MANAGER))
-        .map(|m| m.raw.clone())
-        .collect();
-    assert!(
-        manager_mail[0].contains("Pump 2 tripped"),
-        "{manager_mail:?}"
-    );
+    assert_eq!(mails_of(&sink, "Tank 4 level high", SUPERVISOR), 1);
+    assert_eq!(mails_of(&sink, "Pump 2 tripped", MANAGER), 1);
 
     // Each incident shows the policy it runs under.
     let incidents = outbox
