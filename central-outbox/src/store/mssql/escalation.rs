@@ -654,17 +654,16 @@ pub(super) async fn acknowledge(
             priority: decode::req::<i32>(row, "Priority")?,
             now: decode::time(row, "Now")?,
         };
-        let reached = result_set(&mut results, 1, "acknowledge")?
-            .iter()
-            .map(|row| decode::text(row, "ListName"))
-            .collect::<Result<Vec<_>>>()?;
-        let mut sources = Sources::default();
-        for row in &result_set(&mut results, 2, "acknowledge")? {
-            sources
-                .quoted
-                .insert(decode::guid(row, "NotificationId")?, page_source(row)?);
-        }
-        sources.learn_types(&result_set(&mut results, 3, "acknowledge")?)?;
+        // Only a first acknowledgement under a policy that announces it reads what the notice
+        // quotes; every other answer needs the incident's row alone.
+        let announces = state.status.takes_acknowledgement()
+            && stored_policy::decode(&state.policy)
+                .is_ok_and(|policy| policy.notify_acknowledgement());
+        let (reached, sources) = if announces {
+            read_reached(store, id).await?
+        } else {
+            (Vec::new(), Sources::default())
+        };
         let read = ReadState {
             id: id.0,
             status: &state.status_text,
@@ -685,6 +684,24 @@ pub(super) async fn acknowledge(
         "acknowledge: incident {} changed under every one of {ACK_READS} reads; try again",
         id.0
     )))
+}
+
+/// The lists incident `id` reached, and the notification its notice quotes with their types.
+async fn read_reached(store: &MsSqlStore, id: IncidentId) -> Result<(Vec<String>, Sources)> {
+    let stmt = sql::escalation::select_reached(id.0);
+    let mut results = store.batch("acknowledge", &stmt.sql, &stmt.params).await?;
+    let reached = result_set(&mut results, 0, "acknowledge")?
+        .iter()
+        .map(|row| decode::text(row, "ListName"))
+        .collect::<Result<Vec<_>>>()?;
+    let mut sources = Sources::default();
+    for row in &result_set(&mut results, 1, "acknowledge")? {
+        sources
+            .quoted
+            .insert(decode::guid(row, "NotificationId")?, page_source(row)?);
+    }
+    sources.learn_types(&result_set(&mut results, 2, "acknowledge")?)?;
+    Ok((reached, sources))
 }
 
 /// The batch that records `ack` on the incident in `state`, and what it answers if it applies

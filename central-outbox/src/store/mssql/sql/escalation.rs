@@ -314,11 +314,17 @@ pub(crate) fn acknowledge_call(
         .set("@P9", text(rest))
 }
 
-/// The state an acknowledgement reads (first result), the lists the incident reached (second:
-/// a message of it delivered, or being delivered now), and the notification it quotes with
-/// those lists' channel types (third and fourth), for the "acknowledged by" notice.
+/// The state an acknowledgement reads, with the database's clock.
 pub(crate) fn select_ack_state(incident: i64) -> Statement {
     Statement::fixed(include_str!("select_incident_ack_state.sql"))
+        .set("@P1", Param::BigInt(Some(incident)))
+}
+
+/// What the "acknowledged by" notice needs, read only for a policy that sends it: the lists the
+/// incident reached (first result: a message of it delivered, or being delivered now), and the
+/// notification it quotes with those lists' channel types (second and third).
+pub(crate) fn select_reached(incident: i64) -> Statement {
+    Statement::fixed(include_str!("select_incident_reached.sql"))
         .set("@P1", Param::BigInt(Some(incident)))
 }
 

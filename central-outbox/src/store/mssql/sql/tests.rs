@@ -664,6 +664,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
             escalation::select_sources(&[*id.as_uuid()], &["ops".into(), "managers".into()]),
         ),
         ("select_ack_state", escalation::select_ack_state(7)),
+        ("select_reached", escalation::select_reached(7)),
         (
             "acknowledge_call",
             escalation::acknowledge_call(
