@@ -629,7 +629,21 @@ pub struct RetentionConfig {
     /// longer shows in ListSiteHealth or `/metrics` and frees its place among its site's 16.
     #[serde(with = "humantime_serde")]
     pub site_health_retention: Duration,
+    /// A final status no site took (WatchSiteStatus) within this is dropped, as is the watch
+    /// of a site not heard from for as long; the site then asks central when GetStatus is
+    /// called.
+    #[serde(with = "humantime_serde")]
+    pub site_status_keep: Duration,
 }
+
+/// `retention.site_status_keep` when not configured: 7 days, a long outage of a site's link.
+pub const DEFAULT_SITE_STATUS_KEEP: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The shortest `retention.site_status_keep`: an hour (a stream renews its watch every ten
+/// minutes), and the longest: a year, the terminal rows' default retention.
+pub const SITE_STATUS_KEEP_RANGE: (Duration, Duration) = (
+    Duration::from_secs(3600),
+    Duration::from_secs(365 * 24 * 3600),
+);
 
 /// `retention.site_health_retention` when not configured: 30 days. Long enough that a site down
 /// for a long outage stays on screen (offline) and keeps its alert firing well past any holiday;
@@ -646,6 +660,7 @@ impl Default for RetentionConfig {
             purge_interval: Duration::from_secs(24 * 3600),
             purge_batch_size: 1000,
             site_health_retention: DEFAULT_SITE_HEALTH_RETENTION,
+            site_status_keep: DEFAULT_SITE_STATUS_KEEP,
         }
     }
 }
@@ -1182,6 +1197,14 @@ impl Config {
                 humantime::format_duration(MAX_SITE_HEALTH_RETENTION)
             );
         }
+        let (shortest, longest) = SITE_STATUS_KEEP_RANGE;
+        if !(shortest..=longest).contains(&r.site_status_keep) {
+            bail!(
+                "retention.site_status_keep: must be between {} and {}",
+                humantime::format_duration(shortest),
+                humantime::format_duration(longest)
+            );
+        }
         let tls = self.tls.load()?;
         tls.plaintext_exposure(self.listen_addr)?;
         let smtp = self.smtp.as_ref().map(smtp_settings).transpose()?;
@@ -1278,6 +1301,7 @@ impl Config {
             purge: PurgeSettings {
                 terminal_retention: r.terminal_retention,
                 site_health_retention: r.site_health_retention,
+                site_status_keep: r.site_status_keep,
                 interval: r.purge_interval,
                 batch_size: r.purge_batch_size,
             },
@@ -1853,6 +1877,10 @@ mod tests {
         assert_eq!(
             example.purge.site_health_retention,
             defaults.purge.site_health_retention
+        );
+        assert_eq!(
+            example.purge.site_status_keep,
+            defaults.purge.site_status_keep
         );
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
         // The example states the webhook defaults; a file without [webhook] seeds nothing.

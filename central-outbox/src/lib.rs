@@ -41,6 +41,7 @@ mod on_fallback;
 mod purge;
 mod secrets;
 mod self_alerts;
+mod status_feed;
 
 use std::sync::Arc;
 
@@ -60,6 +61,7 @@ use crate::grpc::admin::OutboxService;
 use crate::grpc::ingest::{IngestService, SiteIdentity};
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::status_feed::StatusFeed;
 use crate::store::mssql::MsSqlStore;
 use crate::store::sqlite::SqliteStore;
 use crate::store::{AdminStore, ChannelSettingsStore, OutboxStore, StoreError};
@@ -327,6 +329,9 @@ async fn serve<S: OutboxStore>(
             .with_ack_links(ack_links.clone()),
     );
     let http = adapters.http();
+    // The site status streams wake on what this node's dispatcher records, and on a poll.
+    let outcomes_recorded = Arc::new(Notify::new());
+    let status_feed = Arc::new(StatusFeed::default());
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -335,7 +340,8 @@ async fn serve<S: OutboxStore>(
         settings.dispatcher.clone(),
         Arc::clone(&wake),
     )
-    .with_supervisor(supervisor.clone());
+    .with_supervisor(supervisor.clone())
+    .with_outcomes_recorded(Arc::clone(&outcomes_recorded));
     let dispatcher_stop = drain.dispatch.clone();
     let dispatcher_lease = dispatcher.lease_watch();
     let on_fallback = dispatcher.on_fallback();
@@ -435,7 +441,21 @@ async fn serve<S: OutboxStore>(
         drain.streams.clone(),
     )
     .with_site_identity(site_identity)
-    .with_stream_limit(settings.server.max_ingest_streams);
+    .with_stream_limit(settings.server.max_ingest_streams)
+    .with_status_feed(Arc::clone(&status_feed));
+    let status_feed_task = supervisor.spawn("status_feed", shutdown.clone(), {
+        let (feed, store, metrics) = (status_feed, Arc::clone(&store), Arc::clone(&metrics));
+        let (recorded, stop) = (outcomes_recorded, shutdown.clone());
+        move || {
+            Arc::clone(&feed).run(
+                Arc::clone(&store),
+                Arc::clone(&metrics),
+                Arc::clone(&recorded),
+                stop.clone(),
+            )
+        }
+    });
+    drain.stops_with_server("status_feed", status_feed_task);
     // One instance for the gRPC port and the console: the console calls it in-process.
     let outbox = Arc::new(
         OutboxService::new(

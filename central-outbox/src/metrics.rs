@@ -210,6 +210,12 @@ pub(crate) struct Metrics {
     purge_failures: Family<PurgeStepLabels, Counter>,
     kpi_read_failures: Counter,
     site_health_refused: Counter,
+    /// The site status feed (`grpc::site_status`, `status_feed`, `purge`): changes sent back to
+    /// sites, streams open, failed polls, and changes dropped unconfirmed after the retention.
+    site_status_sent: Counter,
+    site_status_streams: Gauge,
+    site_status_poll_failures: Counter,
+    site_status_dropped: Counter,
     /// The escalation clock (`escalation_clock`): pages fired, of them late, incidents
     /// exhausted, lists a page could not reach, and turns the store refused.
     escalation_pages: Counter,
@@ -436,6 +442,34 @@ impl Metrics {
             site_health_refused.clone(),
         );
 
+        let site_status_sent = Counter::default();
+        registry.register(
+            "outbox_site_status_sent",
+            "Final statuses sent back to their sites over WatchSiteStatus (a change is sent \
+             again after a break until its site confirms it)",
+            site_status_sent.clone(),
+        );
+        let site_status_streams = Gauge::default();
+        registry.register(
+            "outbox_site_status_streams",
+            "WatchSiteStatus streams open on this node",
+            site_status_streams.clone(),
+        );
+        let site_status_poll_failures = Counter::default();
+        registry.register(
+            "outbox_site_status_poll_failures",
+            "Failed reads of the site status feed's heads (streams then read on their own every \
+             few seconds, so statuses reach the sites later)",
+            site_status_poll_failures.clone(),
+        );
+        let site_status_dropped = Counter::default();
+        registry.register(
+            "outbox_site_status_dropped",
+            "Final statuses dropped by the purge because their site did not take them within \
+             retention.site_status_keep (the site answers GetStatus for them from central)",
+            site_status_dropped.clone(),
+        );
+
         let site_identity_unverified = Gauge::default();
         registry.register(
             "outbox_site_identity_unverified",
@@ -585,6 +619,10 @@ impl Metrics {
             purge_failures,
             kpi_read_failures,
             site_health_refused,
+            site_status_sent,
+            site_status_streams,
+            site_status_poll_failures,
+            site_status_dropped,
             escalation_pages,
             escalation_late_pages,
             escalation_exhausted,
@@ -911,6 +949,30 @@ impl Metrics {
     /// Counts a turn of the escalation clock the store refused.
     pub(crate) fn escalation_failed(&self) {
         self.escalation_failures.inc();
+    }
+
+    /// Counts final statuses sent back to a site.
+    pub(crate) fn site_status_sent(&self, n: u64) {
+        self.site_status_sent.inc_by(n);
+    }
+
+    /// A WatchSiteStatus stream opened (`true`) or ended.
+    pub(crate) fn site_status_stream(&self, open: bool) {
+        if open {
+            self.site_status_streams.inc();
+        } else {
+            self.site_status_streams.dec();
+        }
+    }
+
+    /// Counts a failed read of the feed's heads.
+    pub(crate) fn site_status_poll_failed(&self) {
+        self.site_status_poll_failures.inc();
+    }
+
+    /// Counts final statuses the purge dropped unconfirmed.
+    pub(crate) fn site_status_dropped(&self, n: u64) {
+        self.site_status_dropped.inc_by(n);
     }
 
     /// Counts a health report refused because its site is full.

@@ -28,8 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::domain::SiteId;
 use crate::metrics::Metrics;
-use crate::records::{LeaseEpoch, PurgeReport};
-use crate::store::{DispatchStore, StoreError};
+use crate::records::{LeaseEpoch, PurgeReport, SiteStatusPurge};
+use crate::store::{DispatchStore, SiteStatusStore, StoreError};
 
 /// `[retention]` in the config file.
 #[derive(Debug, Clone, Copy)]
@@ -37,12 +37,15 @@ pub struct PurgeSettings {
     pub terminal_retention: Duration,
     /// A site node silent this long is forgotten.
     pub site_health_retention: Duration,
+    /// A final status no site confirmed within this, and a site status watch not renewed
+    /// within it, are dropped.
+    pub site_status_keep: Duration,
     pub interval: Duration,
     pub batch_size: u32,
 }
 
 /// Runs until `shutdown`: waits for leadership, purges, sleeps `interval`, again.
-pub(crate) async fn run<S: DispatchStore>(
+pub(crate) async fn run<S: DispatchStore + SiteStatusStore>(
     store: Arc<S>,
     metrics: Arc<Metrics>,
     settings: PurgeSettings,
@@ -85,9 +88,49 @@ pub(crate) async fn run<S: DispatchStore>(
                 );
             }
         }
+        match purge_site_status(store.as_ref(), settings, &shutdown).await {
+            Ok(dropped) => {
+                metrics.site_status_dropped(dropped.changes);
+                if dropped.changes > 0 || dropped.watchers > 0 {
+                    tracing::warn!(
+                        changes = dropped.changes,
+                        watches = dropped.watchers,
+                        keep = %humantime::format_duration(settings.site_status_keep),
+                        "dropped final statuses no site took within retention.site_status_keep \
+                         (and the watches of sites not heard from for as long); those sites \
+                         answer GetStatus for them from central"
+                    );
+                }
+            }
+            Err(e) => {
+                metrics.purge_failed("site_status");
+                tracing::error!(error = %e, "purging the site status feed failed; retrying next interval");
+            }
+        }
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(settings.interval) => {}
+        }
+    }
+}
+
+/// Drops the site status feed's old changes and watches in batches until a batch comes back
+/// short (or shutdown); returns the totals.
+async fn purge_site_status<S: SiteStatusStore>(
+    store: &S,
+    settings: PurgeSettings,
+    shutdown: &CancellationToken,
+) -> Result<SiteStatusPurge, StoreError> {
+    let mut total = SiteStatusPurge::default();
+    loop {
+        let batch = store
+            .purge_site_status(settings.site_status_keep, settings.batch_size)
+            .await?;
+        total.changes += batch.changes;
+        total.watchers += batch.watchers;
+        let full = u64::from(settings.batch_size);
+        if (batch.changes < full && batch.watchers < full) || shutdown.is_cancelled() {
+            return Ok(total);
         }
     }
 }

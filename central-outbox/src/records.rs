@@ -134,6 +134,28 @@ pub struct PurgeReport {
     pub incidents: u64,
 }
 
+/// A final status a notification of a watching site reached, still to reach the site
+/// (`SiteStatusStore`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SiteStatusChange {
+    /// The feed's order: a later change of the same notification has a higher one.
+    pub seq: i64,
+    /// The notification as central decided it: `status`, `resolved_at` (when) and `last_error`
+    /// as they were then, the rest as stored.
+    pub state: NotificationState,
+    /// Delivered: the recipients or endpoint it went to, as the relay accepted them.
+    pub delivered_to: Option<String>,
+}
+
+/// What one pass of the site status purge dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SiteStatusPurge {
+    /// Changes no site confirmed within the retention.
+    pub changes: u64,
+    /// Watches not renewed within it.
+    pub watchers: u64,
+}
+
 /// The fencing token: the lease epoch a dispatcher holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct LeaseEpoch(pub i64);

@@ -97,6 +97,40 @@ pub struct Config {
     pub central: CentralLinkConfig,
     #[serde(default)]
     pub log: LogConfig,
+    /// How many of the final statuses central sends back are kept, and for how long.
+    #[serde(default)]
+    pub statuses: StatusesConfig,
+}
+
+/// `[statuses]`: the final statuses central sends back (Delivered, Parked with its reason...),
+/// kept in the buffer file so `GetStatus` and `WatchStatus` answer from them, also while
+/// central is away. The oldest go first once either bound is reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatusesConfig {
+    /// How long a status is kept after it arrived. 7 days by default; `GetStatus` of an older
+    /// notification asks central.
+    #[serde(default = "default_status_retention", with = "humantime_serde")]
+    pub retention: Duration,
+    /// At most this many statuses are kept (about 1 KiB each on disk). 1,000,000 by default.
+    #[serde(default = "default_status_max_rows")]
+    pub max_rows: u64,
+}
+
+impl Default for StatusesConfig {
+    fn default() -> Self {
+        Self {
+            retention: default_status_retention(),
+            max_rows: default_status_max_rows(),
+        }
+    }
+}
+
+fn default_status_retention() -> Duration {
+    Duration::from_secs(7 * 24 * 3600)
+}
+fn default_status_max_rows() -> u64 {
+    1_000_000
 }
 
 /// `[central]`: how quickly a link to central that went silent (a proxy or firewall that stops
@@ -306,6 +340,7 @@ impl Config {
             pair: None,
             central: CentralLinkConfig::default(),
             log: LogConfig::default(),
+            statuses: StatusesConfig::default(),
         }
     }
 
@@ -348,6 +383,9 @@ impl Config {
         if !(1..=MAX_FORWARD_WINDOW).contains(&self.forward_window) {
             bail!("forward_window: must be between 1 and {MAX_FORWARD_WINDOW}");
         }
+        if self.statuses.max_rows == 0 {
+            bail!("statuses.max_rows: must be at least 1");
+        }
         check_central_url(&self.central_url)?;
         self.tls.check(&self.central_url, self.listen_addr)?;
         if self.metrics_listen == Some(self.listen_addr) {
@@ -367,6 +405,7 @@ impl Config {
             ),
             ("central.keepalive_timeout", self.central.keepalive_timeout),
             ("central.ack_timeout", self.central.ack_timeout),
+            ("statuses.retention", self.statuses.retention),
         ] {
             if value.is_zero() {
                 bail!("{key}: must be greater than zero");

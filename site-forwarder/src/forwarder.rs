@@ -52,12 +52,13 @@ use tonic::Streaming;
 use tonic::transport::Endpoint;
 
 use crate::acks::AckSender;
-use crate::buffer::{Acks, BufferError, Clears, Forwarding, Page};
+use crate::buffer::{Acks, BufferError, Clears, Forwarding, Page, Statuses};
 use crate::clears::ClearSender;
 use crate::config::Config;
 use crate::domain::{ForwardSnapshot, NotificationId, Seq};
 use crate::link::{LinkError, central_endpoint, error_chain};
 use crate::metrics::SiteMetrics;
+use crate::statuses::StatusFollower;
 use crate::wire;
 
 /// Rows read from the buffer per refill query. Small enough that one read holds little memory
@@ -244,6 +245,7 @@ pub(crate) struct Forwarder {
     metrics: Arc<SiteMetrics>,
     clears: ClearSender,
     acks: AckSender,
+    statuses: StatusFollower,
 }
 
 /// What one batch of acks asks of the buffer.
@@ -261,12 +263,14 @@ impl Forwarder {
         buffer: Forwarding,
         clears: Clears,
         acks: Acks,
+        statuses: Statuses,
         config: &Config,
         state: Arc<ForwardState>,
         metrics: Arc<SiteMetrics>,
     ) -> Result<Self> {
         let endpoint = central_endpoint(config)?;
         Ok(Self {
+            statuses: StatusFollower::new(statuses, &endpoint, config, Arc::clone(&metrics)),
             clears: ClearSender::new(clears, &endpoint, config),
             acks: AckSender::new(acks, &endpoint, config),
             buffer,
@@ -281,13 +285,14 @@ impl Forwarder {
         })
     }
 
-    /// Forwards, and sends the pending clears and acknowledgements, until `shutdown` is
-    /// cancelled.
+    /// Forwards, sends the pending clears and acknowledgements, and follows the final
+    /// statuses central sends back, until `shutdown` is cancelled.
     pub(crate) async fn run(self, shutdown: CancellationToken) {
         tokio::join!(
             self.forward(&shutdown),
             self.clears.run(&shutdown),
-            self.acks.run(&shutdown)
+            self.acks.run(&shutdown),
+            self.statuses.run(&shutdown)
         );
     }
 

@@ -37,6 +37,7 @@ mod health_report;
 mod link;
 mod metrics;
 mod pair;
+mod statuses;
 mod wire;
 
 /// The version this node reports to central in its health reports.
@@ -61,7 +62,7 @@ use crate::central_status::CentralStatus;
 use crate::config::Config;
 use crate::domain::SiteId;
 use crate::forwarder::ForwardState;
-use crate::grpc::site_notify::SiteNotifyService;
+use crate::grpc::site_notify::{ServiceBuffer, SiteNotifyService};
 use crate::grpc::site_pair::{PairBuffer, PairEndpoint};
 use crate::metrics::SiteMetrics;
 use crate::pair::Pair;
@@ -272,12 +273,16 @@ pub(crate) async fn run_with(
     });
     let service = SiteNotifyService::new(
         site.clone(),
-        buffer.intake(),
-        buffer.status(),
+        ServiceBuffer {
+            intake: buffer.intake(),
+            status: buffer.status(),
+            statuses: buffer.statuses(),
+        },
         state.clone(),
         central,
         metrics.clone(),
         Arc::clone(&pair),
+        shutdown.clone(),
     );
     // A child token: shutdown ends the replication streams at once (the standby reconnects to
     // whichever node is active) and the pair endpoint with them.
@@ -314,6 +319,7 @@ pub(crate) async fn run_with(
             forwarding: buffer.forwarding(),
             clears: buffer.clears(),
             acks: buffer.acks(),
+            statuses: buffer.statuses(),
             commits: buffer.commits(),
             roles: buffer.roles(),
             handover: buffer.handover(),

@@ -75,6 +75,11 @@ pub(crate) struct SiteMetrics {
     standby_lag: SecondsGauge,
     active_silent: SecondsGauge,
     promotions: Counter,
+    /// The final statuses central sends back (`crate::statuses`): whether the stream is open,
+    /// how many arrived, how many are held.
+    status_stream_up: Gauge,
+    statuses_received: Counter,
+    statuses_held: Gauge,
     /// The /metrics listener's own connections (see `metrics_endpoint::connections`).
     metrics_listener: ListenerStats,
     /// Held from setting the gauges to encoding them, so concurrent scrapes do not mix their
@@ -242,6 +247,25 @@ impl SiteMetrics {
             "Times this process promoted its node to active",
             promotions.clone(),
         );
+        let status_stream_up = Gauge::default();
+        registry.register(
+            "outbox_site_status_stream_up",
+            "Active: 1 while the stream of final statuses from central (WatchSiteStatus) is \
+             open, else 0 (statuses then wait at central; GetStatus answers from those held)",
+            status_stream_up.clone(),
+        );
+        let statuses_received = Counter::default();
+        registry.register(
+            "outbox_site_statuses_received",
+            "Final statuses central sent back and this node stored (a status may come twice)",
+            statuses_received.clone(),
+        );
+        let statuses_held = Gauge::default();
+        registry.register(
+            "outbox_site_statuses_held",
+            "Final statuses held for GetStatus and WatchStatus, as of the last prune",
+            statuses_held.clone(),
+        );
         let metrics_listener = ListenerMetrics::register(&mut registry, &[METRICS_LISTENER])
             .listener(METRICS_LISTENER);
         Self {
@@ -255,6 +279,9 @@ impl SiteMetrics {
             standby_lag,
             active_silent,
             promotions,
+            status_stream_up,
+            statuses_received,
+            statuses_held,
             sends_accepted,
             forwarded,
             buffer_depth,
@@ -276,6 +303,21 @@ impl SiteMetrics {
     /// Counts one Send committed to the buffer.
     pub(crate) fn send_accepted(&self) {
         self.sends_accepted.inc();
+    }
+
+    /// Whether the status stream from central is open.
+    pub(crate) fn status_stream_up(&self, up: bool) {
+        self.status_stream_up.set(i64::from(up));
+    }
+
+    /// Counts final statuses stored.
+    pub(crate) fn statuses_received(&self, n: usize) {
+        self.statuses_received.inc_by(n as u64);
+    }
+
+    /// How many final statuses are held.
+    pub(crate) fn statuses_held(&self, n: u64) {
+        self.statuses_held.set(i64::try_from(n).unwrap_or(i64::MAX));
     }
 
     /// Counts a promotion of this node to active.

@@ -5,11 +5,13 @@
 //! up into the gRPC edge (`grpc::convert` keeps what only the local API converts). What comes
 //! from a peer is checked here as the buffer would check its own; the error names the field.
 
+use std::sync::Arc;
+
 use outbox_proto::v1;
 
 use crate::domain::{
-    AckActor, BufferedNotification, ConditionKey, ContentError, NodeView, PendingAck, PendingClear,
-    Role, Seq, to_buffer_precision,
+    AckActor, BufferedNotification, CentralStatus, ConditionKey, ContentError, NodeView,
+    NotificationId, PendingAck, PendingClear, Role, Seq, to_buffer_precision,
 };
 
 /// The submit for a buffered notification. Built from the stored row every time, so a resend
@@ -110,6 +112,53 @@ pub(crate) fn ack_from_proto(ack: v1::PendingAck) -> Result<PendingAck, ContentE
         acknowledged_at: to_buffer_precision(at),
         actor,
     })
+}
+
+/// A final status as central sent it, checked: the view must name a valid notification id and
+/// say when central decided it. The view is kept encoded, as central sent it.
+pub(crate) fn central_status_from_proto(
+    change: v1::SiteStatusChange,
+) -> Result<CentralStatus, String> {
+    let view = change
+        .view
+        .ok_or_else(|| format!("status change {}: view: missing", change.seq))?;
+    let notification_id = NotificationId::parse(&view.notification_id, "notification_id")
+        .map_err(|e| format!("status change {}: {}", change.seq, e.problem))?;
+    let decided_at = view
+        .resolved_at
+        .as_ref()
+        .and_then(outbox_proto::time::from_timestamp)
+        .ok_or_else(|| {
+            format!(
+                "status change {} of {notification_id}: resolved_at: missing or out of range",
+                change.seq
+            )
+        })?;
+    let condition_key = (!view.condition_key.is_empty()).then(|| view.condition_key.clone());
+    Ok(CentralStatus {
+        notification_id,
+        central_seq: change.seq,
+        condition_key,
+        decided_at,
+        view: Arc::from(prost::Message::encode_to_vec(&view)),
+    })
+}
+
+/// A stored status as central sent it; `Err` names what is damaged.
+pub(crate) fn central_status_to_proto(
+    status: &CentralStatus,
+) -> Result<v1::SiteStatusChange, String> {
+    let view = view_of(status)?;
+    Ok(v1::SiteStatusChange {
+        seq: status.central_seq,
+        view: Some(view),
+    })
+}
+
+/// Central's view of the notification, decoded from what was stored.
+pub(crate) fn view_of(status: &CentralStatus) -> Result<v1::NotificationStatusView, String> {
+    <v1::NotificationStatusView as prost::Message>::decode(&status.view[..])
+        .map_err(|e| format!("the stored status of {}: {e}", status.notification_id))
 }
 
 #[cfg(test)]

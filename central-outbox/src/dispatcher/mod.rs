@@ -136,6 +136,9 @@ pub(crate) struct Dispatcher<S, D = Adapters> {
     recorder: Option<(recorder::RecorderHandle, JoinHandle<()>)>,
     /// Cancelled when the recorder may end (the drain): it ends once every record is written.
     recorder_stop: CancellationToken,
+    /// Notified after each write of outcomes that changed a row (the site status feed wakes on
+    /// it: `crate::status_feed`).
+    recorded: Arc<Notify>,
     /// Restarts the keeper, the channel loops and the recorder when they fail; see
     /// `task_supervisor`.
     supervisor: Supervisor,
@@ -180,6 +183,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             channels: Vec::new(),
             recorder: None,
             recorder_stop: CancellationToken::new(),
+            recorded: Arc::new(Notify::new()),
             supervisor: Supervisor::new(
                 metrics.supervision(),
                 NodeFailure::default(),
@@ -196,6 +200,12 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
     /// given up on takes the whole node out) instead of one of its own.
     pub(crate) fn with_supervisor(mut self, supervisor: Supervisor) -> Self {
         self.supervisor = supervisor;
+        self
+    }
+
+    /// Notifies `recorded` after each write of outcomes that changed a row.
+    pub(crate) fn with_outcomes_recorded(mut self, recorded: Arc<Notify>) -> Self {
+        self.recorded = recorded;
         self
     }
 
@@ -354,6 +364,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                 let (sender, inbox) = recorder::channel();
                 let (store, metrics) = (Arc::clone(&self.store), Arc::clone(&self.metrics));
                 let claim_timeout = self.settings.claim_timeout;
+                let recorded = Arc::clone(&self.recorded);
                 let task =
                     self.supervisor
                         .spawn("recorder", self.recorder_stop.clone(), move || {
@@ -362,6 +373,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
                                 Arc::clone(&metrics),
                                 claim_timeout,
                                 Arc::clone(&inbox),
+                                Arc::clone(&recorded),
                             )
                         });
                 self.recorder = Some((sender.clone(), task));

@@ -21,7 +21,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio::task::JoinSet;
 
 use super::caught;
@@ -104,6 +104,7 @@ pub(super) async fn run<S: DispatchStore>(
     metrics: Arc<Metrics>,
     claim_timeout: Duration,
     inbox: Inbox,
+    recorded: Arc<Notify>,
 ) {
     let mut received = inbox.lock_owned().await;
     let mut writes = JoinSet::new();
@@ -126,6 +127,7 @@ pub(super) async fn run<S: DispatchStore>(
                             Arc::clone(&metrics),
                             batch,
                             claim_timeout,
+                            Arc::clone(&recorded),
                         ));
                     }
                     None => open = false,
@@ -149,6 +151,7 @@ async fn record_outcomes<S: DispatchStore>(
     metrics: Arc<Metrics>,
     records: Vec<AttemptRecord>,
     retry_for: Duration,
+    recorded: Arc<Notify>,
 ) {
     let ids: Vec<_> = records
         .iter()
@@ -161,6 +164,9 @@ async fn record_outcomes<S: DispatchStore>(
     .await;
     match written {
         Ok(applied) => {
+            if applied.iter().any(|&a| a) {
+                recorded.notify_one();
+            }
             for ((id, status), applied) in ids.into_iter().zip(applied) {
                 if applied {
                     tracing::debug!(%id, %status, "attempt recorded");

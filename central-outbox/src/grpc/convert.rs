@@ -5,7 +5,7 @@ use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::status::Status;
-use crate::records::{InsertOutcome, NotificationState};
+use crate::records::{InsertOutcome, NotificationState, SiteStatusChange};
 
 pub(crate) use outbox_proto::submission::{
     notification_type_to_proto, parse as submission, priority_to_proto,
@@ -73,6 +73,19 @@ pub(crate) fn state_view(state: NotificationState, stuck: bool) -> v1::Notificat
         stuck,
         priority: priority_to_proto(state.priority).into(),
         condition_key: state.condition_key.unwrap_or_default(),
+        // What the row's detail shows as its targets; the status answer leaves it to the
+        // detail, a site's status feed fills it (`site_status_change`).
+        delivered_to: String::new(),
+    }
+}
+
+/// A final status as the site status feed sends it.
+pub(crate) fn site_status_change(change: SiteStatusChange) -> v1::SiteStatusChange {
+    let mut view = state_view(change.state, false);
+    view.delivered_to = change.delivered_to.unwrap_or_default();
+    v1::SiteStatusChange {
+        seq: change.seq,
+        view: Some(view),
     }
 }
 

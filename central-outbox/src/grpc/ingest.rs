@@ -48,7 +48,7 @@ use outbox_proto::v1::notification_ingest_server::NotificationIngest;
 use outbox_proto::v1::{
     AcknowledgeConditionRequest, AcknowledgeConditionResponse, ClearConditionRequest,
     ClearConditionResponse, NotificationSubmit, NotificationSubmitAck, ReportSiteHealthResponse,
-    SiteHealthReport,
+    SiteHealthReport, SiteStatusBatch, SiteStatusWatchMessage,
 };
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_stream::Stream;
@@ -56,14 +56,17 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, store_status};
+use super::{
+    HTTP2_STREAM_WINDOW_BYTES, convert, invalid_argument, site_health, site_status, store_status,
+};
 use crate::domain::escalation::{AckMeans, AckResult, Acknowledgement};
 use crate::domain::history::{Actor, site_actor};
 use crate::domain::site_health::{MAX_NODES_PER_SITE, SiteHealthWrite};
 use crate::domain::{ConditionKey, SiteId};
 use crate::metrics::Metrics;
 use crate::records::NewNotification;
-use crate::store::{EscalationStore, IngestStore, StoreError};
+use crate::status_feed::StatusFeed;
+use crate::store::{EscalationStore, IngestStore, SiteStatusStore, StoreError};
 use crate::tls::{TlsSettings, client_common_name};
 
 /// Most submits inserted by one store job. Large enough to amortise the job overhead, small
@@ -152,6 +155,8 @@ pub(crate) struct IngestService<S> {
     max_streams: usize,
     /// Rate-limits the WARN lines about refused streams (see [`REFUSAL_LOG_INTERVAL`]).
     refusals: Mutex<RefusalLog>,
+    /// Wakes the site status streams (`super::site_status`).
+    status_feed: Arc<StatusFeed>,
 }
 
 /// When a refused stream was last logged, and how many were refused since.
@@ -281,7 +286,14 @@ impl<S> IngestService<S> {
             stream_slots: Arc::new(Semaphore::new(DEFAULT_MAX_INGEST_STREAMS)),
             max_streams: DEFAULT_MAX_INGEST_STREAMS,
             refusals: Mutex::new(RefusalLog::default()),
+            status_feed: Arc::new(StatusFeed::default()),
         }
+    }
+
+    /// The site status streams wake on `feed` (the one `status_feed`'s task polls for).
+    pub(crate) fn with_status_feed(mut self, feed: Arc<StatusFeed>) -> Self {
+        self.status_feed = feed;
+        self
     }
 
     /// Which sites each caller may submit as (unchecked unless set).
@@ -364,9 +376,10 @@ impl Stream for SlotAcks {
 }
 
 type AckStream = Pin<Box<dyn Stream<Item = Result<NotificationSubmitAck, Status>> + Send>>;
+type StatusBatchStream = Pin<Box<dyn Stream<Item = Result<SiteStatusBatch, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl<S: IngestStore + EscalationStore> NotificationIngest for IngestService<S> {
+impl<S: IngestStore + EscalationStore + SiteStatusStore> NotificationIngest for IngestService<S> {
     async fn submit_notification(
         &self,
         request: Request<NotificationSubmit>,
@@ -528,6 +541,35 @@ impl<S: IngestStore + EscalationStore> NotificationIngest for IngestService<S> {
                 )))
             }
         }
+    }
+
+    type WatchSiteStatusStream = StatusBatchStream;
+
+    async fn watch_site_status(
+        &self,
+        request: Request<Streaming<SiteStatusWatchMessage>>,
+    ) -> Result<Response<Self::WatchSiteStatusStream>, Status> {
+        let caller_site = self.site_identity.caller_site(&request)?;
+        let mut inbound = request.into_inner();
+        let first = inbound.message().await?;
+        let site = site_status::watched_site(first)?;
+        if let Err(reason) =
+            check_site_field(caller_site.as_deref(), "watch_site_id", site.as_str())
+        {
+            tracing::warn!(%reason, "refused a status watch for another site");
+            return Err(Status::permission_denied(reason));
+        }
+        // One batch in flight at a time: room for it and the stream's end.
+        let (out, batches) = mpsc::channel(2);
+        let session = site_status::Session {
+            store: Arc::clone(&self.store),
+            feed: Arc::clone(&self.status_feed),
+            metrics: Arc::clone(&self.metrics),
+            site,
+            out,
+        };
+        tokio::spawn(session.run(inbound, self.shutdown.clone()));
+        Ok(Response::new(Box::pin(ReceiverStream::new(batches))))
     }
 
     type SubmitNotificationsStream = AckStream;

@@ -7,6 +7,7 @@ pub(crate) mod convert;
 pub(crate) mod incident_convert;
 pub(crate) mod ingest;
 pub(crate) mod site_health;
+pub(crate) mod site_status;
 
 use tokio::net::TcpListener;
 use tonic::Status;

@@ -95,6 +95,7 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
+    SiteStatusChange, SiteStatusPurge,
 };
 use crate::secrets::ResealReport;
 
@@ -132,12 +133,18 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// The whole store: every capability. What the service runs on (`run`) and what the SQL
 /// backends are; a part of the service asks only for the capabilities it uses (module docs).
 pub trait OutboxStore:
-    IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore
+    IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore + SiteStatusStore
 {
 }
 
-impl<S: IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore>
-    OutboxStore for S
+impl<
+    S: IngestStore
+        + DispatchStore
+        + AdminStore
+        + ChannelSettingsStore
+        + EscalationStore
+        + SiteStatusStore,
+> OutboxStore for S
 {
 }
 
@@ -431,6 +438,44 @@ pub trait EscalationStore: Send + Sync + 'static {
         &self,
         id: IncidentId,
     ) -> impl Future<Output = Result<Option<IncidentDetail>>> + Send;
+}
+
+/// The final statuses going back to the sites (`grpc::site_status`, `status_feed`, `purge`).
+/// The backends record a change in the transaction that sets the status (a trigger on the
+/// notifications), for every site that watches; this capability reads and forgets them.
+pub trait SiteStatusStore: Send + Sync + 'static {
+    /// Records that `site` watches its notifications' final statuses from now on (or renews
+    /// its watch): every change after this is kept for it until it confirms it.
+    fn watch_site_status(&self, site: &SiteId) -> impl Future<Output = Result<()>> + Send;
+
+    /// The oldest `limit` changes of `site` it has not confirmed, oldest first.
+    fn site_status_changes(
+        &self,
+        site: &SiteId,
+        limit: u32,
+    ) -> impl Future<Output = Result<Vec<SiteStatusChange>>> + Send;
+
+    /// Forgets the changes `seqs` of `site`: it stored them.
+    fn forget_site_status_changes(
+        &self,
+        site: &SiteId,
+        seqs: Vec<i64>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The sites with a change recorded after seq `after` (oldest first, each once), and the
+    /// highest seq recorded: what wakes the watching streams.
+    fn site_status_heads(
+        &self,
+        after: i64,
+    ) -> impl Future<Output = Result<(Vec<SiteId>, i64)>> + Send;
+
+    /// Drops the changes decided before `now - keep` and the watches not renewed since, at
+    /// most `batch` rows of each per call.
+    fn purge_site_status(
+        &self,
+        keep: Duration,
+        batch: u32,
+    ) -> impl Future<Output = Result<SiteStatusPurge>> + Send;
 }
 
 /// A rate limit as a backend read it, brought within the bounds (`RateLimit::stored`) with a

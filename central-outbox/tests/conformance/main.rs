@@ -37,6 +37,7 @@ mod procedures;
 mod purge;
 mod serve_order;
 mod site_health;
+mod site_status;
 
 use std::future::Future;
 use std::io::Write;
@@ -196,6 +197,14 @@ macro_rules! dispatch_behaviours {
 /// Everything else a whole store keeps.
 macro_rules! whole_store_behaviours {
     () => {
+        behaviour!(
+            a_watching_site_gets_each_final_status_once_in_order,
+            site_status::a_watching_site_gets_each_final_status_once_in_order
+        );
+        behaviour!(
+            the_purge_drops_old_changes_and_watches,
+            site_status::the_purge_drops_old_changes_and_watches
+        );
         behaviour!(
             submit_is_idempotent_and_refuses_other_content_under_an_id,
             engine::submit_is_idempotent_and_refuses_other_content_under_an_id

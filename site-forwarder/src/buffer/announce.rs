@@ -1,6 +1,6 @@
 //! What the buffer tells the rest of the node after each commit: the forwarder's wake-up, the
 //! newest seq, the seqs that left `buffered` or were marked cleared, the pending clears and
-//! acknowledgements, and
+//! acknowledgements, the newest final status central sent back, and
 //! (while a replication stream is attached) the rows just committed ([`super::recent`]).
 //!
 //! Invariants:
@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::{Notify, broadcast, watch};
 
 use super::recent::{self, RecentPage};
-use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Seq};
+use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Seq, StatusSeq};
 
 /// Row change announcements a slow replication stream may fall behind by before it is reset (and
 /// resumed from the table). Each is one settle job's seqs, so this is thousands of acks.
@@ -51,13 +51,22 @@ pub(super) struct Announcements {
     /// The rows committed most recently, for replication streams. Locked briefly by the
     /// writer's follow-ups and by a stream taking a page.
     pub(super) recent: Mutex<recent::RecentRows>,
+    /// The newest seq of the final statuses central sent back (`super::central_statuses`),
+    /// for `WatchStatus` streams and the standby's replication.
+    pub(super) status_head: watch::Sender<StatusSeq>,
 }
 
 impl Announcements {
     /// Announcements starting from what the file holds: its newest seq, its pending clears and
     /// acknowledgements.
-    pub(super) fn new(head: Seq, pending_clears: PendingClears, pending_acks: PendingAcks) -> Self {
+    pub(super) fn new(
+        head: Seq,
+        pending_clears: PendingClears,
+        pending_acks: PendingAcks,
+        status_head: StatusSeq,
+    ) -> Self {
         Self {
+            status_head: watch::Sender::new(status_head),
             enqueued: Arc::new(Notify::new()),
             head: watch::Sender::new(head),
             changes: broadcast::Sender::new(CHANGES_BACKLOG),

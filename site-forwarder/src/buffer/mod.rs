@@ -9,6 +9,7 @@
 //! |---|---|---|
 //! | [`Intake`] | store a Send (refused without room), record a ClearCondition or an Acknowledge | `grpc::site_notify` |
 //! | [`StatusReader`] | a notification's local status, the buffer's figures, its room | `grpc::site_notify`, `health_report`, `metrics`, `pair::node` (first start) |
+//! | [`Statuses`] | store the final statuses central sends back, follow and read them, prune them | `statuses` (the follower), `grpc::site_notify` (`WatchStatus`) |
 //! | [`RoomKeeper`] | check the room every second, follow whether Sends are taken | `lib.rs`'s room task |
 //! | [`Forwarding`] | wake on Sends, read rows with their pending clears, settle acks | `forwarder` |
 //! | [`Clears`] | follow pending clears and leaving rows, forget an applied clear | `clears` |
@@ -21,12 +22,13 @@
 //! | [`Adoption`] | store the rows and clears a former active hands over | `grpc::site_pair` |
 //!
 //! Below the handles, by table: `rows` (`buffered`, `rejected`), `pending_clears`
-//! (`pending_clears`, `applied_clears`), `pending_acks` (`pending_acks`), `roles` (`pair_state`), `schema` (every table and the
+//! (`pending_clears`, `applied_clears`), `pending_acks` (`pending_acks`), `central_statuses` (`central_statuses`), `roles` (`pair_state`), `schema` (every table and the
 //! migration); `announce` (what each commit tells the node), [`recent`] (rows kept in memory
 //! for replication), [`room`] (the room kept to drain). Each module states its invariants.
 
 mod acks;
 mod announce;
+mod central_statuses;
 mod clears;
 mod error;
 mod forwarding;
@@ -43,6 +45,7 @@ mod room_keeper;
 mod rows;
 mod schema;
 mod status;
+mod statuses;
 mod store;
 
 #[cfg(test)]
@@ -62,6 +65,7 @@ pub(crate) use room::{RoomStatus, SpaceLimits};
 pub(crate) use room_keeper::RoomKeeper;
 pub(crate) use rows::Page;
 pub(crate) use status::StatusReader;
+pub(crate) use statuses::Statuses;
 
 use std::path::Path;
 
@@ -102,6 +106,10 @@ impl Buffer {
 
     pub(crate) fn status(&self) -> StatusReader {
         StatusReader::new(self.store.clone())
+    }
+
+    pub(crate) fn statuses(&self) -> Statuses {
+        Statuses::new(self.store.clone())
     }
 
     pub(crate) fn room_keeper(&self) -> RoomKeeper {

@@ -9,16 +9,23 @@
 //! - A standby's pending clears are the active's, as the active last listed them, at the
 //!   active's seqs like its rows (how: `super::pending_clears`); so are its pending
 //!   acknowledgements (`super::pending_acks`).
+//! - The final statuses central sent the active are stored at the active's status seqs, in the
+//!   batch's transaction with how far that copy reaches (`pair_state.statuses_through`).
 
 use std::sync::Arc;
 
+use chrono::Utc;
+
+use super::central_statuses;
 use super::error::{BufferError, Result};
 use super::pending_acks;
 use super::pending_clears::{self, Invalid};
 use super::replication::RetainedSpan;
 use super::rows::{self, Insert};
 use super::store::Store;
-use crate::domain::{BufferedNotification, PendingAck, PendingClear, Seq};
+use crate::domain::{
+    BufferedNotification, CentralStatus, PendingAck, PendingClear, Seq, StatusSeq,
+};
 
 /// One or more replication batches as a standby applies them, in one transaction: the spans,
 /// then the adds, then the removes, then the pending clears and acknowledgements.
@@ -35,6 +42,8 @@ pub(crate) struct ReplicaChanges {
     pub pending_clears: Option<Vec<PendingClear>>,
     /// The active's pending acknowledgements likewise.
     pub pending_acks: Option<Vec<PendingAck>>,
+    /// Final statuses central sent the active, at the active's status seqs, in order.
+    pub statuses: Vec<(StatusSeq, CentralStatus)>,
 }
 
 /// The standby's copy of the active.
@@ -98,10 +107,27 @@ impl Replica {
                         }
                         None => None,
                     };
-                    Ok::<_, BufferError>((clears, acks))
+                    let statuses: Vec<_> = changes
+                        .statuses
+                        .iter()
+                        .map(|(seq, status)| (Some(*seq), status.clone()))
+                        .collect();
+                    let status_head =
+                        central_statuses::store(conn, &statuses, Utc::now().timestamp_millis())?;
+                    if let Some((last, _)) = changes.statuses.last() {
+                        central_statuses::save_through(conn, *last)?;
+                    }
+                    Ok::<_, BufferError>((clears, acks, status_head))
                 },
                 // The head only moves forward: what a promotion starts the replication stream from.
-                move |(clears, acks)| {
+                move |(clears, acks, status_head)| {
+                    if let Some(stored) = *status_head {
+                        announce.status_head.send_if_modified(|h| {
+                            let newer = stored > *h;
+                            *h = (*h).max(stored);
+                            newer
+                        });
+                    }
                     let head = clears.as_ref().map(|(head, _)| *head);
                     let ack_head = acks.as_ref().map(|(head, _)| *head);
                     announce.other_change(through.max(head).max(ack_head));

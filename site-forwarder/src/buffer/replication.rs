@@ -1,7 +1,7 @@
 //! Replication, the active's side: what a standby's stream (`crate::pair::source`) copies.
 //! The newest seq, the rows after a cursor (from memory while the stream keeps up, else from
 //! the table), the rows a clear marked, the seqs that left, the spans a resuming standby may
-//! keep, and the pending clears and acknowledgements. Reads and announcements only: the active's buffer is never
+//! keep, the pending clears and acknowledgements, and the final statuses central sent back. Reads and announcements only: the active's buffer is never
 //! changed by a standby.
 //!
 //! Invariants:
@@ -14,10 +14,11 @@ use rusqlite::params;
 use tokio::sync::{broadcast, watch};
 
 use super::announce::{RecentReader, RowChange};
+use super::central_statuses;
 use super::error::Result;
 use super::rows::{self, Page};
 use super::store::Store;
-use crate::domain::{PendingAcks, PendingClears, Seq};
+use crate::domain::{PendingAcks, PendingClears, Seq, StatusSeq, StoredStatus};
 
 /// Of the seqs `from..=through`, only those in `kept` (sorted, disjoint, inclusive ranges) are
 /// still buffered on the active.
@@ -113,6 +114,24 @@ impl Replication {
     }
 
     /// Up to `limit` rows with a seq greater than `after`, oldest first.
+    /// The newest status seq stored (final statuses central sent back), with a change
+    /// notification after each commit that stores one.
+    pub(crate) fn status_head(&self) -> watch::Receiver<StatusSeq> {
+        self.store.announce.status_head.subscribe()
+    }
+
+    /// Up to `limit` final statuses stored after `after`, oldest first, and the last seq read.
+    pub(crate) async fn statuses_after(
+        &self,
+        after: StatusSeq,
+        limit: usize,
+    ) -> Result<(Vec<StoredStatus>, StatusSeq)> {
+        self.store
+            .db
+            .read(move |conn| central_statuses::select_after(conn, after, None, limit))
+            .await
+    }
+
     pub(crate) async fn next_after(&self, after: Seq, limit: usize) -> Result<Page> {
         self.store.rows_after(after, limit).await
     }

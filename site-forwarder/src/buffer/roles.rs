@@ -15,7 +15,7 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use super::error::{BufferError, Result};
 use super::store::Store;
-use crate::domain::{Role, Seq};
+use crate::domain::{Role, Seq, StatusSeq};
 
 /// The node's persisted place in its pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,6 +27,8 @@ pub(crate) struct PairRecord {
     pub holds_own_rows: bool,
     /// The highest seq copied from the active being followed; 0 = nothing copied yet.
     pub replicated_through: Seq,
+    /// The highest status seq copied from that active; 0 = none yet (reset with the copy).
+    pub statuses_through: StatusSeq,
 }
 
 /// The role record, for the node's role changes and the standby's follow.
@@ -60,7 +62,8 @@ impl Roles {
                     "INSERT INTO pair_state (id, role, term, holds_own_rows, replicated_through)
                      VALUES (1, ?1, ?2, ?3, 0)
                      ON CONFLICT (id) DO UPDATE SET role = ?1, term = ?2, holds_own_rows = ?3,
-                         replicated_through = CASE WHEN ?4 THEN 0 ELSE replicated_through END",
+                         replicated_through = CASE WHEN ?4 THEN 0 ELSE replicated_through END,
+                         statuses_through = CASE WHEN ?4 THEN 0 ELSE statuses_through END",
                 )?;
                 stmt.execute(params![
                     role.as_str(),
@@ -77,7 +80,8 @@ impl Roles {
 fn select_pair_record(conn: &Connection) -> Result<Option<PairRecord>> {
     let row = conn
         .prepare_cached(
-            "SELECT role, term, holds_own_rows, replicated_through FROM pair_state WHERE id = 1",
+            "SELECT role, term, holds_own_rows, replicated_through, statuses_through
+             FROM pair_state WHERE id = 1",
         )?
         .query_row([], |r| {
             Ok((
@@ -85,10 +89,11 @@ fn select_pair_record(conn: &Connection) -> Result<Option<PairRecord>> {
                 r.get::<_, i64>(1)?,
                 r.get::<_, bool>(2)?,
                 r.get::<_, i64>(3)?,
+                r.get::<_, i64>(4)?,
             ))
         })
         .optional()?;
-    let Some((role, term, holds_own_rows, through)) = row else {
+    let Some((role, term, holds_own_rows, through, statuses_through)) = row else {
         return Ok(None);
     };
     let role = Role::from_db(&role)
@@ -98,5 +103,6 @@ fn select_pair_record(conn: &Connection) -> Result<Option<PairRecord>> {
         term: u64::try_from(term).unwrap_or(0),
         holds_own_rows,
         replicated_through: Seq(through),
+        statuses_through: StatusSeq(statuses_through),
     }))
 }

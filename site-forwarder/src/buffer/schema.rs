@@ -10,7 +10,7 @@
 use rusqlite::Connection;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub(super) const SCHEMA_VERSION: i64 = 7;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -108,6 +108,26 @@ CREATE TABLE pending_acks (
 );
 ";
 
+/// Version 7: the final statuses central sent back (`super::central_statuses`): one row per
+/// notification, its latest by central's order; `seq` is this node's order of storing them
+/// (the same on both nodes of a pair), `view` central's `NotificationStatusView` as encoded.
+/// `pair_state.statuses_through` is the highest `seq` a standby copied from its active.
+pub(super) const SCHEMA_V7: &str = "
+CREATE TABLE central_statuses (
+    seq             INTEGER PRIMARY KEY AUTOINCREMENT,
+    notification_id TEXT NOT NULL UNIQUE,
+    central_seq     INTEGER NOT NULL,
+    condition_key   TEXT,
+    decided_at      INTEGER NOT NULL,
+    stored_at       INTEGER NOT NULL,
+    view            BLOB NOT NULL
+);
+CREATE INDEX central_statuses_by_condition_key ON central_statuses (condition_key)
+    WHERE condition_key IS NOT NULL;
+CREATE INDEX central_statuses_by_age ON central_statuses (stored_at);
+ALTER TABLE pair_state ADD COLUMN statuses_through INTEGER NOT NULL DEFAULT 0;
+";
+
 /// Runs on the write connection before the writer starts: creates or upgrades the schema.
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -151,6 +171,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> 
         let txn = conn.transaction()?;
         txn.execute_batch(SCHEMA_V6)?;
         txn.pragma_update(None, "user_version", 6)?;
+        txn.commit()?;
+    }
+    if version < 7 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V7)?;
+        txn.pragma_update(None, "user_version", 7)?;
         txn.commit()?;
     }
     Ok(())

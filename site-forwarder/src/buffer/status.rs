@@ -5,11 +5,13 @@
 use chrono::DateTime;
 use rusqlite::{Connection, OptionalExtension};
 
+use super::central_statuses;
 use super::error::{BufferError, Result};
 use super::room::RoomStatus;
 use super::store::Store;
 use crate::domain::{
     BufferStats, BufferedStatus, LocalStatus, NotificationId, NotificationType, Priority,
+    StoredStatus,
 };
 
 /// Reads of where notifications and the buffer stand (`grpc::site_notify`, the health reporter,
@@ -40,6 +42,14 @@ impl StatusReader {
             self.local_status(id).await?,
             LocalStatus::Buffered(_)
         ))
+    }
+
+    /// The final status central sent back for the notification, if this node holds one.
+    pub(crate) async fn central_status(&self, id: NotificationId) -> Result<Option<StoredStatus>> {
+        self.store
+            .db
+            .read(move |conn| central_statuses::select_one(conn, id))
+            .await
     }
 
     /// The buffer's depth, its oldest row, the rejected rows and the pending clears.

@@ -25,8 +25,8 @@ use super::announce::Announcements;
 use super::error::{BufferError, Result};
 use super::room::{self, SpaceLimits};
 use super::rows::{self, Page};
-use super::{pending_acks, pending_clears, schema};
-use crate::domain::{PendingAcks, PendingClears, Seq};
+use super::{central_statuses, pending_acks, pending_clears, schema};
+use crate::domain::{PendingAcks, PendingClears, Seq, StatusSeq};
 
 /// Read connections. The forwarder holds at most one read at a time and `GetStatus` /
 /// `GetBufferStats` are light, so a few are plenty.
@@ -63,12 +63,15 @@ impl Store {
         let mut head = Seq::START;
         let mut clears = PendingClears::default();
         let mut acks = PendingAcks::default();
+        let mut status_head = StatusSeq::default();
         let mut pages = room::Pages::default();
         let db = Database::open(&options, |conn| {
             schema::migrate(conn)?;
             head = rows::select_head(conn)?;
             clears = pending_clears::select_pending(conn, pending_clears::Invalid::Report)?;
             acks = pending_acks::select_pending(conn)?;
+            status_head = central_statuses::select_head(conn)
+                .map_err(|e| group_commit::Error::TaskFailed(e.to_string()))?;
             schema::keep_job_journals_in_memory(conn)?;
             pages = room::Pages::read(conn)?;
             Ok(())
@@ -77,7 +80,7 @@ impl Store {
             room: room::Room::new(path, limits, pages),
             stop,
             db,
-            announce: Arc::new(Announcements::new(head, clears, acks)),
+            announce: Arc::new(Announcements::new(head, clears, acks, status_head)),
         })
     }
 

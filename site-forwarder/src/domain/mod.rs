@@ -6,12 +6,14 @@
 //! the buffer convert to and from it.
 
 mod acknowledgements;
+mod central_status;
 mod forwarding;
 mod pair;
 
 use chrono::{DateTime, Utc};
 
 pub use acknowledgements::{AckActor, MAX_ACTOR_CHARS, PendingAck, PendingAcks};
+pub use central_status::{CentralStatus, StatusInterest, StatusSeq, StoredStatus};
 pub use forwarding::ForwardSnapshot;
 pub use pair::{NodeView, NotActive, PairStatus, Role, RoleState};
 

@@ -6,6 +6,7 @@
 pub(crate) mod convert;
 pub(crate) mod site_notify;
 pub(crate) mod site_pair;
+pub(crate) mod watch_status;
 
 use tonic::Status;
 

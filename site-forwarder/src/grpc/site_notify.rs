@@ -15,12 +15,15 @@ use outbox_proto::v1::site_notify_server::SiteNotify;
 use outbox_proto::v1::{
     AcknowledgeRequest, AcknowledgeResponse, BufferStats, ClearConditionRequest,
     ClearConditionResponse, GetBufferStatsRequest, GetNotificationStatusRequest, NodeRoleView,
-    NotificationStatusView, PromoteRequest, SendRequest, SendResponse,
+    NotificationStatusView, PromoteRequest, SendRequest, SendResponse, WatchStatusRequest,
 };
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-use super::{buffer_status, convert, invalid_argument};
-use crate::buffer::{Intake, StatusReader};
+use super::{buffer_status, convert, invalid_argument, watch_status};
+use crate::buffer::{Intake, StatusReader, Statuses};
 use crate::central_status::CentralStatus;
 use crate::domain::Role;
 use crate::domain::{AckActor, ConditionKey, LocalStatus, NotificationId, SiteId};
@@ -39,26 +42,42 @@ pub(crate) struct SiteNotifyService {
     central: CentralStatus,
     metrics: Arc<SiteMetrics>,
     pair: Arc<Pair>,
+    /// The final statuses central sent back, for WatchStatus.
+    statuses: Statuses,
+    /// Cancelled when the node stops: open WatchStatus streams end.
+    stop: CancellationToken,
+}
+
+/// The buffer's capabilities the local API uses.
+pub(crate) struct ServiceBuffer {
+    /// Sends, clears and acknowledgements go in here.
+    pub intake: Intake,
+    /// GetStatus and GetBufferStats read here.
+    pub status: StatusReader,
+    /// The final statuses central sent back, for WatchStatus.
+    pub statuses: Statuses,
 }
 
 impl SiteNotifyService {
     pub(crate) fn new(
         site: SiteId,
-        intake: Intake,
-        buffer: StatusReader,
+        buffer: ServiceBuffer,
         forwarding: Arc<ForwardState>,
         central: CentralStatus,
         metrics: Arc<SiteMetrics>,
         pair: Arc<Pair>,
+        stop: CancellationToken,
     ) -> Self {
         Self {
             site,
-            intake,
-            buffer,
+            intake: buffer.intake,
+            buffer: buffer.status,
+            statuses: buffer.statuses,
             forwarding,
             central,
             metrics,
             pair,
+            stop,
         }
     }
 }
@@ -98,8 +117,37 @@ impl SiteNotify for SiteNotifyService {
             LocalStatus::Rejected { reason } => Err(Status::failed_precondition(format!(
                 "rejected by central: {reason}"
             ))),
-            LocalStatus::NotHere => self.central.status(id).await.map(Response::new),
+            // The final status central sent back, when this node has it: answered locally,
+            // also while central is away.
+            LocalStatus::NotHere => match self
+                .buffer
+                .central_status(id)
+                .await
+                .map_err(buffer_status)?
+            {
+                Some(stored) => watch_status::view(&stored).map(Response::new),
+                None => self.central.status(id).await.map(Response::new),
+            },
         }
+    }
+
+    type WatchStatusStream = ReceiverStream<Result<NotificationStatusView, Status>>;
+
+    async fn watch_status(
+        &self,
+        request: Request<WatchStatusRequest>,
+    ) -> Result<Response<Self::WatchStatusStream>, Status> {
+        let interest = watch_status::interest(request.into_inner())?;
+        let (out, views) = mpsc::channel(64);
+        let watch = watch_status::Watch {
+            interest,
+            statuses: self.statuses.clone(),
+            reader: self.buffer.clone(),
+            site: self.site.clone(),
+            out,
+        };
+        tokio::spawn(watch.run(self.stop.clone()));
+        Ok(Response::new(ReceiverStream::new(views)))
     }
 
     async fn get_buffer_stats(

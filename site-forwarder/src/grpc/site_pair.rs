@@ -35,7 +35,7 @@ use tonic::{Request, Response, Status, Streaming};
 use super::buffer_status;
 use crate::buffer::{Adoption, Replication};
 use crate::config::{Config, PairConfig};
-use crate::domain::{Role, Seq, SiteId};
+use crate::domain::{Role, Seq, SiteId, StatusSeq};
 use crate::link::{LinkError, peer_endpoint};
 use crate::pair::source::{self, Hello, SourceError, StreamTiming, WINDOW};
 use crate::pair::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
@@ -229,10 +229,16 @@ impl SitePair for SitePairService {
                 "hello.replicated_through: must not be negative",
             ));
         }
+        if hello.statuses_through < 0 {
+            return Err(Status::invalid_argument(
+                "hello.statuses_through: must not be negative",
+            ));
+        }
         let hello = Hello {
             node_name: hello.node_name,
             term: hello.term,
             replicated_through: Seq(hello.replicated_through),
+            statuses_through: StatusSeq(hello.statuses_through),
         };
         let (out, batches) = mpsc::channel(WINDOW);
         tokio::spawn(source::stream_to_standby(

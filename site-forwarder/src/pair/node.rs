@@ -26,7 +26,7 @@ use tonic::transport::Endpoint;
 use super::{NodeView, Pair, Role, RoleState, handover, replica};
 use crate::buffer::{
     Acks, BufferError, Clears, Commits, Forwarding, Handover, PairRecord, Replica, Roles,
-    StatusReader,
+    StatusReader, Statuses,
 };
 use crate::config::{Config, PairConfig};
 use crate::forwarder::{ForwardState, Forwarder};
@@ -80,6 +80,8 @@ pub(crate) struct NodeBuffer {
     pub forwarding: Forwarding,
     pub clears: Clears,
     pub acks: Acks,
+    /// The active's follower of the final statuses central sends back.
+    pub statuses: Statuses,
     /// The active's commits, dated for the standby lag.
     pub commits: Commits,
     /// The role record, written before every role is used.
@@ -146,6 +148,7 @@ impl Node {
             self.buffer.forwarding.clone(),
             self.buffer.clears.clone(),
             self.buffer.acks.clone(),
+            self.buffer.statuses.clone(),
             &self.config,
             Arc::clone(&self.forwarding),
             Arc::clone(&self.metrics),

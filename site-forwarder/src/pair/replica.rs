@@ -30,7 +30,7 @@ use tonic::transport::Endpoint;
 use super::source::{WINDOW, span_from_proto};
 use super::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, PairRecord, Replica, ReplicaChanges, Roles};
-use crate::domain::{Role, Seq};
+use crate::domain::{Role, Seq, StatusSeq};
 use crate::link::error_chain;
 use crate::wire::{ack_from_proto, clear_from_proto, node_view_from_proto};
 
@@ -95,6 +95,7 @@ async fn follow_inner(
         term: 0,
         holds_own_rows: false,
         replicated_through: Seq::START,
+        statuses_through: StatusSeq::default(),
     });
     let channel = endpoint
         .connect()
@@ -108,6 +109,7 @@ async fn follow_inner(
             node_name: pair.name().to_owned(),
             term: record.term,
             replicated_through: record.replicated_through.0,
+            statuses_through: record.statuses_through.0,
         })),
     };
     let _ = confirm.send(hello).await;
@@ -209,6 +211,21 @@ fn changes(batches: Vec<ReplicationBatch>) -> ReplicaChanges {
         }
         if batch.pending_acks_included {
             changes.pending_acks = Some(pending_acks(batch.pending_acks));
+        }
+        for replicated in batch.statuses {
+            let seq = StatusSeq(replicated.status_seq);
+            match replicated
+                .change
+                .ok_or_else(|| "change: missing".to_owned())
+                .and_then(crate::wire::central_status_from_proto)
+            {
+                Ok(status) => changes.statuses.push((seq, status)),
+                // Central's status stays at central: GetStatus here asks central for it.
+                Err(problem) => tracing::error!(
+                    status_seq = seq.0, %problem,
+                    "the active sent a final status this node cannot store; not copied"
+                ),
+            }
         }
     }
     changes

@@ -51,8 +51,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use outbox_proto::v1::{
-    ReplicaMessage, ReplicatedRow, ReplicationBatch, RetainedSpan as ProtoSpan, SeqRange,
-    replica_message,
+    ReplicaMessage, ReplicatedRow, ReplicatedStatus, ReplicationBatch, RetainedSpan as ProtoSpan,
+    SeqRange, replica_message,
 };
 use prost::Message;
 use tokio::sync::{broadcast, mpsc, watch};
@@ -63,7 +63,7 @@ use tonic::Streaming;
 
 use super::{MAX_PENDING_ACKS, MAX_PENDING_CLEARS, Pair};
 use crate::buffer::{BufferError, RecentReader, Replication, RetainedSpan, RowChange};
-use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Role, Seq};
+use crate::domain::{BufferedNotification, PendingAcks, PendingClears, Role, Seq, StatusSeq};
 use crate::wire;
 
 /// Unconfirmed batches per stream. The standby applies whatever has arrived in one transaction
@@ -90,6 +90,8 @@ pub(crate) struct Hello {
     pub node_name: String,
     pub term: u64,
     pub replicated_through: Seq,
+    /// The highest status seq the standby holds of this active's (0: none).
+    pub statuses_through: StatusSeq,
 }
 
 /// Streams the buffer to one standby until it goes away, this node stops being active, the
@@ -198,6 +200,8 @@ struct Session {
     acks_cut_reported: bool,
     /// When the last batch went out: a heartbeat follows one interval of silence.
     last_sent: Instant,
+    /// The last status seq sent to the standby (or that it held when it resumed).
+    status_cursor: StatusSeq,
 }
 
 impl Session {
@@ -218,6 +222,7 @@ impl Session {
             acks: buffer.pending_acks(),
             acks_cut_reported: false,
             last_sent: Instant::now(),
+            status_cursor: StatusSeq::default(),
             buffer,
         }
     }
@@ -235,6 +240,7 @@ impl Session {
         // Only wakes the loop; `self.clears` tells whether the list was sent since it changed.
         let mut clears_changed = self.buffer.pending_clears();
         let mut acks_changed = self.buffer.pending_acks();
+        let mut status_head = self.buffer.status_head();
         let mut role = self.pair.watch_role();
         let term = role.borrow().term;
         let through = self.hello.replicated_through;
@@ -242,6 +248,11 @@ impl Session {
         if resume {
             self.cursor = through;
             self.confirmed = through;
+        }
+        // Statuses resume within a term too; after a term change the standby's numbering may
+        // not be this node's, so it gets them all (it keeps the newest per notification).
+        if self.hello.term == term {
+            self.status_cursor = self.hello.statuses_through;
         }
         // A full copy starts from nothing: until it is confirmed the standby holds nothing.
         self.lag_stream = Some(self.pair.standby_attached(self.confirmed));
@@ -268,6 +279,11 @@ impl Session {
                 self.send_marked(&mut changes, out).await?;
                 more |= !self.remarked.is_empty();
             }
+            if self.unconfirmed.len() < WINDOW
+                && *status_head.borrow_and_update() > self.status_cursor
+            {
+                more |= self.send_statuses(out).await?;
+            }
             // Removals or pending clears that came without rows, and the heartbeat when nothing
             // else was sent.
             if !self.removes.is_empty()
@@ -283,6 +299,11 @@ impl Session {
             }
             tokio::select! {
                 changed = head.changed(), if self.unconfirmed.len() < WINDOW => {
+                    if changed.is_err() {
+                        return Err(SourceError::BufferClosed);
+                    }
+                }
+                changed = status_head.changed(), if self.unconfirmed.len() < WINDOW => {
                     if changed.is_err() {
                         return Err(SourceError::BufferClosed);
                     }
@@ -371,6 +392,42 @@ impl Session {
             None => self.read_rows().await?,
         };
         self.send_copies(rows, changes, out).await?;
+        Ok(full)
+    }
+
+    /// Sends the next page of final statuses after the status cursor, in a batch of their own;
+    /// `true` when the page was full (there may be more).
+    async fn send_statuses(
+        &mut self,
+        out: &mpsc::Sender<Result<ReplicationBatch, SourceError>>,
+    ) -> Result<bool, SourceError> {
+        let (stored, last) = self
+            .buffer
+            .statuses_after(self.status_cursor, PAGE_ROWS)
+            .await?;
+        let full = stored.len() == PAGE_ROWS;
+        let mut statuses = Vec::with_capacity(stored.len());
+        for status in stored {
+            match wire::central_status_to_proto(&status.status) {
+                Ok(change) => statuses.push(ReplicatedStatus {
+                    status_seq: status.seq.0,
+                    change: Some(change),
+                }),
+                Err(problem) => {
+                    return Err(SourceError::Buffer(BufferError::Corrupt(problem)));
+                }
+            }
+        }
+        self.status_cursor = self.status_cursor.max(last);
+        if statuses.is_empty() {
+            return Ok(false);
+        }
+        let batch = ReplicationBatch {
+            statuses,
+            ..ReplicationBatch::default()
+        };
+        let cursor = self.cursor;
+        self.send_batch(batch, cursor, out).await?;
         Ok(full)
     }
 

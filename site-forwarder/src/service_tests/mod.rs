@@ -188,6 +188,18 @@ impl NotificationIngest for FakeCentral {
         Ok(Response::new(self.ack(request.into_inner())))
     }
 
+    type WatchSiteStatusStream =
+        Pin<Box<dyn Stream<Item = Result<outbox_proto::v1::SiteStatusBatch, Status>> + Send>>;
+
+    /// A central that decides nothing here: the stream stays open and sends no status (the
+    /// end-to-end tests run the real central for those).
+    async fn watch_site_status(
+        &self,
+        _request: Request<Streaming<outbox_proto::v1::SiteStatusWatchMessage>>,
+    ) -> Result<Response<Self::WatchSiteStatusStream>, Status> {
+        Ok(Response::new(Box::pin(futures_util::stream::pending())))
+    }
+
     type SubmitNotificationsStream = AckStream;
 
     async fn submit_notifications(

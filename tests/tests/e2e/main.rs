@@ -40,5 +40,6 @@ mod setting_inputs;
 mod settings;
 mod silent_link;
 mod site_health;
+mod site_status;
 mod standby_lag;
 mod tls;

@@ -125,6 +125,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0015_webhook_fallbacks.sql",
         sql: include_str!("../../../../migrations/mssql/0015_webhook_fallbacks.sql"),
     },
+    Migration {
+        version: 16,
+        name: "site_status_feed",
+        file: "0016_site_status_feed.sql",
+        sql: include_str!("../../../../migrations/mssql/0016_site_status_feed.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

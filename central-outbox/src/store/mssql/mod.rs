@@ -33,6 +33,7 @@ mod pool;
 mod procedures;
 mod scratch;
 mod site_health;
+mod site_status;
 mod sql;
 mod warm;
 
@@ -47,7 +48,7 @@ use self::error::{ErrorClass, classify, to_store_error};
 use self::pool::{Manager, Param};
 use super::{
     AdminStore, ChannelSettingsStore, DispatchStore, EscalationStore, IngestStore,
-    ReadChannelSettings, Result, StoreError,
+    ReadChannelSettings, Result, SiteStatusStore, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::escalation::{AckResult, Acknowledgement, IncidentId};
@@ -61,6 +62,7 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
+    SiteStatusChange, SiteStatusPurge,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -520,6 +522,34 @@ impl EscalationStore for MsSqlStore {
 
     async fn incident(&self, id: IncidentId) -> Result<Option<IncidentDetail>> {
         escalation::incident(self, id).await
+    }
+}
+
+/// The site status feed (`site_status`): the trigger records the changes; these read and
+/// forget them.
+impl SiteStatusStore for MsSqlStore {
+    async fn watch_site_status(&self, site: &SiteId) -> Result<()> {
+        site_status::watch(self, site).await
+    }
+
+    async fn site_status_changes(
+        &self,
+        site: &SiteId,
+        limit: u32,
+    ) -> Result<Vec<SiteStatusChange>> {
+        site_status::changes(self, site, limit).await
+    }
+
+    async fn forget_site_status_changes(&self, site: &SiteId, seqs: Vec<i64>) -> Result<()> {
+        site_status::forget(self, site, &seqs).await
+    }
+
+    async fn site_status_heads(&self, after: i64) -> Result<(Vec<SiteId>, i64)> {
+        site_status::heads(self, after).await
+    }
+
+    async fn purge_site_status(&self, keep: Duration, batch: u32) -> Result<SiteStatusPurge> {
+        site_status::purge(self, keep, batch).await
     }
 }
 

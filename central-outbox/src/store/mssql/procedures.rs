@@ -1,4 +1,4 @@
-//! The stored procedures (and the one function they call), each defined by one living file under
+//! The stored procedures (with the one function they call and the one trigger), each defined by one living file under
 //! `migrations/mssql/procedures/`, embedded at build time and created by the migrator whenever
 //! its file changes; the numbered migrations hold only schema.
 //!
@@ -28,6 +28,8 @@ use crate::store::{Result, StoreError};
 pub(super) enum Kind {
     Procedure,
     Function,
+    /// A DML trigger on a table the numbered migrations create (created after them).
+    Trigger,
 }
 
 /// One living file: `migrations/mssql/procedures/<name>.sql`, which creates `dbo.<name>`.
@@ -75,6 +77,11 @@ pub(super) const PROCEDURES: &[Procedure] = &[
         name: "AcknowledgeIncident",
         kind: Kind::Procedure,
         sql: include_str!("../../../../migrations/mssql/procedures/AcknowledgeIncident.sql"),
+    },
+    Procedure {
+        name: "RecordSiteStatusChanges",
+        kind: Kind::Trigger,
+        sql: include_str!("../../../../migrations/mssql/procedures/RecordSiteStatusChanges.sql"),
     },
 ];
 
@@ -251,6 +258,7 @@ mod tests {
             let keyword = match p.kind {
                 Kind::Procedure => "PROCEDURE",
                 Kind::Function => "FUNCTION",
+                Kind::Trigger => "TRIGGER",
             };
             let creates: Vec<&str> = p
                 .sql

@@ -24,7 +24,7 @@ use crate::records::{
 use crate::store::{NotificationId, Result, StoreError};
 
 /// A row of `select_state.sql` or `query_states.sql`, before its enums are decoded.
-struct StateRow {
+pub(super) struct StateRow {
     row_id: i64,
     id: String,
     status: String,
@@ -44,7 +44,7 @@ struct StateRow {
     condition_key: Option<String>,
 }
 
-fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
+pub(super) fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
     Ok(StateRow {
         row_id: row.get(0)?,
         id: row.get(1)?,
@@ -67,7 +67,7 @@ fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
 }
 
 impl StateRow {
-    fn decode(self) -> Result<NotificationState> {
+    pub(super) fn decode(self) -> Result<NotificationState> {
         Ok(NotificationState {
             row_id: self.row_id,
             id: NotificationId::parse(&self.id, "NotificationId").map_err(corrupt)?,

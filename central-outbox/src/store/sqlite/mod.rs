@@ -20,6 +20,7 @@ mod consolidate;
 mod escalation;
 mod migrate;
 mod site_health;
+mod site_status;
 #[cfg(test)]
 mod statement_files;
 
@@ -34,7 +35,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
     AdminStore, ChannelSettingsStore, DispatchStore, EscalationStore, IngestStore,
-    ReadChannelSettings, Result, StoreError,
+    ReadChannelSettings, Result, SiteStatusStore, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
@@ -52,7 +53,7 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, LeaseRecord, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport,
+    PurgeReport, SiteStatusChange, SiteStatusPurge,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -323,6 +324,45 @@ impl AdminStore for SqliteStore {
     async fn site_health(&self) -> Result<SiteHealthSnapshot> {
         self.db
             .read(|conn| site_health::select(conn, Utc::now()))
+            .await
+    }
+}
+
+impl SiteStatusStore for SqliteStore {
+    async fn watch_site_status(&self, site: &SiteId) -> Result<()> {
+        let site = site.clone();
+        self.db
+            .write(move |conn| site_status::watch(conn, &site, Utc::now()))
+            .await
+    }
+
+    async fn site_status_changes(
+        &self,
+        site: &SiteId,
+        limit: u32,
+    ) -> Result<Vec<SiteStatusChange>> {
+        let site = site.clone();
+        self.db
+            .read(move |conn| site_status::changes(conn, &site, limit))
+            .await
+    }
+
+    async fn forget_site_status_changes(&self, site: &SiteId, seqs: Vec<i64>) -> Result<()> {
+        let site = site.clone();
+        self.db
+            .write(move |conn| site_status::forget(conn, &site, &seqs, Utc::now()))
+            .await
+    }
+
+    async fn site_status_heads(&self, after: i64) -> Result<(Vec<SiteId>, i64)> {
+        self.db
+            .read(move |conn| site_status::heads(conn, after))
+            .await
+    }
+
+    async fn purge_site_status(&self, keep: Duration, batch: u32) -> Result<SiteStatusPurge> {
+        self.db
+            .write(move |conn| site_status::purge(conn, keep, batch, Utc::now()))
             .await
     }
 }

@@ -315,6 +315,7 @@ async fn adoption_skips_held_rows_and_a_finished_handover_empties_the_node() {
             term: 2,
             holds_own_rows: false,
             replicated_through: Seq::START,
+            statuses_through: crate::domain::StatusSeq::default(),
         })
     );
 }

@@ -84,6 +84,7 @@ pub(crate) fn drop_procedure(p: &Procedure) -> String {
     let (kind, type_code) = match p.kind {
         Kind::Procedure => ("PROCEDURE", "P"),
         Kind::Function => ("FUNCTION", "FN"),
+        Kind::Trigger => ("TRIGGER", "TR"),
     };
     let name = p.name;
     format!(

@@ -158,6 +158,7 @@ pub(super) mod escalation;
 pub(super) mod ingest;
 pub(super) mod settings;
 pub(super) mod site_health;
+pub(super) mod site_status;
 #[cfg(test)]
 mod tests;
 
@@ -167,3 +168,4 @@ pub(super) use self::dispatch::*;
 pub(super) use self::ingest::*;
 pub(super) use self::settings::*;
 pub(super) use self::site_health::*;
+pub(super) use self::site_status::*;

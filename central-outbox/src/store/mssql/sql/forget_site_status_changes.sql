@@ -1,0 +1,11 @@
+SET XACT_ABORT ON;
+SET NOCOUNT ON;
+BEGIN TRANSACTION;
+DELETE f
+FROM dbo.SiteStatusFeed AS f
+JOIN OPENJSON(@P2) WITH (Seq bigint '$.Seq') AS c ON c.Seq = f.Seq
+WHERE f.SiteId = @P1;
+UPDATE w SET w.WatchedAt = SYSUTCDATETIME()
+FROM dbo.SiteStatusWatchers AS w
+WHERE w.SiteId = @P1;
+COMMIT TRANSACTION;

@@ -1,0 +1,3 @@
+-- Starts or renews a site's watch (SiteStatusWatchers, migration 0013).
+INSERT INTO SiteStatusWatchers (SiteId, WatchedAt) VALUES (?1, ?2)
+ON CONFLICT (SiteId) DO UPDATE SET WatchedAt = excluded.WatchedAt
