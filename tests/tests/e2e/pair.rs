@@ -648,3 +648,66 @@ async fn over_tls_the_nodes_follow_each_other_and_refuse_another_sites_certifica
     node_b.stop().await;
     central.stop().await;
 }
+
+/// The final statuses central sent back, by notification id, in a node's buffer file.
+fn held_statuses(buffer: &Path) -> HashSet<String> {
+    let conn =
+        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
+            .unwrap();
+    let mut stmt = conn
+        .prepare("SELECT notification_id FROM central_statuses")
+        .unwrap();
+    stmt.query_map([], |r| r.get::<_, String>(0))
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standby_gets_the_final_statuses_and_answers_for_them_once_promoted() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = smtp_sink().await;
+    let central = Central::start(central_config(dir.path(), Some(sink.addr()))).await;
+    let (mut a, mut b) = pair_specs(dir.path(), central.addr).await;
+    // Only the operator's promotion changes roles.
+    a.failover_timeout = Duration::from_secs(60);
+    b.failover_timeout = a.failover_timeout;
+    let node_a = Node::start(&a).await;
+    let node_b = Node::start(&b).await;
+    wait_for_role(b.send, v1::NodeRole::Standby).await;
+    wait_for_role(a.send, v1::NodeRole::Active).await;
+
+    let ids: HashSet<String> = send_n(a.send, 5, "decided").await.into_iter().collect();
+    // The standby holds every one of them, copied from the active.
+    eventually("the standby holds the five final statuses", || {
+        let held = held_statuses(&b.buffer);
+        let ids = ids.clone();
+        async move { ids.is_subset(&held).then_some(()) }
+    })
+    .await;
+
+    // Central and the old active go away; the promoted standby answers from what it holds.
+    central.stop().await;
+    node_a.stop().await;
+    let promoted = site_forwarder::cli::promote(&format!("http://{}", b.send))
+        .await
+        .unwrap();
+    assert_eq!(promoted.role, i32::from(v1::NodeRole::Active));
+    let mut client = client(b.send).await;
+    for id in &ids {
+        let view = client
+            .get_status(v1::GetNotificationStatusRequest {
+                notification_id: id.clone(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            view.status,
+            i32::from(v1::NotificationStatus::Delivered),
+            "{view:?}"
+        );
+        assert!(!view.delivered_to.is_empty(), "{view:?}");
+    }
+    node_b.stop().await;
+}
