@@ -113,7 +113,8 @@ pub(super) fn select_after(
 }
 
 fn wanted(interest: &StatusInterest, status: &CentralStatus) -> bool {
-    interest.ids.contains(&status.notification_id)
+    interest.all
+        || interest.ids.contains(&status.notification_id)
         || status
             .condition_key
             .as_ref()

@@ -37,9 +37,10 @@ pub struct StoredStatus {
 }
 
 /// The notifications a `WatchStatus` asks about: these ids, and every one with one of these
-/// condition keys.
+/// condition keys; or, with `all`, every one.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatusInterest {
     pub ids: Vec<NotificationId>,
     pub condition_keys: Vec<String>,
+    pub all: bool,
 }

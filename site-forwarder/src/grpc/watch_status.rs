@@ -43,9 +43,10 @@ pub(crate) fn interest(request: WatchStatusRequest) -> Result<StatusInterest, St
             request.condition_keys.len()
         )));
     }
-    if request.notification_ids.is_empty() && request.condition_keys.is_empty() {
+    if request.notification_ids.is_empty() && request.condition_keys.is_empty() && !request.all
+    {
         return Err(Status::invalid_argument(
-            "notification_ids: name at least one id or one condition key to watch",
+            "notification_ids: name at least one id or one condition key to watch, or ask for all",
         ));
     }
     let ids = request
@@ -63,6 +64,7 @@ pub(crate) fn interest(request: WatchStatusRequest) -> Result<StatusInterest, St
     Ok(StatusInterest {
         ids,
         condition_keys,
+        all: request.all,
     })
 }
 

@@ -46,6 +46,7 @@ pub(crate) async fn watch(
         .watch_status(v1::WatchStatusRequest {
             notification_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
             condition_keys: keys.iter().map(|s| (*s).to_owned()).collect(),
+            all: false,
         })
         .await
         .unwrap()
@@ -101,6 +102,7 @@ async fn a_script_watches_its_outcomes_and_the_site_answers_for_them_with_centra
         .watch_status(v1::WatchStatusRequest {
             notification_ids: vec!["not-a-uuid".into()],
             condition_keys: vec![],
+            all: false,
         })
         .await
         .unwrap_err();

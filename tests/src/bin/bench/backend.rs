@@ -26,7 +26,7 @@ use central_outbox::DISPATCHER_LEASE;
 use central_outbox::domain::kpi::KpiParams;
 use central_outbox::records::{InsertOutcome, NewNotification};
 use central_outbox::store::mssql::{MsSqlOptions, MsSqlStore, ScratchDatabase};
-use central_outbox::store::{AdminStore, DispatchStore, IngestStore};
+use central_outbox::store::{AdminStore, DispatchStore, IngestStore, SiteStatusStore};
 use serde_json::{Value, json};
 
 use crate::fixtures::{self, CentralRows};
@@ -222,6 +222,25 @@ impl CentralDb {
                     }
                     written += count;
                 }
+                close_store(store, scratch).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts `site`'s watch of its final statuses (as its first WatchSiteStatus would), so
+    /// every status decided from now on is fed for it.
+    pub(crate) async fn watch_site_status(&self, site: &str) -> Result<()> {
+        match self {
+            Self::Sqlite(path) => fixtures::watch_site_status(path, site),
+            Self::MsSql(scratch) => {
+                let site = central_outbox::domain::SiteId::parse(site.to_owned())
+                    .map_err(|e| anyhow!("site id {site:?}: {}", e.problem))?;
+                let store = open_store(scratch).await?;
+                store
+                    .watch_site_status(&site)
+                    .await
+                    .context("starting the site's watch")?;
                 close_store(store, scratch).await;
                 Ok(())
             }

@@ -102,6 +102,18 @@ pub(crate) fn hold_dispatcher_lease(db: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Starts `site`'s watch of its final statuses, as its first WatchSiteStatus would.
+pub(crate) fn watch_site_status(db: &Path, site: &str) -> Result<()> {
+    let conn = Connection::open(db)?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    conn.execute(
+        "INSERT INTO SiteStatusWatchers (SiteId, WatchedAt) VALUES (?1, ?2)
+         ON CONFLICT (SiteId) DO UPDATE SET WatchedAt = excluded.WatchedAt",
+        rusqlite::params![site, Utc::now().timestamp_millis()],
+    )?;
+    Ok(())
+}
+
 /// How the bulk central rows look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CentralRows {

@@ -33,6 +33,7 @@ mod rig;
 mod round_trips;
 mod services;
 mod site_figures;
+mod site_status;
 mod standby;
 
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ use rig::{Rig, Sizes};
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
     /// forward, ingest, dispatch, loopback, rtt, e2e, first-minute, fresh, memory, console,
-    /// escalation, failover.
+    /// escalation, failover, site-status.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -173,7 +174,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 15] = [
+const GROUPS: [&str; 16] = [
     "send",
     "send-latency",
     "standby",
@@ -189,6 +190,7 @@ const GROUPS: [&str; 15] = [
     "console",
     "escalation",
     "failover",
+    "site-status",
 ];
 
 impl Args {
@@ -593,6 +595,33 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             None,
         ),
         m(
+            "site_status.p50",
+            format!(
+                "final status at the site's WatchStatus after the relay's 250, p50 at {}/s",
+                s.e2e_rate
+            ),
+            "ms",
+            None,
+        ),
+        m(
+            "site_status.p99",
+            "  p99".into(),
+            "ms",
+            Some(Target::AtMost(100.0)),
+        ),
+        m(
+            "site_status.dispatch_ratio",
+            "  dispatch with the statuses going back / without".into(),
+            "",
+            Some(Target::AtLeast(0.95)),
+        ),
+        m(
+            "site_status.ingest_ratio",
+            "  ingest with the site watching / without".into(),
+            "",
+            Some(Target::AtLeast(0.95)),
+        ),
+        m(
             "failover.hung_s",
             "  to the fallback, the first accepting connections but never answering".into(),
             "s",
@@ -619,6 +648,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "console" => console::console(rig).await,
         "escalation" => escalation::escalation(rig).await,
         "failover" => failover::failover(rig).await,
+        "site-status" => site_status::site_status(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }
