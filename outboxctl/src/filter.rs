@@ -149,6 +149,7 @@ pub(crate) fn build(
         subject_contains: select.subject.clone().unwrap_or_default(),
         priorities,
         condition_key: select.condition_key.clone().unwrap_or_default(),
+        scheduled_only: false,
     })
 }
 

@@ -145,6 +145,7 @@ impl FilterForm {
             subject_contains: self.subject.clone(),
             priorities,
             condition_key: self.condition.clone(),
+            scheduled_only: false,
         })
     }
 

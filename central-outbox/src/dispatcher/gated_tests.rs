@@ -205,6 +205,7 @@ async fn start() -> Rig {
             priority: Default::default(),
             condition_key: None,
             cleared_at_site: None,
+            deliver_after: None,
         })])
         .await
         .unwrap();

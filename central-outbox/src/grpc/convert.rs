@@ -73,6 +73,8 @@ pub(crate) fn state_view(state: NotificationState, stuck: bool) -> v1::Notificat
         stuck,
         priority: priority_to_proto(state.priority).into(),
         condition_key: state.condition_key.unwrap_or_default(),
+        // Central does not store the time yet.
+        deliver_after: None,
     }
 }
 
@@ -97,6 +99,7 @@ mod tests {
             priority: v1::NotificationPriority::High.into(),
             condition_key: "tank4.level.high".into(),
             cleared_at_site: None,
+            deliver_after: None,
         }
     }
 

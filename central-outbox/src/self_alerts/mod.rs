@@ -769,6 +769,7 @@ impl<S: OutboxStore> SelfWatch<S> {
             priority: Priority::Critical,
             condition_key: Some(transition.condition().key.clone()),
             cleared_at_site: None,
+            deliver_after: None,
         })
     }
 }

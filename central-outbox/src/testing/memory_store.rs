@@ -115,6 +115,7 @@ fn notification(kind: NotificationType, list: &str, subject: &str) -> NewNotific
         priority: Priority::Normal,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     })
 }
 

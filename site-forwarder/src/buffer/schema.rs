@@ -10,7 +10,7 @@
 use rusqlite::Connection;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub(super) const SCHEMA_VERSION: i64 = 7;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -108,6 +108,13 @@ CREATE TABLE pending_acks (
 );
 ";
 
+/// Version 7: when a scheduled notification is to be delivered (Unix ms, `deliver_after` of
+/// its submit; NULL = at once). Rows written before it were sent unscheduled.
+pub(super) const SCHEMA_V7: &str = "
+ALTER TABLE buffered ADD COLUMN deliver_after INTEGER;
+ALTER TABLE rejected ADD COLUMN deliver_after INTEGER;
+";
+
 /// Runs on the write connection before the writer starts: creates or upgrades the schema.
 pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> {
     let version: i64 = conn.query_row("PRAGMA user_version", [], |r| r.get(0))?;
@@ -151,6 +158,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> 
         let txn = conn.transaction()?;
         txn.execute_batch(SCHEMA_V6)?;
         txn.pragma_update(None, "user_version", 6)?;
+        txn.commit()?;
+    }
+    if version < 7 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V7)?;
+        txn.pragma_update(None, "user_version", 7)?;
         txn.commit()?;
     }
     Ok(())

@@ -316,6 +316,7 @@ mod tests {
             priority: Priority::Normal,
             condition_key: key.map(|k| ConditionKey::parse(k.into(), "condition_key").unwrap()),
             cleared_at_site: None,
+            deliver_after: None,
         })
     }
 

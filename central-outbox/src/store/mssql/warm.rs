@@ -92,6 +92,7 @@ fn row() -> Option<NewNotification> {
         priority: Priority::Normal,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     }))
 }
 

@@ -481,6 +481,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
         priority: crate::domain::Priority::High,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     });
     let key = ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap();
     let mut keyed = new.clone();
