@@ -73,8 +73,7 @@ pub(crate) fn state_view(state: NotificationState, stuck: bool) -> v1::Notificat
         stuck,
         priority: priority_to_proto(state.priority).into(),
         condition_key: state.condition_key.unwrap_or_default(),
-        // Central does not store the time yet.
-        deliver_after: None,
+        deliver_after: state.deliver_after.map(to_timestamp),
     }
 }
 

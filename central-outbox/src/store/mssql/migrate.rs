@@ -125,6 +125,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0015_webhook_fallbacks.sql",
         sql: include_str!("../../../../migrations/mssql/0015_webhook_fallbacks.sql"),
     },
+    Migration {
+        version: 16,
+        name: "scheduled_delivery",
+        file: "0016_scheduled_delivery.sql",
+        sql: include_str!("../../../../migrations/mssql/0016_scheduled_delivery.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

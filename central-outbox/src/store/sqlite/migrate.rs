@@ -72,6 +72,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "webhook_fallbacks",
         sql: include_str!("../../../../migrations/sqlite/0012_webhook_fallbacks.sql"),
     },
+    Migration {
+        version: 13,
+        name: "scheduled_delivery",
+        sql: include_str!("../../../../migrations/sqlite/0013_scheduled_delivery.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
