@@ -7,7 +7,13 @@
 //! [`super::claim_decision`]; a delivery's task is [`super::attempt::Delivery`]), then waits for
 //! whichever comes first: the lease changing, a claim or settings read answering, a delivery
 //! finishing (its slot is free), something that may have made rows due (a row ingested here,
-//! the poll timer, a lease taken), or the next rate-limit token.
+//! the poll timer, a lease taken, the time the next waiting row comes due), or the next
+//! rate-limit token.
+//!
+//! A claim that takes every due row also asks the store how long until the next waiting row
+//! comes due (`DispatchStore::next_due_in`: a scheduled row's time, a retry's), and the loop
+//! wakes then: such a row goes out at its time, not up to a poll interval after it. Rows of
+//! another replica's ingest are still found by the poll, which then learns their time too.
 //!
 //! Invariants: at most `max_concurrent_connections` deliveries under way (at least one) times
 //! what the channel's adapter queues per connection (`Deliver::attempts_per_connection`); at
@@ -118,11 +124,18 @@ struct ClaimAnswer {
     taken: Result<Taken, StoreError>,
 }
 
-/// What one claim took: a digest (if it looked for one and one was due) and single rows.
+/// What one claim took: a digest (if it looked for one and one was due) and single rows; and,
+/// when it took every due row, how long until the next waiting row comes due.
 struct Taken {
     digest: Option<Digest>,
     rows: Vec<ClaimedNotification>,
+    next_due_in: Option<Duration>,
 }
+
+/// Added to a wake-up for the next due row: the store counts its time in milliseconds (MS SQL
+/// rounds its clock to them), so a wake-up at the very instant could find the row a fraction of
+/// a millisecond short of due and sleep again.
+const DUE_MARGIN: Duration = Duration::from_millis(1);
 
 /// Claimed work waiting for a slot: one row, or the rows of one digest.
 // Rows are by far the common case, so they stay unboxed; only a digest wastes the difference.
@@ -212,6 +225,10 @@ pub(super) struct ChannelLoop<S, D> {
     /// Whether rows may be due: drained after a short claim until something may have made
     /// rows due ([`DueRows`]).
     due: DueRows,
+    /// When the earliest waiting row not due at the last short claim comes due (a scheduled
+    /// row's time, a retry's), on tokio's clock: the loop wakes then as if polled, so such a
+    /// row goes out at its time rather than up to a poll interval later.
+    next_due: Option<tokio::time::Instant>,
     claim: Option<JoinHandle<ClaimAnswer>>,
     settings_read: Option<JoinHandle<Result<ChannelSettings, StoreError>>>,
     /// A settings read answered since the last turn: its answer is fresh enough to claim
@@ -258,6 +275,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             digests_checked_at: None,
             share: LongestWaitingShare::default(),
             due: DueRows::default(),
+            next_due: None,
             claim: None,
             settings_read: None,
             settings_just_read: false,
@@ -284,6 +302,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             let current = mandate.borrow_and_update().clone();
             self.sweep(&current);
             let throttled_until = self.throttled_until;
+            let next_due = self.next_due;
             let probe_at = self.failover.probe_at();
             let list_probe_at = self.lists.probe_at();
             tokio::select! {
@@ -333,6 +352,10 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 }
                 () = sleep_until(throttled_until), if throttled_until.is_some() => {
                     self.throttled_until = None;
+                }
+                () = sleep_until(next_due), if next_due.is_some() => {
+                    self.next_due = None;
+                    self.due_may_have_changed();
                 }
                 () = sleep_until(probe_at), if probe_at.is_some() => {
                     if let Some(channel) = self.settings.as_ref() {
@@ -510,7 +533,21 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 let rows = store
                     .claim_due(DISPATCHER_LEASE, epoch, kind, lanes, claim_timeout)
                     .await?;
-                Ok(Taken { digest, rows })
+                // Every due row taken: ask when the next one comes due. Only a wake-up is lost
+                // if that fails (the poll still comes), never the rows just claimed.
+                let next_due_in = if rows.len() < lanes.total() {
+                    store.next_due_in(kind).await.unwrap_or_else(|e| {
+                        tracing::warn!(channel = %kind, error = %e, "cannot read when the next row is due; the poll will find it");
+                        None
+                    })
+                } else {
+                    None
+                };
+                Ok(Taken {
+                    digest,
+                    rows,
+                    next_due_in,
+                })
             };
             let taken = caught::store_call("the store call", claim).await;
             ClaimAnswer {
@@ -543,7 +580,14 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             taken.rows.len() < wanted && taken.digest.is_none()
         });
         self.due.claim_answered(short);
-        let Taken { digest, rows } = taken?;
+        let Taken {
+            digest,
+            rows,
+            next_due_in,
+        } = taken?;
+        if short {
+            self.next_due = next_due_in.map(|wait| tokio::time::Instant::now() + wait + DUE_MARGIN);
+        }
         if digest.is_some() {
             self.digests_checked_at = None;
         }
