@@ -125,17 +125,24 @@ struct ClaimAnswer {
 }
 
 /// What one claim took: a digest (if it looked for one and one was due) and single rows; and,
-/// when it took every due row, how long until the next waiting row comes due.
+/// when it took every due row and was allowed to ask, how long until the next waiting row
+/// comes due (`Some(None)`: none waits; `None`: not asked).
 struct Taken {
     digest: Option<Digest>,
     rows: Vec<ClaimedNotification>,
-    next_due_in: Option<Duration>,
+    next_due_in: Option<Option<Duration>>,
 }
 
 /// Added to a wake-up for the next due row: the store counts its time in milliseconds (MS SQL
 /// rounds its clock to them), so a wake-up at the very instant could find the row a fraction of
 /// a millisecond short of due and sleep again.
 const DUE_MARGIN: Duration = Duration::from_millis(1);
+
+/// Least time between two asks for the next due row. A channel kept busy by a trickle of rows
+/// claims often, and each short claim would otherwise cost a second round trip (on MS SQL); at
+/// most ten a second, a claim that may not ask wakes the channel when it may again, so a row
+/// coming due is found at most this much later.
+const NEXT_DUE_ASK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Claimed work waiting for a slot: one row, or the rows of one digest.
 // Rows are by far the common case, so they stay unboxed; only a digest wastes the difference.
@@ -229,6 +236,8 @@ pub(super) struct ChannelLoop<S, D> {
     /// row's time, a retry's), on tokio's clock: the loop wakes then as if polled, so such a
     /// row goes out at its time rather than up to a poll interval later.
     next_due: Option<tokio::time::Instant>,
+    /// When a claim last asked for the next due row ([`NEXT_DUE_ASK_INTERVAL`]).
+    next_due_asked_at: Option<Instant>,
     claim: Option<JoinHandle<ClaimAnswer>>,
     settings_read: Option<JoinHandle<Result<ChannelSettings, StoreError>>>,
     /// A settings read answered since the last turn: its answer is fresh enough to claim
@@ -276,6 +285,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             share: LongestWaitingShare::default(),
             due: DueRows::default(),
             next_due: None,
+            next_due_asked_at: None,
             claim: None,
             settings_read: None,
             settings_just_read: false,
@@ -514,6 +524,9 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         if look_for_digest {
             self.digests_checked_at = Some(now);
         }
+        let may_ask_next_due = self
+            .next_due_asked_at
+            .is_none_or(|at| now.duration_since(at) >= NEXT_DUE_ASK_INTERVAL);
         let store = Arc::clone(&self.parts.store);
         let kind = self.parts.kind;
         let claim_timeout = self.parts.claim_timeout;
@@ -535,11 +548,11 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                     .await?;
                 // Every due row taken: ask when the next one comes due. Only a wake-up is lost
                 // if that fails (the poll still comes), never the rows just claimed.
-                let next_due_in = if rows.len() < lanes.total() {
-                    store.next_due_in(kind).await.unwrap_or_else(|e| {
+                let next_due_in = if may_ask_next_due && rows.len() < lanes.total() {
+                    Some(store.next_due_in(kind).await.unwrap_or_else(|e| {
                         tracing::warn!(channel = %kind, error = %e, "cannot read when the next row is due; the poll will find it");
                         None
-                    })
+                    }))
                 } else {
                     None
                 };
@@ -586,7 +599,21 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             next_due_in,
         } = taken?;
         if short {
-            self.next_due = next_due_in.map(|wait| tokio::time::Instant::now() + wait + DUE_MARGIN);
+            match next_due_in {
+                Some(answer) => {
+                    self.next_due_asked_at = Some(claimed_at);
+                    self.next_due =
+                        answer.map(|wait| tokio::time::Instant::now() + wait + DUE_MARGIN);
+                }
+                // Asked too recently to ask again: wake when it may, and ask then.
+                None => {
+                    let again = self
+                        .next_due_asked_at
+                        .map_or(claimed_at, |at| at + NEXT_DUE_ASK_INTERVAL);
+                    let again = tokio::time::Instant::from_std(again);
+                    self.next_due = Some(self.next_due.map_or(again, |due| due.min(again)));
+                }
+            }
         }
         if digest.is_some() {
             self.digests_checked_at = None;
