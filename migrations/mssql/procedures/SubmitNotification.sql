@@ -50,14 +50,14 @@
 --   waiting row reads), so the history INSERT finds exactly those rows (Status Superseded,
 --   resolved at @now, this token) through IX_Notifications_Status_Resolved.
 -- - if its list has an escalation policy (NotificationLists.Escalation, store/mssql/escalation.rs)
---   that applies to its priority and it was not stored ended (cleared at the site, stale on
---   arrival) nor scheduled: a keyed row joins the incident of its site, key and list that is not final (it
---   becomes the state the incident's later pages quote, with a Joined history row), and any
---   other row opens an incident, of which it is page 1 (its page row, and an Opened history row),
---   its next page due after the policy's first wait. The list's columns beside its policy say
---   all that needs (the procedure reads no JSON). Two submits of one condition at once on two
---   replicas: UX_Incidents_Condition fails the second (2601), and its caller stores it again,
---   then joining.
+--   that applies to its priority and it was neither stored ended (cleared at the site, stale on
+--   arrival) nor scheduled: a keyed row joins the incident of its site, key and list that is not
+--   final (it becomes the state the incident's later pages quote, with a Joined history row),
+--   and any other row opens an incident, of which it is page 1 (its page row, and an Opened
+--   history row), its next page due after the policy's first wait. The list's columns beside
+--   its policy say all that needs (the procedure reads no JSON). Two submits of one condition at
+--   once on two replicas: UX_Incidents_Condition fails the second (2601), and its caller stores
+--   it again, then joining.
 --
 -- A submit of many rows calls this procedure for its keyed rows and the rows of consolidating
 -- lists, in batch order, inside one transaction of its own (sql::ingest::insert_in_order):
