@@ -68,9 +68,16 @@ pub struct NotificationState {
     pub next_attempt_at: Option<DateTime<Utc>>,
     pub delivered_at: Option<DateTime<Utc>>,
     pub resolved_at: Option<DateTime<Utc>>,
+    /// When it was scheduled for (`domain::schedule`); `None`: not scheduled.
+    pub deliver_after: Option<DateTime<Utc>>,
 }
 
 impl NotificationState {
+    /// Since when it has been waiting to be delivered (`schedule::waiting_since`).
+    pub fn waiting_since(&self) -> DateTime<Utc> {
+        crate::domain::schedule::waiting_since(self.created_at, self.deliver_after)
+    }
+
     /// This row's position in the newest-first order.
     pub fn cursor(&self) -> Cursor {
         Cursor {

@@ -10,6 +10,7 @@
 
 pub mod limits;
 mod priority;
+pub mod schedule;
 
 pub use priority::Priority;
 
@@ -426,6 +427,10 @@ pub struct Submission {
     /// Set when a ClearCondition at the site ended it while it was still buffered there:
     /// central stores it as Cleared and never delivers it.
     pub cleared_at_site: Option<DateTime<Utc>>,
+    /// Not to be delivered before this instant (`schedule::deliver_after`: always after the
+    /// site's enqueue time, at most `limits::MAX_DELIVER_AFTER` after it); `None`: due at
+    /// once. Not content, like the priority.
+    pub deliver_after: Option<DateTime<Utc>>,
 }
 
 fn optional_uuid(text: Option<&str>, field: &'static str) -> Result<Option<Uuid>> {

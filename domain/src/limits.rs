@@ -20,3 +20,8 @@ pub const MAX_SITE_ID_CHARS: usize = 64;
 pub const MAX_CONDITION_KEY_CHARS: usize = 128;
 /// Longest `source_instance_id` / `source_script`, in characters.
 pub const MAX_SOURCE_FIELD_CHARS: usize = 256;
+/// Furthest ahead of the site's enqueue time a notification may be scheduled
+/// (`deliver_after`): 30 days. Long enough for a monthly reminder, short enough that a
+/// scheduled row is never a forgotten resident of the queue (and that a wrong clock or unit,
+/// seconds taken for milliseconds, is refused at `Send` rather than stored for years).
+pub const MAX_DELIVER_AFTER: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);

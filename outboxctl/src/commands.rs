@@ -134,8 +134,12 @@ impl Session {
     }
 
     async fn list(&mut self, args: ListArgs) -> Result<Report> {
-        let filter = filter::build(&args.select, &args.status, args.stuck, Utc::now())
-            .map_err(CliError::Usage)?;
+        let only = filter::Only {
+            stuck: args.stuck,
+            scheduled: args.scheduled,
+        };
+        let filter =
+            filter::build(&args.select, &args.status, only, Utc::now()).map_err(CliError::Usage)?;
         let wanted = match args.limit {
             0 => usize::MAX,
             n => usize::try_from(n).unwrap_or(usize::MAX),
@@ -256,7 +260,7 @@ impl Session {
         let filter = filter::build(
             &args.select,
             &[v1::NotificationStatus::Parked],
-            false,
+            filter::Only::default(),
             Utc::now(),
         )
         .map_err(CliError::Usage)?;

@@ -102,12 +102,22 @@ pub(crate) fn parse_time_bound(text: &str) -> Result<TimeBound, String> {
         })
 }
 
-/// Builds the filter central applies. `statuses` and `stuck_only` come from `list` only; the
-/// bulk forms select Parked rows and leave both empty.
+/// `list`'s flags that narrow to the rows waiting in a way (the bulk forms select Parked rows,
+/// which wait in neither, and leave both off).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Only {
+    /// `--stuck`: waiting longer than central's stuck threshold.
+    pub stuck: bool,
+    /// `--scheduled`: scheduled, still waiting for their time.
+    pub scheduled: bool,
+}
+
+/// Builds the filter central applies. `statuses` and `only` come from `list` only; the bulk
+/// forms select Parked rows and leave `only` off.
 pub(crate) fn build(
     select: &SelectArgs,
     statuses: &[v1::NotificationStatus],
-    stuck_only: bool,
+    only: Only,
     now: DateTime<Utc>,
 ) -> Result<v1::NotificationFilter, String> {
     let created_from = select
@@ -145,10 +155,11 @@ pub(crate) fn build(
         list_name: select.list.clone().unwrap_or_default(),
         created_from: created_from.map(to_timestamp),
         created_to: created_to.map(to_timestamp),
-        stuck_only,
+        stuck_only: only.stuck,
         subject_contains: select.subject.clone().unwrap_or_default(),
         priorities,
         condition_key: select.condition_key.clone().unwrap_or_default(),
+        scheduled_only: only.scheduled,
     })
 }
 
@@ -284,7 +295,10 @@ mod tests {
                 v1::NotificationStatus::Pending,
                 v1::NotificationStatus::Parked,
             ],
-            true,
+            Only {
+                stuck: true,
+                scheduled: true,
+            },
             now,
         )
         .unwrap();
@@ -301,7 +315,7 @@ mod tests {
         assert_eq!(filter.list_name, "ops");
         assert_eq!(filter.created_from.unwrap().seconds, now.timestamp() - 7200);
         assert!(filter.created_to.is_none());
-        assert!(filter.stuck_only);
+        assert!(filter.stuck_only && filter.scheduled_only);
         assert_eq!(filter.subject_contains, "tank");
         assert_eq!(
             filter.priorities,
@@ -320,8 +334,9 @@ mod tests {
 
     #[test]
     fn no_priority_flag_selects_every_priority() {
-        let filter = build(&SelectArgs::default(), &[], false, Utc::now()).unwrap();
+        let filter = build(&SelectArgs::default(), &[], Only::default(), Utc::now()).unwrap();
         assert!(filter.priorities.is_empty());
+        assert!(!filter.scheduled_only && !filter.stuck_only);
     }
 
     #[test]
@@ -332,6 +347,6 @@ mod tests {
             until: Some(TimeBound::Ago(Duration::from_secs(3600))),
             ..SelectArgs::default()
         };
-        assert!(build(&select, &[], false, now).is_err());
+        assert!(build(&select, &[], Only::default(), now).is_err());
     }
 }

@@ -3,8 +3,11 @@
 //! and the two nodes of a site pair exchange rows in the same message, so a row crosses every
 //! hop byte for byte and re-passes every content rule wherever it lands.
 
+use chrono::{DateTime, Utc};
+
 use crate::time::{from_timestamp, to_timestamp};
 use crate::v1;
+use outbox_domain::schedule;
 use outbox_domain::{
     ConditionKey, ContentError, NotificationContent, NotificationId, NotificationType, Priority,
     ScriptOrigin, SiteId, Submission,
@@ -87,14 +90,11 @@ pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
     )?;
     let priority = priority(msg.priority, "priority")?;
     let condition_key = ConditionKey::parse_optional(msg.condition_key, "condition_key")?;
-    let cleared_at_site = msg
-        .cleared_at_site
-        .as_ref()
-        .map(|ts| {
-            from_timestamp(ts)
-                .ok_or_else(|| ContentError::new("cleared_at_site", "is not a valid timestamp"))
-        })
-        .transpose()?;
+    let cleared_at_site = optional_time(msg.cleared_at_site.as_ref(), "cleared_at_site")?;
+    let deliver_after = schedule::deliver_after(
+        optional_time(msg.deliver_after.as_ref(), schedule::FIELD)?,
+        enqueued_at,
+    )?;
     Ok(Submission {
         id,
         content,
@@ -102,7 +102,19 @@ pub fn parse(msg: v1::NotificationSubmit) -> Result<Submission, ContentError> {
         priority,
         condition_key,
         cleared_at_site,
+        deliver_after,
     })
+}
+
+/// An optional timestamp field, checked; `field` names it for the error.
+pub fn optional_time(
+    ts: Option<&prost_types::Timestamp>,
+    field: &'static str,
+) -> Result<Option<DateTime<Utc>>, ContentError> {
+    ts.map(|ts| {
+        from_timestamp(ts).ok_or_else(|| ContentError::new(field, "is not a valid timestamp"))
+    })
+    .transpose()
 }
 
 /// The submit for a notification; [`parse`] gives back the same submission.
@@ -114,6 +126,7 @@ pub fn encode(submission: &Submission) -> v1::NotificationSubmit {
         priority,
         condition_key,
         cleared_at_site,
+        deliver_after,
     } = submission;
     v1::NotificationSubmit {
         notification_id: id.to_string(),
@@ -136,5 +149,57 @@ pub fn encode(submission: &Submission) -> v1::NotificationSubmit {
             .map(|k| k.as_str().to_owned())
             .unwrap_or_default(),
         cleared_at_site: cleared_at_site.map(to_timestamp),
+        deliver_after: deliver_after.map(to_timestamp),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submit(enqueued_at: DateTime<Utc>) -> v1::NotificationSubmit {
+        v1::NotificationSubmit {
+            notification_id: "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b".into(),
+            r#type: v1::NotificationType::Email.into(),
+            list_name: "ops".into(),
+            subject: "Shift handover".into(),
+            body: "Check the log book.".into(),
+            source_site_id: "site-a".into(),
+            site_enqueued_at: Some(to_timestamp(enqueued_at)),
+            priority: v1::NotificationPriority::Normal.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn deliver_after_is_judged_against_the_sites_enqueue_time_and_round_trips() {
+        let enqueued = DateTime::from_timestamp(1_700_000_000, 0).unwrap();
+        let mut msg = submit(enqueued);
+        msg.deliver_after = Some(to_timestamp(enqueued + chrono::Duration::hours(8)));
+        let parsed = parse(msg.clone()).unwrap();
+        assert_eq!(
+            parsed.deliver_after,
+            Some(enqueued + chrono::Duration::hours(8))
+        );
+        assert_eq!(encode(&parsed), msg);
+
+        // In the past of the enqueue time: due at once, and forwarded as such.
+        msg.deliver_after = Some(to_timestamp(enqueued - chrono::Duration::hours(1)));
+        let parsed = parse(msg).unwrap();
+        assert_eq!(parsed.deliver_after, None);
+        assert_eq!(encode(&parsed).deliver_after, None);
+
+        let mut far = submit(enqueued);
+        far.deliver_after = Some(to_timestamp(enqueued + chrono::Duration::days(45)));
+        assert_eq!(
+            parse(far).unwrap_err().to_string(),
+            "deliver_after: is 45 days ahead, the limit is 30 days"
+        );
+        let mut bad = submit(enqueued);
+        bad.deliver_after = Some(prost_types::Timestamp {
+            seconds: 0,
+            nanos: -1,
+        });
+        assert_eq!(parse(bad).unwrap_err().field, "deliver_after");
     }
 }

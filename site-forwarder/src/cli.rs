@@ -73,6 +73,8 @@ pub struct SendArgs {
     pub priority: Priority,
     /// Empty: none.
     pub condition_key: String,
+    /// Not to be delivered before this instant; `None`: at once.
+    pub deliver_after: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 async fn connect(addr: &str) -> Result<SiteNotifyClient<Channel>> {
@@ -110,6 +112,7 @@ pub async fn send(addrs: &[String], args: SendArgs) -> Result<String> {
         origin_parent_execution_id: args.parent_execution_id,
         priority: priority_to_proto(args.priority).into(),
         condition_key: args.condition_key,
+        deliver_after: args.deliver_after.map(outbox_proto::time::to_timestamp),
     };
     on_first_accepting(addrs, async |mut client| {
         let response = client.send(request.clone()).await?;
@@ -284,6 +287,7 @@ pub fn format_status(view: &NotificationStatusView) -> String {
         ("site_enqueued_at", &view.site_enqueued_at),
         ("created_at", &view.created_at),
         ("last_attempt_at", &view.last_attempt_at),
+        ("deliver_after", &view.deliver_after),
         ("next_attempt_at", &view.next_attempt_at),
         ("delivered_at", &view.delivered_at),
     ] {
@@ -371,6 +375,22 @@ mod tests {
         };
         assert!(format_status(&critical).contains("priority: critical\n"));
         assert!(!text.contains("condition_key"), "none named: {text}");
+        assert!(!text.contains("deliver_after"), "not scheduled: {text}");
+    }
+
+    #[test]
+    fn a_scheduled_notification_shows_when_it_is_due() {
+        let at = chrono::DateTime::from_timestamp(1_800_000_000, 0).unwrap();
+        let view = NotificationStatusView {
+            status: NotificationStatus::Forwarding.into(),
+            deliver_after: Some(outbox_proto::time::to_timestamp(at)),
+            ..Default::default()
+        };
+        let text = format_status(&view);
+        assert!(
+            text.contains("deliver_after: 2027-01-15T08:00:00.000Z\n"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -107,6 +107,10 @@ struct SendCommand {
     /// key and list supersedes it, and `clear --key` ends it.
     #[arg(long, default_value = "")]
     condition_key: String,
+    /// Scheduled delivery: not before this instant (RFC 3339, e.g. 2026-05-01T06:00:00Z), at
+    /// most 30 days ahead. Central keeps it Pending until then.
+    #[arg(long)]
+    deliver_after: Option<chrono::DateTime<chrono::Utc>>,
     /// The forwarder's address; for a pair, both nodes' (repeat the flag or separate with
     /// commas): the first that accepts the Send gets it.
     #[arg(long, default_value = DEFAULT_ADDR, value_delimiter = ',')]
@@ -216,6 +220,7 @@ async fn send(args: SendCommand) -> anyhow::Result<()> {
         parent_execution_id: None,
         priority: args.priority,
         condition_key: args.condition_key,
+        deliver_after: args.deliver_after,
     };
     let id = cli::send(&args.addr, request).await?;
     println!("{id}");
@@ -299,6 +304,13 @@ mod tests {
         assert_eq!(send(&[]).unwrap().condition_key, "");
         let args = send(&["--condition-key", "tank4.level.high"]).unwrap();
         assert_eq!(args.condition_key, "tank4.level.high");
+        assert_eq!(send(&[]).unwrap().deliver_after, None);
+        let args = send(&["--deliver-after", "2026-05-01T06:00:00Z"]).unwrap();
+        assert_eq!(
+            args.deliver_after,
+            chrono::DateTime::from_timestamp(1_777_615_200, 0)
+        );
+        assert!(send(&["--deliver-after", "tomorrow"]).is_err());
 
         let clear = |argv: &[&str]| {
             let mut all = vec!["site-forwarder", "clear"];

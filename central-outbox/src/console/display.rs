@@ -12,6 +12,15 @@ pub(super) fn time(ts: Option<&prost_types::Timestamp>) -> String {
         .unwrap_or_default()
 }
 
+/// Whether the notification is still waiting for its scheduled time (PENDING with its
+/// deliver_after ahead, `domain::schedule::waits_for_its_time`): the "scheduled" badge.
+pub(super) fn waits_for_its_time(view: &v1::NotificationStatusView) -> bool {
+    let deliver_after = view.deliver_after.as_ref().and_then(from_timestamp);
+    let status = v1::NotificationStatus::try_from(view.status).ok();
+    status == Some(v1::NotificationStatus::Pending)
+        && crate::domain::schedule::is_scheduled(deliver_after, chrono::Utc::now())
+}
+
 /// An age in seconds as "2h 5m", "3m 12s" or "42s"; "—" when there is none.
 pub(super) fn age(seconds: Option<f64>) -> String {
     let Some(seconds) = seconds.filter(|s| s.is_finite() && *s >= 0.0) else {

@@ -1,5 +1,5 @@
 //! The notification list's filter as the console's form and URLs carry it (`status=PARKED&
-//! site=north&from=2026-05-01T00:00&stuck=on&page=...`), and its translation into the admin
+//! site=north&from=2026-05-01T00:00&stuck=on&scheduled=on&page=...`), and its translation into the admin
 //! API's `NotificationFilter`. Every field of QueryNotifications' filter has a form field here.
 //!
 //! Only the shape is checked here (a time that is not a time, a status name that does not
@@ -53,6 +53,8 @@ pub(super) struct FilterForm {
     pub from: String,
     pub to: String,
     pub stuck: bool,
+    /// Only scheduled notifications still waiting for their time.
+    pub scheduled: bool,
     pub subject: String,
     pub priorities: Vec<String>,
     pub condition: String,
@@ -76,6 +78,7 @@ impl FilterForm {
                 "from" => form.from = value.to_owned(),
                 "to" => form.to = value.to_owned(),
                 "stuck" => form.stuck = !value.is_empty(),
+                "scheduled" => form.scheduled = !value.is_empty(),
                 "subject" => form.subject = value.to_owned(),
                 "condition" => form.condition = value.to_owned(),
                 "page" => form.page = value.to_owned(),
@@ -145,12 +148,16 @@ impl FilterForm {
             subject_contains: self.subject.clone(),
             priorities,
             condition_key: self.condition.clone(),
+            scheduled_only: self.scheduled,
         })
     }
 
     /// Whether the filter selects Parked rows only: the bulk actions are offered then.
     pub(super) fn parked_only(&self) -> bool {
-        self.statuses.iter().all(|s| s == "PARKED") && !self.statuses.is_empty() && !self.stuck
+        self.statuses.iter().all(|s| s == "PARKED")
+            && !self.statuses.is_empty()
+            && !self.stuck
+            && !self.scheduled
     }
 
     /// The filter as `key=value` pairs, without the page token.
@@ -176,6 +183,9 @@ impl FilterForm {
         pairs.extend(self.priorities.iter().map(|p| ("priority", p.clone())));
         if self.stuck {
             pairs.push(("stuck", "on".into()));
+        }
+        if self.scheduled {
+            pairs.push(("scheduled", "on".into()));
         }
         pairs
     }
@@ -247,7 +257,8 @@ mod tests {
     fn every_field_reaches_the_api_filter() {
         let filter = form(
             "status=PARKED&status=retrying&type=email&site=north&list=ops&from=2026-05-01T08:00\
-             &to=2026-05-02T00:00:00Z&stuck=on&subject=Tank&priority=HIGH&condition=tank4.level",
+             &to=2026-05-02T00:00:00Z&stuck=on&subject=Tank&priority=HIGH&condition=tank4.level\
+             &scheduled=on",
         )
         .to_proto()
         .unwrap();
@@ -277,6 +288,7 @@ mod tests {
             vec![i32::from(v1::NotificationPriority::High)]
         );
         assert_eq!(filter.condition_key, "tank4.level");
+        assert!(filter.scheduled_only);
     }
 
     #[test]
@@ -315,6 +327,9 @@ mod tests {
             original
         );
         assert!(!form("status=PARKED&status=PENDING").parked_only());
+        assert!(!form("status=PARKED&scheduled=on").parked_only());
+        let scheduled = form("scheduled=on");
+        assert_eq!(form(&scheduled.query_string(None)), scheduled);
         assert!(!form("").parked_only());
     }
 }

@@ -1,5 +1,5 @@
 //! The notification list (QueryNotifications with every filter, keyset paging by the API's
-//! page token, stuck badges), a notification's detail with its history (GetNotificationDetail),
+//! page token, stuck and scheduled badges), a notification's detail with its history (GetNotificationDetail),
 //! and Retry/Discard of one notification (RetryNotification/DiscardNotification).
 
 use askama::Template;
@@ -24,6 +24,10 @@ pub(super) struct Row {
     created: String,
     status: String,
     stuck: bool,
+    /// Still waiting for its scheduled time.
+    scheduled: bool,
+    /// When it was scheduled for; empty when it was not.
+    deliver_after: String,
     priority: String,
     kind: String,
     site: String,
@@ -38,6 +42,8 @@ fn row(view: v1::NotificationStatusView) -> Row {
         created: display::time(view.created_at.as_ref()),
         status: display::status(view.status),
         stuck: view.stuck,
+        scheduled: display::waits_for_its_time(&view),
+        deliver_after: display::time(view.deliver_after.as_ref()),
         priority: display::priority(view.priority),
         kind: display::kind(view.r#type),
         site: view.source_site_id,
@@ -144,6 +150,8 @@ struct DetailPage {
     id: String,
     status: String,
     stuck: bool,
+    /// Still waiting for its scheduled time (the facts say when).
+    scheduled: bool,
     parked: bool,
     csrf: String,
     /// Label and value pairs of the row's facts.
@@ -219,6 +227,10 @@ pub(super) async fn detail(
         ),
         ("Created", display::time(n.created_at.as_ref())),
         (
+            "Deliver after",
+            optional(display::time(n.deliver_after.as_ref())),
+        ),
+        (
             "Last attempt",
             optional(display::time(n.last_attempt_at.as_ref())),
         ),
@@ -242,6 +254,7 @@ pub(super) async fn detail(
         layout: visit.layout("notifications"),
         parked: n.status == i32::from(v1::NotificationStatus::Parked),
         stuck: n.stuck,
+        scheduled: display::waits_for_its_time(&n),
         csrf: visit.session.csrf.clone(),
         facts,
         subject: n.subject,

@@ -7,7 +7,13 @@
 //! [`super::claim_decision`]; a delivery's task is [`super::attempt::Delivery`]), then waits for
 //! whichever comes first: the lease changing, a claim or settings read answering, a delivery
 //! finishing (its slot is free), something that may have made rows due (a row ingested here,
-//! the poll timer, a lease taken), or the next rate-limit token.
+//! the poll timer, a lease taken, the time the next waiting row comes due), or the next
+//! rate-limit token.
+//!
+//! A claim that takes every due row also asks the store how long until the next waiting row
+//! comes due (`DispatchStore::next_due_in`: a scheduled row's time, a retry's), and the loop
+//! wakes then: such a row goes out at its time, not up to a poll interval after it. Rows of
+//! another replica's ingest are still found by the poll, which then learns their time too.
 //!
 //! Invariants: at most `max_concurrent_connections` deliveries under way (at least one) times
 //! what the channel's adapter queues per connection (`Deliver::attempts_per_connection`); at
@@ -118,11 +124,25 @@ struct ClaimAnswer {
     taken: Result<Taken, StoreError>,
 }
 
-/// What one claim took: a digest (if it looked for one and one was due) and single rows.
+/// What one claim took: a digest (if it looked for one and one was due) and single rows; and,
+/// when it took every due row and was allowed to ask, how long until the next waiting row
+/// comes due (`Some(None)`: none waits; `None`: not asked).
 struct Taken {
     digest: Option<Digest>,
     rows: Vec<ClaimedNotification>,
+    next_due_in: Option<Option<Duration>>,
 }
+
+/// Added to a wake-up for the next due row: the store counts its time in milliseconds (MS SQL
+/// rounds its clock to them), so a wake-up at the very instant could find the row a fraction of
+/// a millisecond short of due and sleep again.
+const DUE_MARGIN: Duration = Duration::from_millis(1);
+
+/// Least time between two asks for the next due row. A channel kept busy by a trickle of rows
+/// claims often, and each short claim would otherwise cost a second round trip (on MS SQL); at
+/// most ten a second, a claim that may not ask wakes the channel when it may again, so a row
+/// coming due is found at most this much later.
+const NEXT_DUE_ASK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// Claimed work waiting for a slot: one row, or the rows of one digest.
 // Rows are by far the common case, so they stay unboxed; only a digest wastes the difference.
@@ -212,6 +232,12 @@ pub(super) struct ChannelLoop<S, D> {
     /// Whether rows may be due: drained after a short claim until something may have made
     /// rows due ([`DueRows`]).
     due: DueRows,
+    /// When the earliest waiting row not due at the last short claim comes due (a scheduled
+    /// row's time, a retry's), on tokio's clock: the loop wakes then as if polled, so such a
+    /// row goes out at its time rather than up to a poll interval later.
+    next_due: Option<tokio::time::Instant>,
+    /// When a claim last asked for the next due row ([`NEXT_DUE_ASK_INTERVAL`]).
+    next_due_asked_at: Option<Instant>,
     claim: Option<JoinHandle<ClaimAnswer>>,
     settings_read: Option<JoinHandle<Result<ChannelSettings, StoreError>>>,
     /// A settings read answered since the last turn: its answer is fresh enough to claim
@@ -258,6 +284,8 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             digests_checked_at: None,
             share: LongestWaitingShare::default(),
             due: DueRows::default(),
+            next_due: None,
+            next_due_asked_at: None,
             claim: None,
             settings_read: None,
             settings_just_read: false,
@@ -284,6 +312,7 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             let current = mandate.borrow_and_update().clone();
             self.sweep(&current);
             let throttled_until = self.throttled_until;
+            let next_due = self.next_due;
             let probe_at = self.failover.probe_at();
             let list_probe_at = self.lists.probe_at();
             tokio::select! {
@@ -333,6 +362,10 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 }
                 () = sleep_until(throttled_until), if throttled_until.is_some() => {
                     self.throttled_until = None;
+                }
+                () = sleep_until(next_due), if next_due.is_some() => {
+                    self.next_due = None;
+                    self.due_may_have_changed();
                 }
                 () = sleep_until(probe_at), if probe_at.is_some() => {
                     if let Some(channel) = self.settings.as_ref() {
@@ -491,6 +524,9 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
         if look_for_digest {
             self.digests_checked_at = Some(now);
         }
+        let may_ask_next_due = self
+            .next_due_asked_at
+            .is_none_or(|at| now.duration_since(at) >= NEXT_DUE_ASK_INTERVAL);
         let store = Arc::clone(&self.parts.store);
         let kind = self.parts.kind;
         let claim_timeout = self.parts.claim_timeout;
@@ -510,7 +546,21 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
                 let rows = store
                     .claim_due(DISPATCHER_LEASE, epoch, kind, lanes, claim_timeout)
                     .await?;
-                Ok(Taken { digest, rows })
+                // Every due row taken: ask when the next one comes due. Only a wake-up is lost
+                // if that fails (the poll still comes), never the rows just claimed.
+                let next_due_in = if may_ask_next_due && rows.len() < lanes.total() {
+                    Some(store.next_due_in(kind).await.unwrap_or_else(|e| {
+                        tracing::warn!(channel = %kind, error = %e, "cannot read when the next row is due; the poll will find it");
+                        None
+                    }))
+                } else {
+                    None
+                };
+                Ok(Taken {
+                    digest,
+                    rows,
+                    next_due_in,
+                })
             };
             let taken = caught::store_call("the store call", claim).await;
             ClaimAnswer {
@@ -543,7 +593,28 @@ impl<S: DispatchStore, D: Deliver> ChannelLoop<S, D> {
             taken.rows.len() < wanted && taken.digest.is_none()
         });
         self.due.claim_answered(short);
-        let Taken { digest, rows } = taken?;
+        let Taken {
+            digest,
+            rows,
+            next_due_in,
+        } = taken?;
+        if short {
+            match next_due_in {
+                Some(answer) => {
+                    self.next_due_asked_at = Some(claimed_at);
+                    self.next_due =
+                        answer.map(|wait| tokio::time::Instant::now() + wait + DUE_MARGIN);
+                }
+                // Asked too recently to ask again: wake when it may, and ask then.
+                None => {
+                    let again = self
+                        .next_due_asked_at
+                        .map_or(claimed_at, |at| at + NEXT_DUE_ASK_INTERVAL);
+                    let again = tokio::time::Instant::from_std(again);
+                    self.next_due = Some(self.next_due.map_or(again, |due| due.min(again)));
+                }
+            }
+        }
         if digest.is_some() {
             self.digests_checked_at = None;
         }

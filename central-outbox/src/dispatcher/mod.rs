@@ -7,7 +7,8 @@
 //!   (the epoch this node may claim under now, and the epoch its work belongs to with that
 //!   epoch's cancellation token), and turns ingest and the poll timer into "rows may be due";
 //! - one loop per channel (`channel`): its slots, rate limit, queue of rows claimed ahead and
-//!   its claims, in the order of `domain::serve_order`; whether it claims, and how many rows,
+//!   its claims, in the order of `domain::serve_order`, and its wake-up when the next waiting
+//!   row comes due; whether it claims, and how many rows,
 //!   is the pure `claim_decision`, how deep it claims ahead `claim_ahead`;
 //! - one attempt per row (`attempt`), run as a task holding a slot;
 //! - the recorder (`recorder`), one task writing every outcome, in groups; the channel loops
@@ -50,6 +51,8 @@ mod recorder;
 mod gated_tests;
 #[cfg(test)]
 mod paused_tests;
+#[cfg(test)]
+mod wake_tests;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -79,8 +82,10 @@ const CHANNELS: [NotificationType; 2] = [NotificationType::Email, NotificationTy
 pub struct DispatcherSettings {
     /// Identifies this node as lease holder; unique per process.
     pub node_id: String,
-    /// Longest a due row waits when nothing wakes the dispatcher (retries coming due, rows
-    /// another replica ingested).
+    /// Longest a due row waits when nothing wakes the dispatcher: rows another replica
+    /// ingested, a claim that ran out. Scheduled rows and retries coming due need no poll: after
+    /// every claim that takes all due rows, each channel wakes when the next waiting row comes
+    /// due (`channel`).
     pub poll_interval: Duration,
     /// How long a lease lasts without renewal.
     pub lease_ttl: Duration,

@@ -11,16 +11,19 @@ use chrono::{DateTime, Utc};
 pub struct KpiValues {
     /// Pending + Retrying + Held.
     pub queue_depth: u64,
-    /// Pending/Retrying rows whose CreatedAt is older than the stuck threshold.
+    /// Pending/Retrying rows waiting for longer than the stuck threshold: since their CreatedAt,
+    /// or a scheduled one's time (`schedule::waiting_since`).
     pub stuck_count: u64,
     pub parked_count: u64,
     /// Delivered within the KPI window (by DeliveredAt).
     pub delivered_recently: u64,
-    /// Age since CreatedAt of the oldest row waiting for the dispatcher now: Pending, or Retrying
-    /// whose NextAttemptAt has passed.
+    /// Age of the oldest row waiting for the dispatcher now: Pending (a scheduled one once its
+    /// time has come), or Retrying whose NextAttemptAt has passed. Ages count from CreatedAt, or
+    /// from a scheduled row's time when later (`schedule::waiting_since`).
     pub oldest_pending_age: Option<Duration>,
-    /// Age since CreatedAt of the oldest row waiting out a delay: a Retrying row's retry delay,
-    /// or a Held row's consolidation window (or its digest's retry delay).
+    /// Age of the oldest row waiting out a delay: a Retrying row's retry delay, or a Held row's
+    /// consolidation window (or its digest's retry delay). A scheduled row waiting for its time
+    /// counts in neither age, only in the queue depth.
     pub oldest_retry_wait_age: Option<Duration>,
 }
 
@@ -63,14 +66,16 @@ impl KpiSettings {
         }
     }
 
-    /// Whether a row of this status and creation time counts as stuck at `now`.
+    /// Whether a row of this status, waiting to be delivered since `waiting_since` (its
+    /// creation, or its scheduled time when later: `schedule::waiting_since`), counts as stuck
+    /// at `now`.
     pub fn is_stuck(
         self,
         status: super::status::Status,
-        created_at: DateTime<Utc>,
+        waiting_since: DateTime<Utc>,
         now: DateTime<Utc>,
     ) -> bool {
-        status.waits_in_turn() && stuck_cutoff(now, self.stuck_age_threshold) > created_at
+        status.waits_in_turn() && stuck_cutoff(now, self.stuck_age_threshold) > waiting_since
     }
 }
 

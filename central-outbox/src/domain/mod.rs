@@ -12,6 +12,7 @@ pub mod kpi;
 pub mod query;
 pub mod rate;
 pub mod retry;
+pub mod schedule;
 pub mod self_alert;
 pub mod serve_order;
 pub mod site_health;

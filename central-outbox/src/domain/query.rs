@@ -27,8 +27,12 @@ pub struct NotificationFilter {
     pub created_from: Option<DateTime<Utc>>,
     /// CreatedAt < this.
     pub created_to: Option<DateTime<Utc>>,
-    /// Only Pending/Retrying rows created before this instant (now − stuck threshold).
+    /// Only Pending/Retrying rows waiting since before this instant (now − stuck threshold):
+    /// created before it and, when scheduled, due before it (`schedule::waiting_since`).
     pub stuck_before: Option<DateTime<Utc>>,
+    /// Only Pending rows still waiting for their time at this instant (now): scheduled for
+    /// after it (`schedule::waits_for_its_time`).
+    pub scheduled_after: Option<DateTime<Utc>>,
     /// Case-insensitive (ASCII) substring of the subject.
     pub subject_contains: Option<String>,
     /// Only rows resolved (for Parked rows: parked) before this instant.

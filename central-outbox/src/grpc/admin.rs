@@ -21,7 +21,7 @@ use crate::auth::{AdminRpc, Authenticator, StatusReader};
 use crate::domain::channel::{NotificationList, WebhookSettings};
 use crate::domain::escalation::{AckMeans, AckResult, Acknowledgement, IncidentId};
 use crate::domain::history::{ActionRefusal, Actor, OperatorAction};
-use crate::domain::kpi::{KpiSettings, stuck_cutoff};
+use crate::domain::kpi::KpiSettings;
 use crate::domain::query::{Cursor, PageRequest};
 use crate::domain::{ContentError, ListName, NotificationId};
 use crate::kpi_gauges::KpiGauges;
@@ -106,12 +106,12 @@ impl<S> OutboxService<S> {
     fn view(&self, state: NotificationState) -> NotificationStatusView {
         let stuck = self
             .kpis
-            .is_stuck(state.status, state.created_at, Utc::now());
+            .is_stuck(state.status, state.waiting_since(), Utc::now());
         convert::state_view(state, stuck)
     }
 
-    fn stuck_before(&self) -> chrono::DateTime<Utc> {
-        stuck_cutoff(Utc::now(), self.kpis.stuck_age_threshold)
+    fn filter_clock(&self) -> admin_convert::FilterClock {
+        admin_convert::FilterClock::at(Utc::now(), self.kpis.stuck_age_threshold)
     }
 }
 
@@ -283,7 +283,7 @@ impl<S: AdminStore + ChannelSettingsStore> OutboxService<S> {
             }
             Some(v1::bulk_action_request::Selector::Filter(filter)) => {
                 let filter =
-                    admin_convert::action_filter(filter, msg.parked_before, self.stuck_before())
+                    admin_convert::action_filter(filter, msg.parked_before, self.filter_clock())
                         .map_err(invalid_argument)?;
                 if msg.dry_run {
                     let count = self
@@ -345,7 +345,7 @@ impl<S: AdminStore + ChannelSettingsStore + EscalationStore> NotificationOutbox
         let urls = self.authorize_read(&request, AdminRpc::QueryNotifications)?;
         let msg = request.into_inner();
         let filter =
-            admin_convert::filter(msg.filter, self.stuck_before()).map_err(invalid_argument)?;
+            admin_convert::filter(msg.filter, self.filter_clock()).map_err(invalid_argument)?;
         let after = if msg.page_token.is_empty() {
             None
         } else {
@@ -409,9 +409,11 @@ impl<S: AdminStore + ChannelSettingsStore + EscalationStore> NotificationOutbox
             .await
             .map_err(store_status)?
             .ok_or_else(|| not_found(id))?;
-        let stuck = self
-            .kpis
-            .is_stuck(detail.state.status, detail.state.created_at, Utc::now());
+        let stuck = self.kpis.is_stuck(
+            detail.state.status,
+            detail.state.waiting_since(),
+            Utc::now(),
+        );
         let mut view = admin_convert::detail_view(detail, stuck);
         if urls == Urls::Cut {
             admin_convert::cut_detail_urls(&mut view);

@@ -17,7 +17,7 @@ use crate::domain::channel::{
 use crate::domain::consolidation::Consolidation;
 use crate::domain::delivery::AttemptOutcome;
 use crate::domain::history::{HistoryEntry, HistoryEvent, OperatorAction};
-use crate::domain::kpi::KpiValues;
+use crate::domain::kpi::{KpiValues, stuck_cutoff};
 use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::smtp_relay::{self, SmtpRelay};
@@ -105,11 +105,29 @@ fn optional_time(
     .transpose()
 }
 
-/// Checks a filter. `stuck_before` is the instant before which a live row counts as stuck (now
-/// minus the configured threshold); it applies only when the filter asks for stuck rows.
+/// The instants a filter's relative conditions are judged at: `now` (scheduled_only: still
+/// waiting for their time) and the stuck cutoff (stuck_only: now minus the configured
+/// threshold).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct FilterClock {
+    pub(crate) now: DateTime<Utc>,
+    pub(crate) stuck_before: DateTime<Utc>,
+}
+
+impl FilterClock {
+    pub(crate) fn at(now: DateTime<Utc>, stuck_age_threshold: Duration) -> Self {
+        Self {
+            now,
+            stuck_before: stuck_cutoff(now, stuck_age_threshold),
+        }
+    }
+}
+
+/// Checks a filter; `clock` gives the instants its stuck and scheduled conditions, when asked
+/// for, are judged at.
 pub(crate) fn filter(
     msg: Option<v1::NotificationFilter>,
-    stuck_before: DateTime<Utc>,
+    clock: FilterClock,
 ) -> Result<NotificationFilter, ContentError> {
     let Some(msg) = msg else {
         return Ok(NotificationFilter::default());
@@ -145,7 +163,8 @@ pub(crate) fn filter(
         list_name: optional_name(msg.list_name, "filter.list_name")?,
         created_from: optional_time(msg.created_from, "filter.created_from")?,
         created_to: optional_time(msg.created_to, "filter.created_to")?,
-        stuck_before: msg.stuck_only.then_some(stuck_before),
+        stuck_before: msg.stuck_only.then_some(clock.stuck_before),
+        scheduled_after: msg.scheduled_only.then_some(clock.now),
         subject_contains: {
             no_control_characters(&msg.subject_contains, "filter.subject_contains")?;
             (!msg.subject_contains.is_empty()).then_some(msg.subject_contains)
@@ -160,9 +179,9 @@ pub(crate) fn filter(
 pub(crate) fn action_filter(
     msg: v1::NotificationFilter,
     parked_before: Option<prost_types::Timestamp>,
-    stuck_before: DateTime<Utc>,
+    clock: FilterClock,
 ) -> Result<NotificationFilter, ContentError> {
-    let mut filter = filter(Some(msg), stuck_before)?;
+    let mut filter = filter(Some(msg), clock)?;
     filter.resolved_before = optional_time(parked_before, "parked_before")?;
     if filter.statuses.iter().any(|s| *s != OperatorAction::FROM) {
         return Err(ContentError::new(
@@ -175,6 +194,12 @@ pub(crate) fn action_filter(
         return Err(ContentError::new(
             "filter.stuck_only",
             "stuck notifications are never PARKED, so this would select nothing",
+        ));
+    }
+    if filter.scheduled_after.is_some() {
+        return Err(ContentError::new(
+            "filter.scheduled_only",
+            "notifications waiting for their time are never PARKED, so this would select nothing",
         ));
     }
     Ok(filter)
@@ -1000,6 +1025,32 @@ mod tests {
         }
     }
 
+    fn clock(now: DateTime<Utc>) -> FilterClock {
+        FilterClock::at(now, Duration::from_secs(600))
+    }
+
+    /// scheduled_only selects the rows still waiting for their time at the query's `now`; a
+    /// bulk action refuses it by name, as it refuses stuck_only.
+    #[test]
+    fn scheduled_only_is_judged_now_and_refused_for_bulk_actions() {
+        let now = Utc::now();
+        let msg = v1::NotificationFilter {
+            scheduled_only: true,
+            ..Default::default()
+        };
+        let checked = filter(Some(msg.clone()), clock(now)).unwrap();
+        assert_eq!(checked.scheduled_after, Some(now));
+        assert_eq!(checked.stuck_before, None);
+        assert_eq!(
+            filter(Some(v1::NotificationFilter::default()), clock(now))
+                .unwrap()
+                .scheduled_after,
+            None
+        );
+        let err = action_filter(msg, None, clock(now)).unwrap_err();
+        assert_eq!(err.field, "filter.scheduled_only");
+    }
+
     #[test]
     fn filters_name_bad_fields() {
         let now = Utc::now();
@@ -1036,14 +1087,14 @@ mod tests {
                 "filter.created_from",
             ),
         ] {
-            assert_eq!(filter(Some(msg), now).unwrap_err().field, field);
+            assert_eq!(filter(Some(msg), clock(now)).unwrap_err().field, field);
         }
         let bad_status = v1::NotificationFilter {
             statuses: vec![v1::NotificationStatus::Forwarding.into()],
             ..Default::default()
         };
         assert_eq!(
-            filter(Some(bad_status), now).unwrap_err().field,
+            filter(Some(bad_status), clock(now)).unwrap_err().field,
             "filter.statuses"
         );
         let bad_type = v1::NotificationFilter {
@@ -1051,7 +1102,7 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            filter(Some(bad_type), now).unwrap_err().field,
+            filter(Some(bad_type), clock(now)).unwrap_err().field,
             "filter.type"
         );
         let delivered = v1::NotificationFilter {
@@ -1059,7 +1110,9 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            action_filter(delivered, None, now).unwrap_err().field,
+            action_filter(delivered, None, clock(now))
+                .unwrap_err()
+                .field,
             "filter.statuses"
         );
     }

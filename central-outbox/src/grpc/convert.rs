@@ -73,6 +73,7 @@ pub(crate) fn state_view(state: NotificationState, stuck: bool) -> v1::Notificat
         stuck,
         priority: priority_to_proto(state.priority).into(),
         condition_key: state.condition_key.unwrap_or_default(),
+        deliver_after: state.deliver_after.map(to_timestamp),
         // What the row's detail shows as its targets; the status answer leaves it to the
         // detail, a site's status feed fills it (`site_status_change`).
         delivered_to: String::new(),
@@ -110,6 +111,7 @@ mod tests {
             priority: v1::NotificationPriority::High.into(),
             condition_key: "tank4.level.high".into(),
             cleared_at_site: None,
+            deliver_after: None,
         }
     }
 

@@ -923,6 +923,7 @@ mod tests {
             priority: 0,
             condition_key: "k".repeat(MAX_CONDITION_KEY_CHARS),
             cleared_at_site: None,
+            deliver_after: None,
         };
         let weight = submit_weight(&submit);
         convert::submission(submit).expect("every field at its limit is still valid");

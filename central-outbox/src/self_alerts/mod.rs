@@ -522,13 +522,14 @@ impl<S: OutboxStore> SelfWatch<S> {
             None => Reading::Unknown,
             Some(None) => Reading::Clear,
             Some(Some(row)) => Reading::Active {
-                since: after(row.created_at, settings.channel_max_wait),
+                // Waiting since its arrival, or its scheduled time when later.
+                since: after(row.waiting_since(), settings.channel_max_wait),
                 detail: format!(
                     "{channel} notifications have waited longer than {} for delivery (one of \
                      list {:?} since {}, {} after {} attempts; last error: {}).",
                     text_duration(settings.channel_max_wait),
                     row.list_name,
-                    row.created_at.format("%Y-%m-%d %H:%M:%S UTC"),
+                    row.waiting_since().format("%Y-%m-%d %H:%M:%S UTC"),
                     row.status,
                     row.retry_count,
                     row.last_error
@@ -769,6 +770,7 @@ impl<S: OutboxStore> SelfWatch<S> {
             priority: Priority::Critical,
             condition_key: Some(transition.condition().key.clone()),
             cleared_at_site: None,
+            deliver_after: None,
         })
     }
 }

@@ -8,7 +8,7 @@
 //! - [`IngestStore`] (`ping`, `submit`, `clear_condition`, `record_site_health`): the ingest
 //!   service (`grpc::ingest`) and the health probe (`health`).
 //! - [`DispatchStore`] (`acquire_lease`, `release_lease`, `read_lease`, `claim_due`,
-//!   `claim_digest`, `record_outcomes`, `record_outcome`, `purge_terminal`,
+//!   `next_due_in`, `claim_digest`, `record_outcomes`, `record_outcome`, `purge_terminal`,
 //!   `forget_silent_nodes`): the dispatcher with its lease keeper, channel loops, attempts and
 //!   recorder (`dispatcher`), the purge (`purge`), which runs under the dispatcher's lease, and
 //!   the self-alerts' watch for a missing leader (`self_alerts`).
@@ -44,7 +44,11 @@
 //!   row Retrying leaves it Held (due again at the retry time, in a digest again).
 //! - `claim_due` hands a due row to at most one live claim, stamps the lease epoch and writes an
 //!   InFlight attempt row in the same transaction; it takes rows in the orders of
-//!   `domain::serve_order`.
+//!   `domain::serve_order`. A row is due at its NextAttemptAt: a scheduled row
+//!   (`domain::schedule`) is stored Pending, due at its `deliver_after`, and is never claimed
+//!   before it; `next_due_in` says how long until the next such time.
+//! - `submit` stores a scheduled row's `deliver_after` and neither holds it (consolidation) nor
+//!   opens or joins an incident for it (`domain::schedule`, rule 2).
 //! - `record_outcomes` applies each outcome only if the row is still claimed by that attempt (epoch and
 //!   attempt number) and no other holder has taken the lease since (it is still at that epoch,
 //!   lapsed or not); otherwise it changes nothing and returns false.
@@ -240,6 +244,16 @@ pub trait DispatchStore: ReadChannelSettings {
         lanes: ClaimLanes,
         claim_timeout: Duration,
     ) -> impl Future<Output = Result<Vec<ClaimedNotification>>> + Send;
+
+    /// How long, by the store's clock, until the earliest waiting row of channel `kind` that is
+    /// not due yet comes due (a scheduled row's time, a retry's): the unclaimed Pending and
+    /// Retrying rows whose NextAttemptAt is ahead. `None` when no such row waits. Changes
+    /// nothing. What the dispatcher sleeps for after a claim that took every due row, so that a
+    /// row coming due between polls is claimed at its time.
+    fn next_due_in(
+        &self,
+        kind: NotificationType,
+    ) -> impl Future<Output = Result<Option<Duration>>> + Send;
 
     /// Claims the due Held rows of one list of channel `kind` for `claim_timeout` under `epoch`
     /// as digest `digest`: the list of the longest-due Held row, up to its `max_per_digest`

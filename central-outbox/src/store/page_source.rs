@@ -67,6 +67,7 @@ impl PageSource {
             priority,
             condition_key: None,
             cleared_at_site: None,
+            deliver_after: None,
         })
     }
 

@@ -115,6 +115,7 @@ fn notification(kind: NotificationType, list: &str, subject: &str) -> NewNotific
         priority: Priority::Normal,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     })
 }
 
@@ -180,6 +181,7 @@ impl Row {
             next_attempt_at: self.due,
             delivered_at: self.delivered_at,
             resolved_at: self.resolved_at,
+            deliver_after: s.deliver_after,
         }
     }
 
@@ -283,7 +285,8 @@ impl MemoryStore {
     }
 
     /// Stores a new row (its id must be new) as a submit stores one without a condition key or a
-    /// consolidating list: Pending, due now, with its serve turn. Returns its id.
+    /// consolidating list: Pending, due now (or at its `deliver_after`, when later), with its
+    /// serve turn. Returns its id.
     pub fn add(&self, row: NewNotification) -> NotificationId {
         let submission = row.submission;
         let id = submission.id;
@@ -303,6 +306,7 @@ impl MemoryStore {
         }
         state.last_row_id += 1;
         let row_id = state.last_row_id;
+        let due = crate::domain::schedule::waiting_since(now, submission.deliver_after);
         state.rows.push(Row {
             submission,
             status: Status::Pending,
@@ -311,7 +315,7 @@ impl MemoryStore {
             row_id,
             serve_turn: serve_turn(head, site_last),
             created_at: now,
-            due: Some(now),
+            due: Some(due),
             retry_count: 0,
             last_error: None,
             last_attempt_at: None,
@@ -648,6 +652,19 @@ impl DispatchStore for MemoryStore {
             state.claims += 1;
         }
         Ok(claimed)
+    }
+
+    async fn next_due_in(&self, kind: NotificationType) -> Result<Option<Duration>> {
+        let (now, now_i) = (Utc::now(), Instant::now());
+        let state = self.lock();
+        Ok(state
+            .rows
+            .iter()
+            .filter(|r| r.status.waits_in_turn() && r.submission.content.kind == kind)
+            .filter(|r| r.claim.is_none_or(|c| c.until <= now_i))
+            .filter_map(|r| r.due.filter(|due| *due > now))
+            .min()
+            .map(|due| (due - now).to_std().unwrap_or(Duration::ZERO)))
     }
 
     async fn claim_digest(

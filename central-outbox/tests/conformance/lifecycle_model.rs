@@ -364,6 +364,7 @@ impl Case {
             priority,
             condition_key: key.map(|k| ConditionKey::parse(k.into(), "condition_key").unwrap()),
             cleared_at_site: None,
+            deliver_after: None,
         });
         let row = Row {
             new: new.clone(),

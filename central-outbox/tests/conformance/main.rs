@@ -12,8 +12,8 @@
 //! against the dispatcher's in-memory test store (`central_outbox::testing::MemoryStore`), so
 //! the store the dispatcher's paused-clock tests run on cannot drift from the real ones.
 //! `whole_store_behaviours!` checks ingest, operator actions, channel settings, condition
-//! keys, flood consolidation, site health, and the channel settings with their start-up seeds,
-//! which only the SQL backends keep.
+//! keys, flood consolidation, scheduled delivery, site health, and the channel settings with
+//! their start-up seeds, which only the SQL backends keep.
 //!
 //! Each behaviour seeds its own store through the store's capabilities, so it knows
 //! independently what the store should answer, and compares.
@@ -35,6 +35,7 @@ mod escalation_model;
 mod lifecycle_model;
 mod procedures;
 mod purge;
+mod scheduled;
 mod serve_order;
 mod site_health;
 mod site_status;
@@ -191,6 +192,10 @@ macro_rules! dispatch_behaviours {
             the_longest_waiting_share_takes_the_oldest_due_row,
             serve_order::the_longest_waiting_share_takes_the_oldest_due_row
         );
+        behaviour!(
+            a_scheduled_row_is_not_claimed_before_its_time,
+            scheduled::a_scheduled_row_is_not_claimed_before_its_time
+        );
     };
 }
 
@@ -292,6 +297,22 @@ macro_rules! whole_store_behaviours {
         behaviour!(
             consolidation_settings_round_trip,
             consolidation::consolidation_settings_round_trip
+        );
+        behaviour!(
+            a_scheduled_time_is_kept_and_one_passed_on_arrival_is_due_at_once,
+            scheduled::a_scheduled_time_is_kept_and_one_passed_on_arrival_is_due_at_once
+        );
+        behaviour!(
+            a_scheduled_row_waiting_for_its_time_is_neither_stuck_nor_late,
+            scheduled::a_scheduled_row_waiting_for_its_time_is_neither_stuck_nor_late
+        );
+        behaviour!(
+            a_scheduled_row_is_superseded_and_cleared_like_a_waiting_one,
+            scheduled::a_scheduled_row_is_superseded_and_cleared_like_a_waiting_one
+        );
+        behaviour!(
+            a_scheduled_row_is_neither_held_nor_escalated,
+            scheduled::a_scheduled_row_is_neither_held_nor_escalated
         );
         behaviour!(
             the_lifecycle_matches_its_model,

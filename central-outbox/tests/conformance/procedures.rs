@@ -14,7 +14,8 @@ use sha2::{Digest, Sha256};
 use super::{mssql_server, seed, session_of_its_own};
 
 /// Every procedure file, by the name of the procedure it creates.
-const PROCEDURES: [&str; 6] = [
+const PROCEDURES: [&str; 7] = [
+    "AcknowledgeIncident",
     "AcquireLease",
     "ClaimDigestNotifications",
     "ClaimDueNotifications",

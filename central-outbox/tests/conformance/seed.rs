@@ -179,6 +179,7 @@ pub(crate) fn submission(spec: &Spec) -> NewNotification {
         priority: spec.priority,
         condition_key: spec.condition_key.clone(),
         cleared_at_site: None,
+        deliver_after: None,
     })
 }
 

@@ -1,7 +1,7 @@
 -- dbo.RecordSiteStatusChanges, revision 1
 --
 -- Records, in the statement's own transaction, every final status a notification of a
--- watching site reaches (dbo.SiteStatusWatchers, migration 0016): a row inserted final (one
+-- watching site reaches (dbo.SiteStatusWatchers, migration 0017): a row inserted final (one
 -- the site cleared before forwarding it) or updated into a final status it did not have
 -- (Parked, then Discarded: both). NotificationIngest.WatchSiteStatus streams the feed to the
 -- site, which confirms what it stored.

@@ -1,4 +1,4 @@
--- dbo.SubmitNotification, revision 6
+-- dbo.SubmitNotification, revision 7
 --
 -- Stores one submitted notification, as the SQLite backend stores a row, and answers the id's
 -- stored content hash and whether this call inserted it, from which the caller tells Accepted,
@@ -28,6 +28,12 @@
 --   never due (NextAttemptAt NULL), with one history entry (number 1, at the site's time of the
 --   clear, by the site). It supersedes nothing and is counted in no window: the site's own
 --   clear reaches central too.
+-- - if scheduled (@DeliverAfter, central's domain::schedule: its time still ahead of @now), is
+--   stored Pending, due at that time (NextAttemptAt @DeliverAfter, which the claims' due scan
+--   does not take before), and takes part in neither consolidation nor escalation (below): it
+--   is delivered on its own when due. A @DeliverAfter that has passed makes it due now, as any
+--   row. Either way DeliverAfter keeps the time for the views. Its condition key supersedes as
+--   any keyed row's does (below), and it is superseded and cleared as any waiting row.
 -- - otherwise, if its list consolidates (domain::consolidation), counts as an arrival of the
 --   list's current window in dbo.ConsolidationWindows, and is stored Held, due at the window's
 --   end, when it is over the list's threshold and not critical (priority rank 0); its turn is
@@ -44,14 +50,14 @@
 --   waiting row reads), so the history INSERT finds exactly those rows (Status Superseded,
 --   resolved at @now, this token) through IX_Notifications_Status_Resolved.
 -- - if its list has an escalation policy (NotificationLists.Escalation, store/mssql/escalation.rs)
---   that applies to its priority and it was not stored ended (cleared at the site, stale on
---   arrival): a keyed row joins the incident of its site, key and list that is not final (it
---   becomes the state the incident's later pages quote, with a Joined history row), and any
---   other row opens an incident, of which it is page 1 (its page row, and an Opened history row),
---   its next page due after the policy's first wait. The list's columns beside its policy say
---   all that needs (the procedure reads no JSON). Two submits of one condition at once on two
---   replicas: UX_Incidents_Condition fails the second (2601), and its caller stores it again,
---   then joining.
+--   that applies to its priority and it was neither stored ended (cleared at the site, stale on
+--   arrival) nor scheduled: a keyed row joins the incident of its site, key and list that is not
+--   final (it becomes the state the incident's later pages quote, with a Joined history row),
+--   and any other row opens an incident, of which it is page 1 (its page row, and an Opened
+--   history row), its next page due after the policy's first wait. The list's columns beside
+--   its policy say all that needs (the procedure reads no JSON). Two submits of one condition at
+--   once on two replicas: UX_Incidents_Condition fails the second (2601), and its caller stores
+--   it again, then joining.
 --
 -- A submit of many rows calls this procedure for its keyed rows and the rows of consolidating
 -- lists, in batch order, inside one transaction of its own (sql::ingest::insert_in_order):
@@ -79,7 +85,8 @@ CREATE PROCEDURE dbo.SubmitNotification
     @ConditionKey nvarchar(128) = NULL,
     @ClearedAtSite datetime2(3) = NULL,
     @ClearedBy nvarchar(256) = NULL,
-    @SubmittedAt datetime2(3) = NULL
+    @SubmittedAt datetime2(3) = NULL,
+    @DeliverAfter datetime2(3) = NULL
 AS
 BEGIN
 SET XACT_ABORT ON;
@@ -102,6 +109,8 @@ DECLARE @openedNote nvarchar(400);
 DECLARE @incident bigint;
 DECLARE @incidentPage int;
 DECLARE @due datetime2(3);
+-- Due at its time when scheduled, otherwise now.
+DECLARE @dueAt datetime2(3) = CASE WHEN @DeliverAfter > @now THEN @DeliverAfter ELSE @now END;
 IF NOT EXISTS (SELECT 1 FROM dbo.Notifications AS e WHERE e.NotificationId = @NotificationId)
 BEGIN
     BEGIN TRANSACTION;
@@ -112,7 +121,7 @@ BEGIN
           AND k.ConditionKey = @ConditionKey AND k.ListName = @ListName
           AND k.SiteEnqueuedAt > @SiteEnqueuedAt
         ORDER BY k.SiteEnqueuedAt DESC, k.Id DESC;
-    IF @ClearedAtSite IS NULL AND @newer IS NULL
+    IF @ClearedAtSite IS NULL AND @newer IS NULL AND @dueAt = @now
         SELECT @threshold = l.ConsolidateThreshold, @window = l.ConsolidateWindowSeconds
         FROM dbo.NotificationLists AS l
         WHERE l.Name = @ListName;
@@ -136,7 +145,7 @@ BEGIN
             -- of the window still being committed by another session joins the same digest.
             SET @heldUntil = DATEADD(second, @window + 2, @start);
     END;
-    IF @ClearedAtSite IS NULL AND @newer IS NULL
+    IF @ClearedAtSite IS NULL AND @newer IS NULL AND @dueAt = @now
         SELECT @policy = l.Escalation, @priorities = l.EscalationPriorities,
             @firstWaitMs = l.EscalationFirstWaitMs, @firstRound = l.EscalationFirstRound,
             @firstStep = l.EscalationFirstStep, @onPark = l.EscalateOnPark,
@@ -179,16 +188,16 @@ BEGIN
                 + N') ' + REPLACE(@openedNote, N'{due}', CONVERT(nvarchar(23), @due, 126) + N'+00:00'));
         END;
     END;
-    INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey, IncidentId, IncidentPage)
+    INSERT INTO dbo.Notifications (NotificationId, Type, ListName, Subject, Body, TypeData, ContentHash, Status, SourceSiteId, SourceInstanceId, SourceScript, OriginExecutionId, OriginParentExecutionId, SiteEnqueuedAt, CreatedAt, NextAttemptAt, ResolvedAt, AttemptCount, Priority, ServeTurn, ConditionKey, IncidentId, IncidentPage, DeliverAfter)
     SELECT @NotificationId, @Type, @ListName, @Subject, @Body, @TypeData, @ContentHash,
         CASE WHEN @ClearedAtSite IS NOT NULL THEN N'Cleared' WHEN @newer IS NOT NULL THEN N'Superseded' WHEN @heldUntil IS NOT NULL THEN N'Held' ELSE N'Pending' END,
         @SourceSiteId, @SourceInstanceId, @SourceScript, @OriginExecutionId, @OriginParentExecutionId, @SiteEnqueuedAt, @now,
-        CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN COALESCE(@heldUntil, @now) END,
+        CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN COALESCE(@heldUntil, @dueAt) END,
         CASE WHEN @ClearedAtSite IS NOT NULL OR @newer IS NOT NULL THEN @now END,
         CASE WHEN @ClearedAtSite IS NULL AND @newer IS NULL THEN 0 ELSE 1 END,
         @Priority,
         1 + CASE WHEN t.SiteLast > t.Head THEN t.SiteLast ELSE t.Head END,
-        @ConditionKey, @incident, @incidentPage
+        @ConditionKey, @incident, @incidentPage, @DeliverAfter
     FROM (
         SELECT COALESCE((
                 SELECT MIN(s.ServeTurn)

@@ -218,6 +218,9 @@ pub(crate) struct ListArgs {
     /// Only Pending/Retrying notifications older than central's stuck threshold.
     #[arg(long)]
     pub stuck: bool,
+    /// Only scheduled notifications still waiting for their deliver_after time.
+    #[arg(long)]
+    pub scheduled: bool,
     #[command(flatten)]
     pub select: SelectArgs,
     /// Show at most N rows in total (0: all), following page tokens as needed.

@@ -53,18 +53,28 @@ fn notifications(rows: &[v1::NotificationStatusView], next: &str, now: DateTime<
         return "no notifications match\n".to_owned();
     }
     let mut table = Table::new(&[
-        "ID", "STATUS", "PRIORITY", "TYPE", "SITE", "LIST", "RETRIES", "AGE", "SUBJECT",
+        "ID",
+        "STATUS",
+        "PRIORITY",
+        "TYPE",
+        "SITE",
+        "LIST",
+        "RETRIES",
+        "AGE",
+        "DELIVER AFTER",
+        "SUBJECT",
     ]);
     for v in rows {
         table.row(vec![
             v.notification_id.clone(),
-            status_cell(v),
+            status_cell(v, now),
             priority_name(v.priority),
             channel_name(v.r#type),
             v.source_site_id.clone(),
             v.list_name.clone(),
             v.retry_count.to_string(),
             age_since(now, v.created_at.as_ref()),
+            time_human(v.deliver_after.as_ref()),
             truncate(&v.subject, MAX_CELL),
         ]);
     }
@@ -77,11 +87,14 @@ fn notifications(rows: &[v1::NotificationStatusView], next: &str, now: DateTime<
     out
 }
 
-/// "pending (stuck)": the stuck badge belongs with the status it qualifies.
-fn status_cell(v: &v1::NotificationStatusView) -> String {
+/// "pending (stuck)", "pending (scheduled)": a badge belongs with the status it qualifies.
+/// Scheduled: still waiting for its deliver_after (see `super::waits_for_its_time`).
+fn status_cell(v: &v1::NotificationStatusView, now: DateTime<Utc>) -> String {
     let status = status_name(v.status);
     if v.stuck {
         format!("{status} (stuck)")
+    } else if super::waits_for_its_time(v, now) {
+        format!("{status} (scheduled)")
     } else {
         status
     }
@@ -108,7 +121,7 @@ fn status_fields(
 ) -> Vec<(&'static str, String)> {
     vec![
         ("notification", v.notification_id.clone()),
-        ("status", status_cell(v)),
+        ("status", status_cell(v, now)),
         ("priority", priority_name(v.priority)),
         ("type", channel_name(v.r#type)),
         ("list", v.list_name.clone()),
@@ -119,6 +132,7 @@ fn status_fields(
         ("last error", or_dash(&v.last_error)),
         ("created", with_age(v.created_at.as_ref(), now)),
         ("site enqueued", time_human(v.site_enqueued_at.as_ref())),
+        ("deliver after", time_human(v.deliver_after.as_ref())),
         ("last attempt", with_age(v.last_attempt_at.as_ref(), now)),
         ("next attempt", time_human(v.next_attempt_at.as_ref())),
         ("delivered", time_human(v.delivered_at.as_ref())),
@@ -520,6 +534,47 @@ mod tests {
         );
         assert!(lines[1].contains("3m 12s"), "{text}");
         assert!(lines[2].contains("--page-token tok"), "{text}");
+    }
+
+    #[test]
+    fn a_scheduled_row_shows_its_time_and_says_it_waits_for_it() {
+        let now = "2026-11-21T10:05:00Z".parse::<DateTime<Utc>>().unwrap();
+        let at = |offset: i64| {
+            Some(prost_types::Timestamp {
+                seconds: now.timestamp() + offset,
+                nanos: 0,
+            })
+        };
+        let waiting = v1::NotificationStatusView {
+            notification_id: "0190-s".into(),
+            status: v1::NotificationStatus::Pending.into(),
+            created_at: at(-60),
+            deliver_after: at(3600),
+            ..Default::default()
+        };
+        let text = notifications(std::slice::from_ref(&waiting), "", now);
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(lines[0].contains(" DELIVER AFTER "), "{text}");
+        assert!(lines[1].contains("pending (scheduled)"), "{text}");
+        assert!(lines[1].contains("2026-11-21T11:05:00Z"), "{text}");
+        assert_eq!(
+            field(&key_values(&status_fields(&waiting, now)), "deliver after"),
+            Some("2026-11-21T11:05:00Z")
+        );
+        // Once delivered (or its time passed), it no longer waits; its time stays shown.
+        let delivered = v1::NotificationStatusView {
+            status: v1::NotificationStatus::Delivered.into(),
+            ..waiting.clone()
+        };
+        let text = notifications(&[delivered], "", now);
+        assert!(!text.contains("(scheduled)"), "{text}");
+        assert!(text.contains("2026-11-21T11:05:00Z"), "{text}");
+        let unscheduled = v1::NotificationStatusView {
+            deliver_after: None,
+            ..waiting
+        };
+        let text = notifications(&[unscheduled], "", now);
+        assert!(!text.contains("(scheduled)"), "{text}");
     }
 
     #[test]

@@ -58,6 +58,7 @@ pub(crate) fn status_view(v: &v1::NotificationStatusView) -> Value {
         "retry_count": v.retry_count,
         "last_error": v.last_error,
         "stuck": v.stuck,
+        "deliver_after": time_json(v.deliver_after.as_ref()),
         "created_at": time_json(v.created_at.as_ref()),
         "site_enqueued_at": time_json(v.site_enqueued_at.as_ref()),
         "last_attempt_at": time_json(v.last_attempt_at.as_ref()),

@@ -140,6 +140,13 @@ fn instant(ts: Option<&prost_types::Timestamp>) -> Option<DateTime<Utc>> {
     ts.and_then(from_timestamp)
 }
 
+/// Whether the notification is still waiting for its scheduled time at `now`: PENDING, with
+/// its deliver_after ahead (central's "scheduled" filter selects the same rows).
+pub(crate) fn waits_for_its_time(v: &v1::NotificationStatusView, now: DateTime<Utc>) -> bool {
+    v.status == i32::from(v1::NotificationStatus::Pending)
+        && instant(v.deliver_after.as_ref()).is_some_and(|at| at > now)
+}
+
 /// RFC 3339 UTC to the second, for tables; `-` when unset.
 pub(crate) fn time_human(ts: Option<&prost_types::Timestamp>) -> String {
     instant(ts).map_or_else(

@@ -1,4 +1,4 @@
-//! The final statuses central sent back, as SQL over `central_statuses` (schema v7): storing a
+//! The final statuses central sent back, as SQL over `central_statuses` (schema v8): storing a
 //! batch of them, reading one notification's, reading those after a seq for a `WatchStatus` or
 //! a standby, and the prune that keeps the table within `[statuses]`. The capabilities run
 //! these inside their jobs (`super::statuses`, `super::status`, `super::replica`).

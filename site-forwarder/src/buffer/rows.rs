@@ -23,7 +23,7 @@ use crate::domain::{
 /// [`move_to_rejected`], which copies these columns from `buffered` to `rejected`.
 pub(super) const ROW_COLUMNS: &str = "seq, notification_id, type, list_name, subject, body, type_data, \
      source_site_id, source_instance_id, source_script, origin_execution_id, \
-     origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at";
+     origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at, deliver_after";
 
 /// A batch of buffered rows, oldest first, as read for forwarding.
 #[derive(Debug, Default)]
@@ -111,16 +111,17 @@ pub(super) enum Insert {
     Replica(Seq),
 }
 
-/// The columns [`insert_row`] binds as `?1` to `?15`, and the seq as `?16` for a replica.
+/// The columns [`insert_row`] binds as `?1` to `?16`, and the seq as `?17` for a replica.
 macro_rules! insert_sql {
     ($verb:literal $(, $seq_column:literal, $seq_value:literal)? $(; $tail:literal)?) => {
         concat!(
             $verb,
             " INTO buffered (notification_id, type, list_name, subject, body, type_data, \
              source_site_id, source_instance_id, source_script, origin_execution_id, \
-             origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at",
+             origin_parent_execution_id, enqueued_at, priority, condition_key, cleared_at, \
+             deliver_after",
             $($seq_column,)?
-            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15",
+            ") VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16",
             $($seq_value,)? ")",
             $($tail)?
         )
@@ -138,11 +139,11 @@ pub(super) fn insert_row(
         Insert::New => (insert_sql!("INSERT"), None),
         Insert::NewUnlessHeld => (insert_sql!("INSERT OR IGNORE"), None),
         Insert::ReplicaUnlessHeld(seq) => (
-            insert_sql!("INSERT", ", seq", ", ?16"; " ON CONFLICT DO NOTHING"),
+            insert_sql!("INSERT", ", seq", ", ?17"; " ON CONFLICT DO NOTHING"),
             Some(seq.0),
         ),
         Insert::Replica(seq) => (
-            insert_sql!("INSERT OR REPLACE", ", seq", ", ?16"),
+            insert_sql!("INSERT OR REPLACE", ", seq", ", ?17"),
             Some(seq.0),
         ),
     };
@@ -176,8 +177,9 @@ pub(super) fn insert_row(
     stmt.raw_bind_parameter(13, n.priority.rank())?;
     stmt.raw_bind_parameter(14, n.condition_key.as_ref().map(ConditionKey::as_str))?;
     stmt.raw_bind_parameter(15, n.cleared_at_site.map(|at| at.timestamp_millis()))?;
+    stmt.raw_bind_parameter(16, n.deliver_after.map(|at| at.timestamp_millis()))?;
     if let Some(seq) = seq {
-        stmt.raw_bind_parameter(16, seq)?;
+        stmt.raw_bind_parameter(17, seq)?;
     }
     Ok(stmt.raw_execute()?)
 }
@@ -214,6 +216,7 @@ pub(super) fn decode_row(
     let rank: i64 = row.get(13)?;
     let condition_key: Option<String> = row.get(14)?;
     let cleared_ms: Option<i64> = row.get(15)?;
+    let deliver_after_ms: Option<i64> = row.get(16)?;
     Ok((|| {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| ContentError::new("type", format!("{kind:?} is not a known type")))?;
@@ -222,12 +225,20 @@ pub(super) fn decode_row(
         })?;
         let site_enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| ContentError::new("site_enqueued_at", "is out of range"))?;
-        let cleared_at_site = cleared_ms
-            .map(|ms| {
+        let at = |column: &'static str, ms: Option<i64>| {
+            ms.map(|ms| {
                 DateTime::from_timestamp_millis(ms)
-                    .ok_or_else(|| ContentError::new("cleared_at", "is out of range"))
+                    .ok_or_else(|| ContentError::new(column, "is out of range"))
             })
-            .transpose()?;
+            .transpose()
+        };
+        let cleared_at_site = at("cleared_at", cleared_ms)?;
+        // The rule the Send checked, again: a row from a hand edit or a looser binary that
+        // breaks it is set aside with the reason, as for any other field.
+        let deliver_after = outbox_domain::schedule::deliver_after(
+            at("deliver_after", deliver_after_ms)?,
+            site_enqueued_at,
+        )?;
         let origin = crate::domain::ScriptOrigin::parse(
             source_instance_id,
             source_script,
@@ -249,6 +260,7 @@ pub(super) fn decode_row(
                 .map(|key| ConditionKey::parse(key, "condition_key"))
                 .transpose()?,
             cleared_at_site,
+            deliver_after,
         })
     })())
 }

@@ -10,7 +10,7 @@
 use rusqlite::Connection;
 
 /// Schema version this binary writes, kept in `PRAGMA user_version`.
-pub(super) const SCHEMA_VERSION: i64 = 7;
+pub(super) const SCHEMA_VERSION: i64 = 8;
 
 /// Version 1: the waiting rows and the rows central rejected. Columns mirror `NotificationSubmit`
 /// so a row can be resubmitted byte for byte; times are Unix milliseconds (UTC).
@@ -108,11 +108,18 @@ CREATE TABLE pending_acks (
 );
 ";
 
-/// Version 7: the final statuses central sent back (`super::central_statuses`): one row per
+/// Version 7: when a scheduled notification is to be delivered (Unix ms, `deliver_after` of
+/// its submit; NULL = at once). Rows written before it were sent unscheduled.
+pub(super) const SCHEMA_V7: &str = "
+ALTER TABLE buffered ADD COLUMN deliver_after INTEGER;
+ALTER TABLE rejected ADD COLUMN deliver_after INTEGER;
+";
+
+/// Version 8: the final statuses central sent back (`super::central_statuses`): one row per
 /// notification, its latest by central's order; `seq` is this node's order of storing them
 /// (the same on both nodes of a pair), `view` central's `NotificationStatusView` as encoded.
 /// `pair_state.statuses_through` is the highest `seq` a standby copied from its active.
-pub(super) const SCHEMA_V7: &str = "
+pub(super) const SCHEMA_V8: &str = "
 CREATE TABLE central_statuses (
     seq             INTEGER PRIMARY KEY AUTOINCREMENT,
     notification_id TEXT NOT NULL UNIQUE,
@@ -177,6 +184,12 @@ pub(super) fn migrate(conn: &mut Connection) -> Result<(), group_commit::Error> 
         let txn = conn.transaction()?;
         txn.execute_batch(SCHEMA_V7)?;
         txn.pragma_update(None, "user_version", 7)?;
+        txn.commit()?;
+    }
+    if version < 8 {
+        let txn = conn.transaction()?;
+        txn.execute_batch(SCHEMA_V8)?;
+        txn.pragma_update(None, "user_version", 8)?;
         txn.commit()?;
     }
     Ok(())

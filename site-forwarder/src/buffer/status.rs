@@ -66,8 +66,8 @@ impl StatusReader {
 fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
     let id = id.to_string();
     let mut buffered = conn.prepare_cached(
-        "SELECT type, list_name, enqueued_at, priority, condition_key, cleared_at FROM buffered
-         WHERE notification_id = ?1",
+        "SELECT type, list_name, enqueued_at, priority, condition_key, cleared_at, deliver_after
+         FROM buffered WHERE notification_id = ?1",
     )?;
     let row = buffered
         .query_row([&id], |r| {
@@ -78,23 +78,34 @@ fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
                     r.get::<_, i64>(2)?,
                     r.get::<_, i64>(3)?,
                 ),
-                (r.get::<_, Option<String>>(4)?, r.get::<_, Option<i64>>(5)?),
+                (
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, Option<i64>>(5)?,
+                    r.get::<_, Option<i64>>(6)?,
+                ),
             ))
         })
         .optional()?;
-    if let Some(((kind, list_name, enqueued_ms, rank), (condition_key, cleared_ms))) = row {
+    if let Some((
+        (kind, list_name, enqueued_ms, rank),
+        (condition_key, cleared_ms, deliver_after_ms),
+    )) = row
+    {
         let kind = NotificationType::from_db(&kind)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown type {kind:?}")))?;
         let enqueued_at = DateTime::from_timestamp_millis(enqueued_ms)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: enqueued_at out of range")))?;
         let priority = Priority::from_rank(rank)
             .ok_or_else(|| BufferError::Corrupt(format!("{id}: unknown priority rank {rank}")))?;
-        let cleared_at = cleared_ms
-            .map(|ms| {
+        let at = |column: &str, ms: Option<i64>| {
+            ms.map(|ms| {
                 DateTime::from_timestamp_millis(ms)
-                    .ok_or_else(|| BufferError::Corrupt(format!("{id}: cleared_at out of range")))
+                    .ok_or_else(|| BufferError::Corrupt(format!("{id}: {column} out of range")))
             })
-            .transpose()?;
+            .transpose()
+        };
+        let cleared_at = at("cleared_at", cleared_ms)?;
+        let deliver_after = at("deliver_after", deliver_after_ms)?;
         return Ok(LocalStatus::Buffered(BufferedStatus {
             kind,
             list_name,
@@ -102,6 +113,7 @@ fn select_status(conn: &Connection, id: NotificationId) -> Result<LocalStatus> {
             priority,
             condition_key,
             cleared_at,
+            deliver_after,
         }));
     }
     let mut rejected =

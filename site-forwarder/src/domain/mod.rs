@@ -43,8 +43,10 @@ impl Seq {
 pub type BufferedNotification = Submission;
 
 /// A fresh notification from a script's validated `Send`, with a new id, stamped with this
-/// site's id and the enqueue time. The time is cut to whole milliseconds, the precision the
-/// buffer stores, so the value handed back now equals the one read back and forwarded later.
+/// site's id and the enqueue time, scheduled for `deliver_after` if set (checked against that
+/// time by the caller, `outbox_domain::schedule`). Times are cut to whole milliseconds, the
+/// precision the buffer stores, so the values handed back now equal the ones read back and
+/// forwarded later.
 pub fn accepted_send(
     content: NotificationContent,
     origin: ScriptOrigin,
@@ -52,6 +54,7 @@ pub fn accepted_send(
     enqueued_at: DateTime<Utc>,
     priority: Priority,
     condition_key: Option<ConditionKey>,
+    deliver_after: Option<DateTime<Utc>>,
 ) -> BufferedNotification {
     Submission {
         id: NotificationId::generate(),
@@ -60,6 +63,7 @@ pub fn accepted_send(
         priority,
         condition_key,
         cleared_at_site: None,
+        deliver_after: deliver_after.map(to_buffer_precision),
     }
 }
 
@@ -158,6 +162,8 @@ pub struct BufferedStatus {
     pub condition_key: Option<String>,
     /// Set once a ClearCondition ended it: it reaches central as cleared, never delivered.
     pub cleared_at: Option<DateTime<Utc>>,
+    /// When it is scheduled for (central keeps it Pending until then); `None`: at once.
+    pub deliver_after: Option<DateTime<Utc>>,
 }
 
 /// Figures about the buffer itself (the forwarder adds its own for `GetBufferStats`).
@@ -219,6 +225,7 @@ mod tests {
             Utc::now(),
             Priority::Normal,
             condition.map(key),
+            None,
         );
         n.cleared_at_site = cleared.then(Utc::now);
         n

@@ -4,12 +4,14 @@
 //! a role, a pending clear) is in `crate::wire`, below the edge.
 
 use chrono::{DateTime, Utc};
+use outbox_domain::schedule;
+use outbox_proto::submission::optional_time;
 use outbox_proto::time::to_timestamp;
 use outbox_proto::v1;
 
 use crate::domain::{
     BufferedNotification, BufferedStatus, ConditionKey, ContentError, NotificationContent,
-    NotificationId, NotificationType, ScriptOrigin, SiteId, accepted_send,
+    NotificationId, NotificationType, ScriptOrigin, SiteId, accepted_send, to_buffer_precision,
 };
 
 /// The `type` of a `Send`: UNSPECIFIED means EMAIL (scripts need not set it); values this build
@@ -57,13 +59,21 @@ pub(crate) fn send_request(
     // know is refused rather than buffered as something it is not.
     let priority = outbox_proto::submission::priority(msg.priority, "priority")?;
     let condition_key = ConditionKey::parse_optional(msg.condition_key, "condition_key")?;
+    // Judged against the enqueue time as the buffer keeps it, as central judges it against the
+    // forwarded one: a value the site accepts, central accepts.
+    let enqueued_at = to_buffer_precision(now);
+    let deliver_after = schedule::deliver_after(
+        optional_time(msg.deliver_after.as_ref(), schedule::FIELD)?.map(to_buffer_precision),
+        enqueued_at,
+    )?;
     Ok(accepted_send(
         content,
         origin,
         site.clone(),
-        now,
+        enqueued_at,
         priority,
         condition_key,
+        deliver_after,
     ))
 }
 
@@ -87,6 +97,7 @@ pub(crate) fn buffered_view(
         site_enqueued_at: Some(to_timestamp(view.enqueued_at)),
         priority: outbox_proto::submission::priority_to_proto(view.priority).into(),
         condition_key: view.condition_key.unwrap_or_default(),
+        deliver_after: view.deliver_after.map(to_timestamp),
         ..Default::default()
     }
 }
@@ -110,6 +121,7 @@ mod tests {
             origin_parent_execution_id: None,
             priority: v1::NotificationPriority::Unspecified.into(),
             condition_key: String::new(),
+            deliver_after: None,
         }
     }
 
@@ -247,8 +259,21 @@ mod tests {
             priority: Priority::High,
             condition_key: None,
             cleared_at: None,
+            deliver_after: None,
         };
         let forwarding = buffered_view(id, view.clone(), &site());
+        assert_eq!(forwarding.deliver_after, None);
+        let due = Utc::now() + chrono::Duration::hours(1);
+        let scheduled = buffered_view(
+            id,
+            BufferedStatus {
+                deliver_after: Some(due),
+                ..view.clone()
+            },
+            &site(),
+        );
+        assert_eq!(scheduled.status(), v1::NotificationStatus::Forwarding);
+        assert_eq!(scheduled.deliver_after, Some(to_timestamp(due)));
         assert_eq!(forwarding.notification_id, id.to_string());
         assert_eq!(forwarding.priority(), v1::NotificationPriority::High);
         assert_eq!(forwarding.status(), v1::NotificationStatus::Forwarding);
@@ -265,6 +290,40 @@ mod tests {
         );
         assert_eq!(cleared.status(), v1::NotificationStatus::Cleared);
         assert_eq!(cleared.condition_key, "tank4.level.high");
+    }
+
+    /// A scheduled Send keeps its time (at the buffer's precision) through the submit and the
+    /// peer's parse; one in the past is due at once; one too far ahead is refused by name.
+    #[test]
+    fn deliver_after_is_kept_checked_and_survives_the_submit() {
+        let now = Utc::now();
+        let mut msg = valid();
+        let due = now + chrono::Duration::hours(8);
+        msg.deliver_after = Some(to_timestamp(due));
+        let n = send_request(msg, &site(), now).unwrap();
+        assert_eq!(n.deliver_after, Some(to_buffer_precision(due)));
+        let sent = submit(&n);
+        assert_eq!(
+            sent.deliver_after,
+            Some(to_timestamp(to_buffer_precision(due)))
+        );
+        assert_eq!(outbox_proto::submission::parse(sent).unwrap(), n);
+
+        let mut past = valid();
+        past.deliver_after = Some(to_timestamp(now - chrono::Duration::minutes(5)));
+        assert_eq!(
+            send_request(past, &site(), now).unwrap().deliver_after,
+            None
+        );
+
+        let mut far = valid();
+        far.deliver_after = Some(to_timestamp(now + chrono::Duration::days(41)));
+        let err = send_request(far, &site(), now).unwrap_err();
+        assert_eq!(err.field, "deliver_after");
+        assert_eq!(
+            err.to_string(),
+            "deliver_after: is 41 days ahead, the limit is 30 days"
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! Forwarding: delete only on ack, rejections set aside, buffering while central is away and
-//! resending after a broken stream, the priority kept, bad input refused.
+//! resending after a broken stream, the priority and a schedule kept, bad input refused.
 
 use super::*;
 
@@ -139,15 +139,57 @@ async fn send_rejects_bad_input_and_buffers_nothing() {
     bad_type.r#type = 42;
     let mut bad_priority = send_request("x");
     bad_priority.priority = 42;
+    let mut too_far = send_request("x");
+    too_far.deliver_after = Some(outbox_proto::time::to_timestamp(
+        chrono::Utc::now() + chrono::Duration::days(41),
+    ));
     for (request, field) in [
         (bad_subject, "subject"),
         (bad_type, "type"),
         (bad_priority, "priority"),
+        (too_far, "deliver_after"),
     ] {
         let err = site.client.send(request).await.unwrap_err();
         assert_eq!(err.code(), Code::InvalidArgument);
         assert!(err.message().starts_with(&format!("{field}: ")), "{err:?}");
     }
     assert_eq!(site.stats().await.depth, 0);
+    site.shut_down().await;
+}
+
+/// A scheduled Send is buffered and forwarded at once with its time (central, not the site,
+/// holds it until then); while buffered, GetStatus shows when it is scheduled for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduled_send_shows_its_time_while_buffered_and_reaches_central_with_it() {
+    let central_port = Reserved::new();
+    let central_addr = central_port.addr;
+    let mut site = start_site(central_addr).await;
+
+    let due = chrono::Utc::now() + chrono::Duration::hours(8);
+    let request = SendRequest {
+        deliver_after: Some(outbox_proto::time::to_timestamp(due)),
+        ..send_request("shift handover")
+    };
+    let id = site
+        .client
+        .send(request)
+        .await
+        .unwrap()
+        .into_inner()
+        .notification_id;
+    let buffered = site.status(&id).await.unwrap();
+    assert_eq!(buffered.status(), NotificationStatus::Forwarding);
+    let shown = buffered
+        .deliver_after
+        .as_ref()
+        .and_then(outbox_proto::time::from_timestamp)
+        .unwrap();
+    assert_eq!(shown.timestamp_millis(), due.timestamp_millis());
+
+    let central = FakeCentral::default();
+    let _central_stop = serve_central_at(central_port, central.clone()).await;
+    site.wait_for("the row forwarded", |s| s.depth == 0).await;
+    let stored = central.stored.lock().unwrap().get(&id).cloned().unwrap();
+    assert_eq!(stored.deliver_after, buffered.deliver_after);
     site.shut_down().await;
 }

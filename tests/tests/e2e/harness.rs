@@ -341,6 +341,7 @@ pub(crate) fn send_request(subject: &str, body: &str) -> v1::SendRequest {
         origin_parent_execution_id: None,
         priority: v1::NotificationPriority::Unspecified.into(),
         condition_key: String::new(),
+        deliver_after: None,
     }
 }
 
@@ -362,6 +363,7 @@ pub(crate) fn submit(subject: &str, body: &str) -> v1::NotificationSubmit {
         priority: v1::NotificationPriority::Unspecified.into(),
         condition_key: String::new(),
         cleared_at_site: None,
+        deliver_after: None,
     }
 }
 

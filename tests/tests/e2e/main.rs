@@ -33,6 +33,7 @@ mod mail;
 mod operations;
 mod ops_pack;
 mod pair;
+mod scheduled;
 mod secrets;
 mod self_alerts;
 mod serve_order;

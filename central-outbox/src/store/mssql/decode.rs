@@ -79,5 +79,6 @@ pub(super) fn state(row: &Row) -> Result<NotificationState> {
         next_attempt_at: opt_time(row, "NextAttemptAt")?,
         delivered_at: opt_time(row, "DeliveredAt")?,
         resolved_at: opt_time(row, "ResolvedAt")?,
+        deliver_after: opt_time(row, "DeliverAfter")?,
     })
 }

@@ -104,6 +104,24 @@ pub(super) async fn claim_due(
     validate_claims(store, epoch, &rows).await
 }
 
+/// How long until the earliest waiting row of `kind` not due yet comes due, by the database's
+/// clock (`DispatchStore::next_due_in`).
+pub(super) async fn next_due_in(
+    store: &MsSqlStore,
+    kind: NotificationType,
+) -> Result<Option<Duration>> {
+    const CONTEXT: &str = "next due";
+    let stmt = sql::select_next_due(kind);
+    let mut results = store.batch(CONTEXT, &stmt.sql, &stmt.params).await?;
+    let rows = result_set(&mut results, 0, CONTEXT)?;
+    let row = rows
+        .first()
+        .ok_or_else(|| StoreError::Corrupt(format!("{CONTEXT}: no answer")))?;
+    let clock = decode::time(row, "Now")?;
+    Ok(decode::opt_time(row, "NextDue")?
+        .map(|next| (next - clock).to_std().unwrap_or(Duration::ZERO)))
+}
+
 /// Claims the due Held rows of one list as digest `digest` (`DispatchStore::claim_digest`), in
 /// the procedure's order, longest due first.
 pub(super) async fn claim_digest(

@@ -40,7 +40,7 @@ use crate::domain::{ConditionKey, NotificationId, SiteId};
 use crate::records::{InsertOutcome, NewNotification};
 use crate::store::{Result, StoreError};
 
-/// Rows per statement: at most 17 parameters each (a keyed row's procedure call) and one per
+/// Rows per statement: at most 18 parameters each (a keyed row's procedure call) and one per
 /// distinct list (the consolidation guard's) stays inside SQL Server's 2100 parameters per
 /// request, and the VALUES list inside its 1000-row limit.
 const ROWS_PER_STATEMENT: usize = 100;
@@ -316,6 +316,7 @@ mod tests {
             priority: Priority::Normal,
             condition_key: key.map(|k| ConditionKey::parse(k.into(), "condition_key").unwrap()),
             cleared_at_site: None,
+            deliver_after: None,
         })
     }
 

@@ -127,9 +127,15 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 16,
+        name: "scheduled_delivery",
+        file: "0016_scheduled_delivery.sql",
+        sql: include_str!("../../../../migrations/mssql/0016_scheduled_delivery.sql"),
+    },
+    Migration {
+        version: 17,
         name: "site_status_feed",
-        file: "0016_site_status_feed.sql",
-        sql: include_str!("../../../../migrations/mssql/0016_site_status_feed.sql"),
+        file: "0017_site_status_feed.sql",
+        sql: include_str!("../../../../migrations/mssql/0017_site_status_feed.sql"),
     },
 ];
 

@@ -344,6 +344,10 @@ impl DispatchStore for MsSqlStore {
         dispatch::claim_due(self, lease, epoch, kind, lanes, claim_timeout).await
     }
 
+    async fn next_due_in(&self, kind: NotificationType) -> Result<Option<Duration>> {
+        dispatch::next_due_in(self, kind).await
+    }
+
     async fn claim_digest(
         &self,
         lease: &'static str,

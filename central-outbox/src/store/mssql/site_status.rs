@@ -1,4 +1,4 @@
-//! The site status feed on MS SQL (migration 0016): the trigger `RecordSiteStatusChanges`
+//! The site status feed on MS SQL (migration 0017): the trigger `RecordSiteStatusChanges`
 //! records each final status of a watching site's notification in `dbo.SiteStatusFeed`; these
 //! calls start watches, read a site's changes, forget the confirmed ones and purge the old
 //! (`sql::site_status`), by the database's clock.

@@ -1,6 +1,6 @@
 //! Warming a new pooled connection before the pool hands it out: the statements the hot paths
-//! send (a submit through the procedure and an INSERT of many rows, the lease, both claims, the
-//! outcomes, the state select, a delivery's reads of its list and channel) run once each, so
+//! send (a submit through the procedure and an INSERT of many rows, the lease, both claims and
+//! the next due time, the outcomes, the state select, a delivery's reads of its list and channel) run once each, so
 //! that a stream, a dispatcher or a new leader never pays for a cold connection while someone
 //! waits for it.
 //!
@@ -92,6 +92,7 @@ fn row() -> Option<NewNotification> {
         priority: Priority::Normal,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     }))
 }
 
@@ -201,6 +202,11 @@ pub(super) fn steps() -> Vec<Step> {
             claim,
         ),
     });
+    // Read after every claim that took all due rows: when the channel wakes next.
+    steps.push(Step {
+        name: "next due",
+        statement: sql::select_next_due(NotificationType::Email),
+    });
     let record = no_record();
     steps.push(Step {
         name: "record outcomes",
@@ -268,6 +274,7 @@ mod tests {
                 "roll back",
                 "claim due",
                 "claim digest",
+                "next due",
                 "record outcomes",
                 "decode outcome text",
                 "state",

@@ -42,6 +42,7 @@ pub(super) struct StateRow {
     resolved_at: Option<i64>,
     priority: i64,
     condition_key: Option<String>,
+    deliver_after: Option<i64>,
 }
 
 pub(super) fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
@@ -63,6 +64,7 @@ pub(super) fn read_state(row: &Row<'_>) -> rusqlite::Result<StateRow> {
         resolved_at: row.get(14)?,
         priority: row.get(15)?,
         condition_key: row.get(16)?,
+        deliver_after: row.get(17)?,
     })
 }
 
@@ -89,6 +91,7 @@ impl StateRow {
             next_attempt_at: opt_at_ms("NextAttemptAt", self.next_attempt_at)?,
             delivered_at: opt_at_ms("DeliveredAt", self.delivered_at)?,
             resolved_at: opt_at_ms("ResolvedAt", self.resolved_at)?,
+            deliver_after: opt_at_ms("DeliverAfter", self.deliver_after)?,
         })
     }
 }
@@ -149,8 +152,8 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
         arg(sql, " AND CreatedAt < ?", Value::Integer(ms_ceil(to)));
     }
     if let Some(cutoff) = filter.stuck_before {
-        // Held rows by their due time (their window's end), the others by their age; see
-        // `sql/kpis.sql`.
+        // Held rows by their due time (their window's end), the others by their age, a
+        // scheduled one's from its time; see `sql/kpis.sql`.
         arg(
             sql,
             " AND ((Status IN ('Pending', 'Retrying') AND CreatedAt < ?",
@@ -158,8 +161,20 @@ fn push_filter(filter: &NotificationFilter, sql: &mut String, args: &mut Vec<Val
         );
         arg(
             sql,
+            " AND COALESCE(DeliverAfter, 0) < ?",
+            Value::Integer(ms_ceil(cutoff)),
+        );
+        arg(
+            sql,
             ") OR (Status = 'Held' AND COALESCE(NextAttemptAt, 0) < ?))",
             Value::Integer(ms_ceil(cutoff)),
+        );
+    }
+    if let Some(now) = filter.scheduled_after {
+        arg(
+            sql,
+            " AND Status = 'Pending' AND DeliverAfter > ?",
+            Value::Integer(ms(now)),
         );
     }
     if let Some(before) = filter.resolved_before {

@@ -74,8 +74,13 @@ const MIGRATIONS: &[Migration] = &[
     },
     Migration {
         version: 13,
+        name: "scheduled_delivery",
+        sql: include_str!("../../../../migrations/sqlite/0013_scheduled_delivery.sql"),
+    },
+    Migration {
+        version: 14,
         name: "site_status_feed",
-        sql: include_str!("../../../../migrations/sqlite/0013_site_status_feed.sql"),
+        sql: include_str!("../../../../migrations/sqlite/0014_site_status_feed.sql"),
     },
 ];
 

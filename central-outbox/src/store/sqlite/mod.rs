@@ -45,6 +45,7 @@ use crate::domain::history::{
 };
 use crate::domain::kpi::{KpiParams, Kpis};
 use crate::domain::query::{NotificationFilter, PageRequest};
+use crate::domain::schedule;
 use crate::domain::serve_order::{ClaimLanes, serve_turn};
 use crate::domain::site_health::{SiteHealthReport, SiteHealthSnapshot, SiteHealthWrite};
 use crate::domain::status::Status;
@@ -209,6 +210,12 @@ impl DispatchStore for SqliteStore {
         }
         self.db
             .write(move |conn| claim(conn, lease, epoch, kind, lanes, claim_timeout, Utc::now()))
+            .await
+    }
+
+    async fn next_due_in(&self, kind: NotificationType) -> Result<Option<Duration>> {
+        self.db
+            .read(move |conn| select_next_due_in(conn, kind, Utc::now()))
             .await
     }
 
@@ -521,7 +528,9 @@ fn insert_idempotently(
                 }
                 (None, None) => false,
             };
-            if !ended_on_arrival {
+            // A scheduled row is delivered on its own when due: never held for a digest, and
+            // no incident (domain::schedule, rule 2).
+            if !ended_on_arrival && !schedule::is_scheduled(s.deliver_after, now) {
                 let list = s.content.list_name.as_str();
                 let rules = match consolidating.get(list) {
                     Some(rules) => *rules,
@@ -591,6 +600,7 @@ fn insert_row(conn: &Connection, new: &NewNotification, now: DateTime<Utc>) -> R
         }
         .as_str(),
         s.cleared_at_site.map(|_| ms(now)),
+        s.deliver_after.map(ms),
     ])?;
     Ok(inserted == 1)
 }
@@ -699,6 +709,21 @@ fn clear_condition(
                 .map_err(|e| StoreError::Corrupt(e.to_string()))
         })
         .collect()
+}
+
+/// How long after `now` the earliest waiting row of `kind` not due yet comes due (see
+/// `DispatchStore::next_due_in`). Counted from `now` cut to the stored milliseconds, so a
+/// sleep of that long ends at or after the due time, never before it.
+fn select_next_due_in(
+    conn: &Connection,
+    kind: NotificationType,
+    now: DateTime<Utc>,
+) -> Result<Option<Duration>> {
+    let now_ms = ms(now);
+    let next: Option<i64> = conn
+        .prepare_cached(include_str!("sql/select_next_due.sql"))?
+        .query_row(params![kind.as_str(), now_ms], |row| row.get(0))?;
+    Ok(next.map(|due| Duration::from_millis(u64::try_from(due - now_ms).unwrap_or(0))))
 }
 
 /// Takes the lease if it is free, expired, or already ours; bumps the epoch only when the

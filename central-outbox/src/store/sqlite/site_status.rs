@@ -1,4 +1,4 @@
-//! The site status feed on SQLite (migration 0013): the triggers on `Notifications` record
+//! The site status feed on SQLite (migration 0014): the triggers on `Notifications` record
 //! each final status of a watching site's notification in `SiteStatusFeed`; these functions
 //! start watches, read a site's changes, forget the confirmed ones and purge the old. Times
 //! are this process's clock, which is the database's (one process writes the file).

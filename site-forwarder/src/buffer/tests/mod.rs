@@ -38,6 +38,7 @@ pub(crate) fn notification(subject: &str) -> BufferedNotification {
         Utc::now(),
         Priority::Normal,
         None,
+        None,
     )
 }
 
@@ -202,18 +203,38 @@ async fn status_and_stats_describe_buffered_rows() {
     let dir = tempfile::tempdir().unwrap();
     let buffer = open(&dir);
     let n = notification("s");
+    let mut scheduled = notification("t");
+    scheduled.deliver_after =
+        Some(scheduled.provenance.site_enqueued_at + chrono::Duration::hours(8));
     buffer.intake().enqueue(n.clone()).await.unwrap();
-    buffer.intake().enqueue(notification("t")).await.unwrap();
+    buffer.intake().enqueue(scheduled.clone()).await.unwrap();
+    let view = BufferedStatus {
+        kind: NotificationType::Email,
+        list_name: "ops".into(),
+        enqueued_at: n.provenance.site_enqueued_at,
+        priority: Priority::Normal,
+        condition_key: None,
+        cleared_at: None,
+        deliver_after: None,
+    };
     assert_eq!(
         buffer.status().local_status(n.id).await.unwrap(),
+        LocalStatus::Buffered(view.clone())
+    );
+    assert_eq!(
+        buffer.status().local_status(scheduled.id).await.unwrap(),
         LocalStatus::Buffered(BufferedStatus {
-            kind: NotificationType::Email,
-            list_name: "ops".into(),
-            enqueued_at: n.provenance.site_enqueued_at,
-            priority: Priority::Normal,
-            condition_key: None,
-            cleared_at: None,
+            enqueued_at: scheduled.provenance.site_enqueued_at,
+            deliver_after: scheduled.deliver_after,
+            ..view
         })
+    );
+    // Read back for forwarding, the row is the one buffered, its time included.
+    let page = all_rows(&buffer).await;
+    assert!(
+        page.rows.iter().any(|(_, row)| *row == scheduled),
+        "{:?}",
+        page.rows
     );
     assert_eq!(
         buffer

@@ -52,6 +52,7 @@ pub(crate) fn submit_as(site: &str, priority: v1::NotificationPriority) -> v1::N
         priority: priority.into(),
         condition_key: String::new(),
         cleared_at_site: None,
+        deliver_after: None,
     }
 }
 

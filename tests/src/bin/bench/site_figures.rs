@@ -41,6 +41,7 @@ pub(crate) fn send_request() -> v1::SendRequest {
         origin_parent_execution_id: None,
         priority: v1::NotificationPriority::Normal.into(),
         condition_key: String::new(),
+        deliver_after: None,
     }
 }
 

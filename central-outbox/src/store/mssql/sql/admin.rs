@@ -71,17 +71,29 @@ pub(crate) fn push_filter(filter: &NotificationFilter, stmt: &mut Statement) {
         stmt.push_bound("\n  AND n.CreatedAt < ", at(to), "");
     }
     if let Some(cutoff) = filter.stuck_before {
-        // Held rows by their due time (their window's end), the others by their age; see
-        // `kpis`.
+        // Held rows by their due time (their window's end), the others by their age, a
+        // scheduled one's from its time; see `kpis`.
         stmt.push_bound(
             "\n  AND ((n.Status IN (N'Pending', N'Retrying') AND n.CreatedAt < ",
             at(cutoff),
-            ")",
+            "",
+        );
+        stmt.push_bound(
+            " AND (n.DeliverAfter IS NULL OR n.DeliverAfter < ",
+            at(cutoff),
+            "))",
         );
         stmt.push_bound(
             " OR (n.Status = N'Held' AND (n.NextAttemptAt IS NULL OR n.NextAttemptAt < ",
             at(cutoff),
             ")))",
+        );
+    }
+    if let Some(now) = filter.scheduled_after {
+        stmt.push_bound(
+            "\n  AND n.Status = N'Pending' AND n.DeliverAfter > ",
+            at(now),
+            "",
         );
     }
     if let Some(before) = filter.resolved_before {
@@ -271,7 +283,9 @@ pub(crate) fn count_on_filter(filter: &NotificationFilter, limit: i64) -> Statem
 /// @P2: created before this is stuck, @P3: delivered since. Held rows are in the queue depth and
 /// wait (for their window's end, or their retry time) like retries; one still Held a stuck
 /// threshold after that due time (@P2 compared with NextAttemptAt) is stuck, and from its due
-/// time on it counts as due: a digest that cannot go out is seen.
+/// time on it counts as due: a digest that cannot go out is seen. A scheduled row (DeliverAfter)
+/// waiting for its time is in the queue depth only; from its time on its ages count from then,
+/// not from its arrival (`domain::schedule`, rule 5).
 pub(crate) fn kpis(
     now: DateTime<Utc>,
     stuck_before: DateTime<Utc>,

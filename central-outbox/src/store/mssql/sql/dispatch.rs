@@ -68,6 +68,15 @@ pub(crate) fn claim_due(
         .set("@P6", text(lease))
 }
 
+/// The earliest due time ahead of the database's clock among the unclaimed Pending and Retrying
+/// rows of type @P1 (`NextDue`, NULL if none; a scheduled row's time, a retry's), and that clock
+/// (`Now`), read once (`DispatchStore::next_due_in`). One seek in IX_Notifications_Due (Type,
+/// NextAttemptAt, Id), whose filter the statement states, as Babelfish's planner requires before
+/// it considers a filtered index. A plain read: it changes nothing.
+pub(crate) fn select_next_due(kind: NotificationType) -> Statement {
+    Statement::fixed(include_str!("select_next_due.sql")).set("@P1", text(kind.as_str()))
+}
+
 /// Claims, as digest @P5, the due Held rows of one list of type @P3 for @P2 milliseconds under
 /// epoch @P1 of lease @P4 (only while that epoch holds it), with an InFlight attempt row each
 /// naming the digest, in one transaction (`DispatchStore::claim_digest`). The stored procedure

@@ -16,18 +16,20 @@ use crate::records::NewNotification;
 /// site), in the order it binds them.
 pub(crate) const SUBMIT_COLUMNS: usize = 14;
 
-/// The parameters of a row with a condition key or cleared at the site, as the submit procedure
-/// takes them ([`SUBMIT_ONE_KEYED`], and such a row of [`insert_in_order`]): a plain row's
-/// [`SUBMIT_COLUMNS`], then its condition key, when the site cleared it and who did. A plain
-/// row's call leaves those three out (they default to NULL): on Babelfish, three more
-/// parameters cost a single-row submit ~3%.
-pub(crate) const SUBMIT_PARAMS: usize = 17;
+/// The parameters of a row with a condition key, cleared at the site or scheduled, as the submit
+/// procedure takes them ([`SUBMIT_ONE_KEYED`], and such a row of [`insert_in_order`]): a plain
+/// row's [`SUBMIT_COLUMNS`], then its condition key, when the site cleared it and who did, and
+/// when it is to be delivered. A plain row's call leaves those four out (they default to NULL):
+/// on Babelfish, three more parameters cost a single-row submit ~3%.
+pub(crate) const SUBMIT_PARAMS: usize = 18;
 
 /// Whether `new` goes in the INSERT of many rows ([`insert_batch`]): it has no condition key
-/// (it supersedes nothing) and was not cleared at the site (it is stored Pending, with no
-/// history entry).
+/// (it supersedes nothing), was not cleared at the site (it is stored Pending, with no
+/// history entry) and is not scheduled (it is due now: only the procedure stores a
+/// `deliver_after`, and decides on the database's clock whether it is still ahead).
 fn is_plain(new: &NewNotification) -> bool {
-    new.submission.condition_key.is_none() && new.submission.cleared_at_site.is_none()
+    let s = &new.submission;
+    s.condition_key.is_none() && s.cleared_at_site.is_none() && s.deliver_after.is_none()
 }
 
 /// One submitted row's values, in the order of the VALUES columns of [`insert_batch`]
@@ -55,7 +57,7 @@ fn submitted_row(new: &NewNotification) -> [Param; SUBMIT_COLUMNS] {
 
 /// One submitted row's values as the submit procedure takes them: [`submitted_row`], then the
 /// condition key, when the site cleared the row and the history's actor for that (the site, as
-/// `domain::history::site_actor` names it), each NULL when not set.
+/// `domain::history::site_actor` names it), and its `deliver_after`, each NULL when not set.
 fn submit_params(new: &NewNotification) -> impl Iterator<Item = Param> {
     let s = &new.submission;
     let cleared_by = s.cleared_at_site.map(|_| {
@@ -67,6 +69,7 @@ fn submit_params(new: &NewNotification) -> impl Iterator<Item = Param> {
         Param::Text(s.condition_key.as_ref().map(|k| k.as_str().to_owned())),
         Param::Time(s.cleared_at_site),
         Param::Text(cleared_by),
+        Param::Time(s.deliver_after),
     ])
 }
 
@@ -393,10 +396,11 @@ const SUBMIT_ARGS: [&str; SUBMIT_PARAMS] = [
     "ConditionKey",
     "ClearedAtSite",
     "ClearedBy",
+    "DeliverAfter",
 ];
 
 /// A call of the submit procedure with its values from placeholder `@P{first}` on: all
-/// [`SUBMIT_PARAMS`] for a `keyed` row (a key, or cleared at the site), a plain row's
+/// [`SUBMIT_PARAMS`] for a `keyed` row (a key, cleared at the site, or scheduled), a plain row's
 /// [`SUBMIT_COLUMNS`] otherwise; `at_now`: the row is stored at the batch's `@now` (one time for
 /// every row of a submit, as on SQLite), otherwise at the time of the call.
 pub(super) fn submit_call(first: usize, keyed: bool, at_now: bool) -> String {
@@ -419,9 +423,10 @@ pub(super) fn submit_call(first: usize, keyed: bool, at_now: bool) -> String {
 /// duplicate key.
 pub(super) const SUBMIT_ONE: &str = include_str!("submit_one.sql");
 
-/// [`SUBMIT_ONE`] of a row with a condition key or cleared at the site: the procedure also
-/// stores its key, stores a row cleared at the site Cleared with its history entry, and lets a
-/// keyed row supersede the older waiting ones of its site, list and key.
+/// [`SUBMIT_ONE`] of a row with a condition key, cleared at the site or scheduled: the procedure
+/// also stores its key, stores a row cleared at the site Cleared with its history entry, lets a
+/// keyed row supersede the older waiting ones of its site, list and key, and stores a scheduled
+/// row due at its time.
 pub(super) const SUBMIT_ONE_KEYED: &str = include_str!("submit_one_keyed.sql");
 
 /// [`SUBMIT_ONE`] or [`SUBMIT_ONE_KEYED`] of `new`.

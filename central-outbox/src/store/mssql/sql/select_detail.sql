@@ -1,6 +1,6 @@
 SET XACT_ABORT ON;
 SET NOCOUNT ON;
-SELECT n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey, n.Body, n.TypeData, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.ResolvedTargets
+SELECT n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey, n.DeliverAfter, n.Body, n.TypeData, n.SourceInstanceId, n.SourceScript, n.OriginExecutionId, n.OriginParentExecutionId, n.ResolvedTargets
 FROM dbo.Notifications AS n
 WHERE n.NotificationId = @P1;
 SELECT a.AttemptNo, a.StartedAt, a.DurationMs, a.Outcome, a.Error, a.LeaseEpoch, a.Actor, a.DigestId, a.Provider

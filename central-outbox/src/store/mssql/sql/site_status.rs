@@ -1,4 +1,4 @@
-//! The statements of the site status feed (migration 0016, trigger
+//! The statements of the site status feed (migration 0017, trigger
 //! `RecordSiteStatusChanges`): starting or renewing a site's watch, reading a site's
 //! unconfirmed changes with their notifications, forgetting the confirmed ones, the heads
 //! that wake the streams, and the purge, all by the database's clock.

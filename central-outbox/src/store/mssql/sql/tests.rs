@@ -79,6 +79,7 @@ fn renderings() -> Vec<(&'static str, String)> {
         created_from: Some(instant),
         created_to: Some(instant),
         stuck_before: Some(instant),
+        scheduled_after: Some(instant),
         subject_contains: Some("tank".into()),
         resolved_before: Some(instant),
     };
@@ -481,6 +482,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
         priority: crate::domain::Priority::High,
         condition_key: None,
         cleared_at_site: None,
+        deliver_after: None,
     });
     let key = ConditionKey::parse("tank4.level.high".into(), "condition_key").unwrap();
     let mut keyed = new.clone();
@@ -493,6 +495,9 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
     let mut cleared = keyed.clone();
     cleared.submission.id = NotificationId::generate();
     cleared.submission.cleared_at_site = Some(now);
+    let mut scheduled = new.clone();
+    scheduled.submission.id = NotificationId::generate();
+    scheduled.submission.deliver_after = Some(now + chrono::Duration::hours(1));
     let id = new.submission.id;
     let result: std::result::Result<Delivered, DeliveryError> =
         Err(DeliveryError::transient("relay busy"));
@@ -566,8 +571,13 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
             "insert_rows_two_lists",
             insert_rows(&[&new, &other_list, &new], &HashSet::new()),
         ),
+        (
+            "insert_rows_scheduled",
+            insert_rows(&[&new, &scheduled, &new], &HashSet::new()),
+        ),
         ("submit_one", submit_one(&new)),
         ("submit_one_keyed", submit_one(&cleared)),
+        ("submit_one_scheduled", submit_one(&scheduled)),
         (
             "clear_condition",
             clear_condition(
@@ -608,6 +618,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 Duration::from_secs(120),
             ),
         ),
+        ("select_next_due", select_next_due(NotificationType::Email)),
         ("park_invalid", park_invalid(7, LeaseEpoch(3), "bad", id, 2)),
         (
             "record_outcomes",

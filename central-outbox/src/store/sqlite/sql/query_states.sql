@@ -3,5 +3,5 @@
 -- select_state.sql's).
 SELECT Id, NotificationId, Status, Type, ListName, Subject, SourceSiteId,
        RetryCount, LastError, SiteEnqueuedAt, CreatedAt, LastAttemptAt, NextAttemptAt,
-       DeliveredAt, ResolvedAt, Priority, ConditionKey
+       DeliveredAt, ResolvedAt, Priority, ConditionKey, DeliverAfter
 FROM Notifications WHERE 1 = 1

@@ -53,7 +53,7 @@ WHERE i.MarkToken = @endMark;
 UPDATE dbo.Incidents SET MarkToken = NULL WHERE MarkToken = @endMark;
 END;
 COMMIT TRANSACTION;
-SELECT t.Ord, CASE WHEN c.NotificationId IS NULL THEN 0 ELSE 1 END AS Changed, n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey
+SELECT t.Ord, CASE WHEN c.NotificationId IS NULL THEN 0 ELSE 1 END AS Changed, n.Id, n.NotificationId, n.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId, n.RetryCount, n.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, n.NextAttemptAt, n.DeliveredAt, n.ResolvedAt, n.Priority, n.ConditionKey, n.DeliverAfter
 FROM @targets AS t
 LEFT JOIN @changed AS c ON c.NotificationId = t.NotificationId
 LEFT JOIN dbo.Notifications AS n ON n.NotificationId = t.NotificationId

@@ -1,4 +1,4 @@
--- Final statuses back to the sites (issue 36), the schema of SQLite's migration 0013: the sites
+-- Final statuses back to the sites (issue 36), the schema of SQLite's migration 0014: the sites
 -- that watch their notifications' final statuses (NotificationIngest.WatchSiteStatus), and each
 -- final status still to reach its site. The trigger that writes the feed, in the transaction
 -- that sets the status, is a living file (procedures/RecordSiteStatusChanges.sql), created
