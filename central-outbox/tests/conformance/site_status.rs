@@ -102,6 +102,11 @@ pub(crate) async fn a_watching_site_gets_each_final_status_once_in_order<S: Outb
     );
     assert!(got.iter().all(|(id, _)| *id != before[0].id));
     assert!(fed.windows(2).all(|w| w[0].seq < w[1].seq));
+    // None was scheduled: a column read out of place would say otherwise.
+    assert!(
+        fed.iter().all(|c| c.state.deliver_after.is_none()),
+        "{fed:?}"
+    );
 
     // Each change says what central decided, when, and why or to whom.
     let delivered = fed.iter().find(|c| c.state.id == id("delivered")).unwrap();

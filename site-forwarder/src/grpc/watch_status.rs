@@ -43,8 +43,7 @@ pub(crate) fn interest(request: WatchStatusRequest) -> Result<StatusInterest, St
             request.condition_keys.len()
         )));
     }
-    if request.notification_ids.is_empty() && request.condition_keys.is_empty() && !request.all
-    {
+    if request.notification_ids.is_empty() && request.condition_keys.is_empty() && !request.all {
         return Err(Status::invalid_argument(
             "notification_ids: name at least one id or one condition key to watch, or ask for all",
         ));

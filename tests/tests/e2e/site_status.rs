@@ -75,6 +75,7 @@ async fn a_script_watches_its_outcomes_and_the_site_answers_for_them_with_centra
         assert!(view.delivered_to.contains(recipient), "{view:?}");
     }
     assert!(view.resolved_at.is_some(), "{view:?}");
+    assert!(view.deliver_after.is_none(), "not scheduled: {view:?}");
     assert_eq!(view.subject, "tank 4 high");
     assert_eq!(view.list_name, crate::harness::LIST);
 

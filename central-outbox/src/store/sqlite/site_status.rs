@@ -14,6 +14,9 @@ use crate::domain::SiteId;
 use crate::records::{SiteStatusChange, SiteStatusPurge};
 use crate::store::Result;
 
+/// The columns `admin::read_state` reads, which the change's seq and targets follow.
+pub(super) const STATE_COLUMNS: usize = 18;
+
 /// Starts or renews `site`'s watch at `now`.
 pub(super) fn watch(conn: &Connection, site: &SiteId, now: DateTime<Utc>) -> Result<()> {
     conn.prepare_cached(include_str!("sql/watch_site_status.sql"))?
@@ -31,8 +34,8 @@ pub(super) fn changes(
     let rows = stmt.query_map(params![site.as_str(), limit], |row| {
         Ok((
             read_state(row)?,
-            row.get::<_, i64>(17)?,
-            row.get::<_, Option<String>>(18)?,
+            row.get::<_, i64>(STATE_COLUMNS)?,
+            row.get::<_, Option<String>>(STATE_COLUMNS + 1)?,
         ))
     })?;
     let mut changes = Vec::new();

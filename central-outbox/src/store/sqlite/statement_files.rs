@@ -95,6 +95,16 @@ fn files_read_by_one_reader_return_matching_columns() {
         columns(include_str!("sql/select_state.sql")),
         columns(include_str!("sql/query_states.sql")),
     );
+    // `site_status::changes`: `read_state`'s columns, then the change's seq and targets.
+    let state = columns(include_str!("sql/select_state.sql"));
+    assert_eq!(state.len(), super::site_status::STATE_COLUMNS);
+    let changes = columns(include_str!("sql/select_site_status_changes.sql"));
+    assert_eq!(changes.len(), state.len() + 2, "{changes:?}");
+    assert_eq!(
+        changes[state.len() - 1],
+        "DeliverAfter",
+        "the last state column, then the change's: {changes:?}"
+    );
     // `ClaimedRow::read`: column 17 is the due time, spelled differently in each; the incident
     // columns follow it.
     const DUE: usize = 17;

@@ -189,14 +189,17 @@ pub(crate) async fn dispatch_with(rig: &mut Rig, statuses: bool) -> Result<(f64,
         Some(taken) => record.detail("final_statuses_taken", json!(taken)),
         None => record.value("dispatch.rate", rate),
     };
-    Ok((rate, record
-        .detail("rows", json!(rows))
-        .detail("delivered", json!(receipts.len()))
-        .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
-        .detail("first_to_last_seconds", json!(span))
-        .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
-        .detail("central_log", log_json(&central_log))
-        .cpu(cores)))
+    Ok((
+        rate,
+        record
+            .detail("rows", json!(rows))
+            .detail("delivered", json!(receipts.len()))
+            .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
+            .detail("first_to_last_seconds", json!(span))
+            .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
+            .detail("central_log", log_json(&central_log))
+            .cpu(cores),
+    ))
 }
 
 /// A service's warnings and errors for the JSON: how many, and the first few.

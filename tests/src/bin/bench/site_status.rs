@@ -57,8 +57,14 @@ pub(crate) async fn site_status(rig: &mut Rig) -> Result<RunRecord> {
         .value("site_status.ingest_ratio", ingest_fed / ingest_plain)
         .detail("latency", latency.to_json())
         .detail("latency_run", details)
-        .detail("dispatch_per_s", json!({"without": dispatch_plain, "with": dispatch_fed}))
-        .detail("ingest_per_s", json!({"without": ingest_plain, "with": ingest_fed})))
+        .detail(
+            "dispatch_per_s",
+            json!({"without": dispatch_plain, "with": dispatch_fed}),
+        )
+        .detail(
+            "ingest_per_s",
+            json!({"without": ingest_plain, "with": ingest_fed}),
+        ))
 }
 
 /// Send -> SMTP 250 -> Delivered at the site's WatchStatus, for Sends at the e2e rate.
@@ -90,7 +96,9 @@ async fn status_latency(rig: &mut Rig) -> Result<(Percentiles, serde_json::Value
             while let Ok(Some(view)) = watch.message().await {
                 if view.status == i32::from(v1::NotificationStatus::Delivered) {
                     let mut arrived = arrived.lock().unwrap_or_else(|e| e.into_inner());
-                    arrived.entry(view.notification_id).or_insert_with(Instant::now);
+                    arrived
+                        .entry(view.notification_id)
+                        .or_insert_with(Instant::now);
                 }
             }
         }
@@ -100,7 +108,9 @@ async fn status_latency(rig: &mut Rig) -> Result<(Percentiles, serde_json::Value
     // Warm-up: the streams and the SMTP connections open, the site's watch at central started.
     let warm_up = 5;
     for _ in 0..warm_up {
-        send_once(clients[0].clone()).await.map_err(anyhow::Error::msg)?;
+        send_once(clients[0].clone())
+            .await
+            .map_err(anyhow::Error::msg)?;
     }
     wait_for_deliveries(&sink, &mut central, warm_up, STATUS_DEADLINE).await?;
     let sizes = rig.sizes.clone();
@@ -125,7 +135,10 @@ async fn status_latency(rig: &mut Rig) -> Result<(Percentiles, serde_json::Value
             break;
         }
         if started.elapsed() > STATUS_DEADLINE {
-            bail!("{have} of {} final statuses reached the site within {STATUS_DEADLINE:?}", ids.len());
+            bail!(
+                "{have} of {} final statuses reached the site within {STATUS_DEADLINE:?}",
+                ids.len()
+            );
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

@@ -4,7 +4,8 @@
 SELECT n.Id, n.NotificationId, f.Status, n.Type, n.ListName, n.Subject, n.SourceSiteId,
        n.RetryCount, f.LastError, n.SiteEnqueuedAt, n.CreatedAt, n.LastAttemptAt, NULL,
        CASE WHEN f.Status = 'Delivered' THEN n.DeliveredAt END, f.DecidedAt, n.Priority,
-       n.ConditionKey, f.Seq, CASE WHEN f.Status = 'Delivered' THEN n.ResolvedTargets END
+       n.ConditionKey, n.DeliverAfter, f.Seq,
+       CASE WHEN f.Status = 'Delivered' THEN n.ResolvedTargets END
 FROM SiteStatusFeed AS f
 JOIN Notifications AS n ON n.NotificationId = f.NotificationId
 WHERE f.SiteId = ?1
