@@ -40,10 +40,4 @@ BEGIN
 CREATE NONCLUSTERED INDEX IX_SiteStatusFeed_Site ON dbo.SiteStatusFeed (SiteId, Seq);
 END;
 GO
-DROP INDEX IF EXISTS IX_SiteStatusFeed_Decided ON dbo.SiteStatusFeed;
-GO
-IF INDEXPROPERTY(OBJECT_ID(N'dbo.SiteStatusFeed'), N'IX_SiteStatusFeed_Decided', N'IndexID') IS NULL
-BEGIN
-CREATE NONCLUSTERED INDEX IX_SiteStatusFeed_Decided ON dbo.SiteStatusFeed (DecidedAt);
-END;
-GO
+-- No index on DecidedAt, as on SQLite: the purge scans the unconfirmed changes.

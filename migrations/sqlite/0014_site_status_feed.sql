@@ -28,7 +28,8 @@ CREATE TABLE SiteStatusFeed (
     LastError      TEXT
 );
 CREATE INDEX IX_SiteStatusFeed_Site ON SiteStatusFeed (SiteId, Seq);
-CREATE INDEX IX_SiteStatusFeed_Decided ON SiteStatusFeed (DecidedAt);
+-- No index on DecidedAt: every change is written and deleted on the dispatch path, and the
+-- daily purge that looks for old ones scans a table that holds only unconfirmed changes.
 
 -- A row that reaches a final status, or changes from one to another (Parked, then Discarded).
 CREATE TRIGGER TR_Notifications_FinalStatus AFTER UPDATE OF Status ON Notifications

@@ -58,10 +58,9 @@ pub(super) fn forget(
     seqs: &[i64],
     now: DateTime<Utc>,
 ) -> Result<()> {
-    let mut delete = conn.prepare_cached(include_str!("sql/delete_site_status_change.sql"))?;
-    for seq in seqs {
-        delete.execute(params![site.as_str(), seq])?;
-    }
+    let seqs = serde_json::Value::from(seqs.to_vec()).to_string();
+    conn.prepare_cached(include_str!("sql/delete_site_status_change.sql"))?
+        .execute(params![site.as_str(), seqs])?;
     watch(conn, site, now)
 }
 

@@ -1,2 +1,2 @@
--- One change the site stored.
-DELETE FROM SiteStatusFeed WHERE SiteId = ?1 AND Seq = ?2
+-- The changes the site stored, their seqs a JSON array (one statement for a whole batch).
+DELETE FROM SiteStatusFeed WHERE SiteId = ?1 AND Seq IN (SELECT value FROM json_each(?2))
