@@ -210,12 +210,15 @@ async fn send_n(addr: SocketAddr, n: usize, tag: &str) -> Vec<String> {
 
 /// The notification ids in a node's buffer file.
 fn buffered_ids(buffer: &Path) -> HashSet<String> {
+    ids_in(buffer, "SELECT notification_id FROM buffered")
+}
+
+/// The ids `sql` selects from a node's buffer file.
+fn ids_in(buffer: &Path, sql: &str) -> HashSet<String> {
     let conn =
         rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
             .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT notification_id FROM buffered")
-        .unwrap();
+    let mut stmt = conn.prepare(sql).unwrap();
     stmt.query_map([], |r| r.get::<_, String>(0))
         .unwrap()
         .collect::<Result<_, _>>()
@@ -649,18 +652,9 @@ async fn over_tls_the_nodes_follow_each_other_and_refuse_another_sites_certifica
     central.stop().await;
 }
 
-/// The final statuses central sent back, by notification id, in a node's buffer file.
+/// The notifications a node's buffer file holds a final status of (central sent it back).
 fn held_statuses(buffer: &Path) -> HashSet<String> {
-    let conn =
-        rusqlite::Connection::open_with_flags(buffer, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)
-            .unwrap();
-    let mut stmt = conn
-        .prepare("SELECT notification_id FROM central_statuses")
-        .unwrap();
-    stmt.query_map([], |r| r.get::<_, String>(0))
-        .unwrap()
-        .collect::<Result<_, _>>()
-        .unwrap()
+    ids_in(buffer, "SELECT notification_id FROM central_statuses")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
