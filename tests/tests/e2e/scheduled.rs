@@ -122,7 +122,9 @@ async fn a_scheduled_notification_is_not_delivered_before_its_time_and_is_within
     // Up to just before its time: nothing at the relay, and the notification Pending at
     // central with its time. Each observation counts only if it ended before the time.
     let mut seen_waiting = 0;
+    let mut look = tokio::time::interval(Duration::from_millis(50));
     loop {
+        look.tick().await;
         let view = central_status(&central, &soon).await;
         let nothing_sent = sink.messages().is_empty();
         if Utc::now() >= due - chrono::Duration::milliseconds(100) {
@@ -134,7 +136,6 @@ async fn a_scheduled_notification_is_not_delivered_before_its_time_and_is_within
             assert_eq!(deliver_after(&view), Some(due));
             seen_waiting += 1;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(seen_waiting > 0, "central never showed it waiting");
 
