@@ -32,17 +32,13 @@ const DELIVERY_DEADLINE: Duration = Duration::from_secs(40);
 const CONNECTIONS: usize = 4;
 
 pub(crate) async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
-    let dir = rig.run_dir("e2e")?;
-    let central_db = rig.central_db(dir.path()).await?;
-    let site_db = dir.path().join("site.db");
-    fixtures::copy_db(&rig.site_template, &site_db)?;
-    let sink = SmtpSink::start().await?;
-    sink.discard_messages(true);
-    let central_addr = services::free_addr()?;
-    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr());
-    let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
-    let toml = services::site_toml(services::free_addr()?, &site_db, central_addr);
-    let site = Service::site(&rig.bins, dir.path(), "site", &toml).await?;
+    let Running {
+        _dir,
+        central_db,
+        sink,
+        mut central,
+        site,
+    } = site_and_central(rig, "e2e").await?;
     wait_until_connected(&site).await?;
 
     let clients = site_clients(&site, CONNECTIONS).await?;
@@ -114,6 +110,38 @@ pub(crate) async fn e2e(rig: &mut Rig) -> Result<RunRecord> {
         .detail("duplicate_messages", json!(duplicates))
         .detail("central_log", log_json(&central_log))
         .cpu(cores))
+}
+
+/// A site forwarding to central, which delivers to an in-process sink, in a run directory of
+/// their own; what a figure of the whole path starts from.
+pub(crate) struct Running {
+    pub _dir: crate::rig::RunDir,
+    pub central_db: crate::backend::CentralDb,
+    pub sink: SmtpSink,
+    pub central: Service,
+    pub site: Service,
+}
+
+/// Starts [`Running`] in a run directory labelled `label`.
+pub(crate) async fn site_and_central(rig: &Rig, label: &str) -> Result<Running> {
+    let dir = rig.run_dir(label)?;
+    let central_db = rig.central_db(dir.path()).await?;
+    let site_db = dir.path().join("site.db");
+    fixtures::copy_db(&rig.site_template, &site_db)?;
+    let sink = SmtpSink::start().await?;
+    sink.discard_messages(true);
+    let central_addr = services::free_addr()?;
+    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr());
+    let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
+    let toml = services::site_toml(services::free_addr()?, &site_db, central_addr);
+    let site = Service::site(&rig.bins, dir.path(), "site", &toml).await?;
+    Ok(Running {
+        _dir: dir,
+        central_db,
+        sink,
+        central,
+        site,
+    })
 }
 
 /// The notification id inside a Message-ID `<id@FROM_DOMAIN>`.

@@ -20,19 +20,17 @@ use outbox_proto::v1;
 use outbox_proto::v1::notification_ingest_client::NotificationIngestClient;
 use outbox_proto::v1::site_notify_client::SiteNotifyClient;
 use outbox_proto::v1::site_status_watch_message::Message as WatchMessage;
-use outbox_tests::smtp_sink::SmtpSink;
 use serde_json::json;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
 use crate::central_figures::{dispatch_with, ingest_with, log_json, wait_for_deliveries};
-use crate::e2e::id_of;
-use crate::fixtures;
+use crate::e2e::{Running, id_of, site_and_central};
 use crate::load::{self, Percentiles};
 use crate::report::RunRecord;
 use crate::rig::Rig;
-use crate::services::{self, SITE_ID, Service};
+use crate::services::{SITE_ID, Service};
 use crate::site_figures::{send_once, site_clients};
 
 /// Longest the statuses may take to reach the site after the last delivery.
@@ -69,17 +67,13 @@ pub(crate) async fn site_status(rig: &mut Rig) -> Result<RunRecord> {
 
 /// Send -> SMTP 250 -> Delivered at the site's WatchStatus, for Sends at the e2e rate.
 async fn status_latency(rig: &mut Rig) -> Result<(Percentiles, serde_json::Value)> {
-    let dir = rig.run_dir("site-status")?;
-    let central_db = rig.central_db(dir.path()).await?;
-    let site_db = dir.path().join("site.db");
-    fixtures::copy_db(&rig.site_template, &site_db)?;
-    let sink = SmtpSink::start().await?;
-    sink.discard_messages(true);
-    let central_addr = services::free_addr()?;
-    let toml = services::central_toml(central_addr, &central_db.url(), sink.addr());
-    let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
-    let toml = services::site_toml(services::free_addr()?, &site_db, central_addr);
-    let site = Service::site(&rig.bins, dir.path(), "site", &toml).await?;
+    let Running {
+        _dir,
+        central_db,
+        sink,
+        mut central,
+        site,
+    } = site_and_central(rig, "site-status").await?;
 
     let arrived: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
     let mut watch = SiteNotifyClient::new(site.connect().await?)
