@@ -72,7 +72,7 @@ BABELFISH_DIR ?= ../shared/babelfish
 ## each other's lease renewals.
 MSSQL_E2E_MODULES = admin:: auth:: conditions:: consolidation:: crash:: delivery:: escalation:: failover:: forwarding:: ingest:: \
 	link_reset:: lifecycle:: operations:: pair:: scheduled:: secrets:: self_alerts:: serve_order:: setting_inputs:: settings:: \
-	site_health:: site_status:: tls::
+	site_health:: site_status:: status_callbacks:: tls::
 ## The conformance suite's MS SQL tests are #[ignore]d (a plain `cargo test` has no server), so
 ## they are asked for here.
 MSSQL_SUITES = $(CARGO) test -p central-outbox --test conformance -- --include-ignored mssql && \

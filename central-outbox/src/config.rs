@@ -39,6 +39,7 @@ use crate::purge::PurgeSettings;
 use crate::secrets::{Keyring, SecretsConfig};
 use crate::self_alerts::SelfAlertSettings;
 use crate::self_alerts::heartbeat::HeartbeatSettings;
+use crate::status_callbacks::settings::{StatusCallbackSettings, StatusCallbacksConfig};
 use crate::store::mssql::MsSqlOptions;
 use crate::tls::{TlsConfig, TlsSettings};
 use task_supervisor::FaultPlan;
@@ -97,6 +98,8 @@ pub struct Config {
     /// Acknowledgement links in the messages of escalating incidents; off unless
     /// `acknowledgement.link_base_url` is set. See [`AcknowledgementConfig`].
     pub acknowledgement: AcknowledgementConfig,
+    /// The signing key and retry bounds of the lists' status callbacks.
+    pub status_callbacks: StatusCallbacksConfig,
     /// Debug builds only, for the tests: supervised task starts that fail on purpose
     /// (`TASK=N` or `TASK=always`, comma-separated; `task_supervisor::FaultPlan`). Release
     /// builds refuse it. Set through `OUTBOX_CENTRAL_TEST_FAULTS`.
@@ -538,6 +541,7 @@ impl Default for Config {
             console: ConsoleConfig::default(),
             self_alerts: None,
             acknowledgement: AcknowledgementConfig::default(),
+            status_callbacks: StatusCallbacksConfig::default(),
             test_faults: None,
         }
     }
@@ -844,6 +848,10 @@ pub struct ListConfig {
     /// Escalation until acknowledged; unset: the list's alarms open no incident.
     #[serde(default)]
     pub escalation: Option<EscalationConfig>,
+    /// Any list: the endpoint told every final status of its notifications (signed with
+    /// `status_callbacks.key`); unset: none.
+    #[serde(default)]
+    pub status_callback_url: Option<String>,
 }
 
 /// `lists[].escalation`: the list's alarms (at `priorities`) open an incident, and while nobody
@@ -914,6 +922,7 @@ impl ListConfig {
             webhook_secret: None,
             consolidation: None,
             escalation: None,
+            status_callback_url: None,
         }
     }
 
@@ -933,6 +942,7 @@ impl ListConfig {
             webhook_secret: None,
             consolidation: None,
             escalation: None,
+            status_callback_url: None,
         }
     }
 }
@@ -1109,6 +1119,8 @@ pub struct Settings {
     pub self_alerts: Option<SelfAlertSettings>,
     /// Acknowledgement links, when `acknowledgement.link_base_url` is set.
     pub ack_links: Option<AckLinkSettings>,
+    /// The status callbacks' key and bounds.
+    pub status_callbacks: StatusCallbackSettings,
     /// Supervised task starts that fail on purpose (debug builds' tests only).
     pub faults: FaultPlan,
 }
@@ -1216,6 +1228,16 @@ impl Config {
             .map(|(i, list)| list_settings(i, list))
             .collect::<anyhow::Result<Vec<_>>>()?;
         let secrets = Keyring::load(&self.secrets)?;
+        let status_callbacks = self.status_callbacks.validate()?;
+        if status_callbacks.key.is_none()
+            && let Some(i) = lists.iter().position(|l| l.status_callback.is_some())
+        {
+            bail!(
+                "lists[{i}].status_callback_url: the calls are signed and no \
+                 status_callbacks.key is configured; set status_callbacks.key_file (or \
+                 OUTBOX_CENTRAL_STATUS_CALLBACKS__KEY) to a key of at least 16 characters"
+            );
+        }
         // A secret in this file is stored encrypted; without a key it would be stored in clear.
         let file_secret = match &self.smtp {
             Some(smtp) if smtp.password.is_some() => Some("smtp.password".to_owned()),
@@ -1273,6 +1295,7 @@ impl Config {
             faults,
             self_alerts,
             ack_links,
+            status_callbacks,
             console,
             auth,
             server: self.server,
@@ -1538,6 +1561,7 @@ fn list_settings(index: usize, c: &ListConfig) -> anyhow::Result<NotificationLis
         webhook_secret: c.webhook_secret.clone(),
         consolidation,
         escalation,
+        status_callback_url: c.status_callback_url.clone(),
     })
     // The domain names a list's name as a submit's field; the file's key is `name`.
     .map_err(|e| {
@@ -1883,6 +1907,7 @@ mod tests {
             defaults.purge.site_status_keep
         );
         assert_eq!(example.dispatcher.lease_ttl, defaults.dispatcher.lease_ttl);
+        assert_eq!(example.status_callbacks, defaults.status_callbacks);
         // The example states the webhook defaults; a file without [webhook] seeds nothing.
         assert_eq!(example.webhook, Some(WebhookSettings::default()));
         assert_eq!(defaults.webhook, None);

@@ -41,6 +41,7 @@ mod on_fallback;
 mod purge;
 mod secrets;
 mod self_alerts;
+pub mod status_callbacks;
 mod status_feed;
 
 use std::sync::Arc;
@@ -331,6 +332,8 @@ async fn serve<S: OutboxStore>(
     let http = adapters.http();
     // The site status streams wake on what this node's dispatcher records, and on a poll.
     let outcomes_recorded = Arc::new(Notify::new());
+    // So do the status callbacks.
+    let callbacks_wake = Arc::new(Notify::new());
     let status_feed = Arc::new(StatusFeed::default());
     let dispatcher = Dispatcher::new(
         Arc::clone(&store),
@@ -341,7 +344,10 @@ async fn serve<S: OutboxStore>(
         Arc::clone(&wake),
     )
     .with_supervisor(supervisor.clone())
-    .with_outcomes_recorded(Arc::clone(&outcomes_recorded));
+    .with_outcomes_recorded(vec![
+        Arc::clone(&outcomes_recorded),
+        Arc::clone(&callbacks_wake),
+    ]);
     let dispatcher_stop = drain.dispatch.clone();
     let dispatcher_lease = dispatcher.lease_watch();
     let on_fallback = dispatcher.on_fallback();
@@ -375,6 +381,24 @@ async fn serve<S: OutboxStore>(
             )
         }
     });
+    let callbacks_task = supervisor.spawn("status_callbacks", dispatcher_stop.clone(), {
+        let store = Arc::clone(&store);
+        let caller = Arc::new(status_callbacks::Caller {
+            http: http.clone(),
+            settings: settings.status_callbacks.clone(),
+            metrics: Arc::clone(&metrics),
+        });
+        let (lease, stop) = (dispatcher.lease_watch(), dispatcher_stop.clone());
+        move || {
+            status_callbacks::run(
+                Arc::clone(&store),
+                Arc::clone(&caller),
+                lease.clone(),
+                Arc::clone(&callbacks_wake),
+                stop.clone(),
+            )
+        }
+    });
     let dispatcher_task = supervisor.spawn_once(
         "dispatcher",
         dispatcher_stop.clone(),
@@ -383,6 +407,7 @@ async fn serve<S: OutboxStore>(
     drain.stops_after_server("dispatcher", dispatcher_task);
     drain.stops_after_server("purge", purge_task);
     drain.stops_after_server("escalation", escalation_task);
+    drain.stops_after_server("status_callbacks", callbacks_task);
     let kpi_cache = kpi_cache(
         Arc::clone(&store),
         Arc::clone(&metrics),
@@ -466,6 +491,7 @@ async fn serve<S: OutboxStore>(
             settings.auth.clone(),
         )
         .with_site_offline_after(settings.site_offline_after)
+        .with_status_callback_key(settings.status_callbacks.key.is_some())
         .with_kpi_cache(kpi_cache)
         .with_failover_board(on_fallback),
     );

@@ -130,6 +130,12 @@ struct PurgeStepLabels {
     step: &'static str,
 }
 
+/// How a status callback call ended (`domain::status_callback::CallOutcome`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CallOutcomeLabels {
+    outcome: &'static str,
+}
+
 /// How a heartbeat call went.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HeartbeatLabels {
@@ -216,6 +222,12 @@ pub(crate) struct Metrics {
     site_status_streams: Gauge,
     site_status_poll_failures: Counter,
     site_status_dropped: Counter,
+    /// The status callbacks (`status_callbacks`): calls by outcome, turns the store refused,
+    /// and the changes waiting with the oldest one's age.
+    status_callback_calls: Family<CallOutcomeLabels, Counter>,
+    status_callback_failures: Counter,
+    status_callbacks_waiting: Gauge,
+    status_callback_oldest: SecondsGauge,
     /// The escalation clock (`escalation_clock`): pages fired, of them late, incidents
     /// exhausted, lists a page could not reach, and turns the store refused.
     escalation_pages: Counter,
@@ -470,6 +482,38 @@ impl Metrics {
             site_status_dropped.clone(),
         );
 
+        let status_callback_calls = Family::<CallOutcomeLabels, Counter>::default();
+        // Every outcome's series exists from the start, so an alert's increase() sees the first.
+        for outcome in ["answered", "failed", "given_up"] {
+            drop(status_callback_calls.get_or_create(&CallOutcomeLabels { outcome }));
+        }
+        registry.register(
+            "outbox_status_callback_calls",
+            "Calls of the lists' status callback endpoints by outcome: answered (2xx), failed \
+             (called again later) and given_up (never answered within \
+             status_callbacks.give_up_after, or refused for good)",
+            status_callback_calls.clone(),
+        );
+        let status_callback_failures = Counter::default();
+        registry.register(
+            "outbox_status_callback_failures",
+            "Turns of the status callbacks the store refused (their changes are called again)",
+            status_callback_failures.clone(),
+        );
+        let status_callbacks_waiting = Gauge::default();
+        registry.register(
+            "outbox_status_callbacks_waiting",
+            "Final statuses waiting to be told to their list's status callback endpoint (on the \
+             dispatcher lease holder)",
+            status_callbacks_waiting.clone(),
+        );
+        let status_callback_oldest = SecondsGauge::default();
+        registry.register(
+            "outbox_status_callback_oldest_seconds",
+            "Age of the oldest final status still waiting for its status callback (0: none)",
+            status_callback_oldest.clone(),
+        );
+
         let site_identity_unverified = Gauge::default();
         registry.register(
             "outbox_site_identity_unverified",
@@ -623,6 +667,10 @@ impl Metrics {
             site_status_streams,
             site_status_poll_failures,
             site_status_dropped,
+            status_callback_calls,
+            status_callback_failures,
+            status_callbacks_waiting,
+            status_callback_oldest,
             escalation_pages,
             escalation_late_pages,
             escalation_exhausted,
@@ -973,6 +1021,34 @@ impl Metrics {
     /// Counts final statuses the purge dropped unconfirmed.
     pub(crate) fn site_status_dropped(&self, n: u64) {
         self.site_status_dropped.inc_by(n);
+    }
+
+    /// Counts one status callback call.
+    pub(crate) fn status_callback_called(
+        &self,
+        outcome: crate::domain::status_callback::CallOutcome,
+    ) {
+        use crate::domain::status_callback::CallOutcome;
+        let outcome = match outcome {
+            CallOutcome::Answered => "answered",
+            CallOutcome::Failed => "failed",
+            CallOutcome::GivenUp => "given_up",
+        };
+        self.status_callback_calls
+            .get_or_create(&CallOutcomeLabels { outcome })
+            .inc();
+    }
+
+    /// Counts a status callback turn (or a call's record) the store refused.
+    pub(crate) fn status_callback_failed(&self) {
+        self.status_callback_failures.inc();
+    }
+
+    /// The changes waiting for their status callback, and the oldest one's age.
+    pub(crate) fn status_callback_backlog(&self, waiting: u64, oldest: Duration) {
+        self.status_callbacks_waiting
+            .set(i64::try_from(waiting).unwrap_or(i64::MAX));
+        self.status_callback_oldest.set(oldest.as_secs_f64());
     }
 
     /// Counts a health report refused because its site is full.

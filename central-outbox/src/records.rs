@@ -154,6 +154,53 @@ pub struct SiteStatusChange {
     pub delivered_to: Option<String>,
 }
 
+/// A final status waiting to be told to its list's status callback endpoint
+/// (`StatusCallbackStore`): the notification as the change recorded it, and where to call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueStatusCallback {
+    /// The change (its seq is the callback's, ordering the changes of one notification).
+    pub change: SiteStatusChange,
+    /// The list's endpoint now; `None` when the list no longer has one (or is gone).
+    pub endpoint: Option<crate::domain::webhook::WebhookUrl>,
+    /// When the change was queued: its retries end `give_up_after` later.
+    pub queued_at: DateTime<Utc>,
+    /// Calls made so far.
+    pub calls: u32,
+}
+
+/// What the status callbacks have due, and when the next is due otherwise.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StatusCallbackTurn {
+    pub due: Vec<DueStatusCallback>,
+    /// How long until the next change waiting is due (`None`: none waits).
+    pub next_due_in: Option<Duration>,
+}
+
+/// One call of a change, to record: its history entry, and whether the change is done or
+/// called again at `retry_at`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StatusCallbackCall {
+    pub seq: i64,
+    pub id: NotificationId,
+    pub status: Status,
+    pub called_at: DateTime<Utc>,
+    pub duration: Option<Duration>,
+    pub outcome: crate::domain::status_callback::CallOutcome,
+    pub error: Option<String>,
+    /// `scheme://host:port` of the endpoint called.
+    pub endpoint: Option<String>,
+    /// Set for a `Failed` call: when it is called again.
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// The status callbacks still waiting: what `outbox_status_callbacks_waiting` and its alert
+/// show.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatusCallbackBacklog {
+    pub waiting: u64,
+    pub oldest_queued_at: Option<DateTime<Utc>>,
+}
+
 /// What one pass of the site status purge dropped.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SiteStatusPurge {

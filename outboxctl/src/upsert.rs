@@ -169,6 +169,7 @@ pub(crate) fn list_request(
             webhook_secret,
             consolidation,
             escalation,
+            status_callback_url: args.status_callback_url.unwrap_or_default(),
             ..Default::default()
         }),
     })
@@ -439,6 +440,7 @@ mod tests {
             recipients: vec![],
             endpoints: vec![],
             fallback_urls: vec![],
+            status_callback_url: None,
             webhook_format: None,
             webhook_secret_stdin: false,
             clear_webhook_secret: false,
@@ -671,6 +673,32 @@ mod tests {
             let message = usage_message(smtp_auth(&args));
             assert!(message.starts_with(want), "{message}");
         }
+    }
+
+    #[test]
+    fn any_list_may_name_a_status_callback_and_leaving_it_out_removes_it() {
+        let args = ListSetArgs {
+            recipients: vec!["ops@example.test".into()],
+            status_callback_url: Some("https://erp.example.test/status".into()),
+            ..list_args(ChannelArg::Email)
+        };
+        let list = list_request(args, &mut Given::default())
+            .unwrap()
+            .list
+            .unwrap();
+        assert_eq!(list.status_callback_url, "https://erp.example.test/status");
+        let args = ListSetArgs {
+            recipients: vec!["ops@example.test".into()],
+            ..list_args(ChannelArg::Email)
+        };
+        let list = list_request(args, &mut Given::default())
+            .unwrap()
+            .list
+            .unwrap();
+        assert_eq!(
+            list.status_callback_url, "",
+            "a set replaces the whole list"
+        );
     }
 
     #[test]

@@ -89,6 +89,23 @@ pub(super) fn outcome(value: i32) -> String {
     }
 }
 
+/// A status callback entry's outcome and the status it told (`ANSWERED DELIVERED`); empty for
+/// any other entry.
+pub(super) fn callback_outcome(outcome: i32, status: i32) -> String {
+    match v1::StatusCallbackOutcome::try_from(outcome) {
+        Ok(v1::StatusCallbackOutcome::Unspecified) => String::new(),
+        Ok(o) => format!(
+            "{} {}",
+            strip(o.as_str_name(), "STATUS_CALLBACK_OUTCOME_"),
+            v1::NotificationStatus::try_from(status).map_or_else(
+                |_| status.to_string(),
+                |s| strip(s.as_str_name(), "NOTIFICATION_STATUS_")
+            )
+        ),
+        Err(_) => outcome.to_string(),
+    }
+}
+
 pub(super) fn role(value: i32) -> String {
     v1::NodeRole::try_from(value).map_or_else(
         |_| value.to_string(),

@@ -96,6 +96,8 @@ struct ListForm {
     endpoints: String,
     /// Fallback URLs, one per line, in order.
     fallback_urls: String,
+    /// The status callback endpoint; empty: none.
+    status_callback_url: String,
     webhook_format: String,
     secret_set: bool,
     threshold: String,
@@ -120,6 +122,7 @@ impl ListForm {
             recipients: list.recipients.join("\n"),
             endpoints: list.endpoints.join("\n"),
             fallback_urls: list.fallback_urls.join("\n"),
+            status_callback_url: list.status_callback_url.clone(),
             webhook_format: match v1::WebhookFormat::try_from(list.webhook_format) {
                 Ok(v1::WebhookFormat::Teams) => "TEAMS".into(),
                 Ok(v1::WebhookFormat::Slack) => "SLACK".into(),
@@ -182,6 +185,7 @@ impl ListForm {
             recipients: form.text("recipients"),
             endpoints: form.text("endpoints"),
             fallback_urls: form.text("fallback_urls"),
+            status_callback_url: form.text("status_callback_url"),
             webhook_format: form.text("webhook_format").to_uppercase(),
             secret_set,
             threshold: form.text("consolidation_threshold"),
@@ -340,6 +344,7 @@ fn to_proto(name: &str, form: &Form) -> Result<v1::NotificationList, Failure> {
         webhook_secret_set: false,
         consolidation,
         escalation: escalation(form)?,
+        status_callback_url: form.text("status_callback_url").trim().to_owned(),
     })
 }
 

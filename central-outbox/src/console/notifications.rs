@@ -178,7 +178,11 @@ fn history_row(entry: v1::HistoryEntry) -> HistoryRow {
     HistoryRow {
         sequence: entry.sequence,
         kind: display::history_kind(entry.kind),
-        outcome: display::outcome(entry.outcome),
+        outcome: if entry.kind == i32::from(v1::HistoryEntryKind::StatusCallback) {
+            display::callback_outcome(entry.callback_outcome, entry.callback_status)
+        } else {
+            display::outcome(entry.outcome)
+        },
         at: display::time(entry.at.as_ref()),
         duration: entry
             .duration_ms

@@ -263,25 +263,27 @@ fn headers(
         ),
     ];
     if let Some(secret) = secret {
-        headers.push((SIGNATURE_HEADER, sign(secret, now.timestamp(), id, body)?));
+        let key = id.to_string();
+        headers.push((SIGNATURE_HEADER, sign(secret, now.timestamp(), &key, body)?));
     }
     Ok(headers)
 }
 
 /// The `X-Outbox-Signature` value: `t=<timestamp>,v1=<lower-case hex HMAC-SHA256 of
-/// "<timestamp>.<id>.<body>" keyed with secret>`. The id and time are signed with the body, so
-/// neither can be changed on a captured request; "." cannot occur in either, so the signed
-/// string splits one way only.
-fn sign(
+/// "<timestamp>.<key>.<body>" keyed with secret>`, where `key` is the request's
+/// `Idempotency-Key` (a delivery's NotificationId, a status callback's `<id>:<change>`). The key
+/// and time are signed with the body, so neither can be changed on a captured request; "."
+/// occurs in neither, so the signed string splits one way only.
+pub(crate) fn sign(
     secret: &Secret,
     timestamp: i64,
-    id: NotificationId,
+    key: &str,
     body: &[u8],
 ) -> Result<String, DeliveryError> {
     // HMAC takes keys of any length; the error exists only for the trait's sake.
     let mut mac = Hmac::<Sha256>::new_from_slice(secret.expose().as_bytes())
         .map_err(|_| DeliveryError::permanent("the webhook secret cannot key HMAC-SHA256"))?;
-    mac.update(format!("{timestamp}.{id}.").as_bytes());
+    mac.update(format!("{timestamp}.{key}.").as_bytes());
     mac.update(body);
     let hex: String = mac
         .finalize()
@@ -584,14 +586,16 @@ mod tests {
     #[test]
     fn the_signature_covers_time_id_and_body() {
         let secret = Secret::new("0123456789abcdef-webhook-key".into());
-        let id = NotificationId::parse("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "id").unwrap();
-        let header = sign(&secret, 1_700_000_000, id, b"{}").unwrap();
+        let id = NotificationId::parse("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b", "id")
+            .unwrap()
+            .to_string();
+        let header = sign(&secret, 1_700_000_000, &id, b"{}").unwrap();
         assert_eq!(header, format!("t=1700000000,v1={SIGNATURE_VECTOR}"));
-        let other_id = NotificationId::generate();
+        let other_id = NotificationId::generate().to_string();
         for changed in [
-            sign(&secret, 1_700_000_001, id, b"{}").unwrap(),
-            sign(&secret, 1_700_000_000, other_id, b"{}").unwrap(),
-            sign(&secret, 1_700_000_000, id, b"{ }").unwrap(),
+            sign(&secret, 1_700_000_001, &id, b"{}").unwrap(),
+            sign(&secret, 1_700_000_000, &other_id, b"{}").unwrap(),
+            sign(&secret, 1_700_000_000, &id, b"{ }").unwrap(),
         ] {
             assert_ne!(changed.split_once(",v1=").unwrap().1, SIGNATURE_VECTOR);
         }

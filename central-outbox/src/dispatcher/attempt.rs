@@ -357,6 +357,7 @@ impl<S: DispatchStore, D: Deliver> Attempt<S, D> {
             targets: ListTargets::Webhook(target.via(index)),
             consolidation: list.consolidation,
             escalation: list.escalation.clone(),
+            status_callback: list.status_callback.clone(),
         };
         (Arc::new(via), seen)
     }

@@ -141,9 +141,9 @@ pub(crate) struct Dispatcher<S, D = Adapters> {
     recorder: Option<(recorder::RecorderHandle, JoinHandle<()>)>,
     /// Cancelled when the recorder may end (the drain): it ends once every record is written.
     recorder_stop: CancellationToken,
-    /// Notified after each write of outcomes that changed a row (the site status feed wakes on
-    /// it: `crate::status_feed`).
-    recorded: Arc<Notify>,
+    /// Each notified after each write of outcomes that changed a row (the site status feed
+    /// and the status callbacks wake on them: `crate::status_feed`, `crate::status_callbacks`).
+    recorded: Arc<[Arc<Notify>]>,
     /// Restarts the keeper, the channel loops and the recorder when they fail; see
     /// `task_supervisor`.
     supervisor: Supervisor,
@@ -188,7 +188,7 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
             channels: Vec::new(),
             recorder: None,
             recorder_stop: CancellationToken::new(),
-            recorded: Arc::new(Notify::new()),
+            recorded: Arc::from([]),
             supervisor: Supervisor::new(
                 metrics.supervision(),
                 NodeFailure::default(),
@@ -208,9 +208,9 @@ impl<S: DispatchStore, D: Deliver> Dispatcher<S, D> {
         self
     }
 
-    /// Notifies `recorded` after each write of outcomes that changed a row.
-    pub(crate) fn with_outcomes_recorded(mut self, recorded: Arc<Notify>) -> Self {
-        self.recorded = recorded;
+    /// Notifies each of `recorded` after each write of outcomes that changed a row.
+    pub(crate) fn with_outcomes_recorded(mut self, recorded: Vec<Arc<Notify>>) -> Self {
+        self.recorded = Arc::from(recorded);
         self
     }
 

@@ -104,7 +104,7 @@ pub(super) async fn run<S: DispatchStore>(
     metrics: Arc<Metrics>,
     claim_timeout: Duration,
     inbox: Inbox,
-    recorded: Arc<Notify>,
+    recorded: Arc<[Arc<Notify>]>,
 ) {
     let mut received = inbox.lock_owned().await;
     let mut writes = JoinSet::new();
@@ -151,7 +151,7 @@ async fn record_outcomes<S: DispatchStore>(
     metrics: Arc<Metrics>,
     records: Vec<AttemptRecord>,
     retry_for: Duration,
-    recorded: Arc<Notify>,
+    recorded: Arc<[Arc<Notify>]>,
 ) {
     let ids: Vec<_> = records
         .iter()
@@ -165,7 +165,9 @@ async fn record_outcomes<S: DispatchStore>(
     match written {
         Ok(applied) => {
             if applied.iter().any(|&a| a) {
-                recorded.notify_one();
+                for bell in recorded.iter() {
+                    bell.notify_one();
+                }
             }
             for ((id, status), applied) in ids.into_iter().zip(applied) {
                 if applied {

@@ -123,6 +123,9 @@ pub struct NotificationList {
     /// Escalation until acknowledged (`domain::escalation`); `None`: its alarms open no
     /// incident.
     pub escalation: Option<EscalationPolicy>,
+    /// The endpoint told every final status of its notifications (`domain::status_callback`);
+    /// `None`: nobody is.
+    pub status_callback: Option<WebhookUrl>,
 }
 
 /// Most recipients (or endpoints) one list may have: a list is a team, not a mailing campaign,
@@ -145,6 +148,8 @@ pub struct ListInput {
     pub consolidation: Option<Consolidation>,
     /// Already checked by `EscalationPolicy::parse`, likewise.
     pub escalation: Option<EscalationPolicy>,
+    /// Any list: the status callback endpoint; `None` or empty: none.
+    pub status_callback_url: Option<String>,
 }
 
 impl fmt::Debug for ListInput {
@@ -162,6 +167,7 @@ impl fmt::Debug for ListInput {
             )
             .field("consolidation", &self.consolidation)
             .field("escalation", &self.escalation)
+            .field("status_callback_url", &self.status_callback_url)
             .finish()
     }
 }
@@ -185,9 +191,19 @@ impl NotificationList {
     }
 
     /// Checks a list. An unset type means email. Errors name `name`, `recipients`, `endpoints`
-    /// or `fallback_urls` (with the entry's position), `webhook_format` or `webhook_secret`.
+    /// or `fallback_urls` (with the entry's position), `webhook_format`, `webhook_secret` or
+    /// `status_callback_url`.
     pub fn parse(input: ListInput) -> Result<Self, ContentError> {
         let name = ListName::parse(input.name)?;
+        let status_callback = input
+            .status_callback_url
+            .as_deref()
+            .filter(|url| !url.is_empty())
+            .map(|url| {
+                WebhookUrl::parse(url)
+                    .map_err(|e| ContentError::new("status_callback_url", e.problem))
+            })
+            .transpose()?;
         let bounded = |field: &'static str, items: &[String]| {
             if items.is_empty() {
                 return Err(ContentError::new(field, "at least one is required"));
@@ -275,6 +291,7 @@ impl NotificationList {
             targets,
             consolidation: input.consolidation,
             escalation: input.escalation,
+            status_callback,
         })
     }
 }

@@ -105,6 +105,16 @@ pub enum HistoryEvent {
     /// A page of an incident, ended before it was handed to the relay because `actor`
     /// acknowledged the incident.
     Acknowledged { actor: String },
+    /// A call of its list's status callback (`domain::status_callback`), telling the endpoint
+    /// the final status `status`; the entry's error says why one was not answered.
+    StatusCallback {
+        outcome: super::status_callback::CallOutcome,
+        status: super::status::Status,
+        /// `scheme://host:port` of the endpoint called; `None` when there was none to call.
+        endpoint: Option<String>,
+        /// How long the call took; `None` when no call was made.
+        duration: Option<Duration>,
+    },
 }
 
 /// The stored names of the condition-key history entries (the attempts table's Outcome
@@ -141,6 +151,30 @@ pub struct HistoryEntry {
     pub at: DateTime<Utc>,
     pub error: Option<String>,
     pub event: HistoryEvent,
+}
+
+/// A notification's whole history: its attempts and actions (`attempts`, numbered as stored)
+/// and its status callback calls (`calls`), in the order they happened (an attempt before a
+/// call at the same millisecond: a call always follows the status it tells), numbered 1, 2, 3...
+/// A history without calls keeps its stored numbers.
+pub fn with_calls(attempts: Vec<HistoryEntry>, calls: Vec<HistoryEntry>) -> Vec<HistoryEntry> {
+    if calls.is_empty() {
+        return attempts;
+    }
+    // A merge, not a sort: each side keeps its stored order whatever the clocks did.
+    let mut entries = Vec::with_capacity(attempts.len() + calls.len());
+    let mut calls = calls.into_iter().peekable();
+    for attempt in attempts {
+        while let Some(call) = calls.next_if(|c| c.at < attempt.at) {
+            entries.push(call);
+        }
+        entries.push(attempt);
+    }
+    entries.extend(calls);
+    for (i, entry) in entries.iter_mut().enumerate() {
+        entry.sequence = u32::try_from(i + 1).unwrap_or(u32::MAX);
+    }
+    entries
 }
 
 /// Why an operator action did not change a notification.

@@ -18,6 +18,7 @@ pub mod serve_order;
 pub mod site_health;
 pub mod smtp_relay;
 pub mod status;
+pub mod status_callback;
 pub mod webhook;
 
 pub use outbox_domain::{

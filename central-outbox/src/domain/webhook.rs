@@ -96,6 +96,13 @@ impl WebhookUrl {
     fn receiver(&self) -> Option<url::Origin> {
         url::Url::parse(&self.0).ok().map(|url| url.origin())
     }
+
+    /// Its scheme, host and port as text (`https://h:443`): how history and errors name it,
+    /// since the path and query may hold a credential.
+    pub fn origin(&self) -> String {
+        self.receiver()
+            .map_or_else(|| "?".to_owned(), |o| o.ascii_serialization())
+    }
 }
 
 impl fmt::Display for WebhookUrl {
@@ -228,10 +235,7 @@ impl WebhookTarget {
             .iter()
             .take(1)
             .chain(&self.fallbacks)
-            .map(|url| {
-                url.receiver()
-                    .map_or_else(|| "?".to_owned(), |o| o.ascii_serialization())
-            })
+            .map(WebhookUrl::origin)
             .collect();
         origins
             .iter()

@@ -49,6 +49,9 @@ pub(crate) struct OutboxService<S> {
     /// What this node's dispatcher delivers through fallback providers (`GetKpis.failover`);
     /// `None`: no dispatcher here, which `GetKpis` reports as not dispatching.
     on_fallback: Option<Arc<FailoverBoard>>,
+    /// Whether `status_callbacks.key` is configured: without it no list may name a status
+    /// callback, since its calls could not be signed.
+    can_sign_callbacks: bool,
 }
 
 impl<S> OutboxService<S> {
@@ -68,7 +71,14 @@ impl<S> OutboxService<S> {
             site_offline_after: crate::config::DEFAULT_SITE_OFFLINE_AFTER,
             kpi_cache: None,
             on_fallback: None,
+            can_sign_callbacks: false,
         }
+    }
+
+    /// Lets lists name a status callback: `status_callbacks.key` is configured.
+    pub(crate) fn with_status_callback_key(mut self, configured: bool) -> Self {
+        self.can_sign_callbacks = configured;
+        self
     }
 
     /// Reports what `board` says this node delivers through fallbacks (`GetKpis.failover`).
@@ -563,6 +573,13 @@ impl<S: AdminStore + ChannelSettingsStore + EscalationStore> NotificationOutbox
         };
         let list = admin_convert::list_from_proto(msg, current.as_ref().map(|c| &c.value))
             .map_err(invalid_argument)?;
+        if list.status_callback.is_some() && !self.can_sign_callbacks {
+            return Err(Status::failed_precondition(
+                "list.status_callback_url: the calls are signed and central has no \
+                 status_callbacks.key; configure one (status_callbacks.key_file or \
+                 OUTBOX_CENTRAL_STATUS_CALLBACKS__KEY) and restart central",
+            ));
+        }
         self.check_step_lists(&list).await?;
         let name = list.name.clone();
         let saved = self.store.upsert_list(list).await;

@@ -22,6 +22,7 @@ use crate::domain::query::NotificationFilter;
 use crate::domain::retry::Backoff;
 use crate::domain::smtp_relay::{self, SmtpRelay};
 use crate::domain::status::Status;
+use crate::domain::status_callback::CallOutcome;
 use crate::domain::webhook::{WebhookFormat, cut_urls};
 use crate::domain::{ContentError, NotificationType};
 use crate::records::NotificationDetail;
@@ -257,6 +258,23 @@ fn history_entry(entry: HistoryEntry) -> v1::HistoryEntry {
             view.kind = v1::HistoryEntryKind::Acknowledged.into();
             view.actor = actor;
         }
+        HistoryEvent::StatusCallback {
+            outcome,
+            status,
+            endpoint,
+            duration,
+        } => {
+            view.kind = v1::HistoryEntryKind::StatusCallback.into();
+            view.callback_outcome = match outcome {
+                CallOutcome::Answered => v1::StatusCallbackOutcome::Answered,
+                CallOutcome::Failed => v1::StatusCallbackOutcome::Failed,
+                CallOutcome::GivenUp => v1::StatusCallbackOutcome::GivenUp,
+            }
+            .into();
+            view.callback_status = super::convert::status_to_proto(status).into();
+            view.provider = endpoint.unwrap_or_default();
+            view.duration_ms = duration.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        }
     }
     view
 }
@@ -352,6 +370,12 @@ pub(crate) fn list_view(list: Stored<NotificationList>) -> v1::NotificationList 
             .escalation
             .as_ref()
             .map(super::incident_convert::policy_view),
+        status_callback_url: list
+            .value
+            .status_callback
+            .as_ref()
+            .map(ToString::to_string)
+            .unwrap_or_default(),
         ..Default::default()
     };
     match list.value.targets {
@@ -423,6 +447,7 @@ pub(crate) fn list_from_proto(
         webhook_secret,
         consolidation,
         escalation,
+        status_callback_url: Some(msg.status_callback_url),
     };
     NotificationList::parse(input)
         .and_then(|list| {
@@ -440,6 +465,7 @@ pub(crate) fn list_from_proto(
                     "endpoints" => "list.endpoints",
                     "fallback_urls" => "list.fallback_urls",
                     "webhook_secret" => "list.webhook_secret",
+                    "status_callback_url" => "list.status_callback_url",
                     _ => "list.recipients",
                 },
                 e.problem,

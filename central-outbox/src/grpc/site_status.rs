@@ -15,8 +15,9 @@
 //!   [`BATCH_BYTES`]: what a stream holds is bounded whatever the site does. A batch not
 //!   confirmed within [`CONFIRM_TIMEOUT`] ends the stream (the site reconnects and gets it
 //!   again).
-//! - The watch is renewed by every confirmation and every [`RENEW_INTERVAL`] while the stream
-//!   is open, so the purge never drops the watch of a site that is watching.
+//! - The watch is renewed when the stream opens and every [`RENEW_INTERVAL`] while it is open
+//!   (far within the shortest `site_status_keep`, an hour), so the purge never drops the watch
+//!   of a site that is watching.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -99,7 +99,8 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
-    SiteStatusChange, SiteStatusPurge,
+    SiteStatusChange, SiteStatusPurge, StatusCallbackBacklog, StatusCallbackCall,
+    StatusCallbackTurn,
 };
 use crate::secrets::ResealReport;
 
@@ -137,7 +138,13 @@ pub type Result<T> = std::result::Result<T, StoreError>;
 /// The whole store: every capability. What the service runs on (`run`) and what the SQL
 /// backends are; a part of the service asks only for the capabilities it uses (module docs).
 pub trait OutboxStore:
-    IngestStore + DispatchStore + AdminStore + ChannelSettingsStore + EscalationStore + SiteStatusStore
+    IngestStore
+    + DispatchStore
+    + AdminStore
+    + ChannelSettingsStore
+    + EscalationStore
+    + SiteStatusStore
+    + StatusCallbackStore
 {
 }
 
@@ -147,7 +154,8 @@ impl<
         + AdminStore
         + ChannelSettingsStore
         + EscalationStore
-        + SiteStatusStore,
+        + SiteStatusStore
+        + StatusCallbackStore,
 > OutboxStore for S
 {
 }
@@ -490,6 +498,31 @@ pub trait SiteStatusStore: Send + Sync + 'static {
         keep: Duration,
         batch: u32,
     ) -> impl Future<Output = Result<SiteStatusPurge>> + Send;
+}
+
+/// The status callbacks (`status_callbacks`, on the dispatcher lease holder). The backends
+/// queue a change in the transaction that sets a final status of a notification whose list has
+/// a status callback endpoint (a trigger, as for the site status feed); this capability hands
+/// out the due ones and records each call.
+pub trait StatusCallbackStore: Send + Sync + 'static {
+    /// At most `limit` changes due by the store's clock, oldest due first, each only once
+    /// every earlier change of its notification is done (so an endpoint hears a notification's
+    /// changes in order); and when the next is due otherwise.
+    fn due_status_callbacks(
+        &self,
+        limit: u32,
+    ) -> impl Future<Output = Result<StatusCallbackTurn>> + Send;
+
+    /// Records `call` on its notification's history and, in the same transaction, forgets its
+    /// change (answered or given up) or makes it due again at `call.retry_at`.
+    fn record_status_callback(
+        &self,
+        call: StatusCallbackCall,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// The changes still waiting, and the oldest one's queueing time.
+    fn status_callback_backlog(&self)
+    -> impl Future<Output = Result<StatusCallbackBacklog>> + Send;
 }
 
 /// A rate limit as a backend read it, brought within the bounds (`RateLimit::stored`) with a

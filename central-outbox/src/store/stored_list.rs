@@ -34,6 +34,8 @@ pub(super) struct StoredList {
     /// `Escalation`: the policy's stored text (`stored_policy`); `None`: the list does not
     /// escalate.
     pub(super) escalation: Option<String>,
+    /// `StatusCallbackUrl`; `None`: the list has no status callback.
+    pub(super) status_callback: Option<String>,
 }
 
 impl StoredList {
@@ -48,7 +50,11 @@ impl StoredList {
             targets,
             consolidation,
             escalation,
+            status_callback,
         } = self;
+        let status_callback = status_callback
+            .map(|u| WebhookUrl::parse(&u).map_err(|e| corrupt(format!("StatusCallbackUrl: {e}"))))
+            .transpose()?;
         let escalation = escalation
             .map(|text| super::stored_policy::decode(&text).map_err(corrupt))
             .transpose()?;
@@ -95,6 +101,7 @@ impl StoredList {
             targets,
             consolidation,
             escalation,
+            status_callback,
         })
     }
 }

@@ -12,7 +12,8 @@
 //! against the dispatcher's in-memory test store (`central_outbox::testing::MemoryStore`), so
 //! the store the dispatcher's paused-clock tests run on cannot drift from the real ones.
 //! `whole_store_behaviours!` checks ingest, operator actions, channel settings, condition
-//! keys, flood consolidation, scheduled delivery, site health, and the channel settings with
+//! keys, flood consolidation, scheduled delivery, site health, the site status feed, the status
+//! callbacks' queue, and the channel settings with
 //! their start-up seeds, which only the SQL backends keep.
 //!
 //! Each behaviour seeds its own store through the store's capabilities, so it knows
@@ -39,6 +40,7 @@ mod scheduled;
 mod serve_order;
 mod site_health;
 mod site_status;
+mod status_callbacks;
 
 use std::future::Future;
 use std::io::Write;
@@ -209,6 +211,10 @@ macro_rules! whole_store_behaviours {
         behaviour!(
             the_purge_drops_old_changes_and_watches,
             site_status::the_purge_drops_old_changes_and_watches
+        );
+        behaviour!(
+            each_final_status_is_queued_called_in_order_and_audited,
+            status_callbacks::each_final_status_is_queued_called_in_order_and_audited
         );
         behaviour!(
             submit_is_idempotent_and_refuses_other_content_under_an_id,

@@ -46,6 +46,11 @@ pub(crate) struct ListSetArgs {
     /// as an endpoint. Left out: the list has none (a set replaces the whole list).
     #[arg(long = "fallback-url", value_name = "URL")]
     pub fallback_urls: Vec<String>,
+    /// Any list: an endpoint (https, or http to loopback) told every final status of the
+    /// list's notifications as a POST signed with central's status_callbacks.key. Left out:
+    /// none (a set replaces the whole list).
+    #[arg(long = "status-callback-url", value_name = "URL")]
+    pub status_callback_url: Option<String>,
     /// Webhook lists: the body's shape (central's default: generic).
     #[arg(long, value_enum)]
     pub webhook_format: Option<WebhookFormatArg>,

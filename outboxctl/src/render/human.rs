@@ -7,9 +7,9 @@ use outbox_proto::v1;
 
 use super::table::{Table, truncate};
 use super::{
-    age, age_since, auth_name, backoff_name, channel_name, duration_human, history_kind_name,
-    is_webhook, outcome_name, priority_name, role_name, status_name, time_human, tls_name,
-    webhook_format_name,
+    age, age_since, auth_name, backoff_name, callback_outcome_name, channel_name, duration_human,
+    history_kind_name, is_webhook, outcome_name, priority_name, role_name, status_name, time_human,
+    tls_name, webhook_format_name,
 };
 use crate::commands::Report;
 
@@ -179,7 +179,10 @@ fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
     }
     let mut table = Table::new(&["#", "AT", "KIND", "OUTCOME", "TOOK", "BY", "ERROR"]);
     for h in &d.history {
-        let mut by = if !h.superseded_by.is_empty() {
+        let mut by = if h.kind == i32::from(v1::HistoryEntryKind::StatusCallback) {
+            // A status callback: the endpoint it called (named below).
+            String::new()
+        } else if !h.superseded_by.is_empty() {
             h.superseded_by.clone()
         } else if h.actor.is_empty() {
             format!("lease {}", h.lease_epoch)
@@ -193,13 +196,20 @@ fn detail_text(d: &v1::NotificationDetail, now: DateTime<Utc>) -> String {
         }
         // The relay it was handed to: a fallback's name here is the sign of a failover.
         if !h.provider.is_empty() {
-            by.push_str(&format!(", via {}", h.provider));
+            let sep = if by.is_empty() { "" } else { ", " };
+            by.push_str(&format!("{sep}via {}", h.provider));
         }
         table.row(vec![
             h.sequence.to_string(),
             time_human(h.at.as_ref()),
             history_kind_name(h.kind),
-            outcome_name(h.outcome).unwrap_or_else(|| "-".to_owned()),
+            outcome_name(h.outcome)
+                // A status callback: how the call ended, and the status it told.
+                .or_else(|| {
+                    callback_outcome_name(h.callback_outcome)
+                        .map(|o| format!("{o} {}", status_name(h.callback_status)))
+                })
+                .unwrap_or_else(|| "-".to_owned()),
             h.duration_ms
                 .map_or_else(|| "-".to_owned(), |ms| format!("{ms}ms")),
             by,
@@ -377,6 +387,9 @@ fn list_text(l: &v1::NotificationList) -> String {
         fields.push(("webhook secret", set_or_not(l.webhook_secret_set)));
     } else {
         fields.push(("recipients", l.recipients.join("\n")));
+    }
+    if !l.status_callback_url.is_empty() {
+        fields.push(("status callback", l.status_callback_url.clone()));
     }
     if let Some(c) = &l.consolidation {
         fields.push(("consolidation", consolidation_text(c)));

@@ -95,6 +95,9 @@ fn history_entry(h: &v1::HistoryEntry) -> Value {
         "superseded_by": h.superseded_by,
         "digest_id": h.digest_id,
         "provider": h.provider,
+        "callback_outcome": super::callback_outcome_name(h.callback_outcome),
+        "callback_status": super::callback_outcome_name(h.callback_outcome)
+            .map(|_| status_name(h.callback_status)),
     })
 }
 
@@ -173,6 +176,7 @@ fn notification_list(l: &v1::NotificationList) -> Value {
         "recipients": l.recipients,
         "endpoints": l.endpoints,
         "fallback_urls": l.fallback_urls,
+        "status_callback_url": l.status_callback_url,
         "webhook_format": webhook_format,
         "webhook_secret_set": l.webhook_secret_set,
         "consolidation": l.consolidation.as_ref().map(|c| json!({

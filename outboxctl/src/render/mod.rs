@@ -78,6 +78,19 @@ pub(crate) fn outcome_name(value: i32) -> Option<String> {
     ))
 }
 
+/// A status callback entry's outcome (`ANSWERED`); `None` for any other entry.
+pub(crate) fn callback_outcome_name(value: i32) -> Option<String> {
+    if value == i32::from(v1::StatusCallbackOutcome::Unspecified) {
+        return None;
+    }
+    let full = v1::StatusCallbackOutcome::try_from(value).ok();
+    Some(short_name(
+        full.as_ref().map(|s| s.as_str_name()),
+        "STATUS_CALLBACK_OUTCOME_",
+        value,
+    ))
+}
+
 pub(crate) fn tls_name(value: i32) -> String {
     let full = v1::SmtpTlsMode::try_from(value).ok();
     short_name(

@@ -43,4 +43,5 @@ mod silent_link;
 mod site_health;
 mod site_status;
 mod standby_lag;
+mod status_callbacks;
 mod tls;

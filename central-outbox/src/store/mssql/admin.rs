@@ -69,10 +69,15 @@ pub(super) async fn detail(
     let Some(row) = rows.first() else {
         return Ok(None);
     };
-    let history = result_set(&mut results, 1, "detail")?
+    let attempts = result_set(&mut results, 1, "detail")?
         .iter()
         .map(history_entry)
         .collect::<Result<Vec<_>>>()?;
+    let calls = result_set(&mut results, 2, "detail")?
+        .iter()
+        .map(super::status_callback::history_entry)
+        .collect::<Result<Vec<_>>>()?;
+    let history = crate::domain::history::with_calls(attempts, calls);
     Ok(Some(NotificationDetail {
         state: decode::state(row)?,
         body: decode::text(row, "Body")?,

@@ -52,6 +52,7 @@ fn read_list(
         webhook_format: decode::opt_text(row, "WebhookFormat")?,
         webhook_secret: decode::opt_text(row, "WebhookSecret")?,
         webhook_fallbacks: decode::opt_text(row, "WebhookFallbacks")?,
+        status_callback: decode::opt_text(row, "StatusCallbackUrl")?,
         targets,
         consolidation: [
             consolidation("ConsolidateThreshold")?,
@@ -159,6 +160,7 @@ async fn write_list(
         crate::store::stored_list::fallbacks_text(list),
         targets,
         list.escalation.as_ref(),
+        list.status_callback.as_ref().map(ToString::to_string),
     );
     // Two replicas creating the same new list at once: the loser's insert fails on the key and
     // is rolled back. A replace runs again and updates the winner's row; a seed finds the list

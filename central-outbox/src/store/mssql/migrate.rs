@@ -137,6 +137,12 @@ pub(super) const MIGRATIONS: &[Migration] = &[
         file: "0017_site_status_feed.sql",
         sql: include_str!("../../../../migrations/mssql/0017_site_status_feed.sql"),
     },
+    Migration {
+        version: 18,
+        name: "status_callbacks",
+        file: "0018_status_callbacks.sql",
+        sql: include_str!("../../../../migrations/mssql/0018_status_callbacks.sql"),
+    },
 ];
 
 /// Brings the schema, then the procedures, up to date. Fails if the database was migrated by a

@@ -10,15 +10,16 @@
 //! [`MsSqlStore::batch`]). Replicas agree on time through the database's clock
 //! (`SYSUTCDATETIME()`), which dates claims, leases and CreatedAt.
 //!
-//! Layout: `options` (connection strings), `pool` (connections and their discard rules),
-//! `error` (what an error number means), `sql` (every statement: its files and builders),
-//! `migrate` (the numbered schema migrations) and `procedures` (the stored procedures, one
-//! living file each), `ingest` (idempotent submit with the condition keys' supersede and flood
-//! consolidation's count and hold, and the keys' clear), `dispatch` (leases, claims, digest
-//! claims, outcomes), `admin` (queries, operator actions, KPIs, purge), `channel` (lists and
-//! SMTP settings), `site_health` (the latest report of each site node), `warm` (what a new
-//! pooled connection runs before it is handed out), `decode` (rows to domain types), `scratch`
-//! (throw-away databases for the test suites and benchmarks).
+//! Layout: `options` (connection strings), `pool` (connections and their discard rules), `error`
+//! (what an error number means), `sql` (every statement: its files and builders), `migrate` (the
+//! numbered schema migrations) and `procedures` (the stored procedures, one living file each),
+//! `ingest` (idempotent submit with the condition keys' supersede and flood consolidation's count
+//! and hold, and the keys' clear), `dispatch` (leases, claims, digest claims, outcomes), `admin`
+//! (queries, operator actions, KPIs, purge), `channel` (lists and SMTP settings), `site_health`
+//! (the latest report of each site node), `site_status` (the final statuses going back to the
+//! sites), `status_callback` (the calls to the lists' endpoints), `warm` (what a new pooled
+//! connection runs before it is handed out), `decode` (rows to domain types), `scratch` (throw-away
+//! databases for the test suites and benchmarks).
 
 mod admin;
 mod channel;
@@ -35,6 +36,7 @@ mod scratch;
 mod site_health;
 mod site_status;
 mod sql;
+mod status_callback;
 mod warm;
 
 use std::sync::{Arc, Mutex};
@@ -62,7 +64,8 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, NewNotification, NotificationDetail, NotificationState, Page, PurgeReport,
-    SiteStatusChange, SiteStatusPurge,
+    SiteStatusChange, SiteStatusPurge, StatusCallbackBacklog, StatusCallbackCall,
+    StatusCallbackTurn,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -554,6 +557,22 @@ impl SiteStatusStore for MsSqlStore {
 
     async fn purge_site_status(&self, keep: Duration, batch: u32) -> Result<SiteStatusPurge> {
         site_status::purge(self, keep, batch).await
+    }
+}
+
+/// The status callbacks (`status_callback`): the trigger queues the changes; these hand them
+/// out and record the calls.
+impl super::StatusCallbackStore for MsSqlStore {
+    async fn due_status_callbacks(&self, limit: u32) -> Result<StatusCallbackTurn> {
+        status_callback::due(self, limit).await
+    }
+
+    async fn record_status_callback(&self, call: StatusCallbackCall) -> Result<()> {
+        status_callback::record(self, &call).await
+    }
+
+    async fn status_callback_backlog(&self) -> Result<StatusCallbackBacklog> {
+        status_callback::backlog(self).await
     }
 }
 

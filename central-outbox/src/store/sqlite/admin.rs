@@ -270,7 +270,10 @@ pub(super) fn detail(conn: &Connection, id: NotificationId) -> Result<Option<Not
             ))
         })?;
     let (body, type_data, instance, script, execution, parent_execution, targets) = extra;
-    let history = history(conn, id)?;
+    let history = crate::domain::history::with_calls(
+        history(conn, id)?,
+        super::status_callback::history(conn, id)?,
+    );
     Ok(Some(NotificationDetail {
         state,
         body,
@@ -561,10 +564,18 @@ pub(super) fn purge_terminal(
         })?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let mut delete_history = conn.prepare_cached(include_str!("sql/delete_history.sql"))?;
+    let mut delete_calls =
+        conn.prepare_cached(include_str!("sql/delete_status_callback_calls.sql"))?;
+    let mut delete_callbacks =
+        conn.prepare_cached(include_str!("sql/delete_status_callbacks_of.sql"))?;
     let mut delete_row = conn.prepare_cached(include_str!("sql/delete_notification.sql"))?;
     let mut report = PurgeReport::default();
     for (row_id, id, parked) in rows {
-        report.history_entries += delete_history.execute([id])? as u64;
+        report.history_entries += delete_history.execute([&id])? as u64;
+        report.history_entries += delete_calls.execute([&id])? as u64;
+        // A change still waiting when its notification goes (a retention shorter than
+        // `give_up_after`) goes with it: there is nothing left to tell.
+        delete_callbacks.execute([&id])?;
         let deleted = delete_row.execute([row_id])? as u64;
         report.notifications += deleted;
         if parked {

@@ -22,6 +22,7 @@ use crate::domain::channel::{
 };
 use crate::domain::retry::Backoff;
 use crate::domain::smtp_relay::SmtpRelay;
+use crate::domain::webhook::WebhookUrl;
 use crate::secrets::{Keyring, ResealReport, Resealed, Slot};
 use crate::store::Result;
 use crate::store::stored_list::StoredList;
@@ -44,6 +45,7 @@ pub(super) fn select_list(
         [Option<i64>; 3],
         Option<String>,
         Option<String>,
+        Option<String>,
     );
     let row: Option<ListRow> = conn
         .prepare_cached(include_str!("sql/select_list.sql"))?
@@ -56,6 +58,7 @@ pub(super) fn select_list(
                 [row.get(4)?, row.get(5)?, row.get(6)?],
                 row.get(7)?,
                 row.get(8)?,
+                row.get(9)?,
             ))
         })
         .optional()?;
@@ -67,6 +70,7 @@ pub(super) fn select_list(
         consolidation,
         escalation,
         webhook_fallbacks,
+        status_callback,
     )) = row
     else {
         return Ok(None);
@@ -80,6 +84,7 @@ pub(super) fn select_list(
         targets: select_targets(conn, name)?,
         consolidation,
         escalation,
+        status_callback,
     };
     Ok(Some(Stored {
         value: stored.decode(secrets)?,
@@ -145,6 +150,7 @@ pub(super) fn replace_list(
                 .as_ref()
                 .map(crate::store::stored_policy::encode),
             crate::store::stored_list::fallbacks_text(list),
+            list.status_callback.as_ref().map(WebhookUrl::as_str),
         ])?;
     conn.prepare_cached(include_str!("sql/delete_list_targets.sql"))?
         .execute([list.name.as_str()])?;

@@ -82,6 +82,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "site_status_feed",
         sql: include_str!("../../../../migrations/sqlite/0014_site_status_feed.sql"),
     },
+    Migration {
+        version: 15,
+        name: "status_callbacks",
+        sql: include_str!("../../../../migrations/sqlite/0015_status_callbacks.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.

@@ -23,6 +23,7 @@ mod site_health;
 mod site_status;
 #[cfg(test)]
 mod statement_files;
+mod status_callback;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -35,7 +36,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use super::claimed::{StoredClaim, invalid_row_error};
 use super::{
     AdminStore, ChannelSettingsStore, DispatchStore, EscalationStore, IngestStore,
-    ReadChannelSettings, Result, SiteStatusStore, StoreError,
+    ReadChannelSettings, Result, SiteStatusStore, StatusCallbackStore, StoreError,
 };
 use crate::domain::channel::{NotificationList, SmtpSettings, Stored, WebhookSettings};
 use crate::domain::consolidation::Consolidation;
@@ -54,7 +55,8 @@ use crate::records::{
     ActionResult, AttemptRecord, ClaimedNotification, EscalationTurn, FilterActionReport,
     FilterCount, IncidentDetail, IncidentList, IncidentQuery, InsertOutcome, LeaseEpoch,
     LeaseReading, LeaseRecord, NewNotification, NotificationDetail, NotificationState, Page,
-    PurgeReport, SiteStatusChange, SiteStatusPurge,
+    PurgeReport, SiteStatusChange, SiteStatusPurge, StatusCallbackBacklog, StatusCallbackCall,
+    StatusCallbackTurn,
 };
 use crate::secrets::{Keyring, ResealReport};
 
@@ -357,7 +359,7 @@ impl SiteStatusStore for SqliteStore {
     async fn forget_site_status_changes(&self, site: &SiteId, seqs: Vec<i64>) -> Result<()> {
         let site = site.clone();
         self.db
-            .write(move |conn| site_status::forget(conn, &site, &seqs, Utc::now()))
+            .write(move |conn| site_status::forget(conn, &site, &seqs))
             .await
     }
 
@@ -371,6 +373,24 @@ impl SiteStatusStore for SqliteStore {
         self.db
             .write(move |conn| site_status::purge(conn, keep, batch, Utc::now()))
             .await
+    }
+}
+
+impl StatusCallbackStore for SqliteStore {
+    async fn due_status_callbacks(&self, limit: u32) -> Result<StatusCallbackTurn> {
+        self.db
+            .read(move |conn| status_callback::due(conn, limit, Utc::now()))
+            .await
+    }
+
+    async fn record_status_callback(&self, call: StatusCallbackCall) -> Result<()> {
+        self.db
+            .write(move |conn| status_callback::record(conn, &call))
+            .await
+    }
+
+    async fn status_callback_backlog(&self) -> Result<StatusCallbackBacklog> {
+        self.db.read(status_callback::backlog).await
     }
 }
 

@@ -5,7 +5,7 @@
 //! live in the module of their area: [`connection`] (pool check-out, the health probe,
 //! migrations), [`ingest`] (submits and the condition keys' clear), [`dispatch`] (the lease,
 //! claims, outcomes), [`admin`] (reads, operator actions, KPIs, purge), [`settings`] (lists and
-//! channel settings) and [`site_health`].
+//! channel settings), [`site_health`], [`site_status`] and [`status_callback`].
 //!
 //! The dispatcher's two busiest statements (claiming and recording outcomes), the lease, the
 //! single-row submit (also each keyed row of a larger submit) and the digest claim call stored
@@ -159,6 +159,7 @@ pub(super) mod ingest;
 pub(super) mod settings;
 pub(super) mod site_health;
 pub(super) mod site_status;
+pub(super) mod status_callback;
 #[cfg(test)]
 mod tests;
 
@@ -169,3 +170,4 @@ pub(super) use self::ingest::*;
 pub(super) use self::settings::*;
 pub(super) use self::site_health::*;
 pub(super) use self::site_status::*;
+pub(super) use self::status_callback::*;

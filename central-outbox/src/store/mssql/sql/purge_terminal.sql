@@ -20,6 +20,13 @@ DELETE a
 FROM dbo.NotificationAttempts AS a
 JOIN @gone AS g ON g.NotificationId = a.NotificationId;
 SET @history = @@ROWCOUNT;
+DELETE k
+FROM dbo.StatusCallbackCalls AS k
+JOIN @gone AS g ON g.NotificationId = k.NotificationId;
+SET @history = @history + @@ROWCOUNT;
+DELETE c
+FROM dbo.StatusCallbacks AS c
+JOIN @gone AS g ON g.NotificationId = c.NotificationId;
 INSERT INTO @incidents (Id)
 SELECT TOP (@P2) i.Id
 FROM dbo.Incidents AS i

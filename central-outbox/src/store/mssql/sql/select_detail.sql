@@ -7,3 +7,7 @@ SELECT a.AttemptNo, a.StartedAt, a.DurationMs, a.Outcome, a.Error, a.LeaseEpoch,
 FROM dbo.NotificationAttempts AS a
 WHERE a.NotificationId = @P1
 ORDER BY a.AttemptNo;
+SELECT k.CallNo, k.CalledAt, k.DurationMs, k.Status, k.Outcome, k.Error, k.Endpoint
+FROM dbo.StatusCallbackCalls AS k
+WHERE k.NotificationId = @P1
+ORDER BY k.CallNo;

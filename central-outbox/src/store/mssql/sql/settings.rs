@@ -58,13 +58,15 @@ WHERE r.ListName = @P1;
 }
 
 /// The update of list @P1's escalation columns (migration 0014) from the placeholders after its
-/// `targets` targets: the policy's JSON (NULL: none) and its [`OpeningRule`]'s columns.
+/// `targets` targets: the policy's JSON (NULL: none) and its [`OpeningRule`]'s columns; then
+/// its status callback endpoint (migration 0018; NULL: none).
 fn set_escalation(targets: usize) -> String {
     let p = |i: usize| format!("@P{}", 9 + targets + i);
     format!(
         "UPDATE dbo.NotificationLists
 SET Escalation = {}, EscalationPriorities = {}, EscalationFirstWaitMs = {}, EscalationFirstRound = {},
-    EscalationFirstStep = {}, EscalateOnPark = {}, EscalationOpenedNote = {}
+    EscalationFirstStep = {}, EscalateOnPark = {}, EscalationOpenedNote = {},
+    StatusCallbackUrl = {}
 WHERE Name = @P1;
 ",
         p(0),
@@ -73,7 +75,8 @@ WHERE Name = @P1;
         p(3),
         p(4),
         p(5),
-        p(6)
+        p(6),
+        p(7)
     )
 }
 
@@ -132,7 +135,8 @@ pub(crate) enum ListWrite {
 
 /// [`replace_list`] (or [`seed_list`]) of list `name` with its `targets` (each once); `format`
 /// and `secret` (sealed) only for a webhook list; `consolidation` when the list consolidates
-/// floods; `fallbacks` the webhook list's fallback URLs as one text (`stored_list`).
+/// floods; `fallbacks` the webhook list's fallback URLs as one text (`stored_list`);
+/// `status_callback` its status callback endpoint.
 // One argument per column of the list's row: a struct would only restate them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn replace_list_with(
@@ -145,6 +149,7 @@ pub(crate) fn replace_list_with(
     fallbacks: Option<String>,
     targets: Vec<String>,
     escalation: Option<&EscalationPolicy>,
+    status_callback: Option<String>,
 ) -> Statement {
     let threshold = consolidation.map(|c| int_value(c.threshold()));
     let window = consolidation.map(|c| i32::try_from(c.window().as_secs()).unwrap_or(i32::MAX));
@@ -184,6 +189,7 @@ pub(crate) fn replace_list_with(
         ),
         Param::Int(rule.as_ref().map(|r| i32::from(r.escalate_on_park))),
         Param::Text(rule.map(|r| r.opened_note)),
+        Param::Text(status_callback),
     ]);
     stmt
 }

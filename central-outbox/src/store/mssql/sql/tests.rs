@@ -650,6 +650,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 None,
                 vec!["a@plant.test".into(), "b@plant.test".into()],
                 Some(&policy),
+                Some("https://erp.test/status".into()),
             ),
         ),
         (
@@ -663,6 +664,7 @@ fn bound_statements() -> Vec<(&'static str, Statement)> {
                 None,
                 Some("https://b.test/a https://c.test/a".into()),
                 vec!["https://h.test/a".into()],
+                None,
                 None,
             ),
         ),

@@ -18,7 +18,8 @@ WHERE r.ListName = @P1;
 INSERT INTO dbo.NotificationListRecipients (ListName, Address) VALUES (@P1, @P9), (@P1, @P10);
 UPDATE dbo.NotificationLists
 SET Escalation = @P11, EscalationPriorities = @P12, EscalationFirstWaitMs = @P13, EscalationFirstRound = @P14,
-    EscalationFirstStep = @P15, EscalateOnPark = @P16, EscalationOpenedNote = @P17
+    EscalationFirstStep = @P15, EscalateOnPark = @P16, EscalationOpenedNote = @P17,
+    StatusCallbackUrl = @P18
 WHERE Name = @P1;
 END;
 COMMIT TRANSACTION;

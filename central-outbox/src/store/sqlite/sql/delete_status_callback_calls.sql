@@ -1,0 +1,1 @@
+DELETE FROM StatusCallbackCalls WHERE NotificationId = ?1

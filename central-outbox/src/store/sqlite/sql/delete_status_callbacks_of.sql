@@ -1,0 +1,1 @@
+DELETE FROM StatusCallbacks WHERE NotificationId = ?1

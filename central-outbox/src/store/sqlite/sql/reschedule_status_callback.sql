@@ -1,0 +1,1 @@
+UPDATE StatusCallbacks SET Calls = Calls + 1, NextCallAt = ?2 WHERE Seq = ?1

@@ -1,0 +1,1 @@
+SELECT MIN(NextCallAt) FROM StatusCallbacks

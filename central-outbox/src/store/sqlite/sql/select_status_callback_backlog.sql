@@ -1,0 +1,1 @@
+SELECT COUNT(*), MIN(QueuedAt) FROM StatusCallbacks
