@@ -172,6 +172,22 @@ impl CentralDb {
         }
     }
 
+    /// A copy of `history` (a SQLite file holding a year of delivered rows) in `dir`.
+    pub(crate) async fn with_history(
+        backend: &Backend,
+        history: &Path,
+        dir: &Path,
+    ) -> Result<Self> {
+        match backend {
+            Backend::Sqlite => {
+                let path = dir.join("central.db");
+                fixtures::copy_db(history, &path)?;
+                Ok(Self::Sqlite(path))
+            }
+            Backend::MsSql { .. } => bail!("the history figures run on SQLite only so far"),
+        }
+    }
+
     /// What central's `database` key is set to.
     pub(crate) fn url(&self) -> String {
         match self {

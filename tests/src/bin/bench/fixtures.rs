@@ -122,6 +122,9 @@ pub(crate) enum CentralRows {
     /// Delivered over the last 30 days, one attempt row each: a central's steady state, for
     /// the memory figure.
     Delivered,
+    /// Delivered over the last 365 days (the seeds' retention), one attempt row each: the
+    /// terminal rows a busy central carries, for the `history` figures.
+    YearOfHistory,
 }
 
 /// Central's rank for a normal notification (`Priority` column: 0 critical .. 3 low).
@@ -137,7 +140,12 @@ const PRIORITY_NORMAL: i64 = 2;
 pub(crate) fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<()> {
     let mut conn = open_bulk(db)?;
     let now = Utc::now().timestamp_millis();
-    let span_ms: i64 = 30 * 24 * 3600 * 1000;
+    let days: i64 = if kind == CentralRows::YearOfHistory {
+        365
+    } else {
+        30
+    };
+    let span_ms: i64 = days * 24 * 3600 * 1000;
     let targets = RECIPIENTS.join(", ");
     {
         let txn = conn.transaction()?;
@@ -185,7 +193,7 @@ pub(crate) fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<(
                         i as i64 + 1,
                     ])?;
                 }
-                CentralRows::Delivered => {
+                CentralRows::Delivered | CentralRows::YearOfHistory => {
                     // Oldest first, spread evenly over the span, as they would have arrived.
                     let created = now - span_ms + (i as i64 * span_ms) / (n.max(1) as i64);
                     insert.execute(params![

@@ -24,6 +24,7 @@ mod failover;
 mod first_minute;
 mod fixtures;
 mod fresh;
+mod history;
 mod load;
 mod loopback;
 mod memory;
@@ -56,7 +57,7 @@ use rig::{Rig, Sizes};
 struct Args {
     /// Figure groups to run, comma-separated (default: all): send, send-latency, standby,
     /// forward, ingest, dispatch, loopback, rtt, e2e, first-minute, fresh, memory, console,
-    /// escalation, failover, site-status.
+    /// escalation, failover, site-status, history.
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
     /// Figure groups to leave out, comma-separated.
@@ -114,6 +115,10 @@ struct Args {
     /// --quick).
     #[arg(long)]
     memory_rows: Option<u64>,
+    /// Delivered rows (each with its attempt) in the `history` figures' database (default
+    /// 5000000; 200000 with --quick).
+    #[arg(long)]
+    history_rows: Option<u64>,
     /// Notifications of one site waiting at central in the `fresh` figure (default 20000; 2000
     /// with --quick).
     #[arg(long)]
@@ -174,7 +179,7 @@ struct Args {
 }
 
 /// Every figure group, in the order they run.
-const GROUPS: [&str; 16] = [
+const GROUPS: [&str; 17] = [
     "send",
     "send-latency",
     "standby",
@@ -191,6 +196,7 @@ const GROUPS: [&str; 16] = [
     "escalation",
     "failover",
     "site-status",
+    "history",
 ];
 
 impl Args {
@@ -235,6 +241,9 @@ impl Args {
                 .unwrap_or(self.fresh_rate_limit.ceil().max(1.0) as u32),
             fresh_duration: pick(self.fresh_seconds, 100.0, 10.0),
             fresh_baseline_runs: self.fresh_baseline_runs.unwrap_or(1),
+            history_rows: self
+                .history_rows
+                .unwrap_or(if quick { 200_000 } else { 5_000_000 }),
             failover_hung: !quick,
         }
     }
@@ -622,6 +631,33 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             Some(Target::AtLeast(0.95)),
         ),
         m(
+            "history.dispatch_ratio",
+            format!(
+                "dispatch with {} terminal rows (and attempts) / empty",
+                rows(s.history_rows)
+            ),
+            "",
+            Some(Target::AtLeast(0.9)),
+        ),
+        m(
+            "history.dispatch_rate",
+            "  dispatch with them".into(),
+            "/s",
+            None,
+        ),
+        m(
+            "history.ingest_ratio",
+            "  ingest with them / empty".into(),
+            "",
+            Some(Target::AtLeast(0.9)),
+        ),
+        m(
+            "history.e2e_p99_ratio",
+            "  idle end-to-end p99, empty / with them".into(),
+            "",
+            Some(Target::AtLeast(0.9)),
+        ),
+        m(
             "failover.hung_s",
             "  to the fallback, the first accepting connections but never answering".into(),
             "s",
@@ -649,6 +685,7 @@ async fn run_once(group: &str, rig: &mut Rig) -> Result<RunRecord> {
         "escalation" => escalation::escalation(rig).await,
         "failover" => failover::failover(rig).await,
         "site-status" => site_status::site_status(rig).await,
+        "history" => history::history(rig).await,
         other => anyhow::bail!("unknown figure group {other:?}"),
     }
 }

@@ -46,6 +46,8 @@ pub(crate) struct Sizes {
     pub fresh_duration: Duration,
     /// Runs of `fresh` that also measure the oldest-first baseline (the first ones).
     pub fresh_baseline_runs: usize,
+    /// Delivered rows (each with its attempt) in the `history` figures' database.
+    pub history_rows: u64,
     /// Whether the `failover` figure also times a first relay that hangs (not with `--quick`:
     /// it adds the 30 s SMTP timeout to every run).
     pub failover_hung: bool,
@@ -73,6 +75,7 @@ impl Sizes {
             "fresh_burst": self.fresh_burst,
             "fresh_duration_s": self.fresh_duration.as_secs_f64(),
             "fresh_baseline_runs": self.fresh_baseline_runs,
+            "history_rows": self.history_rows,
             "failover_hung": self.failover_hung,
         })
     }
@@ -85,6 +88,14 @@ pub(crate) struct FilledBuffer {
     pub rows: u64,
     /// Sends per second while filling (informational: a long, sustained closed loop).
     pub fill_rate: f64,
+}
+
+/// Central's database holding a year of delivered rows (`sizes.history_rows`).
+#[derive(Debug, Clone)]
+pub(crate) struct HistoryFixture {
+    pub path: PathBuf,
+    pub build_seconds: f64,
+    pub bytes: u64,
 }
 
 /// The million-row files of the memory figure.
@@ -110,6 +121,9 @@ pub(crate) struct Rig {
     pub site_template: PathBuf,
     filled: Option<FilledBuffer>,
     memory: Option<MemoryFixtures>,
+    history: Option<HistoryFixture>,
+    /// Whether [`Self::central_db`] starts from `history` instead of the empty template.
+    with_history: bool,
     /// Memory runs started so far (their Send-rate pairs alternate which goes first).
     memory_runs: usize,
     /// `fresh` runs started so far (only the first ones measure the baseline).
@@ -172,6 +186,8 @@ impl Rig {
             site_template,
             filled: None,
             memory: None,
+            history: None,
+            with_history: false,
             memory_runs: 0,
             fresh_runs: 0,
         })
@@ -190,9 +206,45 @@ impl Rig {
     }
 
     /// An empty database for one central process (see [`CentralDb::fresh`]); on SQLite, in
-    /// `dir`.
+    /// `dir`. While [`Self::set_history`] is on, a copy of the year of history instead.
     pub(crate) async fn central_db(&self, dir: &Path) -> Result<CentralDb> {
-        CentralDb::fresh(&self.backend, &self.central_template, dir).await
+        match (&self.history, self.with_history) {
+            (Some(history), true) => {
+                CentralDb::with_history(&self.backend, &history.path, dir).await
+            }
+            _ => CentralDb::fresh(&self.backend, &self.central_template, dir).await,
+        }
+    }
+
+    /// Makes every central database the figures ask for start with a year of history (`on`),
+    /// or empty again; the history is built on first use (SQLite only so far).
+    pub(crate) fn set_history(&mut self, on: bool) -> Result<HistoryFixture> {
+        let history = match &self.history {
+            Some(history) => history.clone(),
+            None => {
+                if !matches!(self.backend, Backend::Sqlite) {
+                    bail!("the history figures run on SQLite only so far");
+                }
+                let started = Instant::now();
+                let path = self.shared_path.join("central-history.db");
+                fixtures::copy_db(&self.central_template, &path)?;
+                fixtures::add_central_rows(
+                    &path,
+                    self.sizes.history_rows,
+                    CentralRows::YearOfHistory,
+                )
+                .context("writing a year of history")?;
+                let history = HistoryFixture {
+                    bytes: std::fs::metadata(&path)?.len(),
+                    path,
+                    build_seconds: started.elapsed().as_secs_f64(),
+                };
+                self.history = Some(history.clone());
+                history
+            }
+        };
+        self.with_history = on;
+        Ok(history)
     }
 
     /// The site buffer filled with `sizes.forward_rows` Sends, built on first use.

@@ -1,0 +1,69 @@
+//! A year of history (issue 37): whether the hot path keeps its speed when central's table
+//! holds the seeds' 365 days of terminal rows. The dispatch, ingest and idle end-to-end
+//! figures run as they do alone, once on an empty database and once on a copy of one holding
+//! `sizes.history_rows` Delivered rows with their attempt rows (written directly, see
+//! `fixtures`), interleaved, best of two each; each is reported as the ratio with/without
+//! (for the latency, without/with, so that higher is better everywhere).
+
+use anyhow::Result;
+use serde_json::json;
+
+use crate::central_figures::{dispatch_with, ingest_with};
+use crate::report::RunRecord;
+use crate::rig::Rig;
+
+pub(crate) async fn history(rig: &mut Rig) -> Result<RunRecord> {
+    let fixture = rig.set_history(false)?;
+    let measured = measure(rig).await;
+    // Whatever happened, the figures after this one start empty again.
+    rig.set_history(false)?;
+    let m = measured?;
+    Ok(RunRecord::new()
+        .value("history.dispatch_ratio", m.dispatch[1] / m.dispatch[0])
+        .value("history.ingest_ratio", m.ingest[1] / m.ingest[0])
+        .value("history.e2e_p99_ratio", m.e2e_p99[0] / m.e2e_p99[1])
+        .value("history.dispatch_rate", m.dispatch[1])
+        .detail("history_rows", json!(rig.sizes.history_rows))
+        .detail("history_file_bytes", json!(fixture.bytes))
+        .detail("history_build_seconds", json!(fixture.build_seconds))
+        .detail(
+            "dispatch_per_s",
+            json!({"empty": m.dispatch[0], "history": m.dispatch[1]}),
+        )
+        .detail(
+            "ingest_per_s",
+            json!({"empty": m.ingest[0], "history": m.ingest[1]}),
+        )
+        .detail(
+            "e2e_p99_ms",
+            json!({"empty": m.e2e_p99[0], "history": m.e2e_p99[1]}),
+        ))
+}
+
+/// The best of two of each figure, `[empty, history]`.
+struct Measured {
+    dispatch: [f64; 2],
+    ingest: [f64; 2],
+    e2e_p99: [f64; 2],
+}
+
+async fn measure(rig: &mut Rig) -> Result<Measured> {
+    let mut m = Measured {
+        dispatch: [0.0; 2],
+        ingest: [0.0; 2],
+        e2e_p99: [f64::INFINITY; 2],
+    };
+    // Interleaved: a ratio of two figures taken minutes apart on a shared two-core machine is
+    // otherwise mostly the machine's drift.
+    for _ in 0..2 {
+        for (i, with_history) in [false, true].into_iter().enumerate() {
+            rig.set_history(with_history)?;
+            m.dispatch[i] = m.dispatch[i].max(dispatch_with(rig, false).await?.0);
+            m.ingest[i] = m.ingest[i].max(ingest_with(rig, false).await?.0);
+            let e2e = crate::e2e::e2e(rig).await?;
+            let p99 = e2e.values.get("e2e.p99").copied().unwrap_or(f64::INFINITY);
+            m.e2e_p99[i] = m.e2e_p99[i].min(p99);
+        }
+    }
+    Ok(m)
+}
