@@ -68,6 +68,13 @@ pub struct Options {
     pub queue_capacity: usize,
     /// Read connections (readers run on tokio's blocking pool).
     pub readers: usize,
+    /// The most memory SQLite's page cache may take on the write connection, and on each read
+    /// connection (`PRAGMA cache_size`); `None`: SQLite's default (2 MiB). The pages the writer
+    /// touches on every commit (the B-trees' upper levels and their newest leaves) stay in its
+    /// cache across transactions; a reader's cache is dropped whenever another connection has
+    /// committed, so it only needs to hold what one query reads.
+    pub writer_cache_bytes: Option<u64>,
+    pub reader_cache_bytes: Option<u64>,
 }
 
 impl Options {
@@ -78,7 +85,16 @@ impl Options {
             max_batch_jobs: 1024,
             queue_capacity: 8192,
             readers: 4,
+            writer_cache_bytes: None,
+            reader_cache_bytes: None,
         }
+    }
+
+    /// The most memory the page caches of all connections take together.
+    pub fn page_cache_bound(&self) -> u64 {
+        const DEFAULT: u64 = 2 * 1024 * 1024;
+        self.writer_cache_bytes.unwrap_or(DEFAULT)
+            + self.readers.max(1) as u64 * self.reader_cache_bytes.unwrap_or(DEFAULT)
     }
 }
 
@@ -119,6 +135,7 @@ impl Database {
         }
         let mut conn = Connection::open(&options.path)?;
         configure_writer(&conn, options.durability)?;
+        set_cache(&conn, options.writer_cache_bytes)?;
         prepare(&mut conn)?;
 
         let (jobs, queue) = mpsc::channel(options.queue_capacity.max(1));
@@ -133,7 +150,11 @@ impl Database {
             .spawn(move || run_writer(conn, queues, max_batch))
             .map_err(|e| Error::TaskFailed(format!("cannot start the writer thread: {e}")))?;
 
-        let readers = Arc::new(ReadPool::open(&options.path, options.readers.max(1))?);
+        let readers = Arc::new(ReadPool::open(
+            &options.path,
+            options.readers.max(1),
+            options.reader_cache_bytes,
+        )?);
         Ok(Self {
             jobs,
             priority,
@@ -282,6 +303,15 @@ fn configure_writer(conn: &Connection, durability: Durability) -> Result<(), Err
     keep_plans(conn)
 }
 
+/// Bounds the connection's page cache to `bytes` (a negative `cache_size` is in KiB).
+fn set_cache(conn: &Connection, bytes: Option<u64>) -> Result<(), Error> {
+    if let Some(bytes) = bytes {
+        let kib = i64::try_from(bytes / 1024).unwrap_or(i64::MAX).max(1);
+        conn.pragma_update(None, "cache_size", -kib)?;
+    }
+    Ok(())
+}
+
 /// How long a connection waits for another process's lock before giving up.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -396,17 +426,19 @@ fn run_writer(mut conn: Connection, mut queues: Queues, max_batch: usize) {
 /// replaced by a new one on next use.
 struct ReadPool {
     path: PathBuf,
+    cache_bytes: Option<u64>,
     idle: Mutex<Vec<Connection>>,
     permits: Semaphore,
 }
 
 impl ReadPool {
-    fn open(path: &Path, size: usize) -> Result<Self, Error> {
+    fn open(path: &Path, size: usize, cache_bytes: Option<u64>) -> Result<Self, Error> {
         let idle = (0..size)
-            .map(|_| open_reader(path))
+            .map(|_| open_reader(path, cache_bytes))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Self {
             path: path.to_owned(),
+            cache_bytes,
             idle: Mutex::new(idle),
             permits: Semaphore::new(size),
         })
@@ -443,7 +475,7 @@ impl ReadPool {
         let pooled = self.idle.lock().map(|mut idle| idle.pop()).ok().flatten();
         match pooled {
             Some(conn) => Ok(conn),
-            None => open_reader(&self.path),
+            None => open_reader(&self.path, self.cache_bytes),
         }
     }
 
@@ -454,13 +486,14 @@ impl ReadPool {
     }
 }
 
-fn open_reader(path: &Path) -> Result<Connection, Error> {
+fn open_reader(path: &Path, cache_bytes: Option<u64>) -> Result<Connection, Error> {
     let conn = Connection::open_with_flags(
         path,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )?;
     conn.busy_timeout(LOCK_WAIT)?;
     conn.set_prepared_statement_cache_capacity(32);
+    set_cache(&conn, cache_bytes)?;
     keep_plans(&conn)?;
     Ok(conn)
 }
@@ -505,6 +538,26 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(count, 500);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn each_connection_keeps_the_page_cache_it_was_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut options = Options::new(dir.path().join("t.db"));
+        options.writer_cache_bytes = Some(8 * 1024 * 1024);
+        options.reader_cache_bytes = Some(1024 * 1024);
+        options.readers = 3;
+        assert_eq!(options.page_cache_bound(), 11 * 1024 * 1024);
+        let db = Database::open(&options, |_| Ok(())).unwrap();
+        let cache_size = |c: &Connection| {
+            c.query_row("PRAGMA cache_size", [], |r| r.get::<_, i64>(0))
+                .map_err(Error::from)
+        };
+        assert_eq!(db.write(cache_size).await.unwrap(), -8192);
+        assert_eq!(db.read(cache_size).await.unwrap(), -1024);
+        // Unset: SQLite's default.
+        let plain = Database::open(&Options::new(dir.path().join("u.db")), |_| Ok(())).unwrap();
+        assert_eq!(plain.read(cache_size).await.unwrap(), -2000);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -60,6 +60,15 @@ use crate::records::{
 };
 use crate::secrets::{Keyring, ResealReport};
 
+/// The write connection's page cache: with a year of history (millions of terminal rows) the
+/// table's indexes are deep, and SQLite's 2 MiB default let the pages every outcome and insert
+/// touches fall out between commits, to be read again from the kernel (BENCHMARKS.md, "A year
+/// of history"). 48 MiB holds the upper levels and the newest leaves of every index.
+const WRITER_CACHE_BYTES: u64 = 48 * 1024 * 1024;
+/// Each read connection's: a reader's cache is emptied whenever the writer commits, so it only
+/// needs what one query reads.
+const READER_CACHE_BYTES: u64 = 4 * 1024 * 1024;
+
 /// Central store on a SQLite file.
 #[derive(Debug, Clone)]
 pub struct SqliteStore {
@@ -74,8 +83,7 @@ impl SqliteStore {
     /// enough for tests and tools; the service sets its configured keys with
     /// [`Self::with_secrets`].
     pub fn open(path: &Path, durability: Durability) -> Result<Self> {
-        let mut options = Options::new(path);
-        options.durability = durability;
+        let options = options(path, durability);
         let db = Database::open(&options, migrate::apply)?;
         Ok(Self {
             db,
@@ -89,6 +97,16 @@ impl SqliteStore {
         self.secrets = secrets;
         self
     }
+}
+
+/// The database's settings: durability as asked, the page caches above (with the four readers,
+/// at most 64 MiB in all: docs/limits.md).
+fn options(path: &Path, durability: Durability) -> Options {
+    let mut options = Options::new(path);
+    options.durability = durability;
+    options.writer_cache_bytes = Some(WRITER_CACHE_BYTES);
+    options.reader_cache_bytes = Some(READER_CACHE_BYTES);
+    options
 }
 
 fn ms(at: DateTime<Utc>) -> i64 {
@@ -1050,4 +1068,16 @@ fn apply_outcome(conn: &Connection, lease: &str, record: &AttemptRecord) -> Resu
         record.provider,
     ])?;
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bound docs/limits.md states for central's SQLite page caches.
+    #[test]
+    fn the_page_caches_take_at_most_64_mib() {
+        let options = options(Path::new("central.db"), Durability::Full);
+        assert_eq!(options.page_cache_bound(), 64 * 1024 * 1024);
+    }
 }
