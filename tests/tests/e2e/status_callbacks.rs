@@ -84,25 +84,72 @@ fn for_id<'a>(requests: &'a [ReceivedRequest], id: &str) -> Vec<&'a ReceivedRequ
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_it_system_hears_each_final_status_once_signed_and_in_order() {
+/// A site forwarding to central, whose list `LIST` calls `it_system` at `path` back; `tune`
+/// adjusts central's config before it starts.
+struct Running {
+    _dir: tempfile::TempDir,
+    sink: outbox_tests::smtp_sink::SmtpSink,
+    it_system: WebhookServer,
+    central: Central,
+    site: crate::harness::Process,
+    client: SiteNotifyClient<Channel>,
+    outbox: NotificationOutboxClient<Channel>,
+}
+
+async fn start(
+    it_system: WebhookServer,
+    path: &str,
+    tune: impl FnOnce(&mut central_outbox::config::Config),
+) -> Running {
     let dir = tempfile::tempdir().unwrap();
     let sink = smtp_sink().await;
-    let it_system = WebhookServer::start().await.unwrap();
     let mut config = central_config(dir.path(), Some(sink.addr()));
     config.status_callbacks.key = Some(KEY.into());
-    config.lists[0].status_callback_url = Some(it_system.url("/outbox/status?token=t0k3n"));
+    config.lists[0].status_callback_url = Some(it_system.url(path));
+    tune(&mut config);
     let central = Central::start(config).await;
     let (site, addr) = spawn_site(dir.path(), "site-a", central.addr).await;
-    let mut client = SiteNotifyClient::new(channel(addr).await);
-    let mut outbox = central.outbox().await;
+    let client = SiteNotifyClient::new(channel(addr).await);
+    let outbox = central.outbox().await;
+    Running {
+        _dir: dir,
+        sink,
+        it_system,
+        central,
+        site,
+        client,
+        outbox,
+    }
+}
 
-    let delivered = client
-        .send(send_request("tank 4 high", "level 97%"))
+/// Sends one notification through the site; its id.
+async fn send(client: &mut SiteNotifyClient<Channel>, subject: &str, body: &str) -> String {
+    client
+        .send(send_request(subject, body))
         .await
         .unwrap()
         .into_inner()
-        .notification_id;
+        .notification_id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_it_system_hears_each_final_status_once_signed_and_in_order() {
+    let Running {
+        _dir,
+        sink,
+        it_system,
+        central,
+        site,
+        mut client,
+        mut outbox,
+    } = start(
+        WebhookServer::start().await.unwrap(),
+        "/outbox/status?token=t0k3n",
+        |_| {},
+    )
+    .await;
+
+    let delivered = send(&mut client, "tank 4 high", "level 97%").await;
     let shown = until_called(
         &mut outbox,
         &delivered,
@@ -130,12 +177,7 @@ async fn an_it_system_hears_each_final_status_once_signed_and_in_order() {
         code: 550,
         text: "5.1.1 no such mailbox".into(),
     });
-    let parked = client
-        .send(send_request("pump 7 tripped", "motor overload"))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification_id;
+    let parked = send(&mut client, "pump 7 tripped", "motor overload").await;
     until_called(
         &mut outbox,
         &parked,
@@ -223,26 +265,23 @@ async fn an_it_system_hears_each_final_status_once_signed_and_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_endpoint_is_retried_then_given_up_and_delivery_stands() {
-    let dir = tempfile::tempdir().unwrap();
-    let sink = smtp_sink().await;
     let it_system = WebhookServer::start().await.unwrap();
     it_system.set_default_reply(Reply::status(503));
-    let mut config = central_config(dir.path(), Some(sink.addr()));
-    config.status_callbacks.key = Some(KEY.into());
-    // Retried at 1 s, then 2 s later, then given up at 3 s.
-    config.status_callbacks.give_up_after = Duration::from_secs(3);
-    config.lists[0].status_callback_url = Some(it_system.url("/status"));
-    let central = Central::start(config).await;
-    let (site, addr) = spawn_site(dir.path(), "site-a", central.addr).await;
-    let mut client = SiteNotifyClient::new(channel(addr).await);
-    let mut outbox = central.outbox().await;
+    let Running {
+        _dir,
+        sink,
+        it_system,
+        central,
+        site,
+        mut client,
+        mut outbox,
+    } = start(it_system, "/status", |config| {
+        // Retried at 1 s, then 2 s later, then given up at 3 s.
+        config.status_callbacks.give_up_after = Duration::from_secs(3);
+    })
+    .await;
 
-    let id = client
-        .send(send_request("tank 4 high", "level 97%"))
-        .await
-        .unwrap()
-        .into_inner()
-        .notification_id;
+    let id = send(&mut client, "tank 4 high", "level 97%").await;
     let shown = until_called(
         &mut outbox,
         &id,
