@@ -87,6 +87,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "status_callbacks",
         sql: include_str!("../../../../migrations/sqlite/0015_status_callbacks.sql"),
     },
+    Migration {
+        version: 16,
+        name: "kpi_delivered_index",
+        sql: include_str!("../../../../migrations/sqlite/0016_kpi_delivered_index.sql"),
+    },
 ];
 
 /// Brings the schema up to date. Fails if the database was migrated by a newer binary.
