@@ -290,13 +290,7 @@ pub(crate) async fn retry_and_discard_apply_only_to_parked<S: OutboxStore + Rows
         Spec::new("north", "ops", "pending", End::Pending),
     ];
     let seeded = seed::seed(store, &specs).await;
-    let id = |subject: &str| {
-        seeded
-            .iter()
-            .find(|s| s.spec.subject == subject)
-            .map(|s| s.id)
-            .expect("seeded")
-    };
+    let id = |subject: &str| seed::id_of(&seeded, subject);
     let actor = Actor::new("ann");
 
     // Every status other than Parked is refused, naming the status, and nothing changes.

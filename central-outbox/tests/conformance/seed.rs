@@ -190,6 +190,15 @@ pub(crate) struct Seeded {
     pub id: NotificationId,
 }
 
+/// The id of the row seeded with `subject`.
+pub(crate) fn id_of(seeded: &[Seeded], subject: &str) -> NotificationId {
+    seeded
+        .iter()
+        .find(|s| s.spec.subject == subject)
+        .map(|s| s.id)
+        .expect("seeded")
+}
+
 /// Takes the dispatcher lease for a test "node".
 pub(crate) async fn lease<S: DispatchStore>(store: &S) -> LeaseEpoch {
     store

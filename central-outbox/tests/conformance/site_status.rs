@@ -51,13 +51,7 @@ pub(crate) async fn a_watching_site_gets_each_final_status_once_in_order<S: Outb
         ],
     )
     .await;
-    let id = |subject: &str| {
-        seeded
-            .iter()
-            .find(|s| s.spec.subject == subject)
-            .unwrap()
-            .id
-    };
+    let id = |subject: &str| seed::id_of(&seeded, subject);
     // Keyed rows: the second supersedes the first; a clear ends the second.
     let key = ConditionKey::parse("tank4.level.high".to_owned(), "condition_key").unwrap();
     let first = seed::seed(

@@ -90,13 +90,7 @@ pub(crate) async fn each_final_status_is_queued_called_in_order_and_audited<
         ],
     )
     .await;
-    let id = |subject: &str| {
-        seeded
-            .iter()
-            .find(|s| s.spec.subject == subject)
-            .unwrap()
-            .id
-    };
+    let id = |subject: &str| seed::id_of(&seeded, subject);
 
     // The discarded row's second change waits for its first; the quiet list and the waiting
     // row queue nothing.
