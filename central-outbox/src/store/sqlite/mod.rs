@@ -648,13 +648,18 @@ fn insert_row(conn: &Connection, new: &NewNotification, now: DateTime<Utc>) -> R
 /// time, whatever order the rows arrive in. Its history entry names the newest such row.
 fn superseded_on_arrival(conn: &Connection, id: &str, now: DateTime<Utc>) -> Result<bool> {
     let now_ms = ms(now);
-    let newer: Option<String> = conn
+    let key: Option<(String, String, String, i64)> = conn
         .prepare_cached(include_str!("sql/supersede_on_arrival.sql"))?
-        .query_row(params![id, now_ms], |row| row.get(0))
+        .query_row(params![id, now_ms], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+        })
         .optional()?;
-    let Some(newer) = newer else {
+    let Some((site, key, list, enqueued)) = key else {
         return Ok(false);
     };
+    let newer: String = conn
+        .prepare_cached(include_str!("sql/select_newest_of_key.sql"))?
+        .query_row(params![site, key, list, enqueued], |row| row.get(0))?;
     record_endings(
         conn,
         &[(id.to_owned(), 1)],

@@ -9,8 +9,7 @@ BEGIN TRANSACTION;
 INSERT INTO @doomed (Id)
 SELECT TOP (@P2) n.Id
 FROM dbo.Notifications AS n WITH (UPDLOCK, ROWLOCK)
-WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared', N'Acknowledged') AND n.ResolvedAt < @P1
-ORDER BY n.ResolvedAt;
+WHERE n.Status IN (N'Delivered', N'Parked', N'Discarded', N'Superseded', N'Cleared', N'Acknowledged') AND n.ResolvedAt < @P1;
 DELETE n
 OUTPUT deleted.NotificationId, deleted.Status INTO @gone
 FROM dbo.Notifications AS n
