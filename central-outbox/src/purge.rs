@@ -18,9 +18,19 @@
 //! It runs on the dispatcher lease holder only (one replica does the work, the others skip it),
 //! once on becoming leader and then every `purge_interval`. A failure of either part is logged
 //! and does not stop the other.
+//!
+//! A batch takes the database's write lock (SQLite's single writer; on MS SQL, the locks and log
+//! of a thousand deletes), which the dispatcher's claims and outcomes wait for. Back to back,
+//! the batches of a large purge (a million rows after the retention was shortened, or on the
+//! first day a year of history expires) took half of it and halved the dispatch. So after each
+//! full batch the purge waits [`PAUSE_PER_BATCH`] times as long as the batch took, which bounds
+//! its share of the write lock whatever the database's speed, and grows the pause by itself when
+//! the batch had to queue behind a busy dispatcher.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use chrono::Utc;
 use tokio::sync::watch;
@@ -123,13 +133,15 @@ async fn purge_site_status<S: SiteStatusStore>(
 ) -> Result<SiteStatusPurge, StoreError> {
     let mut total = SiteStatusPurge::default();
     loop {
+        let started = Instant::now();
         let batch = store
             .purge_site_status(settings.site_status_keep, settings.batch_size)
             .await?;
         total.changes += batch.changes;
         total.watchers += batch.watchers;
         let full = u64::from(settings.batch_size);
-        if (batch.changes < full && batch.watchers < full) || shutdown.is_cancelled() {
+        if (batch.changes < full && batch.watchers < full) || !pause_after(started, shutdown).await
+        {
             return Ok(total);
         }
     }
@@ -161,6 +173,21 @@ fn log(report: &PurgeReport, retention: Duration) {
 
 /// Most forgotten nodes named in one log line; the rest are counted.
 const MAX_NODES_LOGGED: usize = 20;
+
+/// After each full batch the purge waits this many times the batch's duration: it holds the
+/// write lock at most a sixth of the time (`make bench`, `--only history`: the dispatch during
+/// a purge of a million rows).
+pub(crate) const PAUSE_PER_BATCH: u32 = 5;
+
+/// Waits [`PAUSE_PER_BATCH`] times as long as the batch begun at `started` took; false when
+/// `shutdown` came first.
+async fn pause_after(started: Instant, shutdown: &CancellationToken) -> bool {
+    let pause = started.elapsed().saturating_mul(PAUSE_PER_BATCH);
+    tokio::select! {
+        () = shutdown.cancelled() => false,
+        () = tokio::time::sleep(pause) => true,
+    }
+}
 
 fn log_forgotten(forgotten: &[(SiteId, SiteId)], retention: Duration) {
     if forgotten.is_empty() {
@@ -194,6 +221,7 @@ pub(crate) async fn purge_once<S: DispatchStore>(
         .unwrap_or(chrono::DateTime::<Utc>::MIN_UTC);
     let mut total = PurgeReport::default();
     while !shutdown.is_cancelled() {
+        let started = Instant::now();
         let batch = store.purge_terminal(cutoff, settings.batch_size).await?;
         total.notifications += batch.notifications;
         total.parked += batch.parked;
@@ -202,6 +230,9 @@ pub(crate) async fn purge_once<S: DispatchStore>(
         if batch.notifications < u64::from(settings.batch_size)
             && batch.incidents < u64::from(settings.batch_size)
         {
+            break;
+        }
+        if !pause_after(started, shutdown).await {
             break;
         }
     }

@@ -216,6 +216,17 @@ impl CentralDb {
         }
     }
 
+    /// The terminal rows resolved longer than `retention` ago: what central's purge deletes
+    /// with that retention (SQLite only, as the history it is asked about).
+    pub(crate) fn terminal_rows_before(&self, retention: Duration) -> Result<u64> {
+        let retention = chrono::Duration::from_std(retention)?;
+        let cutoff = (chrono::Utc::now() - retention).timestamp_millis();
+        match self {
+            Self::Sqlite(path) => fixtures::terminal_rows_before(path, cutoff),
+            Self::MsSql(_) => bail!("the purge figure runs on SQLite only so far"),
+        }
+    }
+
     /// Adds `n` Pending notifications, due now, with the content the load generators send.
     pub(crate) async fn add_pending_rows(&self, n: u64) -> Result<()> {
         match self {

@@ -127,13 +127,29 @@ pub(crate) async fn ingest_with(rig: &mut Rig, statuses: bool) -> Result<(f64, R
 /// Figure 5: central starts on `rows` Pending notifications and delivers them to the sink;
 /// deliveries per second between the first and the last message the sink received.
 pub(crate) async fn dispatch(rig: &mut Rig) -> Result<RunRecord> {
-    Ok(dispatch_with(rig, false).await?.1)
+    Ok(dispatch_with(rig, Beside::default()).await?.record)
 }
 
-/// The dispatch figure; with `statuses`, the rows' site watches its final statuses and this
-/// process takes them from central meanwhile, as the site-forwarder would
-/// (`crate::site_status`). Returns the rate with the record.
-pub(crate) async fn dispatch_with(rig: &mut Rig, statuses: bool) -> Result<(f64, RunRecord)> {
+/// What central does beside the deliveries of a dispatch figure.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Beside {
+    /// The rows' site watches its final statuses and this process takes them from central
+    /// meanwhile, as the site-forwarder would (`crate::site_status`).
+    pub statuses: bool,
+    /// Central runs with this `terminal_retention`, so that its purge deletes the database's
+    /// terminal rows resolved before then during the figure.
+    pub retention: Option<Duration>,
+}
+
+/// A dispatch figure's rate and record, and the longest the sink went without a message.
+pub(crate) struct Dispatched {
+    pub rate: f64,
+    pub longest_gap: Duration,
+    pub record: RunRecord,
+}
+
+/// The dispatch figure, with what `beside` asks for running next to it.
+pub(crate) async fn dispatch_with(rig: &mut Rig, beside: Beside) -> Result<Dispatched> {
     let rows = rig.sizes.dispatch_rows;
     if rows < 2 {
         bail!("the dispatch figure needs at least 2 rows");
@@ -143,13 +159,20 @@ pub(crate) async fn dispatch_with(rig: &mut Rig, statuses: bool) -> Result<(f64,
     db.add_pending_rows(rows).await?;
     let sink = SmtpSink::start().await?;
     sink.discard_messages(true);
-    if statuses {
+    if beside.statuses {
         db.watch_site_status(SITE_ID).await?;
     }
-    let toml = services::central_toml(services::free_addr()?, &db.url(), sink.addr());
+    let mut toml = services::central_toml(services::free_addr()?, &db.url(), sink.addr());
+    let purgeable = match beside.retention {
+        Some(retention) => {
+            toml.push_str(&services::retention_toml(retention));
+            Some(db.terminal_rows_before(retention)?)
+        }
+        None => None,
+    };
     flush_disk();
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
-    let consuming = if statuses {
+    let consuming = if beside.statuses {
         Some(crate::site_status::Consuming::start(&central).await?)
     } else {
         None
@@ -159,6 +182,13 @@ pub(crate) async fn dispatch_with(rig: &mut Rig, statuses: bool) -> Result<(f64,
     let deadline = rig.sizes.dispatch_deadline;
     let received = wait_for_deliveries(&sink, &mut central, rows, deadline).await?;
     let cores = cpu.cores();
+    // Read before central stops: how many of the rows its purge was to delete are still there
+    // (none left would mean the purge ended before the figure did, and the figure would be
+    // partly without it).
+    let purge_left = match beside.retention {
+        Some(retention) => Some(db.terminal_rows_before(retention)?),
+        None => None,
+    };
     let statuses_taken = match consuming {
         Some(consuming) => Some(consuming.finish(rows, Duration::from_secs(60)).await?),
         None => None,
@@ -184,22 +214,43 @@ pub(crate) async fn dispatch_with(rig: &mut Rig, statuses: bool) -> Result<(f64,
     let distinct: HashSet<_> = receipts.iter().map(|r| &r.message_id).collect();
     // N messages span N-1 intervals.
     let rate = (receipts.len() - 1) as f64 / span;
-    let record = RunRecord::new();
-    let record = match statuses_taken {
+    let longest_gap = receipts
+        .windows(2)
+        .map(|pair| pair[1].at.saturating_duration_since(pair[0].at))
+        .max()
+        .unwrap_or_default();
+    let mut record = RunRecord::new();
+    record = match statuses_taken {
         Some(taken) => record.detail("final_statuses_taken", json!(taken)),
+        None if beside.retention.is_some() => record,
         None => record.value("dispatch.rate", rate),
     };
-    Ok((
+    if let (Some(before), Some(left)) = (purgeable, purge_left) {
+        if left == 0 {
+            eprintln!(
+                "bench: dispatch: the purge ended before the dispatch did; the figure is \
+                 partly without it"
+            );
+        }
+        record = record.detail(
+            "purge_rows",
+            json!({"before": before, "left_at_last_delivery": left}),
+        );
+    }
+    let record = record
+        .detail("rows", json!(rows))
+        .detail("delivered", json!(receipts.len()))
+        .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
+        .detail("first_to_last_seconds", json!(span))
+        .detail("longest_gap_ms", json!(longest_gap.as_secs_f64() * 1000.0))
+        .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
+        .detail("central_log", log_json(&central_log))
+        .cpu(cores);
+    Ok(Dispatched {
         rate,
-        record
-            .detail("rows", json!(rows))
-            .detail("delivered", json!(receipts.len()))
-            .detail("duplicate_messages", json!(receipts.len() - distinct.len()))
-            .detail("first_to_last_seconds", json!(span))
-            .detail("smtp_sessions_max", json!(sink.max_concurrent_sessions()))
-            .detail("central_log", log_json(&central_log))
-            .cpu(cores),
-    ))
+        longest_gap,
+        record,
+    })
 }
 
 /// A service's warnings and errors for the JSON: how many, and the first few.

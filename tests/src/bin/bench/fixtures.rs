@@ -229,6 +229,21 @@ pub(crate) fn add_central_rows(db: &Path, n: u64, kind: CentralRows) -> Result<(
 }
 
 /// Appends `n` notifications to a site buffer at `db`, as `Send` writes them.
+/// The terminal rows of central's database at `db` resolved before `cutoff_ms`: what a purge
+/// with that cutoff deletes.
+pub(crate) fn terminal_rows_before(db: &Path, cutoff_ms: i64) -> Result<u64> {
+    let conn = Connection::open_with_flags(db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let count: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM Notifications
+         WHERE Status IN ('Delivered', 'Parked', 'Discarded', 'Superseded', 'Cleared',
+                          'Acknowledged')
+           AND ResolvedAt < ?1",
+        [cutoff_ms],
+        |row| row.get(0),
+    )?;
+    Ok(u64::try_from(count).unwrap_or_default())
+}
+
 pub(crate) fn add_site_rows(db: &Path, n: u64) -> Result<()> {
     let mut conn = open_bulk(db)?;
     let now = Utc::now().timestamp_millis();

@@ -161,6 +161,15 @@ pub(crate) fn smtp_rate_limit(per_second: f64, burst: u32) -> String {
     format!("rate_limit_per_second = {per_second:?}\nrate_limit_burst = {burst}\n")
 }
 
+/// A `[retention]` section keeping terminal rows for `terminal` (whole seconds), appended to a
+/// central config: its purge runs on becoming leader, so it starts with the figure.
+pub(crate) fn retention_toml(terminal: Duration) -> String {
+    format!(
+        "\n[retention]\nterminal_retention = \"{}s\"\n",
+        terminal.as_secs().max(1)
+    )
+}
+
 /// [`central_toml`] with `smtp_keys` (whole `key = value` lines) added to its `[smtp]` section.
 pub(crate) fn central_toml_with_smtp(
     addr: SocketAddr,

@@ -25,7 +25,7 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 
-use crate::central_figures::{dispatch_with, ingest_with, log_json, wait_for_deliveries};
+use crate::central_figures::{Beside, dispatch_with, ingest_with, log_json, wait_for_deliveries};
 use crate::e2e::{Running, id_of, site_and_central};
 use crate::load::{self, Percentiles};
 use crate::report::RunRecord;
@@ -43,8 +43,18 @@ pub(crate) async fn site_status(rig: &mut Rig) -> Result<RunRecord> {
     let (mut dispatch_plain, mut dispatch_fed, mut ingest_plain, mut ingest_fed) =
         (0.0f64, 0.0f64, 0.0f64, 0.0f64);
     for _ in 0..2 {
-        dispatch_plain = dispatch_plain.max(dispatch_with(rig, false).await?.0);
-        dispatch_fed = dispatch_fed.max(dispatch_with(rig, true).await?.0);
+        dispatch_plain = dispatch_plain.max(dispatch_with(rig, Beside::default()).await?.rate);
+        dispatch_fed = dispatch_fed.max(
+            dispatch_with(
+                rig,
+                Beside {
+                    statuses: true,
+                    ..Beside::default()
+                },
+            )
+            .await?
+            .rate,
+        );
         ingest_plain = ingest_plain.max(ingest_with(rig, false).await?.0);
         ingest_fed = ingest_fed.max(ingest_with(rig, true).await?.0);
     }
