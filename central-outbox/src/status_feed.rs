@@ -3,9 +3,9 @@
 //! The changes themselves are rows (`SiteStatusStore`), written by the database in the
 //! transaction that set each status, so nothing here can lose one: this only decides how soon a
 //! stream reads them. One task per process asks the store which sites have changes after the
-//! newest seq it saw, right after each outcome write of this node's dispatcher (most final
-//! statuses) and every [`POLL_INTERVAL`] otherwise (those another replica's dispatcher, an
-//! operator or an ingest decided), and wakes those sites' streams. A stream also reads again
+//! newest seq it saw, after each outcome write of this node's dispatcher (most final statuses;
+//! at most once per [`READ_GAP`]) and every [`POLL_INTERVAL`] otherwise (those another
+//! replica's dispatcher, an operator or an ingest decided), and wakes those sites' streams. A stream also reads again
 //! every [`RECHECK_INTERVAL`] on its own, which covers a change committed after a later seq was
 //! seen (MS SQL hands out identities before commit) and a failed poll.
 
@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::domain::SiteId;
+use crate::grpc::site_status::READ_GAP;
 use crate::metrics::Metrics;
 use crate::store::SiteStatusStore;
 
@@ -80,6 +81,7 @@ impl StatusFeed {
         let mut head = 0;
         let mut tick = tokio::time::interval(POLL_INTERVAL);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut next_poll = tokio::time::Instant::now();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -89,6 +91,13 @@ impl StatusFeed {
             if !self.watched() {
                 continue;
             }
+            // At most one poll per READ_GAP: a stream does not read more often than that anyway,
+            // and the outcome writes that notify `recorded` come hundreds a second.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(next_poll) => {}
+            }
+            next_poll = tokio::time::Instant::now() + READ_GAP;
             match store.site_status_heads(head).await {
                 Ok((sites, newest)) => {
                     head = newest;

@@ -15,6 +15,11 @@
 //!   [`BATCH_BYTES`]: what a stream holds is bounded whatever the site does. A batch not
 //!   confirmed within [`CONFIRM_TIMEOUT`] ends the stream (the site reconnects and gets it
 //!   again).
+//! - Reads of a stream that is not behind are at least [`READ_GAP`] apart, so that while the
+//!   dispatcher records outcomes a few at a time their changes still go out in batches: each
+//!   batch costs the single writer a delete (and its commit), and one round trip per outcome
+//!   write cost dispatch a sixth of its rate (`make bench`, site-status). A stream that is
+//!   behind (its last batch was full) reads again at once.
 //! - The watch is renewed when the stream opens and every [`RENEW_INTERVAL`] while it is open
 //!   (far within the shortest `site_status_keep`, an hour), so the purge never drops the watch
 //!   of a site that is watching.
@@ -39,6 +44,10 @@ use crate::store::SiteStatusStore;
 pub(crate) const BATCH_CHANGES: u32 = 500;
 /// A batch closes once its encoded changes pass this size (well under the 4 MiB message limit).
 pub(crate) const BATCH_BYTES: usize = 1 << 20;
+/// Shortest time between two reads of a stream that is not behind: the most it adds to how soon
+/// a site learns a status, bought for batches that do not cost the dispatcher (measured in
+/// `BENCHMARKS.md`, "Final statuses back to the site").
+pub(crate) const READ_GAP: Duration = Duration::from_millis(20);
 /// How long the site has to confirm a batch.
 pub(crate) const CONFIRM_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often an open stream renews its site's watch (far below any `site_status_keep`).
@@ -120,7 +129,10 @@ impl<S: SiteStatusStore> Session<S> {
         let mut renew = tokio::time::interval(RENEW_INTERVAL);
         renew.tick().await;
         let mut batch_no = 0;
+        let mut next_read = tokio::time::Instant::now();
         loop {
+            tokio::time::sleep_until(next_read).await;
+            let read_at = tokio::time::Instant::now();
             let changes = self
                 .store
                 .site_status_changes(&self.site, BATCH_CHANGES)
@@ -140,6 +152,11 @@ impl<S: SiteStatusStore> Session<S> {
                 }
                 continue;
             }
+            next_read = if changes.len() >= BATCH_CHANGES as usize {
+                read_at
+            } else {
+                read_at + READ_GAP
+            };
             batch_no += 1;
             let (batch, seqs) = batch_of(batch_no, changes);
             let sent = seqs.len() as u64;
