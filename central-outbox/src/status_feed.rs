@@ -5,9 +5,10 @@
 //! stream reads them. One task per process asks the store which sites have changes after the
 //! newest seq it saw, after each outcome write of this node's dispatcher (most final statuses;
 //! at most once per [`READ_GAP`]) and every [`POLL_INTERVAL`] otherwise (those another
-//! replica's dispatcher, an operator or an ingest decided), and wakes those sites' streams. A stream also reads again
-//! every [`RECHECK_INTERVAL`] on its own, which covers a change committed after a later seq was
-//! seen (MS SQL hands out identities before commit) and a failed poll.
+//! replica's dispatcher, an operator or an ingest decided), and wakes those sites' streams. A
+//! stream also reads again every [`RECHECK_INTERVAL`] on its own, which covers a change
+//! committed after a later seq was seen (MS SQL hands out identities before commit) and a failed
+//! poll.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};

@@ -295,7 +295,8 @@ fn run_in_savepoint<T, E: From<Error>>(
 /// memory, a job's journal holds the pages that job changed, and every job is bounded (claims,
 /// outcomes and purge batches by their batch sizes, admin operations by one notification or
 /// list). Set after `prepare`, so that a migration rewriting a large table still journals to a
-/// file.
+/// file. The pragma also keeps the writer's temporary sorts in memory; central's plan guard
+/// (`store::sqlite::statement_files`) keeps its statements from sorting a growing table.
 fn keep_statement_journals_in_memory(conn: &Connection) -> Result<(), Error> {
     conn.pragma_update(None, "temp_store", "MEMORY")?;
     Ok(())

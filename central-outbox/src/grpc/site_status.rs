@@ -18,7 +18,7 @@
 //! - Reads of a stream that is not behind are at least [`READ_GAP`] apart, so that while the
 //!   dispatcher records outcomes a few at a time their changes still go out in batches: each
 //!   batch costs the single writer a delete (and its commit), and one round trip per outcome
-//!   write cost dispatch a sixth of its rate (`make bench`, site-status). A stream that is
+//!   write cost dispatch about a fifth of its rate (`make bench`, site-status). A stream that is
 //!   behind (its last batch was full) reads again at once.
 //! - The watch is renewed when the stream opens and every [`RENEW_INTERVAL`] while it is open
 //!   (far within the shortest `site_status_keep`, an hour), so the purge never drops the watch

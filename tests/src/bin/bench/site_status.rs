@@ -48,8 +48,8 @@ pub(crate) async fn site_status(rig: &mut Rig) -> Result<RunRecord> {
     };
     let (mut dispatch_plain, mut dispatch_fed, mut ingest_plain, mut ingest_fed) =
         (0.0f64, 0.0f64, 0.0f64, 0.0f64);
-    for round in 0..2 {
-        for watched in [round == 1, round == 0] {
+    for order in [[false, true], [true, false]] {
+        for watched in order {
             if watched {
                 dispatch_fed = dispatch_fed.max(dispatch_with(rig, fed).await?.rate);
                 ingest_fed = ingest_fed.max(ingest_with(rig, true).await?.0);
