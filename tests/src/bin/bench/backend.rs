@@ -188,6 +188,31 @@ impl CentralDb {
         }
     }
 
+    /// Writes the database file back and drops it from the kernel's page cache
+    /// (`posix_fadvise(DONTNEED)`), so that central starts on it as after the machine restarted:
+    /// every page it reads comes from the disk. SQLite only (an MS SQL server keeps its own
+    /// buffer pool).
+    pub(crate) fn evict_from_kernel_cache(&self) -> Result<()> {
+        match self {
+            Self::Sqlite(path) => {
+                for file in [path.clone(), fixtures::with_suffix(path, "-wal")] {
+                    if !file.exists() {
+                        continue;
+                    }
+                    let open = std::fs::File::open(&file)
+                        .with_context(|| format!("opening {}", file.display()))?;
+                    open.sync_all()?;
+                    rustix::fs::fadvise(&open, 0, None, rustix::fs::Advice::DontNeed)
+                        .with_context(|| {
+                            format!("dropping {} from the page cache", file.display())
+                        })?;
+                }
+                Ok(())
+            }
+            Self::MsSql(_) => bail!("a cold page cache is a SQLite figure"),
+        }
+    }
+
     /// What central's `database` key is set to.
     pub(crate) fn url(&self) -> String {
         match self {

@@ -139,6 +139,9 @@ pub(crate) struct Beside {
     /// Central runs with this `terminal_retention`, so that its purge deletes the database's
     /// terminal rows resolved before then during the figure.
     pub retention: Option<Duration>,
+    /// Central starts with its database out of the kernel's page cache
+    /// (`CentralDb::evict_from_kernel_cache`).
+    pub cold: bool,
 }
 
 /// A dispatch figure's rate and record, and the longest the sink went without a message.
@@ -171,6 +174,9 @@ pub(crate) async fn dispatch_with(rig: &mut Rig, beside: Beside) -> Result<Dispa
         None => None,
     };
     flush_disk();
+    if beside.cold {
+        db.evict_from_kernel_cache()?;
+    }
     let mut central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
     let consuming = if beside.statuses {
         Some(crate::site_status::Consuming::start(&central).await?)

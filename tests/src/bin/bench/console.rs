@@ -4,6 +4,7 @@
 //!
 //! Central runs on the memory figure's fixture (a million Delivered rows spread over 30 days,
 //! one site, one list) with the console on and `[auth] mode = "none"`, so no login is timed.
+//! The `history` group measures the same pages on its year of history (`history_reads`).
 //! Each request is one fresh loopback HTTP/1.1 connection (`metrics_endpoint::get`), timed from
 //! connect to the last byte; the page must answer 200 and contain the list table, so an error
 //! page cannot pass for a fast one. Deep pages follow the page's own `next-page` link (keyset
@@ -79,17 +80,58 @@ fn next_page(html: &str) -> Option<String> {
 pub(crate) async fn console(rig: &mut Rig) -> Result<RunRecord> {
     let fixtures = rig.memory_fixtures()?;
     let dir = rig.run_dir("console")?;
+    let (central, console_addr) = central_with_console(
+        rig,
+        dir.path(),
+        &format!("sqlite://{}", fixtures.central.display()),
+        "",
+    )
+    .await?;
+    let pages = pages(console_addr).await;
+    central.stop().await?;
+    let pages = pages?;
+    let mut details = pages.details;
+    details["rows"] = json!(rig.sizes.memory_rows);
+    Ok(RunRecord::new()
+        .value("console.list_p99", pages.worst_p99)
+        .value("console.deep_p99", pages.deep_p99)
+        .value("console.tiles_p50", pages.tiles_p50)
+        .value("console.tiles_p99", pages.tiles_p99)
+        .detail("console", details))
+}
+
+/// Central on `database` with the console on and `[auth] mode = "none"` (so no login is
+/// timed, and the admin API answers too), and the console's address; `sections` (whole TOML
+/// sections) are appended to its config.
+pub(crate) async fn central_with_console(
+    rig: &Rig,
+    dir: &std::path::Path,
+    database: &str,
+    sections: &str,
+) -> Result<(Service, SocketAddr)> {
     let console_addr = services::free_addr()?;
     let toml = format!(
-        "{}\n[auth]\nmode = \"none\"\n\n[console]\nlisten = \"{console_addr}\"\n",
-        services::central_toml(
-            services::free_addr()?,
-            &format!("sqlite://{}", fixtures.central.display()),
-            services::free_addr()?,
-        )
+        "{}\n[auth]\nmode = \"none\"\n\n[console]\nlisten = \"{console_addr}\"\n{sections}",
+        services::central_toml(services::free_addr()?, database, services::free_addr()?)
     );
-    let central = Service::central(&rig.bins, dir.path(), "central", &toml).await?;
+    let central = Service::central(&rig.bins, dir, "central", &toml).await?;
+    Ok((central, console_addr))
+}
 
+/// What [`pages`] measured.
+pub(crate) struct Pages {
+    /// The worst p99 of the list pages (every filter, and the deep pages).
+    pub worst_p99: f64,
+    pub deep_p99: f64,
+    pub tiles_p50: f64,
+    pub tiles_p99: f64,
+    pub details: Value,
+}
+
+/// The list page under each filter, [`DEEP_PAGES`] pages by their next-page links and the
+/// dashboard, of the console at `console_addr` on a table of Delivered rows of one site and one
+/// list (the fixtures' rows), [`REQUESTS`] times each.
+pub(crate) async fn pages(console_addr: SocketAddr) -> Result<Pages> {
     let mut pages = serde_json::Map::new();
     let mut worst_p99: f64 = 0.0;
     for (label, query, has_rows) in filters() {
@@ -122,10 +164,11 @@ pub(crate) async fn console(rig: &mut Rig) -> Result<RunRecord> {
     for _ in 0..DEEP_PAGES {
         let (took, body) = fetch(console_addr, &path).await?;
         if rows_shown(&body) == 0 {
-            bail!("{path}: an empty page before the end of a million rows");
+            bail!("{path}: an empty page before page {DEEP_PAGES}");
         }
         deep.push(took);
-        path = next_page(&body).context("a page of a million rows has no next-page link")?;
+        path = next_page(&body)
+            .with_context(|| format!("{path}: no next-page link before page {DEEP_PAGES}"))?;
     }
     let deep = Percentiles::of(deep);
     worst_p99 = worst_p99.max(deep.p99);
@@ -142,19 +185,16 @@ pub(crate) async fn console(rig: &mut Rig) -> Result<RunRecord> {
         }
     }
     let tiles = Percentiles::of(tiles);
-    central.stop().await?;
-
-    let details: Value = json!({
-        "rows": rig.sizes.memory_rows,
-        "requests_per_filter": REQUESTS,
-        "list_pages": pages,
-        "deep_pages": deep.to_json(),
-        "dashboard": tiles.to_json(),
-    });
-    Ok(RunRecord::new()
-        .value("console.list_p99", worst_p99)
-        .value("console.deep_p99", deep.p99)
-        .value("console.tiles_p50", tiles.p50)
-        .value("console.tiles_p99", tiles.p99)
-        .detail("console", details))
+    Ok(Pages {
+        worst_p99,
+        deep_p99: deep.p99,
+        tiles_p50: tiles.p50,
+        tiles_p99: tiles.p99,
+        details: json!({
+            "requests_per_filter": REQUESTS,
+            "list_pages": pages,
+            "deep_pages": deep.to_json(),
+            "dashboard": tiles.to_json(),
+        }),
+    })
 }

@@ -60,7 +60,7 @@ pub(crate) fn copy_db(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
-fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
+pub(crate) fn with_suffix(path: &Path, suffix: &str) -> std::path::PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(suffix);
     name.into()

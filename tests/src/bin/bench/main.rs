@@ -25,6 +25,7 @@ mod first_minute;
 mod fixtures;
 mod fresh;
 mod history;
+mod history_reads;
 mod load;
 mod loopback;
 mod memory;
@@ -646,6 +647,12 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             None,
         ),
         m(
+            "history.cold_dispatch_ratio",
+            "  dispatch with them out of the kernel's page cache / empty".into(),
+            "",
+            Some(Target::AtLeast(0.9)),
+        ),
+        m(
             "history.ingest_ratio",
             "  ingest with them / empty".into(),
             "",
@@ -656,6 +663,24 @@ fn metrics(s: &Sizes, backend: &Backend) -> Vec<Metric> {
             "  idle end-to-end p99, empty / with them".into(),
             "",
             Some(Target::AtLeast(0.9)),
+        ),
+        m(
+            "history.kpis_p99",
+            "  GetKpis computed fresh with them, p99".into(),
+            "ms",
+            Some(Target::AtMost(10.0)),
+        ),
+        m(
+            "history.console_list_p99",
+            "  console list pages with them, p99 (worst filter, pages 1-20)".into(),
+            "ms",
+            Some(Target::AtMost(100.0)),
+        ),
+        m(
+            "history.central_rss",
+            "  central RSS after answering them".into(),
+            "MiB",
+            Some(Target::AtMost(150.0)),
         ),
         m(
             "failover.hung_s",
