@@ -172,10 +172,13 @@ impl CentralDb {
         }
     }
 
-    /// A copy of `history` (a SQLite file holding a year of delivered rows) in `dir`.
+    /// A database holding a year of delivered rows: on SQLite a copy of `history` (the file
+    /// `rig` built) in `dir`; on MS SQL a new database into which the server writes `rows` of
+    /// them (`mssql_history`), as there is no file to copy.
     pub(crate) async fn with_history(
         backend: &Backend,
         history: &Path,
+        rows: u64,
         dir: &Path,
     ) -> Result<Self> {
         match backend {
@@ -184,7 +187,19 @@ impl CentralDb {
                 fixtures::copy_db(history, &path)?;
                 Ok(Self::Sqlite(path))
             }
-            Backend::MsSql { .. } => bail!("the history figures run on SQLite only so far"),
+            Backend::MsSql { .. } => {
+                let db = Self::fresh(backend, history, dir).await?;
+                let Self::MsSql(scratch) = &db else {
+                    bail!("a fresh MS SQL database is not an MS SQL database");
+                };
+                let started = Instant::now();
+                crate::mssql_history::write(scratch, rows).await?;
+                eprintln!(
+                    "bench: wrote {rows} history rows on the MS SQL server in {:.1} s",
+                    started.elapsed().as_secs_f64()
+                );
+                Ok(db)
+            }
         }
     }
 

@@ -29,6 +29,8 @@ mod history_reads;
 mod load;
 mod loopback;
 mod memory;
+mod mssql_history;
+mod paired;
 mod proc_stats;
 mod report;
 mod rig;

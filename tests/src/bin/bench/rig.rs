@@ -210,20 +210,30 @@ impl Rig {
     pub(crate) async fn central_db(&self, dir: &Path) -> Result<CentralDb> {
         match (&self.history, self.with_history) {
             (Some(history), true) => {
-                CentralDb::with_history(&self.backend, &history.path, dir).await
+                CentralDb::with_history(&self.backend, &history.path, self.sizes.history_rows, dir)
+                    .await
             }
             _ => CentralDb::fresh(&self.backend, &self.central_template, dir).await,
         }
     }
 
     /// Makes every central database the figures ask for start with a year of history (`on`),
-    /// or empty again; the history is built on first use (SQLite only so far).
+    /// or empty again. On SQLite the history file is built on first use and copied for each
+    /// database; on MS SQL each database gets its rows written when it is made.
     pub(crate) fn set_history(&mut self, on: bool) -> Result<HistoryFixture> {
         let history = match &self.history {
             Some(history) => history.clone(),
             None => {
                 if !matches!(self.backend, Backend::Sqlite) {
-                    bail!("the history figures run on SQLite only so far");
+                    // Nothing to build once: `CentralDb::with_history` writes the rows.
+                    let history = HistoryFixture {
+                        path: self.central_template.clone(),
+                        build_seconds: 0.0,
+                        bytes: 0,
+                    };
+                    self.history = Some(history.clone());
+                    self.with_history = on;
+                    return Ok(history);
                 }
                 let started = Instant::now();
                 let path = self.shared_path.join("central-history.db");

@@ -8,8 +8,8 @@
 //! - Cost: the dispatch figure twice in one run, without a watching site and with one whose
 //!   statuses this process takes from central meanwhile (as the site-forwarder does:
 //!   WatchSiteStatus, confirming each batch); and the ingest figure without and with a watch.
-//!   Each is reported as the ratio with/without of the rates summed over two rounds, each run
-//!   in the order without, with, with, without (see `Paired::ratio`).
+//!   Each is reported as the ratio with/without of the rates summed over four runs each, in the
+//!   order without, with, with, without, twice (`paired`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,6 +29,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use crate::central_figures::{Beside, dispatch_with, ingest_with, log_json, wait_for_deliveries};
 use crate::e2e::{Running, id_of, site_and_central};
 use crate::load::{self, Percentiles};
+use crate::paired::{self, Paired};
 use crate::report::RunRecord;
 use crate::rig::Rig;
 use crate::services::{SITE_ID, Service};
@@ -48,50 +49,21 @@ pub(crate) async fn site_status(rig: &mut Rig) -> Result<RunRecord> {
         .detail("latency", latency.to_json())
         .detail("latency_run", details)
         .detail("dispatch_per_s", cost.dispatch.to_json())
+        .detail(
+            "dispatch_cpu_cores",
+            json!({"without": cost.cpu.0, "with": cost.cpu.1}),
+        )
         .detail("ingest_per_s", cost.ingest.to_json()))
 }
 
-/// Rounds of the cost figures, each in the order without, with, with, without.
-const COST_ROUNDS: usize = 2;
-
-/// One figure's rates without and with the statuses flowing back, in the order they ran.
-#[derive(Default)]
-struct Paired {
-    without: Vec<f64>,
-    with: Vec<f64>,
-    /// The cores each process used, in the same order (without, with).
-    cpu: (Vec<serde_json::Value>, Vec<serde_json::Value>),
-}
-
-impl Paired {
-    /// The sum of the rates with over the sum without. Each round runs without, with, with,
-    /// without, so a drift of the machine's speed that is steady over a round cancels out;
-    /// a best-of-n ratio instead compares two lucky runs, and on this shared two-core machine
-    /// two runs of the same work a minute apart differ by a fifth.
-    fn ratio(&self) -> f64 {
-        self.with.iter().sum::<f64>() / self.without.iter().sum::<f64>()
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        let rounds: Vec<f64> = self
-            .with
-            .chunks(2)
-            .zip(self.without.chunks(2))
-            .map(|(with, without)| with.iter().sum::<f64>() / without.iter().sum::<f64>())
-            .collect();
-        json!({
-            "without": self.without,
-            "with": self.with,
-            "round_ratios": rounds,
-            "cpu_cores_without": self.cpu.0,
-            "cpu_cores_with": self.cpu.1,
-        })
-    }
-}
+/// Rounds of the cost figures (`paired::order`): twice without, with, with, without.
+const COST_ROUNDS: usize = 4;
 
 struct Cost {
     dispatch: Paired,
     ingest: Paired,
+    /// The cores each process used in each dispatch figure, without and with.
+    cpu: (Vec<serde_json::Value>, Vec<serde_json::Value>),
 }
 
 /// The dispatch and ingest figures without and with the statuses flowing back, interleaved.
@@ -103,20 +75,21 @@ async fn cost(rig: &mut Rig) -> Result<Cost> {
     let mut cost = Cost {
         dispatch: Paired::default(),
         ingest: Paired::default(),
+        cpu: (Vec::new(), Vec::new()),
     };
-    for _ in 0..COST_ROUNDS {
-        for watched in [false, true, true, false] {
+    for round in 0..COST_ROUNDS {
+        for watched in paired::order(round) {
+            let beside = if watched { fed } else { Beside::default() };
+            let run = dispatch_with(rig, beside).await?;
+            cost.dispatch.push(watched, run.rate);
+            let cores = cores_of(&run);
             if watched {
-                let run = dispatch_with(rig, fed).await?;
-                cost.dispatch.with.push(run.rate);
-                cost.dispatch.cpu.1.push(cores_of(&run));
-                cost.ingest.with.push(ingest_with(rig, true).await?.0);
+                cost.cpu.1.push(cores);
             } else {
-                let run = dispatch_with(rig, Beside::default()).await?;
-                cost.dispatch.without.push(run.rate);
-                cost.dispatch.cpu.0.push(cores_of(&run));
-                cost.ingest.without.push(ingest_with(rig, false).await?.0);
+                cost.cpu.0.push(cores);
             }
+            cost.ingest
+                .push(watched, ingest_with(rig, watched).await?.0);
         }
     }
     Ok(cost)
